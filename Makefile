@@ -1,0 +1,28 @@
+# Two entry points (README): `make main` runs the notebook series, `make test` runs the test suite.
+# Both create the virtual environment .venv on first use (Python 3.11+ required).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: main test data clean-build
+
+main: $(STAMP)
+	$(PY) -m andromeda_nb run $(ARGS)
+
+test: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest $(ARGS)
+
+data: $(STAMP)
+	$(PY) -m andromeda_nb data
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "andromeda-nb needs Python 3.11 or newer; set PYTHON=/path/to/python3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+clean-build:
+	rm -rf build

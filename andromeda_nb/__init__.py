@@ -1,0 +1,38 @@
+"""andromeda-nb: a Numba-CUDA sandbox for Andromeda-style ads retrieval.
+
+Host-side pieces (numpy only) import eagerly; anything that touches ``numba.cuda`` is imported on
+first use, so a notebook can call :func:`set_backend` after its parameters cell.
+"""
+
+from importlib import import_module
+
+from .backend import get_backend, set_backend
+from .model import AdTable, Request, TopK
+from .targeting import Category, RuleError, TargetingIndex, TargetingRules, TargetingSchema, make_profile
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "DeviceAdTable": "scoring",
+    "DeviceRequest": "scoring",
+    "score_ads": "scoring",
+    "score_topk": "scoring",
+    "topk_scores": "topk",
+    "MAX_K": "topk",
+    "DeviceTargetingIndex": "match",
+    "match_eligible": "match",
+    "retrieve": "pipeline",
+    "Retrieved": "pipeline",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "AdTable", "Category", "Request", "RuleError", "TargetingIndex", "TargetingRules",
+    "TargetingSchema", "TopK", "get_backend", "make_profile", "set_backend", *_LAZY,
+]

@@ -1,0 +1,80 @@
+"""Launch helpers shared by the host wrappers: block and grid sizes, device arrays, dummies."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import backend
+
+#: Threads per block on a GPU and in the simulator (the simulator runs a block's threads as
+#: Python threads, so it gets small blocks).
+GPU_BLOCK = 256
+SIM_BLOCK = 32
+#: Resident blocks per SM a grid-stride launch asks for on a GPU; blocks at most in the simulator.
+GPU_BLOCKS_PER_SM = 4
+SIM_MAX_BLOCKS = 4
+
+
+def cuda():
+    return backend.cuda_module()
+
+
+def default_block() -> int:
+    return SIM_BLOCK if backend.is_simulator() else GPU_BLOCK
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count() -> int:
+    if backend.is_simulator():
+        return 1
+    return int(cuda().get_current_device().MULTIPROCESSOR_COUNT)
+
+
+def grid_for(n_items: int, block: int, blocks_per_sm: int = GPU_BLOCKS_PER_SM) -> int:
+    """Blocks for a grid-stride loop over ``n_items``: enough to fill the GPU, no more than needed."""
+    need = max(1, -(-int(n_items) // block))
+    cap = SIM_MAX_BLOCKS if backend.is_simulator() else sm_count() * blocks_per_sm
+    return min(need, cap)
+
+
+def is_device_array(x) -> bool:
+    return cuda().is_cuda_array(x) if hasattr(cuda(), "is_cuda_array") else hasattr(x, "copy_to_host")
+
+
+def to_device(x: np.ndarray):
+    """Copy a host array to the device (a device array is returned unchanged)."""
+    if is_device_array(x):
+        return x
+    return cuda().to_device(np.ascontiguousarray(x))
+
+
+def dummy(dtype) -> object:
+    """A one-element device array standing in for an argument a kernel variant ignores."""
+    return _dummy(np.dtype(dtype).str)
+
+
+@functools.lru_cache(maxsize=None)
+def _dummy(dtype_str: str):
+    return cuda().to_device(np.zeros(1, dtype=np.dtype(dtype_str)))
+
+
+def check_array(name: str, x, dtype, ndim: int | None = None, shape: tuple | None = None):
+    """Validate a host or device array's dtype, rank, shape and C-contiguity.
+
+    Raises:
+        TypeError: not an array, or the wrong dtype.
+        ValueError: wrong rank or shape, or not C-contiguous.
+    """
+    if not (isinstance(x, np.ndarray) or is_device_array(x)):
+        raise TypeError(f"{name} must be a numpy or device array, got {type(x).__name__}")
+    if np.dtype(x.dtype) != np.dtype(dtype):
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {np.dtype(x.dtype).name}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
+    contiguous = x.flags["C_CONTIGUOUS"] if isinstance(x, np.ndarray) else x.is_c_contiguous()
+    if not contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
