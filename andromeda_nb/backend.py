@@ -16,7 +16,6 @@ import os
 import sys
 
 BACKENDS = ("auto", "cuda", "cudasim")
-SIM_SWITCH_INTERVAL_S = 5e-5
 
 _chosen: str | None = None
 
@@ -88,14 +87,14 @@ def set_backend(name: str = "auto") -> str:
             "process; Numba fixes the choice at its first import. Restart the Python process "
             "(or Jupyter kernel) and call andromeda_nb.set_backend() before any kernel runs."
         )
-    if want == "cudasim":
-        # The simulator's syncthreads is a manager thread polling the block's threads under the
-        # GIL; with the default 5 ms switch interval every barrier costs ~30 ms. 50 us: ~10x faster.
-        sys.setswitchinterval(min(sys.getswitchinterval(), SIM_SWITCH_INTERVAL_S))
     if loaded is None:
         if want == "cuda" and not gpu_present():
             raise RuntimeError("backend 'cuda' requested but the CUDA driver reports no GPU")
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1" if want == "cudasim" else "0"
+    if want == "cudasim":
+        from . import simshim
+
+        simshim.install()
     _chosen = want
     return want
 

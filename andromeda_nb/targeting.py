@@ -7,7 +7,8 @@ exclude set ``X_c``. A request carries the user's values ``U_c`` (possibly empty
     match(ad, user) = ad is live and for all c:
                       (I_c empty or I_c & U_c non-empty) and (X_c & U_c empty)
 
-Rule format (one record per ad; a list of dicts, JSON lines, or a long pandas DataFrame)::
+Rule format (one record per ad; a list of dicts, JSON lines, or a long pandas DataFrame; large
+pools can skip per-ad records with :meth:`TargetingRules.from_columns`, CSR arrays per category)::
 
     {"ad_id": 17, "live": true,
      "include": {"age": [2, 3], "interests": [40, 41]},
@@ -111,19 +112,96 @@ class AdRule:
 
 
 class TargetingRules:
-    """The rules of every ad in the pool, in slot order (slot ``i`` is ``rules[i]``).
+    """The rules of every ad in the pool, stored by column (scales to 10^8 ads).
 
-    Build with :meth:`from_records` or :meth:`from_frame`; both validate every record.
+    Slot ``i`` holds ad ``ad_ids[i]``. Per category name, ``include[name]`` and ``exclude[name]``
+    are CSR pairs ``(indptr int64[n_ads + 1], values int32[nnz])``: ad ``i``'s set is
+    ``values[indptr[i]:indptr[i + 1]]`` (sorted, no duplicates; empty include = unconstrained).
+
+    Build with :meth:`from_records`, :meth:`from_frame` or :meth:`from_columns`; all validate.
     """
 
-    def __init__(self, schema: TargetingSchema, rules: list[AdRule]):
+    def __init__(self, schema: TargetingSchema, ad_ids, live, include, exclude):
         self.schema = schema
-        self.rules = list(rules)
-        self.ad_ids = np.array([r.ad_id for r in self.rules], dtype=np.int64)
+        self.ad_ids = ad_ids
+        self.live = live
+        self.include = include
+        self.exclude = exclude
 
     @property
     def n_ads(self) -> int:
-        return len(self.rules)
+        return int(self.ad_ids.shape[0])
+
+    def rule(self, slot: int) -> AdRule:
+        """Slot ``slot``'s rule as sets (for the oracle and for inspection)."""
+        def sets(csr):
+            out = {}
+            for name, (ptr, vals) in csr.items():
+                s = frozenset(int(v) for v in vals[ptr[slot]:ptr[slot + 1]])
+                if s:
+                    out[name] = s
+            return out
+
+        return AdRule(int(self.ad_ids[slot]), sets(self.include), sets(self.exclude), bool(self.live[slot]))
+
+    @property
+    def rules(self) -> list[AdRule]:
+        """Every slot's :class:`AdRule` (builds Python objects: for small pools)."""
+        return [self.rule(i) for i in range(self.n_ads)]
+
+    @classmethod
+    def from_columns(cls, schema: TargetingSchema, ad_ids, live=None, include=None, exclude=None) -> "TargetingRules":
+        """Validate column arrays (see the class docstring) and build the rules without per-ad
+        Python objects. Values within an ad's set are sorted and de-duplicated here.
+
+        Raises:
+            RuleError: duplicate or negative ad ids, a malformed CSR (indptr not starting at 0,
+                decreasing, or not ending at len(values)), an unknown category, or a value out of
+                range (the message names the first offending ad and the category).
+        """
+        ids = np.asarray(ad_ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise RuleError("ad_ids must be a 1-D integer array")
+        ids = ids.astype(np.int64)
+        n = ids.size
+        if n and ids.min() < 0:
+            raise RuleError(f"ad {int(ids[ids < 0][0])}: ad_id must be non-negative")
+        uniq, counts = np.unique(ids, return_counts=True)
+        if uniq.size != n:
+            raise RuleError(f"ad {int(uniq[counts > 1][0])}: duplicate ad_id")
+        live = np.ones(n, bool) if live is None else np.asarray(live)
+        if live.shape != (n,) or live.dtype != np.bool_:
+            raise RuleError(f"live must be a bool array of shape ({n},)")
+
+        def check(csr, kind):
+            out = {}
+            for name, pair in (csr or {}).items():
+                if name not in schema._pos:
+                    raise RuleError(f"{kind}: unknown category {name!r}")
+                ptr, vals = (np.asarray(a) for a in pair)
+                if ptr.shape != (n + 1,) or (ptr.size and ptr.dtype.kind not in "iu"):
+                    raise RuleError(f"{kind}, category {name!r}: indptr must be ({n + 1},) integers")
+                if vals.ndim != 1 or (vals.size and vals.dtype.kind not in "iu"):
+                    raise RuleError(f"{kind}, category {name!r}: values must be a 1-D integer array")
+                ptr = ptr.astype(np.int64)
+                if ptr[0] != 0 or ptr[-1] != vals.size or np.any(np.diff(ptr) < 0):
+                    raise RuleError(f"{kind}, category {name!r}: malformed indptr")
+                m = schema[name].cardinality
+                bad = (vals < 0) | (vals >= m)
+                if bad.any():
+                    at = int(np.flatnonzero(bad)[0])
+                    slot = int(np.searchsorted(ptr, at, side="right") - 1)
+                    raise RuleError(f"ad {int(ids[slot])} ({kind}), category {name!r}: "
+                                    f"value {int(vals[at])} out of range 0..{m - 1}")
+                slots = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+                key = np.unique(slots * m + vals.astype(np.int64))  # sort and de-duplicate per ad
+                new_slots, new_vals = key // m, (key % m).astype(np.int32)
+                new_ptr = np.zeros(n + 1, np.int64)
+                np.cumsum(np.bincount(new_slots, minlength=n), out=new_ptr[1:])
+                out[name] = (new_ptr, new_vals)
+            return out
+
+        return cls(schema, ids, live, check(include, "include"), check(exclude, "exclude"))
 
     @classmethod
     def from_records(cls, schema: TargetingSchema, records: Iterable[Mapping]) -> "TargetingRules":
@@ -135,7 +213,8 @@ class TargetingRules:
                 or is out of range, ``live`` that is not a bool. The message names the ad and the
                 category.
         """
-        rules, seen = [], set()
+        ids, lives, seen = [], [], set()
+        lists = {"include": {c.name: [] for c in schema}, "exclude": {c.name: [] for c in schema}}
         for pos, rec in enumerate(records):
             if not isinstance(rec, Mapping):
                 raise RuleError(f"record {pos}: expected a mapping, got {type(rec).__name__}")
@@ -152,18 +231,25 @@ class TargetingRules:
             live = rec.get("live", True)
             if not isinstance(live, (bool, np.bool_)):
                 raise RuleError(f"ad {ad_id}: live must be a bool, got {live!r}")
-            sets = {}
             for kind in ("include", "exclude"):
                 part = rec.get(kind) or {}
                 if not isinstance(part, Mapping):
                     raise RuleError(f"ad {ad_id}: {kind} must map category -> values, got {part!r}")
-                sets[kind] = {
-                    cat: s
-                    for cat, vals in part.items()
-                    if (s := _value_set(schema, f"ad {ad_id} ({kind})", cat, vals))
-                }
-            rules.append(AdRule(ad_id, sets["include"], sets["exclude"], bool(live)))
-        return cls(schema, rules)
+                sets = {cat: _value_set(schema, f"ad {ad_id} ({kind})", cat, vals) for cat, vals in part.items()}
+                for cat in lists[kind]:
+                    lists[kind][cat].append(sorted(sets.get(cat, ())))
+            ids.append(ad_id)
+            lives.append(bool(live))
+
+        def csr(per_ad):
+            ptr = np.zeros(len(per_ad) + 1, np.int64)
+            np.cumsum([len(v) for v in per_ad], out=ptr[1:])
+            vals = np.fromiter((v for vs in per_ad for v in vs), dtype=np.int32, count=int(ptr[-1]))
+            return ptr, vals
+
+        cols = {kind: {cat: csr(v) for cat, v in d.items() if any(v)} for kind, d in lists.items()}
+        return cls.from_columns(schema, np.array(ids, np.int64), np.array(lives, bool),
+                                cols["include"], cols["exclude"])
 
     @classmethod
     def from_frame(cls, schema: TargetingSchema, frame, ad_ids=None) -> "TargetingRules":
@@ -257,8 +343,7 @@ class TargetingIndex:
         self.n_words = (self.n_ads + WORD_BITS - 1) // WORD_BITS
         self.ad_ids = rules.ad_ids.copy()
         n = self.n_ads
-        live = np.array([r.live for r in rules.rules], dtype=bool)
-        rows = [bits_from_mask(live)]
+        rows = [bits_from_mask(rules.live)]
         self._row_of: dict[bytes, int] = {}
         self.single: dict[str, np.ndarray] = {}  # name -> row per value, plus "no value" at [m]
         self.multi_unconstrained: dict[str, int] = {}
@@ -275,20 +360,13 @@ class TargetingIndex:
                 rows.append(words)
             return self._row_of[key]
 
-        pairs = {c.name: ([], [], [], []) for c in self.schema}  # include values, slots; exclude values, slots
-        for slot, r in enumerate(rules.rules):
-            for name, vals in r.include.items():
-                p = pairs[name]
-                p[0].extend(vals)
-                p[1].extend([slot] * len(vals))
-            for name, vals in r.exclude.items():
-                p = pairs[name]
-                p[2].extend(vals)
-                p[3].extend([slot] * len(vals))
+        empty = (np.zeros(n + 1, np.int64), np.zeros(0, np.int32))
+
+        def pairs_of(csr):
+            ptr, vals = csr
+            return vals.astype(np.int64), np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
 
         def masks_by_value(values, slots):
-            values = np.asarray(values, np.int64)
-            slots = np.asarray(slots, np.int64)
             order = np.argsort(values, kind="stable")
             uniq, starts = np.unique(values[order], return_index=True)
             out = {}
@@ -300,9 +378,10 @@ class TargetingIndex:
 
         for cat in self.schema:
             m = cat.cardinality
-            inc_v, inc_s, exc_v, exc_s = pairs[cat.name]
+            inc_v, inc_s = pairs_of(rules.include.get(cat.name, empty))
+            exc_v, exc_s = pairs_of(rules.exclude.get(cat.name, empty))
             unconstrained = np.ones(n, dtype=bool)
-            unconstrained[np.asarray(inc_s, np.int64)] = False
+            unconstrained[inc_s] = False
             inc = masks_by_value(inc_v, inc_s)
             exc = masks_by_value(exc_v, exc_s)
             self.constrained[cat.name] = bool(inc or exc)
