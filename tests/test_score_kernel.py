@@ -1,0 +1,154 @@
+"""Fused gather-gate-score kernels against the float64 oracle (simulator in CI, GPU when asked)."""
+
+import numpy as np
+import pytest
+
+from andromeda_nb import oracle
+from andromeda_nb.model import AdTable, Request
+from andromeda_nb.scoring import DeviceAdTable, score_ads, score_topk
+from andromeda_nb.targeting import bits_from_mask
+
+from .helpers import check_scores, check_topk_against_float64
+
+CASES = [  # (d, E, K, dtype, layout, n)
+    (32, 1, 1, "fp32", "rows", 33),
+    (32, 3, 2, "fp16", "tiles", 65),
+    (64, 6, 2, "fp16", "rows", 130),
+    (64, 6, 2, "bf16", "tiles", 97),
+    (64, 6, 2, "int8", "rows", 64),
+    (64, 8, 8, "fp32", "tiles", 31),
+    (128, 4, 1, "fp16", "tiles", 40),
+    (128, 2, 2, "int8", "tiles", 45),
+    (32, 8, 4, "bf16", "rows", 1),
+]
+
+
+def make_table(rng, n, d, dtype, scale=1.0):
+    emb = rng.standard_normal((n, d)) * scale
+    return AdTable.from_float(emb, rng.standard_normal(n), dtype=dtype,
+                              ad_ids=rng.choice(100 * n + 1, n, replace=False))
+
+
+@pytest.mark.parametrize("d,E,K,dtype,layout,n", CASES)
+def test_pool_scores_match_oracle(rng, d, E, K, dtype, layout, n):
+    req = Request.random(d, E, K, rng)
+    table = make_table(rng, n, d, dtype)
+    got = score_ads(req, DeviceAdTable(table, layout)).copy_to_host()
+    assert got.dtype == np.float32 and got.shape == (n,)
+    check_scores(got, req, table)
+
+
+@pytest.mark.parametrize("layout", ["rows", "tiles"])
+def test_bitset_and_candidate_access_read_only_what_they_must(rng, layout):
+    d, E, K, n = 64, 4, 2, 150
+    req = Request.random(d, E, K, rng)
+    table = make_table(rng, n, d, "fp16")
+    dt = DeviceAdTable(table, layout)
+    pool = score_ads(req, dt).copy_to_host()
+    mask = rng.random(n) < 0.3  # i.i.d. Bernoulli eligibility, never a contiguous block
+    masked = score_ads(req, dt, eligible=mask).copy_to_host()
+    np.testing.assert_array_equal(masked[mask], pool[mask])
+    assert np.isnan(masked[~mask]).all()
+    # the same through a uint64 bitset
+    np.testing.assert_array_equal(score_ads(req, dt, eligible=bits_from_mask(mask)).copy_to_host(), masked)
+    cand = rng.choice(n, 37, replace=False).astype(np.int32)
+    np.testing.assert_array_equal(score_ads(req, dt, candidates=cand).copy_to_host(), pool[cand])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_nan_and_inf_rows_and_nan_bias(rng):
+    d, n = 32, 40
+    req = Request.random(d, 3, 2, rng)
+    emb = rng.standard_normal((n, d))
+    emb[3, 5] = np.nan
+    emb[7, 0] = np.inf
+    bias = rng.standard_normal(n)
+    bias[11] = np.nan
+    table = AdTable.from_float(emb, bias, dtype="fp32", allow_nonfinite=True)
+    got = score_ads(req, DeviceAdTable(table)).copy_to_host()
+    assert np.isnan(got[3]) and np.isnan(got[11])
+    check_scores(got, req, table)
+
+
+def test_int8_extremes_and_zero_row(rng):
+    d, n = 64, 24
+    req = Request.random(d, 4, 2, rng)
+    emb = rng.standard_normal((n, d))
+    emb[0] = 0.0                      # all-zero row: scale 0, scores as a = 0
+    emb[1] = 1e4 * np.sign(emb[1])    # every element at +-127
+    emb[2, :] = 1e-30                 # tiny scale
+    emb[3, 0] = -1e6                  # one huge element, the rest quantize to ~0
+    table = AdTable.from_float(emb, rng.standard_normal(n), dtype="int8")
+    assert np.abs(table.embeddings[1]).min() == 127 and table.embeddings.min() >= -127
+    got = score_ads(req, DeviceAdTable(table)).copy_to_host()
+    assert np.isfinite(got).all()
+    zero = oracle.score(req, np.zeros((1, d)), bias=table.bias[:1])[0]
+    assert got[0] == pytest.approx(zero, rel=1e-5, abs=1e-6)
+    check_scores(got, req, table)
+
+
+def test_fp16_overflow_is_refused_and_large_values_stay_finite(rng):
+    emb = rng.standard_normal((4, 32))
+    emb[2, 3] = 70000.0
+    with pytest.raises(ValueError, match="fp16 range"):
+        AdTable.from_float(emb, dtype="fp16")
+    emb[2, 3] = 65000.0  # representable; products overflow fp16 but the kernel accumulates in fp32
+    req = Request.random(32, 2, 1, rng)
+    table = AdTable.from_float(emb, dtype="fp16")
+    got = score_ads(req, DeviceAdTable(table)).copy_to_host()
+    check_scores(got, req, table)
+
+
+@pytest.mark.parametrize("access", ["pool", "bitset", "candidates"])
+@pytest.mark.parametrize("k", [1, 7, 64])
+def test_fused_topk_equals_oracle_topk_of_kernel_scores(rng, access, k):
+    d, E, K, n = 32, 4, 2, 203
+    req = Request.random(d, E, K, rng)
+    table = make_table(rng, n, d, "fp16")
+    dt = DeviceAdTable(table, "tiles")
+    pool = score_ads(req, dt).copy_to_host()
+    kwargs, eligible, ids, scores = {}, None, table.ad_ids, pool
+    if access == "bitset":
+        eligible = rng.random(n) < 0.2
+        kwargs["eligible"] = eligible
+    elif access == "candidates":
+        cand = rng.choice(n, 90, replace=False).astype(np.int32)
+        kwargs["candidates"] = cand
+        ids, scores = table.ad_ids[cand], pool[cand]
+    top = score_topk(req, dt, k, **kwargs)
+    want = oracle.topk(scores, k, ids=ids, eligible=eligible)
+    np.testing.assert_array_equal(top.ids, want.ids)
+    np.testing.assert_array_equal(top.scores, want.scores)
+    assert top.count == want.count
+    ref = oracle.score(req, table)
+    ref_sel = ref if access != "candidates" else ref[kwargs["candidates"]]
+    check_topk_against_float64(top.ids, top.scores, ref_sel, ids, k, eligible)
+
+
+def test_fused_topk_with_nan_scores_and_ties(rng):
+    d, n = 32, 120
+    req = Request.random(d, 2, 1, rng)
+    emb = rng.standard_normal((n, d))
+    emb[40:80] = emb[0]  # 40 identical rows: tied scores, broken by ad id
+    emb[5, 1] = np.nan
+    table = AdTable.from_float(emb, rng.standard_normal(n).round(0) * 0, dtype="fp32",
+                               ad_ids=rng.permutation(n) + 1000, allow_nonfinite=True)
+    dt = DeviceAdTable(table)
+    pool = score_ads(req, dt).copy_to_host()
+    for k in (1, 30, n, n + 5):
+        top = score_topk(req, dt, k)
+        want = oracle.topk(pool, k, ids=table.ad_ids)
+        np.testing.assert_array_equal(top.ids, want.ids)
+        np.testing.assert_array_equal(top.scores, want.scores)
+        assert top.count == n - 1
+    assert (top.ids[-6:] == -1).all() and np.isneginf(top.scores[-6:]).all()
+
+
+def test_zero_eligible_and_empty_pool(rng):
+    req = Request.random(32, 2, 1, rng)
+    table = make_table(rng, 50, 32, "fp32")
+    top = score_topk(req, DeviceAdTable(table), 5, eligible=np.zeros(50, bool))
+    assert top.count == 0 and (top.ids == -1).all() and np.isneginf(top.scores).all()
+    empty = AdTable.from_float(np.zeros((0, 32)), dtype="fp32")
+    top = score_topk(req, DeviceAdTable(empty), 3)
+    assert top.count == 0 and (top.ids == -1).all()

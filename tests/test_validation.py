@@ -1,0 +1,62 @@
+"""Bad input gets a clear error before any kernel launches."""
+
+import numpy as np
+import pytest
+
+from andromeda_nb.model import AdTable, Request
+from andromeda_nb.scoring import DeviceAdTable, score_ads, score_topk
+
+
+def test_request_validation(rng):
+    V = rng.standard_normal((3, 32))
+    ok = dict(V=V, G=V, gamma=np.ones(32), beta=np.zeros(32), k_experts=2)
+    Request(**ok)
+    for change, exc, msg in [
+        ({"k_experts": 0}, ValueError, "k_experts"),
+        ({"k_experts": 4}, ValueError, "k_experts"),
+        ({"k_experts": 1.0}, TypeError, "int"),
+        ({"G": V[:2]}, ValueError, "G shape"),
+        ({"gamma": np.ones(31)}, ValueError, "gamma"),
+        ({"V": np.ones((9, 32)), "G": np.ones((9, 32))}, ValueError, "E=9"),
+        ({"beta": np.full(32, np.nan)}, ValueError, "non-finite"),
+        ({"V": np.array([["a"] * 32] * 3)}, TypeError, "numeric"),
+        ({"V": np.ones(32)}, ValueError, "2-D"),
+    ]:
+        with pytest.raises(exc, match=msg):
+            Request(**{**ok, **change})
+
+
+def test_table_validation(rng):
+    with pytest.raises(ValueError, match="dtype"):
+        AdTable.from_float(np.zeros((2, 8)), dtype="fp8")
+    with pytest.raises(ValueError, match="unique"):
+        AdTable.from_float(np.zeros((2, 8)), ad_ids=[1, 1])
+    with pytest.raises(ValueError, match="non-negative"):
+        AdTable.from_float(np.zeros((2, 8)), ad_ids=[1, -1])
+    with pytest.raises(ValueError, match="NaN"):
+        AdTable.from_float(np.full((2, 8), np.nan))
+    with pytest.raises(ValueError, match="NaN"):
+        AdTable.from_float(np.full((2, 8), np.nan), dtype="int8", allow_nonfinite=True)
+    with pytest.raises(ValueError, match="bias"):
+        AdTable.from_float(np.zeros((2, 8)), bias=np.zeros(3))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        DeviceAdTable(AdTable.from_float(np.zeros((2, 12))))
+    with pytest.raises(ValueError, match="layout"):
+        DeviceAdTable(AdTable.from_float(np.zeros((2, 8))), layout="columns")
+
+
+def test_scoring_inputs(rng):
+    table = DeviceAdTable(AdTable.from_float(rng.standard_normal((20, 32))))
+    req = Request.random(32, 2, 1, rng)
+    with pytest.raises(TypeError, match="DeviceAdTable"):
+        score_ads(req, AdTable.from_float(np.zeros((2, 32))))
+    with pytest.raises(ValueError, match="0..19"):
+        score_ads(req, table, candidates=np.array([3, 20], np.int32))
+    with pytest.raises(TypeError, match="int32"):
+        score_ads(req, table, candidates=np.array([3, 4], np.int64))
+    with pytest.raises(ValueError, match="not both"):
+        score_ads(req, table, eligible=np.ones(20, bool), candidates=np.array([1], np.int32))
+    with pytest.raises(ValueError, match="shape"):
+        score_ads(req, table, eligible=np.ones(21, bool))
+    with pytest.raises(ValueError, match="k=0"):
+        score_topk(req, table, 0)
