@@ -8,7 +8,7 @@ import tomllib
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name
+CONDA_NAMES = {"pytorch": "torch", "cuda-nvvm": "nvidia-nvvm", "cuda-nvrtc": "nvidia-cuda-nvrtc"}  # conda-forge -> PyPI
 
 
 def _norm(spec: str) -> tuple[str, str]:
