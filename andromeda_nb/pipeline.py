@@ -56,7 +56,7 @@ def retrieve(requests: Request | Sequence[Request], table: DeviceAdTable,
     if index is not None:
         if index.n_ads != table.n_ads:
             raise ValueError(f"index has {index.n_ads} ads but the table has {table.n_ads}")
-        if not np.array_equal(index.index.ad_ids, table.table.ad_ids):
+        if table.host_ad_ids is not None and not np.array_equal(index.index.ad_ids, table.host_ad_ids):
             raise ValueError("index and table disagree on the ad id of some slot")
         profs = [profiles] if single else list(profiles)
         if len(profs) != len(reqs):

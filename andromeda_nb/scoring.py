@@ -8,7 +8,7 @@ import numpy as np
 
 from . import launch
 from .model import MAX_EXPERTS, AdTable, Request, TopK
-from .topk import MAX_ITEMS, check_k, eligible_bitset, merge
+from .topk import MAX_ITEMS, check_k, eligible_bitset, launch_merge
 
 #: Embedding dimensions the kernels accept: multiples of 8 (whole 8-byte pieces for every dtype).
 MAX_D = 256
@@ -23,39 +23,97 @@ def check_kernel_shape(d: int, experts: int) -> None:
 
 
 class DeviceAdTable:
-    """An :class:`~andromeda_nb.model.AdTable` resident on the device in a kernel layout.
+    """An ad table resident on the device in a kernel layout.
+
+    Build it from a host :class:`~andromeda_nb.model.AdTable` (``DeviceAdTable(table, layout)``),
+    or wrap arrays already on the device with :meth:`from_device` (benchmarks generate 100M-ad
+    tables on the GPU).
 
     Args:
         table: the host table.
         layout: ``"rows"`` (``[n_ads, d]``) or ``"tiles"`` (``[d/W, n_ads, W]``, W = 8 / itemsize);
             see kernels/score.py.
 
+    Attributes:
+        n_ads, d, dtype, layout; device arrays ``embeddings``, ``bias``, ``scale`` (int8, else a
+        dummy), ``ad_ids`` (int64); ``host_ad_ids`` (numpy, or None when unknown); ``table`` (the
+        host table, or None).
+
     Raises:
         ValueError: unsupported d or layout, or more than 2**31 - 1 ads.
     """
 
     def __init__(self, table: AdTable, layout: str = "rows"):
-        from .kernels.score import LAYOUTS, tile_width
+        from .kernels.score import tile_width
 
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        check_kernel_shape(table.d, 1)
-        if table.n_ads > MAX_ITEMS:
-            raise ValueError(f"at most {MAX_ITEMS} ads per table, got {table.n_ads}")
-        self.table = table
-        self.layout = layout
+        _check_layout(layout, table.d, table.n_ads)
         emb = table.embeddings
         if layout == "tiles":
             W = tile_width(table.dtype)
             emb = np.ascontiguousarray(emb.reshape(table.n_ads, table.d // W, W).transpose(1, 0, 2))
-        self.embeddings = launch.to_device(emb)
-        self.bias = launch.to_device(table.bias)
-        self.scale = launch.to_device(table.scale) if table.scale is not None else launch.dummy(np.float32)
-        self.ad_ids = launch.to_device(table.ad_ids)
+        self._set(launch.to_device(emb), launch.to_device(table.bias), table.dtype, layout,
+                  launch.to_device(table.scale) if table.scale is not None else None,
+                  launch.to_device(table.ad_ids), table.n_ads, table.d)
+        self.table = table
+        self.host_ad_ids = table.ad_ids
 
-    n_ads = property(lambda self: self.table.n_ads)
-    d = property(lambda self: self.table.d)
-    dtype = property(lambda self: self.table.dtype)
+    def _set(self, embeddings, bias, dtype, layout, scale, ad_ids, n_ads, d):
+        self.embeddings, self.bias, self.dtype, self.layout = embeddings, bias, dtype, layout
+        self.scale = scale if scale is not None else launch.dummy(np.float32)
+        self.ad_ids, self.n_ads, self.d = ad_ids, int(n_ads), int(d)
+        self.table, self.host_ad_ids = None, None
+
+    @classmethod
+    def from_device(cls, embeddings, bias, dtype: str, layout: str = "rows", scale=None, ad_ids=None):
+        """Wrap device arrays (Numba device arrays or anything with ``__cuda_array_interface__``).
+
+        Args:
+            embeddings: ``[n_ads, d]`` (rows) or ``[d/W, n_ads, W]`` (tiles) in the storage dtype of
+                ``dtype`` (float32, float16, uint16 bf16 bits, int8).
+            bias: ``float32[n_ads]``; scale: ``float32[n_ads]`` for int8; ad_ids: ``int64[n_ads]``
+                (None: the slots 0..n_ads-1, materialised on the device).
+
+        Raises:
+            TypeError / ValueError: dtype or shape mismatches.
+        """
+        from .kernels.score import tile_width
+        from .model import STORAGE_DTYPES
+
+        cuda = launch.cuda()
+        wrap = (lambda a: a if a is None or launch.is_device_array(a) else cuda.as_cuda_array(a))
+        embeddings, bias, scale, ad_ids = map(wrap, (embeddings, bias, scale, ad_ids))
+        if dtype not in STORAGE_DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(STORAGE_DTYPES)}, got {dtype!r}")
+        if layout == "rows":
+            launch.check_array("embeddings", embeddings, STORAGE_DTYPES[dtype], ndim=2)
+            n_ads, d = embeddings.shape
+        else:
+            launch.check_array("embeddings", embeddings, STORAGE_DTYPES[dtype], ndim=3)
+            n_ads, d = embeddings.shape[1], embeddings.shape[0] * embeddings.shape[2]
+            if embeddings.shape[2] != tile_width(dtype):
+                raise ValueError(f"tiles layout needs last axis {tile_width(dtype)} for {dtype}")
+        _check_layout(layout, d, n_ads)
+        launch.check_array("bias", bias, np.float32, shape=(n_ads,))
+        if (scale is None) != (dtype != "int8"):
+            raise ValueError("scale is required for int8 tables and only for them")
+        if scale is not None:
+            launch.check_array("scale", scale, np.float32, shape=(n_ads,))
+        if ad_ids is None:
+            ad_ids = cuda.to_device(np.arange(n_ads, dtype=np.int64))
+        launch.check_array("ad_ids", ad_ids, np.int64, shape=(n_ads,))
+        self = cls.__new__(cls)
+        self._set(embeddings, bias, dtype, layout, scale, ad_ids, n_ads, d)
+        return self
+
+
+def _check_layout(layout: str, d: int, n_ads: int) -> None:
+    from .kernels.score import LAYOUTS
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_kernel_shape(d, 1)
+    if n_ads > MAX_ITEMS:
+        raise ValueError(f"at most {MAX_ITEMS} ads per table, got {n_ads}")
 
 
 @dataclass
@@ -115,6 +173,33 @@ def _launch(dreq, table, access, elig, cand, n_items, grid, block, topk_k, out, 
     )
 
 
+def launch_score(dreq: "DeviceRequest", table: DeviceAdTable, access: str, elig, cand, n_items: int,
+                 out, block: int | None = None) -> None:
+    """Enqueue the scores-to-memory kernel (no validation, no host copies; for benchmarks and
+    :func:`score_ads`). ``out``: device ``float32[n_items]``."""
+    block = block or launch.default_block()
+    _launch(dreq, table, access, elig, cand, n_items, launch.grid_for(n_items, block), block, 0,
+            out, None, None, None)
+
+
+def launch_score_topk(dreq: "DeviceRequest", table: DeviceAdTable, k: int, access: str, elig, cand,
+                      n_items: int, block: int | None = None):
+    """Enqueue fused scoring + block top-K + merge (no validation, no host copies).
+
+    Returns:
+        Device arrays ``(ids int64[k], scores float32[k], count int64[1])``.
+    """
+    cuda = launch.cuda()
+    block = block or launch.default_block()
+    grid = launch.grid_for(n_items, block)
+    cand_s = cuda.device_array(grid * k, np.float32)
+    cand_i = cuda.device_array(grid * k, np.int32)
+    counts = cuda.to_device(np.zeros(1, np.int64))
+    _launch(dreq, table, access, elig, cand, n_items, grid, block, k, None, cand_s, cand_i, counts)
+    ids, scores = launch_merge(cand_s, cand_i, k, table.ad_ids, block)
+    return ids, scores, counts
+
+
 def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None, block: int | None = None):
     """Scores of the fused gated model, written to device memory (the unfused-top-K path).
 
@@ -134,9 +219,7 @@ def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None, blo
     """
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates)
     out = launch.cuda().device_array(n_items, np.float32)
-    block = block or launch.default_block()
-    _launch(dreq, table, access, elig, cand, n_items, launch.grid_for(n_items, block), block, 0,
-            out, None, None, None)
+    launch_score(dreq, table, access, elig, cand, n_items, out, block)
     return out
 
 
@@ -155,12 +238,5 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
     """
     k = check_k(k)
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates)
-    cuda = launch.cuda()
-    block = block or launch.default_block()
-    grid = launch.grid_for(n_items, block)
-    cand_s = cuda.device_array(grid * k, np.float32)
-    cand_i = cuda.device_array(grid * k, np.int32)
-    counts = cuda.to_device(np.zeros(1, np.int64))
-    _launch(dreq, table, access, elig, cand, n_items, grid, block, k, None, cand_s, cand_i, counts)
-    ids, scores = merge(cand_s, cand_i, k, table.ad_ids, block)
-    return TopK(ids=ids, scores=scores, count=int(counts.copy_to_host()[0]))
+    ids, scores, count = launch_score_topk(dreq, table, k, access, elig, cand, n_items, block)
+    return TopK(ids=ids.copy_to_host(), scores=scores.copy_to_host(), count=int(count.copy_to_host()[0]))

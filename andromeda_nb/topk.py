@@ -47,13 +47,13 @@ def eligible_bitset(eligible, n: int):
     return launch.to_device(eligible)
 
 
-def merge(cand_s, cand_i, k: int, ids=None, block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Merge per-block candidate lists (device ``float32[m]``, ``int32[m]`` slots, -1 = empty) into
-    the exact top-k on the device; copies only the k ids and k scores to the host.
+def launch_merge(cand_s, cand_i, k: int, ids=None, block: int | None = None):
+    """Enqueue the merge of per-block candidate lists (device ``float32[m]`` scores, ``int32[m]``
+    slots, -1 = empty) into the exact top-k (no host copies).
 
     Returns:
-        ``(ids int64[k], scores float32[k])``; ``ids`` are ``ids[slot]`` when ``ids`` (device int64)
-        is given, else slots.
+        Device ``(ids int64[k], scores float32[k])``; ids are ``ids[slot]`` when ``ids`` (device
+        int64) is given, else slots; pads -1 / -inf.
     """
     from .kernels.topk import merge_kernel
 
@@ -66,7 +66,28 @@ def merge(cand_s, cand_i, k: int, ids=None, block: int | None = None) -> tuple[n
     kern = merge_kernel(k, block, has_ids)
     kern[1, block](cand_s, cand_i, cand_s.shape[0], ids if has_ids else launch.dummy(np.int64),
                    out_s, out_slot, out_id)
-    return out_id.copy_to_host(), out_s.copy_to_host()
+    return out_id, out_s
+
+
+def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None):
+    """Enqueue block top-K + merge over device scores (no validation, no host copies).
+
+    Returns:
+        Device ``(ids int64[k], scores float32[k], count int64[1])``.
+    """
+    from .kernels.topk import topk_scores_kernel
+
+    cuda = launch.cuda()
+    block = block or launch.default_block()
+    grid = launch.grid_for(n, block)
+    cand_s = cuda.device_array(grid * k, np.float32)
+    cand_i = cuda.device_array(grid * k, np.int32)
+    counts = cuda.to_device(np.zeros(1, np.int64))
+    kern = topk_scores_kernel(k, block, elig is not None, d_ids is not None)
+    kern[grid, block](d_scores, elig if elig is not None else launch.dummy(np.uint64),
+                      d_ids if d_ids is not None else launch.dummy(np.int64), n, cand_s, cand_i, counts)
+    ids, scores = launch_merge(cand_s, cand_i, k, d_ids, block)
+    return ids, scores, counts
 
 
 def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = None) -> TopK:
@@ -98,16 +119,6 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     if ids is not None:
         launch.check_array("ids", ids, np.int64, shape=(n,))
     elig = None if eligible is None else eligible_bitset(eligible, n)
-    cuda = launch.cuda()
-    block = block or launch.default_block()
-    grid = launch.grid_for(n, block)
-    d_scores = launch.to_device(scores)
     d_ids = None if ids is None else launch.to_device(ids)
-    cand_s = cuda.device_array(grid * k, np.float32)
-    cand_i = cuda.device_array(grid * k, np.int32)
-    counts = cuda.to_device(np.zeros(1, np.int64))
-    kern = topk_scores_kernel(k, block, elig is not None, d_ids is not None)
-    kern[grid, block](d_scores, elig if elig is not None else launch.dummy(np.uint64),
-                      d_ids if d_ids is not None else launch.dummy(np.int64), n, cand_s, cand_i, counts)
-    out_ids, out_scores = merge(cand_s, cand_i, k, d_ids, block)
-    return TopK(ids=out_ids, scores=out_scores, count=int(counts.copy_to_host()[0]))
+    out_ids, out_scores, counts = launch_topk(launch.to_device(scores), n, k, elig, d_ids, block)
+    return TopK(ids=out_ids.copy_to_host(), scores=out_scores.copy_to_host(), count=int(counts.copy_to_host()[0]))
