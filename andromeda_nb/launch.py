@@ -75,6 +75,21 @@ def check_array(name: str, x, dtype, ndim: int | None = None, shape: tuple | Non
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
     if shape is not None and tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
-    contiguous = x.flags["C_CONTIGUOUS"] if isinstance(x, np.ndarray) else x.is_c_contiguous()
-    if not contiguous:
+    if not _c_contiguous(x):
         raise ValueError(f"{name} must be C-contiguous")
+
+
+def _c_contiguous(x) -> bool:
+    if isinstance(x, np.ndarray):
+        return bool(x.flags["C_CONTIGUOUS"])
+    if hasattr(x, "is_c_contiguous"):
+        return bool(x.is_c_contiguous())
+    iface = getattr(x, "__cuda_array_interface__", {})
+    strides = iface.get("strides")
+    if strides is None:
+        return True
+    expected, step = [], np.dtype(iface["typestr"]).itemsize
+    for dim in reversed(iface["shape"]):
+        expected.append(step)
+        step *= dim
+    return tuple(reversed(expected)) == tuple(strides)

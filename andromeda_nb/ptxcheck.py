@@ -58,7 +58,8 @@ def variants():
             for ids in (False, True):
                 out.append((f"topk_scores k{k} elig{elig} ids{ids}", T.topk_scores_kernel(k, 256, elig, ids),
                             (A(f32), A(u64), A(i64), i64, A(f32), A(i32), A(i64))))
-        out.append((f"merge k{k}", T.merge_kernel(k, 256, True), (A(f32), A(i32), i64, A(i64), A(f32), A(i32), A(i64))))
+        out.append((f"merge k{k}", T.merge_kernel(k, 256, True),
+                    (A(f32), A(i32), i64, i64, A(i64), A(f32), A(i32), A(i64), i64)))
     out.append(("match", M.match_kernel(256), (A(u64, 2), A(i32), A(i32), A(i32), A(i32), A(u64), A(i64))))
     out.append(("clear_bits", M.clear_bits_kernel(), (A(u64), A(i64), A(i64))))
     return out

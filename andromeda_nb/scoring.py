@@ -80,7 +80,7 @@ class DeviceAdTable:
         from .model import STORAGE_DTYPES
 
         cuda = launch.cuda()
-        wrap = (lambda a: a if a is None or launch.is_device_array(a) else cuda.as_cuda_array(a))
+        wrap = (lambda a: a if a is None or hasattr(a, "copy_to_host") else cuda.as_cuda_array(a))
         embeddings, bias, scale, ad_ids = map(wrap, (embeddings, bias, scale, ad_ids))
         if dtype not in STORAGE_DTYPES:
             raise ValueError(f"dtype must be one of {tuple(STORAGE_DTYPES)}, got {dtype!r}")

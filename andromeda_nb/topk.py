@@ -47,9 +47,14 @@ def eligible_bitset(eligible, n: int):
     return launch.to_device(eligible)
 
 
+#: A merge block reduces at most MERGE_FANIN lists of k candidates; more lists merge in a tree.
+MERGE_FANIN = 16
+
+
 def launch_merge(cand_s, cand_i, k: int, ids=None, block: int | None = None):
     """Enqueue the merge of per-block candidate lists (device ``float32[m]`` scores, ``int32[m]``
-    slots, -1 = empty) into the exact top-k (no host copies).
+    slots, -1 = empty) into the exact top-k (no host copies): a tree of merge launches, each block
+    reducing up to ``MERGE_FANIN`` lists, ending in one block.
 
     Returns:
         Device ``(ids int64[k], scores float32[k])``; ids are ``ids[slot]`` when ``ids`` (device
@@ -59,14 +64,21 @@ def launch_merge(cand_s, cand_i, k: int, ids=None, block: int | None = None):
 
     cuda = launch.cuda()
     block = block or launch.default_block()
-    out_s = cuda.device_array(k, np.float32)
-    out_slot = cuda.device_array(k, np.int32)
-    out_id = cuda.device_array(k, np.int64)
     has_ids = ids is not None
     kern = merge_kernel(k, block, has_ids)
-    kern[1, block](cand_s, cand_i, cand_s.shape[0], ids if has_ids else launch.dummy(np.int64),
-                   out_s, out_slot, out_id)
-    return out_id, out_s
+    ids_arg = ids if has_ids else launch.dummy(np.int64)
+    m = cand_s.shape[0]
+    seg = MERGE_FANIN * k
+    while True:
+        grid = max(1, -(-m // seg))
+        final = grid == 1
+        out_s = cuda.device_array(grid * k, np.float32)
+        out_slot = cuda.device_array(grid * k, np.int32)
+        out_id = cuda.device_array(k if final else 1, np.int64)
+        kern[grid, block](cand_s, cand_i, m, seg, ids_arg, out_s, out_slot, out_id, 1 if final else 0)
+        if final:
+            return out_id, out_s
+        cand_s, cand_i, m = out_s, out_slot, grid * k
 
 
 def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None):

@@ -84,7 +84,8 @@ def test_kernels_write_every_output_element():
     out_s = cuda.to_device(np.full(k + 0, 999.0, np.float32))
     out_slot = cuda.to_device(np.full(k, 555, np.int32))
     out_id = cuda.to_device(np.full(k, 555, np.int64))
-    merge_kernel(k, block, False)[1, block](cand_s, cand_i, grid * k, launch.dummy(np.int64), out_s, out_slot, out_id)
+    merge_kernel(k, block, False)[1, block](cand_s, cand_i, grid * k, grid * k, launch.dummy(np.int64),
+                                            out_s, out_slot, out_id, 1)
     want = oracle.topk(scores, k)
     np.testing.assert_array_equal(out_id.copy_to_host(), want.ids)
     np.testing.assert_array_equal(out_s.copy_to_host(), want.scores)
@@ -118,3 +119,19 @@ def test_bad_score_arrays_are_refused():
         topk_scores(np.zeros(10, np.float32), 3, eligible=np.ones(9, bool))
     with pytest.raises(ValueError, match="shape"):
         topk_scores(np.zeros(10, np.float32), 3, ids=np.arange(11))
+
+
+def test_merge_tree_with_many_blocks(monkeypatch):
+    """Force a multi-level merge tree (fan-in 2) and compare with the oracle."""
+    import andromeda_nb.topk as T
+
+    monkeypatch.setattr(T, "MERGE_FANIN", 2)
+    monkeypatch.setattr(launch, "SIM_MAX_BLOCKS", 8)
+    rng = np.random.default_rng(11)
+    scores = rng.integers(0, 50, 900).astype(np.float32)  # many ties
+    ids = rng.permutation(5000)[:900].astype(np.int64)
+    for k in (1, 5, 33):
+        got = topk_scores(scores, k, ids=ids)
+        want = oracle.topk(scores, k, ids=ids)
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_array_equal(got.scores, want.scores)

@@ -184,16 +184,17 @@ def topk_scores_kernel(k: int, block: int, has_elig: bool, has_ids: bool):
 
 @functools.lru_cache(maxsize=None)
 def merge_kernel(k: int, block: int, has_ids: bool):
-    """Pass 2: one block merges ``m`` per-block candidates into the exact top-k.
+    """Merge pass: block ``b`` reduces candidates ``[b*seg, min(m, (b+1)*seg))`` to its exact top-k.
 
-    Launch: ``[1, block]``. Args: ``cand_s float32[m]``, ``cand_i int32[m]`` (slots, -1 = empty),
-    ``m``, ``ids int64[n]``, ``out_s float32[k]``, ``out_slot int32[k]``, ``out_id int64[k]``
-    (``ids[slot]``, or the slot without ids; -1 pads).
+    Launch ``[ceil(m / seg), block]``. Args: ``cand_s float32[m]``, ``cand_i int32[m]`` (slots,
+    -1 = empty), ``m``, ``seg``, ``ids int64[n]``, ``out_s float32[grid*k]``,
+    ``out_slot int32[grid*k]``, ``out_id int64[grid*k]`` (written only when ``final``: ``ids[slot]``
+    or the slot without ids, -1 pads), ``final`` (int). A tree of these launches ends in one block.
     """
     init, offer, finish, C = block_topk(k, block, has_ids)
 
     @cuda.jit
-    def kernel(cand_s, cand_i, m, ids, out_s, out_slot, out_id):
+    def kernel(cand_s, cand_i, m, seg, ids, out_s, out_slot, out_id, final):
         bs = cuda.shared.array(C, float32)
         bi = cuda.shared.array(C, int32)
         st = cuda.shared.array(1, int32)
@@ -201,25 +202,28 @@ def merge_kernel(k: int, block: int, has_ids: bool):
         thr_i = cuda.shared.array(1, int32)
         init(st, thr_s, thr_i)
         tid = cuda.threadIdx.x
-        for base in range(0, m, block):
+        start = cuda.blockIdx.x * seg
+        stop = min(m, start + seg)
+        for base in range(start, stop, block):
             j = base + tid
             s = float32(math.nan)
             slot = int32(-1)
-            if j < m:
+            if j < stop:
                 s = cand_s[j]
                 slot = cand_i[j]
             offer(bs, bi, st, thr_s, thr_i, s, slot, slot >= 0, ids)
-        finish(bs, bi, st, thr_s, thr_i, ids, out_s, out_slot, 0)
-        cuda.syncthreads()
-        t = tid
-        while t < k:
-            slot = out_slot[t]
-            if slot < 0:
-                out_id[t] = -1
-            elif has_ids:
-                out_id[t] = ids[slot]
-            else:
-                out_id[t] = slot
-            t += block
+        out_base = cuda.blockIdx.x * k
+        finish(bs, bi, st, thr_s, thr_i, ids, out_s, out_slot, out_base)
+        if final:
+            t = tid
+            while t < k:
+                slot = out_slot[out_base + t]
+                if slot < 0:
+                    out_id[out_base + t] = -1
+                elif has_ids:
+                    out_id[out_base + t] = ids[slot]
+                else:
+                    out_id[out_base + t] = slot
+                t += block
 
     return kernel
