@@ -44,22 +44,22 @@ def variants():
     for dtype, st in store.items():
         for layout in S.LAYOUTS:
             for access in S.ACCESS:
-                for topk in (0, 1000):
+                for topk in (0, 2048):
                     for d, E, K in ((64, 6, 2), (32, 1, 1), (128, 8, 8)):
                         if (d, E, K) != (64, 6, 2) and (access != "pool" or topk):
                             continue
                         k = S.gated_score_kernel(d, E, K, dtype, layout, access, 256, topk, topk > 0)
                         tab = A(st, 2 if layout == "rows" else 3)
                         sig = (tab, A(f32), A(f32), A(f32), A(f32), A(f32), A(f32), A(u64), A(i32), i64,
-                               A(i64), A(f32), A(f32), A(i32), A(i64))
+                               A(i64), i64, A(f32), A(f32), A(i32), A(i64))
                         out.append((f"gated d{d} E{E} K{K} {dtype} {layout} {access} topk{topk}", k, sig))
-    for k in (1, 1000, 2048):
+    for cap in (512, 2048, 4096):
         for elig in (False, True):
             for ids in (False, True):
-                out.append((f"topk_scores k{k} elig{elig} ids{ids}", T.topk_scores_kernel(k, 256, elig, ids),
-                            (A(f32), A(u64), A(i64), i64, A(f32), A(i32), A(i64))))
-        out.append((f"merge k{k}", T.merge_kernel(k, 256, True),
-                    (A(f32), A(i32), i64, i64, A(i64), A(f32), A(i32), A(i64), i64)))
+                out.append((f"topk_scores cap{cap} elig{elig} ids{ids}", T.topk_scores_kernel(cap, 256, elig, ids),
+                            (A(f32), A(u64), A(i64), i64, i64, A(f32), A(i32), A(i64))))
+        out.append((f"merge cap{cap}", T.merge_kernel(cap, 256, True),
+                    (A(f32), A(i32), i64, i64, i64, A(i64), A(f32), A(i32), A(i64), i64)))
     out.append(("match", M.match_kernel(256), (A(u64, 2), A(i32), A(i32), A(i32), A(i32), A(u64), A(i64))))
     out.append(("clear_bits", M.clear_bits_kernel(), (A(u64), A(i64), A(i64))))
     return out

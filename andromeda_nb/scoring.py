@@ -157,15 +157,17 @@ def _prepare(request, table: DeviceAdTable, eligible, candidates):
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, block, topk_k, out, cand_s, cand_i, counts):
     from .kernels.score import gated_score_kernel
+    from .kernels.topk import buffer_capacity
 
     req = dreq.request
+    cap = buffer_capacity(topk_k, block) if topk_k else 0
     kern = gated_score_kernel(req.d, req.experts, req.k_experts, table.dtype, table.layout,
-                              access, block, topk_k, topk_k > 0)
+                              access, block, cap, topk_k > 0)
     kern[grid, block](
         table.embeddings, table.scale, table.bias, dreq.G, dreq.V, dreq.gamma, dreq.beta,
         elig if elig is not None else launch.dummy(np.uint64),
         cand if cand is not None else launch.dummy(np.int32),
-        n_items, table.ad_ids,
+        n_items, table.ad_ids, topk_k,
         out if out is not None else launch.dummy(np.float32),
         cand_s if cand_s is not None else launch.dummy(np.float32),
         cand_i if cand_i is not None else launch.dummy(np.int32),

@@ -60,12 +60,12 @@ def launch_merge(cand_s, cand_i, k: int, ids=None, block: int | None = None):
         Device ``(ids int64[k], scores float32[k])``; ids are ``ids[slot]`` when ``ids`` (device
         int64) is given, else slots; pads -1 / -inf.
     """
-    from .kernels.topk import merge_kernel
+    from .kernels.topk import buffer_capacity, merge_kernel
 
     cuda = launch.cuda()
     block = block or launch.default_block()
     has_ids = ids is not None
-    kern = merge_kernel(k, block, has_ids)
+    kern = merge_kernel(buffer_capacity(k, block), block, has_ids)
     ids_arg = ids if has_ids else launch.dummy(np.int64)
     m = cand_s.shape[0]
     seg = MERGE_FANIN * k
@@ -75,7 +75,7 @@ def launch_merge(cand_s, cand_i, k: int, ids=None, block: int | None = None):
         out_s = cuda.device_array(grid * k, np.float32)
         out_slot = cuda.device_array(grid * k, np.int32)
         out_id = cuda.device_array(k if final else 1, np.int64)
-        kern[grid, block](cand_s, cand_i, m, seg, ids_arg, out_s, out_slot, out_id, 1 if final else 0)
+        kern[grid, block](cand_s, cand_i, m, seg, k, ids_arg, out_s, out_slot, out_id, 1 if final else 0)
         if final:
             return out_id, out_s
         cand_s, cand_i, m = out_s, out_slot, grid * k
@@ -87,7 +87,7 @@ def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | No
     Returns:
         Device ``(ids int64[k], scores float32[k], count int64[1])``.
     """
-    from .kernels.topk import topk_scores_kernel
+    from .kernels.topk import buffer_capacity, topk_scores_kernel
 
     cuda = launch.cuda()
     block = block or launch.default_block()
@@ -95,9 +95,9 @@ def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | No
     cand_s = cuda.device_array(grid * k, np.float32)
     cand_i = cuda.device_array(grid * k, np.int32)
     counts = cuda.to_device(np.zeros(1, np.int64))
-    kern = topk_scores_kernel(k, block, elig is not None, d_ids is not None)
+    kern = topk_scores_kernel(buffer_capacity(k, block), block, elig is not None, d_ids is not None)
     kern[grid, block](d_scores, elig if elig is not None else launch.dummy(np.uint64),
-                      d_ids if d_ids is not None else launch.dummy(np.int64), n, cand_s, cand_i, counts)
+                      d_ids if d_ids is not None else launch.dummy(np.int64), n, k, cand_s, cand_i, counts)
     ids, scores = launch_merge(cand_s, cand_i, k, d_ids, block)
     return ids, scores, counts
 

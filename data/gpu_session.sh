@@ -22,7 +22,7 @@ for step in "$@"; do
       python3 -c "import numpy, numba, numba_cuda, cupy, torch; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, 'torch', torch.__version__)" ;;
     tests)
       ANDROMEDA_TEST_BACKEND=cuda python3 -m pytest tests -q -x -p no:cacheprovider \
-        --deselect tests/test_ptx.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1 ;;
+        --deselect tests/test_ptx.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1 ;;
     quickstart|series)
       only=(); [ "$step" = quickstart ] && only=(--only 01_quickstart)
       python3 -m andromeda_nb run --params full --backend cuda "${only[@]}" --out "$OUT/notebooks" \

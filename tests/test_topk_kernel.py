@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from andromeda_nb import launch, oracle
-from andromeda_nb.kernels.topk import merge_kernel, topk_scores_kernel
+from andromeda_nb.kernels.topk import buffer_capacity, merge_kernel, topk_scores_kernel
 from andromeda_nb.targeting import bits_from_mask
 from andromeda_nb.topk import MAX_K, topk_scores
 
@@ -77,15 +77,16 @@ def test_kernels_write_every_output_element():
     cand_s = cuda.to_device(np.full(grid * k, 12345.0, np.float32))
     cand_i = cuda.to_device(np.full(grid * k, 777, np.int32))
     counts = cuda.to_device(np.zeros(1, np.int64))
-    topk_scores_kernel(k, block, False, False)[grid, block](
-        cuda.to_device(scores), launch.dummy(np.uint64), launch.dummy(np.int64), n, cand_s, cand_i, counts)
+    cap = buffer_capacity(k, block)
+    topk_scores_kernel(cap, block, False, False)[grid, block](
+        cuda.to_device(scores), launch.dummy(np.uint64), launch.dummy(np.int64), n, k, cand_s, cand_i, counts)
     cs, ci = cand_s.copy_to_host(), cand_i.copy_to_host()
     assert not (cs == 12345.0).any() and not (ci == 777).any()
     out_s = cuda.to_device(np.full(k + 0, 999.0, np.float32))
     out_slot = cuda.to_device(np.full(k, 555, np.int32))
     out_id = cuda.to_device(np.full(k, 555, np.int64))
-    merge_kernel(k, block, False)[1, block](cand_s, cand_i, grid * k, grid * k, launch.dummy(np.int64),
-                                            out_s, out_slot, out_id, 1)
+    merge_kernel(cap, block, False)[1, block](cand_s, cand_i, grid * k, grid * k, k, launch.dummy(np.int64),
+                                              out_s, out_slot, out_id, 1)
     want = oracle.topk(scores, k)
     np.testing.assert_array_equal(out_id.copy_to_host(), want.ids)
     np.testing.assert_array_equal(out_s.copy_to_host(), want.scores)

@@ -104,7 +104,7 @@ def gated_score_device(d: int, experts: int, k_experts: int, dtype: str, layout:
 
 @functools.lru_cache(maxsize=None)
 def gated_score_kernel(d: int, experts: int, k_experts: int, dtype: str, layout: str,
-                       access: str, block: int, topk_k: int = 0, has_ids: bool = False):
+                       access: str, block: int, topk_cap: int = 0, has_ids: bool = False):
     """The fused kernel for one configuration.
 
     Launch ``[grid, block]``, 1-D, grid-stride over items (``n_items`` = pool size, or the
@@ -118,24 +118,26 @@ def gated_score_kernel(d: int, experts: int, k_experts: int, dtype: str, layout:
         cand    int32[n_items] (candidates access) or dummy
         n_items int64
         ids     int64[n_ads] ad ids for top-K tie-breaks (has_ids) or dummy
-        out     float32[n_items] scores (topk_k == 0) or dummy
-        cand_s  float32[grid*topk_k], cand_i int32[grid*topk_k]: per-block top-k (topk_k > 0)
-        counts  int64[1]: += items scored with a non-NaN score (topk_k > 0)
+        k       top-k per block (fused, k <= topk_cap - block; ignored otherwise)
+        out     float32[n_items] scores (topk_cap == 0) or dummy
+        cand_s  float32[grid*k], cand_i int32[grid*k]: per-block top-k (fused)
+        counts  int64[1]: += items scored with a non-NaN score (fused)
 
-    With ``topk_k > 0`` scores never reach device memory: each block keeps its best ``topk_k``
-    (kernels/topk.py) and writes only those; the merge kernel finishes the job.
+    With ``topk_cap > 0`` scores never reach device memory: each block keeps its best ``k``
+    (kernels/topk.py, shared buffer of ``topk_cap`` entries) and writes only those; the merge
+    kernel finishes the job.
     """
     score_one = gated_score_device(d, experts, k_experts, dtype, layout)
     acc = ACCESS.index(access)
-    fused = topk_k > 0
+    fused = topk_cap > 0
     ED = experts * d
     if fused:
-        init, offer, finish, C = block_topk(topk_k, block, has_ids)
+        init, offer, finish, C = block_topk(topk_cap, block, has_ids)
     else:
         C = 1
 
     @cuda.jit
-    def kernel(table, scale, bias, G, V, gamma, beta, elig, cand, n_items, ids, out,
+    def kernel(table, scale, bias, G, V, gamma, beta, elig, cand, n_items, ids, k, out,
                cand_s, cand_i, counts):
         Gs = cuda.shared.array(ED, float32)
         Vs = cuda.shared.array(ED, float32)
@@ -176,12 +178,12 @@ def gated_score_kernel(d: int, experts: int, k_experts: int, dtype: str, layout:
             if fused:
                 if ok and not math.isnan(s):
                     mine += 1
-                offer(buf_s, buf_i, st, thr_s, thr_i, s, int32(slot), ok, ids)
+                offer(buf_s, buf_i, st, thr_s, thr_i, s, int32(slot), ok, ids, k)
             elif j < n_items:
                 out[j] = s
         if fused:
             cuda.atomic.add(n_ok, 0, mine)
-            finish(buf_s, buf_i, st, thr_s, thr_i, ids, cand_s, cand_i, cuda.blockIdx.x * topk_k)
+            finish(buf_s, buf_i, st, thr_s, thr_i, ids, cand_s, cand_i, cuda.blockIdx.x * k, k)
             cuda.syncthreads()
             if tid == 0:
                 cuda.atomic.add(counts, 0, n_ok[0])

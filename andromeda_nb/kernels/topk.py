@@ -32,10 +32,12 @@ def buffer_capacity(k: int, block: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def block_topk(k: int, block: int, has_ids: bool):
-    """Device functions ``(init, offer, finish)`` for one (k, block, has_ids) configuration,
-    plus ``C``, the buffer capacity the kernel must allocate (``cuda.shared.array(C, ...)``)."""
-    C = buffer_capacity(k, block)
+def block_topk(cap: int, block: int, has_ids: bool):
+    """Device functions ``(init, offer, finish)`` for a shared buffer of ``cap`` entries (a power of
+    two, at least ``k + block``; see :func:`buffer_capacity`) and ``block`` threads; ``k`` is a
+    runtime argument, so every k of one capacity bucket shares the compiled code. Also returns
+    ``cap`` (the size the kernel must give ``cuda.shared.array``)."""
+    C = cap
     HALF = C // 2
 
     @cuda.jit(device=True, inline=True)
@@ -77,7 +79,7 @@ def block_topk(k: int, block: int, has_ids: bool):
             size *= 2
 
     @cuda.jit(device=True)
-    def compact(bs, bi, st, thr_s, thr_i, ids):
+    def compact(bs, bi, st, thr_s, thr_i, ids, k):
         """Sort, keep the best k, raise the threshold. Whole block; entered synchronised."""
         tid = cuda.threadIdx.x
         count = st[0]
@@ -105,7 +107,7 @@ def block_topk(k: int, block: int, has_ids: bool):
         cuda.syncthreads()
 
     @cuda.jit(device=True)
-    def offer(bs, bi, st, thr_s, thr_i, s, slot, ok, ids):
+    def offer(bs, bi, st, thr_s, thr_i, s, slot, ok, ids, k):
         """One round: this thread's candidate ``(s, slot)`` if ``ok`` (NaN is dropped here)."""
         if ok and not math.isnan(s):
             if better(s, slot, thr_s[0], thr_i[0], ids):
@@ -116,13 +118,13 @@ def block_topk(k: int, block: int, has_ids: bool):
         full = st[0] > C - block
         cuda.syncthreads()
         if full:
-            compact(bs, bi, st, thr_s, thr_i, ids)
+            compact(bs, bi, st, thr_s, thr_i, ids, k)
 
     @cuda.jit(device=True)
-    def finish(bs, bi, st, thr_s, thr_i, ids, out_s, out_i, base):
+    def finish(bs, bi, st, thr_s, thr_i, ids, out_s, out_i, base, k):
         """Write the block's best k, sorted, to ``out_s/out_i[base : base + k]`` (pads: -inf, -1)."""
         cuda.syncthreads()
-        compact(bs, bi, st, thr_s, thr_i, ids)
+        compact(bs, bi, st, thr_s, thr_i, ids, k)
         count = st[0]
         t = cuda.threadIdx.x
         while t < k:
@@ -138,18 +140,18 @@ def block_topk(k: int, block: int, has_ids: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def topk_scores_kernel(k: int, block: int, has_elig: bool, has_ids: bool):
-    """Standalone pass 1: per-block top-k of a score array.
+def topk_scores_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
+    """Standalone pass 1: per-block top-k of a score array (k <= cap - block, a runtime argument).
 
     Launch: ``[grid, block]``, 1-D. Args: ``scores float32[n]``, ``elig uint64[ceil(n/64)]``
     (ignored unless ``has_elig``), ``ids int64[n]`` (tie-break ids, ignored unless ``has_ids``),
-    ``n``, ``cand_s float32[grid*k]``, ``cand_i int32[grid*k]`` (slots, -1 pads),
+    ``n``, ``k``, ``cand_s float32[grid*k]``, ``cand_i int32[grid*k]`` (slots, -1 pads),
     ``counts int64[1]`` (atomically += eligible non-NaN scores).
     """
-    init, offer, finish, C = block_topk(k, block, has_ids)
+    init, offer, finish, C = block_topk(cap, block, has_ids)
 
     @cuda.jit
-    def kernel(scores, elig, ids, n, cand_s, cand_i, counts):
+    def kernel(scores, elig, ids, n, k, cand_s, cand_i, counts):
         bs = cuda.shared.array(C, float32)
         bi = cuda.shared.array(C, int32)
         st = cuda.shared.array(1, int32)
@@ -172,9 +174,9 @@ def topk_scores_kernel(k: int, block: int, has_elig: bool, has_ids: bool):
                 s = scores[i]
             if ok and not math.isnan(s):
                 mine += 1
-            offer(bs, bi, st, thr_s, thr_i, s, int32(i), ok, ids)
+            offer(bs, bi, st, thr_s, thr_i, s, int32(i), ok, ids, k)
         cuda.atomic.add(n_ok, 0, mine)
-        finish(bs, bi, st, thr_s, thr_i, ids, cand_s, cand_i, cuda.blockIdx.x * k)
+        finish(bs, bi, st, thr_s, thr_i, ids, cand_s, cand_i, cuda.blockIdx.x * k, k)
         cuda.syncthreads()
         if tid == 0:
             cuda.atomic.add(counts, 0, n_ok[0])
@@ -183,18 +185,18 @@ def topk_scores_kernel(k: int, block: int, has_elig: bool, has_ids: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def merge_kernel(k: int, block: int, has_ids: bool):
+def merge_kernel(cap: int, block: int, has_ids: bool):
     """Merge pass: block ``b`` reduces candidates ``[b*seg, min(m, (b+1)*seg))`` to its exact top-k.
 
     Launch ``[ceil(m / seg), block]``. Args: ``cand_s float32[m]``, ``cand_i int32[m]`` (slots,
-    -1 = empty), ``m``, ``seg``, ``ids int64[n]``, ``out_s float32[grid*k]``,
+    -1 = empty), ``m``, ``seg``, ``k`` (<= cap - block), ``ids int64[n]``, ``out_s float32[grid*k]``,
     ``out_slot int32[grid*k]``, ``out_id int64[grid*k]`` (written only when ``final``: ``ids[slot]``
     or the slot without ids, -1 pads), ``final`` (int). A tree of these launches ends in one block.
     """
-    init, offer, finish, C = block_topk(k, block, has_ids)
+    init, offer, finish, C = block_topk(cap, block, has_ids)
 
     @cuda.jit
-    def kernel(cand_s, cand_i, m, seg, ids, out_s, out_slot, out_id, final):
+    def kernel(cand_s, cand_i, m, seg, k, ids, out_s, out_slot, out_id, final):
         bs = cuda.shared.array(C, float32)
         bi = cuda.shared.array(C, int32)
         st = cuda.shared.array(1, int32)
@@ -211,9 +213,9 @@ def merge_kernel(k: int, block: int, has_ids: bool):
             if j < stop:
                 s = cand_s[j]
                 slot = cand_i[j]
-            offer(bs, bi, st, thr_s, thr_i, s, slot, slot >= 0, ids)
+            offer(bs, bi, st, thr_s, thr_i, s, slot, slot >= 0, ids, k)
         out_base = cuda.blockIdx.x * k
-        finish(bs, bi, st, thr_s, thr_i, ids, out_s, out_slot, out_base)
+        finish(bs, bi, st, thr_s, thr_i, ids, out_s, out_slot, out_base, k)
         if final:
             t = tid
             while t < k:
