@@ -12,7 +12,7 @@ main: $(STAMP)
 	$(PY) -m andromeda_nb run $(ARGS)
 
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest $(ARGS)
+	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest $(ARGS)
 
 data: $(STAMP)
 	$(PY) -m andromeda_nb data

@@ -146,8 +146,10 @@ class TargetingRules:
 
     @property
     def rules(self) -> list[AdRule]:
-        """Every slot's :class:`AdRule` (builds Python objects: for small pools)."""
-        return [self.rule(i) for i in range(self.n_ads)]
+        """Every slot's :class:`AdRule` (Python objects, built once and cached: for small pools)."""
+        if getattr(self, "_rules", None) is None:
+            self._rules = [self.rule(i) for i in range(self.n_ads)]
+        return self._rules
 
     @classmethod
     def from_columns(cls, schema: TargetingSchema, ad_ids, live=None, include=None, exclude=None) -> "TargetingRules":
