@@ -274,11 +274,20 @@ def print_rows(rows: list[dict]) -> None:
 # ----------------------------------------------------------------------------- suites
 
 
-def main(argv=None) -> int:
-    from . import bench_suites
+#: suite name -> module of this package holding a function of the same name (env, ceilings, args) -> rows
+SUITE_MODULES = {"scoring": "bench_suites", "topk": "bench_suites", "targeting": "bench_targeting"}
 
+
+def suite_function(name: str):
+    import importlib
+
+    module = importlib.import_module(f".{SUITE_MODULES[name]}", __package__)
+    return getattr(module, name)
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m andromeda_nb.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("suite", choices=sorted(bench_suites.SUITES), help="which suite to run")
+    ap.add_argument("suite", choices=sorted(SUITE_MODULES), help="which suite to run")
     ap.add_argument("--out", default="data/results", help="folder for <suite>.csv (default data/results)")
     ap.add_argument("--quick", action="store_true", help="a small subset of cases")
     ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting")
@@ -295,7 +304,7 @@ def main(argv=None) -> int:
     print(f"ceilings: read {ceil.read_TBps:.3f} TB/s, copy {ceil.copy_TBps:.3f} TB/s, "
           f"numba 8B read {ceil.numba_read_TBps:.3f} TB/s ({time.time() - t0:.1f}s)")
     rows = ceiling_rows(env, ceil, args.suite)
-    rows += bench_suites.SUITES[args.suite](env, ceil, args)
+    rows += suite_function(args.suite)(env, ceil, args)
     path = Path(args.out) / f"{args.suite}.csv"
     write_rows(rows, path)
     print_rows(rows)

@@ -286,5 +286,3 @@ def topk(env, ceil, args) -> list[dict]:
         cp.get_default_memory_pool().free_all_blocks()
     return rows
 
-
-SUITES = {"scoring": scoring, "topk": topk}
