@@ -55,6 +55,16 @@ def dummy(dtype) -> object:
     return _dummy(np.dtype(dtype).str)
 
 
+def dummy2d(dtype) -> object:
+    """A 1x1 device array standing in for a 2-D argument a kernel variant ignores."""
+    return _dummy2d(np.dtype(dtype).str)
+
+
+@functools.lru_cache(maxsize=None)
+def _dummy2d(dtype_str: str):
+    return cuda().to_device(np.zeros((1, 1), dtype=np.dtype(dtype_str)))
+
+
 @functools.lru_cache(maxsize=None)
 def _dummy(dtype_str: str):
     return cuda().to_device(np.zeros(1, dtype=np.dtype(dtype_str)))

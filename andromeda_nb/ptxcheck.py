@@ -39,27 +39,54 @@ def variants():
     def A(t, nd=1):
         return nt.Array(t, nd, "C")
 
+    from .kernels import fused as FK
+
     store = {"fp32": f32, "fp16": nt.float16, "bf16": nt.uint16, "int8": nt.int8}
     out = []
-    for dtype, st in store.items():
-        for layout in S.LAYOUTS:
-            for access in S.ACCESS:
-                for topk in (0, 2048):
-                    for d, E, K in ((64, 6, 2), (32, 1, 1), (128, 8, 8)):
-                        if (d, E, K) != (64, 6, 2) and (access != "pool" or topk):
-                            continue
-                        k = S.gated_score_kernel(d, E, K, dtype, layout, access, 256, topk, topk > 0)
-                        tab = A(st, 2 if layout == "rows" else 3)
-                        sig = (tab, A(f32), A(f32), A(f32), A(f32), A(f32), A(f32), A(u64), A(i32), i64,
-                               A(i64), i64, A(f32), A(f32), A(i32), A(i64))
-                        out.append((f"gated d{d} E{E} K{K} {dtype} {layout} {access} topk{topk}", k, sig))
-    for cap in (512, 2048, 4096):
+    fused_sig = (A(u64, 2), A(f32), A(f32), A(f32), A(u64), A(i32), i64, A(i64), i64, A(f32), A(f32), A(i32), A(i64))
+    # every axis of variation at least once (the full cross product takes many minutes)
+    configs = [("gated", 64, 6, 2, "chosen", dt, lay, "pool", 0) for dt in store for lay in FK.LAYOUTS]
+    configs += [("gated", 64, 6, 2, "chosen", "fp16", "tiles", acc, cap) for acc in FK.ACCESS for cap in (0, 2048)
+                if (acc, cap) != ("pool", 0)]
+    configs += [("gated", 64, 6, 2, "chosen", "int8", "rows", "candidates", 2048),
+                ("gated", 64, 6, 2, "all", "fp16", "tiles", "pool", 2048),
+                ("gated", 64, 6, 2, "all", "bf16", "rows", "bitset", 0),
+                ("dot", 64, 1, 1, "chosen", "fp16", "tiles", "pool", 2048),
+                ("dot", 128, 1, 1, "chosen", "int8", "rows", "bitset", 0),
+                ("gated", 32, 1, 1, "chosen", "fp32", "rows", "pool", 512),
+                ("gated", 128, 8, 4, "chosen", "fp16", "tiles", "pool", 0)]
+    for model, d, E, K, values, dtype, layout, access, cap in configs:
+        k = FK.fused_kernel(model, d, E, K, dtype, layout, access, 256, cap, True, values)
+        out.append((f"fused {model} d{d} E{E} K{K} {values} {dtype} {layout} {access} cap{cap}", k, fused_sig))
+    for dtype, layout, access in (("fp16", "tiles", "pool"), ("int8", "rows", "bitset")):
+        k = S.gated_score_kernel(64, 6, 2, dtype, layout, access, 256, 2048, True)
+        tab = A(store[dtype], 2 if layout == "rows" else 3)
+        sig = (tab, A(f32), A(f32), A(f32), A(f32), A(f32), A(f32), A(u64), A(i32), i64,
+               A(i64), i64, A(f32), A(f32), A(i32), A(i64))
+        out.append((f"naive gated d64 E6 K2 {dtype} {layout} {access} cap2048", k, sig))
+    from .kernels import unfused as U
+
+    out.append(("unfused encode fp16 tiles", U.encode_kernel(64, "fp16", "tiles"),
+                (A(u64, 2), A(f32), A(f32), A(f32), i64, A(f32, 2))))
+    out.append(("unfused gate", U.gate_kernel(64, 6), (A(f32, 2), A(f32), i64, A(f32, 2))))
+    out.append(("unfused choose", U.choose_kernel(6, 2), (A(f32, 2), i64, A(nt.int8, 2), A(f32, 2))))
+    out.append(("unfused values", U.values_kernel(64, 2), (A(f32, 2), A(f32), A(nt.int8, 2), i64, A(f32, 2))))
+    out.append(("unfused combine", U.combine_kernel(2), (A(f32, 2), A(f32, 2), A(f32), i64, A(f32))))
+    out.append(("unfused gather rows", U.gather_rows_kernel("tiles"), (A(u64, 2), A(f32), A(i32), i64, A(u64, 2), A(f32))))
+    out.append(("unfused bitset to slots", U.bitset_to_slots_kernel(), (A(u64), A(i32), A(i64))))
+    out.append(("unfused gather ids", U.gather_ids_kernel(), (A(i64), A(i32), i64, A(i64))))
+    for cap in (512, 4096):
         for elig in (False, True):
             for ids in (False, True):
-                out.append((f"topk_scores cap{cap} elig{elig} ids{ids}", T.topk_scores_kernel(cap, 256, elig, ids),
-                            (A(f32), A(u64), A(i64), i64, i64, A(f32), A(i32), A(i64))))
-        out.append((f"merge cap{cap}", T.merge_kernel(cap, 256, True),
-                    (A(f32), A(i32), i64, i64, i64, A(i64), A(f32), A(i32), A(i64), i64)))
+                out.append((f"topk scan cap{cap} elig{elig} ids{ids}", T.scan_kernel(cap, 256, elig, ids),
+                            (A(f32), A(i64), A(u64, 2), A(i64), A(i64), i64, A(f32), A(f32, 2), A(i32, 2), A(i64, 2))))
+        out.append((f"topk final cap{cap}", T.final_kernel(cap, 256, True),
+                    (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
+    out.append(("topk bound", T.bound_kernel(256, True),
+                (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32))))
+    out.append(("topk select", T.select_kernel(True),
+                (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32), A(f32, 2), A(i32, 2), A(i64))))
+    out.append(("topk sample", T.sample_chunks_kernel(), (A(f32), i64, A(f32))))
     out.append(("match", M.match_kernel(256), (A(u64, 2), A(i32), A(i32), A(i32), A(i32), A(u64), A(i64))))
     out.append(("clear_bits", M.clear_bits_kernel(), (A(u64), A(i64), A(i64))))
     return out
@@ -84,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cc", default="9.0", help="compute capability to compile for (default 9.0)")
     ap.add_argument("--only", default=None, help="regex on variant names")
     ap.add_argument("--json", action="store_true", help="print one JSON object per variant")
+    ap.add_argument("--quick", action="store_true",
+                    help="one variant per kernel family (CI); the generated kernels take seconds each to compile")
     args = ap.parse_args(argv)
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         print("ptxcheck needs NUMBA_ENABLE_CUDASIM=0 (it compiles for a real GPU)", file=sys.stderr)
@@ -97,9 +126,14 @@ def main(argv=None) -> int:
     cc = tuple(int(x) for x in args.cc.split("."))
     _fake_device(cc)
     failures = 0
+    seen_families = set()
     for name, disp, sig in variants():
         if args.only and not re.search(args.only, name):
             continue
+        family = " ".join(name.split()[:2])
+        if args.quick and family in seen_families:
+            continue
+        seen_families.add(family)
         try:
             ptx, _ = cuda.compile_ptx(disp.py_func, sig, cc=cc)
         except Exception as exc:  # report every failing variant, then fail

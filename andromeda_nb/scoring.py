@@ -1,17 +1,46 @@
-"""Host wrappers of the fused gather-gate-score kernels (kernels/score.py)."""
+"""Host wrappers of the fused gather-gate-score kernels (kernels/fused.py; kernels/score.py is the
+first loop-based kernel, kept as the ``naive`` baseline)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from . import launch
-from .model import MAX_EXPERTS, AdTable, Request, TopK
-from .topk import MAX_ITEMS, check_k, eligible_bitset, launch_merge
+from .model import MAX_EXPERTS, STORAGE_DTYPES, AdTable, Request, TopK
+from .topk import MAX_ITEMS, check_k, eligible_bitset, launch_merge_lists
 
-#: Embedding dimensions the kernels accept: multiples of 8 (whole 8-byte pieces for every dtype).
+#: Embedding dimensions the kernels accept: multiples of 8 (whole 8-byte words for every dtype).
 MAX_D = 256
+LAYOUTS = ("rows", "tiles")
+PER_WORD = {"fp32": 2, "fp16": 4, "bf16": 4, "int8": 8}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tuning knobs of the scoring kernels (defaults chosen by measurement; see the scoring notebook).
+
+    Attributes:
+        values: ``"chosen"`` (value dots of the K chosen experts only, h kept in registers) or
+            ``"all"`` (all E value dots in one streaming pass; fewer registers, more FMAs).
+        block: threads per block (None: 256 on a GPU, 32 in the simulator).
+        max_registers: register cap per thread (None: the compiler's choice).
+        blocks_per_sm: grid size of the grid-stride loop, in blocks per SM.
+        naive: use the first loop-based kernel (kernels/score.py) instead of the generated one.
+    """
+
+    values: str = "chosen"
+    block: int | None = None
+    max_registers: int | None = None
+    blocks_per_sm: int = launch.GPU_BLOCKS_PER_SM
+    naive: bool = False
+
+    def threads(self) -> int:
+        return self.block or launch.default_block()
+
+
+DEFAULT_CONFIG = KernelConfig()
 
 
 def check_kernel_shape(d: int, experts: int) -> None:
@@ -22,6 +51,14 @@ def check_kernel_shape(d: int, experts: int) -> None:
         raise ValueError(f"kernels need 1 <= E <= {MAX_EXPERTS}, got E={experts}")
 
 
+def _check_layout(layout: str, d: int, n_ads: int) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_kernel_shape(d, 1)
+    if n_ads > MAX_ITEMS:
+        raise ValueError(f"at most {MAX_ITEMS} ads per table, got {n_ads}")
+
+
 class DeviceAdTable:
     """An ad table resident on the device in a kernel layout.
 
@@ -29,27 +66,26 @@ class DeviceAdTable:
     or wrap arrays already on the device with :meth:`from_device` (benchmarks generate 100M-ad
     tables on the GPU).
 
-    Args:
-        table: the host table.
-        layout: ``"rows"`` (``[n_ads, d]``) or ``"tiles"`` (``[d/W, n_ads, W]``, W = 8 / itemsize);
-            see kernels/score.py.
+    Layouts (W = elements per 8-byte word: fp32 2, fp16 / bf16 4, int8 8):
+        ``rows``:  ``[n_ads, d]``, a row contiguous (gathers read whole 32-byte sectors);
+        ``tiles``: ``[d/W, n_ads, W]`` (a warp's load of one word for 32 consecutive ads is 256
+        contiguous bytes).
 
     Attributes:
-        n_ads, d, dtype, layout; device arrays ``embeddings``, ``bias``, ``scale`` (int8, else a
-        dummy), ``ad_ids`` (int64); ``host_ad_ids`` (numpy, or None when unknown); ``table`` (the
-        host table, or None).
+        n_ads, d, dtype, layout; device arrays ``words`` (the table as uint64: ``[n_ads, d/W]`` or
+        ``[d/W, n_ads]``), ``embeddings`` (the same memory in the storage dtype), ``bias``,
+        ``scale`` (int8, else a dummy), ``ad_ids`` (int64); ``host_ad_ids`` (numpy, or None when
+        unknown); ``table`` (the host table, or None).
 
     Raises:
         ValueError: unsupported d or layout, or more than 2**31 - 1 ads.
     """
 
     def __init__(self, table: AdTable, layout: str = "rows"):
-        from .kernels.score import tile_width
-
         _check_layout(layout, table.d, table.n_ads)
         emb = table.embeddings
         if layout == "tiles":
-            W = tile_width(table.dtype)
+            W = PER_WORD[table.dtype]
             emb = np.ascontiguousarray(emb.reshape(table.n_ads, table.d // W, W).transpose(1, 0, 2))
         self._set(launch.to_device(emb), launch.to_device(table.bias), table.dtype, layout,
                   launch.to_device(table.scale) if table.scale is not None else None,
@@ -62,6 +98,13 @@ class DeviceAdTable:
         self.scale = scale if scale is not None else launch.dummy(np.float32)
         self.ad_ids, self.n_ads, self.d = ad_ids, int(n_ads), int(d)
         self.table, self.host_ad_ids = None, None
+        W = PER_WORD[dtype]
+        if n_ads == 0:
+            self.words = launch.cuda().device_array((0, d // W) if layout == "rows" else (d // W, 0), np.uint64)
+        elif layout == "rows":
+            self.words = embeddings.view(np.uint64)
+        else:
+            self.words = embeddings.view(np.uint64).reshape(d // W, n_ads)
 
     @classmethod
     def from_device(cls, embeddings, bias, dtype: str, layout: str = "rows", scale=None, ad_ids=None):
@@ -76,9 +119,6 @@ class DeviceAdTable:
         Raises:
             TypeError / ValueError: dtype or shape mismatches.
         """
-        from .kernels.score import tile_width
-        from .model import STORAGE_DTYPES
-
         cuda = launch.cuda()
         wrap = (lambda a: a if a is None or hasattr(a, "copy_to_host") else cuda.as_cuda_array(a))
         embeddings, bias, scale, ad_ids = map(wrap, (embeddings, bias, scale, ad_ids))
@@ -90,8 +130,8 @@ class DeviceAdTable:
         else:
             launch.check_array("embeddings", embeddings, STORAGE_DTYPES[dtype], ndim=3)
             n_ads, d = embeddings.shape[1], embeddings.shape[0] * embeddings.shape[2]
-            if embeddings.shape[2] != tile_width(dtype):
-                raise ValueError(f"tiles layout needs last axis {tile_width(dtype)} for {dtype}")
+            if embeddings.shape[2] != PER_WORD[dtype]:
+                raise ValueError(f"tiles layout needs last axis {PER_WORD[dtype]} for {dtype}")
         _check_layout(layout, d, n_ads)
         launch.check_array("bias", bias, np.float32, shape=(n_ads,))
         if (scale is None) != (dtype != "int8"):
@@ -106,40 +146,61 @@ class DeviceAdTable:
         return self
 
 
-def _check_layout(layout: str, d: int, n_ads: int) -> None:
-    from .kernels.score import LAYOUTS
-
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    check_kernel_shape(d, 1)
-    if n_ads > MAX_ITEMS:
-        raise ValueError(f"at most {MAX_ITEMS} ads per table, got {n_ads}")
-
-
-@dataclass
 class DeviceRequest:
-    """A request's tensors on the device, in the kernel's form (G pre-scaled by 1/sqrt(d))."""
+    """A request's tensors on the device in the kernels' form.
 
-    request: Request
-    G: object
-    V: object
-    gamma: object
-    beta: object
+    ``DeviceRequest.of(x)`` accepts a :class:`~andromeda_nb.model.Request` (the gated model) or a
+    1-D user vector ``u[d]`` (the two-tower ``dot(u, a) + b`` baseline).
+
+    Attributes:
+        model: ``"gated"`` or ``"dot"``; request (or None); user (or None); d, experts, k_experts;
+        image: device float32 weight image (kernels/fused.py).
+    """
+
+    def __init__(self, model: str, d: int, experts: int, k_experts: int, image, request=None, user=None):
+        self.model, self.d, self.experts, self.k_experts = model, d, experts, k_experts
+        self.image, self.request, self.user = image, request, user
+        self._naive = None
 
     @classmethod
-    def from_request(cls, request: Request) -> "DeviceRequest":
-        check_kernel_shape(request.d, request.experts)
-        G = (request.G.astype(np.float64) / np.sqrt(request.d)).astype(np.float32).ravel()
-        return cls(request, launch.to_device(G), launch.to_device(request.V.ravel()),
-                   launch.to_device(request.gamma), launch.to_device(request.beta))
+    def of(cls, x) -> "DeviceRequest":
+        """Raises TypeError / ValueError for anything else than a Request, a DeviceRequest or a
+        finite 1-D float user vector of a supported d."""
+        from .kernels.fused import weight_image
+
+        if isinstance(x, DeviceRequest):
+            return x
+        if isinstance(x, Request):
+            check_kernel_shape(x.d, x.experts)
+            return cls("gated", x.d, x.experts, x.k_experts, launch.to_device(weight_image("gated", request=x)),
+                       request=x)
+        u = np.asarray(x)
+        if u.ndim != 1 or u.dtype.kind not in "fiu":
+            raise TypeError(f"expected a Request or a 1-D user vector, got {type(x).__name__} {getattr(u, 'shape', '')}")
+        u = u.astype(np.float32)
+        if not np.all(np.isfinite(u)):
+            raise ValueError("user vector holds non-finite values")
+        check_kernel_shape(u.size, 1)
+        return cls("dot", u.size, 1, 1, launch.to_device(weight_image("dot", user=u)), user=u)
+
+    # backwards-compatible name
+    from_request = of
+
+    def naive_arrays(self):
+        """(G / sqrt(d), V, gamma, beta) flat device arrays for the naive kernel (gated only)."""
+        if self._naive is None:
+            r = self.request
+            G = (r.G.astype(np.float64) / np.sqrt(r.d)).astype(np.float32).ravel()
+            self._naive = tuple(launch.to_device(a) for a in (G, r.V.ravel(), r.gamma, r.beta))
+        return self._naive
 
 
 def _prepare(request, table: DeviceAdTable, eligible, candidates):
     if not isinstance(table, DeviceAdTable):
         raise TypeError(f"table must be a DeviceAdTable, got {type(table).__name__}")
-    dreq = request if isinstance(request, DeviceRequest) else DeviceRequest.from_request(request)
-    if dreq.request.d != table.d:
-        raise ValueError(f"request d={dreq.request.d} does not match table d={table.d}")
+    dreq = DeviceRequest.of(request)
+    if dreq.d != table.d:
+        raise ValueError(f"request d={dreq.d} does not match table d={table.d}")
     if eligible is not None and candidates is not None:
         raise ValueError("give eligible or candidates, not both")
     n = table.n_ads
@@ -155,63 +216,85 @@ def _prepare(request, table: DeviceAdTable, eligible, candidates):
     return dreq, "pool", None, None, n
 
 
-def _launch(dreq, table, access, elig, cand, n_items, grid, block, topk_k, out, cand_s, cand_i, counts):
-    from .kernels.score import gated_score_kernel
+def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int, config: KernelConfig):
     from .kernels.topk import buffer_capacity
 
-    req = dreq.request
+    block = config.threads()
     cap = buffer_capacity(topk_k, block) if topk_k else 0
-    kern = gated_score_kernel(req.d, req.experts, req.k_experts, table.dtype, table.layout,
-                              access, block, cap, topk_k > 0)
-    kern[grid, block](
-        table.embeddings, table.scale, table.bias, dreq.G, dreq.V, dreq.gamma, dreq.beta,
-        elig if elig is not None else launch.dummy(np.uint64),
-        cand if cand is not None else launch.dummy(np.int32),
-        n_items, table.ad_ids, topk_k,
-        out if out is not None else launch.dummy(np.float32),
-        cand_s if cand_s is not None else launch.dummy(np.float32),
-        cand_i if cand_i is not None else launch.dummy(np.int32),
-        counts if counts is not None else launch.dummy(np.int64),
-    )
+    if config.naive:
+        if dreq.model != "gated":
+            raise ValueError("the naive kernel implements the gated model only")
+        from .kernels.score import gated_score_kernel
+
+        return gated_score_kernel(dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
+                                  block, cap, topk_k > 0)
+    from .kernels.fused import fused_kernel
+
+    return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
+                        block, cap, True, config.values, config.max_registers)
 
 
-def launch_score(dreq: "DeviceRequest", table: DeviceAdTable, access: str, elig, cand, n_items: int,
-                 out, block: int | None = None) -> None:
+def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
+    kern = _kernel(dreq, table, access, topk_k, config)
+    dummy = launch.dummy
+    elig = elig if elig is not None else dummy(np.uint64)
+    cand = cand if cand is not None else dummy(np.int32)
+    out = out if out is not None else dummy(np.float32)
+    cand_s = cand_s if cand_s is not None else dummy(np.float32)
+    cand_i = cand_i if cand_i is not None else dummy(np.int32)
+    counts = counts if counts is not None else dummy(np.int64)
+    block = config.threads()
+    if config.naive:
+        G, V, gamma, beta = dreq.naive_arrays()
+        kern[grid, block](table.embeddings, table.scale, table.bias, G, V, gamma, beta, elig, cand, n_items,
+                          table.ad_ids, topk_k, out, cand_s, cand_i, counts)
+    else:
+        kern[grid, block](table.words, table.scale, table.bias, dreq.image, elig, cand, n_items, table.ad_ids,
+                          topk_k, out, cand_s, cand_i, counts)
+
+
+def launch_score(dreq: DeviceRequest, table: DeviceAdTable, access: str, elig, cand, n_items: int,
+                 out, config: KernelConfig | None = None) -> None:
     """Enqueue the scores-to-memory kernel (no validation, no host copies; for benchmarks and
     :func:`score_ads`). ``out``: device ``float32[n_items]``."""
-    block = block or launch.default_block()
-    _launch(dreq, table, access, elig, cand, n_items, launch.grid_for(n_items, block), block, 0,
-            out, None, None, None)
+    config = config or DEFAULT_CONFIG
+    grid = launch.grid_for(n_items, config.threads(), config.blocks_per_sm)
+    _launch(dreq, table, access, elig, cand, n_items, grid, 0, out, None, None, None, config)
 
 
-def launch_score_topk(dreq: "DeviceRequest", table: DeviceAdTable, k: int, access: str, elig, cand,
-                      n_items: int, block: int | None = None):
+def launch_score_topk(dreq: DeviceRequest, table: DeviceAdTable, k: int, access: str, elig, cand,
+                      n_items: int, config: KernelConfig | None = None):
     """Enqueue fused scoring + block top-K + merge (no validation, no host copies).
 
     Returns:
         Device arrays ``(ids int64[k], scores float32[k], count int64[1])``.
     """
+    config = config or DEFAULT_CONFIG
     cuda = launch.cuda()
-    block = block or launch.default_block()
-    grid = launch.grid_for(n_items, block)
+    block = config.threads()
+    grid = launch.grid_for(n_items, block, config.blocks_per_sm)
     cand_s = cuda.device_array(grid * k, np.float32)
     cand_i = cuda.device_array(grid * k, np.int32)
     counts = cuda.to_device(np.zeros(1, np.int64))
-    _launch(dreq, table, access, elig, cand, n_items, grid, block, k, None, cand_s, cand_i, counts)
-    ids, scores = launch_merge(cand_s, cand_i, k, table.ad_ids, block)
-    return ids, scores, counts
+    _launch(dreq, table, access, elig, cand, n_items, grid, k, None, cand_s, cand_i, counts, config)
+    ids, scores = launch_merge_lists(cand_s.reshape(1, grid * k), cand_i.reshape(1, grid * k), grid, k,
+                                     cuda.to_device(np.array([k], np.int64)),
+                                     cuda.to_device(np.array([0, table.n_ads], np.int64)), table.ad_ids, block)
+    return ids[0], scores[0], counts
 
 
-def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None, block: int | None = None):
-    """Scores of the fused gated model, written to device memory (the unfused-top-K path).
+def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
+              config: KernelConfig | None = None):
+    """Scores written to device memory (the unfused-top-K path).
 
     Args:
-        request: :class:`~andromeda_nb.model.Request` or :class:`DeviceRequest`.
+        request: a :class:`~andromeda_nb.model.Request` (gated model), a 1-D user vector ``u[d]``
+            (two-tower ``dot(u, a) + b``), or a :class:`DeviceRequest`.
         table: :class:`DeviceAdTable`.
         eligible: optional bool ``[n_ads]`` mask or uint64 bitset: only eligible rows are read;
             ineligible slots get NaN.
         candidates: optional ``int32[m]`` slots to score (gather); the output is ``[m]``.
-        block: threads per block.
+        config: :class:`KernelConfig` (default :data:`DEFAULT_CONFIG`).
 
     Returns:
         Device ``float32[n_ads]`` (or ``[m]`` for candidates).
@@ -221,17 +304,17 @@ def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None, blo
     """
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates)
     out = launch.cuda().device_array(n_items, np.float32)
-    launch_score(dreq, table, access, elig, cand, n_items, out, block)
+    launch_score(dreq, table, access, elig, cand, n_items, out, config)
     return out
 
 
 def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=None,
-               block: int | None = None) -> TopK:
+               config: KernelConfig | None = None) -> TopK:
     """Fused scoring + block top-K: scores never reach device memory; only the k ad ids, k scores
     and the count come back to the host.
 
     Args:
-        request, table, eligible, candidates, block: as for :func:`score_ads`.
+        request, table, eligible, candidates, config: as for :func:`score_ads`.
         k: ``1 <= k <= topk.MAX_K``.
 
     Returns:
@@ -240,5 +323,10 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
     """
     k = check_k(k)
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates)
-    ids, scores, count = launch_score_topk(dreq, table, k, access, elig, cand, n_items, block)
+    ids, scores, count = launch_score_topk(dreq, table, k, access, elig, cand, n_items, config)
     return TopK(ids=ids.copy_to_host(), scores=scores.copy_to_host(), count=int(count.copy_to_host()[0]))
+
+
+def with_config(config: KernelConfig | None = None, **changes) -> KernelConfig:
+    """A copy of ``config`` (default :data:`DEFAULT_CONFIG`) with fields changed."""
+    return replace(config or DEFAULT_CONFIG, **changes)

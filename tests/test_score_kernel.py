@@ -5,7 +5,7 @@ import pytest
 
 from andromeda_nb import oracle
 from andromeda_nb.model import AdTable, Request
-from andromeda_nb.scoring import DeviceAdTable, score_ads, score_topk
+from andromeda_nb.scoring import DeviceAdTable, KernelConfig, score_ads, score_topk
 from andromeda_nb.targeting import bits_from_mask
 
 from .helpers import check_scores, check_topk_against_float64
@@ -152,3 +152,36 @@ def test_zero_eligible_and_empty_pool(rng):
     empty = AdTable.from_float(np.zeros((0, 32)), dtype="fp32")
     top = score_topk(req, DeviceAdTable(empty), 3)
     assert top.count == 0 and (top.ids == -1).all()
+
+
+@pytest.mark.parametrize("config", [KernelConfig(values="all"), KernelConfig(naive=True),
+                                    KernelConfig(values="chosen", blocks_per_sm=1)])
+@pytest.mark.parametrize("dtype,layout", [("fp16", "tiles"), ("int8", "rows"), ("bf16", "rows")])
+def test_kernel_configs_agree_with_oracle(rng, config, dtype, layout):
+    d, E, K, n = 64, 6, 2, 77
+    req = Request.random(d, E, K, rng)
+    table = make_table(rng, n, d, dtype)
+    dt = DeviceAdTable(table, layout)
+    got = score_ads(req, dt, config=config).copy_to_host()
+    check_scores(got, req, table)
+    top = score_topk(req, dt, 9, config=config)
+    want = oracle.topk(got, 9, ids=table.ad_ids)
+    np.testing.assert_array_equal(top.ids, want.ids)
+
+
+@pytest.mark.parametrize("dtype,layout", [("fp32", "rows"), ("fp16", "tiles"), ("bf16", "tiles"), ("int8", "rows")])
+def test_dot_two_tower_baseline(rng, dtype, layout):
+    d, n = 32, 90
+    table = make_table(rng, n, d, dtype)
+    u = rng.standard_normal(d)
+    dt = DeviceAdTable(table, layout)
+    got = score_ads(u, dt).copy_to_host()
+    ref = oracle.dot_score(u.astype(np.float32), table)
+    scale = np.abs(table.dequantized()) @ np.abs(u) + np.abs(table.bias)
+    assert np.all(np.abs(got - ref) <= 1e-5 * scale.max())
+    top = score_topk(u, dt, 10, eligible=rng.random(n) < 0.5)
+    assert top.count <= n and (top.ids[top.ids >= 0].size == min(10, top.count))
+    with pytest.raises(ValueError, match="non-finite"):
+        score_ads(np.full(d, np.nan), dt)
+    with pytest.raises(ValueError, match="d=16"):
+        score_ads(np.ones(16), dt)

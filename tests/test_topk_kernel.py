@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from andromeda_nb import launch, oracle
-from andromeda_nb.kernels.topk import buffer_capacity, merge_kernel, topk_scores_kernel
+import andromeda_nb.topk as T
+from andromeda_nb.kernels.topk import SCAN_ITEMS, buffer_capacity, final_kernel, scan_kernel
 from andromeda_nb.targeting import bits_from_mask
 from andromeda_nb.topk import MAX_K, topk_scores
 
@@ -68,29 +69,90 @@ def test_bitset_eligibility_padding_bits_refused():
 
 
 def test_kernels_write_every_output_element():
-    """Poison the outputs, then check every element was written (pads included)."""
+    """Poison the scan's and the final kernel's outputs, then check every element was written."""
     cuda = launch.cuda()
-    block, k, n = launch.default_block(), 9, 50
+    block, k, n, lists = launch.default_block(), 9, 150, 3
     scores = np.random.default_rng(7).standard_normal(n).astype(np.float32)
     scores[::3] = np.nan
-    grid = 3
-    cand_s = cuda.to_device(np.full(grid * k, 12345.0, np.float32))
-    cand_i = cuda.to_device(np.full(grid * k, 777, np.int32))
-    counts = cuda.to_device(np.zeros(1, np.int64))
-    cap = buffer_capacity(k, block)
-    topk_scores_kernel(cap, block, False, False)[grid, block](
-        cuda.to_device(scores), launch.dummy(np.uint64), launch.dummy(np.int64), n, k, cand_s, cand_i, counts)
+    offsets = cuda.to_device(np.array([0, n], np.int64))
+    ks = cuda.to_device(np.array([k], np.int64))
+    cand_s = cuda.to_device(np.full((1, lists * k), 12345.0, np.float32))
+    cand_i = cuda.to_device(np.full((1, lists * k), 777, np.int32))
+    counts = cuda.to_device(np.zeros((1, 2), np.int64))
+    scan_kernel(buffer_capacity(k, block, SCAN_ITEMS), block, False, False)[(lists, 1), block](
+        cuda.to_device(scores), offsets, launch.dummy2d(np.uint64), launch.dummy(np.int64), ks, k,
+        cuda.to_device(np.full(1, -np.inf, np.float32)), cand_s, cand_i, counts)
     cs, ci = cand_s.copy_to_host(), cand_i.copy_to_host()
     assert not (cs == 12345.0).any() and not (ci == 777).any()
-    out_s = cuda.to_device(np.full(k + 0, 999.0, np.float32))
-    out_slot = cuda.to_device(np.full(k, 555, np.int32))
-    out_id = cuda.to_device(np.full(k, 555, np.int64))
-    merge_kernel(cap, block, False)[1, block](cand_s, cand_i, grid * k, grid * k, k, launch.dummy(np.int64),
-                                              out_s, out_slot, out_id, 1)
+    assert counts.copy_to_host()[0, 0] == np.sum(~np.isnan(scores))
+    kmax = k + 4  # pads beyond k must be written too
+    fill = cuda.to_device(np.array([lists * k], np.int64))
+    out_s = cuda.to_device(np.full((1, kmax), 999.0, np.float32))
+    out_slot = cuda.to_device(np.full((1, kmax), 555, np.int32))
+    out_id = cuda.to_device(np.full((1, kmax), 555, np.int64))
+    final_kernel(buffer_capacity(kmax, block), block, False)[(1, 1), block](
+        cand_s, cand_i, fill, offsets, launch.dummy(np.int64), ks, out_s, out_slot, out_id)
     want = oracle.topk(scores, k)
-    np.testing.assert_array_equal(out_id.copy_to_host(), want.ids)
-    np.testing.assert_array_equal(out_s.copy_to_host(), want.scores)
-    assert counts.copy_to_host()[0] == np.sum(~np.isnan(scores))
+    np.testing.assert_array_equal(out_id.copy_to_host()[0, :k], want.ids)
+    np.testing.assert_array_equal(out_s.copy_to_host()[0, :k], want.scores)
+    assert (out_id.copy_to_host()[0, k:] == -1).all() and np.isneginf(out_s.copy_to_host()[0, k:]).all()
+
+
+@st.composite
+def batch_cases(draw):
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    batch = draw(st.integers(1, 5))
+    sizes = [draw(st.sampled_from([0, 1, 31, 64, 65, 200])) for _ in range(batch)]
+    ks = np.array([draw(st.integers(1, 70)) for _ in range(batch)], np.int64)
+    pool = np.concatenate([np.array(SPECIALS, np.float32), rng.integers(-3, 3, 20).astype(np.float32)])
+    scores = pool[rng.integers(0, pool.size, sum(sizes))].astype(np.float32)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    use_elig = draw(st.booleans())
+    words = (max(sizes) + 63) // 64 or 1
+    masks = [rng.random(sz) < 0.5 for sz in sizes]
+    elig = np.zeros((batch, words), np.uint64)
+    for r, m in enumerate(masks):
+        b = bits_from_mask(m)
+        elig[r, : b.size] = b
+    ids = rng.permutation(10 * len(scores) + 10)[: len(scores)].astype(np.int64)
+    return scores, offsets, ks, (elig if use_elig else None), masks if use_elig else None, ids
+
+
+@given(batch_cases())
+def test_batched_topk_matches_oracle_per_request(case):
+    scores, offsets, ks, elig, masks, ids = case
+    d_elig = None if elig is None else launch.to_device(elig)
+    out_ids, out_s, counts = T.launch_topk_batch(launch.to_device(scores), offsets, ks, d_elig, launch.to_device(ids))
+    out_ids, out_s, counts = out_ids.copy_to_host(), out_s.copy_to_host(), counts.copy_to_host()
+    for r in range(len(ks)):
+        lo, hi = offsets[r], offsets[r + 1]
+        want = oracle.topk(scores[lo:hi], int(ks[r]), ids=ids[lo:hi], eligible=None if masks is None else masks[r])
+        np.testing.assert_array_equal(out_ids[r, : ks[r]], want.ids)
+        np.testing.assert_array_equal(out_s[r, : ks[r]], want.scores)
+        assert (out_ids[r, ks[r]:] == -1).all()
+        assert counts[r, 0] == want.count
+
+
+@pytest.mark.parametrize("layout", ["random", "top_in_sample"])
+def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
+    monkeypatch.setattr(T, "SAMPLE_CHUNKS", 8)
+    monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
+    monkeypatch.setattr(T, "SEED_MIN_N", 1024)
+    rng = np.random.default_rng(5)
+    n, k = 2048, 20
+    scores = rng.standard_normal(n).astype(np.float32)
+    if layout == "top_in_sample":
+        # the highest scores sit exactly in the sampled chunks: the seed lands above the k-th score
+        for j in range(8):
+            off = j * (n - 32) // 7
+            scores[off: off + 32] += 100.0
+    seed = T.launch_seed(launch.to_device(scores), n, k).copy_to_host()[0]
+    assert np.isfinite(seed)
+    got = T.topk_scores(scores, k)
+    want = oracle.topk(scores, k)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores, want.scores)
+    assert got.count == n
 
 
 def test_deterministic_run_to_run():
@@ -120,19 +182,3 @@ def test_bad_score_arrays_are_refused():
         topk_scores(np.zeros(10, np.float32), 3, eligible=np.ones(9, bool))
     with pytest.raises(ValueError, match="shape"):
         topk_scores(np.zeros(10, np.float32), 3, ids=np.arange(11))
-
-
-def test_merge_tree_with_many_blocks(monkeypatch):
-    """Force a multi-level merge tree (fan-in 2) and compare with the oracle."""
-    import andromeda_nb.topk as T
-
-    monkeypatch.setattr(T, "MERGE_FANIN", 2)
-    monkeypatch.setattr(launch, "SIM_MAX_BLOCKS", 8)
-    rng = np.random.default_rng(11)
-    scores = rng.integers(0, 50, 900).astype(np.float32)  # many ties
-    ids = rng.permutation(5000)[:900].astype(np.int64)
-    for k in (1, 5, 33):
-        got = topk_scores(scores, k, ids=ids)
-        want = oracle.topk(scores, k, ids=ids)
-        np.testing.assert_array_equal(got.ids, want.ids)
-        np.testing.assert_array_equal(got.scores, want.scores)

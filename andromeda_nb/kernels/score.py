@@ -132,7 +132,8 @@ def gated_score_kernel(d: int, experts: int, k_experts: int, dtype: str, layout:
     fused = topk_cap > 0
     ED = experts * d
     if fused:
-        init, offer, finish, C = block_topk(topk_cap, block, has_ids)
+        tk = block_topk(topk_cap, block, has_ids)
+        init, offer, finish, C = tk.init, tk.offer, tk.finish, tk.C
     else:
         C = 1
 
@@ -160,7 +161,7 @@ def gated_score_kernel(d: int, experts: int, k_experts: int, dtype: str, layout:
             n_ok[0] = 0
         cuda.syncthreads()
         if fused:
-            init(st, thr_s, thr_i)
+            init(st, thr_s, thr_i, float32(-math.inf))
         mine = 0
         stride = cuda.gridDim.x * block
         for base in range(cuda.blockIdx.x * block, n_items, stride):

@@ -6,13 +6,23 @@ selected, pads of slot -1 / score -inf. Candidates are ``(score float32, slot in
 kernel has an ``ids`` array, ties compare ``ids[slot]`` (the ad id), else the slot itself.
 
 Block protocol (every thread of the block calls every step, the same number of times):
-``init`` once, ``offer`` once per round (one candidate per thread, ``ok=False`` for none), ``finish``
-at the end. The shared buffer holds ``C = next_pow2(k + block)`` entries; a round appends at most
-``block`` candidates that beat the threshold, and when fewer than ``block`` free entries remain the
-block sorts the buffer (bitonic, in shared memory), keeps the best k and raises the threshold to the
-k-th score. Shared memory: ``8 * C`` bytes (k = 2048 with 256 threads: 32 KiB). Uses only
-``syncthreads`` and shared atomics, so the simulator runs it unchanged.
+``init`` once (optionally with a seed threshold), then per round ``insert`` up to ``items``
+candidates per thread (no barrier) and ``round_end`` (two barriers; compacts when full), or
+``offer`` = one insert + round_end; ``finish`` at the end. The shared buffer holds
+``C = next_pow2(k + block * items)`` entries; a round appends at most ``block * items`` candidates
+that beat the threshold, and when fewer free entries remain the block sorts the buffer (bitonic, in
+shared memory), keeps the best k and raises the threshold to the k-th key. Shared memory: ``8 * C``
+bytes. Uses only ``syncthreads`` and shared atomics, so the simulator runs it unchanged.
+
+Whole-array top-K (all batched: a single request is a batch of one; request ``r`` is
+``blockIdx.y``): ``scan`` (per-block lists over the request's slice, 8 scores per thread per round,
+a running threshold optionally seeded), ``bound`` (the best per-block k-th key: a lower bound of the
+request's k-th), ``select`` (entries at or above the bound, appended to a compact buffer) and
+``final`` (one block's exact top-k of the compact buffer, ids mapped). A seeded scan is exact only
+if at least k eligible scores reach the seed; ``counts[r, 1]`` says how many did, and the host
+wrapper reruns unseeded when it is short.
 """
+from collections import namedtuple
 
 import functools
 import math
@@ -26,19 +36,24 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def buffer_capacity(k: int, block: int) -> int:
-    """Shared-buffer entries a block needs for top-``k`` with ``block`` threads."""
-    return next_pow2(k + block)
+def buffer_capacity(k: int, block: int, items: int = 1) -> int:
+    """Shared-buffer entries a block needs for top-``k`` with ``block`` threads offering ``items``
+    candidates each per round."""
+    return next_pow2(k + block * items)
+
+
+BlockTopK = namedtuple("BlockTopK", "init insert round_end offer finish better C")
 
 
 @functools.lru_cache(maxsize=None)
-def block_topk(cap: int, block: int, has_ids: bool):
-    """Device functions ``(init, offer, finish)`` for a shared buffer of ``cap`` entries (a power of
-    two, at least ``k + block``; see :func:`buffer_capacity`) and ``block`` threads; ``k`` is a
-    runtime argument, so every k of one capacity bucket shares the compiled code. Also returns
-    ``cap`` (the size the kernel must give ``cuda.shared.array``)."""
+def block_topk(cap: int, block: int, has_ids: bool, items: int = 1) -> BlockTopK:
+    """Device functions for a shared buffer of ``cap`` entries (a power of two, at least
+    ``k + block * items``; see :func:`buffer_capacity`) and ``block`` threads; ``k`` is a runtime
+    argument, so every k of one capacity bucket shares the compiled code. ``C`` is the size the
+    kernel must give ``cuda.shared.array``."""
     C = cap
     HALF = C // 2
+    SLACK = block * items
 
     @cuda.jit(device=True, inline=True)
     def better(s1, i1, s2, i2, ids):
@@ -99,26 +114,37 @@ def block_topk(cap: int, block: int, has_ids: bool):
         cuda.syncthreads()
 
     @cuda.jit(device=True)
-    def init(st, thr_s, thr_i):
+    def init(st, thr_s, thr_i, seed):
+        """Empty buffer; threshold (seed, slot -1): only scores >= seed can enter (-inf: all)."""
         if cuda.threadIdx.x == 0:
             st[0] = 0
-            thr_s[0] = -math.inf
+            thr_s[0] = seed
             thr_i[0] = -1
         cuda.syncthreads()
 
-    @cuda.jit(device=True)
-    def offer(bs, bi, st, thr_s, thr_i, s, slot, ok, ids, k):
-        """One round: this thread's candidate ``(s, slot)`` if ``ok`` (NaN is dropped here)."""
+    @cuda.jit(device=True, inline=True)
+    def insert(bs, bi, st, thr_s, thr_i, s, slot, ok, ids):
+        """Append ``(s, slot)`` if ``ok``, not NaN and better than the threshold (no barrier)."""
         if ok and not math.isnan(s):
             if better(s, slot, thr_s[0], thr_i[0], ids):
                 pos = cuda.atomic.add(st, 0, 1)
                 bs[pos] = s
                 bi[pos] = slot
+
+    @cuda.jit(device=True)
+    def round_end(bs, bi, st, thr_s, thr_i, ids, k):
+        """End of a round: compact when fewer than block * items entries are free."""
         cuda.syncthreads()
-        full = st[0] > C - block
+        full = st[0] > C - SLACK
         cuda.syncthreads()
         if full:
             compact(bs, bi, st, thr_s, thr_i, ids, k)
+
+    @cuda.jit(device=True)
+    def offer(bs, bi, st, thr_s, thr_i, s, slot, ok, ids, k):
+        """One round with one candidate per thread: ``insert`` + ``round_end``."""
+        insert(bs, bi, st, thr_s, thr_i, s, slot, ok, ids)
+        round_end(bs, bi, st, thr_s, thr_i, ids, k)
 
     @cuda.jit(device=True)
     def finish(bs, bi, st, thr_s, thr_i, ids, out_s, out_i, base, k):
@@ -136,96 +162,237 @@ def block_topk(cap: int, block: int, has_ids: bool):
                 out_i[base + t] = -1
             t += block
 
-    return init, offer, finish, C
+    return BlockTopK(init, insert, round_end, offer, finish, better, C)
+
+
+#: scores per thread per round in the scan (8 loads in flight per thread)
+SCAN_ITEMS = 8
+NEG_INF = float32(-math.inf)
 
 
 @functools.lru_cache(maxsize=None)
-def topk_scores_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
-    """Standalone pass 1: per-block top-k of a score array (k <= cap - block, a runtime argument).
+def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
+    """Per-block top-k of each request's slice of a score array.
 
-    Launch: ``[grid, block]``, 1-D. Args: ``scores float32[n]``, ``elig uint64[ceil(n/64)]``
-    (ignored unless ``has_elig``), ``ids int64[n]`` (tie-break ids, ignored unless ``has_ids``),
-    ``n``, ``k``, ``cand_s float32[grid*k]``, ``cand_i int32[grid*k]`` (slots, -1 pads),
-    ``counts int64[1]`` (atomically += eligible non-NaN scores).
+    Launch ``[(blocks_per_request, batch), block]``. Args: ``scores float32[total]``,
+    ``offsets int64[batch + 1]`` (request r owns ``scores[offsets[r]:offsets[r+1]]``), ``elig
+    uint64[batch, words]`` (bit i of row r = element i of r's slice; ignored unless ``has_elig``),
+    ``ids int64[total]`` (tie-break ids, ignored unless ``has_ids``), ``ks int64[batch]``,
+    ``kmax``, ``seeds float32[batch]`` (-inf: no seed), ``cand_s float32[batch, bpr * kmax]``,
+    ``cand_i int32[...]`` (slots local to the slice, -1 pads), ``counts int64[batch, 2]``
+    (+= eligible non-NaN scores; += those >= seed).
     """
-    init, offer, finish, C = block_topk(cap, block, has_ids)
+    t = block_topk(cap, block, has_ids, SCAN_ITEMS)
 
     @cuda.jit
-    def kernel(scores, elig, ids, n, k, cand_s, cand_i, counts):
-        bs = cuda.shared.array(C, float32)
-        bi = cuda.shared.array(C, int32)
+    def kernel(scores, offsets, elig, ids, ks, kmax, seeds, cand_s, cand_i, counts):
+        bs = cuda.shared.array(cap, float32)
+        bi = cuda.shared.array(cap, int32)
         st = cuda.shared.array(1, int32)
         thr_s = cuda.shared.array(1, float32)
         thr_i = cuda.shared.array(1, int32)
-        n_ok = cuda.shared.array(1, int64)
+        tally = cuda.shared.array(2, int64)
+        r = cuda.blockIdx.y
         tid = cuda.threadIdx.x
+        start = offsets[r]
+        n = offsets[r + 1] - start
+        k = ks[r]
+        seed = seeds[r]
         if tid == 0:
-            n_ok[0] = 0
-        init(st, thr_s, thr_i)
+            tally[0] = 0
+            tally[1] = 0
+        t.init(st, thr_s, thr_i, seed)
         mine = 0
-        stride = cuda.gridDim.x * block
-        for base in range(cuda.blockIdx.x * block, n, stride):
-            i = base + tid
-            ok = i < n
-            s = float32(math.nan)
-            if ok:
-                if has_elig:
-                    ok = test_bit(elig, i) != 0
-                s = scores[i]
-            if ok and not math.isnan(s):
-                mine += 1
-            offer(bs, bi, st, thr_s, thr_i, s, int32(i), ok, ids, k)
-        cuda.atomic.add(n_ok, 0, mine)
-        finish(bs, bi, st, thr_s, thr_i, ids, cand_s, cand_i, cuda.blockIdx.x * k, k)
+        above = 0
+        per_round = block * SCAN_ITEMS
+        for base in range(cuda.blockIdx.x * per_round, n, cuda.gridDim.x * per_round):
+            i0 = base + tid
+            i1 = i0 + block
+            i2 = i1 + block
+            i3 = i2 + block
+            i4 = i3 + block
+            i5 = i4 + block
+            i6 = i5 + block
+            i7 = i6 + block
+            s0 = scores[start + i0] if i0 < n else NEG_INF
+            s1 = scores[start + i1] if i1 < n else NEG_INF
+            s2 = scores[start + i2] if i2 < n else NEG_INF
+            s3 = scores[start + i3] if i3 < n else NEG_INF
+            s4 = scores[start + i4] if i4 < n else NEG_INF
+            s5 = scores[start + i5] if i5 < n else NEG_INF
+            s6 = scores[start + i6] if i6 < n else NEG_INF
+            s7 = scores[start + i7] if i7 < n else NEG_INF
+            for q in range(SCAN_ITEMS):
+                i = i0 + q * block
+                s = s0
+                if q == 1:
+                    s = s1
+                elif q == 2:
+                    s = s2
+                elif q == 3:
+                    s = s3
+                elif q == 4:
+                    s = s4
+                elif q == 5:
+                    s = s5
+                elif q == 6:
+                    s = s6
+                elif q == 7:
+                    s = s7
+                ok = i < n
+                if ok and has_elig:
+                    ok = test_bit(elig[r], i) != 0
+                if ok and not math.isnan(s):
+                    mine += 1
+                    if s >= seed:
+                        above += 1
+                t.insert(bs, bi, st, thr_s, thr_i, s, int32(i), ok, ids[start:] if has_ids else ids)
+            t.round_end(bs, bi, st, thr_s, thr_i, ids[start:] if has_ids else ids, k)
+        cuda.atomic.add(tally, 0, mine)
+        cuda.atomic.add(tally, 1, above)
+        t.finish(bs, bi, st, thr_s, thr_i, ids[start:] if has_ids else ids, cand_s[r], cand_i[r],
+                 cuda.blockIdx.x * kmax, k)
         cuda.syncthreads()
         if tid == 0:
-            cuda.atomic.add(counts, 0, n_ok[0])
+            cuda.atomic.add(counts[r], 0, tally[0])
+            cuda.atomic.add(counts[r], 1, tally[1])
 
     return kernel
 
 
 @functools.lru_cache(maxsize=None)
-def merge_kernel(cap: int, block: int, has_ids: bool):
-    """Merge pass: block ``b`` reduces candidates ``[b*seg, min(m, (b+1)*seg))`` to its exact top-k.
-
-    Launch ``[ceil(m / seg), block]``. Args: ``cand_s float32[m]``, ``cand_i int32[m]`` (slots,
-    -1 = empty), ``m``, ``seg``, ``k`` (<= cap - block), ``ids int64[n]``, ``out_s float32[grid*k]``,
-    ``out_slot int32[grid*k]``, ``out_id int64[grid*k]`` (written only when ``final``: ``ids[slot]``
-    or the slot without ids, -1 pads), ``final`` (int). A tree of these launches ends in one block.
-    """
-    init, offer, finish, C = block_topk(cap, block, has_ids)
+def bound_kernel(block: int, has_ids: bool):
+    """Launch ``[(1, batch), block]``. Args: ``cand_s float32[batch, lists * kmax]``, ``cand_i``,
+    ``lists``, ``kmax``, ``ks``, ``offsets``, ``ids``, ``bound_s float32[batch]``, ``bound_i
+    int32[batch]``: the best key among each list's k-th entry (pads rank last). Every member of the
+    request's top-k ranks at or above it, since that list alone holds k entries at or above it."""
+    t = block_topk(next_pow2(2 * block), block, has_ids)
 
     @cuda.jit
-    def kernel(cand_s, cand_i, m, seg, k, ids, out_s, out_slot, out_id, final):
-        bs = cuda.shared.array(C, float32)
-        bi = cuda.shared.array(C, int32)
+    def kernel(cand_s, cand_i, lists, kmax, ks, offsets, ids, bound_s, bound_i):
+        best_s = cuda.shared.array(block, float32)
+        best_i = cuda.shared.array(block, int32)
+        r = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        k = ks[r]
+        sub = ids[offsets[r]:] if has_ids else ids
+        bs_ = NEG_INF
+        bi_ = int32(-1)
+        for b in range(tid, lists, block):
+            s = cand_s[r, b * kmax + k - 1]
+            i = cand_i[r, b * kmax + k - 1]
+            if i >= 0 and t.better(s, i, bs_, bi_, sub):
+                bs_ = s
+                bi_ = i
+        best_s[tid] = bs_
+        best_i[tid] = bi_
+        cuda.syncthreads()
+        h = block // 2
+        while h > 0:
+            if tid < h and t.better(best_s[tid + h], best_i[tid + h], best_s[tid], best_i[tid], sub):
+                best_s[tid] = best_s[tid + h]
+                best_i[tid] = best_i[tid + h]
+            cuda.syncthreads()
+            h //= 2
+        if tid == 0:
+            bound_s[r] = best_s[0]
+            bound_i[r] = best_i[0]
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def select_kernel(has_ids: bool):
+    """Launch ``[(grid, batch), block]``. Args: ``cand_s, cand_i`` (as for bound), ``m`` entries per
+    request, ``kmax``, ``ks``, ``offsets``, ``ids``, ``bound_s, bound_i``, ``buf_s float32[batch, m]``,
+    ``buf_i``, ``fill int64[batch]``: append every written entry ranking at or above the bound."""
+    t = block_topk(2, 1, has_ids)
+
+    @cuda.jit
+    def kernel(cand_s, cand_i, m, kmax, ks, offsets, ids, bound_s, bound_i, buf_s, buf_i, fill):
+        r = cuda.blockIdx.y
+        sub = ids[offsets[r]:] if has_ids else ids
+        b_s = bound_s[r]
+        b_i = bound_i[r]
+        k = ks[r]
+        for j in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, m,
+                       cuda.gridDim.x * cuda.blockDim.x):
+            if j % kmax >= k:
+                continue
+            i = cand_i[r, j]
+            if i >= 0:
+                s = cand_s[r, j]
+                if b_i < 0 or not t.better(b_s, b_i, s, i, sub):
+                    pos = cuda.atomic.add(fill, r, 1)
+                    buf_s[r, pos] = s
+                    buf_i[r, pos] = i
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def final_kernel(cap: int, block: int, has_ids: bool):
+    """Launch ``[(1, batch), block]``: each request's exact top-k of its compact buffer.
+
+    Args: ``buf_s float32[batch, m]``, ``buf_i``, ``fill int64[batch]``, ``offsets``, ``ids``, ``ks``,
+    ``out_s float32[batch, kmax]``, ``out_slot int32[...]``, ``out_id int64[...]`` (global ids:
+    ``ids[offset + slot]``, or the slot without ids; pads -1 / -inf up to kmax)."""
+    t = block_topk(cap, block, has_ids)
+
+    @cuda.jit
+    def kernel(buf_s, buf_i, fill, offsets, ids, ks, out_s, out_slot, out_id):
+        bs = cuda.shared.array(cap, float32)
+        bi = cuda.shared.array(cap, int32)
         st = cuda.shared.array(1, int32)
         thr_s = cuda.shared.array(1, float32)
         thr_i = cuda.shared.array(1, int32)
-        init(st, thr_s, thr_i)
+        r = cuda.blockIdx.y
         tid = cuda.threadIdx.x
-        start = cuda.blockIdx.x * seg
-        stop = min(m, start + seg)
-        for base in range(start, stop, block):
+        k = ks[r]
+        start = offsets[r]
+        sub = ids[start:] if has_ids else ids
+        m = fill[r]
+        t.init(st, thr_s, thr_i, NEG_INF)
+        for base in range(0, m, block):
             j = base + tid
             s = float32(math.nan)
             slot = int32(-1)
-            if j < stop:
-                s = cand_s[j]
-                slot = cand_i[j]
-            offer(bs, bi, st, thr_s, thr_i, s, slot, slot >= 0, ids, k)
-        out_base = cuda.blockIdx.x * k
-        finish(bs, bi, st, thr_s, thr_i, ids, out_s, out_slot, out_base, k)
-        if final:
-            t = tid
-            while t < k:
-                slot = out_slot[out_base + t]
-                if slot < 0:
-                    out_id[out_base + t] = -1
-                elif has_ids:
-                    out_id[out_base + t] = ids[slot]
-                else:
-                    out_id[out_base + t] = slot
-                t += block
+            if j < m:
+                s = buf_s[r, j]
+                slot = buf_i[r, j]
+            t.offer(bs, bi, st, thr_s, thr_i, s, slot, slot >= 0, sub, k)
+        t.finish(bs, bi, st, thr_s, thr_i, sub, out_s[r], out_slot[r], 0, k)
+        cuda.syncthreads()
+        kmax = out_s.shape[1]
+        q = tid
+        while q < kmax:
+            if q >= k:
+                out_s[r, q] = NEG_INF
+                out_slot[r, q] = -1
+            slot = out_slot[r, q]
+            if slot < 0:
+                out_id[r, q] = -1
+            elif has_ids:
+                out_id[r, q] = ids[start + slot]
+            else:
+                out_id[r, q] = slot
+            q += block
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def sample_chunks_kernel():
+    """Launch ``[chunks, chunk]``: block j copies ``chunk`` contiguous scores starting at
+    ``j * (n - chunk) // (chunks - 1)`` into ``sample[j * chunk:]`` (a spread of contiguous chunks:
+    a few sectors each, representative even of sorted input)."""
+
+    @cuda.jit
+    def kernel(scores, n, sample):
+        j = cuda.blockIdx.x
+        chunks = cuda.gridDim.x
+        chunk = cuda.blockDim.x
+        off = j * (n - chunk) // max(chunks - 1, 1)
+        sample[j * chunk + cuda.threadIdx.x] = scores[off + cuda.threadIdx.x]
 
     return kernel

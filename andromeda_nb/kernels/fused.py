@@ -1,0 +1,233 @@
+"""Code-generated fused gather-gate-score kernels, specialized per (d, E, K, dtype, layout, access).
+
+Why generated: the per-ad work is straight-line code over compile-time dimensions; writing it out
+keeps every per-ad value in registers and lets every weight read be a 16-byte vector load at a
+constant offset. Per ad (d = 64, fp16, E = 6, K = 2), counted from the SASS of this kernel:
+16 eight-byte row loads, 64 widenings (HADD2.F32), 64 FFMA + 64 FMNMX.NAN (context encoding),
+384 FFMA (gate), 6 exp, ~40 compare/select (softmax and expert choice), 128 FFMA (the K value dots),
+and 128 sixteen-byte shared loads (gamma, beta and G are warp-uniform broadcasts; the chosen V rows
+differ per ad). That is ~950 instructions per ad, against ~1,050 a thread can issue per ad at 90% of
+the H200 read ceiling (132 SMs x 4 issue slots x 1.98 GHz x 32 lanes / 31.6 G ads/s): the gated
+kernel sits right at the point where it turns issue-bound, which the throughput notebook marks.
+
+Weights live in one 16-byte-aligned shared image (host-prepared by :func:`weight_image`)::
+
+    gated: [gamma (d) | beta (d) | G / sqrt(d) (E*d, row-major) | V (E rows of pitch d + 4)]
+    dot:   [u (d)]
+
+V rows are padded to ``d + 4`` floats so that 8 threads holding 8 different chosen experts read 8
+disjoint bank groups in one 16-byte load. ``h`` (d floats) stays in registers between the gate and
+the value pass; nothing per ad touches device memory except the row, the bias (and the int8 scale),
+and, unfused, the score.
+
+Kernel arguments (in order)::
+
+    words   uint64 view of the table: [n_ads, d/W] (rows) or [d/W, n_ads] (tiles), W = elements per word
+    scale   float32[n_ads] (int8) or dummy        bias    float32[n_ads]
+    wimg    float32 weight image (see above)
+    elig    uint64 eligible bitset (bitset access) or dummy
+    cand    int32[n_items] slots (candidates access) or dummy
+    n_items int64; ids int64[n_ads] (tie-break ad ids) ; k (fused top-k)
+    out     float32[n_items] (unfused) or dummy
+    cand_s, cand_i, counts: per-block top-k outputs (fused) or dummies
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, int32, int64, uint64
+from numba.cuda.core import config
+
+from .bits import test_bit
+from .intrinsics import DECODE, PER_WORD, lds4, max_nan
+from .topk import block_topk
+
+ACCESS = ("pool", "bitset", "candidates")
+LAYOUTS = ("rows", "tiles")
+MODELS = ("gated", "dot")
+#: shared-memory row pitch of V: d + PAD floats
+PAD = 4
+
+
+def image_size(model: str, d: int, experts: int) -> int:
+    """Floats in the weight image (see the module docstring)."""
+    return d if model == "dot" else 2 * d + experts * d + experts * (d + PAD)
+
+
+def weight_image(model: str, request=None, user=None) -> np.ndarray:
+    """The float32 weight image for a request (gated) or a user vector (dot)."""
+    if model == "dot":
+        return np.ascontiguousarray(user, dtype=np.float32)
+    E, d = request.V.shape
+    G = (request.G.astype(np.float64) / np.sqrt(d)).astype(np.float32)
+    V = np.zeros((E, d + PAD), np.float32)
+    V[:, :d] = request.V
+    return np.concatenate([request.gamma, request.beta, G.ravel(), V.ravel()]).astype(np.float32)
+
+
+def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,
+            block: int, values: str = "chosen") -> str:
+    W = PER_WORD[dtype]
+    NW = d // W
+    size = image_size(model, d, E)
+    align = "" if config.ENABLE_CUDASIM else ", alignment=16"
+    o_beta, o_g, o_v, pitch = d, 2 * d, 2 * d + E * d, d + PAD
+    L = []
+    emit = L.append
+    emit("def kernel(words, scale, bias, wimg, elig, cand, n_items, ids, k, out, cand_s, cand_i, counts):")
+    emit("    tid = cuda.threadIdx.x")
+    emit(f"    wsh = cuda.shared.array({size}, float32{align})")
+    emit(f"    for t in range(tid, {size}, {block}):")
+    emit("        wsh[t] = wimg[t]")
+    if fused:
+        emit("    buf_s = cuda.shared.array(CAP, float32)")
+        emit("    buf_i = cuda.shared.array(CAP, int32)")
+        emit("    st = cuda.shared.array(1, int32)")
+        emit("    thr_s = cuda.shared.array(1, float32)")
+        emit("    thr_i = cuda.shared.array(1, int32)")
+        emit("    n_ok = cuda.shared.array(1, int64)")
+        emit("    if tid == 0:")
+        emit("        n_ok[0] = 0")
+    emit("    cuda.syncthreads()")
+    if fused:
+        emit("    topk_init(st, thr_s, thr_i, float32(-math.inf))")
+    emit("    mine = 0")
+    emit("    zero = float32(0.0)")
+    emit(f"    stride = cuda.gridDim.x * {block}")
+    emit(f"    for base in range(cuda.blockIdx.x * {block}, n_items, stride):")
+    if not fused:
+        # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it
+        # would hold all of them in registers and spill); the fused loop has barriers instead
+        emit("        cuda.threadfence_block()")
+    emit("        j = base + tid")
+    emit("        ok = j < n_items")
+    emit("        slot = j")
+    if access == "candidates":
+        emit("        if ok:")
+        emit("            slot = int64(cand[j])")
+    elif access == "bitset":
+        emit("        if ok:")
+        emit("            ok = test_bit(elig, j) != 0")
+    emit("        s = float32(math.nan)")
+    emit("        if ok:")
+    ind = "            "
+    emit(f"{ind}us = uint64(slot)")  # unsigned index: no negative-index wraparound code
+    for w in range(NW):
+        idx = f"us, {w}" if layout == "rows" else f"{w}, us"
+        emit(f"{ind}w{w} = words[{idx}]")
+    for w in range(NW):
+        names = ", ".join(f"x{w * W + i}" for i in range(W))
+        emit(f"{ind}{names} = decode(w{w})")
+    if dtype == "int8":
+        emit(f"{ind}rs = scale[us]")
+        for i in range(d):
+            emit(f"{ind}x{i} = x{i} * rs")
+    if model == "dot":
+        for q in range(d // 4):
+            emit(f"{ind}u0, u1, u2, u3 = lds4(wsh, {4 * q})")
+            for t in range(4):
+                i = 4 * q + t
+                emit(f"{ind}acc = x{i} * u{t}" if i == 0 else f"{ind}acc = acc + x{i} * u{t}")
+        emit(f"{ind}s = acc + bias[us]")
+    else:
+        for q in range(d // 4):
+            emit(f"{ind}g0, g1, g2, g3 = lds4(wsh, {4 * q})")
+            emit(f"{ind}c0, c1, c2, c3 = lds4(wsh, {o_beta + 4 * q})")
+            for t in range(4):
+                i = 4 * q + t
+                emit(f"{ind}h{i} = max_nan(x{i} * g{t} + c{t}, zero)")
+            for e in range(E):
+                emit(f"{ind}q0, q1, q2, q3 = lds4(wsh, {o_g + e * d + 4 * q})")
+                terms = " + ".join(f"h{4 * q + t} * q{t}" for t in range(4))
+                emit(f"{ind}l{e} = {terms}" if q == 0 else f"{ind}l{e} = l{e} + {terms}")
+            if values == "all":  # every expert's value dot in the same pass: h need not stay live
+                for e in range(E):
+                    emit(f"{ind}q0, q1, q2, q3 = lds4(wsh, {o_v + e * pitch + 4 * q})")
+                    terms = " + ".join(f"h{4 * q + t} * q{t}" for t in range(4))
+                    emit(f"{ind}a{e} = {terms}" if q == 0 else f"{ind}a{e} = a{e} + {terms}")
+        emit(f"{ind}m = l0")
+        for e in range(1, E):
+            emit(f"{ind}if l{e} > m:")
+            emit(f"{ind}    m = l{e}")
+        for e in range(E):
+            emit(f"{ind}p{e} = math.exp(l{e} - m)")
+        emit(f"{ind}z = " + " + ".join(f"p{e}" for e in range(E)))
+        emit(f"{ind}taken = 0")
+        for r in range(K):
+            emit(f"{ind}b = -1")
+            emit(f"{ind}bl = zero")
+            emit(f"{ind}bp = zero")
+            for e in range(E):
+                emit(f"{ind}if (taken & {1 << e}) == 0 and (b < 0 or l{e} > bl):")
+                emit(f"{ind}    b = {e}")
+                emit(f"{ind}    bl = l{e}")
+                emit(f"{ind}    bp = p{e}")
+            emit(f"{ind}taken |= 1 << b")
+            if values == "all":
+                emit(f"{ind}v{r} = a0")
+                for e in range(1, E):
+                    emit(f"{ind}if b == {e}:")
+                    emit(f"{ind}    v{r} = a{e}")
+            else:
+                emit(f"{ind}vb = {o_v} + b * {pitch}")
+                for q in range(d // 4):
+                    emit(f"{ind}q0, q1, q2, q3 = lds4(wsh, vb + {4 * q})")
+                    terms = " + ".join(f"h{4 * q + t} * q{t}" for t in range(4))
+                    emit(f"{ind}v{r} = {terms}" if q == 0 else f"{ind}v{r} = v{r} + {terms}")
+            emit(f"{ind}wp{r} = bp")
+        emit(f"{ind}mixed = " + " + ".join(f"wp{r} * v{r}" for r in range(K)))
+        emit(f"{ind}s = mixed / z + bias[us]")
+    if fused:
+        emit("        if ok and not math.isnan(s):")
+        emit("            mine += 1")
+        emit("        topk_offer(buf_s, buf_i, st, thr_s, thr_i, s, int32(slot), ok, ids, k)")
+        emit("    cuda.atomic.add(n_ok, 0, mine)")
+        emit("    topk_finish(buf_s, buf_i, st, thr_s, thr_i, ids, cand_s, cand_i, cuda.blockIdx.x * k, k)")
+        emit("    cuda.syncthreads()")
+        emit("    if tid == 0:")
+        emit("        cuda.atomic.add(counts, 0, n_ok[0])")
+    else:
+        emit("        if j < n_items:")
+        emit("            out[j] = s")
+    return "\n".join(L) + "\n"
+
+
+@functools.lru_cache(maxsize=None)
+def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, layout: str, access: str,
+                 block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
+                 max_registers: int | None = None):
+    """Compile (lazily, on first launch) the generated kernel for one configuration.
+
+    Args:
+        model: ``"gated"`` (DESIGN.md's model) or ``"dot"`` (two-tower ``dot(u, a) + b``).
+        d, experts, k_experts: dimensions (``d`` a multiple of the elements per 8-byte word).
+        dtype, layout, access: see the module docstring.
+        block: threads per block; topk_cap: shared top-K buffer entries (0 = write scores).
+        values: ``"chosen"`` computes the value dots of the K chosen experts after the gate (h kept
+            in registers); ``"all"`` computes all E in the streaming pass and selects (more FMAs,
+            far fewer live registers).
+        max_registers: cap on registers per thread (more resident warps, maybe spills).
+    """
+    if values not in ("chosen", "all"):
+        raise ValueError(f"values must be 'chosen' or 'all', got {values!r}")
+    if model not in MODELS or layout not in LAYOUTS or access not in ACCESS:
+        raise ValueError(f"bad kernel configuration {model, layout, access}")
+    if d % PER_WORD[dtype]:
+        raise ValueError(f"d={d} must be a multiple of {PER_WORD[dtype]} for {dtype}")
+    src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values)
+    env = {"cuda": cuda, "float32": float32, "int32": int32, "int64": int64, "uint64": uint64,
+           "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
+           "lds4": lds4, "CAP": max(topk_cap, 1)}
+    if topk_cap:
+        t = block_topk(topk_cap, block, has_ids)
+        env.update(topk_init=t.init, topk_offer=t.offer, topk_finish=t.finish)
+    name = f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
+    code = compile(src, f"<{name}>", "exec")
+    exec(code, env)
+    fn = env["kernel"]
+    fn.__name__ = fn.__qualname__ = name
+    fn.__source__ = src
+    return cuda.jit(fn, max_registers=max_registers) if max_registers else cuda.jit(fn)

@@ -1,0 +1,146 @@
+"""Device intrinsics: widen one 8-byte word of a stored ad row to fp32 values, a 16-byte shared
+load, and a NaN-keeping max.
+
+Each decoder takes a ``uint64`` (one 8-byte load, 2 fp32 / 4 fp16 / 4 bf16 / 8 int8 elements,
+little-endian: element 0 in the low bits) and returns a tuple of float32. They are LLVM shifts and
+truncations on the 64-bit integer, so the load stays one ``LDG.E.64`` (a vector bitcast lets LLVM
+split it into two 4-byte loads) and fp16 widens with one ``HADD2.F32`` per element.
+
+``lds4(shared_array, i)`` reads elements ``i..i+3`` of a float32 shared array (``i`` a multiple of 4,
+the array 16-byte aligned) with one ``LDS.128``: Numba emits one scalar load per element, and an
+indexed load with a signed index carries a negative-index wraparound check besides.
+
+``max_nan(x, 0)`` is PTX ``max.NaN.f32`` (sm_80+, one ``FMNMX.NAN``): the ReLU that keeps NaN, as the
+oracle's ``np.maximum`` does.
+
+The simulator gets numpy versions with the same results (it runs kernels as Python).
+"""
+
+import numpy as np
+from numba.cuda.core import config
+
+if config.ENABLE_CUDASIM:
+
+    def _u64(x):
+        return np.array([int(x) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
+
+    def decode_fp32(x):
+        a, b = _u64(x).view(np.float32)
+        return a, b
+
+    def decode_fp16(x):
+        a, b, c, d = _u64(x).view(np.float16).astype(np.float32)
+        return a, b, c, d
+
+    def decode_bf16(x):
+        a, b, c, d = (_u64(x).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return a, b, c, d
+
+    def decode_int8(x):
+        v = _u64(x).view(np.int8).astype(np.float32)
+        return v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]
+
+    def max_nan(a, b):
+        a, b = np.float32(a), np.float32(b)
+        return np.float32(np.nan) if (np.isnan(a) or np.isnan(b)) else max(a, b)
+
+    def lds4(arr, i):
+        i = int(i)
+        return arr[i], arr[i + 1], arr[i + 2], arr[i + 3]
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    _I64 = ir.IntType(64)
+
+    def _fields(builder, x, width):
+        out = []
+        for i in range(64 // width):
+            shifted = builder.lshr(x, ir.Constant(_I64, width * i)) if i else x
+            out.append(builder.trunc(shifted, ir.IntType(width)))
+        return out
+
+    @intrinsic
+    def decode_fp32(typingctx, x):
+        sig = types.UniTuple(types.float32, 2)(types.uint64)
+
+        def codegen(context, builder, sig, args):
+            vals = [builder.bitcast(f, ir.FloatType()) for f in _fields(builder, args[0], 32)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def decode_fp16(typingctx, x):
+        sig = types.UniTuple(types.float32, 4)(types.uint64)
+
+        def codegen(context, builder, sig, args):
+            # split into 32-bit halves, then <2 x half>: PTX mov.b32 {h0, h1}, so SASS widens each
+            # half with one HADD2.F32 using the .H0_H0 / .H1_H1 selectors (no extra shifts)
+            vals = []
+            for word in _fields(builder, args[0], 32):
+                pair = builder.bitcast(word, ir.VectorType(ir.HalfType(), 2))
+                for k in range(2):
+                    half = builder.extract_element(pair, ir.Constant(ir.IntType(32), k))
+                    vals.append(builder.fpext(half, ir.FloatType()))
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def decode_bf16(typingctx, x):
+        sig = types.UniTuple(types.float32, 4)(types.uint64)
+
+        def codegen(context, builder, sig, args):
+            vals = []
+            for f in _fields(builder, args[0], 16):
+                wide = builder.shl(builder.zext(f, ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+                vals.append(builder.bitcast(wide, ir.FloatType()))
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def decode_int8(typingctx, x):
+        sig = types.UniTuple(types.float32, 8)(types.uint64)
+
+        def codegen(context, builder, sig, args):
+            vals = [builder.sitofp(f, ir.FloatType()) for f in _fields(builder, args[0], 8)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def max_nan(typingctx, a, b):
+        sig = types.float32(types.float32, types.float32)
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType(), ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "max.NaN.f32 $0, $1, $2;", "=f,f,f")
+            return builder.call(asm, args)
+
+        return sig, codegen
+
+
+    @intrinsic
+    def lds4(typingctx, arr, i):
+        if not isinstance(arr, types.Array) or arr.dtype != types.float32 or not isinstance(i, types.Integer):
+            return None
+        sig = types.UniTuple(types.float32, 4)(arr, i)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
+            ptr = builder.gep(ary.data, [idx])
+            vec = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(ir.FloatType(), 4))), align=16)
+            vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+
+DECODE = {"fp32": decode_fp32, "fp16": decode_fp16, "bf16": decode_bf16, "int8": decode_int8}
+#: elements per 8-byte word
+PER_WORD = {"fp32": 2, "fp16": 4, "bf16": 4, "int8": 8}

@@ -1,0 +1,118 @@
+"""Host side of the unfused baselines (kernels/unfused.py), with their byte budgets.
+
+Both return the same answer as the fused path (same ids and scores: the per-op pipeline's scores
+differ from the fused kernel's only by fp32 rounding order, the pre-fusion pipeline's are bitwise
+the fused kernel's), so the benchmarks can check them like any other variant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import launch
+from .model import STORAGE_DTYPES
+from .scoring import DEFAULT_CONFIG, DeviceAdTable, DeviceRequest, launch_score
+from .topk import launch_topk
+
+ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+
+
+def fused_bytes_per_ad(d: int, dtype: str, access: str = "pool", eligible_fraction: float = 1.0) -> float:
+    """Bytes the fused kernel moves per scored ad: the row, the bias, the int8 scale, and the
+    bitset share (bitset access) or the candidate slot (candidates access)."""
+    b = d * ITEMSIZE[dtype] + 4 + (4 if dtype == "int8" else 0)
+    if access == "bitset":
+        b += 1 / (8 * eligible_fraction)
+    elif access == "candidates":
+        b += 4
+    return b
+
+
+def per_op_bytes_per_ad(d: int, E: int, K: int, dtype: str) -> dict:
+    """Bytes per ad of each per-op kernel (reads + writes), fp32 intermediates, pool access."""
+    row = d * ITEMSIZE[dtype] + (4 if dtype == "int8" else 0)
+    return {
+        "encode": row + 4 * d,
+        "gate": 4 * d + 4 * E,
+        "choose": 4 * E + K * (1 + 4),
+        "values": 4 * d + K + 4 * K,
+        "combine": 4 * K + 4 * K + 4 + 4,
+        "topk": 4,
+    }
+
+
+def pre_fusion_bytes_per_ad(d: int, dtype: str, access: str, eligible_fraction: float = 1.0) -> dict:
+    """Bytes per scored ad of the pre-fusion pipeline: list building (bitset access), gather
+    (read row + bias, write both), model (read row + bias, write score), top-K (read score)."""
+    row = d * ITEMSIZE[dtype] + 4 + (4 if dtype == "int8" else 0)
+    out = {}
+    if access == "bitset":
+        out["list"] = 1 / (8 * eligible_fraction) + 4
+    out["gather"] = 2 * row + (4 if access != "pool" else 0)
+    out["model"] = row + 4
+    out["topk"] = 4
+    return out
+
+
+class PerOpBuffers:
+    """Device intermediates of the per-op pipeline for n ads (allocated once, reused)."""
+
+    def __init__(self, n: int, d: int, E: int, K: int):
+        cuda = launch.cuda()
+        self.h = cuda.device_array((d, n), np.float32)
+        self.logits = cuda.device_array((E, n), np.float32)
+        self.chosen = cuda.device_array((K, n), np.int8)
+        self.weight = cuda.device_array((K, n), np.float32)
+        self.val = cuda.device_array((K, n), np.float32)
+        self.score = cuda.device_array(n, np.float32)
+
+
+def launch_per_op(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PerOpBuffers, block: int | None = None):
+    """Enqueue the per-op pipeline over the whole pool; returns device ``(ids, scores, count)``."""
+    from .kernels import unfused as U
+
+    r = dreq.request
+    n, d, E, K = table.n_ads, table.d, r.experts, r.k_experts
+    block = block or launch.default_block()
+    grid = launch.grid_for(n, block)
+    G, V, gamma, beta = dreq.naive_arrays()
+    U.encode_kernel(d, table.dtype, table.layout)[grid, block](table.words, table.scale, gamma, beta, n, bufs.h)
+    U.gate_kernel(d, E)[grid, block](bufs.h, G, n, bufs.logits)
+    U.choose_kernel(E, K)[grid, block](bufs.logits, n, bufs.chosen, bufs.weight)
+    U.values_kernel(d, K)[grid, block](bufs.h, V, bufs.chosen, n, bufs.val)
+    U.combine_kernel(K)[grid, block](bufs.weight, bufs.val, table.bias, n, bufs.score)
+    return launch_topk(bufs.score, n, k, None, table.ad_ids, block)
+
+
+class PreFusionBuffers:
+    """Device buffers of the pre-fusion pipeline for up to ``cap`` candidates."""
+
+    def __init__(self, cap: int, d: int, dtype: str):
+        cuda = launch.cuda()
+        self.slots = cuda.device_array(max(cap, 1), np.int32)
+        self.count = cuda.device_array(1, np.int64)
+        self.emb = cuda.device_array((max(cap, 1), d), STORAGE_DTYPES[dtype])
+        self.words = self.emb.view(np.uint64)
+        self.bias = cuda.device_array(max(cap, 1), np.float32)
+        self.scores = cuda.device_array(max(cap, 1), np.float32)
+        self.ids = cuda.device_array(max(cap, 1), np.int64)
+
+
+def launch_pre_fusion(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PreFusionBuffers, m: int,
+                      elig=None, cand=None, block: int | None = None):
+    """Enqueue gather -> model (scores to memory) -> top-K over ``m`` candidates given as a slot
+    list ``cand`` or an eligible bitset ``elig`` (compacted into a list first). Returns device
+    ``(ids, scores, count)``; ids are the table's ad ids."""
+    from .kernels import unfused as U
+
+    block = block or launch.default_block()
+    if elig is not None:
+        bufs.count.copy_to_device(np.zeros(1, np.int64))
+        U.bitset_to_slots_kernel()[launch.grid_for(elig.shape[0], block), block](elig, bufs.slots, bufs.count)
+        cand = bufs.slots
+    grid = launch.grid_for(m * bufs.words.shape[1], block)
+    U.gather_rows_kernel(table.layout)[grid, block](table.words, table.bias, cand, m, bufs.words[:m], bufs.bias[:m])
+    U.gather_ids_kernel()[launch.grid_for(max(m, 1), block), block](table.ad_ids, cand, m, bufs.ids)
+    compact = DeviceAdTable.from_device(bufs.emb[:m], bufs.bias[:m], table.dtype, "rows", ad_ids=bufs.ids[:m])
+    launch_score(dreq, compact, "pool", None, None, m, bufs.scores[:m], DEFAULT_CONFIG)
+    return launch_topk(bufs.scores[:m], m, k, None, compact.ad_ids, block)

@@ -1,0 +1,54 @@
+"""The unfused baselines give the fused pipeline's answer (they exist to be timed against it)."""
+
+import numpy as np
+import pytest
+
+from andromeda_nb import oracle
+from andromeda_nb.model import AdTable, Request
+from andromeda_nb.scoring import DeviceAdTable, DeviceRequest, score_ads, score_topk
+from andromeda_nb.targeting import bits_from_mask
+from andromeda_nb.unfused import (PerOpBuffers, PreFusionBuffers, launch_per_op, launch_pre_fusion,
+                                  per_op_bytes_per_ad, pre_fusion_bytes_per_ad)
+
+from .helpers import check_topk_against_float64
+
+
+@pytest.mark.parametrize("dtype,layout", [("fp16", "tiles"), ("int8", "rows"), ("bf16", "rows"), ("fp32", "tiles")])
+def test_per_op_pipeline_matches_oracle(rng, dtype, layout):
+    n, d, E, K, k = 83, 32, 4, 2, 12
+    req = Request.random(d, E, K, rng)
+    table = AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype=dtype,
+                               ad_ids=rng.permutation(1000)[:n])
+    dt = DeviceAdTable(table, layout)
+    ids, scores, count = launch_per_op(DeviceRequest.of(req), dt, k, PerOpBuffers(n, d, E, K))
+    assert int(count.copy_to_host()[0]) == n
+    check_topk_against_float64(ids.copy_to_host(), scores.copy_to_host(), oracle.score(req, table), table.ad_ids, k)
+
+
+@pytest.mark.parametrize("mode", ["bitset", "candidates"])
+def test_pre_fusion_pipeline_equals_fused(rng, mode):
+    n, d, k = 130, 32, 10
+    req = Request.random(d, 3, 2, rng)
+    table = AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype="fp16",
+                               ad_ids=rng.permutation(1000)[:n])
+    dt = DeviceAdTable(table, "tiles")
+    mask = rng.random(n) < 0.4
+    m = int(mask.sum())
+    bufs = PreFusionBuffers(m, d, "fp16")
+    if mode == "bitset":
+        from andromeda_nb import launch
+        out = launch_pre_fusion(DeviceRequest.of(req), dt, k, bufs, m, elig=launch.to_device(bits_from_mask(mask)))
+    else:
+        from andromeda_nb import launch
+        out = launch_pre_fusion(DeviceRequest.of(req), dt, k, bufs, m,
+                                cand=launch.to_device(np.flatnonzero(mask).astype(np.int32)))
+    fused = score_topk(req, dt, k, eligible=mask)
+    np.testing.assert_array_equal(out[0].copy_to_host(), fused.ids)
+    np.testing.assert_array_equal(out[1].copy_to_host(), fused.scores)
+
+
+def test_byte_budgets():
+    per_op = per_op_bytes_per_ad(64, 6, 2, "fp16")
+    assert sum(per_op.values()) == 992  # vs 132 fused: the ratio the per-op baseline should show
+    pre = pre_fusion_bytes_per_ad(64, "fp16", "pool")
+    assert sum(pre.values()) == 2 * 132 + 136 + 4
