@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as _dt
-import math
 import os
 import statistics
 import subprocess
@@ -128,7 +127,7 @@ class Timing:
     reps: int
 
 
-def time_device(fn, reps: int = 15, warmup: int = 3, busy_ms: float = 1.0) -> Timing:
+def time_device(fn, reps: int = 15, warmup: int = 3, busy_ms: float = 2.0) -> Timing:
     """Time ``fn()`` (which must only enqueue device work, never synchronise) with CUDA events.
 
     Before each start event a busy kernel of ``busy_ms`` is queued so the stream is never idle and
@@ -292,6 +291,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a small subset of cases")
     ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--phases", default=None, help="comma-separated phases of the suite (default: all)")
+    ap.add_argument("--name", default=None, help="output file stem (default: the suite name)")
     args = ap.parse_args(argv)
     from . import backend
 
@@ -305,7 +306,7 @@ def main(argv=None) -> int:
           f"numba 8B read {ceil.numba_read_TBps:.3f} TB/s ({time.time() - t0:.1f}s)")
     rows = ceiling_rows(env, ceil, args.suite)
     rows += suite_function(args.suite)(env, ceil, args)
-    path = Path(args.out) / f"{args.suite}.csv"
+    path = Path(args.out) / f"{args.name or args.suite}.csv"
     write_rows(rows, path)
     print_rows(rows)
     print(f"wrote {len(rows)} rows to {path} in {time.time() - t0:.0f}s")

@@ -8,7 +8,6 @@ against the float64 oracle, and top-K answers against torch.topk on the same sco
 from __future__ import annotations
 
 import gc
-import math
 
 import numpy as np
 
@@ -106,7 +105,17 @@ def verify_scores_sample(dreq, table, scores_dev=None, rng=None, eligible_mask=N
     rng = rng or np.random.default_rng(0)
     slots = np.sort(rng.choice(table.n_ads, min(SAMPLE, table.n_ads), replace=False))
     got = score_ads(dreq, table, candidates=slots.astype(np.int32)).copy_to_host()
-    result = checks.compare_scores(got, dreq.request, host_rows(table, slots))
+    rows = host_rows(table, slots)
+    if dreq.model == "dot":
+        from . import oracle
+
+        ref = oracle.dot_score(dreq.user, rows)
+        scale = np.abs(rows.dequantized()) @ np.abs(dreq.user.astype(np.float64)) + np.abs(rows.bias)
+        err = np.abs(got - ref)
+        ok = bool(np.all(err <= checks.SCORE_RTOL * scale.max()))
+        result = checks.Check(ok, f"{got.size} dot scores vs float64, max err {err.max():.2g}")
+    else:
+        result = checks.compare_scores(got, dreq.request, rows)
     if result.ok and scores_dev is not None:
         written = cp.asarray(scores_dev)[cp.asarray(slots)].get()
         if eligible_mask is not None:
@@ -153,136 +162,346 @@ def verify_topk_torch(ids_dev, scores_dev, all_scores_dev, k: int, eligible_mask
         n_tied_in = int(np.sum(got[:kk] == kth))
         if not np.array_equal(np.sort(real[got[:kk] == kth]), np.sort(tied)[:n_tied_in]):
             return checks.Check(False, "ties at the k-th score not resolved to the lowest ids")
-    return checks.Check(True, f"equals torch.topk values; ids hold their scores; ties to lowest id")
+    return checks.Check(True, "equals torch.topk values; ids hold their scores; ties to lowest id")
 
 
 # ----------------------------------------------------------------------------- scoring suite
 
-def gated_flops(d: int, E: int, K: int, all_values: bool = True) -> float:
-    """FLOPs per ad of the fused gated kernel: encode 2d, gate 2Ed, values 2Ed (all E) or 2Kd,
-    softmax ~4E, combine 2K (a multiply-add counts 2)."""
-    return 2 * d + 2 * E * d + 2 * (E if all_values else K) * d + 4 * E + 2 * K
+def model_flops(model: str, d: int, E: int, K: int, values: str = "chosen") -> float:
+    """FLOPs per ad (a multiply-add counts 2): gated = encode 2d + gate 2Ed + values 2Kd (or 2Ed when
+    all E value dots are computed) + softmax/choice ~4E; dot = 2d."""
+    if model == "dot":
+        return 2.0 * d
+    return 2 * d + 2 * E * d + 2 * (E if values == "all" else K) * d + 4 * E
+
+
+ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+
+
+class _Tables:
+    """One GPU table at a time (keyed by dtype, d, layout): regenerating costs seconds, memory is
+    tens of GB."""
+
+    def __init__(self, n):
+        self.n, self.key, self.table = n, None, None
+
+    def get(self, dtype, d, layout):
+        import cupy as cp
+
+        if self.key != (dtype, d, layout):
+            self.table = None
+            gc.collect()
+            cp.get_default_memory_pool().free_all_blocks()
+            self.table = gpu_table(self.n, d, dtype, layout, seed=d * 7 + len(dtype))
+            self.key = (dtype, d, layout)
+        return self.table
+
+
+def _access_inputs(n, access, frac, seed):
+    """(elig device bitset or None, cand device int32 or None, items scored, n_items, eligible mask)."""
+    import cupy as cp
+
+    cuda = launch.cuda()
+    if access == "bitset":
+        words, items = bernoulli_bitset(n, frac, seed)
+        return cuda.as_cuda_array(words), None, items, n, bitset_mask(words, n)
+    if access == "candidates":
+        mask = cp.random.RandomState(seed).random_sample(n, dtype=cp.float32) < frac
+        c = cp.flatnonzero(mask).astype(cp.int32)
+        return None, cuda.as_cuda_array(c), int(c.size), int(c.size), mask
+    return None, None, n, n, None
+
+
+def _scores_full(dreq, table, access, elig, cand, n_items, config):
+    """All scores of the case written to memory, indexed by slot (NaN where not scored)."""
+    import cupy as cp
+
+    from .scoring import launch_score
+
+    out = launch.cuda().device_array(n_items, np.float32)
+    launch_score(dreq, table, access, elig, cand, n_items, out, config)
+    if access != "candidates":
+        return out
+    full = cp.full(table.n_ads, cp.nan, dtype=cp.float32)
+    full[cp.asarray(cand)] = cp.asarray(out)
+    return full
+
+
+def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, access, frac, k, config, variant,
+               notes=""):
+    from .scoring import DeviceRequest, launch_score_topk, topk_workspace
+    from .unfused import fused_bytes_per_ad
+
+    table = tables.get(dtype, d, layout)
+    n = table.n_ads
+    dreq = DeviceRequest.of(Request.random(d, E, K, rng) if model == "gated" else rng.standard_normal(d))
+    elig, cand, items, n_items, mask = _access_inputs(n, access, frac, seed=int(frac * 1e4) + 1)
+    ws = topk_workspace(table, k, n_items, config)
+    timing = bench.time_device(lambda: launch_score_topk(dreq, table, k, access, elig, cand, n_items, config, ws),
+                               reps=args.reps)
+    verified = verify_scores_sample(dreq, table, rng=rng)
+    if verified.ok:
+        full = _scores_full(dreq, table, access, elig, cand, n_items, config)
+        verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], full, k, eligible_mask=mask if access == "bitset" else None)
+        del full
+    return bench.row("scoring", env, ceil, timing, items, fused_bytes_per_ad(d, dtype, access, frac),
+                     model_flops(model, d, E, K, config.values), str(verified), variant=variant, n_ads=n, d=d,
+                     dtype=dtype, experts=E if model == "gated" else "", k_experts=K if model == "gated" else "",
+                     access=access, eligible_fraction=frac, k=k, layout=layout,
+                     notes=f"{_config_note(config)}; items = ads scored{'; ' + notes if notes else ''}")
+
+
+def _config_note(config):
+    parts = ["naive" if config.naive else f"values={config.values}", f"block={config.threads()}"]
+    if config.max_registers:
+        parts.append(f"maxreg={config.max_registers}")
+    if config.blocks_per_sm != launch.GPU_BLOCKS_PER_SM:
+        parts.append(f"blocks/SM={config.blocks_per_sm}")
+    return " ".join(parts)
+
+
+def _scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, config, variant):
+    from .scoring import DeviceRequest, launch_score
+    from .unfused import fused_bytes_per_ad
+
+    table = tables.get(dtype, d, layout)
+    n = table.n_ads
+    dreq = DeviceRequest.of(Request.random(d, E, K, rng) if model == "gated" else rng.standard_normal(d))
+    out = launch.cuda().device_array(n, np.float32)
+    timing = bench.time_device(lambda: launch_score(dreq, table, "pool", None, None, n, out, config), reps=args.reps)
+    verified = verify_scores_sample(dreq, table, scores_dev=out, rng=rng)
+    return bench.row("scoring", env, ceil, timing, n, fused_bytes_per_ad(d, dtype) + 4, model_flops(model, d, E, K, config.values),
+                     str(verified), variant=variant, n_ads=n, d=d, dtype=dtype, experts=E if model == "gated" else "",
+                     k_experts=K if model == "gated" else "", access="pool", eligible_fraction=1.0, layout=layout,
+                     notes=f"{_config_note(config)}; scores written to memory (4 B/ad)")
 
 
 def scoring(env, ceil, args) -> list[dict]:
+    """Phases (``--phases``, comma-separated; default all):
+
+    design : d=64 fp16 E=6 K=2 pool: kernel configurations, layouts, the naive kernel, dot, scores vs fused
+    unfused: per-op and pre-fusion pipelines against the fused kernel (pool), with byte budgets
+    dtype  : fp32 / bf16 / fp16 / int8, gated and dot
+    sweep  : ads/s against E, K and d (fp16)
+    access : bitset (0.5, 0.1, 0.01) and candidates (0.1, 0.01), rows and tiles; pre-fusion on bitsets
+    """
     import cupy as cp
 
-    from .scoring import DeviceRequest, launch_score, launch_score_topk
+    from .scoring import DEFAULT_CONFIG, KernelConfig
 
-    n = args.n_ads
-    rows = []
+    phases = set((args.phases or "design,unfused,dtype,sweep,access").split(","))
+    tables = _Tables(args.n_ads)
     rng = np.random.default_rng(1)
-    cases = []  # (dtype, d, E, K, layout, access, fraction, fused_k)
-    for layout in ("rows", "tiles"):
-        cases.append(("fp16", 64, 6, 2, layout, "pool", 1.0, 0))
-        cases.append(("fp16", 64, 6, 2, layout, "pool", 1.0, 1000))
-        cases.append(("fp16", 64, 1, 1, layout, "pool", 1.0, 1000))
-    for dtype in ("fp32", "bf16", "int8"):
-        cases.append((dtype, 64, 6, 2, "tiles", "pool", 1.0, 1000))
-    for frac in (0.5, 0.1, 0.01):
+    rows = []
+    K1000 = 1000
+
+    def add(r):
+        rows.append(r)
+        bench.print_rows([r])
+
+    if "design" in phases:
+        for cfg in (KernelConfig(values="chosen"), KernelConfig(values="chosen", block=128),
+                    KernelConfig(values="chosen", max_registers=128), KernelConfig(values="all"),
+                    KernelConfig(values="all", block=128), KernelConfig(naive=True)):
+            add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", "pool", 1.0, K1000, cfg,
+                           "gated_naive_fused_topk" if cfg.naive else "gated_fused_topk"))
+        for cfg in (KernelConfig(values="chosen"), KernelConfig(values="all")):
+            add(_scores_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", cfg, "gated_scores_to_memory"))
+        add(_fused_row(env, ceil, args, tables, rng, "dot", "fp16", 64, 1, 1, "tiles", "pool", 1.0, K1000, DEFAULT_CONFIG,
+                       "dot_fused_topk"))
+        add(_scores_row(env, ceil, args, tables, rng, "dot", "fp16", 64, 1, 1, "tiles", DEFAULT_CONFIG, "dot_scores_to_memory"))
+        add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "rows", "pool", 1.0, K1000, DEFAULT_CONFIG,
+                       "gated_fused_topk"))
+        add(_fused_row(env, ceil, args, tables, rng, "dot", "fp16", 64, 1, 1, "rows", "pool", 1.0, K1000, DEFAULT_CONFIG,
+                       "dot_fused_topk"))
+    if "unfused" in phases:
+        rows += _unfused_rows(env, ceil, args, tables, rng)
+    if "dtype" in phases:
+        for dtype in ("fp32", "bf16", "int8"):
+            for model, E, K in (("gated", 6, 2), ("dot", 1, 1)):
+                add(_fused_row(env, ceil, args, tables, rng, model, dtype, 64, E, K, "tiles", "pool", 1.0, K1000,
+                               DEFAULT_CONFIG, f"{model}_fused_topk"))
+    if "sweep" in phases:
+        grid = {64: [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (6, 1), (6, 2), (6, 4), (8, 1), (8, 2), (8, 4)],
+                32: [(1, 1), (6, 2), (8, 4)], 128: [(1, 1), (6, 2), (8, 4)]}
+        for d, eks in grid.items():
+            add(_fused_row(env, ceil, args, tables, rng, "dot", "fp16", d, 1, 1, "tiles", "pool", 1.0, K1000,
+                           DEFAULT_CONFIG, "dot_fused_topk"))
+            for E, K in eks:
+                if (d, E, K) == (64, 6, 2) and "design" in phases:
+                    continue
+                add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", d, E, K, "tiles", "pool", 1.0, K1000,
+                               DEFAULT_CONFIG, "gated_fused_topk"))
+    if "access" in phases:
         for layout in ("rows", "tiles"):
-            cases.append(("fp16", 64, 6, 2, layout, "bitset", frac, 1000))
-    cases.append(("fp16", 64, 6, 2, "rows", "candidates", 0.1, 1000))
-    if args.quick:
-        cases = [c for c in cases if c[0] == "fp16" and c[5] != "candidates"][:8]
-    tables = {}
-    for dtype, d, E, K, layout, access, frac, fused_k in cases:
-        key = (dtype, d, layout)
-        if key not in tables:
-            tables.clear()
-            gc.collect()
-            cp.get_default_memory_pool().free_all_blocks()
-            tables[key] = gpu_table(n, d, dtype, layout, seed=hash(key) % 1000)
-        table = tables[key]
-        req = Request.random(d, E, K, rng)
-        dreq = DeviceRequest.from_request(req)
-        elig = cand = None
-        items = n
-        emask = None
-        if access == "bitset":
-            elig, items = bernoulli_bitset(n, frac, seed=int(frac * 1000))
-            elig = launch.cuda().as_cuda_array(elig)
-            emask = bitset_mask(cp.asarray(elig), n)
-        elif access == "candidates":
-            c = cp.flatnonzero(cp.random.random(n, dtype=cp.float32) < frac).astype(cp.int32)
-            cand, items = launch.cuda().as_cuda_array(c), int(c.size)
-        n_items = items if access == "candidates" else n
-        row_bytes = d * {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}[dtype] + 4 + (4 if dtype == "int8" else 0)
-        extra_bytes = (n / 8 / items) if access == "bitset" else (4.0 if access == "candidates" else 0.0)
-        if fused_k:
-            out = {}
+            for access, frac in (("bitset", 0.5), ("bitset", 0.1), ("bitset", 0.01), ("candidates", 0.1),
+                                 ("candidates", 0.01)):
+                add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, layout, access, frac, K1000,
+                               DEFAULT_CONFIG, "gated_fused_topk"))
+        rows += _prefusion_access_rows(env, ceil, args, tables, rng)
+    tables.table = None
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+    return rows
 
-            def run():
-                out["r"] = launch_score_topk(dreq, table, fused_k, access, elig, cand, n_items)
 
-            timing = bench.time_device(run, reps=args.reps)
-            ids, sc, cnt = out["r"]
-            verified = verify_scores_sample(dreq, table, rng=rng)
-            if verified.ok:
-                full = launch.cuda().device_array(n_items, np.float32)
-                launch_score(dreq, table, access, elig, cand, n_items, full)
-                # candidates: the scores are per list position; map returned ad ids (= slots) back
-                if access == "candidates":
-                    pos = cp.full(n, cp.nan, dtype=cp.float32)
-                    pos[cp.asarray(cand)] = cp.asarray(full)
-                    full = pos
-                verified = verify_topk_torch(ids, sc, full, fused_k,
-                                             eligible_mask=emask)
-                del full
-            variant, write_bytes = "gated_fused_topk" if E > 1 else "tower_fused_topk", 0.0
-        else:
-            full = launch.cuda().device_array(n_items, np.float32)
-            timing = bench.time_device(lambda: launch_score(dreq, table, access, elig, cand, n_items, full),
-                                       reps=args.reps)
-            verified = verify_scores_sample(dreq, table, scores_dev=full if access == "pool" else None, rng=rng)
-            del full
-            variant, write_bytes = "gated_scores_to_memory" if E > 1 else "tower_scores_to_memory", 4.0
-        rows.append(bench.row(
-            "scoring", env, ceil, timing, items, row_bytes + extra_bytes + write_bytes, gated_flops(d, E, K),
-            str(verified), variant=variant, n_ads=n, d=d, dtype=dtype, experts=E, k_experts=K,
-            access=access if access != "pool" else "pool", eligible_fraction=frac, k=fused_k or "",
-            layout=layout, notes="items = ads scored; bytes = row + bias (+ scale) + bitset share + writes"))
+def _unfused_rows(env, ceil, args, tables, rng) -> list[dict]:
+    import cupy as cp
+
+    from .scoring import DeviceRequest
+    from .unfused import (PerOpBuffers, PreFusionBuffers, launch_per_op, launch_pre_fusion, per_op_bytes_per_ad,
+                          pre_fusion_bytes_per_ad)
+    from .topk import TopKWorkspace, scan_lists
+
+    rows = []
+    d, E, K, k, dtype = 64, 6, 2, 1000, "fp16"
+    table = tables.get(dtype, d, "tiles")
+    n = table.n_ads
+    req = Request.random(d, E, K, rng)
+    dreq = DeviceRequest.of(req)
+    offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
+    ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+    bufs = PerOpBuffers(n, d, E, K)
+    timing = bench.time_device(lambda: launch_per_op(dreq, table, k, bufs, ws=ws), reps=max(5, args.reps // 2))
+    verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], bufs.score, k)
+    budget = per_op_bytes_per_ad(d, E, K, dtype)
+    rows.append(bench.row("scoring", env, ceil, timing, n, sum(budget.values()), model_flops("gated", d, E, K),
+                          str(verified), variant="unfused_per_op", n_ads=n, d=d, dtype=dtype, experts=E, k_experts=K,
+                          access="pool", eligible_fraction=1.0, k=k, layout="tiles",
+                          notes="intermediates fp32 in device memory; bytes/ad " +
+                                ", ".join(f"{a} {b:g}" for a, b in budget.items())))
+    bench.print_rows(rows[-1:])
+    del bufs
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+    pbufs = PreFusionBuffers(n, d, dtype)
+    cand = launch.cuda().as_cuda_array(cp.arange(n, dtype=cp.int32))
+    timing = bench.time_device(lambda: launch_pre_fusion(dreq, table, k, pbufs, n, cand=cand, ws=ws),
+                               reps=max(5, args.reps // 2))
+    full = _scores_full(dreq, table, "pool", None, None, n, None)
+    verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], full, k)
+    budget = pre_fusion_bytes_per_ad(d, dtype, "candidates")
+    rows.append(bench.row("scoring", env, ceil, timing, n, sum(budget.values()), model_flops("gated", d, E, K),
+                          str(verified), variant="unfused_pre_fusion", n_ads=n, d=d, dtype=dtype, experts=E,
+                          k_experts=K, access="candidates", eligible_fraction=1.0, k=k, layout="tiles",
+                          notes="gather rows to a contiguous buffer, score to memory, then top-K; bytes/ad " +
+                                ", ".join(f"{a} {b:g}" for a, b in budget.items())))
+    bench.print_rows(rows[-1:])
+    del pbufs, full, cand
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def _prefusion_access_rows(env, ceil, args, tables, rng) -> list[dict]:
+    import cupy as cp
+
+    from .scoring import DeviceRequest
+    from .topk import TopKWorkspace, scan_lists
+    from .unfused import PreFusionBuffers, launch_pre_fusion, pre_fusion_bytes_per_ad
+
+    rows = []
+    d, E, K, k, dtype = 64, 6, 2, 1000, "fp16"
+    table = tables.get(dtype, d, "rows")
+    n = table.n_ads
+    dreq = DeviceRequest.of(Request.random(d, E, K, rng))
+    for frac in (0.1, 0.01):
+        elig, _, items, _, mask = _access_inputs(n, "bitset", frac, seed=int(frac * 1e4) + 1)
+        offsets, ks = np.array([0, items], np.int64), np.array([k], np.int64)
+        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+        bufs = PreFusionBuffers(items, d, dtype)
+        timing = bench.time_device(lambda: launch_pre_fusion(dreq, table, k, bufs, items, elig=elig, ws=ws),
+                                   reps=args.reps)
+        full = _scores_full(dreq, table, "bitset", elig, None, n, None)
+        verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], full, k, eligible_mask=mask)
+        budget = pre_fusion_bytes_per_ad(d, dtype, "bitset", frac)
+        rows.append(bench.row("scoring", env, ceil, timing, items, sum(budget.values()), model_flops("gated", d, E, K),
+                              str(verified), variant="unfused_pre_fusion", n_ads=n, d=d, dtype=dtype, experts=E,
+                              k_experts=K, access="bitset", eligible_fraction=frac, k=k, layout="rows",
+                              notes="bitset -> slot list, gather rows, score to memory, top-K; bytes/ad " +
+                                    ", ".join(f"{a} {b:.3g}" for a, b in budget.items())))
         bench.print_rows(rows[-1:])
+        del bufs, full, ws
+        gc.collect()
+        cp.get_default_memory_pool().free_all_blocks()
     return rows
 
 
 # ----------------------------------------------------------------------------- top-K suite
 
 def topk(env, ceil, args) -> list[dict]:
+    """Standalone block top-K against torch.topk (and cupy) on the same scores."""
     import cupy as cp
     import torch
 
-    from .topk import launch_topk
+    from .topk import SeedWorkspace, TopKWorkspace, launch_topk, launch_topk_batch, scan_lists
 
     rows = []
-    cases = [(100_000_000, 100, "random"), (100_000_000, 1000, "random"), (100_000_000, 1000, "ascending"),
-             (500_000, 1000, "random")]
-    if args.quick:
-        cases = cases[:2] + cases[3:]
-    for n, k, order in cases:
+    phases = set((args.phases or "large,small,batch").split(","))
+    cuda = launch.cuda()
+
+    def add(r):
+        rows.append(r)
+        bench.print_rows([r])
+
+    def one(n, k, order, seeded, l2_note=""):
         if order == "ascending":
             scores = cp.arange(n, dtype=cp.float32) / n
         else:
             scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
-        d_scores = launch.cuda().as_cuda_array(scores)
-        out = {}
-
-        def run():
-            out["r"] = launch_topk(d_scores, n, k)
-
-        timing = bench.time_device(run, reps=args.reps)
-        ids, sc, cnt = out["r"]
-        verified = verify_topk_torch(ids, sc, scores, k)
-        rows.append(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant="block_topk",
-                              n_ads=n, k=k, batch=1, dtype="fp32", access=order,
-                              notes="L2-resident (2 MB)" if n * 4 < 50e6 else ""))
+        d_scores = cuda.as_cuda_array(scores)
+        offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
+        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+        sws = SeedWorkspace.make(n, k) if seeded else None
+        timing = bench.time_device(lambda: launch_topk(d_scores, n, k, seeded=seeded, ws=ws, sws=sws), reps=args.reps)
+        c = ws.counts.copy_to_host()[0]
+        verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k)
+        if sws is not None and c[1] < min(k, c[0]):
+            verified = checks.Check(False, f"seed above the k-th score ({c[1]} scores reached it): the timed run "
+                                           "was not exact; the wrapper would rerun unseeded")
+        variant = "block_topk_seeded" if sws is not None else "block_topk"
+        add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant=variant, n_ads=n, k=k, batch=1,
+                      dtype="fp32", access=order, notes=l2_note))
         t = torch.as_tensor(scores, device="cuda")
         timing = bench.time_device(lambda: torch.topk(t, k), reps=args.reps)
-        rows.append(bench.row("topk", env, ceil, timing, n, 4.0, None, "baseline", variant="torch.topk",
-                              n_ads=n, k=k, batch=1, dtype="fp32", access=order,
-                              notes="L2-resident (2 MB)" if n * 4 < 50e6 else ""))
-        bench.print_rows(rows[-2:])
-        del scores, d_scores, t
-        cp.get_default_memory_pool().free_all_blocks()
-    return rows
+        add(bench.row("topk", env, ceil, timing, n, 4.0, None, "baseline (values checked above)", variant="torch.topk",
+                      n_ads=n, k=k, batch=1, dtype="fp32", access=order, notes=l2_note))
+        return scores, t
 
+    if "large" in phases:
+        for k in (100, 1000, 2048):
+            scores, t = one(100_000_000, k, "random", True)
+            if k == 1000:
+                one(100_000_000, k, "random", False)
+                timing = bench.time_device(lambda: cp.argpartition(scores, scores.size - k)[-k:], reps=5)
+                add(bench.row("topk", env, ceil, timing, scores.size, 4.0, None, "baseline (unsorted top-k indices)",
+                              variant="cupy.argpartition", n_ads=scores.size, k=k, batch=1, dtype="fp32", access="random"))
+            del scores, t
+            cp.get_default_memory_pool().free_all_blocks()
+        for seeded in (True, False):
+            scores, t = one(100_000_000, 1000, "ascending", seeded)
+            del scores, t
+            cp.get_default_memory_pool().free_all_blocks()
+    if "small" in phases:
+        for seeded in (True, False):
+            one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident, as right after scoring")
+    if "batch" in phases:
+        batch, per, k = 1024, 50_000, 100
+        scores = cp.random.RandomState(7).standard_normal(batch * per, dtype=cp.float32)
+        offsets = np.arange(batch + 1, dtype=np.int64) * per
+        ks = np.full(batch, k, np.int64)
+        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+        d_scores = cuda.as_cuda_array(scores)
+        timing = bench.time_device(lambda: launch_topk_batch(d_scores, ws), reps=args.reps)
+        t = torch.as_tensor(scores, device="cuda").view(batch, per)
+        want = torch.topk(t, k, dim=1).values.cpu().numpy()
+        got = ws.out_s.copy_to_host()
+        ok = np.array_equal(got, want)
+        verified = checks.Check(ok, f"{batch} requests' top-{k} values equal torch.topk(dim=1)" if ok else
+                                "batched values differ from torch.topk")
+        add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, str(verified), variant="block_topk_batched",
+                      n_ads=per, k=k, batch=batch, dtype="fp32", access="random"))
+        timing = bench.time_device(lambda: torch.topk(t, k, dim=1), reps=args.reps)
+        add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, "baseline", variant="torch.topk",
+                      n_ads=per, k=k, batch=batch, dtype="fp32", access="random"))
+    return rows

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import launch
 from .model import MAX_EXPERTS, STORAGE_DTYPES, AdTable, Request, TopK
-from .topk import MAX_ITEMS, check_k, eligible_bitset, launch_merge_lists
+from .topk import MAX_ITEMS, TopKWorkspace, check_k, eligible_bitset, launch_merge_lists
 
 #: Embedding dimensions the kernels accept: multiples of 8 (whole 8-byte words for every dtype).
 MAX_D = 256
@@ -262,25 +262,29 @@ def launch_score(dreq: DeviceRequest, table: DeviceAdTable, access: str, elig, c
     _launch(dreq, table, access, elig, cand, n_items, grid, 0, out, None, None, None, config)
 
 
+def topk_workspace(table: DeviceAdTable, k: int, n_items: int, config: KernelConfig | None = None):
+    """A reusable :class:`~andromeda_nb.topk.TopKWorkspace` for fused scoring + top-k over n_items."""
+    config = config or DEFAULT_CONFIG
+    grid = launch.grid_for(n_items, config.threads(), config.blocks_per_sm)
+    return TopKWorkspace(np.array([0, table.n_ads], np.int64), np.array([k], np.int64), grid)
+
+
 def launch_score_topk(dreq: DeviceRequest, table: DeviceAdTable, k: int, access: str, elig, cand,
-                      n_items: int, config: KernelConfig | None = None):
-    """Enqueue fused scoring + block top-K + merge (no validation, no host copies).
+                      n_items: int, config: KernelConfig | None = None, ws: TopKWorkspace | None = None):
+    """Enqueue fused scoring + block top-K + merge (no validation; no allocation or host copy when
+    a workspace from :func:`topk_workspace` is given).
 
     Returns:
-        Device arrays ``(ids int64[k], scores float32[k], count int64[1])``.
+        The workspace: ``ws.out_id[0]`` (int64[k] ad ids), ``ws.out_s[0]`` (float32[k]),
+        ``ws.counts[0, 0]`` (ads scored with a non-NaN score).
     """
     config = config or DEFAULT_CONFIG
-    cuda = launch.cuda()
-    block = config.threads()
-    grid = launch.grid_for(n_items, block, config.blocks_per_sm)
-    cand_s = cuda.device_array(grid * k, np.float32)
-    cand_i = cuda.device_array(grid * k, np.int32)
-    counts = cuda.to_device(np.zeros(1, np.int64))
-    _launch(dreq, table, access, elig, cand, n_items, grid, k, None, cand_s, cand_i, counts, config)
-    ids, scores = launch_merge_lists(cand_s.reshape(1, grid * k), cand_i.reshape(1, grid * k), grid, k,
-                                     cuda.to_device(np.array([k], np.int64)),
-                                     cuda.to_device(np.array([0, table.n_ads], np.int64)), table.ad_ids, block)
-    return ids[0], scores[0], counts
+    ws = ws or topk_workspace(table, k, n_items, config)
+    ws.reset()
+    _launch(dreq, table, access, elig, cand, n_items, ws.lists, k, None, ws.cand_s[0], ws.cand_i[0], ws.counts[0],
+            config)
+    launch_merge_lists(ws, table.ad_ids, config.threads())
+    return ws
 
 
 def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
@@ -323,8 +327,9 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
     """
     k = check_k(k)
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates)
-    ids, scores, count = launch_score_topk(dreq, table, k, access, elig, cand, n_items, config)
-    return TopK(ids=ids.copy_to_host(), scores=scores.copy_to_host(), count=int(count.copy_to_host()[0]))
+    ws = launch_score_topk(dreq, table, k, access, elig, cand, n_items, config)
+    return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(),
+                count=int(ws.counts.copy_to_host()[0, 0]))
 
 
 def with_config(config: KernelConfig | None = None, **changes) -> KernelConfig:

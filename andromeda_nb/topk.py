@@ -51,131 +51,172 @@ def eligible_bitset(eligible, n: int):
 MAX_BATCH = 65535
 
 
-def _blocks_per_request(max_n: int, batch: int, block: int) -> int:
+#: each per-block list covers at least this many scores per unit of k: with fewer, the merge's bound
+#: (the best per-list k-th score) is loose and ~k * lists entries survive into the final block
+SCORES_PER_K = 32
+
+
+def _blocks_per_request(max_n: int, batch: int, block: int, kmax: int) -> int:
     from .kernels.topk import SCAN_ITEMS
 
-    need = max(1, -(-max_n // (block * SCAN_ITEMS)))
+    need = max(1, -(-max_n // max(block * SCAN_ITEMS, SCORES_PER_K * kmax)))
     cap = launch.SIM_MAX_BLOCKS if launch.backend.is_simulator() else max(1, launch.sm_count() * 4 // batch)
     return min(need, cap)
 
 
-def launch_merge_lists(cand_s, cand_i, lists: int, kmax: int, d_ks, d_offsets, ids=None, block: int | None = None):
-    """Enqueue the merge of per-block top-k lists into each request's exact top-k.
+class TopKWorkspace:
+    """Device buffers for one top-K launch shape, reused across calls.
 
-    Args: device ``cand_s float32[batch, lists * kmax]`` and ``cand_i int32[...]`` (each list sorted
-    best first, slots local to the request's slice, -1 pads; entries past a request's k ignored),
-    ``d_ks int64[batch]``, ``d_offsets int64[batch + 1]``, ``ids`` (device int64, global) or None.
+    Per call, the launch path then neither allocates nor copies host data to the device (both can
+    stall the stream, and a serving system keeps such buffers anyway): counters are zeroed by a
+    kernel. ``offsets`` (host int64 ``[batch + 1]``) and ``ks`` (host int64 ``[batch]``) are uploaded
+    once; ``lists`` is the number of per-block lists per request.
+    """
+
+    def __init__(self, offsets, ks, lists: int):
+        cuda = launch.cuda()
+        self.offsets_host = np.asarray(offsets, np.int64)
+        self.ks_host = np.asarray(ks, np.int64)
+        self.batch, self.kmax, self.lists = len(self.ks_host), int(self.ks_host.max()), int(lists)
+        b, m, kmax = self.batch, self.lists * self.kmax, self.kmax
+        self.offsets = cuda.to_device(self.offsets_host)
+        self.ks = cuda.to_device(self.ks_host)
+        self.no_seeds = cuda.to_device(np.full(b, -np.inf, np.float32))
+        self.cand_s = cuda.device_array((b, m), np.float32)
+        self.cand_i = cuda.device_array((b, m), np.int32)
+        self.counts = cuda.device_array((b, 2), np.int64)
+        self.bound_s = cuda.device_array(b, np.float32)
+        self.bound_i = cuda.device_array(b, np.int32)
+        self.buf_s = cuda.device_array((b, m), np.float32)
+        self.buf_i = cuda.device_array((b, m), np.int32)
+        self.fill = cuda.device_array(b, np.int64)
+        self.out_s = cuda.device_array((b, kmax), np.float32)
+        self.out_slot = cuda.device_array((b, kmax), np.int32)
+        self.out_id = cuda.device_array((b, kmax), np.int64)
+
+    def reset(self) -> None:
+        from .kernels.topk import reset_kernel
+
+        reset_kernel()[(1, self.batch), 32](self.counts, self.fill)
+
+
+def launch_merge_lists(ws: TopKWorkspace, ids=None, block: int | None = None):
+    """Enqueue the merge of the workspace's per-block top-k lists (``ws.cand_s/cand_i``: each list
+    sorted best first, slots local to the request's slice, -1 pads; entries past a request's k
+    ignored) into each request's exact top-k, in ``ws.out_id`` / ``ws.out_s``.
 
     Steps: bound (the best of the lists' k-th keys, a lower bound of the answer's k-th), select (the
     entries at or above it into a compact buffer), final (one block's exact top-k of the buffer).
-
-    Returns:
-        Device ``(ids int64[batch, kmax], scores float32[batch, kmax])``.
+    ``ids``: device int64 (global) tie-break and output ids, or None (slots).
     """
-    from .kernels.topk import NEG_INF, bound_kernel, buffer_capacity, final_kernel, select_kernel
+    from .kernels.topk import bound_kernel, buffer_capacity, final_kernel, select_kernel
 
-    cuda = launch.cuda()
     block = block or launch.default_block()
-    batch = cand_s.shape[0]
-    m = lists * kmax
+    batch, m = ws.batch, ws.lists * ws.kmax
     has_ids = ids is not None
     ids_arg = ids if has_ids else launch.dummy(np.int64)
-    bound_s = cuda.device_array(batch, np.float32)
-    bound_i = cuda.device_array(batch, np.int32)
-    bound_kernel(block, has_ids)[(1, batch), block](cand_s, cand_i, lists, kmax, d_ks, d_offsets, ids_arg,
-                                                    bound_s, bound_i)
-    buf_s = cuda.device_array((batch, m), np.float32)
-    buf_i = cuda.device_array((batch, m), np.int32)
-    fill = cuda.to_device(np.zeros(batch, np.int64))
+    bound_kernel(block, has_ids)[(1, batch), block](ws.cand_s, ws.cand_i, ws.lists, ws.kmax, ws.ks, ws.offsets,
+                                                    ids_arg, ws.bound_s, ws.bound_i)
     grid = max(1, min(-(-m // block), 64))
-    select_kernel(has_ids)[(grid, batch), block](cand_s, cand_i, m, kmax, d_ks, d_offsets, ids_arg,
-                                                 bound_s, bound_i, buf_s, buf_i, fill)
-    out_s = cuda.device_array((batch, kmax), np.float32)
-    out_slot = cuda.device_array((batch, kmax), np.int32)
-    out_id = cuda.device_array((batch, kmax), np.int64)
-    final_kernel(buffer_capacity(kmax, block), block, has_ids)[(1, batch), block](
-        buf_s, buf_i, fill, d_offsets, ids_arg, d_ks, out_s, out_slot, out_id)
-    return out_id, out_s
+    select_kernel(has_ids)[(grid, batch), block](ws.cand_s, ws.cand_i, m, ws.kmax, ws.ks, ws.offsets, ids_arg,
+                                                 ws.bound_s, ws.bound_i, ws.buf_s, ws.buf_i, ws.fill)
+    final_kernel(buffer_capacity(ws.kmax, block), block, has_ids)[(1, batch), block](
+        ws.buf_s, ws.buf_i, ws.fill, ws.offsets, ids_arg, ws.ks, ws.out_s, ws.out_slot, ws.out_id)
 
 
-def launch_topk_batch(d_scores, offsets: np.ndarray, ks: np.ndarray, elig=None, d_ids=None, seeds=None,
-                      block: int | None = None):
-    """Enqueue the batched block top-K (no validation, no host copies).
+def scan_lists(offsets, ks, block: int | None = None) -> int:
+    """Per-block lists (blocks per request) the scan uses for this shape."""
+    block = block or launch.default_block()
+    sizes = np.diff(np.asarray(offsets, np.int64))
+    return _blocks_per_request(int(sizes.max()) if sizes.size else 1, len(ks), block, int(np.max(ks)))
+
+
+def launch_topk_batch(d_scores, ws: TopKWorkspace, elig=None, d_ids=None, seeds=None, block: int | None = None):
+    """Enqueue the batched block top-K into a workspace (no validation, no allocation, no host copy).
 
     Args:
-        d_scores: device ``float32[total]``; ``offsets`` host int64 ``[batch + 1]`` (request r owns
-            ``scores[offsets[r]:offsets[r+1]]``); ``ks`` host int64 ``[batch]``;
+        d_scores: device ``float32[total]``; request r owns ``scores[offsets[r]:offsets[r+1]]`` of
+            ``ws`` (build it with ``TopKWorkspace(offsets, ks, scan_lists(offsets, ks))``);
         elig: device ``uint64[batch, words]`` per-request bitsets over their slices, or None;
         d_ids: device int64 ``[total]`` ids, or None (ids = positions within the slice);
         seeds: device float32 ``[batch]`` seed thresholds (-inf: none), or None.
 
-    Returns:
-        Device ``(ids int64[batch, kmax], scores float32[batch, kmax], counts int64[batch, 2])``;
-        ``counts[r] = (eligible non-NaN scores, those >= seed)``.
+    Results in ``ws.out_id [batch, kmax]``, ``ws.out_s``, ``ws.counts [batch, 2]`` (eligible
+    non-NaN scores; those >= seed).
     """
     from .kernels.topk import SCAN_ITEMS, buffer_capacity, scan_kernel
 
-    cuda = launch.cuda()
     block = block or launch.default_block()
-    batch = len(ks)
-    kmax = int(np.max(ks))
-    d_offsets = cuda.to_device(np.asarray(offsets, np.int64))
-    d_ks = cuda.to_device(np.asarray(ks, np.int64))
-    if seeds is None:
-        seeds = cuda.to_device(np.full(batch, -np.inf, np.float32))
-    sizes = np.diff(offsets)
-    bpr = _blocks_per_request(int(sizes.max()) if batch else 1, batch, block)
-    cand_s = cuda.device_array((batch, bpr * kmax), np.float32)
-    cand_i = cuda.device_array((batch, bpr * kmax), np.int32)
-    counts = cuda.to_device(np.zeros((batch, 2), np.int64))
-    kern = scan_kernel(buffer_capacity(kmax, block, SCAN_ITEMS), block, elig is not None, d_ids is not None)
-    kern[(bpr, batch), block](d_scores, d_offsets, elig if elig is not None else launch.dummy2d(np.uint64),
-                              d_ids if d_ids is not None else launch.dummy(np.int64), d_ks, kmax, seeds,
-                              cand_s, cand_i, counts)
-    ids, scores = launch_merge_lists(cand_s, cand_i, bpr, kmax, d_ks, d_offsets, d_ids, block)
-    return ids, scores, counts
+    ws.reset()
+    kern = scan_kernel(buffer_capacity(ws.kmax, block, SCAN_ITEMS), block, elig is not None, d_ids is not None)
+    kern[(ws.lists, ws.batch), block](d_scores, ws.offsets, elig if elig is not None else launch.dummy2d(np.uint64),
+                                      d_ids if d_ids is not None else launch.dummy(np.int64), ws.ks, ws.kmax,
+                                      seeds if seeds is not None else ws.no_seeds, ws.cand_s, ws.cand_i, ws.counts)
+    launch_merge_lists(ws, d_ids, block)
 
 
 #: Single requests at least this large get a seed threshold from a sample.
-SEED_MIN_N = 1 << 21
-SAMPLE_CHUNKS, SAMPLE_CHUNK = 1024, 256
+SEED_MIN_N = 1 << 16
+SAMPLE_CHUNK = 256
+MAX_SAMPLE_CHUNKS = 1024
 SEED_MARGIN = 4  # aim for ~4k scores at or above the seed
 
 
-def launch_seed(d_scores, n: int, k: int, block: int | None = None):
-    """Enqueue a seed threshold for a single request's top-k: the r-th best of a sample of
-    ``SAMPLE_CHUNKS`` contiguous chunks spread over the array, with ``r`` such that about
-    ``SEED_MARGIN * k`` scores of the whole array reach it. Returns device ``float32[1]`` (-inf when
-    the sample is too small to say)."""
+class SeedWorkspace:
+    """Buffers for :func:`launch_seed` on arrays of n scores and top-k (None when not worth it):
+    a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (about n/8, at most
+    MAX_SAMPLE_CHUNKS runs) and the workspace of its top-r."""
+
+    @classmethod
+    def make(cls, n: int, k: int):
+        chunks = int(min(MAX_SAMPLE_CHUNKS, n // 8 // SAMPLE_CHUNK))
+        m = chunks * SAMPLE_CHUNK
+        r = int(np.ceil(SEED_MARGIN * k * m / n)) if n else 0
+        if n < SEED_MIN_N or chunks < 2 or r < 8 or r > min(MAX_K, m // 4):
+            return None
+        self = cls()
+        cuda = launch.cuda()
+        self.r, self.m, self.chunks = r, m, chunks
+        self.sample = cuda.device_array(m, np.float32)
+        self.seed = cuda.device_array(1, np.float32)
+        offsets, ks = np.array([0, m], np.int64), np.array([r], np.int64)
+        self.ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+        return self
+
+
+def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None):
+    """Enqueue a seed threshold for one request's top-k: the r-th best of a sample of contiguous
+    chunks spread over the array, with r such that about ``SEED_MARGIN * k`` scores of the whole
+    array reach it. Returns device ``float32[1]``."""
     from .kernels.topk import sample_chunks_kernel
 
-    cuda = launch.cuda()
-    block = block or launch.default_block()
-    m = SAMPLE_CHUNKS * SAMPLE_CHUNK
-    r = int(np.ceil(SEED_MARGIN * k * m / n))
-    seed = cuda.to_device(np.full(1, -np.inf, np.float32))
-    if n < 2 * m or r > MAX_K or r < 8:
-        return seed
-    sample = cuda.device_array(m, np.float32)
-    sample_chunks_kernel()[SAMPLE_CHUNKS, SAMPLE_CHUNK](d_scores, n, sample)
-    _, top_s, _ = launch_topk_batch(sample, np.array([0, m]), np.array([r]), block=block)
-    seed.copy_to_device(top_s[0, r - 1:r])
-    return seed
+    sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample)
+    launch_topk_batch(sws.sample, sws.ws, block=block)
+    sws.seed.copy_to_device(sws.ws.out_s[0, sws.r - 1:sws.r])
+    return sws.seed
 
 
-def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None, seed=None):
-    """Enqueue block top-K over one device score array (no validation, no host copies).
-
-    ``seed``: a device float32[1] seed threshold (see :func:`launch_seed`) or None.
+def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None,
+                seeded: bool = False, ws: TopKWorkspace | None = None, sws: SeedWorkspace | None = None):
+    """Enqueue block top-K over one device score array (no validation, no host copies when the
+    workspaces are given).
 
     Returns:
-        Device ``(ids int64[k], scores float32[k], counts int64[2])`` (counts: eligible non-NaN
-        scores, and those >= seed).
+        ``ws`` (results in ``ws.out_id[0]``, ``ws.out_s[0]``, ``ws.counts[0]``), and the seed
+        workspace used (None when unseeded).
     """
+    offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
+    ws = ws or TopKWorkspace(offsets, ks, scan_lists(offsets, ks, block))
+    seeds = None
+    if seeded and elig is None:
+        sws = sws or SeedWorkspace.make(n, k)
+        if sws is not None:
+            seeds = launch_seed(d_scores, n, sws, block)
+    else:
+        sws = None
     elig2 = None if elig is None else elig.reshape(1, elig.shape[0])
-    ids, scores, counts = launch_topk_batch(d_scores, np.array([0, n], np.int64), np.array([k], np.int64),
-                                            elig2, d_ids, seed, block)
-    return ids[0], scores[0], counts[0]
+    launch_topk_batch(d_scores, ws, elig2, d_ids, seeds, block)
+    return ws, sws
 
 
 def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = None, seeded: bool = True) -> TopK:
@@ -210,11 +251,10 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     elig = None if eligible is None else eligible_bitset(eligible, n)
     d_ids = None if ids is None else launch.to_device(ids)
     d_scores = launch.to_device(scores)
-    seed = launch_seed(d_scores, n, k, block) if (seeded and elig is None and n >= SEED_MIN_N) else None
-    out_ids, out_scores, counts = launch_topk(d_scores, n, k, elig, d_ids, block, seed)
-    c = counts.copy_to_host()
-    if seed is not None and c[1] < min(k, c[0]):
+    ws, sws = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=seeded)
+    c = ws.counts.copy_to_host()[0]
+    if sws is not None and c[1] < min(k, c[0]):
         # the seed was above the k-th score: exactness needs the unseeded pass
-        out_ids, out_scores, counts = launch_topk(d_scores, n, k, elig, d_ids, block, None)
-        c = counts.copy_to_host()
-    return TopK(ids=out_ids.copy_to_host(), scores=out_scores.copy_to_host(), count=int(c[0]))
+        ws, _ = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=False, ws=ws)
+        c = ws.counts.copy_to_host()[0]
+    return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(), count=int(c[0]))

@@ -67,8 +67,10 @@ class PerOpBuffers:
         self.score = cuda.device_array(n, np.float32)
 
 
-def launch_per_op(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PerOpBuffers, block: int | None = None):
-    """Enqueue the per-op pipeline over the whole pool; returns device ``(ids, scores, count)``."""
+def launch_per_op(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PerOpBuffers, block: int | None = None,
+                  ws=None):
+    """Enqueue the per-op pipeline over the whole pool; returns the top-K workspace (results in
+    ``ws.out_id[0]``, ``ws.out_s[0]``, ``ws.counts[0]``)."""
     from .kernels import unfused as U
 
     r = dreq.request
@@ -81,7 +83,7 @@ def launch_per_op(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PerOp
     U.choose_kernel(E, K)[grid, block](bufs.logits, n, bufs.chosen, bufs.weight)
     U.values_kernel(d, K)[grid, block](bufs.h, V, bufs.chosen, n, bufs.val)
     U.combine_kernel(K)[grid, block](bufs.weight, bufs.val, table.bias, n, bufs.score)
-    return launch_topk(bufs.score, n, k, None, table.ad_ids, block)
+    return launch_topk(bufs.score, n, k, None, table.ad_ids, block, ws=ws)[0]
 
 
 class PreFusionBuffers:
@@ -99,15 +101,15 @@ class PreFusionBuffers:
 
 
 def launch_pre_fusion(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PreFusionBuffers, m: int,
-                      elig=None, cand=None, block: int | None = None):
+                      elig=None, cand=None, block: int | None = None, ws=None):
     """Enqueue gather -> model (scores to memory) -> top-K over ``m`` candidates given as a slot
-    list ``cand`` or an eligible bitset ``elig`` (compacted into a list first). Returns device
-    ``(ids, scores, count)``; ids are the table's ad ids."""
+    list ``cand`` or an eligible bitset ``elig`` (compacted into a list first; ``m`` must be its
+    count). Returns the top-K workspace; ids are the table's ad ids."""
     from .kernels import unfused as U
 
     block = block or launch.default_block()
     if elig is not None:
-        bufs.count.copy_to_device(np.zeros(1, np.int64))
+        U.zero_kernel()[1, 1](bufs.count)
         U.bitset_to_slots_kernel()[launch.grid_for(elig.shape[0], block), block](elig, bufs.slots, bufs.count)
         cand = bufs.slots
     grid = launch.grid_for(m * bufs.words.shape[1], block)
@@ -115,4 +117,4 @@ def launch_pre_fusion(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: P
     U.gather_ids_kernel()[launch.grid_for(max(m, 1), block), block](table.ad_ids, cand, m, bufs.ids)
     compact = DeviceAdTable.from_device(bufs.emb[:m], bufs.bias[:m], table.dtype, "rows", ad_ids=bufs.ids[:m])
     launch_score(dreq, compact, "pool", None, None, m, bufs.scores[:m], DEFAULT_CONFIG)
-    return launch_topk(bufs.scores[:m], m, k, None, compact.ad_ids, block)
+    return launch_topk(bufs.scores[:m], m, k, None, compact.ad_ids, block, ws=ws)[0]

@@ -122,8 +122,9 @@ def batch_cases(draw):
 def test_batched_topk_matches_oracle_per_request(case):
     scores, offsets, ks, elig, masks, ids = case
     d_elig = None if elig is None else launch.to_device(elig)
-    out_ids, out_s, counts = T.launch_topk_batch(launch.to_device(scores), offsets, ks, d_elig, launch.to_device(ids))
-    out_ids, out_s, counts = out_ids.copy_to_host(), out_s.copy_to_host(), counts.copy_to_host()
+    ws = T.TopKWorkspace(offsets, ks, T.scan_lists(offsets, ks))
+    T.launch_topk_batch(launch.to_device(scores), ws, d_elig, launch.to_device(ids))
+    out_ids, out_s, counts = ws.out_id.copy_to_host(), ws.out_s.copy_to_host(), ws.counts.copy_to_host()
     for r in range(len(ks)):
         lo, hi = offsets[r], offsets[r + 1]
         want = oracle.topk(scores[lo:hi], int(ks[r]), ids=ids[lo:hi], eligible=None if masks is None else masks[r])
@@ -135,7 +136,7 @@ def test_batched_topk_matches_oracle_per_request(case):
 
 @pytest.mark.parametrize("layout", ["random", "top_in_sample"])
 def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
-    monkeypatch.setattr(T, "SAMPLE_CHUNKS", 8)
+    monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
     monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
     monkeypatch.setattr(T, "SEED_MIN_N", 1024)
     rng = np.random.default_rng(5)
@@ -146,7 +147,9 @@ def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
         for j in range(8):
             off = j * (n - 32) // 7
             scores[off: off + 32] += 100.0
-    seed = T.launch_seed(launch.to_device(scores), n, k).copy_to_host()[0]
+    sws = T.SeedWorkspace.make(n, k)
+    assert sws is not None
+    seed = T.launch_seed(launch.to_device(scores), n, sws).copy_to_host()[0]
     assert np.isfinite(seed)
     got = T.topk_scores(scores, k)
     want = oracle.topk(scores, k)

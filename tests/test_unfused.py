@@ -20,9 +20,10 @@ def test_per_op_pipeline_matches_oracle(rng, dtype, layout):
     table = AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype=dtype,
                                ad_ids=rng.permutation(1000)[:n])
     dt = DeviceAdTable(table, layout)
-    ids, scores, count = launch_per_op(DeviceRequest.of(req), dt, k, PerOpBuffers(n, d, E, K))
-    assert int(count.copy_to_host()[0]) == n
-    check_topk_against_float64(ids.copy_to_host(), scores.copy_to_host(), oracle.score(req, table), table.ad_ids, k)
+    ws = launch_per_op(DeviceRequest.of(req), dt, k, PerOpBuffers(n, d, E, K))
+    assert int(ws.counts.copy_to_host()[0, 0]) == n
+    check_topk_against_float64(ws.out_id[0].copy_to_host(), ws.out_s[0].copy_to_host(), oracle.score(req, table),
+                               table.ad_ids, k)
 
 
 @pytest.mark.parametrize("mode", ["bitset", "candidates"])
@@ -43,8 +44,8 @@ def test_pre_fusion_pipeline_equals_fused(rng, mode):
         out = launch_pre_fusion(DeviceRequest.of(req), dt, k, bufs, m,
                                 cand=launch.to_device(np.flatnonzero(mask).astype(np.int32)))
     fused = score_topk(req, dt, k, eligible=mask)
-    np.testing.assert_array_equal(out[0].copy_to_host(), fused.ids)
-    np.testing.assert_array_equal(out[1].copy_to_host(), fused.scores)
+    np.testing.assert_array_equal(out.out_id[0].copy_to_host(), fused.ids)
+    np.testing.assert_array_equal(out.out_s[0].copy_to_host(), fused.scores)
 
 
 def test_byte_budgets():

@@ -396,3 +396,19 @@ def sample_chunks_kernel():
         sample[j * chunk + cuda.threadIdx.x] = scores[off + cuda.threadIdx.x]
 
     return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def reset_kernel():
+    """Launch ``[(1, batch), 32]``: zero ``counts[r, :]`` and ``fill[r]`` (workspace reuse)."""
+
+    @cuda.jit
+    def kernel(counts, fill):
+        r = cuda.blockIdx.y
+        t = cuda.threadIdx.x
+        if t < counts.shape[1]:
+            counts[r, t] = 0
+        if t == 0:
+            fill[r] = 0
+
+    return kernel

@@ -188,3 +188,15 @@ def gather_ids_kernel():
             out[i] = ad_ids[cand[i]]
 
     return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def zero_kernel():
+    """``a int64[n]``: a[:] = 0 (launch [1, 1] for tiny counters)."""
+
+    @cuda.jit
+    def kernel(a):
+        for i in range(a.shape[0]):
+            a[i] = 0
+
+    return kernel
