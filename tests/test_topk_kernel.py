@@ -145,7 +145,7 @@ def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
     if layout == "top_in_sample":
         # the highest scores sit exactly in the sampled chunks: the seed lands above the k-th score
         for j in range(8):
-            off = j * (n - 32) // 7
+            off = (2 * j + 1) * n // 16 - 16
             scores[off: off + 32] += 100.0
     sws = T.SeedWorkspace.make(n, k)
     assert sws is not None

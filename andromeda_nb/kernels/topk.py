@@ -52,7 +52,6 @@ def block_topk(cap: int, block: int, has_ids: bool, items: int = 1) -> BlockTopK
     argument, so every k of one capacity bucket shares the compiled code. ``C`` is the size the
     kernel must give ``cuda.shared.array``."""
     C = cap
-    HALF = C // 2
     SLACK = block * items
 
     @cuda.jit(device=True, inline=True)
@@ -69,16 +68,19 @@ def block_topk(cap: int, block: int, has_ids: bool, items: int = 1) -> BlockTopK
         return i1 < i2
 
     @cuda.jit(device=True)
-    def sort_desc(bs, bi, ids):
-        """Bitonic sort of the C entries, best first. Whole block, ends synchronised."""
+    def sort_desc(bs, bi, ids, P):
+        """Bitonic sort of the first P entries (P a power of two), best first. Whole block, ends
+        synchronised. Pair indices use bit operations (stride is a power of two; a division per
+        compare-exchange cost more than the compare-exchange)."""
         tid = cuda.threadIdx.x
+        half = P // 2
         size = 2
-        while size <= C:
+        while size <= P:
             stride = size // 2
             while stride > 0:
                 t = tid
-                while t < HALF:
-                    i = 2 * stride * (t // stride) + (t % stride)
+                while t < half:
+                    i = ((t & ~(stride - 1)) << 1) | (t & (stride - 1))
                     j = i + stride
                     best_first = (i & size) == 0
                     if better(bs[j], bi[j], bs[i], bi[i], ids) == best_first:
@@ -95,16 +97,20 @@ def block_topk(cap: int, block: int, has_ids: bool, items: int = 1) -> BlockTopK
 
     @cuda.jit(device=True)
     def compact(bs, bi, st, thr_s, thr_i, ids, k):
-        """Sort, keep the best k, raise the threshold. Whole block; entered synchronised."""
+        """Sort the live entries, keep the best k, raise the threshold. Whole block; entered
+        synchronised. Only the live prefix (the next power of two) is sorted."""
         tid = cuda.threadIdx.x
         count = st[0]
+        P = 2
+        while P < count:
+            P *= 2
         t = count + tid
-        while t < C:
+        while t < P:
             bs[t] = -math.inf
             bi[t] = -1
             t += block
         cuda.syncthreads()
-        sort_desc(bs, bi, ids)
+        sort_desc(bs, bi, ids, P)
         if tid == 0:
             keep = min(count, k)
             st[0] = keep
@@ -383,16 +389,16 @@ def final_kernel(cap: int, block: int, has_ids: bool):
 
 @functools.lru_cache(maxsize=None)
 def sample_chunks_kernel():
-    """Launch ``[chunks, chunk]``: block j copies ``chunk`` contiguous scores starting at
-    ``j * (n - chunk) // (chunks - 1)`` into ``sample[j * chunk:]`` (a spread of contiguous chunks:
-    a few sectors each, representative even of sorted input)."""
+    """Launch ``[chunks, chunk]``: block j copies ``chunk`` contiguous scores centred in the j-th of
+    ``chunks`` equal strata into ``sample[j * chunk:]`` (contiguous runs: a few sectors each;
+    stratified, so sorted input is sampled across its range rather than at its extremes)."""
 
     @cuda.jit
     def kernel(scores, n, sample):
         j = cuda.blockIdx.x
         chunks = cuda.gridDim.x
         chunk = cuda.blockDim.x
-        off = j * (n - chunk) // max(chunks - 1, 1)
+        off = (2 * j + 1) * n // (2 * chunks) - chunk // 2
         sample[j * chunk + cuda.threadIdx.x] = scores[off + cuda.threadIdx.x]
 
     return kernel
