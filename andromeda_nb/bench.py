@@ -255,7 +255,17 @@ def write_rows(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
+_sink: Path | None = None  # the CSV rows are appended to as they are printed (a cut-off run keeps them)
+
+
 def print_rows(rows: list[dict]) -> None:
+    if _sink is not None:
+        new = not _sink.exists()
+        with _sink.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=SCHEMA + EXTRA, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            w.writerows(rows)
     cols = ["variant", "dtype", "layout", "d", "experts", "k_experts", "access", "eligible_fraction", "k",
             "items_per_s", "achieved_TBps", "fraction_of_read_ceiling", "verified"]
     print(" | ".join(cols))
@@ -304,9 +314,16 @@ def main(argv=None) -> int:
     ceil = measure_ceilings(reps=args.reps)
     print(f"ceilings: read {ceil.read_TBps:.3f} TB/s, copy {ceil.copy_TBps:.3f} TB/s, "
           f"numba 8B read {ceil.numba_read_TBps:.3f} TB/s ({time.time() - t0:.1f}s)")
-    rows = ceiling_rows(env, ceil, args.suite)
-    rows += suite_function(args.suite)(env, ceil, args)
+    global _sink
     path = Path(args.out) / f"{args.name or args.suite}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink()
+    _sink = path
+    rows = ceiling_rows(env, ceil, args.suite)
+    print_rows(rows)
+    rows += suite_function(args.suite)(env, ceil, args)
+    _sink = None
     write_rows(rows, path)
     print_rows(rows)
     print(f"wrote {len(rows)} rows to {path} in {time.time() - t0:.0f}s")
