@@ -331,4 +331,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run through the package module, so the suites (which import andromeda_nb.bench) share its state
+    from andromeda_nb.bench import main as _main
+
+    sys.exit(_main())
