@@ -25,14 +25,17 @@ class KernelConfig:
         values: ``"chosen"`` (value dots of the K chosen experts only, h kept in registers) or
             ``"all"`` (all E value dots in one streaming pass; fewer registers, more FMAs).
         block: threads per block (None: 256 on a GPU, 32 in the simulator).
-        max_registers: register cap per thread (None: the compiler's choice).
+        max_registers: register cap per thread (None: the compiler's choice; 128 measured best on
+            the H200, data/results/scoring.csv).
+        items: ads each thread scores between two block top-K barrier pairs (fused path).
         blocks_per_sm: grid size of the grid-stride loop, in blocks per SM.
         naive: use the first loop-based kernel (kernels/score.py) instead of the generated one.
     """
 
     values: str = "chosen"
     block: int | None = None
-    max_registers: int | None = None
+    max_registers: int | None = 128
+    items: int = 4
     blocks_per_sm: int = launch.GPU_BLOCKS_PER_SM
     naive: bool = False
 
@@ -220,8 +223,8 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
     from .kernels.topk import buffer_capacity
 
     block = config.threads()
-    cap = buffer_capacity(topk_k, block) if topk_k else 0
     if config.naive:
+        cap = buffer_capacity(topk_k, block) if topk_k else 0
         if dreq.model != "gated":
             raise ValueError("the naive kernel implements the gated model only")
         from .kernels.score import gated_score_kernel
@@ -230,8 +233,9 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
                                   block, cap, topk_k > 0)
     from .kernels.fused import fused_kernel
 
+    cap = buffer_capacity(topk_k, block, config.items) if topk_k else 0
     return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
-                        block, cap, True, config.values, config.max_registers)
+                        block, cap, True, config.values, config.max_registers, config.items if topk_k else 1)
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):

@@ -69,7 +69,7 @@ def weight_image(model: str, request=None, user=None) -> np.ndarray:
 
 
 def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,
-            block: int, values: str = "chosen") -> str:
+            block: int, values: str = "chosen", items: int = 1) -> str:
     W = PER_WORD[dtype]
     NW = d // W
     size = image_size(model, d, E)
@@ -96,8 +96,16 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit("    topk_init(st, thr_s, thr_i, float32(-math.inf))")
     emit("    mine = 0")
     emit("    zero = float32(0.0)")
-    emit(f"    stride = cuda.gridDim.x * {block}")
-    emit(f"    for base in range(cuda.blockIdx.x * {block}, n_items, stride):")
+    per_round = block * items if fused else block
+    emit(f"    stride = cuda.gridDim.x * {per_round}")
+    emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, n_items, stride):")
+    if fused:
+        # several ads per thread between two top-K barrier pairs (the barriers, not the scoring,
+        # were a third of the fused kernel's time with one ad per round)
+        emit(f"      for it in range({items}):")
+        emit(f"        base = base0 + it * {block}")
+    else:
+        emit("        base = base0")
     if not fused:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it
         # would hold all of them in registers and spill); the fused loop has barriers instead
@@ -183,7 +191,8 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     if fused:
         emit("        if ok and not math.isnan(s):")
         emit("            mine += 1")
-        emit("        topk_offer(buf_s, buf_i, st, thr_s, thr_i, s, int32(slot), ok, ids, k)")
+        emit("        topk_insert(buf_s, buf_i, st, thr_s, thr_i, s, int32(slot), ok, ids)")
+        emit("      topk_round_end(buf_s, buf_i, st, thr_s, thr_i, ids, k)")
         emit("    cuda.atomic.add(n_ok, 0, mine)")
         emit("    topk_finish(buf_s, buf_i, st, thr_s, thr_i, ids, cand_s, cand_i, cuda.blockIdx.x * k, k)")
         emit("    cuda.syncthreads()")
@@ -198,7 +207,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
 @functools.lru_cache(maxsize=None)
 def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, layout: str, access: str,
                  block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
-                 max_registers: int | None = None):
+                 max_registers: int | None = None, items: int = 1):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -210,6 +219,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             in registers); ``"all"`` computes all E in the streaming pass and selects (more FMAs,
             far fewer live registers).
         max_registers: cap on registers per thread (more resident warps, maybe spills).
+        items: ads each thread scores per top-K round (fused only; the buffer needs
+            ``topk_cap >= k + block * items``).
     """
     if values not in ("chosen", "all"):
         raise ValueError(f"values must be 'chosen' or 'all', got {values!r}")
@@ -217,17 +228,19 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"bad kernel configuration {model, layout, access}")
     if d % PER_WORD[dtype]:
         raise ValueError(f"d={d} must be a multiple of {PER_WORD[dtype]} for {dtype}")
-    src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values)
+    src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items)
     env = {"cuda": cuda, "float32": float32, "int32": int32, "int64": int64, "uint64": uint64,
            "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1)}
     if topk_cap:
-        t = block_topk(topk_cap, block, has_ids)
-        env.update(topk_init=t.init, topk_offer=t.offer, topk_finish=t.finish)
-    name = f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
+        t = block_topk(topk_cap, block, has_ids, items)
+        env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
+    name = f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}_i{items}"
     code = compile(src, f"<{name}>", "exec")
     exec(code, env)
     fn = env["kernel"]
     fn.__name__ = fn.__qualname__ = name
     fn.__source__ = src
-    return cuda.jit(fn, max_registers=max_registers) if max_registers else cuda.jit(fn)
+    if max_registers and not config.ENABLE_CUDASIM:  # the simulator has no register cap
+        return cuda.jit(fn, max_registers=max_registers)
+    return cuda.jit(fn)
