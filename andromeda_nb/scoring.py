@@ -27,7 +27,9 @@ class KernelConfig:
         block: threads per block (None: 256 on a GPU, 32 in the simulator).
         max_registers: register cap per thread (None: the compiler's choice; 128 measured best on
             the H200, data/results/scoring.csv).
-        items: ads each thread scores between two block top-K barrier pairs (fused path).
+        items: ads each thread scores between two block top-K barrier pairs (fused path). 4 measured
+            ~10x slower than 1 on the H200 (data/results/scoring.csv, "items=4" rows): not yet
+            understood (suspected: the unrolled 4-ad body overflows the instruction cache).
         blocks_per_sm: grid size of the grid-stride loop, in blocks per SM.
         naive: use the first loop-based kernel (kernels/score.py) instead of the generated one.
     """
@@ -35,7 +37,7 @@ class KernelConfig:
     values: str = "chosen"
     block: int | None = None
     max_registers: int | None = 128
-    items: int = 4
+    items: int = 1
     blocks_per_sm: int = launch.GPU_BLOCKS_PER_SM
     naive: bool = False
 
