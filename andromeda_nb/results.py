@@ -1,0 +1,64 @@
+"""Read the committed GPU result tables (data/results/<suite>.csv) and draw their standard figures.
+
+Notebooks plot from these tables on machines without a GPU; every figure states the device the
+numbers came from (:func:`provenance`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+NUMERIC = ("n_ads", "d", "experts", "k_experts", "eligible_fraction", "k", "batch", "seconds_median", "seconds_p20",
+           "seconds_p80", "items_per_s", "bytes_per_item", "flops_per_item", "achieved_TBps", "ceiling_read_TBps",
+           "ceiling_copy_TBps", "fraction_of_read_ceiling", "host_seconds_per_call")
+
+
+def load(suite: str, results_dir: str | Path = "data/results") -> pd.DataFrame:
+    """The suite's table with numeric columns as numbers and a boolean ``ok`` (verified passed).
+
+    Raises:
+        FileNotFoundError: no committed table for that suite.
+    """
+    path = Path(results_dir) / f"{suite}.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"no results table {path}; run `python -m andromeda_nb.bench {suite}` on a GPU")
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for col in NUMERIC:
+        if col in df:
+            df[col] = pd.to_numeric(df[col].replace("", np.nan), errors="coerce")
+    df["ok"] = df["verified"].str.startswith("ok")
+    df["regression_flag"] = df.get("notes", "").str.contains("REGRESSION")
+    return df
+
+
+def provenance(df: pd.DataFrame, path: str) -> str:
+    """One line for a figure: device(s), commit(s) and the table the numbers come from."""
+    devices = ", ".join(sorted(set(df["device"]) - {""}))
+    commits = ", ".join(sorted(set(df["commit"]) - {""}))
+    return f"measured on {devices} (commit {commits}); {path}"
+
+
+def ceilings(df: pd.DataFrame) -> dict:
+    """The read and copy ceilings (TB/s) measured in the table's runs (median over runs)."""
+    return {"read": float(df["ceiling_read_TBps"].median()), "copy": float(df["ceiling_copy_TBps"].median())}
+
+
+def roofline(ax, df: pd.DataFrame, label_col: str = "variant", peak_tflops: float = 67.0):
+    """Achieved FLOP/s against arithmetic intensity (FLOPs per byte moved), with the measured read
+    ceiling and the fp32 FMA peak (``peak_tflops``, H100/H200 SXM datasheet: 67 TFLOP/s) as roofs.
+
+    One point per row with both ``flops_per_item`` and ``bytes_per_item``.
+    """
+    rows = df.dropna(subset=["flops_per_item", "bytes_per_item", "items_per_s"])
+    bw = ceilings(df)["read"] * 1e12
+    x = np.logspace(-1, 3, 200)
+    ax.loglog(x, np.minimum(x * bw, peak_tflops * 1e12) / 1e12, color="0.3", lw=1.2, label="roof (read ceiling, fp32 FMA peak)")
+    for name, g in rows.groupby(label_col):
+        ai = g["flops_per_item"] / g["bytes_per_item"]
+        ax.loglog(ai, g["items_per_s"] * g["flops_per_item"] / 1e12, "o", label=name, alpha=0.85)
+    ax.set(xlabel="arithmetic intensity (FLOP / byte moved)", ylabel="achieved TFLOP/s")
+    ax.axvline(peak_tflops * 1e12 / bw, color="0.6", ls=":", lw=1)
+    return ax
