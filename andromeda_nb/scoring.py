@@ -28,8 +28,9 @@ class KernelConfig:
         max_registers: register cap per thread (None: the compiler's choice; 128 measured best on
             the H200, data/results/scoring.csv).
         items: ads each thread scores between two block top-K barrier pairs (fused path). 4 measured
-            ~10x slower than 1 on the H200 (data/results/scoring.csv, "items=4" rows): not yet
-            understood (suspected: the unrolled 4-ad body overflows the instruction cache).
+            ~10x slower than 1 on the H200 (data/results/scoring.csv, "items=4" rows): ptxas gives
+            that kernel 255 registers and a 1.8 KB spill stack (122 registers, no spills at 1) as
+            the compiler overlaps the round's ads; a register cap makes it spill more.
         blocks_per_sm: grid size of the grid-stride loop, in blocks per SM.
         naive: use the first loop-based kernel (kernels/score.py) instead of the generated one.
     """
