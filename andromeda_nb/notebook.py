@@ -157,5 +157,6 @@ def record(name: str, value: Any, metrics_dir: str | os.PathLike | None = None, 
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=2, sort_keys=True, allow_nan=False)
         fh.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; metrics are meant to be read by others
     os.replace(tmp, path)
     return value
