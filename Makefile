@@ -21,7 +21,10 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "andromeda-nb needs Python 3.11 or newer; set PYTHON=/path/to/python3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	# PyTorch (training notebooks) as the CPU build this pin resolves to; a looser pin can pull a
+	# multi-GB CUDA build (a GPU host keeps its own torch)
+	$(PY) -m pip install --quiet 'torch==2.13.0'
+	$(PY) -m pip install --quiet -e '.[test,train]'
 	touch $(STAMP)
 
 clean-build:

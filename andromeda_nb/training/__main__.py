@@ -1,0 +1,57 @@
+"""``python -m andromeda_nb.training``: train and evaluate every model, seed and dataset of issue 6
+(expert count K, precision) and write ``<out>/quality.csv``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def main(argv=None) -> int:
+    from ..quality import DATASETS, PRESETS, refresh_compute, run_all
+
+    ap = argparse.ArgumentParser(prog="python -m andromeda_nb.training", description=__doc__)
+    ap.add_argument("--preset", default="full", choices=sorted(PRESETS))
+    ap.add_argument("--out", default="data/results", help="folder of quality.csv (rows are merged by key)")
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=None)
+    ap.add_argument("--models", nargs="+", default=None, help="a subset of the models (default: all six)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="override TrainConfig fields for every model, e.g. --set steps=10 batch=256")
+    ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    ap.add_argument("--data-dir", default="data/ml-100k")
+    ap.add_argument("--scoring-csv", default="data/results/scoring.csv")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--compute-only", action="store_true",
+                    help="only refresh the compute-per-ad rows (FLOPs, bytes, kernel ads/s from --scoring-csv); no training")
+    args = ap.parse_args(argv)
+    if args.compute_only:
+        path = refresh_compute(args.preset, args.out, datasets=args.datasets, scoring_csv=args.scoring_csv)
+        print(f"compute rows refreshed in {path}")
+        return 0
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    preset = args.preset
+    if args.set:
+        from dataclasses import replace
+
+        from ..quality import Preset  # noqa: F401
+
+        kv = {k: int(v) if v.lstrip("-").isdigit() else float(v) for k, v in (x.split("=", 1) for x in args.set)}
+        p = PRESETS[preset]
+        PRESETS[preset] = replace(p, train={**p.train, **kv}, train_ml={**p.train_ml, **kv},
+                                  ranking={**p.ranking, **kv}, ranking_ml={**p.ranking_ml, **kv})
+    t0 = time.perf_counter()
+    run_all(preset, args.out, datasets=args.datasets, seeds=args.seeds, device=args.device,
+            progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
+            models=args.models)
+    print(f"done in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

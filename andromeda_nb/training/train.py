@@ -1,0 +1,260 @@
+"""Training loop, sampled negatives and export to :class:`~andromeda_nb.Request` /
+:class:`~andromeda_nb.AdTable`.
+
+Negatives: a sampled softmax over shared candidates (Yi et al. 2019, "Sampling-bias-corrected neural
+modeling for large corpus item recommendations"; Yang et al. 2020, "Mixed negative sampling"). A
+batch of B training clicks (drawn uniformly from all clicks, so each click's ad appears with
+probability proportional to its popularity) shares C = B + N candidates: the batch's own positives
+(in-batch negatives for every other row) plus N ads drawn uniformly from the pool. Each candidate's
+logit is corrected by ``- log Q(ad)`` with ``Q(ad) = B * pop(ad) + N / n_ads`` (its expected count
+among the candidates), so the softmax estimates the full softmax over the pool; a candidate that is
+the same ad as the row's positive (an accidental hit) is masked. Loss: cross-entropy of the row's
+positive, plus ``lb_coef`` times the Switch load-balancing term for mixtures with K < E. Adam,
+linear warm-up and cosine decay; seeded (torch, numpy).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..model import AdTable, Request
+from .data import GROUPS, HIST_LEN, InteractionData
+from .models import RankingNet, RetrievalNet, gated_scores
+
+#: The compared models: name -> (experts, k_experts); the ranking model has none.
+MODELS = {
+    "single_tower": (1, 1),
+    "mixture_k1": (6, 1),
+    "mixture_k2": (6, 2),
+    "mixture_k4": (6, 4),
+    "dense_mixture": (6, 6),
+    "ranking": (None, None),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training hyper-parameters (the same for every model of a comparison)."""
+
+    d: int = 64
+    width: int = 64
+    hidden: int = 128
+    steps: int = 2000
+    batch: int = 512
+    negatives: int = 512
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.0
+    lb_coef: float = 0.01
+    grad_clip: float = 5.0
+
+
+def make_net(name: str, data: InteractionData, cfg: TrainConfig):
+    args = (data.n_users, data.n_ads, data.demo_cards, data.ad_cats.shape[1], data.ctx_cards)
+    if name == "ranking":
+        return RankingNet(*args, d=cfg.d, width=cfg.width, hidden=cfg.hidden)
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose from {list(MODELS)}")
+    E, K = MODELS[name]
+    return RetrievalNet(*args, d=cfg.d, experts=E, k_experts=K, width=cfg.width, hidden=cfg.hidden)
+
+
+def _to_torch(batch: dict, device) -> dict:
+    return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+
+
+def _ad_cats(data: InteractionData, device) -> torch.Tensor:
+    cats = np.concatenate([data.ad_cats, np.zeros((1, data.ad_cats.shape[1]), np.float32)])
+    return torch.as_tensor(cats, device=device)
+
+
+class TrainedModel:
+    """A trained model with its data: evaluation forward passes and export.
+
+    Attributes:
+        name, net, data, cfg, seed, device; ``history``: per-step loss (a list of floats);
+        ``seconds``: training wall time.
+    """
+
+    def __init__(self, name, net, data, cfg, seed, device, history=None, seconds=0.0):
+        self.name, self.net, self.data, self.cfg, self.seed = name, net, data, cfg, seed
+        self.device = torch.device(device)
+        self.history = history or []
+        self.seconds = seconds
+        self._cats = _ad_cats(data, self.device)
+
+    @property
+    def is_retrieval(self) -> bool:
+        return isinstance(self.net, RetrievalNet)
+
+    @property
+    def experts(self):
+        return self.net.experts if self.is_retrieval else None
+
+    @property
+    def k_experts(self):
+        return self.net.k_experts if self.is_retrieval else None
+
+    # ---- export -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def request_tensors(self, rows) -> tuple[np.ndarray, ...]:
+        """``(V [n, E, d], G, gamma [n, d], beta)`` float32 of the evaluation requests of ``rows``."""
+        if not self.is_retrieval:
+            raise TypeError("the ranking model is not a retrieval model: it has no Request to export")
+        self.net.eval()
+        b = _to_torch(self.data.batch(np.asarray(rows)), self.device)
+        return tuple(x.float().cpu().numpy() for x in self.net.request(b, self._cats))
+
+    def export_request(self, user_id, k_experts: int | None = None) -> Request:
+        """The user's evaluation request as DESIGN.md's tensors (``k_experts`` default: the
+        trained K)."""
+        V, G, gamma, beta = (x[0] for x in self.request_tensors([self.data.row_of(user_id)]))
+        return Request(V=V, G=G, gamma=gamma, beta=beta, k_experts=k_experts or self.k_experts)
+
+    def ad_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(a [n_ads, d], b [n_ads])`` float32."""
+        return (self.net.ad.weight.detach().float().cpu().numpy().copy(),
+                self.net.ad_bias.detach().float().cpu().numpy().copy())
+
+    def export_table(self, dtype: str = "fp32") -> AdTable:
+        """The ad table (``ad_ids`` = the data's ids, slot order) in a storage dtype."""
+        if not self.is_retrieval:
+            raise TypeError("the ranking model is not a retrieval model: it has no AdTable to export")
+        a, b = self.ad_arrays()
+        return AdTable.from_float(a, b, dtype=dtype, ad_ids=self.data.ad_ids)
+
+    # ---- the model's own forward pass ---------------------------------------------------------
+    @torch.no_grad()
+    def forward_scores(self, rows, chunk_ads: int = 1 << 30, users_per_chunk: int = 8) -> np.ndarray:
+        """``[len(rows), n_ads]`` float32 scores of every ad for the evaluation requests of ``rows``
+        (the torch model's own forward pass, hard top-K)."""
+        self.net.eval()
+        rows = np.asarray(rows, dtype=np.int64)
+        A = self.data.n_ads
+        out = np.empty((rows.size, A), np.float32)
+        per_pair = self.cfg.d * (HIST_LEN + 8) if not self.is_retrieval else self.cfg.d
+        budget = 1e9 if self.device.type == "cuda" else 4e7  # floats per intermediate
+        cap = max(256, int(budget // max(1, users_per_chunk * per_pair)))
+        for s in range(0, rows.size, users_per_chunk):
+            r = rows[s: s + users_per_chunk]
+            b = _to_torch(self.data.batch(r), self.device)
+            state = self.net.user_state(b, self._cats) if not self.is_retrieval else self.net.request(b, self._cats)
+            for c0 in range(0, A, min(cap, chunk_ads)):
+                cand = torch.arange(c0, min(A, c0 + cap), device=self.device)
+                if self.is_retrieval:
+                    V, G, gamma, beta = state
+                    sc = gated_scores(V, G, gamma, beta, self.net.ad(cand), self.net.ad_bias[cand], self.net.k_experts)
+                else:
+                    sc = self.net.score_state(state, cand, self._cats)
+                out[s: s + r.size, c0: c0 + cand.numel()] = sc.float().cpu().numpy()
+        return out
+
+
+def score_exported(V, G, gamma, beta, table: AdTable, k_experts: int, users_per_chunk: int = 8,
+                   device="cpu") -> np.ndarray:
+    """DESIGN.md's score of exported tensors ``V [n, E, d]`` ... over a stored table, in float32
+    torch on the table the kernel reads (dequantized): ``[n, n_ads]``. Equal to the oracle up to
+    fp32 rounding (the oracle is float64); used for full-scale evaluation on a CPU."""
+    A = torch.as_tensor(np.asarray(table.dequantized(), np.float32), device=device)
+    b = torch.as_tensor(table.bias, device=device)
+    n = V.shape[0]
+    out = np.empty((n, table.n_ads), np.float32)
+    with torch.no_grad():
+        for s in range(0, n, users_per_chunk):
+            t = [torch.as_tensor(x[s: s + users_per_chunk], device=device) for x in (V, G, gamma, beta)]
+            out[s: s + t[0].shape[0]] = gated_scores(*t, A, b, k_experts).cpu().numpy()
+    return out
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig(), seed: int = 0,
+                device: str = "auto", progress: bool = True) -> TrainedModel:
+    """Train one model (see the module docstring for the loss and sampling).
+
+    Args:
+        name: a key of :data:`MODELS`.
+        data: :class:`~andromeda_nb.training.data.InteractionData`.
+        cfg: hyper-parameters; seed: seeds torch and numpy; device: ``"auto"``, ``"cpu"``, ``"cuda"``.
+
+    Returns:
+        :class:`TrainedModel`.
+    """
+    dev = pick_device(device)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    net = make_net(name, data, cfg).to(dev)
+    cats = _ad_cats(data, dev)
+    rows_all, t_all = data.events()
+    n_ev = rows_all.size
+    B = min(cfg.batch, n_ev)
+    N = cfg.negatives
+    pop = torch.as_tensor(data.popularity / data.popularity.sum(), dtype=torch.float32, device=dev)
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def lr_at(step):
+        if step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    history = []
+    perm = rng.permutation(n_ev)
+    cursor = 0
+    t0 = time.perf_counter()
+    net.train()
+    bar = tqdm(range(cfg.steps), desc=f"{data.name}/{name}/seed{seed}", disable=not progress, leave=False)
+    for step in bar:
+        if cursor + B > n_ev:
+            perm, cursor = rng.permutation(n_ev), 0
+        idx = perm[cursor: cursor + B]
+        cursor += B
+        batch = _to_torch(data.batch(rows_all[idx], t_all[idx]), dev)
+        pos = torch.as_tensor(data.seq[rows_all[idx], t_all[idx]], device=dev)
+        neg = torch.as_tensor(rng.integers(0, data.n_ads, N), device=dev)
+        cand = torch.cat([pos, neg])
+        logq = torch.log(B * pop[cand] + N / data.n_ads)
+        if isinstance(net, RetrievalNet) and net.experts > 1:
+            s, p, mask = net.score(batch, cand, cats, return_gate=True)
+        else:
+            s, p, mask = net.score(batch, cand, cats), None, None
+        logits = s - logq[None, :]
+        hit = (cand[None, :] == pos[:, None])
+        diag = torch.arange(B, device=dev)
+        hit[diag, diag] = False
+        logits = logits.masked_fill(hit, -1e9)
+        loss = torch.nn.functional.cross_entropy(logits, diag)
+        if p is not None and net.k_experts < net.experts and cfg.lb_coef > 0:
+            f = mask.mean(dim=(0, 1)) / net.k_experts
+            P = p.mean(dim=(0, 1))
+            loss = loss + cfg.lb_coef * net.experts * (f * P).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        history.append(float(loss.detach()))
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{np.mean(history[-50:]):.3f}")
+    net.eval()
+    return TrainedModel(name, net, data, cfg, seed, dev, history, time.perf_counter() - t0)
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    return asdict(cfg)
+
+
+def with_overrides(cfg: TrainConfig, **kw) -> TrainConfig:
+    return replace(cfg, **{k: v for k, v in kw.items() if v is not None})
