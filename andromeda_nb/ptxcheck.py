@@ -87,7 +87,22 @@ def variants():
     out.append(("topk select", T.select_kernel(True),
                 (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32), A(f32, 2), A(i32, 2), A(i64))))
     out.append(("topk sample", T.sample_chunks_kernel(), (A(f32), i64, A(f32))))
-    out.append(("match", M.match_kernel(256), (A(u64, 2), A(i32), A(i32), A(i32), A(i32), A(u64), A(i64))))
+    # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the
+    # update kernel per list-pool dtype (int32 below 2^31 slots, int64 beyond), compaction per output dtype
+    for blk in (256, 512):
+        for U in (1, 2, 4, 8):
+            out.append((f"match b{blk} U{U}", M.match_kernel(blk, U),
+                        (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), A(i64))))
+    for pool_t in (i32, i64):
+        out.append((f"match prep pool {pool_t}", M.prep_kernel(),
+                    (A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(u64, 2), i64)))
+        out.append((f"match post pool {pool_t}", M.post_kernel(256),
+                    (A(u64, 2), A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), i64)))
+        out.append((f"match apply pool {pool_t}", M.apply_kernel(), (A(u64, 2), A(pool_t), A(i64), i64, i64, i64)))
+    out.append(("match fill", M.fill_kernel(), (A(u64, 2), u64)))
+    out.append(("match chunk_count", M.chunk_count_kernel(256), (A(u64, 2), i64, i64, i64, A(i64))))
+    for cand_t in (i32, i64):
+        out.append((f"match compact {cand_t}", M.compact_kernel(256), (A(u64, 2), i64, i64, i64, A(i64), A(cand_t), i64)))
     out.append(("clear_bits", M.clear_bits_kernel(), (A(u64), A(i64), A(i64))))
     return out
 

@@ -1,29 +1,49 @@
-"""Bitset targeting match against the rule-set oracle."""
+"""Bitset targeting match (device kernels and the CPU baseline) against the rule-set oracle."""
 
 import numpy as np
 import pytest
 
 from andromeda_nb import oracle
-from andromeda_nb.match import DeviceTargetingIndex, match_eligible
-from andromeda_nb.targeting import (Category, TargetingIndex, TargetingRules, TargetingSchema,
-                                    bits_from_mask, make_profile, mask_from_bits)
+from andromeda_nb.match import (DeviceTargetingIndex, compact, match_batch, match_cpu, match_eligible,
+                                read_model)
+from andromeda_nb.targeting import (Category, TargetingIndex, TargetingRules, TargetingSchema, bits_from_mask,
+                                    make_profile, mask_from_bits)
 
 from .helpers import random_profile, random_rules, random_schema
 
+# (dense_min, exclude_dense_min, group_max): all lists, all rows, mixed, one folded row per category
+LAYOUTS = [(10**9, 10**9, 512), (1, 1, 512), (3, 2, 64), (2, 10**9, 1)]
 
-@pytest.mark.parametrize("n", [1, 63, 64, 65, 127, 128, 200, 1000])
+
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 63, 64, 65, 127, 128, 200, 1000])
 def test_match_equals_oracle(rng, n):
+    dense_min, xmin, gmax = LAYOUTS[n % len(LAYOUTS)]
     rules = random_rules(rng, n)
-    index = DeviceTargetingIndex(TargetingIndex(rules))
-    for _ in range(4):
+    host = TargetingIndex(rules, dense_min=dense_min, exclude_dense_min=xmin, group_max=gmax)
+    index = DeviceTargetingIndex(host)
+    for U in (1, 2, 4):
         prof = random_profile(rng, rules.schema)
         want = oracle.match(rules, make_profile(rules.schema, prof))
-        got = match_eligible(index, prof)
+        got = match_eligible(index, prof, words_per_thread=U)
         words = got.words.copy_to_host()
         np.testing.assert_array_equal(mask_from_bits(words, n), want)
         assert got.count == want.sum()
         if n % 64:
             assert int(words[-1]) >> (n % 64) == 0, "padding bits must never match"
+        cpu_words, cpu_count = match_cpu(host, prof)
+        np.testing.assert_array_equal(cpu_words, words)
+        assert cpu_count == want.sum()
+
+
+def test_every_layout_on_one_pool(rng):
+    rules = random_rules(rng, 300, p_constrain=0.5, p_exclude=0.3)
+    profiles = [random_profile(rng, rules.schema) for _ in range(3)]
+    for dense_min, xmin, gmax in LAYOUTS:
+        index = DeviceTargetingIndex(TargetingIndex(rules, dense_min=dense_min, exclude_dense_min=xmin,
+                                                    group_max=gmax))
+        for prof in profiles:
+            want = oracle.match(rules, make_profile(rules.schema, prof))
+            np.testing.assert_array_equal(match_eligible(index, prof).to_mask(), want)
 
 
 def test_dense_and_empty_extremes(rng):
@@ -33,15 +53,34 @@ def test_dense_and_empty_extremes(rng):
     free = TargetingRules.from_records(schema, [{"ad_id": i, "live": i % 7 != 0} for i in range(n)])
     got = match_eligible(DeviceTargetingIndex(TargetingIndex(free)), {})
     np.testing.assert_array_equal(got.to_mask(), np.arange(n) % 7 != 0)
-    # everybody excludes the user's value: nothing matches
+    # everybody excludes the user's value: nothing matches (as a list, then as a dense row)
     recs = [{"ad_id": i, "exclude": {"interest": [3]}} for i in range(n)]
     none = TargetingRules.from_records(schema, recs)
-    got = match_eligible(DeviceTargetingIndex(TargetingIndex(none)), {"interest": [3, 4]})
-    assert got.count == 0 and not got.to_mask().any()
-    # the user without values for a single-valued category fails that category's includes only
-    recs = [{"ad_id": 0, "include": {"age": [2]}}, {"ad_id": 1, "exclude": {"age": [2]}}, {"ad_id": 2}]
+    for xmin in (None, 1):
+        got = match_eligible(DeviceTargetingIndex(TargetingIndex(none, exclude_dense_min=xmin)), {"interest": [3, 4]})
+        assert got.count == 0 and not got.to_mask().any()
+    # the user without values fails includes only, in folded and split categories
+    recs = [{"ad_id": 0, "include": {"age": [2]}}, {"ad_id": 1, "exclude": {"age": [2]}}, {"ad_id": 2},
+            {"ad_id": 3, "include": {"interest": [1]}}, {"ad_id": 4, "exclude": {"interest": [1]}}]
     r = TargetingRules.from_records(schema, recs)
-    assert match_eligible(DeviceTargetingIndex(TargetingIndex(r)), {}).to_mask().tolist() == [False, True, True]
+    for dm in (1, None):
+        got = match_eligible(DeviceTargetingIndex(TargetingIndex(r, dense_min=dm)), {}).to_mask()
+        assert got.tolist() == [False, True, True, False, True]
+
+
+def test_padding_never_matches_after_not(rng):
+    """Only exclusions (NOT / ANDNOT of sparse rows): the last word's padding stays clear."""
+    schema = random_schema()
+    for n in (1, 33, 65, 100):
+        recs = [{"ad_id": i, "exclude": {"interest": [i % 3], "age": [i % 2]}} for i in range(n)]
+        rules = TargetingRules.from_records(schema, recs)
+        for xmin in (1, None):
+            got = match_eligible(DeviceTargetingIndex(TargetingIndex(rules, exclude_dense_min=xmin)),
+                                 {"interest": [5], "age": 6})
+            words = got.words.copy_to_host()
+            assert got.count == n
+            if n % 64:
+                assert int(words[-1]) >> (n % 64) == 0
 
 
 def test_exclude_slots_clear_bits_and_count(rng):
@@ -59,6 +98,60 @@ def test_exclude_slots_clear_bits_and_count(rng):
         match_eligible(index, prof, exclude_slots=[300])
 
 
+def test_batch_equals_single_requests(rng):
+    rules = random_rules(rng, 250)
+    index = DeviceTargetingIndex(TargetingIndex(rules, dense_min=2))
+    profiles = [random_profile(rng, rules.schema) for _ in range(5)]
+    excl = [None, rng.choice(250, 10, replace=False), None, [0, 1, 2], None]
+    batch = match_batch(index, profiles, exclude_slots=excl)
+    masks = batch.to_masks()
+    for b, prof in enumerate(profiles):
+        single = match_eligible(index, prof, exclude_slots=excl[b])
+        np.testing.assert_array_equal(masks[b], single.to_mask())
+        assert batch.counts[b] == single.count == batch[b].count
+    with pytest.raises(ValueError, match="at least one"):
+        match_batch(index, [])
+
+
+def test_candidates_are_the_eligible_slots(rng):
+    rules = random_rules(rng, 700, p_constrain=0.2)
+    index = DeviceTargetingIndex(TargetingIndex(rules))
+    prof = random_profile(rng, rules.schema)
+    elig = match_eligible(index, prof)
+    want = np.flatnonzero(elig.to_mask())
+    cand = elig.candidates()
+    assert cand.dtype == np.int32
+    np.testing.assert_array_equal(cand.copy_to_host(), want)
+    np.testing.assert_array_equal(elig.candidates(np.int64).copy_to_host(), want)
+    with pytest.raises(ValueError, match="int64"):
+        compact(elig.words, 1 << 32, elig.count, np.int32)
+
+
+def test_plan_groups_folds_live_and_skips_unconstrained():
+    schema = TargetingSchema([Category("a", 3), Category("b", 4), Category("c", 5, multi_valued=True)])
+    recs = [{"ad_id": i, "include": {"b": [i % 4]}} for i in range(100)]
+    rules = TargetingRules.from_records(schema, recs)
+    index = TargetingIndex(rules)
+    plan = index.plan(make_profile(schema, {"a": 1, "b": 2, "c": [1]}))
+    assert plan.categories == ("a+b",)  # one folded group (live folded in); c constrains nothing
+    assert plan.rows_read == 1
+    per_cat = TargetingIndex(rules, group_max=1).plan(make_profile(schema, {"a": 1, "b": 2}))
+    assert per_cat.rows_read == 2 and set(per_cat.categories) == {"a", "b"}  # a: the live carrier
+    assert per_cat.categories[0] == "b"  # most selective first: b passes a quarter of the ads
+
+
+def test_read_model_counts_sectors(rng):
+    schema = TargetingSchema([Category("a", 2), Category("b", 2)])
+    n = 64 * 9  # 9 words: 3 sectors per row (the last one partial)
+    recs = [{"ad_id": i, "include": {"a": [0]} if i < 64 * 4 else {}} for i in range(n)]
+    index = TargetingIndex(TargetingRules.from_records(schema, recs), group_max=1)
+    plan = index.plan(make_profile(schema, {"a": 1, "b": 0}))
+    model = read_model(index, plan)
+    # b (unconstrained: skipped). a = 1: words 0-3 all zero, so the carrier row is read fully
+    assert model["row_sectors"] == 3 and model["write_bytes"] == 8 * 9
+    assert model["bits_per_ad"] == pytest.approx(8 * 96 / n)
+
+
 def test_bitset_roundtrip(rng):
     for n in (0, 1, 63, 64, 65, 1000):
         mask = rng.random(n) < 0.5
@@ -67,10 +160,16 @@ def test_bitset_roundtrip(rng):
         np.testing.assert_array_equal(mask_from_bits(words, n), mask)
 
 
-def test_index_skips_unconstrained_categories_and_orders_by_selectivity(rng):
-    schema = TargetingSchema([Category("a", 3), Category("b", 4), Category("c", 5, multi_valued=True)])
-    recs = [{"ad_id": i, "include": {"b": [i % 4]}} for i in range(100)]
-    index = TargetingIndex(TargetingRules.from_records(schema, recs))
-    plan = index.plan(make_profile(schema, {"a": 1, "b": 2, "c": [1]}))
-    assert plan.n_categories == 1  # only b constrains anything
-    assert plan.rows_read == 2  # live + one folded "allows" row
+def test_stale_device_copy_and_prepared_batch_raise(rng):
+    from andromeda_nb.targeting import UpdateBatch
+
+    rules = random_rules(rng, 50)
+    host = TargetingIndex(rules, capacity=60)
+    dev = DeviceTargetingIndex(host)
+    prep = dev.prepare([{}])
+    other = DeviceTargetingIndex(host)
+    other.apply(UpdateBatch.from_records(rules.schema, [{"op": "create", "ad_id": 10**6}]))
+    with pytest.raises(RuntimeError, match="has not applied"):
+        match_eligible(dev, {})
+    with pytest.raises(RuntimeError, match="prepare it again"):
+        other.launch(prep)

@@ -71,3 +71,81 @@ def test_profiles():
         make_profile(SCHEMA, {"interest": [30]})
     with pytest.raises(RuleError, match="unknown category"):
         make_profile(SCHEMA, {"height": 1})
+
+
+def test_jsonl_roundtrip_and_errors(tmp_path):
+    recs = [{"ad_id": 9, "live": True, "include": {"age": [3, 1]}, "exclude": {"interest": [4]}},
+            {"ad_id": 2, "live": False}]
+    rules = TargetingRules.from_records(SCHEMA, recs)
+    path = tmp_path / "rules.jsonl"
+    rules.to_jsonl(path)
+    again = TargetingRules.from_jsonl(SCHEMA, path)
+    assert again.to_records() == rules.to_records()
+    assert TargetingRules.from_jsonl(SCHEMA, rules.to_jsonl()).to_records() == rules.to_records()
+    with pytest.raises(RuleError, match="line 2: not valid JSON"):
+        TargetingRules.from_jsonl(SCHEMA, '{"ad_id": 1}\n{"ad_id": \n')
+    with pytest.raises(RuleError, match="ad 7.*'age'.*out of range"):
+        TargetingRules.from_jsonl(SCHEMA, '{"ad_id": 7, "include": {"age": [9]}}\n')
+
+
+def test_from_columns_canonical_fast_path_and_sorting():
+    ptr = np.array([0, 2, 2, 5])
+    sorted_vals = np.array([1, 4, 0, 2, 6], np.int32)
+    r = TargetingRules.from_columns(SCHEMA, [1, 2, 3], include={"age": (ptr, sorted_vals)})
+    assert r.include["age"][1] is sorted_vals or np.array_equal(r.include["age"][1], sorted_vals)
+    messy = np.array([4, 1, 6, 6, 0], np.int64)  # unsorted and a duplicate: canonicalised
+    r = TargetingRules.from_columns(SCHEMA, [1, 2, 3], include={"age": (ptr, messy)})
+    assert r.rule(0).include["age"] == {1, 4} and r.rule(2).include["age"] == {0, 6}
+    assert r.include["age"][1].dtype == np.int32 and r.include["age"][0].tolist() == [0, 2, 2, 4]
+    with pytest.raises(RuleError, match="malformed indptr"):
+        TargetingRules.from_columns(SCHEMA, [1, 2, 3], include={"age": (np.array([1, 2, 2, 5]), sorted_vals)})
+    with pytest.raises(RuleError, match="\\(indptr, values\\) pair"):
+        TargetingRules.from_columns(SCHEMA, [1, 2, 3], include={"age": ptr})
+
+
+def test_free_slots_and_subsets():
+    ptr, vals = np.array([0, 1, 1, 1]), np.array([2])
+    r = TargetingRules.from_columns(SCHEMA, [5, -1, 7], np.array([True, False, True]),
+                                    include={"age": (ptr, vals)}, allow_free=True)
+    assert r.rule(1).ad_id == -1 and not r.rule(1).live
+    with pytest.raises(RuleError, match="non-negative"):
+        TargetingRules.from_columns(SCHEMA, [5, -1, 7])
+    with pytest.raises(RuleError, match="free slot.*must not be live"):
+        TargetingRules.from_columns(SCHEMA, [5, -1, 7], allow_free=True)
+    with pytest.raises(RuleError, match="free slot.*constrains"):
+        TargetingRules.from_columns(SCHEMA, [-1, 6, 7], np.array([False, True, True]),
+                                    include={"age": (ptr, vals)}, allow_free=True)
+    sub = r.subset([2, 0])
+    assert sub.ad_ids.tolist() == [7, 5] and sub.rule(1).include == {"age": frozenset({2})}
+    assert r.restrict(["interest"]).rule(0).include == {}
+
+
+def test_update_batch_columns_and_records():
+    from andromeda_nb.targeting import CHANGE, CREATE, RETIRE, UpdateBatch
+
+    recs = [{"op": "create", "ad_id": 3, "include": {"age": [2, 1]}, "exclude": {"interest": [7]}},
+            {"op": "change", "ad_id": 3, "live": False},
+            {"op": "retire", "ad_id": 3}]
+    b = UpdateBatch.from_records(SCHEMA, recs)
+    assert b.ops.tolist() == [CREATE, CHANGE, RETIRE] and len(b) == 3
+    assert b.records()[0] == {"op": "create", "ad_id": 3, "live": True, "include": {"age": [1, 2]},
+                              "exclude": {"interest": [7]}}
+    assert b.records()[1]["live"] is False and b.records()[2] == {"op": "retire", "ad_id": 3}
+    cols = UpdateBatch.from_columns(SCHEMA, ["create", "retire"], [1, 2],
+                                    include={"age": (np.array([0, 1, 1]), np.array([6]))})
+    assert cols.ops.tolist() == [CREATE, RETIRE] and cols.codes.size == 1
+    with pytest.raises(RuleError, match="ad 2: a retire carries no rule"):
+        UpdateBatch.from_columns(SCHEMA, ["create", "retire"], [1, 2],
+                                 include={"age": (np.array([0, 0, 1]), np.array([6]))})
+    with pytest.raises(RuleError, match="ad 2: unknown op"):
+        UpdateBatch.from_columns(SCHEMA, [0, 7], [1, 2])
+    with pytest.raises(RuleError, match="ad -4: ad_id must be non-negative"):
+        UpdateBatch.from_columns(SCHEMA, [0], [-4])
+    assert UpdateBatch.from_jsonl(SCHEMA, '{"op": "retire", "ad_id": 8}\n').ad_ids.tolist() == [8]
+
+
+def test_category_limits():
+    with pytest.raises(ValueError, match="cardinality"):
+        Category("x", 0)
+    with pytest.raises(ValueError, match="cardinality"):
+        Category("x", 1 << 31)

@@ -19,8 +19,10 @@ Conventions:
   :func:`generate_table` agree, so their outputs form one pool); pass ``ad_ids`` to use another id
   space (e.g. a shuffled one).
 - **Determinism.** Every function takes ``seed``; each category (and each block of table rows)
-  draws from its own :class:`numpy.random.SeedSequence` child, so a result depends only on the
-  seed and the arguments that shape it (not on ``chunk``, nor on the other categories' settings).
+  draws from its own stream (:func:`generate_rules`: a counter-based SplitMix64 hash of the seed,
+  the category, the kind and the slot, so ads are drawn in parallel; the others: a
+  :class:`numpy.random.SeedSequence` child), so a result depends only on the seed and the
+  arguments that shape it (not on ``chunk``, nor on the other categories' settings).
 """
 
 from __future__ import annotations
@@ -201,6 +203,11 @@ def generate_rules(
     share a value: the exclude wins, as ``match`` defines). Each ad is live with probability
     ``live_fraction``.
 
+    Speed: the draws come from a counter-based generator (a SplitMix64 hash of the seed, the
+    category, the kind and the ad's slot), so every ad is drawn independently in a Numba-parallel
+    loop on all host cores and the CSR columns are written in place (10^8 ads, 20 categories: a
+    few seconds on 16 cores). A result depends only on the seed and the arguments that shape it.
+
     Args:
         schema: e.g. :func:`benchmark_schema`.
         n_ads: pool size (``>= 0``).
@@ -213,7 +220,7 @@ def generate_rules(
 
     Returns:
         :class:`andromeda_nb.targeting.TargetingRules` (categories no ad constrains are omitted).
-        Memory: about 12 bytes per (ad, value) plus an ``int64[n_ads + 1]`` indptr per constrained
+        Memory: about 4 bytes per (ad, value) plus an ``int64[n_ads + 1]`` indptr per constrained
         (category, kind).
 
     Raises:
@@ -230,25 +237,185 @@ def generate_rules(
     exc_lo, exc_hi = _size_range("exclude_size", exclude_size)
     if not 0.0 <= live_fraction <= 1.0:
         raise ValueError(f"live_fraction must be in [0, 1], got {live_fraction!r}")
+    ids = _ids(ad_ids, n)
+    kern = _hash_kernels()
 
-    def sets(rng, prob, lo, hi, m, a):
-        on = rng.random(n, dtype=np.float32) < prob
-        sizes = np.zeros(n, np.int64)
-        sizes[on] = rng.integers(min(lo, m), min(hi, m) + 1, size=int(on.sum()))
-        return _draw_sets(rng, sizes, m, a)
+    def sets(ci, kind, prob, lo, hi, m, a):
+        key = _hash_key(seed, ci, kind)
+        ptr = np.empty(n + 1, np.int64)
+        ptr[0] = 0
+        kern["sizes"](key, n, float(prob), min(lo, m), min(hi, m), ptr[1:])
+        kern["prefix"](ptr, 1 << 16)
+        if ptr[-1] == 0:
+            return None
+        vals = np.empty(int(ptr[-1]), np.int32)
+        got = np.empty(n, np.int64)
+        cdf = np.cumsum(zipf_pmf(m, a))
+        cdf[-1] = 1.0
+        guide = np.minimum(np.searchsorted(cdf, np.arange(4 * m) / (4 * m), side="right"), m - 1)
+        if kern["fill"](key, n, ptr, cdf, guide, vals, got):  # a duplicate survived every redraw (vanishingly rare)
+            sizes = np.diff(ptr)
+            keep = np.arange(vals.size) - np.repeat(ptr[:-1], sizes) < np.repeat(got, sizes)
+            vals = vals[keep]
+            ptr[1:] = np.cumsum(got)
+        return ptr, vals
 
     include, exclude = {}, {}
     for ci, cat in enumerate(schema):
-        if cp[ci] > 0:
-            ptr, vals = sets(_stream(seed, ci, 0), cp[ci], inc_lo, inc_hi, cat.cardinality, za[ci])
-            if ptr[-1]:
-                include[cat.name] = (ptr, vals)
-        if xp[ci] > 0:
-            ptr, vals = sets(_stream(seed, ci, 1), xp[ci], exc_lo, exc_hi, cat.cardinality, za[ci])
-            if ptr[-1]:
-                exclude[cat.name] = (ptr, vals)
-    live = _stream(seed, C, 2).random(n, dtype=np.float32) < live_fraction
-    return TargetingRules.from_columns(schema, _ids(ad_ids, n), live, include, exclude)
+        for kind, prob, lo, hi, out in ((0, cp[ci], inc_lo, inc_hi, include), (1, xp[ci], exc_lo, exc_hi, exclude)):
+            if prob > 0:
+                col = sets(ci, kind, prob, lo, hi, cat.cardinality, za[ci])
+                if col is not None:
+                    out[cat.name] = col
+    live = np.empty(n, np.bool_)
+    kern["coins"](_hash_key(seed, C, 2), n, float(live_fraction), live)
+    return TargetingRules.from_columns(schema, ids, live, include, exclude)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _hash_key(seed: int, *key: int) -> np.uint64:
+    """The 64-bit stream key of ``(seed, *key)`` for the counter-based generator."""
+    h = _splitmix(int(seed) & _MASK64)
+    for k in key:
+        h = _splitmix(h ^ _splitmix(int(k) & _MASK64))
+    return np.uint64(h)
+
+
+_HASH_KERNELS: dict = {}
+
+
+def _hash_kernels() -> dict:
+    """Numba-compiled (host, parallel) draws of the counter-based generator, compiled on first use.
+
+    Ad ``i`` of stream ``key`` hashes to ``h = splitmix(key + i * golden)``; its ``j``-th uniform
+    is ``splitmix(h + j) >> 11`` scaled to ``[0, 1)``: draw 0 is the coin, draw 1 the set size,
+    draws 2, 3, ... the values (a duplicate is redrawn, up to 32 times per value).
+    """
+    if _HASH_KERNELS:
+        return _HASH_KERNELS
+    from .. import backend
+
+    backend.get_backend()  # Numba reads NUMBA_ENABLE_CUDASIM on first import: fix the backend first
+    from numba import njit, prange, uint64
+
+    golden = uint64(0x9E3779B97F4A7C15)
+    scale = 1.0 / 9007199254740992.0
+
+    @njit(inline="always")
+    def mix(x):
+        x = x + uint64(0x9E3779B97F4A7C15)
+        z = x
+        z = (z ^ (z >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> uint64(27))) * uint64(0x94D049BB133111EB)
+        return z ^ (z >> uint64(31))
+
+    @njit(inline="always")
+    def unif(h, j):
+        return float(mix(h + uint64(j)) >> uint64(11)) * scale
+
+    @njit(parallel=True)
+    def sizes(key, n, prob, lo, hi, out):
+        span = hi - lo + 1
+        for i in prange(n):
+            h = mix(key + uint64(i) * golden)
+            if unif(h, 0) < prob:
+                out[i] = lo + min(int(unif(h, 1) * span), span - 1)
+            else:
+                out[i] = 0
+
+    @njit(inline="always")
+    def draw(cdf, guide, u):
+        """Inverse CDF: the first index with ``cdf[index] > u``, starting from the guide table's
+        cut point (``guide[j]``: that index for ``u = j / len(guide)``), so O(1) steps expected."""
+        i = guide[int(u * guide.size)]
+        last = cdf.size - 1
+        while i < last and cdf[i] <= u:
+            i += 1
+        return i
+
+    @njit(parallel=True)
+    def fill(key, n, ptr, cdf, guide, vals, got):
+        m = cdf.size
+        short = 0
+        for i in prange(n):
+            k = ptr[i + 1] - ptr[i]
+            base = ptr[i]
+            if k == 0:
+                got[i] = 0
+                continue
+            if k >= m:
+                for v in range(m):
+                    vals[base + v] = v
+                got[i] = m
+                continue
+            h = mix(key + uint64(i) * golden)
+            j = 2
+            cnt = 0
+            for _ in range(k):
+                for _r in range(32):
+                    v = draw(cdf, guide, unif(h, j))
+                    j += 1
+                    pos = cnt
+                    dup = False
+                    for q in range(cnt):
+                        x = vals[base + q]
+                        if x == v:
+                            dup = True
+                            break
+                        if x > v:
+                            pos = q
+                            break
+                    if dup:
+                        continue
+                    for q in range(cnt, pos, -1):
+                        vals[base + q] = vals[base + q - 1]
+                    vals[base + pos] = v
+                    cnt += 1
+                    break
+            got[i] = cnt
+            if cnt < k:
+                short += 1
+        return short
+
+    @njit(parallel=True)
+    def prefix(a, chunk):
+        """In-place inclusive prefix sum (parallel: chunk sums, their scan, then each chunk)."""
+        n = a.size
+        n_chunks = (n + chunk - 1) // chunk
+        sums = np.zeros(n_chunks, np.int64)
+        for k in prange(n_chunks):
+            t = 0
+            for i in range(k * chunk, min(n, (k + 1) * chunk)):
+                t += a[i]
+            sums[k] = t
+        run = 0
+        for k in range(n_chunks):
+            t = sums[k]
+            sums[k] = run
+            run += t
+        for k in prange(n_chunks):
+            t = sums[k]
+            for i in range(k * chunk, min(n, (k + 1) * chunk)):
+                t += a[i]
+                a[i] = t
+
+    @njit(parallel=True)
+    def coins(key, n, prob, out):
+        for i in prange(n):
+            out[i] = unif(mix(key + uint64(i) * golden), 0) < prob
+
+    _HASH_KERNELS.update(sizes=sizes, fill=fill, coins=coins, prefix=prefix)
+    return _HASH_KERNELS
 
 
 def generate_profiles(

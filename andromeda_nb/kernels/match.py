@@ -1,50 +1,385 @@
-"""Bitset targeting match: one thread per 64-ad word, grid-stride.
+"""Bitset targeting kernels: the match (one request or a batch), the list scatter / clear passes
+around it, real-time index updates, and candidate compaction.
 
-For word ``w``: ``e = live[w]``; for each category of the request's plan (most selective first),
-``e &= (OR of include rows) & ~(OR of exclude rows)``; stop reading further categories once ``e``
-is zero (early exit). Padding bits past ``n_ads`` are zero in the live row, so they never match,
-whatever NOT / ANDNOT does to them. Bytes read per word: 8 per row actually read.
+All slot and word arithmetic is int64 (pools beyond 2^31 bits); ``slot_base`` (a multiple of 64)
+is the slot of bit 0 of word 0 of the arrays a kernel writes, 0 except when a kernel works on a
+window of a larger virtual pool (tests at large offsets).
+
+One request's device work, in stream order (host wrappers: :mod:`andromeda_nb.match`):
+
+1. :func:`prep_kernel`: zero the result counts; scatter the slots of the user's sparse include
+   lists into the request's patch rows (``atomic or``).
+2. :func:`match_kernel`: per 64-ad word, ``e = AND over categories (OR of include rows) & ~(OR of
+   exclude rows)``, most selective category first; a word stops reading once ``e == 0`` and an OR
+   stops once it covers ``e``; write ``e`` (last word ANDed with the valid-bit mask) and add its
+   popcount.
+3. :func:`post_kernel`: clear the slots of the user's sparse exclude lists and of the caller's
+   exclude slots from the result (``atomic and``, count decremented per bit actually cleared), and
+   zero the patch rows' touched words again.
+
+Bytes per request (count first): ``8 * n_words`` per row read for words still alive (32-byte
+sectors: a warp's load covers 32 consecutive words, so a sector is read when any of its 4 words
+is alive), plus ``n_words * 8`` written, plus the lists' entries (4 or 8 bytes each) and one
+32-byte sector per scattered / cleared entry.
 """
 
 import functools
 
 from numba import cuda, int64, uint64
 
+ALL = uint64(0xFFFFFFFFFFFFFFFF)
+MASK40 = (1 << 40) - 1
+#: Requests per launch of the post pass (its per-block decrement table lives in shared memory).
+MAX_BATCH = 64
+
+
+@cuda.jit(device=True, inline=True)
+def last_mask(n_bits, n_words):
+    """Valid bits of word ``n_words - 1`` of an ``n_bits``-long bitset."""
+    rem = n_bits - (n_words - 1) * 64
+    if rem >= 64:
+        return ALL
+    return (uint64(1) << uint64(rem)) - uint64(1)
+
 
 @functools.lru_cache(maxsize=None)
-def match_kernel(block: int):
-    """Launch ``[grid, block]``. Args: ``bitsets uint64[n_rows, n_words]`` (row 0 = live),
-    ``inc_ptr int32[C+1]``, ``inc_rows int32[...]``, ``exc_ptr int32[C+1]``, ``exc_rows int32[...]``,
-    ``out uint64[n_words]`` (the eligible bitset), ``count int64[1]`` (+= eligible ads)."""
+def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int = 0):
+    """The match. Launch ``[(gx, B), block]``, ``blockIdx.y`` = request.
 
-    @cuda.jit
-    def kernel(bitsets, inc_ptr, inc_rows, exc_ptr, exc_rows, out, count):
+    Thread ``t`` of a block handles words ``base + u * block + t`` (``u < words_per_thread``) of
+    each tile of ``block * words_per_thread`` words, grid-stride over tiles: for a fixed ``u`` a
+    warp reads 32 consecutive words (256 contiguous bytes), and each thread has
+    ``words_per_thread`` independent loads in flight per row.
+
+    Args: ``rows uint64[n_rows, W]`` (index rows), ``scratch uint64[n_scratch, W]`` (patch rows;
+    a plan row id ``r >= n_rows`` reads ``scratch[r - n_rows]``), ``n_bits int64`` (valid bits:
+    the pool, or a prefix of it), ``n_words int64`` (words matched, ``<= W``), ``req_cat
+    int64[B + 1]`` (request ``b`` owns categories ``req_cat[b]:req_cat[b + 1]``), ``inc_ptr,
+    exc_ptr int64[C + 1]`` and ``inc_rows, exc_rows int64[...]`` (every request's categories in
+    reading order), ``out uint64[B, >= n_words]``, ``counts int64[B]`` (incremented; zero them
+    first).
+
+    ``min_blocks_per_sm`` > 0 sets launch bounds ``(block, min_blocks_per_sm)`` (the compiler caps
+    registers so that many blocks fit on an SM: more warps, more loads in flight; sm_90 ptxas
+    uses 44 / 56 / 72 / 124 registers for 1 / 2 / 4 / 8 words per thread without bounds).
+    """
+    U = int(words_per_thread)
+    # the simulator's cuda.jit takes no launch_bounds: pass it only when set
+    opts = {"launch_bounds": (int(block), int(min_blocks_per_sm))} if min_blocks_per_sm else {}
+
+    @cuda.jit(**opts)
+    def kernel(rows, scratch, n_bits, n_words, req_cat, inc_ptr, inc_rows, exc_ptr, exc_rows, out, counts):
         block_count = cuda.shared.array(1, int64)
         tid = cuda.threadIdx.x
         if tid == 0:
             block_count[0] = 0
         cuda.syncthreads()
-        n_words = out.shape[0]
-        n_cat = inc_ptr.shape[0] - 1
-        mine = 0
-        for w in range(cuda.grid(1), n_words, cuda.gridsize(1)):
-            e = bitsets[0, w]
-            c = 0
-            while c < n_cat and e != 0:
-                inc = uint64(0)
-                for r in range(inc_ptr[c], inc_ptr[c + 1]):
-                    inc |= bitsets[inc_rows[r], w]
-                exc = uint64(0)
-                for r in range(exc_ptr[c], exc_ptr[c + 1]):
-                    exc |= bitsets[exc_rows[r], w]
-                e &= inc & ~exc
+        b = cuda.blockIdx.y
+        c0 = req_cat[b]
+        c1 = req_cat[b + 1]
+        nr = rows.shape[0]
+        lmask = last_mask(n_bits, n_words)
+        e = cuda.local.array(U, uint64)
+        acc = cuda.local.array(U, uint64)
+        t = cuda.local.array(U, uint64)
+        mine = int64(0)
+        tile = int64(block) * U
+        base = int64(cuda.blockIdx.x) * tile
+        step = int64(cuda.gridDim.x) * tile
+        while base < n_words:
+            alive = uint64(0)
+            for u in range(U):
+                w = base + u * block + tid
+                e[u] = ALL if w < n_words else uint64(0)
+                alive |= e[u]
+            c = c0
+            while c < c1 and alive != 0:
+                for u in range(U):
+                    acc[u] = uint64(0)
+                for j in range(inc_ptr[c], inc_ptr[c + 1]):
+                    r = inc_rows[j]
+                    # all loads first (independent, in flight together), then the ORs
+                    if r < nr:
+                        for u in range(U):
+                            t[u] = uint64(0)
+                            if (e[u] & ~acc[u]) != 0:
+                                t[u] = rows[r, base + u * block + tid]
+                    else:
+                        for u in range(U):
+                            t[u] = uint64(0)
+                            if (e[u] & ~acc[u]) != 0:
+                                t[u] = scratch[r - nr, base + u * block + tid]
+                    for u in range(U):
+                        acc[u] |= t[u]
+                alive = uint64(0)
+                for u in range(U):
+                    e[u] &= acc[u]
+                    alive |= e[u]
+                for j in range(exc_ptr[c], exc_ptr[c + 1]):
+                    r = exc_rows[j]
+                    if r < nr:
+                        for u in range(U):
+                            t[u] = uint64(0)
+                            if e[u] != 0:
+                                t[u] = rows[r, base + u * block + tid]
+                    else:
+                        for u in range(U):
+                            t[u] = uint64(0)
+                            if e[u] != 0:
+                                t[u] = scratch[r - nr, base + u * block + tid]
+                    for u in range(U):
+                        e[u] &= ~t[u]
+                if exc_ptr[c + 1] > exc_ptr[c]:
+                    alive = uint64(0)
+                    for u in range(U):
+                        alive |= e[u]
                 c += 1
-            out[w] = e
-            mine += cuda.popc(e)
+            for u in range(U):
+                w = base + u * block + tid
+                if w < n_words:
+                    x = e[u]
+                    if w == n_words - 1:
+                        x &= lmask
+                    out[b, w] = x
+                    mine += int64(cuda.popc(x))
+            base += step
         cuda.atomic.add(block_count, 0, mine)
         cuda.syncthreads()
         if tid == 0:
-            cuda.atomic.add(count, 0, block_count[0])
+            cuda.atomic.add(counts, b, block_count[0])
+
+    return kernel
+
+
+@cuda.jit(device=True, inline=True)
+def find_segment(seg_off, n_seg, i):
+    """The segment ``k`` with ``seg_off[k] <= i < seg_off[k + 1]`` (binary search)."""
+    lo = 0
+    hi = n_seg
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if seg_off[mid] <= i:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@functools.lru_cache(maxsize=None)
+def prep_kernel():
+    """Zero ``counts[0:n_counts]``; set in patch row ``seg_dst[k]`` of ``scratch`` the bit of every
+    slot listed in ``pool[seg_start[k] : seg_start[k] + seg_len[k]]`` (negative entries are removed
+    ones, skipped). Launch ``[grid, block]``, grid-stride over all segments' entries (``seg_off``:
+    their exclusive prefix sums, ``int64[n_seg + 1]``).
+
+    Args: ``counts int64[>= n_counts]``, ``n_counts int64``, ``pool int32|int64[...]``,
+    ``seg_start, seg_off, seg_dst int64``, ``scratch uint64[n_scratch, W]``, ``slot_base int64``.
+    """
+
+    @cuda.jit
+    def kernel(counts, n_counts, pool, seg_start, seg_off, seg_dst, scratch, slot_base):
+        gid = cuda.grid(1)
+        gs = cuda.gridsize(1)
+        for i in range(gid, n_counts, gs):
+            counts[i] = 0
+        n_seg = seg_dst.shape[0]
+        total = seg_off[n_seg]
+        width = scratch.shape[1]
+        i = int64(gid)
+        while i < total:
+            k = find_segment(seg_off, n_seg, i)
+            s = int64(pool[seg_start[k] + i - seg_off[k]])
+            if s >= 0:
+                t = s - slot_base
+                w = t >> 6
+                if w < width:
+                    cuda.atomic.or_(scratch, (seg_dst[k], w), uint64(1) << uint64(t & 63))
+            i += gs
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def post_kernel(block: int):
+    """Clear listed slots from results, and zero patch rows again. Launch ``[grid, block]``,
+    grid-stride over all segments' entries.
+
+    Segment ``k`` covers ``seg_off[k]:seg_off[k + 1]`` of the flattened entries; its entries are
+    ``src[seg_start[k] + j]`` where ``src`` is ``pool`` (op 0, 2) or ``extra`` (op 1).
+    Op 0 / 1: clear the slot's bit in ``out[seg_arg[k]]`` and decrement ``counts[seg_arg[k]]``
+    when the bit was set (``seg_arg < MAX_BATCH``). Op 2: zero the slot's word in patch row
+    ``scratch[seg_arg[k]]``. Negative entries are skipped; slots past ``n_words`` words are ignored.
+    """
+
+    @cuda.jit
+    def kernel(out, counts, n_words, pool, extra, seg_start, seg_off, seg_op, seg_arg, scratch, slot_base):
+        dec = cuda.shared.array(MAX_BATCH, int64)
+        tid = cuda.threadIdx.x
+        for j in range(tid, MAX_BATCH, block):
+            dec[j] = 0
+        cuda.syncthreads()
+        n_seg = seg_op.shape[0]
+        total = seg_off[n_seg]
+        width = n_words
+        gs = cuda.gridsize(1)
+        i = int64(cuda.grid(1))
+        while i < total:
+            k = find_segment(seg_off, n_seg, i)
+            op = seg_op[k]
+            q = seg_start[k] + i - seg_off[k]
+            s = int64(extra[q]) if op == 1 else int64(pool[q])
+            if s >= 0:
+                t = s - slot_base
+                w = t >> 6
+                if op == 2:
+                    if w < scratch.shape[1]:
+                        scratch[seg_arg[k], w] = uint64(0)
+                elif w < width:
+                    bit = uint64(1) << uint64(t & 63)
+                    if out[seg_arg[k], w] & bit:  # most listed ads are not eligible: read first
+                        old = cuda.atomic.and_(out, (seg_arg[k], w), ~bit)
+                        if old & bit:
+                            cuda.atomic.add(dec, seg_arg[k], 1)
+            i += gs
+        cuda.syncthreads()
+        for j in range(tid, MAX_BATCH, block):
+            if dec[j] != 0:
+                cuda.atomic.sub(counts, j, dec[j])
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def apply_kernel():
+    """Apply one update batch: ``buf int64 = [bit codes (n_bits)] [pool positions (n_pos)]
+    [pool values (n_pos)]``. Each code ``row << 40 | slot`` names a bit that *changes* (the host
+    computed the net difference between the old and the new state), so it is flipped with one
+    ``atomic xor`` (one atomic kind for all codes: no set/clear ordering question, and the CUDA
+    simulator's per-kind atomic locks cannot race); then ``pool[pos] = value``. Codes name
+    distinct (row, slot) pairs and positions are distinct, so the order does not matter.
+    Launch ``[grid, block]``, grid-stride.
+    """
+
+    @cuda.jit
+    def kernel(rows, pool, buf, n_bits, n_pos, slot_base):
+        gs = cuda.gridsize(1)
+        i = int64(cuda.grid(1))
+        while i < n_bits:
+            code = buf[i]
+            t = (code & MASK40) - slot_base
+            cuda.atomic.xor(rows, (code >> 40, t >> 6), uint64(1) << uint64(t & 63))
+            i += gs
+        i = int64(cuda.grid(1))
+        while i < n_pos:
+            pool[buf[n_bits + i]] = buf[n_bits + n_pos + i]
+            i += gs
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def fill_kernel():
+    """``rows[:, :] = value`` (uint64). Launch ``[grid, block]``, grid-stride over the words."""
+
+    @cuda.jit
+    def kernel(rows, value):
+        n = rows.shape[1]
+        total = int64(rows.shape[0]) * n
+        gs = cuda.gridsize(1)
+        i = int64(cuda.grid(1))
+        while i < total:
+            rows[i // n, i % n] = value
+            i += gs
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_count_kernel(block: int):
+    """Set bits per chunk of ``chunk`` words of ``words[b, :n_words]``: ``counts[k]`` for chunk
+    ``k``. Launch ``[grid, block]``; blocks grid-stride over chunks."""
+
+    @cuda.jit
+    def kernel(words, b, n_words, chunk, counts):
+        total = cuda.shared.array(1, int64)
+        tid = cuda.threadIdx.x
+        n_chunks = (n_words + chunk - 1) // chunk
+        k = int64(cuda.blockIdx.x)
+        while k < n_chunks:
+            if tid == 0:
+                total[0] = 0
+            cuda.syncthreads()
+            mine = int64(0)
+            w = k * chunk + tid
+            end = min(n_words, (k + 1) * chunk)
+            while w < end:
+                mine += int64(cuda.popc(words[b, w]))
+                w += block
+            cuda.atomic.add(total, 0, mine)
+            cuda.syncthreads()
+            if tid == 0:
+                counts[k] = total[0]
+            cuda.syncthreads()
+            k += cuda.gridDim.x
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def compact_kernel(block: int):
+    """Write the slots of the set bits of ``words[b, :n_words]`` in ascending order to ``out``
+    (int32 or int64; ``slot_base`` added). ``counts``: per-chunk set bits from
+    :func:`chunk_count_kernel` with the same ``chunk``. Launch ``[grid, block]``; blocks
+    grid-stride over chunks; each chunk finds its offset (sum of the counts before it), then
+    walks its words ``block`` at a time with a block-wide exclusive scan of their popcounts.
+    """
+
+    @cuda.jit
+    def kernel(words, b, n_words, chunk, counts, out, slot_base):
+        scan = cuda.shared.array(block, int64)
+        offset = cuda.shared.array(1, int64)
+        tid = cuda.threadIdx.x
+        n_chunks = (n_words + chunk - 1) // chunk
+        k = int64(cuda.blockIdx.x)
+        while k < n_chunks:
+            if tid == 0:
+                offset[0] = 0
+            cuda.syncthreads()
+            part = int64(0)
+            for j in range(tid, k, block):
+                part += counts[j]
+            cuda.atomic.add(offset, 0, part)
+            cuda.syncthreads()
+            pos0 = offset[0]
+            start = k * chunk
+            end = min(n_words, (k + 1) * chunk)
+            r = start
+            while r < end:
+                w = r + tid
+                x = words[b, w] if w < end else uint64(0)
+                pc = int64(cuda.popc(x))
+                scan[tid] = pc
+                cuda.syncthreads()
+                d = 1
+                while d < block:
+                    add = scan[tid - d] if tid >= d else int64(0)
+                    cuda.syncthreads()
+                    scan[tid] += add
+                    cuda.syncthreads()
+                    d *= 2
+                p = pos0 + scan[tid] - pc
+                round_total = scan[block - 1]
+                slot = slot_base + w * 64
+                while x != 0:
+                    low = x & (~x + uint64(1))
+                    bitpos = int64(cuda.popc(low - uint64(1)))
+                    out[p] = slot + bitpos
+                    p += 1
+                    x ^= low
+                cuda.syncthreads()
+                pos0 += round_total
+                r += block
+            k += cuda.gridDim.x
 
     return kernel
 
