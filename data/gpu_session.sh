@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU-host session in one call (the device tool runs it in the repo root; results land in $OUT).
-# Usage: bash data/gpu_session.sh STEP...   steps: info tests quickstart series bench:<suite>[:--quick] ptx
+# Usage: bash data/gpu_session.sh STEP...   steps: info tests quickstart series bench:<suite>[:args] quality[:dataset] ptx
 # Needs the carried wheelhouse .whl/ (shared/tools/gpu-wheelhouse .whl): papermill, ipykernel, numpy 2.4.
 set -uo pipefail
 OUT=${OUT:-build/gpu}
@@ -21,8 +21,9 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
       python3 -c "import numpy, numba, numba_cuda, cupy, torch; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, 'torch', torch.__version__)" ;;
     tests)
-      ANDROMEDA_TEST_BACKEND=cuda python3 -m pytest tests -q -x -p no:cacheprovider \
-        --deselect tests/test_ptx.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1 ;;
+      # PYTEST_ARGS replaces the default selection (the whole suite), e.g. "tests/test_topk_kernel.py"
+      ANDROMEDA_TEST_BACKEND=cuda python3 -m pytest ${PYTEST_ARGS:-tests} -q -x -p no:cacheprovider \
+        --deselect tests/test_ptx.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1 ;;
     quickstart|series)
       only=(); [ "$step" = quickstart ] && only=(--only 01_quickstart)
       python3 -m andromeda_nb run --params full --backend cuda "${only[@]}" --out "$OUT/notebooks" \
@@ -30,6 +31,10 @@ for step in "$@"; do
     bench:*)
       spec=${step#bench:}; suite=${spec%%:*}; extra=""; [ "$spec" != "$suite" ] && extra=${spec#*:}
       python3 -m andromeda_nb.bench "$suite" --out "$OUT" $extra 2>&1 | tee "$OUT/bench_$suite.log" | tail -40 || status=1 ;;
+    quality|quality:*)
+      ds=${step#quality}; ds=${ds#:}
+      python3 -m andromeda_nb.training --preset full --out "$OUT/quality" --no-progress ${ds:+--datasets $ds} \
+        2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
     ptx)
       NUMBA_ENABLE_CUDASIM=0 python3 -m andromeda_nb.ptxcheck 2>&1 | tail -5 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
