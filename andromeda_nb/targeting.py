@@ -262,6 +262,31 @@ def host_kernels() -> dict:
             out[k] = status
             out[n_chunks + k] = at
 
+    @njit
+    def scatter_word(w, ptr_i, val_i, ptr_x, val_x, n, n_total, has_i, has_x, map_i, map_x, inc, exc):
+        """OR the bits of word ``w``'s 64 slots into the accumulators: slot s sets ``inc[map_i[v]]``
+        for each included value v and ``exc[map_x[v]]`` for each excluded one (a negative map entry:
+        value not accumulated here). Returns the word's unconstrained bits (no include set)."""
+        unc = uint64(0)
+        for b in range(64):
+            s = w * 64 + b
+            if s >= n_total:
+                break
+            bit = ONE << uint64(b)
+            if s < n and has_i and ptr_i[s + 1] > ptr_i[s]:
+                for q in range(ptr_i[s], ptr_i[s + 1]):
+                    d = map_i[val_i[q]]
+                    if d >= 0:
+                        inc[d] |= bit
+            else:
+                unc |= bit
+            if s < n and has_x:
+                for q in range(ptr_x[s], ptr_x[s + 1]):
+                    d = map_x[val_x[q]]
+                    if d >= 0:
+                        exc[d] |= bit
+        return unc
+
     @njit(parallel=True)
     def build_folded(ptr_i, val_i, ptr_x, val_x, n, n_total, m, rows, chunk):
         """The m + 1 allows rows of one single-valued category into ``rows[0:m+1]`` (slots past
@@ -270,24 +295,13 @@ def host_kernels() -> dict:
         n_chunks = (n_words + chunk - 1) // chunk
         has_i = ptr_i.size == n + 1
         has_x = ptr_x.size == n + 1
+        identity = np.arange(m, dtype=np.int64)
         for k in prange(n_chunks):
             inc = np.zeros(m + 1, np.uint64)
             exc = np.zeros(m + 1, np.uint64)
             for w in range(k * chunk, min(n_words, (k + 1) * chunk)):
-                unc = uint64(0)
-                for b in range(64):
-                    s = w * 64 + b
-                    if s >= n_total:
-                        break
-                    bit = ONE << uint64(b)
-                    if s < n and has_i and ptr_i[s + 1] > ptr_i[s]:
-                        for q in range(ptr_i[s], ptr_i[s + 1]):
-                            inc[val_i[q]] |= bit
-                    else:
-                        unc |= bit
-                    if s < n and has_x:
-                        for q in range(ptr_x[s], ptr_x[s + 1]):
-                            exc[val_x[q]] |= bit
+                unc = scatter_word(w, ptr_i, val_i, ptr_x, val_x, n, n_total, has_i, has_x, identity, identity,
+                                   inc, exc)
                 vm = valid_mask(w, n_words, n_total)
                 for v in range(m):
                     rows[v, w] = ((unc | inc[v]) & ~exc[v]) & vm
@@ -334,24 +348,8 @@ def host_kernels() -> dict:
             inc = np.zeros(max(n_di, 1), np.uint64)
             exc = np.zeros(max(n_dx, 1), np.uint64)
             for w in range(k * chunk, min(n_words, (k + 1) * chunk)):
-                unc = uint64(0)
-                for b in range(64):
-                    s = w * 64 + b
-                    if s >= n_total:
-                        break
-                    bit = ONE << uint64(b)
-                    if s < n and has_i and ptr_i[s + 1] > ptr_i[s]:
-                        for q in range(ptr_i[s], ptr_i[s + 1]):
-                            d = dense_i[val_i[q]]
-                            if d >= 0:
-                                inc[d] |= bit
-                    else:
-                        unc |= bit
-                    if s < n and has_x:
-                        for q in range(ptr_x[s], ptr_x[s + 1]):
-                            d = dense_x[val_x[q]]
-                            if d >= 0:
-                                exc[d] |= bit
+                unc = scatter_word(w, ptr_i, val_i, ptr_x, val_x, n, n_total, has_i, has_x, dense_i, dense_x,
+                                   inc, exc)
                 vm = valid_mask(w, n_words, n_total)
                 rows[unc_row, w] = unc & vm
                 for d in range(n_di):
