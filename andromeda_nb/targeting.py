@@ -365,14 +365,16 @@ def host_kernels() -> dict:
         has_i = ptr_i.size == n + 1
         has_x = ptr_x.size == n + 1
         n_chunks = (n + chunk - 1) // chunk
-        total = 0
+        # per-chunk partial sums, not a prange scalar reduction: Numba 0.68.0's parfor reduction
+        # analysis fails on this loop under Python 3.12 ("unexpected cycle in lookup()")
+        part = np.zeros(n_chunks, np.int64)
         for k in prange(n_chunks):
             t = 0
             for s in range(k * chunk, min(n, (k + 1) * chunk)):
                 if (has_i and ptr_i[s + 1] > ptr_i[s]) or (has_x and ptr_x[s + 1] > ptr_x[s]):
                     t += 1
-            total += t
-        return total
+            part[k] = t
+        return part.sum()
 
     @njit
     def fill_lists(ptr, vals, n, list_of, starts, pool):
@@ -800,7 +802,7 @@ def host_kernels() -> dict:
         nr = rows.shape[0]
         n_cat = inc_ptr.size - 1
         n_chunks = (n_words + chunk - 1) // chunk
-        total = 0
+        part = np.zeros(n_chunks, np.int64)  # per-chunk sums (see count_constrained)
         for k in prange(n_chunks):
             t = 0
             for w in range(k * chunk, min(n_words, (k + 1) * chunk)):
@@ -822,8 +824,8 @@ def host_kernels() -> dict:
                         e &= ~(rows[r, w] if r < nr else scratch[r - nr, w])
                 out[w] = e
                 t += popc(e)
-            total += t
-        return total
+            part[k] = t
+        return part.sum()
 
     @njit(parallel=True)
     def sector_counts(rows, scratch, n, n_words, inc_ptr, inc_rows, exc_ptr, exc_rows, out, chunk):
