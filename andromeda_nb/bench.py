@@ -99,21 +99,27 @@ def _busy_kernel():
 
 
 def busy(ms: float = 1.0) -> None:
-    """Enqueue a kernel that keeps the GPU busy for about ``ms`` milliseconds (calibrated once)."""
+    """Enqueue a kernel that keeps the GPU busy for about ``ms`` milliseconds.
+
+    The spin rate (iterations per millisecond) is calibrated once, on the first call; every call
+    then scales the iteration count to its own ``ms``.
+    """
     from numba import cuda
 
     b = _busy_kernel()
-    if "calibrated" not in b:
+    if "iters_per_ms" not in b:
+        iters = b["iters"]
         for _ in range(4):
             s, e = cuda.event(), cuda.event()
             s.record()
-            b["k"][264, 128](b["out"], b["iters"])
+            b["k"][264, 128](b["out"], iters)
             e.record()
             e.synchronize()
-            took = cuda.event_elapsed_time(s, e)
-            b["iters"] = max(1, int(b["iters"] * ms / max(took, 1e-3)))
-        b["calibrated"] = True
-    b["k"][264, 128](b["out"], b["iters"])
+            took = max(cuda.event_elapsed_time(s, e), 1e-3)
+            rate = iters / took
+            iters = max(1, int(rate * 2.0))  # calibrate on a ~2 ms run
+        b["iters_per_ms"] = rate
+    b["k"][264, 128](b["out"], max(1, int(b["iters_per_ms"] * ms)))
 
 
 @dataclass

@@ -400,13 +400,14 @@ def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_s
         host_t.append(time.perf_counter() - t)
     flips = np.array([d.bits_changed for d in deltas])
     h2d = np.array([8 * (d.bit_codes.size + 2 * d.list_pos.size) for d in deltas])
-    bench.busy(5.0 + 2.0 * n_batches)  # long enough for the host to queue every batch behind it
+    bench.busy(50.0 + 10.0 * n_batches)  # long enough for the host to queue every batch behind it
     s, e = cuda.event(), cuda.event()
     s.record()
     t = time.perf_counter()
     for d in deltas:
         dev.apply_delta(d)
     enqueue = time.perf_counter() - t
+    host_bound = s.query()  # the GPU reached the start event before the host finished queueing
     e.record()
     e.synchronize()
     gpu = cuda.event_elapsed_time(s, e) / 1e3
@@ -419,7 +420,9 @@ def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_s
     timing = bench.Timing(per, per, per, enqueue / n_batches, 1)
     note = (f"{n_batches} batches of {batch_size} mixed ops (1/3 create, 1/3 change, 1/3 retire) queued behind a "
             f"busy kernel, GPU time incl. the async copy of the codes; bit flips per op {flips.mean() / batch_size:.0f}; "
-            f"codes copied per op {h2d.mean() / batch_size:.0f} B; device rows (touched words of all rows) = host copy")
+            f"codes copied per op {h2d.mean() / batch_size:.0f} B; device rows (touched words of all rows) = host copy"
+            + ("; HOST-BOUND: the busy kernel ended before the host finished queueing (GPU time includes host gaps)"
+               if host_bound else "; the host finished queueing before the busy kernel ended"))
     r = bench.row("targeting", env, ceil, timing, batch_size, float(h2d.mean() / batch_size), None, verified,
                   variant="update_batch_gpu", n_ads=idx.n_ads, access="updates", batch=batch_size,
                   categories=len(world.schema), layout=layout_name(idx), notes=note)
@@ -441,12 +444,13 @@ def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_s
         pairs.append((d, dev.prepare([prof])))
     out = cuda.device_array((1, idx.n_words), np.uint64)
     counts = cuda.device_array(1, np.int64)
-    bench.busy(5.0 + 3.0 * n_pairs)
+    bench.busy(50.0 + 10.0 * n_pairs)
     s, e = cuda.event(), cuda.event()
     s.record()
     for d, p in pairs:
         dev.apply_delta(d)
         dev.launch(p, out, counts)
+    pairs_host_bound = s.query()
     e.record()
     e.synchronize()
     both = cuda.event_elapsed_time(s, e) / 1e3 / n_pairs
@@ -460,7 +464,8 @@ def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_s
                   categories=len(world.schema), layout=layout_name(idx),
                   notes=f"GPU time of one update batch ({batch_size} ops) + one request, {n_pairs} pairs queued; "
                         f"the request alone takes {t_alone.median * 1e6:.1f} us (row request_alone_same_profiles); "
-                        f"items = pool ads of the request; bytes_per_item not counted")
+                        f"items = pool ads of the request; bytes_per_item not counted"
+                        + ("; HOST-BOUND queueing" if pairs_host_bound else "; queued ahead of the GPU"))
     rows.append(r)
     r = bench.row("targeting", env, ceil, t_alone, idx.n_ads, 0.0, None, verify_each(world, alone[:2])[0],
                   variant="request_alone_same_profiles", n_ads=idx.n_ads, access="pool", batch=1,
@@ -573,7 +578,7 @@ def targeting(env, ceil, args) -> list[dict]:
     def main():
         from .match import MATCH_THREADS_PER_SM
 
-        for U in ([4] if quick else [1, 2, 4, 8]):
+        for U in ([4] if quick else [1, 2, 4, 8, 16]):
             lb = MATCH_THREADS_PER_SM.get(U, 0) // 256
             rows.append(request_row(env, ceil, world, f"match_U{U}_b256", main_prep, reps, U=U, block=256,
                                     notes=f"benchmark world, 1 request per launch set (prep, match, post kernels); "
@@ -586,8 +591,9 @@ def targeting(env, ceil, args) -> list[dict]:
         for B in ([16] if quick else [8, 32, 64]):
             profs = syn.generate_profiles(world.schema, B, seed=500 + B)
             p = world.dev.prepare(profs)
-            rows.append(request_row(env, ceil, world, f"match_batch{B}_U4", [p], reps, U=4, batch=B,
-                                    notes=f"{B} requests in one launch set (grid.y = request)"))
+            for U in ([4] if quick else [4, 8]):
+                rows.append(request_row(env, ceil, world, f"match_batch{B}_U{U}", [p], reps, U=U, batch=B,
+                                        notes=f"{B} requests in one launch set (grid.y = request)"))
         rows.append(cpu_row(env, ceil, world))
 
     section("main", main)

@@ -22,14 +22,15 @@ from .targeting import (WORD_BITS, MatchPlan, TargetingIndex, UpdateBatch, Updat
 
 #: Words each thread of the match kernel handles (loads in flight per row), threads per block and
 #: resident blocks per SM asked for (GPU defaults; the benchmark measures the alternatives).
-WORDS_PER_THREAD = 4
+WORDS_PER_THREAD = 8
 MATCH_BLOCK = 256
 MATCH_BLOCKS_PER_SM = 8
 #: Launch bounds per words-per-thread: resident threads per SM the compiler must allow (it caps
-#: registers accordingly). sm_90 ptxas without bounds: 44 / 56 / 72 / 124 registers for 1 / 2 / 4 /
-#: 8 words; with these bounds 4 words fit 60 registers (1,024 threads, 32 KB of loads in flight
-#: per SM) and 8 words 79 (768 threads, 48 KB), both without spills (tighter bounds spill).
-MATCH_THREADS_PER_SM = {4: 1024, 8: 768}
+#: registers accordingly). Unsigned word indices (no wraparound code) cut sm_90 ptxas's registers
+#: without bounds to 53 / 72 / 122 for 4 / 8 / 16 words (were 72 / 124 / 233); with these bounds
+#: none spills: 4 words 64 registers (1,024 threads, 32 KB of loads in flight per SM), 8 words
+#: 78 (768 threads, 48 KB), 16 words 124 (512 threads, 64 KB).
+MATCH_THREADS_PER_SM = {4: 1024, 8: 768, 16: 512}
 
 
 def _max_batch() -> int:

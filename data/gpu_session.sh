@@ -33,7 +33,9 @@ for step in "$@"; do
       python3 -m andromeda_nb.bench "$suite" --out "$OUT" $extra 2>&1 | tee "$OUT/bench_$suite.log" | tail -40 || status=1 ;;
     quality|quality:*)
       ds=${step#quality}; ds=${ds#:}
+      # QUALITY_SEEDS="2" runs only those model seeds (a cut-off run's missing seeds)
       python3 -m andromeda_nb.training --preset full --out "$OUT/quality" --no-progress ${ds:+--datasets $ds} \
+        ${QUALITY_SEEDS:+--seeds $QUALITY_SEEDS} \
         2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
     ptx)
       NUMBA_ENABLE_CUDASIM=0 python3 -m andromeda_nb.ptxcheck 2>&1 | tail -5 || status=1 ;;

@@ -15,13 +15,13 @@ from .helpers import random_profile, random_rules, random_schema
 LAYOUTS = [(10**9, 10**9, 512), (1, 1, 512), (3, 2, 64), (2, 10**9, 1)]
 
 
-@pytest.mark.parametrize("n", [1, 31, 32, 33, 63, 64, 65, 127, 128, 200, 1000])
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 63, 64, 65, 127, 128, 200, 1000, 4101])
 def test_match_equals_oracle(rng, n):
     dense_min, xmin, gmax = LAYOUTS[n % len(LAYOUTS)]
     rules = random_rules(rng, n)
     host = TargetingIndex(rules, dense_min=dense_min, exclude_dense_min=xmin, group_max=gmax)
     index = DeviceTargetingIndex(host)
-    for U in (1, 2, 4):
+    for U in (1, 2, 4, 8, 16):
         prof = random_profile(rng, rules.schema)
         want = oracle.match(rules, make_profile(rules.schema, prof))
         got = match_eligible(index, prof, words_per_thread=U)
