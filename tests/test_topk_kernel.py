@@ -185,3 +185,22 @@ def test_bad_score_arrays_are_refused():
         topk_scores(np.zeros(10, np.float32), 3, eligible=np.ones(9, bool))
     with pytest.raises(ValueError, match="shape"):
         topk_scores(np.zeros(10, np.float32), 3, ids=np.arange(11))
+
+
+@pytest.mark.parametrize("n", [4 * 32 * SCAN_ITEMS * 3 + 17, 5000])
+def test_many_rounds_per_block(rng, n):
+    """Sizes several grid-stride rounds long in the simulator (4 blocks of 32 threads, 8 items each):
+    the scan's next-round prefetch, the last partial round and the threshold carried between
+    rounds are all exercised (the hypothesis cases above fit in one round)."""
+    pool = np.concatenate([np.array(SPECIALS, np.float32), rng.standard_normal(200).astype(np.float32)])
+    scores = pool[rng.integers(0, pool.size, n)]
+    eligible = rng.random(n) < 0.7
+    for k in (1, 37, 500):
+        for elig in (None, eligible):
+            got = topk_scores(scores, k, eligible=elig)
+            want = oracle.topk(scores, k, eligible=elig)
+            np.testing.assert_array_equal(got.ids, want.ids)
+            np.testing.assert_array_equal(got.scores, want.scores)
+            assert got.count == want.count
+    ascending = np.arange(n, dtype=np.float32)  # every round raises the threshold
+    np.testing.assert_array_equal(topk_scores(ascending, 100).ids, oracle.topk(ascending, 100).ids)

@@ -211,23 +211,30 @@ def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
         mine = 0
         above = 0
         per_round = block * SCAN_ITEMS
-        for base in range(cuda.blockIdx.x * per_round, n, cuda.gridDim.x * per_round):
+        stride = cuda.gridDim.x * per_round
+        base = cuda.blockIdx.x * per_round
+        # software pipelined: the next round's 8 scores are loaded before this round's inserts and
+        # barriers, so their memory latency overlaps the work instead of following it
+        i0 = base + tid
+        s0 = scores[start + i0] if i0 < n else NEG_INF
+        s1 = scores[start + i0 + block] if i0 + block < n else NEG_INF
+        s2 = scores[start + i0 + 2 * block] if i0 + 2 * block < n else NEG_INF
+        s3 = scores[start + i0 + 3 * block] if i0 + 3 * block < n else NEG_INF
+        s4 = scores[start + i0 + 4 * block] if i0 + 4 * block < n else NEG_INF
+        s5 = scores[start + i0 + 5 * block] if i0 + 5 * block < n else NEG_INF
+        s6 = scores[start + i0 + 6 * block] if i0 + 6 * block < n else NEG_INF
+        s7 = scores[start + i0 + 7 * block] if i0 + 7 * block < n else NEG_INF
+        while base < n:
             i0 = base + tid
-            i1 = i0 + block
-            i2 = i1 + block
-            i3 = i2 + block
-            i4 = i3 + block
-            i5 = i4 + block
-            i6 = i5 + block
-            i7 = i6 + block
-            s0 = scores[start + i0] if i0 < n else NEG_INF
-            s1 = scores[start + i1] if i1 < n else NEG_INF
-            s2 = scores[start + i2] if i2 < n else NEG_INF
-            s3 = scores[start + i3] if i3 < n else NEG_INF
-            s4 = scores[start + i4] if i4 < n else NEG_INF
-            s5 = scores[start + i5] if i5 < n else NEG_INF
-            s6 = scores[start + i6] if i6 < n else NEG_INF
-            s7 = scores[start + i7] if i7 < n else NEG_INF
+            j0 = i0 + stride
+            n0 = scores[start + j0] if j0 < n else NEG_INF
+            n1 = scores[start + j0 + block] if j0 + block < n else NEG_INF
+            n2 = scores[start + j0 + 2 * block] if j0 + 2 * block < n else NEG_INF
+            n3 = scores[start + j0 + 3 * block] if j0 + 3 * block < n else NEG_INF
+            n4 = scores[start + j0 + 4 * block] if j0 + 4 * block < n else NEG_INF
+            n5 = scores[start + j0 + 5 * block] if j0 + 5 * block < n else NEG_INF
+            n6 = scores[start + j0 + 6 * block] if j0 + 6 * block < n else NEG_INF
+            n7 = scores[start + j0 + 7 * block] if j0 + 7 * block < n else NEG_INF
             for q in range(SCAN_ITEMS):
                 i = i0 + q * block
                 s = s0
@@ -254,6 +261,8 @@ def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
                         above += 1
                 t.insert(bs, bi, st, thr_s, thr_i, s, int32(i), ok, ids[start:] if has_ids else ids)
             t.round_end(bs, bi, st, thr_s, thr_i, ids[start:] if has_ids else ids, k)
+            s0, s1, s2, s3, s4, s5, s6, s7 = n0, n1, n2, n3, n4, n5, n6, n7
+            base += stride
         cuda.atomic.add(tally, 0, mine)
         cuda.atomic.add(tally, 1, above)
         t.finish(bs, bi, st, thr_s, thr_i, ids[start:] if has_ids else ids, cand_s[r], cand_i[r],
