@@ -284,13 +284,14 @@ def scoring(env, ceil, args) -> list[dict]:
     unfused: per-op and pre-fusion pipelines against the fused kernel (pool), with byte budgets
     dtype  : fp32 / bf16 / fp16 / int8, gated and dot
     sweep  : ads/s against E, K and d (fp16)
+    dense  : the dense mixture E = K = 6 (issue 6's compute column)
     access : bitset (0.5, 0.1, 0.01) and candidates (0.1, 0.01), rows and tiles; pre-fusion on bitsets
     """
     import cupy as cp
 
     from .scoring import DEFAULT_CONFIG, KernelConfig  # noqa: F811
 
-    phases = set((args.phases or "design,unfused,dtype,sweep,access").split(","))  # "final": short run
+    phases = set((args.phases or "design,unfused,dtype,sweep,dense,access").split(","))  # "final": short run
     tables = _Tables(args.n_ads)
     rng = np.random.default_rng(1)
     rows = []
@@ -350,6 +351,9 @@ def scoring(env, ceil, args) -> list[dict]:
                     continue
                 add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", d, E, K, "tiles", "pool", 1.0, K1000,
                                DEFAULT_CONFIG, "gated_fused_topk"))
+    if "dense" in phases:  # the dense mixture of issue 6 (every expert's value dot product, K = E)
+        add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 6, "tiles", "pool", 1.0, K1000,
+                       DEFAULT_CONFIG, "gated_fused_topk"))
     if "access" in phases:
         for layout in ("rows", "tiles"):
             for access, frac in (("bitset", 0.5), ("bitset", 0.1), ("bitset", 0.01), ("candidates", 0.1),
