@@ -367,6 +367,70 @@ def scoring(env, ceil, args) -> list[dict]:
     return rows
 
 
+def topk_stages(d_scores, n: int, k: int):
+    """The stages of one seeded :func:`andromeda_nb.topk.launch_topk` call as separately launchable
+    steps, each on the inputs the earlier ones leave in place: ``(stages, ws, sws)`` with
+    ``stages`` a list of ``(name, enqueue_fn, note)``; the last, ``all``, is the whole call. Stages
+    that append to a buffer (select, in the merges) run the counters' reset (a 1-block kernel)
+    first, so repeats start from the same state. Needs ``n`` large enough to be seeded."""
+    from .kernels.topk import sample_chunks_kernel
+    from .topk import SAMPLE_CHUNK, SeedWorkspace, TopKWorkspace, launch_merge_lists, launch_scan, launch_topk, scan_lists
+
+    offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
+    ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+    sws = SeedWorkspace.make(n, k)
+    if sws is None:
+        raise ValueError(f"n = {n}, k = {k} is not seeded (see SeedWorkspace.make)")
+
+    def seed_copy():
+        sws.seed.copy_to_device(sws.ws.out_s[0, sws.r - 1:sws.r])
+
+    def reset_merge(w):
+        def fn():
+            w.reset()
+            launch_merge_lists(w)
+        return fn
+
+    stages = [
+        ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample),
+         f"{sws.chunks} chunks of {SAMPLE_CHUNK} scores"),
+        ("seed_scan", lambda: launch_scan(sws.sample, sws.ws),
+         f"counter reset + scan for the top-{sws.r} of the {sws.m}-score sample: {sws.ws.lists} block lists"),
+        ("seed_merge", reset_merge(sws.ws), "counter reset, bound, select, final of the sample's lists"),
+        ("seed_copy", seed_copy, "the r-th sample score to the seed (device to device)"),
+        ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.seed),
+         f"counter reset + scan: {ws.lists} block lists over {n} scores"),
+        ("merge", reset_merge(ws), "counter reset, bound, select, final"),
+        ("all", lambda: launch_topk(d_scores, n, k, seeded=True, ws=ws, sws=sws), "the whole seeded call"),
+    ]
+    return stages, ws, sws
+
+
+def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
+    """Where one small request's seeded top-K spends its device time: each stage of
+    :func:`topk_stages` timed alone (CUDA events behind the busy kernel)."""
+    import cupy as cp
+
+    cuda = launch.cuda()
+    scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
+    stages, ws, sws = topk_stages(cuda.as_cuda_array(scores), n, k)
+    for _, fn, _ in stages:  # in order, once: every stage's inputs in place
+        fn()
+    cuda.synchronize()
+    verified = str(verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k))
+    rows = []
+    for name, fn, note in stages:
+        timing = bench.time_device(fn, reps=args.reps)
+        r = bench.row("topk", env, ceil, timing, n, 4.0, None,
+                      verified if name == "all" else "n/a (stage timing; the 'all' row is verified)",
+                      variant=f"block_topk_stage_{name}", n_ads=n, k=k, batch=1, dtype="fp32", access="random",
+                      notes=f"2 MB: L2-resident; {note}")
+        rows.append(r)
+        bench.print_rows([r])
+    rows[-1]["notes"] += f"; {int(ws.fill.copy_to_host()[0])} candidates reached the final block"
+    return rows
+
+
 def _unfused_rows(env, ceil, args, tables, rng) -> list[dict]:
     import cupy as cp
 
@@ -452,14 +516,19 @@ def _prefusion_access_rows(env, ceil, args, tables, rng) -> list[dict]:
 # ----------------------------------------------------------------------------- top-K suite
 
 def topk(env, ceil, args) -> list[dict]:
-    """Standalone block top-K against torch.topk (and cupy) on the same scores."""
+    """Standalone block top-K against torch.topk (and cupy) on the same scores.
+
+    Phases (``--phases``, comma-separated; default all): ``large`` (10^8 scores, k = 100 / 1000 /
+    2048, random and ascending, seeded and not), ``small`` (one request of 500,000, k = 1000),
+    ``stages`` (the small request's device time per stage), ``batch`` (1,024 x 50,000, k = 100).
+    """
     import cupy as cp
     import torch
 
     from .topk import SeedWorkspace, TopKWorkspace, launch_topk, launch_topk_batch, scan_lists
 
     rows = []
-    phases = set((args.phases or "large,small,batch").split(","))
+    phases = set((args.phases or "large,small,stages,batch").split(","))
     cuda = launch.cuda()
 
     def add(r):
@@ -507,6 +576,8 @@ def topk(env, ceil, args) -> list[dict]:
     if "small" in phases:
         for seeded in (True, False):
             one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident, as right after scoring")
+    if "stages" in phases:
+        rows.extend(_topk_stage_rows(env, ceil, args, 500_000, 1000))
     if "batch" in phases:
         batch, per, k = 1024, 50_000, 100
         scores = cp.random.RandomState(7).standard_normal(batch * per, dtype=cp.float32)

@@ -144,6 +144,13 @@ def launch_topk_batch(d_scores, ws: TopKWorkspace, elig=None, d_ids=None, seeds=
     Results in ``ws.out_id [batch, kmax]``, ``ws.out_s``, ``ws.counts [batch, 2]`` (eligible
     non-NaN scores; those >= seed).
     """
+    launch_scan(d_scores, ws, elig, d_ids, seeds, block)
+    launch_merge_lists(ws, d_ids, block)
+
+
+def launch_scan(d_scores, ws: TopKWorkspace, elig=None, d_ids=None, seeds=None, block: int | None = None):
+    """Enqueue the counters' reset and the scan of :func:`launch_topk_batch` (its first half: per-block
+    lists in ``ws.cand_s / cand_i``, counts in ``ws.counts``); :func:`launch_merge_lists` is the rest."""
     from .kernels.topk import SCAN_ITEMS, buffer_capacity, scan_kernel
 
     block = block or launch.default_block()
@@ -152,7 +159,6 @@ def launch_topk_batch(d_scores, ws: TopKWorkspace, elig=None, d_ids=None, seeds=
     kern[(ws.lists, ws.batch), block](d_scores, ws.offsets, elig if elig is not None else launch.dummy2d(np.uint64),
                                       d_ids if d_ids is not None else launch.dummy(np.int64), ws.ks, ws.kmax,
                                       seeds if seeds is not None else ws.no_seeds, ws.cand_s, ws.cand_i, ws.counts)
-    launch_merge_lists(ws, d_ids, block)
 
 
 #: Single requests at least this large get a seed threshold from a sample.
