@@ -223,7 +223,7 @@ class DeviceTargetingIndex:
         if len(excl) != B:
             raise ValueError(f"{B} profiles but {len(excl)} exclude lists")
         nw = idx.n_words if n_words is None else int(n_words)
-        if not 0 < nw <= idx.n_words:
+        if not (0 < nw <= idx.n_words or nw == idx.n_words == 0):  # an empty pool matches nothing
             raise ValueError(f"n_words must be in 1..{idx.n_words}")
         n_bits = min(idx.n_ads, nw * WORD_BITS)
         plans = [idx.plan(make_profile(idx.schema, p)) for p in profiles]

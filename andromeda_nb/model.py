@@ -183,12 +183,24 @@ class AdTable:
                 f"{self.dtype!r}, got {emb.ndim}-D {emb.dtype}"
             )
         n = emb.shape[0]
+        for name in ("bias", "ad_ids", "scale"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), np.ndarray):
+                raise TypeError(f"{name} must be a numpy array (build tables with AdTable.from_float)")
         if self.bias.shape != (n,) or self.ad_ids.shape != (n,):
             raise ValueError(f"bias {self.bias.shape} and ad_ids {self.ad_ids.shape} must be ({n},)")
+        if self.bias.dtype != np.float32 or self.ad_ids.dtype != np.int64:
+            raise ValueError(f"bias must be float32 and ad_ids int64, got {self.bias.dtype} and {self.ad_ids.dtype}")
         if (self.scale is None) != (self.dtype != "int8"):
             raise ValueError("scale is required for int8 tables and only for them")
-        if self.scale is not None and self.scale.shape != (n,):
-            raise ValueError(f"scale {self.scale.shape} must be ({n},)")
+        if self.scale is not None:
+            if self.scale.shape != (n,) or self.scale.dtype != np.float32:
+                raise ValueError(f"scale must be float32 ({n},), got {self.scale.dtype} {self.scale.shape}")
+            if n and not (np.all(np.isfinite(self.scale)) and self.scale.min() >= 0):
+                raise ValueError("int8 row scales must be finite and non-negative")
+        if n and self.ad_ids.min() < 0:
+            raise ValueError("ad_ids must be non-negative")
+        if n > 1 and np.unique(self.ad_ids).size != n:
+            raise ValueError("ad_ids must be unique (results report ad ids)")
 
     @classmethod
     def from_float(
@@ -257,6 +269,12 @@ class AdTable:
             store = emb.astype(np.float16)
         elif dtype == "bf16":
             store = to_bf16_bits(emb)
+            over = np.isinf(from_bf16_bits(store)) & np.isfinite(emb)
+            if over.any():
+                raise ValueError(
+                    f"{int(over.sum())} embedding values round to inf in bf16 (|x| >= 3.3961e38 rounds past "
+                    "the largest bf16); rescale the table or store it as int8"
+                )
         else:
             store, scale = quantize_int8_rows(emb)
         return cls(embeddings=store, bias=b, dtype=dtype, scale=scale, ad_ids=ids)

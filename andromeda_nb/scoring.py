@@ -201,7 +201,7 @@ class DeviceRequest:
         return self._naive
 
 
-def _prepare(request, table: DeviceAdTable, eligible, candidates):
+def _prepare(request, table: DeviceAdTable, eligible, candidates, unique: bool = False):
     if not isinstance(table, DeviceAdTable):
         raise TypeError(f"table must be a DeviceAdTable, got {type(table).__name__}")
     dreq = DeviceRequest.of(request)
@@ -212,10 +212,16 @@ def _prepare(request, table: DeviceAdTable, eligible, candidates):
     n = table.n_ads
     if candidates is not None:
         launch.check_array("candidates", candidates, np.int32, ndim=1)
-        if isinstance(candidates, np.ndarray) and candidates.size:
-            lo, hi = int(candidates.min()), int(candidates.max())
+        # device candidates are copied back once to be checked (m * 4 bytes): an id out of range
+        # would read outside the table; the launch_* functions skip this for serving loops
+        host = candidates if isinstance(candidates, np.ndarray) else candidates.copy_to_host()
+        if host.size:
+            lo, hi = int(host.min()), int(host.max())
             if lo < 0 or hi >= n:
                 raise ValueError(f"candidate slots must be in 0..{n - 1}, got range {lo}..{hi}")
+            if unique and np.unique(host).size != host.size:
+                raise ValueError("candidate slots must be distinct for top-K (a repeated slot would be "
+                                 "returned several times)")
         return dreq, "candidates", None, launch.to_device(candidates), int(candidates.shape[0])
     if eligible is not None:
         return dreq, "bitset", eligible_bitset(eligible, n), None, n
@@ -331,9 +337,12 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
     Returns:
         :class:`~andromeda_nb.model.TopK` by ad id (ties to the lower ad id), count = ads scored
         with a non-NaN score.
+
+    Raises:
+        TypeError / ValueError: as :func:`score_ads`, k out of range, or repeated candidate slots.
     """
     k = check_k(k)
-    dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates)
+    dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates, unique=True)
     ws = launch_score_topk(dreq, table, k, access, elig, cand, n_items, config)
     return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(),
                 count=int(ws.counts.copy_to_host()[0, 0]))

@@ -1027,6 +1027,8 @@ class TargetingRules:
         ids = np.asarray(ad_ids)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
             raise RuleError("ad_ids must be a 1-D integer array")
+        if ids.size and ids.dtype.kind == "u" and ids.max() > MAX_AD_ID:
+            raise RuleError(f"ad {int(ids.max())}: ad_id must be in 0..2^63-1")
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         n = ids.size
         free = ids == -1 if allow_free else np.zeros(n, bool)
@@ -1060,7 +1062,11 @@ class TargetingRules:
                 for name, (ptr, _) in csr.items():
                     if np.any(np.diff(ptr)[free]):
                         raise RuleError(f"a free slot (ad_id -1) constrains category {name!r}")
-        return cls(schema, ids, live, inc, exc)
+        # copies: the index keeps these arrays as its source of truth for later updates, so a
+        # caller reusing its buffers must not be able to change them underneath it
+        inc = {name: (ptr.copy(), vals.copy()) for name, (ptr, vals) in inc.items()}
+        exc = {name: (ptr.copy(), vals.copy()) for name, (ptr, vals) in exc.items()}
+        return cls(schema, ids.copy(), live.copy(), inc, exc)
 
     @classmethod
     def from_records(cls, schema: TargetingSchema, records: Iterable[Mapping]) -> "TargetingRules":
@@ -1109,17 +1115,24 @@ class TargetingRules:
         bad_kind = set(frame["kind"]) - {"include", "exclude"}
         if bad_kind:
             raise RuleError(f"rule frame: kind must be 'include' or 'exclude', got {sorted(bad_kind)}")
-        order = sorted(set(int(a) for a in frame["ad_id"])) if ad_ids is None else [int(a) for a in ad_ids]
+        frame_ids = [_ad_id(a, f"rule frame row {i}") for i, a in enumerate(frame["ad_id"])]
+        order = sorted(set(frame_ids)) if ad_ids is None else [_ad_id(a, "ad_ids") for a in ad_ids]
         recs = {a: {"ad_id": a, "include": {}, "exclude": {}} for a in order}
         if len(recs) != len(order):
             raise RuleError("ad_ids holds duplicates")
-        for a, cat, kind, v in zip(frame["ad_id"], frame["category"], frame["kind"], frame["value"]):
-            if int(a) not in recs:
+        for i, (a, cat, kind, v) in enumerate(zip(frame_ids, frame["category"], frame["kind"], frame["value"])):
+            if a not in recs:
                 raise RuleError(f"ad {a}: not in ad_ids")
-            recs[int(a)][kind].setdefault(cat, []).append(v)
+            if isinstance(v, (float, np.floating)) and np.isnan(v):
+                raise RuleError(f"ad {a}, category {cat!r}: rule frame row {i} has no value (NaN)")
+            recs[a][kind].setdefault(cat, []).append(v)
         if "live" in frame.columns:
-            for a, live in zip(frame["ad_id"], frame["live"]):
-                recs[int(a)]["live"] = bool(live)
+            for i, (a, live) in enumerate(zip(frame_ids, frame["live"])):
+                if not isinstance(live, (bool, np.bool_)):
+                    raise RuleError(f"ad {a}: live must be a bool, got {live!r} (rule frame row {i})")
+                if recs[a].get("live", bool(live)) != bool(live):
+                    raise RuleError(f"ad {a}: rows disagree on live (rule frame row {i})")
+                recs[a]["live"] = bool(live)
         return cls.from_records(schema, recs.values())
 
     def to_records(self) -> list[dict]:
@@ -1161,6 +1174,17 @@ def _read_jsonl(source) -> list:
     return out
 
 
+#: Largest ad id (ids are stored as int64).
+MAX_AD_ID = np.iinfo(np.int64).max
+
+
+def _ad_id(value, where: str) -> int:
+    """``value`` as an ad id: an integer (not a bool, not a float) in ``0..MAX_AD_ID``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value <= MAX_AD_ID:
+        raise RuleError(f"{where}: ad_id must be an integer in 0..2^63-1, got {value!r}")
+    return int(value)
+
+
 def _records_to_columns(schema, records, allowed, need_rule=lambda rec: True):
     """Validate rule records into (ids, lives, {kind: {cat: (ptr, vals)}}) without de-duplicating ids."""
     ids, lives = [], []
@@ -1173,10 +1197,7 @@ def _records_to_columns(schema, records, allowed, need_rule=lambda rec: True):
         extra = set(rec) - set(allowed)
         if extra:
             raise RuleError(f"record {pos}: unknown fields {sorted(extra)}")
-        ad_id = rec.get("ad_id")
-        if isinstance(ad_id, (bool, np.bool_)) or not isinstance(ad_id, (int, np.integer)) or ad_id < 0:
-            raise RuleError(f"record {pos}: ad_id must be a non-negative int, got {ad_id!r}")
-        ad_id = int(ad_id)
+        ad_id = _ad_id(rec.get("ad_id"), f"record {pos}")
         if check_dup:
             if ad_id in seen:
                 raise RuleError(f"ad {ad_id}: duplicate ad_id")
@@ -1185,7 +1206,8 @@ def _records_to_columns(schema, records, allowed, need_rule=lambda rec: True):
         if not isinstance(live, (bool, np.bool_)):
             raise RuleError(f"ad {ad_id}: live must be a bool, got {live!r}")
         for kind in ("include", "exclude"):
-            part = rec.get(kind) or {}
+            part = rec.get(kind)
+            part = {} if part is None else part
             if not isinstance(part, Mapping):
                 raise RuleError(f"ad {ad_id}: {kind} must map category -> values, got {part!r}")
             sets = {cat: _value_set(schema, f"ad {ad_id} ({kind})", cat, vals) for cat, vals in part.items()}
@@ -1292,19 +1314,34 @@ class UpdateBatch:
         Raises:
             RuleError: unknown op, negative ad id, bad CSR / category / value (naming the ad).
         """
-        ops = np.asarray(ops)
+        try:
+            ops = np.asarray(ops)
+        except ValueError:  # ragged input
+            raise RuleError("ops must be a 1-D array of op codes or names") from None
+        if ops.ndim != 1:
+            raise RuleError(f"ops must be a 1-D array of op codes or names, got shape {ops.shape}")
         if ops.dtype.kind in "OUS":
-            ops = np.array([OP_NAMES.get(str(o), -1) if isinstance(o, str) else int(o) for o in ops.tolist()],
-                           np.int64)
-        if ops.ndim != 1 or (ops.size and ops.dtype.kind not in "iu"):
+            def code(o):
+                if isinstance(o, str):
+                    return OP_NAMES.get(o, -1)
+                if isinstance(o, (int, np.integer)) and not isinstance(o, (bool, np.bool_)):
+                    return int(o)
+                raise RuleError(f"ops: {o!r} is not an op code or name")
+            ops = np.array([code(o) for o in ops.tolist()], np.int64)
+        if ops.size and ops.dtype.kind not in "iu":
             raise RuleError("ops must be a 1-D array of op codes or names")
-        ids = np.ascontiguousarray(np.asarray(ad_ids), dtype=np.int64)
+        ids = np.asarray(ad_ids)
         k = ops.size
         if ids.shape != (k,):
-            raise RuleError(f"ad_ids must have shape ({k},)")
+            raise RuleError(f"ad_ids must have shape ({k},), got {ids.shape}")
+        if k and ids.dtype.kind not in "iu":
+            raise RuleError(f"ad_ids must be integers, got dtype {ids.dtype}")
+        if k and ids.dtype.kind == "u" and ids.max() > MAX_AD_ID:
+            raise RuleError(f"ad {int(ids.max())}: ad_id must be in 0..2^63-1")
+        ids = np.array(ids, dtype=np.int64)  # a copy: the batch never aliases the caller's buffer
         bad = (ops < 0) | (ops > RETIRE)
         if bad.any():
-            raise RuleError(f"ad {int(ids[bad][0])}: unknown op {ops[bad][0]!r}")
+            raise RuleError(f"ad {int(ids[bad][0])}: unknown op {int(ops[bad][0])}")
         if k and ids.min() < 0:
             raise RuleError(f"ad {int(ids[ids < 0][0])}: ad_id must be non-negative")
         live = np.ones(k, bool) if live is None else np.asarray(live)
@@ -1588,6 +1625,9 @@ class TargetingIndex:
             raise TypeError(f"rules must be TargetingRules, got {type(rules).__name__}")
         schema = self.schema = rules.schema
         n_base = rules.n_ads
+        if capacity is not None and (isinstance(capacity, (bool, np.bool_))
+                                     or not isinstance(capacity, (int, np.integer))):
+            raise TypeError(f"capacity must be an int (ad slots), got {capacity!r}")
         cap = n_base if capacity is None else int(capacity)
         if cap < n_base:
             raise ValueError(f"capacity {cap} is below the {n_base} ads given")

@@ -235,7 +235,8 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         scores: ``float32[n]``, host or device, C-contiguous, ``n < 2**31``.
         k: ``1 <= k <= MAX_K``.
         eligible: optional bool ``[n]`` mask or uint64 ``[ceil(n/64)]`` bitset.
-        ids: optional ``int64[n]`` ids (unique) reported and used for tie-breaks; default the index.
+        ids: optional ``int64[n]`` ids (unique, non-negative) reported and used for tie-breaks;
+            default the index.
         block: threads per block (default: 256 on a GPU, 32 in the simulator).
         seeded: for large arrays without an eligible set, seed the running threshold from a
             sample (exact either way: a seed above the k-th score triggers an unseeded rerun).
@@ -244,7 +245,7 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         :class:`~andromeda_nb.model.TopK` with host arrays and the count of eligible non-NaN scores.
 
     Raises:
-        TypeError / ValueError: bad dtype, shape, contiguity or k (before any launch).
+        TypeError / ValueError: bad dtype, shape, contiguity, k or ids (before any launch).
     """
 
     k = check_k(k)
@@ -254,6 +255,9 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         raise ValueError(f"at most {MAX_ITEMS} scores per call, got {n}")
     if ids is not None:
         launch.check_array("ids", ids, np.int64, shape=(n,))
+        host_ids = ids if isinstance(ids, np.ndarray) else ids.copy_to_host()
+        if n and host_ids.min() < 0:
+            raise ValueError("ids must be non-negative (-1 marks a pad in the result)")
     elig = None if eligible is None else eligible_bitset(eligible, n)
     d_ids = None if ids is None else launch.to_device(ids)
     d_scores = launch.to_device(scores)

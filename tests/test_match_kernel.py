@@ -173,3 +173,13 @@ def test_stale_device_copy_and_prepared_batch_raise(rng):
         match_eligible(dev, {})
     with pytest.raises(RuntimeError, match="prepare it again"):
         other.launch(prep)
+
+
+def test_empty_pool_matches_nothing():
+    schema = random_schema()
+    for capacity in (None, 10):
+        index = DeviceTargetingIndex(TargetingIndex(TargetingRules.from_records(schema, []), capacity=capacity))
+        got = match_eligible(index, {})
+        assert got.count == 0 and not got.to_mask().any()
+        batch = match_batch(index, [{}, {}])
+        assert list(batch.counts) == [0, 0]

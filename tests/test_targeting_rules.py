@@ -18,8 +18,12 @@ SCHEMA = TargetingSchema([Category("age", 7), Category("interest", 30, multi_val
     ({"ad_id": 5, "include": {"age": [True]}}, "ad 5.*'age'.*not an integer"),
     ({"ad_id": 5, "include": [1, 2]}, "ad 5: include must map"),
     ({"ad_id": 5, "live": "yes"}, "ad 5: live must be a bool"),
-    ({"ad_id": -2}, "ad_id must be a non-negative int"),
-    ({"ad_id": "x"}, "ad_id must be a non-negative int"),
+    ({"ad_id": -2}, "ad_id must be an integer in 0..2"),
+    ({"ad_id": "x"}, "ad_id must be an integer in 0..2"),
+    ({"ad_id": 1.0}, "ad_id must be an integer in 0..2"),
+    ({"ad_id": 2**63}, "ad_id must be an integer in 0..2"),
+    ({"ad_id": 5, "include": 0}, "ad 5: include must map"),
+    ({"ad_id": 5, "exclude": ""}, "ad 5: exclude must map"),
     ({"ad_id": 5, "color": 1}, "unknown fields"),
 ])
 def test_bad_records(record, msg):
@@ -149,3 +153,66 @@ def test_category_limits():
         Category("x", 0)
     with pytest.raises(ValueError, match="cardinality"):
         Category("x", 1 << 31)
+
+
+def test_frame_rejects_what_records_reject():
+    """A DataFrame is held to the records' rules: integer ad ids, bool live flags, no NaN values
+    (pandas turns an int column with a gap into floats; the error names the row with the gap)."""
+    base = dict(category=["age", "age"], kind=["include", "exclude"], value=[1, 2])
+    with pytest.raises(RuleError, match="row 0: ad_id must be an integer"):
+        TargetingRules.from_frame(SCHEMA, pd.DataFrame({"ad_id": [1.2, 1.7], **base}))
+    with pytest.raises(RuleError, match="row 1: ad_id must be an integer"):
+        TargetingRules.from_frame(SCHEMA, pd.DataFrame({"ad_id": [1, "1"], **base}, dtype=object))
+    with pytest.raises(RuleError, match="ad_ids: ad_id must be an integer"):
+        TargetingRules.from_frame(SCHEMA, pd.DataFrame({"ad_id": [1, 1], **base}), ad_ids=[1.7])
+    with pytest.raises(RuleError, match="ad 1: live must be a bool"):
+        TargetingRules.from_frame(SCHEMA, pd.DataFrame({"ad_id": [1, 1], **base, "live": ["False", "False"]}))
+    with pytest.raises(RuleError, match="ad 1: rows disagree on live"):
+        TargetingRules.from_frame(SCHEMA, pd.DataFrame({"ad_id": [1, 1], **base, "live": [True, False]}))
+    with pytest.raises(RuleError, match="ad 2, category 'age': rule frame row 1 has no value"):
+        TargetingRules.from_frame(SCHEMA, pd.DataFrame({"ad_id": [1, 2], "category": ["age", "age"],
+                                                        "kind": ["include", "include"], "value": [1, np.nan]}))
+    ok = TargetingRules.from_frame(SCHEMA, pd.DataFrame({"ad_id": [1, 1], **base, "live": [False, False]}))
+    assert ok.to_records() == [{"ad_id": 1, "live": False, "include": {"age": [1]}, "exclude": {"age": [2]}}]
+
+
+def test_update_batch_columns_reject_non_integer_ids():
+    from andromeda_nb.targeting import UpdateBatch
+
+    with pytest.raises(RuleError, match="ad_ids must be integers"):
+        UpdateBatch.from_columns(SCHEMA, ["create"], np.array([5.7]))
+    with pytest.raises(RuleError, match="ad_ids must be integers"):
+        UpdateBatch.from_columns(SCHEMA, ["create"], np.array(["5"]))
+    with pytest.raises(RuleError, match="ops must be a 1-D"):
+        UpdateBatch.from_columns(SCHEMA, "create", 1)
+    with pytest.raises(RuleError, match="ops must be a 1-D"):
+        UpdateBatch.from_columns(SCHEMA, ["create", [1]], np.array([1, 2]))
+    with pytest.raises(RuleError, match="not an op code or name"):
+        UpdateBatch.from_columns(SCHEMA, np.array(["create", 1.5], dtype=object), np.array([1, 2]))
+    with pytest.raises(RuleError, match=r"ad 3: unknown op -1\b"):
+        UpdateBatch.from_columns(SCHEMA, np.array([0, -1]), np.array([2, 3]))
+    with pytest.raises(RuleError, match="ad_id must be in 0..2"):
+        TargetingRules.from_columns(SCHEMA, np.array([2**63 + 5], np.uint64))
+
+
+def test_rules_do_not_alias_the_callers_buffers():
+    """The index keeps the rules as the truth for later updates: reusing the arrays passed to
+    from_columns / UpdateBatch.from_columns afterwards must not change it."""
+    from andromeda_nb.targeting import TargetingIndex, UpdateBatch
+
+    ids = np.arange(4, dtype=np.int64)
+    ptr = np.arange(5, dtype=np.int64)
+    vals = np.ones(4, np.int32)
+    live = np.ones(4, bool)
+    idx = TargetingIndex(TargetingRules.from_columns(SCHEMA, ids, live, include={"age": (ptr, vals)}))
+    vals[0], ids[1], live[2] = 2, 99, False
+    op_ids = np.array([0], np.int64)
+    batch = UpdateBatch.from_columns(SCHEMA, ["change"], op_ids, include={"age": (np.array([0, 1]), np.array([3]))})
+    op_ids[0] = 1
+    idx.apply(batch)
+    idx.apply(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": 1}]))
+    idx.assert_same(idx.rebuild())
+    assert idx.match_cpu({"age": 1})[1] == 2  # ads 2 and 3 (live, age 1); ad 1 retired; ad 0 now age 3
+    assert idx.match_cpu({"age": 3})[1] == 1
+    with pytest.raises(TypeError, match="capacity must be an int"):
+        TargetingIndex(TargetingRules.from_records(SCHEMA, []), capacity=60.9)

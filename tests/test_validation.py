@@ -60,3 +60,42 @@ def test_scoring_inputs(rng):
         score_ads(req, table, eligible=np.ones(21, bool))
     with pytest.raises(ValueError, match="k=0"):
         score_topk(req, table, 0)
+
+
+def test_bf16_overflow_and_direct_tables_are_checked(rng):
+    big = np.full((4, 8), 3.4e38, np.float32)  # finite in fp32, past the largest bf16 after rounding
+    with pytest.raises(ValueError, match="round to inf in bf16"):
+        AdTable.from_float(big, dtype="bf16")
+    AdTable.from_float(np.full((4, 8), 3.3e38, np.float32), dtype="bf16")  # still finite: accepted
+    emb = rng.standard_normal((3, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match="unique"):
+        AdTable(emb, np.zeros(3, np.float32), "fp32", None, np.zeros(3, np.int64))
+    with pytest.raises(TypeError, match="bias must be a numpy array"):
+        AdTable(emb, [0.0, 0.0, 0.0], "fp32", None, np.arange(3))
+    with pytest.raises(ValueError, match="float32"):
+        AdTable(emb, np.zeros(3), "fp32", None, np.arange(3))
+    q = emb.astype(np.int8)
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        AdTable(q, np.zeros(3, np.float32), "int8", np.array([1, -1, 1], np.float32), np.arange(3))
+
+
+def test_candidates_checked_on_the_device_and_distinct_for_topk(rng):
+    from andromeda_nb import launch
+
+    table = DeviceAdTable(AdTable.from_float(rng.standard_normal((20, 32))))
+    req = Request.random(32, 2, 1, rng)
+    with pytest.raises(ValueError, match="0..19"):
+        score_topk(req, table, 3, candidates=launch.to_device(np.array([3, 25], np.int32)))
+    with pytest.raises(ValueError, match="0..19"):
+        score_ads(req, table, candidates=launch.to_device(np.array([-1, 2], np.int32)))
+    with pytest.raises(ValueError, match="distinct"):
+        score_topk(req, table, 3, candidates=np.array([7, 7, 3], np.int32))
+    got = score_ads(req, table, candidates=np.array([7, 7], np.int32)).copy_to_host()  # per position: fine
+    assert got[0] == got[1]
+
+
+def test_topk_ids_must_not_collide_with_the_pad():
+    from andromeda_nb.topk import topk_scores
+
+    with pytest.raises(ValueError, match="non-negative"):
+        topk_scores(np.arange(4, dtype=np.float32), 2, ids=np.array([3, -1, 5, 6], np.int64))
