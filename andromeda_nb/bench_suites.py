@@ -385,10 +385,10 @@ def topk_stages(d_scores, n: int, k: int):
     def seed_copy():
         sws.seed.copy_to_device(sws.ws.out_s[0, sws.r - 1:sws.r])
 
-    def reset_merge(w):
+    def reset_merge(w, final=None):
         def fn():
             w.reset()
-            launch_merge_lists(w)
+            launch_merge_lists(w, final=final)
         return fn
 
     stages = [
@@ -400,7 +400,8 @@ def topk_stages(d_scores, n: int, k: int):
         ("seed_copy", seed_copy, "the r-th sample score to the seed (device to device)"),
         ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.seed),
          f"counter reset + scan: {ws.lists} block lists over {n} scores"),
-        ("merge", reset_merge(ws), "counter reset, bound, select, final"),
+        ("merge", reset_merge(ws), "counter reset, bound, select, final (offer: block top-K over the buffer)"),
+        ("merge_radix", reset_merge(ws, "radix"), "counter reset, bound, select, final by radix select"),
         ("all", lambda: launch_topk(d_scores, n, k, seeded=True, ws=ws, sws=sws), "the whole seeded call"),
     ]
     return stages, ws, sws
@@ -417,17 +418,20 @@ def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
     for _, fn, _ in stages:  # in order, once: every stage's inputs in place
         fn()
     cuda.synchronize()
-    verified = str(verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k))
     rows = []
     for name, fn, note in stages:
+        verified = "n/a (stage timing; the 'all' row is verified)"
+        if name in ("merge", "merge_radix", "all"):  # these write the answer: check it
+            fn()
+            cuda.synchronize()
+            verified = str(verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k))
         timing = bench.time_device(fn, reps=args.reps)
-        r = bench.row("topk", env, ceil, timing, n, 4.0, None,
-                      verified if name == "all" else "n/a (stage timing; the 'all' row is verified)",
+        r = bench.row("topk", env, ceil, timing, n, 4.0, None, verified,
                       variant=f"block_topk_stage_{name}", n_ads=n, k=k, batch=1, dtype="fp32", access="random",
                       notes=f"2 MB: L2-resident; {note}")
         rows.append(r)
         bench.print_rows([r])
-    rows[-1]["notes"] += f"; {int(ws.fill.copy_to_host()[0])} candidates reached the final block"
+    rows[-1]["notes"] += f"; {int(ws.fill.copy_to_host()[0])} candidates reached the final step"
     return rows
 
 
@@ -535,7 +539,7 @@ def topk(env, ceil, args) -> list[dict]:
         rows.append(r)
         bench.print_rows([r])
 
-    def one(n, k, order, seeded, l2_note=""):
+    def one(n, k, order, seeded, l2_note="", suffix=""):
         if order == "ascending":
             scores = cp.arange(n, dtype=cp.float32) / n
         else:
@@ -550,7 +554,7 @@ def topk(env, ceil, args) -> list[dict]:
         if sws is not None and c[1] < min(k, c[0]):
             verified = checks.Check(False, f"seed above the k-th score ({c[1]} scores reached it): the timed run "
                                            "was not exact; the wrapper would rerun unseeded")
-        variant = "block_topk_seeded" if sws is not None else "block_topk"
+        variant = ("block_topk_seeded" if sws is not None else "block_topk") + suffix
         add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant=variant, n_ads=n, k=k, batch=1,
                       dtype="fp32", access=order, notes=l2_note))
         t = torch.as_tensor(scores, device="cuda")
@@ -576,6 +580,16 @@ def topk(env, ceil, args) -> list[dict]:
     if "small" in phases:
         for seeded in (True, False):
             one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident, as right after scoring")
+        from . import topk as topk_module
+
+        default_final = topk_module.FINAL_MERGE
+        topk_module.FINAL_MERGE = "radix"  # the merge's final step by radix select (candidate default)
+        try:
+            for seeded in (True, False):
+                one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident; final step by radix select",
+                    suffix="_radix_final")
+        finally:
+            topk_module.FINAL_MERGE = default_final
     if "stages" in phases:
         rows.extend(_topk_stage_rows(env, ceil, args, 500_000, 1000))
     if "batch" in phases:

@@ -82,6 +82,9 @@ def variants():
                             (A(f32), A(i64), A(u64, 2), A(i64), A(i64), i64, A(f32), A(f32, 2), A(i32, 2), A(i64, 2))))
         out.append((f"topk final cap{cap}", T.final_kernel(cap, 256, True),
                     (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
+        for ids in (False, True):
+            out.append((f"topk final_radix cap{cap} ids{ids}", T.final_radix_kernel(cap, 256, ids),
+                        (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
     out.append(("topk bound", T.bound_kernel(256, True),
                 (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32))))
     out.append(("topk select", T.select_kernel(True),

@@ -100,16 +100,28 @@ class TopKWorkspace:
         reset_kernel()[(1, self.batch), 32](self.counts, self.fill)
 
 
-def launch_merge_lists(ws: TopKWorkspace, ids=None, block: int | None = None):
+#: The final step of the merge: "offer" (the block top-K over the compact buffer, measured) or
+#: "radix" (radix select, then one sort of k; not yet measured on a GPU: see
+#: kernels.topk.final_radix_kernel). Both are exact and tested against the oracle.
+FINAL_MERGE = "offer"
+
+
+def launch_merge_lists(ws: TopKWorkspace, ids=None, block: int | None = None, final: str | None = None):
     """Enqueue the merge of the workspace's per-block top-k lists (``ws.cand_s/cand_i``: each list
     sorted best first, slots local to the request's slice, -1 pads; entries past a request's k
     ignored) into each request's exact top-k, in ``ws.out_id`` / ``ws.out_s``.
 
     Steps: bound (the best of the lists' k-th keys, a lower bound of the answer's k-th), select (the
     entries at or above it into a compact buffer), final (one block's exact top-k of the buffer).
-    ``ids``: device int64 (global) tie-break and output ids, or None (slots).
+    ``ids``: device int64 (global) tie-break and output ids, or None (slots). ``final``: "offer" or
+    "radix" (default :data:`FINAL_MERGE`).
     """
-    from .kernels.topk import bound_kernel, buffer_capacity, final_kernel, select_kernel
+    from .kernels.topk import (bound_kernel, buffer_capacity, final_kernel, final_radix_kernel, next_pow2,
+                               select_kernel)
+
+    final = final or FINAL_MERGE
+    if final not in ("offer", "radix"):
+        raise ValueError(f"final must be 'offer' or 'radix', got {final!r}")
 
     block = block or launch.default_block()
     batch, m = ws.batch, ws.lists * ws.kmax
@@ -120,8 +132,9 @@ def launch_merge_lists(ws: TopKWorkspace, ids=None, block: int | None = None):
     grid = max(1, min(-(-m // block), 64))
     select_kernel(has_ids)[(grid, batch), block](ws.cand_s, ws.cand_i, m, ws.kmax, ws.ks, ws.offsets, ids_arg,
                                                  ws.bound_s, ws.bound_i, ws.buf_s, ws.buf_i, ws.fill)
-    final_kernel(buffer_capacity(ws.kmax, block), block, has_ids)[(1, batch), block](
-        ws.buf_s, ws.buf_i, ws.fill, ws.offsets, ids_arg, ws.ks, ws.out_s, ws.out_slot, ws.out_id)
+    kern = (final_radix_kernel(max(2, next_pow2(ws.kmax)), block, has_ids) if final == "radix"
+            else final_kernel(buffer_capacity(ws.kmax, block), block, has_ids))
+    kern[(1, batch), block](ws.buf_s, ws.buf_i, ws.fill, ws.offsets, ids_arg, ws.ks, ws.out_s, ws.out_slot, ws.out_id)
 
 
 def scan_lists(offsets, ks, block: int | None = None) -> int:

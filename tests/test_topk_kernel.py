@@ -204,3 +204,74 @@ def test_many_rounds_per_block(rng, n):
             assert got.count == want.count
     ascending = np.arange(n, dtype=np.float32)  # every round raises the threshold
     np.testing.assert_array_equal(topk_scores(ascending, 100).ids, oracle.topk(ascending, 100).ids)
+
+
+@pytest.fixture
+def radix_final(monkeypatch):
+    monkeypatch.setattr(T, "FINAL_MERGE", "radix")
+
+
+@given(score_cases())
+def test_radix_final_matches_oracle(case):
+    """The radix-select final step: the same cases as the offer path (ties, NaN, +-inf, -0, k > n)."""
+    scores, k, eligible, ids = case
+    old = T.FINAL_MERGE
+    T.FINAL_MERGE = "radix"  # hypothesis reruns the body: no function-scoped fixture here
+    try:
+        got = topk_scores(scores, k, eligible=eligible, ids=ids)
+    finally:
+        T.FINAL_MERGE = old
+    want = oracle.topk(scores, k, ids=ids, eligible=eligible)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores, want.scores)
+    assert got.count == want.count
+
+
+@pytest.mark.parametrize("n", [4 * 32 * SCAN_ITEMS * 3 + 17, 5000])
+def test_radix_final_many_candidates_and_ties(rng, n, radix_final):
+    """Many entries reach the final step (small k per list, many lists) and the k-th score is
+    shared by many ads: the id passes pick the lowest ids; with custom ids as well."""
+    scores = rng.integers(-3, 4, n).astype(np.float32)  # 7 values: heavy ties everywhere
+    scores[rng.random(n) < 0.05] = -0.0
+    ids = rng.choice(10 * n, n, replace=False).astype(np.int64)
+    for k in (1, 37, 500, n):
+        k = min(k, T.MAX_K)
+        for use_ids in (None, ids):
+            got = topk_scores(scores, k, ids=use_ids)
+            want = oracle.topk(scores, k, ids=use_ids)
+            np.testing.assert_array_equal(got.ids, want.ids)
+            np.testing.assert_array_equal(got.scores, want.scores)
+
+
+@pytest.mark.parametrize("has_ids", [False, True])
+def test_radix_final_kernel_on_a_crafted_buffer(rng, has_ids):
+    """The final step alone, on a buffer of m >> k entries in random order: ties at the k-th
+    score (including -0 against +0, equal scores whose bits differ) go to the lowest ids."""
+    from andromeda_nb.kernels.topk import final_radix_kernel
+
+    cuda = launch.cuda()
+    block, m = launch.default_block(), 700
+    scores = rng.choice(np.array([2.0, 0.0, -0.0, -1.0, np.inf, -np.inf], np.float32), m, p=[.05, .3, .3, .2, .05, .1])
+    ids = rng.choice(5 * m, m, replace=False).astype(np.int64)
+    order = rng.permutation(m)
+    for k in (1, 20, 60, 333, m, m + 5):
+        kmax = k
+        out = [cuda.to_device(np.full((1, kmax), fill, dt)) for fill, dt in ((9.0, np.float32), (7, np.int32), (7, np.int64))]
+        final_radix_kernel(max(2, 1 << (kmax - 1).bit_length()), block, has_ids)[(1, 1), block](
+            cuda.to_device(scores[order][None, :]), cuda.to_device(order.astype(np.int32)[None, :]),
+            cuda.to_device(np.array([m], np.int64)), cuda.to_device(np.array([0, m], np.int64)),
+            cuda.to_device(ids) if has_ids else launch.dummy(np.int64), cuda.to_device(np.array([k], np.int64)), *out)
+        want = oracle.topk(scores, k, ids=ids if has_ids else None)
+        np.testing.assert_array_equal(out[2].copy_to_host()[0], want.ids)
+        np.testing.assert_array_equal(out[0].copy_to_host()[0], want.scores)
+
+
+def test_radix_final_signed_zeros_tie(rng, radix_final):
+    """-0 and +0 are equal scores (ties go to the lower id) even though their bits differ."""
+    n = 3000
+    scores = rng.choice(np.array([0.0, -0.0, -1.0], np.float32), n)
+    scores[rng.choice(n, 100, replace=False)] = 1.0
+    for k in (150, 1000):
+        got = topk_scores(scores, k)
+        want = oracle.topk(scores, k)
+        np.testing.assert_array_equal(got.ids, want.ids)

@@ -10,6 +10,9 @@ split it into two 4-byte loads) and fp16 widens with one ``HADD2.F32`` per eleme
 the array 16-byte aligned) with one ``LDS.128``: Numba emits one scalar load per element, and an
 indexed load with a signed index carries a negative-index wraparound check besides.
 
+``float_key(x)`` maps a float32 to a uint32 with the same order (negative: all bits flipped;
+otherwise the sign bit set; -0 sorts just below +0), the key of a radix select.
+
 ``max_nan(x, 0)`` is PTX ``max.NaN.f32`` (sm_80+, one ``FMNMX.NAN``): the ReLU that keeps NaN, as the
 oracle's ``np.maximum`` does.
 
@@ -47,6 +50,10 @@ if config.ENABLE_CUDASIM:
     def lds4(arr, i):
         i = int(i)
         return arr[i], arr[i + 1], arr[i + 2], arr[i + 3]
+
+    def float_key(x):
+        u = int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+        return np.uint32(u ^ 0xFFFFFFFF if u & 0x80000000 else u | 0x80000000)
 
 else:
     from llvmlite import ir
@@ -137,6 +144,18 @@ else:
             vec = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(ir.FloatType(), 4))), align=16)
             vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(4)]
             return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def float_key(typingctx, x):
+        sig = types.uint32(types.float32)
+
+        def codegen(context, builder, sig, args):
+            bits = builder.bitcast(args[0], ir.IntType(32))
+            sign = builder.ashr(bits, ir.Constant(ir.IntType(32), 31))  # all ones if negative
+            flip = builder.or_(sign, ir.Constant(ir.IntType(32), 0x80000000))
+            return builder.xor(bits, flip)
 
         return sig, codegen
 

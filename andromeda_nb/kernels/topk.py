@@ -27,9 +27,10 @@ from collections import namedtuple
 import functools
 import math
 
-from numba import cuda, float32, int32, int64
+from numba import cuda, float32, int32, int64, uint32, uint64
 
 from .bits import test_bit
+from .intrinsics import float_key
 
 
 def next_pow2(x: int) -> int:
@@ -42,7 +43,7 @@ def buffer_capacity(k: int, block: int, items: int = 1) -> int:
     return next_pow2(k + block * items)
 
 
-BlockTopK = namedtuple("BlockTopK", "init insert round_end offer finish better C")
+BlockTopK = namedtuple("BlockTopK", "init insert round_end offer finish better sort C")
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,7 +169,7 @@ def block_topk(cap: int, block: int, has_ids: bool, items: int = 1) -> BlockTopK
                 out_i[base + t] = -1
             t += block
 
-    return BlockTopK(init, insert, round_end, offer, finish, better, C)
+    return BlockTopK(init, insert, round_end, offer, finish, better, sort_desc, C)
 
 
 #: scores per thread per round in the scan (8 loads in flight per thread)
@@ -391,6 +392,198 @@ def final_kernel(cap: int, block: int, has_ids: bool):
                 out_id[r, q] = ids[start + slot]
             else:
                 out_id[r, q] = slot
+            q += block
+
+    return kernel
+
+
+RADIX_BITS = 8
+RADIX = 1 << RADIX_BITS
+
+
+@functools.lru_cache(maxsize=None)
+def _pick_bin(block: int, descending: bool):
+    """Device function ``pick(hist, tmp, need, sel)``: the bin holding the ``need``-th entry of a
+    ``RADIX``-bin histogram, counted from the top bin (``descending``) or the bottom one. Scans the
+    histogram in place into cumulative counts (Hillis-Steele, log2(RADIX) steps over ``tmp``), then
+    the one bin where the count first reaches ``need`` writes ``sel[0]`` = bin, ``sel[1]`` = the
+    entries still needed inside it, ``sel[3]`` = the bin's size. Whole block; ``need >= 1``."""
+
+    @cuda.jit(device=True)
+    def pick(hist, tmp, need, sel):
+        tid = cuda.threadIdx.x
+        off = 1
+        while off < RADIX:
+            h = tid
+            while h < RADIX:
+                src = h + off if descending else h - off
+                tmp[h] = hist[h] + (hist[src] if 0 <= src < RADIX else 0)
+                h += block
+            cuda.syncthreads()
+            h = tid
+            while h < RADIX:
+                hist[h] = tmp[h]
+                h += block
+            cuda.syncthreads()
+            off *= 2
+        h = tid
+        while h < RADIX:
+            nxt = h + 1 if descending else h - 1
+            before = hist[nxt] if 0 <= nxt < RADIX else 0  # entries in the bins ahead of h
+            if hist[h] >= need and before < need:
+                sel[0] = h
+                sel[1] = need - before
+                sel[3] = hist[h] - before
+            h += block
+        cuda.syncthreads()
+
+    return pick
+
+
+@functools.lru_cache(maxsize=None)
+def final_radix_kernel(cap: int, block: int, has_ids: bool):
+    """Launch ``[(1, batch), block]``: the same contract and arguments as :func:`final_kernel`, by
+    radix select instead of offering the buffer to a block top-K.
+
+    ``cap`` (a power of two, at least ``kmax``) entries of shared memory hold the answer. Steps, one
+    block per request, ``m`` = the request's buffer fill, ``kk = min(k, m)``:
+
+    1. threshold: the kk-th largest score key (:func:`~andromeda_nb.kernels.intrinsics.float_key`,
+       -0 folded onto +0), 8 bits a pass over the buffer (4 passes, a 256-bin shared histogram
+       each), keeping only the entries whose key matches the bits fixed so far;
+    2. ties: if more entries hold the threshold key than places remain, the same select over their
+       tie-break ids (``ids[slot]``, else the slot; unique, non-negative) picks the lowest ones;
+    3. gather the kk winners into shared memory, sort them once (bitonic, best first), write.
+
+    Each pass reads the buffer once (it sits in L2 right after ``select``): the cost is a few passes
+    over ``m`` entries plus one sort of ``kk``, where the offer path sorts its whole shared buffer
+    each time it fills (``m / (C - k)`` times).
+    """
+    t = block_topk(cap, block, has_ids)
+    ID_PASSES = 8 if has_ids else 4
+    pick_top = _pick_bin(block, True)
+    pick_low = _pick_bin(block, False)
+
+    @cuda.jit(device=True, inline=True)
+    def key_of(s):
+        if s == float32(0.0):
+            s = float32(0.0)  # -0 ties with +0 (the contract compares scores with ==)
+        return float_key(s)
+
+    @cuda.jit(device=True, inline=True)
+    def id_of(slot, ids, start):
+        if has_ids:
+            return uint64(ids[start + slot])
+        return uint64(slot)
+
+    @cuda.jit
+    def kernel(buf_s, buf_i, fill, offsets, ids, ks, out_s, out_slot, out_id):
+        bs = cuda.shared.array(cap, float32)
+        bi = cuda.shared.array(cap, int32)
+        hist = cuda.shared.array(RADIX, int32)
+        tmp = cuda.shared.array(RADIX, int32)
+        sel = cuda.shared.array(4, int64)  # [0] bin found, [1] entries still needed, [2] gathered, [3] bin size
+        r = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        k = ks[r]
+        start = offsets[r]
+        sub = ids[start:] if has_ids else ids
+        m = fill[r]
+        kk = min(k, m)
+        # --- 1. the kk-th largest score key, 8 bits at a time (most significant first)
+        prefix = uint32(0)
+        mask = uint32(0)
+        need = kk
+        ties = int64(0)  # entries whose key equals the threshold (known after the last pass)
+        if kk == 0:
+            p = 4  # nothing to select: every output is a pad
+        else:
+            p = 0
+        while p < 4:
+            shift = uint32(24 - 8 * p)
+            h = tid
+            while h < RADIX:
+                hist[h] = 0
+                h += block
+            cuda.syncthreads()
+            j = tid
+            while j < m:
+                key = key_of(buf_s[r, j])
+                if (key & mask) == prefix:
+                    cuda.atomic.add(hist, (key >> shift) & uint32(RADIX - 1), 1)
+                j += block
+            cuda.syncthreads()
+            pick_top(hist, tmp, need, sel)
+            prefix |= uint32(sel[0]) << shift
+            mask |= uint32(RADIX - 1) << shift
+            need = sel[1]
+            ties = sel[3]
+            cuda.syncthreads()
+            p += 1
+        # --- 2. among the ties (key == prefix), the `need` lowest ids: ids below id_cut, plus id_cut
+        id_prefix = uint64(0)
+        id_mask = uint64(0)
+        take_all_ties = ties <= need
+        if not take_all_ties and kk > 0:
+            for p in range(ID_PASSES):
+                shift = uint64(8 * (ID_PASSES - 1 - p))
+                h = tid
+                while h < RADIX:
+                    hist[h] = 0
+                    h += block
+                cuda.syncthreads()
+                j = tid
+                while j < m:
+                    if key_of(buf_s[r, j]) == prefix:
+                        u = id_of(buf_i[r, j], ids, start)
+                        if (u & id_mask) == id_prefix:
+                            cuda.atomic.add(hist, int64((u >> shift) & uint64(RADIX - 1)), 1)
+                    j += block
+                cuda.syncthreads()
+                pick_low(hist, tmp, need, sel)
+                id_prefix |= uint64(sel[0]) << shift
+                id_mask |= uint64(RADIX - 1) << shift
+                need = sel[1]
+                cuda.syncthreads()
+        # --- 3. gather the winners (at most kk: guards against repeated ids), sort, write
+        if tid == 0:
+            sel[2] = 0
+        cuda.syncthreads()
+        j = tid
+        while j < m:
+            s = buf_s[r, j]
+            key = key_of(s)
+            win = key > prefix
+            if key == prefix:
+                win = take_all_ties or id_of(buf_i[r, j], ids, start) <= id_prefix
+            if win:
+                pos = cuda.atomic.add(sel, 2, 1)
+                if pos < kk:
+                    bs[pos] = s
+                    bi[pos] = buf_i[r, j]
+            j += block
+        cuda.syncthreads()
+        P = 2
+        while P < kk:
+            P *= 2
+        q = kk + tid
+        while q < P:
+            bs[q] = NEG_INF
+            bi[q] = -1
+            q += block
+        cuda.syncthreads()
+        t.sort(bs, bi, sub, P)
+        kmax = out_s.shape[1]
+        q = tid
+        while q < kmax:
+            if q < kk:
+                out_s[r, q] = bs[q]
+                out_slot[r, q] = bi[q]
+                out_id[r, q] = ids[start + bi[q]] if has_ids else bi[q]
+            else:
+                out_s[r, q] = NEG_INF
+                out_slot[r, q] = -1
+                out_id[r, q] = -1
             q += block
 
     return kernel
