@@ -1238,6 +1238,8 @@ def make_profile(schema: TargetingSchema, values: Mapping[str, Iterable[int] | i
         raise RuleError(f"profile must map category -> values, got {type(values).__name__}")
     out = {c.name: frozenset() for c in schema}
     for cat, vals in values.items():
+        if isinstance(vals, np.ndarray) and vals.ndim == 0:
+            vals = vals.item()
         if isinstance(vals, (int, np.integer)) and not isinstance(vals, (bool, np.bool_)):
             vals = [vals]
         s = _value_set(schema, "profile", cat, vals)
