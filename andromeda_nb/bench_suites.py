@@ -258,6 +258,8 @@ def _config_note(config):
         parts.append(f"maxreg={config.max_registers}")
     if config.blocks_per_sm != launch.GPU_BLOCKS_PER_SM:
         parts.append(f"blocks/SM={config.blocks_per_sm}")
+    if config.sync_every != 1:
+        parts.append(f"sync_every={config.sync_every}")
     return " ".join(parts)
 
 
@@ -285,6 +287,8 @@ def scoring(env, ceil, args) -> list[dict]:
     dtype  : fp32 / bf16 / fp16 / int8, gated and dot
     sweep  : ads/s against E, K and d (fp16)
     dense  : the dense mixture E = K = 6 (issue 6's compute column)
+    sync   : the fused top-K's barrier interval (sync_every 1, 2, 4, 8), gated and dot, and scores
+             to memory (not in the default set: run it with --phases=sync)
     access : bitset (0.5, 0.1, 0.01) and candidates (0.1, 0.01), rows and tiles; pre-fusion on bitsets
     """
     import cupy as cp
@@ -306,7 +310,12 @@ def scoring(env, ceil, args) -> list[dict]:
         tried = []
         for cfg in (KernelConfig(values="chosen"), KernelConfig(values="chosen", block=128),
                     KernelConfig(values="chosen", max_registers=128), KernelConfig(values="all"),
-                    KernelConfig(values="all", block=128), KernelConfig(naive=True)):
+                    KernelConfig(values="all", block=128), KernelConfig(naive=True),
+                    # fewer top-K barriers: a fullness check every 2 / 4 / 8 rounds (prediction:
+                    # the barrier pairs cost ~30 % at every round; 4 should recover most of it)
+                    KernelConfig(values="chosen", max_registers=128, sync_every=2),
+                    KernelConfig(values="chosen", max_registers=128, sync_every=4),
+                    KernelConfig(values="chosen", max_registers=128, sync_every=8)):
             r = _fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", "pool", 1.0, K1000, cfg,
                            "gated_naive_fused_topk" if cfg.naive else "gated_fused_topk")
             add(r)
@@ -325,6 +334,15 @@ def scoring(env, ceil, args) -> list[dict]:
         add(_fused_row(env, ceil, args, tables, rng, "dot", "fp16", 64, 1, 1, "rows", "pool", 1.0, K1000, best,
                        "dot_fused_topk"))
     DEFAULT_CONFIG = best  # noqa: N806 (the later phases measure the configuration chosen above)
+    if "sync" in phases:  # the top-K barrier interval alone, on the design case and dot (short run)
+        for every in (1, 2, 4, 8):
+            for model, E, K in (("gated", 6, 2), ("dot", 1, 1)):
+                cfg = KernelConfig(values="chosen", max_registers=128, sync_every=every)
+                add(_fused_row(env, ceil, args, tables, rng, model, "fp16", 64, E, K, "tiles", "pool", 1.0, K1000,
+                               cfg, f"{model}_fused_topk"))
+        for cfg in (KernelConfig(values="chosen", max_registers=128),):
+            add(_scores_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", cfg,
+                            "gated_scores_to_memory"))
     if "final" in phases:  # the default configuration on the cases that matter most, in one short run
         for model, d, E, K, layout, access, frac in (
                 ("gated", 64, 6, 2, "tiles", "pool", 1.0), ("dot", 64, 1, 1, "tiles", "pool", 1.0),

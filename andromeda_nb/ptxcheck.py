@@ -58,6 +58,9 @@ def variants():
     for model, d, E, K, values, dtype, layout, access, cap in configs:
         k = FK.fused_kernel(model, d, E, K, dtype, layout, access, 256, cap, True, values)
         out.append((f"fused {model} d{d} E{E} K{K} {values} {dtype} {layout} {access} cap{cap}", k, fused_sig))
+    for every in (2, 4):  # the top-K barrier only every few rounds (KernelConfig.sync_every)
+        k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "pool", 256, 2048, True, "chosen", None, 1, every)
+        out.append((f"fused gated d64 E6K2 chosen fp16 tiles pool cap2048 every{every}", k, fused_sig))
     for dtype, layout, access in (("fp16", "tiles", "pool"), ("int8", "rows", "bitset")):
         k = S.gated_score_kernel(64, 6, 2, dtype, layout, access, 256, 2048, True)
         tab = A(store[dtype], 2 if layout == "rows" else 3)

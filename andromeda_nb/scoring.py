@@ -31,6 +31,9 @@ class KernelConfig:
             ~10x slower than 1 on the H200 (data/results/scoring.csv, "items=4" rows): ptxas gives
             that kernel 255 registers and a 1.8 KB spill stack (122 registers, no spills at 1) as
             the compiler overlaps the round's ads; a register cap makes it spill more.
+        sync_every: top-K rounds between two barrier pairs of the fused block top-K (the shared
+            buffer grows to hold that many rounds of candidates). 1 is the measured default;
+            larger values are implemented and tested, not yet measured on a GPU.
         blocks_per_sm: grid size of the grid-stride loop, in blocks per SM.
         naive: use the first loop-based kernel (kernels/score.py) instead of the generated one.
     """
@@ -39,14 +42,25 @@ class KernelConfig:
     block: int | None = None
     max_registers: int | None = 128
     items: int = 1
+    sync_every: int = 1
     blocks_per_sm: int = launch.GPU_BLOCKS_PER_SM
     naive: bool = False
+
+    def __post_init__(self):
+        if self.values not in ("chosen", "all"):
+            raise ValueError(f"values must be 'chosen' or 'all', got {self.values!r}")
+        for name in ("items", "sync_every", "blocks_per_sm"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
 
     def threads(self) -> int:
         return self.block or launch.default_block()
 
 
 DEFAULT_CONFIG = KernelConfig()
+#: Static shared memory a block may use without an opt-in (DESIGN.md: Numba has no public one).
+SHARED_BYTES = 48 * 1024
 
 
 def check_kernel_shape(d: int, experts: int) -> None:
@@ -240,11 +254,18 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
 
         return gated_score_kernel(dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
                                   block, cap, topk_k > 0)
-    from .kernels.fused import fused_kernel
+    from .kernels.fused import fused_kernel, image_size
 
-    cap = buffer_capacity(topk_k, block, config.items) if topk_k else 0
+    cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
+    shared = 4 * image_size(dreq.model, dreq.d, dreq.experts) + 8 * cap + 64
+    if shared > SHARED_BYTES:
+        raise ValueError(f"this configuration needs {shared} bytes of shared memory per block (weight image "
+                         f"+ a top-{topk_k} buffer of {cap} entries for block={block}, items={config.items}, "
+                         f"sync_every={config.sync_every}); Numba allows {SHARED_BYTES}: lower k, items or "
+                         "sync_every")
     return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
-                        block, cap, True, config.values, config.max_registers, config.items if topk_k else 1)
+                        block, cap, True, config.values, config.max_registers, config.items if topk_k else 1,
+                        config.sync_every if topk_k else 1)
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):

@@ -97,6 +97,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     emit("    mine = 0")
     emit("    zero = float32(0.0)")
     per_round = block * items if fused else block
+    emit("    rnd = 0")
     emit(f"    stride = cuda.gridDim.x * {per_round}")
     emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, n_items, stride):")
     if fused:
@@ -192,7 +193,8 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit("        if ok and not math.isnan(s):")
         emit("            mine += 1")
         emit("        topk_insert(buf_s, buf_i, st, thr_s, thr_i, s, int32(slot), ok, ids)")
-        emit("      topk_round_end(buf_s, buf_i, st, thr_s, thr_i, ids, k)")
+        emit("      topk_round_end(buf_s, buf_i, st, thr_s, thr_i, ids, k, rnd)")
+        emit("      rnd += 1")
         emit("    cuda.atomic.add(n_ok, 0, mine)")
         emit("    topk_finish(buf_s, buf_i, st, thr_s, thr_i, ids, cand_s, cand_i, cuda.blockIdx.x * k, k)")
         emit("    cuda.syncthreads()")
@@ -207,7 +209,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
 @functools.lru_cache(maxsize=None)
 def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, layout: str, access: str,
                  block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
-                 max_registers: int | None = None, items: int = 1):
+                 max_registers: int | None = None, items: int = 1, every: int = 1):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -220,7 +222,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             far fewer live registers).
         max_registers: cap on registers per thread (more resident warps, maybe spills).
         items: ads each thread scores per top-K round (fused only; the buffer needs
-            ``topk_cap >= k + block * items``).
+            ``topk_cap >= k + block * items * every``).
+        every: top-K rounds between two barrier pairs (fused only; :func:`block_topk`).
     """
     if values not in ("chosen", "all"):
         raise ValueError(f"values must be 'chosen' or 'all', got {values!r}")
@@ -233,9 +236,10 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
            "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1)}
     if topk_cap:
-        t = block_topk(topk_cap, block, has_ids, items)
+        t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
-    name = f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}_i{items}"
+    name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
+            f"_i{items}_e{every}")
     code = compile(src, f"<{name}>", "exec")
     exec(code, env)
     fn = env["kernel"]

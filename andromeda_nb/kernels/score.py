@@ -179,7 +179,7 @@ def gated_score_kernel(d: int, experts: int, k_experts: int, dtype: str, layout:
             if fused:
                 if ok and not math.isnan(s):
                     mine += 1
-                offer(buf_s, buf_i, st, thr_s, thr_i, s, int32(slot), ok, ids, k)
+                offer(buf_s, buf_i, st, thr_s, thr_i, s, int32(slot), ok, ids, k, 0)
             elif j < n_items:
                 out[j] = s
         if fused:

@@ -7,9 +7,10 @@ kernel has an ``ids`` array, ties compare ``ids[slot]`` (the ad id), else the sl
 
 Block protocol (every thread of the block calls every step, the same number of times):
 ``init`` once (optionally with a seed threshold), then per round ``insert`` up to ``items``
-candidates per thread (no barrier) and ``round_end`` (two barriers; compacts when full), or
-``offer`` = one insert + round_end; ``finish`` at the end. The shared buffer holds
-``C = next_pow2(k + block * items)`` entries; a round appends at most ``block * items`` candidates
+candidates per thread (no barrier) and ``round_end`` (two barriers, every round or every
+``every`` rounds; compacts when full), or ``offer`` = one insert + round_end; ``finish`` at the
+end. The shared buffer holds ``C = next_pow2(k + block * items * every)`` entries; a round appends
+at most ``block * items`` candidates
 that beat the threshold, and when fewer free entries remain the block sorts the buffer (bitonic, in
 shared memory), keeps the best k and raises the threshold to the k-th key. Shared memory: ``8 * C``
 bytes. Uses only ``syncthreads`` and shared atomics, so the simulator runs it unchanged.
@@ -37,23 +38,29 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def buffer_capacity(k: int, block: int, items: int = 1) -> int:
+def buffer_capacity(k: int, block: int, items: int = 1, every: int = 1) -> int:
     """Shared-buffer entries a block needs for top-``k`` with ``block`` threads offering ``items``
-    candidates each per round."""
-    return next_pow2(k + block * items)
+    candidates each per round and checking fullness every ``every`` rounds."""
+    return next_pow2(k + block * items * every)
 
 
 BlockTopK = namedtuple("BlockTopK", "init insert round_end offer finish better sort C")
 
 
 @functools.lru_cache(maxsize=None)
-def block_topk(cap: int, block: int, has_ids: bool, items: int = 1) -> BlockTopK:
+def block_topk(cap: int, block: int, has_ids: bool, items: int = 1, every: int = 1) -> BlockTopK:
     """Device functions for a shared buffer of ``cap`` entries (a power of two, at least
-    ``k + block * items``; see :func:`buffer_capacity`) and ``block`` threads; ``k`` is a runtime
-    argument, so every k of one capacity bucket shares the compiled code. ``C`` is the size the
-    kernel must give ``cuda.shared.array``."""
+    ``k + block * items * every``; see :func:`buffer_capacity`) and ``block`` threads; ``k`` is a
+    runtime argument, so every k of one capacity bucket shares the compiled code. ``C`` is the size
+    the kernel must give ``cuda.shared.array``.
+
+    ``every``: rounds between two fullness checks. ``round_end(..., k, rnd)`` takes the round number
+    (the same in every thread) and synchronises only when ``rnd % every == every - 1``; the check
+    then leaves room for ``every`` more rounds. Between checks threads run ahead independently (no
+    barrier per round); inserts read the threshold without a barrier, which is safe because it only
+    rises (a stale one admits a few extra candidates)."""
     C = cap
-    SLACK = block * items
+    SLACK = block * items * every
 
     @cuda.jit(device=True, inline=True)
     def better(s1, i1, s2, i2, ids):
@@ -139,19 +146,21 @@ def block_topk(cap: int, block: int, has_ids: bool, items: int = 1) -> BlockTopK
                 bi[pos] = slot
 
     @cuda.jit(device=True)
-    def round_end(bs, bi, st, thr_s, thr_i, ids, k):
-        """End of a round: compact when fewer than block * items entries are free."""
-        cuda.syncthreads()
-        full = st[0] > C - SLACK
-        cuda.syncthreads()
-        if full:
-            compact(bs, bi, st, thr_s, thr_i, ids, k)
+    def round_end(bs, bi, st, thr_s, thr_i, ids, k, rnd):
+        """End of round ``rnd``: every ``every`` rounds, compact when fewer than
+        ``block * items * every`` entries are free."""
+        if every == 1 or rnd % every == every - 1:
+            cuda.syncthreads()
+            full = st[0] > C - SLACK
+            cuda.syncthreads()
+            if full:
+                compact(bs, bi, st, thr_s, thr_i, ids, k)
 
     @cuda.jit(device=True)
-    def offer(bs, bi, st, thr_s, thr_i, s, slot, ok, ids, k):
-        """One round with one candidate per thread: ``insert`` + ``round_end``."""
+    def offer(bs, bi, st, thr_s, thr_i, s, slot, ok, ids, k, rnd):
+        """Round ``rnd`` with one candidate per thread: ``insert`` + ``round_end``."""
         insert(bs, bi, st, thr_s, thr_i, s, slot, ok, ids)
-        round_end(bs, bi, st, thr_s, thr_i, ids, k)
+        round_end(bs, bi, st, thr_s, thr_i, ids, k, rnd)
 
     @cuda.jit(device=True)
     def finish(bs, bi, st, thr_s, thr_i, ids, out_s, out_i, base, k):
@@ -225,6 +234,7 @@ def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
         s5 = scores[start + i0 + 5 * block] if i0 + 5 * block < n else NEG_INF
         s6 = scores[start + i0 + 6 * block] if i0 + 6 * block < n else NEG_INF
         s7 = scores[start + i0 + 7 * block] if i0 + 7 * block < n else NEG_INF
+        rnd = 0
         while base < n:
             i0 = base + tid
             j0 = i0 + stride
@@ -261,7 +271,8 @@ def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
                     if s >= seed:
                         above += 1
                 t.insert(bs, bi, st, thr_s, thr_i, s, int32(i), ok, ids[start:] if has_ids else ids)
-            t.round_end(bs, bi, st, thr_s, thr_i, ids[start:] if has_ids else ids, k)
+            t.round_end(bs, bi, st, thr_s, thr_i, ids[start:] if has_ids else ids, k, rnd)
+            rnd += 1
             s0, s1, s2, s3, s4, s5, s6, s7 = n0, n1, n2, n3, n4, n5, n6, n7
             base += stride
         cuda.atomic.add(tally, 0, mine)
@@ -376,7 +387,7 @@ def final_kernel(cap: int, block: int, has_ids: bool):
             if j < m:
                 s = buf_s[r, j]
                 slot = buf_i[r, j]
-            t.offer(bs, bi, st, thr_s, thr_i, s, slot, slot >= 0, sub, k)
+            t.offer(bs, bi, st, thr_s, thr_i, s, slot, slot >= 0, sub, k, 0)
         t.finish(bs, bi, st, thr_s, thr_i, sub, out_s[r], out_slot[r], 0, k)
         cuda.syncthreads()
         kmax = out_s.shape[1]
