@@ -386,7 +386,7 @@ def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_s
     cuda = launch.cuda()
     rows = []
     dev, idx = world.dev, world.index
-    stream = UpdateStream(world)
+    stream = world.stream = UpdateStream(world)  # kept: later sections continue the same id history
     # correctness in lockstep: update, request, compare with the CPU baseline (same state)
     checks = []
     for k in range(3):
@@ -497,6 +497,47 @@ def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_s
     log(f"updates: GPU {ops / gpu / 1e6:.2f} M ops/s, host {batch_size / hq[1] / 1e6:.2f} M ops/s, "
         f"end-to-end {batch_size / wall / 1e6:.2f} M ops/s; request alone {t_alone.median * 1e6:.1f} us, "
         f"with a batch before it {both * 1e6:.1f} us")
+    return rows
+
+
+def device_rows_only(env, ceil, world: World, n_batches: int = 20, batch_size: int = 1000) -> list[dict]:
+    """End-to-end update throughput with the host keeping its bitset rows, then without them
+    (``TargetingIndex.drop_host_bits``: the rows live on the device only). Runs last: it drops the
+    world's host rows. Verified by a request after the batches against the rule oracle on the
+    sample slots and the popcount of its own bitset (the CPU baseline needs the host rows)."""
+    stream = getattr(world, "stream", None) or UpdateStream(world)
+    dev, idx, cuda = world.dev, world.index, launch.cuda()
+    rows = []
+    for label in ("kept", "dropped"):
+        if label == "dropped":
+            idx.drop_host_bits()
+        batches = [stream.batch(batch_size) for _ in range(n_batches + 2)]
+        for b in batches[:2]:  # warm-up (Numba dispatch, staging buffers)
+            dev.apply(b)
+        cuda.synchronize()
+        t = time.perf_counter()
+        for b in batches[2:]:
+            dev.apply(b)
+        cuda.synchronize()
+        wall = (time.perf_counter() - t) / n_batches
+        prof = world.profiles[0]
+        prep = dev.prepare([prof])
+        out, counts = dev.launch(prep)
+        words, count = out.copy_to_host()[0], int(counts.copy_to_host()[0])
+        got = sample_bits(words, world.sample)
+        want = oracle.match(idx.rules_of_slots(world.sample), make_profile(idx.schema, prof))
+        ok = np.array_equal(got, want) and count == int(np.bitwise_count(words).sum())
+        verified = (f"ok: a request after the batches = oracle on {world.sample.size} ads, count = popcount" if ok
+                    else "FAILED: request after the batches disagrees with the oracle")
+        timing = bench.Timing(wall, wall, wall, wall, n_batches)
+        rows.append(bench.row(
+            "targeting", env, ceil, timing, batch_size, 0.0, None, verified,
+            variant=f"update_batch_end_to_end_host_bits_{label}", n_ads=idx.n_ads, access="updates",
+            batch=batch_size, categories=len(world.schema), layout=layout_name(idx),
+            notes=f"DeviceTargetingIndex.apply on {n_batches} batches then a sync, wall time; host bitset rows "
+                  + ("kept and flipped on every update" if label == "kept" else
+                     "dropped (rows on the device only: no host bit flips, popcounts kept)")))
+        bench.print_rows(rows[-1:])
     return rows
 
 
@@ -695,6 +736,8 @@ def targeting(env, ceil, args) -> list[dict]:
             w.free()
 
     section("categories", categories)
+    # last: it drops the main world's host rows
+    section("device rows only", lambda: rows.extend(device_rows_only(env, ceil, world)))
     write_memory(mem, args.out)
     log(f"targeting suite done: {len(rows)} rows")
     return rows

@@ -120,13 +120,19 @@ class DeviceTargetingIndex:
 
     Updates go through :meth:`apply` (host index first, then one kernel on the stream); updating
     the host index directly afterwards makes this copy stale (it then raises).
+
+    ``host_bits=False`` drops the host index's bitset rows once they are on the device
+    (:meth:`~andromeda_nb.targeting.TargetingIndex.drop_host_bits`): the rows then live here only,
+    the host saves their memory and every update's host bit flips.
     """
 
-    def __init__(self, index: TargetingIndex, staging_regions: int = 4):
+    def __init__(self, index: TargetingIndex, staging_regions: int = 4, host_bits: bool = True):
         if not isinstance(index, TargetingIndex):
             raise TypeError(f"index must be a TargetingIndex, got {type(index).__name__}")
         self.index = index
-        self.rows = launch.to_device(index.bitsets)
+        self.rows = launch.to_device(index._need_bits("a device copy"))
+        if not host_bits:
+            index.drop_host_bits()
         self.pool = launch.to_device(index.pool)
         self._version = index.version
         self._scratch = None
@@ -530,7 +536,7 @@ def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = Non
     nr = index.n_rows
     inc = np.where(plan.inc_rows < 0, nr - 1 - plan.inc_rows, plan.inc_rows).astype(np.int64)
     per = np.zeros(max(plan.n_categories, 1), np.int64)
-    k["sector_counts"](index.bitsets, patches, n_bits, nw, plan.inc_ptr, inc, plan.exc_ptr, plan.exc_rows, per, 1024)
+    k["sector_counts"](index._need_bits("read_model"), patches, n_bits, nw, plan.inc_ptr, inc, plan.exc_ptr, plan.exc_rows, per, 1024)
     total = int(per[:plan.n_categories].sum())
     n_sectors_row = max(-(-nw // 4), 1)
     out = {

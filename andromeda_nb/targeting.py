@@ -782,6 +782,14 @@ def host_kernels() -> dict:
                 rows[r, s >> 6] ^= ONE << uint64(s & 63)
                 row_count[r] += delta
 
+    @njit
+    def count_bits(set_codes, clr_codes, row_count):
+        """Row popcount changes of a delta's bit flips (when the host keeps no bits)."""
+        for i in range(set_codes.size):
+            row_count[set_codes[i] >> 40] += 1
+        for i in range(clr_codes.size):
+            row_count[clr_codes[i] >> 40] -= 1
+
     # ------------------------------------------------------------------ CPU match (baseline)
 
     @njit
@@ -890,7 +898,7 @@ def host_kernels() -> dict:
     _HOST.update(popc=popc, csr_scan=csr_scan, build_folded=build_folded, combine_group=combine_group,
                  build_split=build_split,
                  fill_lists=fill_lists, count_constrained=count_constrained, popcounts=popcounts, gather_codes=gather_codes, diff=diff,
-                 list_ops=list_ops, apply_bits=apply_bits, partition_codes=partition_codes, cpu_scatter=cpu_scatter, cpu_match=cpu_match,
+                 list_ops=list_ops, apply_bits=apply_bits, count_bits=count_bits, partition_codes=partition_codes, cpu_scatter=cpu_scatter, cpu_match=cpu_match,
                  cpu_clear=cpu_clear, sector_counts=sector_counts)
     return _HOST
 
@@ -1820,7 +1828,28 @@ class TargetingIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the bitset rows and the used part of the list pool."""
-        return self.bitsets.nbytes + int(self._pool_used[0]) * self.pool.itemsize
+        return self.n_rows * self.n_words * 8 + int(self._pool_used[0]) * self.pool.itemsize
+
+    @property
+    def host_bits(self) -> bool:
+        """Whether this index still keeps its bitset rows on the host (see :meth:`drop_host_bits`)."""
+        return self.bitsets is not None
+
+    def drop_host_bits(self) -> None:
+        """Stop keeping the bitset rows on the host (for an index whose rows live on the device).
+
+        Frees ``n_rows * n_words * 8`` bytes of host memory (18.8 GB for the 10^8-ad benchmark
+        world) and the host half of every update's bit flips: :meth:`apply` then still validates,
+        allocates slots, diffs rules into bit flips (returned in the delta for the device), updates
+        the row popcounts, rules and lists, but flips no host bits. Afterwards the host-bit methods
+        (:meth:`match_cpu`, :meth:`assert_same`, a new device copy) raise RuntimeError.
+        """
+        self.bitsets = None
+
+    def _need_bits(self, what: str):
+        if self.bitsets is None:
+            raise RuntimeError(f"{what} needs the host bitset rows, which this index dropped (drop_host_bits)")
+        return self.bitsets
 
     def memory_by_category(self, at_n_ads: int | None = None) -> list[dict]:
         """Memory per storage unit (a folded group or a split category): rows, live list entries
@@ -1953,8 +1982,8 @@ class TargetingIndex:
             raise AssertionError(f"ad ids differ at slots {np.flatnonzero(self.ad_ids != other.ad_ids)[:10]}")
         if not np.array_equal(self.live, other.live):
             raise AssertionError("live flags differ")
-        a = self.bitsets if bitsets is None else bitsets
-        if not np.array_equal(a, other.bitsets):
+        a = self._need_bits("assert_same") if bitsets is None else bitsets
+        if not np.array_equal(a, other._need_bits("assert_same")):
             bad = np.argwhere(a != other.bitsets)[:5]
             raise AssertionError(f"bitset rows differ at (row, word) {bad.tolist()}")
         if not np.array_equal(self.row_count, other.row_count):
@@ -2164,8 +2193,11 @@ class TargetingIndex:
         n_parts = 4 * _threads()
         order = np.empty(set_codes.size + clr_codes.size, np.int64)
         starts = np.empty(n_parts + 1, np.int64)
-        k["partition_codes"](set_codes, clr_codes, n_parts, order, starts)
-        k["apply_bits"](self.bitsets, set_codes, clr_codes, self.row_count, order, starts)
+        if self.bitsets is not None:
+            k["partition_codes"](set_codes, clr_codes, n_parts, order, starts)
+            k["apply_bits"](self.bitsets, set_codes, clr_codes, self.row_count, order, starts)
+        else:  # rows on the device only: keep the popcounts (the planner orders categories by them)
+            k["count_bits"](set_codes, clr_codes, self.row_count)
         # ---- commit the id map, rules and free list
         self.constrained += cons_delta
         for i, (op, ad) in enumerate(zip(ops, ids)):
@@ -2214,7 +2246,7 @@ class TargetingIndex:
         k["cpu_scatter"](self.pool, seg_s, seg_l, seg_d, scratch, 1)
         inc = np.where(plan.inc_rows < 0, nr - 1 - plan.inc_rows, plan.inc_rows)
         words = np.empty(nw, np.uint64) if out is None else out
-        count = int(k["cpu_match"](self.bitsets, scratch, n, plan.inc_ptr, inc, plan.exc_ptr, plan.exc_rows,
+        count = int(k["cpu_match"](self._need_bits("match_cpu"), scratch, n, plan.inc_ptr, inc, plan.exc_ptr, plan.exc_rows,
                                    words[:nw], 256))
         k["cpu_scatter"](self.pool, seg_s, seg_l, seg_d, scratch, 0)
         xs, xl = self.segments(plan.exclude_lists)

@@ -30,7 +30,7 @@ def rule_strategy():
                    "exclude": {c: [v % cats[c] for v in vs] for c, vs in r["exclude"].items()}})
 
 
-def check_state(host: TargetingIndex, dev: DeviceTargetingIndex, rng):
+def check_state(host: TargetingIndex, dev: DeviceTargetingIndex, rng, dev_only: DeviceTargetingIndex | None = None):
     ref = host.rebuild()
     host.assert_same(ref)  # the host copy equals a rebuild from the rule map
     rows, pool = dev.snapshot()
@@ -40,6 +40,14 @@ def check_state(host: TargetingIndex, dev: DeviceTargetingIndex, rng):
     got = match_eligible(dev, prof)
     np.testing.assert_array_equal(got.to_mask(), want)
     assert got.count == want.sum()
+    if dev_only is not None:  # the same updates on an index whose rows live on the device only
+        rows2, pool2 = dev_only.snapshot()
+        np.testing.assert_array_equal(rows2, ref.bitsets)
+        mine, theirs = dev_only.index._list_sets_of(pool2), ref.list_sets()
+        assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
+        np.testing.assert_array_equal(dev_only.index.row_count, ref.row_count)
+        np.testing.assert_array_equal(dev_only.index.constrained, ref.constrained)
+        np.testing.assert_array_equal(match_eligible(dev_only, prof).to_mask(), want)
 
 
 @settings(max_examples=15)
@@ -52,6 +60,7 @@ def test_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed):
           dict(dense_min=2, exclude_dense_min=3, group_max=16), dict(group_max=1)][layout]
     host = TargetingIndex(rules, capacity=n + spare, **kw)
     dev = DeviceTargetingIndex(host)
+    dev_only = DeviceTargetingIndex(TargetingIndex(rules, capacity=n + spare, **kw), host_bits=False)
     alive = list(rules.ad_ids.tolist())
     next_id = 10**6
     for _ in range(data.draw(st.integers(1, 3), label="batches")):
@@ -85,9 +94,12 @@ def test_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed):
             dev.apply(batch)
         except RuleError as exc:  # only a full index may refuse a valid sequence
             assert "no free slot" in str(exc)
+            with pytest.raises(RuleError, match="no free slot"):
+                dev_only.apply(batch)
             continue
+        dev_only.apply(batch)
         alive = ids
-        check_state(host, dev, rng)
+        check_state(host, dev, rng, dev_only)
 
 
 def test_retire_then_recreate_reuses_the_slot_and_changes_a_live_ad(rng):
@@ -198,3 +210,14 @@ def test_lists_compact_and_move_under_churn(rng):
         alive += [r["ad_id"] for r in recs if r["op"] == "create"]
         dev.apply(UpdateBatch.from_records(SCHEMA, recs))
     check_state(host, dev, rng)
+
+
+def test_dropped_host_bits_refuse_host_bit_methods(rng):
+    rules = random_rules(rng, 40, schema=SCHEMA)
+    host = TargetingIndex(rules)
+    dev = DeviceTargetingIndex(host, host_bits=False)
+    assert not host.host_bits and dev.rows.shape == (host.n_rows, host.n_words)
+    for call in (lambda: host.match_cpu({}), lambda: host.assert_same(host.rebuild()),
+                 lambda: DeviceTargetingIndex(host)):
+        with pytest.raises(RuntimeError, match="drop_host_bits"):
+            call()
