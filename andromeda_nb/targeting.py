@@ -658,6 +658,55 @@ def host_kernels() -> dict:
                 sb[c, 0] = -1
         return n_set, n_clr, n_lo
 
+    @njit(parallel=True)
+    def diff_par(n_chunks, slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_m, cat_group,
+                 unc_row, dinc_ptr, dinc_vals, dinc_rows, vrow_ptr, vrow, list_ptr, group_ptr, group_members,
+                 group_base, group_size, carrier, voff, nv, max_m, n_rows, out_set, out_clr, out_lists, cons_delta):
+        """:func:`diff` over chunks of the slots in parallel, each chunk with its own scratch and its
+        own region of the outputs (``n_rows + 1`` codes per slot, one list op per rule code), then
+        the regions packed in chunk order: the same outputs, in the same order, as one call."""
+        n = slots.size
+        C = cat_m.size
+        bounds = np.empty(n_chunks + 1, np.int64)
+        for c in range(n_chunks + 1):
+            bounds[c] = (n * c) // n_chunks
+        counts = np.zeros((n_chunks, 3), np.int64)
+        cons = np.zeros((n_chunks, C), np.int64)
+        per = n_rows + 1
+        for c in prange(n_chunks):
+            i0, i1 = bounds[c], bounds[c + 1]
+            if i1 == i0:
+                continue
+            l0 = (old_ptr[i0] - old_ptr[0]) + (new_ptr[i0] - new_ptr[0])
+            l1 = (old_ptr[i1] - old_ptr[0]) + (new_ptr[i1] - new_ptr[0])
+            a, b, d = diff(slots[i0:i1], old_ptr[i0:i1 + 1], old_codes, old_live[i0:i1], new_ptr[i0:i1 + 1],
+                           new_codes, new_live[i0:i1], cat_m, cat_group, unc_row, dinc_ptr, dinc_vals, dinc_rows,
+                           vrow_ptr, vrow, list_ptr, group_ptr, group_members, group_base, group_size, carrier, voff,
+                           np.zeros(nv, np.bool_), np.zeros(nv, np.bool_), np.zeros(max_m + 1, np.int8),
+                           out_set[i0 * per:i1 * per], out_clr[i0 * per:i1 * per], out_lists[l0:l1 + 1], cons[c])
+            counts[c, 0] = a
+            counts[c, 1] = b
+            counts[c, 2] = d
+        n_set = 0
+        n_clr = 0
+        n_lo = 0
+        for c in range(n_chunks):  # pack: every region starts at or after the packed end
+            i0 = bounds[c]
+            l0 = (old_ptr[i0] - old_ptr[0]) + (new_ptr[i0] - new_ptr[0])
+            for q in range(counts[c, 0]):
+                out_set[n_set + q] = out_set[i0 * per + q]
+            for q in range(counts[c, 1]):
+                out_clr[n_clr + q] = out_clr[i0 * per + q]
+            for q in range(counts[c, 2]):
+                for f in range(3):
+                    out_lists[n_lo + q, f] = out_lists[l0 + q, f]
+            n_set += counts[c, 0]
+            n_clr += counts[c, 1]
+            n_lo += counts[c, 2]
+            for j in range(C):
+                cons_delta[j] += cons[c, j]
+        return n_set, n_clr, n_lo
+
     @njit
     def decode(x):
         return x if x >= 0 else -x - 1
@@ -897,7 +946,7 @@ def host_kernels() -> dict:
 
     _HOST.update(popc=popc, csr_scan=csr_scan, build_folded=build_folded, combine_group=combine_group,
                  build_split=build_split,
-                 fill_lists=fill_lists, count_constrained=count_constrained, popcounts=popcounts, gather_codes=gather_codes, diff=diff,
+                 fill_lists=fill_lists, count_constrained=count_constrained, popcounts=popcounts, gather_codes=gather_codes, diff=diff, diff_par=diff_par,
                  list_ops=list_ops, apply_bits=apply_bits, count_bits=count_bits, partition_codes=partition_codes, cpu_scatter=cpu_scatter, cpu_match=cpu_match,
                  cpu_clear=cpu_clear, sector_counts=sector_counts)
     return _HOST
@@ -1608,6 +1657,10 @@ class MatchPlan:
         return len(self.inc_rows) + len(self.exc_rows)
 
 
+#: Slots per parallel chunk of an update's diff (smaller batches run it in one call).
+DIFF_CHUNK_SLOTS = 64
+
+
 class TargetingIndex:
     """Host-side bitset index over a pool of ad slots, updatable in place (module docstring).
 
@@ -2156,12 +2209,19 @@ class TargetingIndex:
         out_lists = np.empty((old_codes.size + new_codes.size + 1, 3), np.int64)
         cons_delta = np.zeros(C, np.int64)
         nv = int(self._voff[-1]) + 1
-        n_set, n_clr, n_lo = k["diff"](
-            slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, self.cat_m, self.cat_group,
-            self.unc_row, self._dinc_ptr, self._dinc_vals, self._dinc_rows, self._vrow_ptr, self._vrow,
-            self._list_ptr, self.group_ptr, self.group_members, self.group_base, self.group_size,
-            self.layout.carrier, self._voff, np.zeros(nv, np.bool_), np.zeros(nv, np.bool_),
-            np.zeros(max_m + 1, np.int8), out_set, out_clr, out_lists, cons_delta)
+        tables = (self.cat_m, self.cat_group, self.unc_row, self._dinc_ptr, self._dinc_vals, self._dinc_rows,
+                  self._vrow_ptr, self._vrow, self._list_ptr, self.group_ptr, self.group_members, self.group_base,
+                  self.group_size, self.layout.carrier, self._voff)
+        n_chunks = min(4 * _threads(), slots.size // DIFF_CHUNK_SLOTS)
+        if n_chunks >= 2:  # chunks of slots in parallel, outputs in the same order as one call
+            n_set, n_clr, n_lo = k["diff_par"](
+                n_chunks, slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, *tables, nv, max_m,
+                self.n_rows, out_set, out_clr, out_lists, cons_delta)
+        else:
+            n_set, n_clr, n_lo = k["diff"](
+                slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, *tables,
+                np.zeros(nv, np.bool_), np.zeros(nv, np.bool_), np.zeros(max_m + 1, np.int8), out_set, out_clr,
+                out_lists, cons_delta)
         lops = out_lists[:n_lo]
         # ---- lists: make room (moves need up to twice a list's size), then apply on the host
         if n_lo:
