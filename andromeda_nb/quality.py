@@ -14,7 +14,8 @@ value, commit, device`` plus ``experiment`` (``expert_count``, ``precision`` or 
   score error against the fp32 table, divided by the user's fp32 score standard deviation over
   eligible ads);
 - compute rows (seed empty): ``flops_per_ad`` (DESIGN.md's model: 2d + 2Ed + 2Kd + 4E + 2K; the
-  ranking model's per-pair count), ``kernel_flops_per_ad`` (the fused kernel computes all E values),
+  ranking model's per-pair count), ``kernel_flops_per_ad`` (the FLOPs the measured fused kernel
+  row counts: the K chosen experts' value dots only),
   ``bytes_per_ad``, ``kernel_ads_per_s`` (from ``data/results/scoring.csv``; NaN where that
   configuration was not measured).
 
@@ -295,7 +296,7 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
     (``access == pool``, fused top-K variants), with the device it was measured on; empty when
     the file is missing."""
     path = Path(scoring_csv)
-    cols = ["dtype", "d", "experts", "k_experts", "items_per_s", "device"]
+    cols = ["dtype", "d", "experts", "k_experts", "items_per_s", "flops_per_item", "device"]
     if not path.is_file():
         return pd.DataFrame(columns=cols)
     df = pd.read_csv(path)
@@ -307,6 +308,8 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
         df = df[df["verified"].astype(str).str.startswith("ok")]
     if "device" not in df.columns:
         df = df.assign(device="")
+    if "flops_per_item" not in df.columns:
+        df = df.assign(flops_per_item=np.nan)
     df = df.dropna(subset=["d", "experts", "k_experts"])
     df = df.astype({"d": int, "experts": int, "k_experts": int})
     best = df.sort_values("items_per_s").groupby(["dtype", "d", "experts", "k_experts"], as_index=False).last()
@@ -329,10 +332,14 @@ def compute_rows(dataset: str, d: int = 64, dtypes=("fp16",), hist_len: int = 50
                 out.append(_row(dataset, name, "", "", "fp32", d, "", "bytes_per_ad", 4 * d + 4 + 4 * n_cats, **meta))
                 break
             out.append(_row(dataset, name, E, K, dtype, d, "", "flops_per_ad", gated_flops(d, E, K, False), **meta))
-            out.append(_row(dataset, name, E, K, dtype, d, "", "kernel_flops_per_ad", gated_flops(d, E, K, True), **meta))
-            out.append(_row(dataset, name, E, K, dtype, d, "", "bytes_per_ad", bytes_per_ad(d, dtype), **meta))
             hit = thr[(thr["dtype"] == dtype.replace("_dimscale", "")) & (thr["d"] == d)
                       & (thr["experts"] == E) & (thr["k_experts"] == K)]
+            # the FLOPs of the measured kernel configuration (values="chosen": the K chosen experts'
+            # value dots only); the model's count when that configuration was not measured
+            kfl = float(hit["flops_per_item"].iloc[0]) if len(hit) and np.isfinite(hit["flops_per_item"].iloc[0]) \
+                else gated_flops(d, E, K, False)
+            out.append(_row(dataset, name, E, K, dtype, d, "", "kernel_flops_per_ad", kfl, **meta))
+            out.append(_row(dataset, name, E, K, dtype, d, "", "bytes_per_ad", bytes_per_ad(d, dtype), **meta))
             v = float(hit["items_per_s"].iloc[0]) if len(hit) else float("nan")
             dv = str(hit["device"].iloc[0]) if len(hit) else ""
             out.append(_row(dataset, name, E, K, dtype, d, "", "kernel_ads_per_s", v,
