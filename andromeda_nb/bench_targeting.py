@@ -244,11 +244,13 @@ def verify_each(world: World, prepared: list, U=None, block=None, n_words=None, 
 
 
 def l2_note(bytes_per_request: float) -> str:
-    """Whether one request's reads fit the H100 / H200 L2 (50 MB) several times over."""
+    """Where one request's reads stand against the H100 / H200 L2 (50 MB)."""
     mb = bytes_per_request / 1e6
     if mb < 12.5:
         return f"a request reads {mb:.1f} MB: L2-resident across the back-to-back launches (L2 50 MB)"
-    return f"a request reads {mb:.0f} MB: far larger than the 50 MB L2"
+    if mb < 50:
+        return f"a request reads {mb:.0f} MB: within the 50 MB L2, partly resident across back-to-back launches"
+    return f"a request reads {mb:.0f} MB: larger than the 50 MB L2"
 
 
 def request_row(env, ceil, world: World, variant: str, prepared: list, reps: int, U=None, block=None,
