@@ -400,9 +400,6 @@ def topk_stages(d_scores, n: int, k: int):
     if sws is None:
         raise ValueError(f"n = {n}, k = {k} is not seeded (see SeedWorkspace.make)")
 
-    def seed_copy():
-        sws.seed.copy_to_device(sws.ws.out_s[0, sws.r - 1:sws.r])
-
     def reset_merge(w, final=None):
         def fn():
             w.reset()
@@ -415,8 +412,7 @@ def topk_stages(d_scores, n: int, k: int):
         ("seed_scan", lambda: launch_scan(sws.sample, sws.ws),
          f"counter reset + scan for the top-{sws.r} of the {sws.m}-score sample: {sws.ws.lists} block lists"),
         ("seed_merge", reset_merge(sws.ws), "counter reset, bound, select, final of the sample's lists"),
-        ("seed_copy", seed_copy, "the r-th sample score to the seed (device to device)"),
-        ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.seed),
+        ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.ws.out_s[0, sws.r - 1:sws.r]),
          f"counter reset + scan: {ws.lists} block lists over {n} scores"),
         ("merge", reset_merge(ws), "counter reset, bound, select, final (offer: block top-K over the buffer)"),
         ("merge_radix", reset_merge(ws, "radix"), "counter reset, bound, select, final by radix select"),

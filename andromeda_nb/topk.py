@@ -197,7 +197,6 @@ class SeedWorkspace:
         cuda = launch.cuda()
         self.r, self.m, self.chunks = r, m, chunks
         self.sample = cuda.device_array(m, np.float32)
-        self.seed = cuda.device_array(1, np.float32)
         offsets, ks = np.array([0, m], np.int64), np.array([r], np.int64)
         self.ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
         return self
@@ -211,8 +210,8 @@ def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None):
 
     sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample)
     launch_topk_batch(sws.sample, sws.ws, block=block)
-    sws.seed.copy_to_device(sws.ws.out_s[0, sws.r - 1:sws.r])
-    return sws.seed
+    # the r-th sample score read in place (a view, no copy: one launch fewer per call)
+    return sws.ws.out_s[0, sws.r - 1:sws.r]
 
 
 def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None,
