@@ -407,7 +407,8 @@ def topk_stages(d_scores, n: int, k: int):
         return fn
 
     stages = [
-        ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample),
+        ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample,
+                                                                           launch.dummy(np.uint64)),
          f"{sws.chunks} chunks of {SAMPLE_CHUNK} scores"),
         ("seed_scan", lambda: launch_scan(sws.sample, sws.ws),
          f"counter reset + scan for the top-{sws.r} of the {sws.m}-score sample: {sws.ws.lists} block lists"),
@@ -538,7 +539,8 @@ def topk(env, ceil, args) -> list[dict]:
 
     Phases (``--phases``, comma-separated; default all): ``large`` (10^8 scores, k = 100 / 1000 /
     2048, random and ascending, seeded and not), ``small`` (one request of 500,000, k = 1000),
-    ``stages`` (the small request's device time per stage), ``batch`` (1,024 x 50,000, k = 100).
+    ``stages`` (the small request's device time per stage), ``batch`` (1,024 x 50,000, k = 100),
+    ``elig`` (10^8 scores with an eligible bitset of 50 % / 10 %, seeded and not).
     """
     import cupy as cp
     import torch
@@ -546,7 +548,7 @@ def topk(env, ceil, args) -> list[dict]:
     from .topk import SeedWorkspace, TopKWorkspace, launch_topk, launch_topk_batch, scan_lists
 
     rows = []
-    phases = set((args.phases or "large,small,stages,batch").split(","))
+    phases = set((args.phases or "large,elig,small,stages,batch").split(","))
     cuda = launch.cuda()
 
     def add(r):
@@ -591,6 +593,33 @@ def topk(env, ceil, args) -> list[dict]:
             scores, t = one(100_000_000, 1000, "ascending", seeded)
             del scores, t
             cp.get_default_memory_pool().free_all_blocks()
+    if "elig" in phases:  # an eligible bitset: seeding samples eligible scores only
+        from .targeting import bits_from_mask
+
+        n, k = 100_000_000, 1000
+        scores = cp.random.RandomState(11).standard_normal(n, dtype=cp.float32)
+        d_scores = cuda.as_cuda_array(scores)
+        for frac in (0.5, 0.1):
+            mask = cp.random.RandomState(int(frac * 100)).random_sample(n) < frac
+            bits = cuda.to_device(bits_from_mask(mask.get()))
+            offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
+            ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+            for seeded in (True, False):
+                sws = SeedWorkspace.make(n, k) if seeded else None
+                timing = bench.time_device(lambda: launch_topk(d_scores, n, k, elig=bits, seeded=seeded, ws=ws,
+                                                               sws=sws), reps=args.reps)
+                c = ws.counts.copy_to_host()[0]
+                verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k, eligible_mask=mask)
+                if sws is not None and c[1] < min(k, c[0]):
+                    verified = checks.Check(False, f"seed above the k-th eligible score ({c[1]} reached it): "
+                                                   "not exact; the wrapper would rerun unseeded")
+                add(bench.row("topk", env, ceil, timing, n, 4.0 + 1 / 8, None, str(verified),
+                              variant=("block_topk_seeded" if seeded else "block_topk") + "_eligible", n_ads=n, k=k,
+                              batch=1, dtype="fp32", access="bitset", eligible_fraction=frac,
+                              notes="scores + the eligible bitset read (4.125 B per score)"))
+            del mask, bits
+        del scores, d_scores
+        cp.get_default_memory_pool().free_all_blocks()
     if "small" in phases:
         for seeded in (True, False):
             one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident, as right after scoring")

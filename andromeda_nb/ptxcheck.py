@@ -92,7 +92,8 @@ def variants():
                 (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32))))
     out.append(("topk select", T.select_kernel(True),
                 (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32), A(f32, 2), A(i32, 2), A(i64))))
-    out.append(("topk sample", T.sample_chunks_kernel(), (A(f32), i64, A(f32))))
+    for elig in (False, True):
+        out.append((f"topk sample elig{elig}", T.sample_chunks_kernel(elig), (A(f32), i64, A(f32), A(u64))))
     # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the
     # update kernel per list-pool dtype (int32 below 2^31 slots, int64 beyond), compaction per output dtype
     for blk in (256, 512):

@@ -202,13 +202,15 @@ class SeedWorkspace:
         return self
 
 
-def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None):
+def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, elig=None):
     """Enqueue a seed threshold for one request's top-k: the r-th best of a sample of contiguous
-    chunks spread over the array, with r such that about ``SEED_MARGIN * k`` scores of the whole
-    array reach it. Returns device ``float32[1]``."""
+    chunks spread over the array (ineligible scores sampled as -inf when ``elig``, a device
+    uint64 bitset, is given), with r such that about ``SEED_MARGIN * k`` eligible scores of the
+    whole array reach it. Returns device ``float32[1]``."""
     from .kernels.topk import sample_chunks_kernel
 
-    sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample)
+    sample_chunks_kernel(elig is not None)[sws.chunks, SAMPLE_CHUNK](
+        d_scores, n, sws.sample, elig if elig is not None else launch.dummy(np.uint64))
     launch_topk_batch(sws.sample, sws.ws, block=block)
     # the r-th sample score read in place (a view, no copy: one launch fewer per call)
     return sws.ws.out_s[0, sws.r - 1:sws.r]
@@ -226,10 +228,10 @@ def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | No
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     ws = ws or TopKWorkspace(offsets, ks, scan_lists(offsets, ks, block))
     seeds = None
-    if seeded and elig is None:
+    if seeded:
         sws = sws or SeedWorkspace.make(n, k)
         if sws is not None:
-            seeds = launch_seed(d_scores, n, sws, block)
+            seeds = launch_seed(d_scores, n, sws, block, elig)
     else:
         sws = None
     elig2 = None if elig is None else elig.reshape(1, elig.shape[0])
@@ -250,8 +252,8 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         ids: optional ``int64[n]`` ids (unique, non-negative) reported and used for tie-breaks;
             default the index.
         block: threads per block (default: 256 on a GPU, 32 in the simulator).
-        seeded: for large arrays without an eligible set, seed the running threshold from a
-            sample (exact either way: a seed above the k-th score triggers an unseeded rerun).
+        seeded: for large arrays, seed the running threshold from a sample of the (eligible)
+            scores (exact either way: a seed above the k-th score triggers an unseeded rerun).
 
     Returns:
         :class:`~andromeda_nb.model.TopK` with host arrays and the count of eligible non-NaN scores.

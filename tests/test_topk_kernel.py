@@ -158,6 +158,28 @@ def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
     assert got.count == n
 
 
+@pytest.mark.parametrize("fraction", [0.6, 0.05, 0.0])
+def test_seeded_scan_with_an_eligible_set(monkeypatch, rng, fraction):
+    """Seeding samples only eligible scores (ineligible ones as -inf): exact against the oracle,
+    including a sample with the highest scores all ineligible and an empty eligible set."""
+    monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
+    monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
+    monkeypatch.setattr(T, "SEED_MIN_N", 1024)
+    n, k = 2048, 20
+    scores = rng.standard_normal(n).astype(np.float32)
+    eligible = rng.random(n) < fraction
+    scores[~eligible] += 50.0  # the best scores are ineligible: a seed from them would be wrong
+    sws = T.SeedWorkspace.make(n, k)
+    seed = T.launch_seed(launch.to_device(scores), n, sws, elig=launch.to_device(bits_from_mask(eligible)))
+    seed = seed.copy_to_host()[0]
+    assert seed < 40.0  # drawn from eligible scores (or -inf when too few are eligible)
+    got = T.topk_scores(scores, k, eligible=eligible)
+    want = oracle.topk(scores, k, eligible=eligible)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores, want.scores)
+    assert got.count == want.count
+
+
 def test_deterministic_run_to_run():
     scores = np.random.default_rng(3).integers(0, 5, 500).astype(np.float32)
     first = topk_scores(scores, 40)

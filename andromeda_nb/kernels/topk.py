@@ -601,18 +601,23 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def sample_chunks_kernel():
+def sample_chunks_kernel(has_elig: bool = False):
     """Launch ``[chunks, chunk]``: block j copies ``chunk`` contiguous scores centred in the j-th of
     ``chunks`` equal strata into ``sample[j * chunk:]`` (contiguous runs: a few sectors each;
-    stratified, so sorted input is sampled across its range rather than at its extremes)."""
+    stratified, so sorted input is sampled across its range rather than at its extremes). With an
+    eligible bitset ``elig uint64[words]`` (``has_elig``), ineligible scores are sampled as -inf."""
 
     @cuda.jit
-    def kernel(scores, n, sample):
+    def kernel(scores, n, sample, elig):
         j = cuda.blockIdx.x
         chunks = cuda.gridDim.x
         chunk = cuda.blockDim.x
         off = (2 * j + 1) * n // (2 * chunks) - chunk // 2
-        sample[j * chunk + cuda.threadIdx.x] = scores[off + cuda.threadIdx.x]
+        i = off + cuda.threadIdx.x
+        s = scores[i]
+        if has_elig and test_bit(elig, i) == 0:
+            s = NEG_INF
+        sample[j * chunk + cuda.threadIdx.x] = s
 
     return kernel
 
