@@ -177,12 +177,12 @@ def check_results(world: World, prepared, words_dev, counts_dev, n_words=None) -
 # ----------------------------------------------------------------------------- measuring
 
 
-def bytes_of(world: World, prepared, n_words=None, max_requests: int = 8) -> dict:
+def bytes_of(world: World, prepared, n_words=None, max_requests: int = 8, prefetch: bool = False) -> dict:
     """Byte model summed over a prepared batch's requests (andromeda_nb.match.read_model; a larger
     batch: its first ``max_requests`` requests, scaled to the batch), cached on the batch."""
     from .match import read_model
 
-    key = ("bytes", n_words)
+    key = ("bytes", n_words, bool(prefetch))
     cache = prepared.__dict__.setdefault("_model", {})
     if key in cache:
         return cache[key]
@@ -191,7 +191,7 @@ def bytes_of(world: World, prepared, n_words=None, max_requests: int = 8) -> dic
     plans = prepared.plans[:max_requests]
     scale = len(prepared.plans) / len(plans)
     for plan in plans:
-        r = read_model(world.index, plan, n_words)
+        r = read_model(world.index, plan, n_words, prefetch=prefetch)
         tot["bytes"] += r["bytes"]
         tot["row_bytes"] += r["row_bytes"]
         tot["read_bytes"] += r["read_bytes"]
@@ -210,7 +210,8 @@ def prepare_each(world: World, profiles, n_words=None):
     return [world.dev.prepare([p], n_words=n_words) for p in profiles]
 
 
-def time_requests(world: World, prepared: list, reps: int, U=None, block=None, n_words=None, bounds=None):
+def time_requests(world: World, prepared: list, reps: int, U=None, block=None, n_words=None, bounds=None,
+                  prefetch: bool = False):
     """Time the prepared batches launched back to back; returns (timing per launch, out, counts)."""
     cuda = launch.cuda()
     B = max(p.batch for p in prepared)
@@ -220,14 +221,16 @@ def time_requests(world: World, prepared: list, reps: int, U=None, block=None, n
 
     def fn():
         for p in prepared:
-            world.dev.launch(p, out, counts, words_per_thread=U, block=block, min_blocks_per_sm=bounds)
+            world.dev.launch(p, out, counts, words_per_thread=U, block=block, min_blocks_per_sm=bounds,
+                             prefetch=prefetch)
 
     t = bench.time_device(fn, reps=reps, busy_ms=2.0 + 0.4 * len(prepared))
     k = len(prepared)
     return bench.Timing(t.median / k, t.p20 / k, t.p80 / k, t.host_per_call / k, t.reps), out, counts
 
 
-def verify_each(world: World, prepared: list, U=None, block=None, n_words=None, bounds=None) -> tuple[str, list]:
+def verify_each(world: World, prepared: list, U=None, block=None, n_words=None, bounds=None,
+                prefetch: bool = False) -> tuple[str, list]:
     """Launch each prepared batch once and check it (check_results); returns (verdict, counts)."""
     cuda = launch.cuda()
     nw = world.index.n_words if n_words is None else n_words
@@ -235,7 +238,8 @@ def verify_each(world: World, prepared: list, U=None, block=None, n_words=None, 
     for p in prepared:
         out = cuda.device_array((p.batch, max(nw, 1)), np.uint64)
         counts = cuda.device_array(p.batch, np.int64)
-        world.dev.launch(p, out, counts, words_per_thread=U, block=block, min_blocks_per_sm=bounds)
+        world.dev.launch(p, out, counts, words_per_thread=U, block=block, min_blocks_per_sm=bounds,
+                         prefetch=prefetch)
         ok, msg, c = check_results(world, p, out, counts, n_words)
         if not ok:
             return "FAILED: " + msg, counts_all
@@ -254,15 +258,16 @@ def l2_note(bytes_per_request: float) -> str:
 
 
 def request_row(env, ceil, world: World, variant: str, prepared: list, reps: int, U=None, block=None,
-                n_words=None, notes: str = "", batch: int = 1, access: str = "pool", bounds=None, **fields) -> dict:
-    timing, _, _ = time_requests(world, prepared, reps, U, block, n_words, bounds)
-    verified, counts = verify_each(world, prepared, U, block, n_words, bounds)
+                n_words=None, notes: str = "", batch: int = 1, access: str = "pool", bounds=None,
+                prefetch: bool = False, **fields) -> dict:
+    timing, _, _ = time_requests(world, prepared, reps, U, block, n_words, bounds, prefetch)
+    verified, counts = verify_each(world, prepared, U, block, n_words, bounds, prefetch)
     nw = world.index.n_words if n_words is None else n_words
     n_bits = min(world.index.n_ads, nw * 64)
     b = {"bytes": 0, "row_bytes": 0, "rows": 0, "patches": 0, "list_bytes": 0, "touched": 0}
     n_req = 0
     for p in prepared:
-        m = bytes_of(world, p, nw)
+        m = bytes_of(world, p, nw, prefetch=prefetch)
         for key in b:
             b[key] += m[key]
         n_req += p.batch
@@ -639,6 +644,13 @@ def targeting(env, ceil, args) -> list[dict]:
                                     bounds=0, notes="benchmark world; no launch bounds (72 registers, 768 threads/SM)"))
             rows.append(request_row(env, ceil, world, "match_U4_b512", main_prep, reps, U=4, block=512,
                                     notes="benchmark world; launch bounds (512, 2)"))
+            # the next category's first include row loaded one category ahead (two rows in flight;
+            # prediction: +10-25 % over the same shape without it, for a few % more bytes)
+            rows.append(request_row(env, ceil, world, "match_U4_b256_prefetch", main_prep, reps, U=4, block=256,
+                                    prefetch=True, notes="benchmark world; prefetch; launch bounds (256, 4)"))
+            rows.append(request_row(env, ceil, world, "match_U8_b256_prefetch_nobounds", main_prep, reps, U=8,
+                                    block=256, bounds=0, prefetch=True,
+                                    notes="benchmark world; prefetch; no launch bounds (92 registers)"))
         for B in ([16] if quick else [8, 32, 64]):
             profs = syn.generate_profiles(world.schema, B, seed=500 + B)
             p = world.dev.prepare(profs)

@@ -292,7 +292,7 @@ class DeviceTargetingIndex:
                              profiles=profiles)
 
     def launch(self, prepared: PreparedMatch, out=None, counts=None, words_per_thread: int | None = None,
-               block: int | None = None, min_blocks_per_sm: int | None = None):
+               block: int | None = None, min_blocks_per_sm: int | None = None, prefetch: bool = False):
         """Enqueue a prepared batch (prep, match, post kernels; no host synchronisation).
 
         Args:
@@ -300,6 +300,9 @@ class DeviceTargetingIndex:
             counts: device ``int64[>= B]`` for the eligible counts (allocated if None).
             words_per_thread, block: the match kernel's shape (defaults WORDS_PER_THREAD, MATCH_BLOCK).
             min_blocks_per_sm: launch bounds (default from MATCH_THREADS_PER_SM; 0: none).
+            prefetch: load each category's first include row one category ahead
+                (:func:`~andromeda_nb.kernels.match.match_kernel`; implemented and tested, not yet
+                measured on a GPU, so off by default).
 
         Returns:
             ``(out, counts)``.
@@ -330,7 +333,7 @@ class DeviceTargetingIndex:
         if min_blocks_per_sm is None:
             min_blocks_per_sm = MATCH_THREADS_PER_SM.get(U, 0) // blk
         min_blocks = 0 if sim else int(min_blocks_per_sm)
-        match_kernel(blk, U, min_blocks)[(gx, B), blk](self.rows, scratch, prepared.n_bits, nw, a["req_cat"], a["inc_ptr"],
+        match_kernel(blk, U, min_blocks, bool(prefetch))[(gx, B), blk](self.rows, scratch, prepared.n_bits, nw, a["req_cat"], a["inc_ptr"],
                                            a["inc_rows"], a["exc_ptr"], a["exc_rows"], out, counts)
         if prepared.n_post:
             post_kernel(small)[launch.grid_for(prepared.n_post, small), small](
@@ -483,7 +486,8 @@ def match_cpu(index: TargetingIndex, profile: Mapping, exclude_slots=None) -> tu
 # ----------------------------------------------------------------------------- byte model
 
 
-def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = None, exclude_slots=None) -> dict:
+def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = None, exclude_slots=None,
+               prefetch: bool = False) -> dict:
     """Bytes one request moves, by emulating the kernels on the host (Numba-parallel).
 
     Rows: a 32-byte sector of a row is read when one of its 4 words is still alive at that point
@@ -492,6 +496,9 @@ def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = Non
     are read (twice for patch lists: scatter and clear), and each distinct 32-byte sector of the
     patch row / result they touch counts once (read; patch sectors also written back by the
     clear). The result bitset is written once.
+
+    ``prefetch``: the match kernel variant that loads each category's first include row one
+    category ahead (:meth:`DeviceTargetingIndex.launch`).
 
     Returns a dict: ``row_sectors``, ``row_bytes`` (32 per row sector), ``list_bytes``,
     ``touched_sectors`` (patch + result sectors the list passes touch), ``read_bytes``,
@@ -536,7 +543,8 @@ def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = Non
     nr = index.n_rows
     inc = np.where(plan.inc_rows < 0, nr - 1 - plan.inc_rows, plan.inc_rows).astype(np.int64)
     per = np.zeros(max(plan.n_categories, 1), np.int64)
-    k["sector_counts"](index._need_bits("read_model"), patches, n_bits, nw, plan.inc_ptr, inc, plan.exc_ptr, plan.exc_rows, per, 1024)
+    k["sector_counts"](index._need_bits("read_model"), patches, n_bits, nw, plan.inc_ptr, inc, plan.exc_ptr,
+                       plan.exc_rows, per, 1024, bool(prefetch))
     total = int(per[:plan.n_categories].sum())
     n_sectors_row = max(-(-nw // 4), 1)
     out = {

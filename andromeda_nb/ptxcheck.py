@@ -96,10 +96,12 @@ def variants():
         out.append((f"topk sample elig{elig}", T.sample_chunks_kernel(elig), (A(f32), i64, A(f32), A(u64))))
     # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the
     # update kernel per list-pool dtype (int32 below 2^31 slots, int64 beyond), compaction per output dtype
+    match_sig = (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), A(i64))
     for blk in (256, 512):
-        for U in (1, 2, 4, 8):
-            out.append((f"match b{blk} U{U}", M.match_kernel(blk, U),
-                        (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), A(i64))))
+        for U in (1, 2, 4, 8, 16):
+            out.append((f"match b{blk} U{U}", M.match_kernel(blk, U), match_sig))
+    for U in (4, 8):
+        out.append((f"match b256 U{U} prefetch", M.match_kernel(256, U, 0, True), match_sig))
     for pool_t in (i32, i64):
         out.append((f"match prep pool {pool_t}", M.prep_kernel(),
                     (A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(u64, 2), i64)))

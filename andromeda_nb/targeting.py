@@ -885,10 +885,12 @@ def host_kernels() -> dict:
         return part.sum()
 
     @njit(parallel=True)
-    def sector_counts(rows, scratch, n, n_words, inc_ptr, inc_rows, exc_ptr, exc_rows, out, chunk):
+    def sector_counts(rows, scratch, n, n_words, inc_ptr, inc_rows, exc_ptr, exc_rows, out, chunk, prefetch):
         """The match kernel's reads, emulated: ``out[j]`` = 32-byte sectors (4 words) of the
         rows of plan category ``j`` read (a word is read while it is alive, an include row only
-        while the OR does not yet cover it); chunks of sectors in parallel."""
+        while the OR does not yet cover it); chunks of sectors in parallel. ``prefetch``: the
+        kernel variant that reads each category's first include row during the previous category,
+        for the words alive before it (counted for the category it belongs to)."""
         nr = rows.shape[0]
         n_cat = inc_ptr.size - 1
         n_sec = (n_words + 3) // 4
@@ -902,18 +904,31 @@ def host_kernels() -> dict:
                 nw = min(4, n_words - w0)
                 for u in range(4):
                     e[u] = valid_mask(w0 + u, n_words, n) if u < nw else uint64(0)
+                have_next = False
                 for c in range(n_cat):
                     for u in range(4):
                         acc[u] = 0
-                    for j in range(inc_ptr[c], inc_ptr[c + 1]):
+                    j0 = inc_ptr[c]
+                    pf_here = prefetch and c + 1 < n_cat and inc_ptr[c + 2] > inc_ptr[c + 1] and inc_ptr[c + 1] > j0
+                    for j in range(j0, inc_ptr[c + 1]):
                         r = inc_rows[j]
-                        hit = False
-                        for u in range(nw):
-                            if (e[u] & ~acc[u]) != 0:
-                                hit = True
+                        if prefetch and j == j0 and have_next:  # read (and counted) one category earlier
+                            for u in range(nw):
                                 acc[u] |= rows[r, w0 + u] if r < nr else scratch[r - nr, w0 + u]
-                        if hit:
-                            part[k, c] += 1
+                        else:
+                            hit = False
+                            for u in range(nw):
+                                if (e[u] & ~acc[u]) != 0:
+                                    hit = True
+                                    acc[u] |= rows[r, w0 + u] if r < nr else scratch[r - nr, w0 + u]
+                            if hit:
+                                part[k, c] += 1
+                        if pf_here and j == j0:
+                            for u in range(nw):
+                                if e[u] != 0:
+                                    part[k, c + 1] += 1
+                                    break
+                    have_next = pf_here
                     for u in range(4):
                         e[u] &= acc[u]
                     for j in range(exc_ptr[c], exc_ptr[c + 1]):

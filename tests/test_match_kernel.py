@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from andromeda_nb import oracle
-from andromeda_nb.match import (DeviceTargetingIndex, compact, match_batch, match_cpu, match_eligible,
+from andromeda_nb.match import (DeviceTargetingIndex, Eligible, compact, match_batch, match_cpu, match_eligible,
                                 read_model)
 from andromeda_nb.targeting import (Category, TargetingIndex, TargetingRules, TargetingSchema, bits_from_mask,
                                     make_profile, mask_from_bits)
@@ -21,10 +21,12 @@ def test_match_equals_oracle(rng, n):
     rules = random_rules(rng, n)
     host = TargetingIndex(rules, dense_min=dense_min, exclude_dense_min=xmin, group_max=gmax)
     index = DeviceTargetingIndex(host)
-    for U in (1, 2, 4, 8, 16):
+    for U, prefetch in ((1, False), (2, False), (4, False), (8, False), (16, False), (1, True), (4, True)):
         prof = random_profile(rng, rules.schema)
         want = oracle.match(rules, make_profile(rules.schema, prof))
-        got = match_eligible(index, prof, words_per_thread=U)
+        prepared = index.prepare([prof])
+        out, counts = index.launch(prepared, words_per_thread=U, prefetch=prefetch)
+        got = Eligible(words=out[0], n_ads=index.n_ads, _count=counts, _keep=prepared)
         words = got.words.copy_to_host()
         np.testing.assert_array_equal(mask_from_bits(words, n), want)
         assert got.count == want.sum()
@@ -183,3 +185,17 @@ def test_empty_pool_matches_nothing():
         assert got.count == 0 and not got.to_mask().any()
         batch = match_batch(index, [{}, {}])
         assert list(batch.counts) == [0, 0]
+
+
+def test_read_model_counts_prefetched_rows():
+    """The prefetch kernel reads the next category's first row for the words alive *before* the
+    current category: here the first category kills sector 0, which the plain kernel then skips
+    in the second category's row and the prefetch kernel has already read."""
+    schema = TargetingSchema([Category("a", 2), Category("b", 2)])
+    n = 64 * 9  # 9 words: 3 sectors per row (the last one partial)
+    recs = [{"ad_id": i, "include": {"a": [0], "b": [0]} if i < 64 * 4 else {}} for i in range(n)]
+    index = TargetingIndex(TargetingRules.from_records(schema, recs), group_max=1)
+    plan = index.plan(make_profile(schema, {"a": 1, "b": 1}))
+    assert plan.n_categories == 2
+    assert read_model(index, plan)["row_sectors"] == 3 + 2
+    assert read_model(index, plan, prefetch=True)["row_sectors"] == 3 + 3

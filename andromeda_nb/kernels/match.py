@@ -43,7 +43,7 @@ def last_mask(n_bits, n_words):
 
 
 @functools.lru_cache(maxsize=None)
-def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int = 0):
+def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int = 0, prefetch: bool = False):
     """The match. Launch ``[(gx, B), block]``, ``blockIdx.y`` = request.
 
     Thread ``t`` of a block handles words ``base + u * block + t`` (``u < words_per_thread``) of
@@ -62,8 +62,14 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
     ``min_blocks_per_sm`` > 0 sets launch bounds ``(block, min_blocks_per_sm)`` (the compiler caps
     registers so that many blocks fit on an SM: more warps, more loads in flight; sm_90 ptxas
     uses 44 / 56 / 72 / 124 registers for 1 / 2 / 4 / 8 words per thread without bounds).
+
+    ``prefetch``: while a category's first include row is loading, also load the next category's
+    first include row for the words still alive *before* this category (a superset of the words
+    that will need it), so two rows are in flight instead of one: the chain of dependent loads
+    halves where categories have one include row, for the bytes of words this category kills.
     """
     U = int(words_per_thread)
+    PF = bool(prefetch)
     # the simulator's cuda.jit takes no launch_bounds: pass it only when set
     opts = {"launch_bounds": (int(block), int(min_blocks_per_sm))} if min_blocks_per_sm else {}
 
@@ -82,6 +88,7 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
         e = cuda.local.array(U, uint64)
         acc = cuda.local.array(U, uint64)
         t = cuda.local.array(U, uint64)
+        tn = cuda.local.array(U, uint64)  # the next category's first include row (prefetch)
         mine = int64(0)
         tile = int64(block) * U
         base = int64(cuda.blockIdx.x) * tile
@@ -96,13 +103,19 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
                 e[u] = ALL if w < n_words else uint64(0)
                 alive |= e[u]
             c = c0
+            have_next = False
             while c < c1 and alive != 0:
                 for u in range(U):
                     acc[u] = uint64(0)
-                for j in range(inc_ptr[c], inc_ptr[c + 1]):
+                j0 = inc_ptr[c]
+                pf_here = PF and c + 1 < c1 and inc_ptr[c + 2] > inc_ptr[c + 1] and inc_ptr[c + 1] > j0
+                for j in range(j0, inc_ptr[c + 1]):
                     r = inc_rows[j]
                     # all loads first (independent, in flight together), then the ORs
-                    if r < nr:
+                    if PF and j == j0 and have_next:  # loaded during the previous category
+                        for u in range(U):
+                            t[u] = tn[u]
+                    elif r < nr:
                         ru = uint64(r)
                         for u in range(U):
                             t[u] = uint64(0)
@@ -114,8 +127,23 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
                             t[u] = uint64(0)
                             if (e[u] & ~acc[u]) != 0:
                                 t[u] = scratch[ru, wb + uint64(u * block)]
+                    if pf_here and j == j0:  # the next category's first row, for words alive now
+                        rn = inc_rows[inc_ptr[c + 1]]
+                        if rn < nr:
+                            rnu = uint64(rn)
+                            for u in range(U):
+                                tn[u] = uint64(0)
+                                if e[u] != 0:
+                                    tn[u] = rows[rnu, wb + uint64(u * block)]
+                        else:
+                            rnu = uint64(rn - nr)
+                            for u in range(U):
+                                tn[u] = uint64(0)
+                                if e[u] != 0:
+                                    tn[u] = scratch[rnu, wb + uint64(u * block)]
                     for u in range(U):
                         acc[u] |= t[u]
+                have_next = pf_here
                 alive = uint64(0)
                 for u in range(U):
                     e[u] &= acc[u]
