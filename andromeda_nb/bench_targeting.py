@@ -577,10 +577,16 @@ def _rows_equal(world: World, words: np.ndarray, n_full: int = 16) -> bool:
 # ----------------------------------------------------------------------------- the suite
 
 
-def memory_rows(world: World, label: str, n_at: int) -> list[dict]:
+def memory_rows(env, world: World, label: str, n_at: int) -> list[dict]:
+    """Index memory per storage unit (a folded group or a split category) at ``n_at`` ads, as
+    rows of the results schema (``variant`` = memory_<layout>_<unit>; timing columns empty)."""
     out = []
     for u in world.index.memory_by_category(n_at):
-        out.append({"layout": label, "pool_ads": n_at, **{k: v for k, v in u.items()}})
+        r = {c: "" for c in bench.SCHEMA + bench.EXTRA}
+        r.update(env, suite="targeting", variant=f"memory_{label}_{u['unit']}", n_ads=n_at,
+                 verified="n/a (memory accounting of the host index)", layout=label, pool_ads=n_at)
+        r.update(u)  # unit, categories, rows, storage, bytes, ...
+        out.append(r)
     return out
 
 
@@ -592,7 +598,7 @@ def write_memory(rows: list[dict], out_dir: str) -> None:
         return
     path = Path(out_dir) / "targeting_memory.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    keys = list(dict.fromkeys(k for r in rows for k in r))
+    keys = list(dict.fromkeys([*bench.SCHEMA, *bench.EXTRA, *(k for r in rows for k in r)]))
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
@@ -628,7 +634,7 @@ def targeting(env, ceil, args) -> list[dict]:
             rows.append(failed_row(env, name, exc))
 
     world = World(n, spare=4096)
-    mem.extend(memory_rows(world, "default", n))
+    mem.extend(memory_rows(env, world, "default", n))
     main_prep = prepare_each(world, world.profiles)
 
     def main():
@@ -707,7 +713,7 @@ def targeting(env, ceil, args) -> list[dict]:
                 continue
             w = World(n_sweep, index_kw=kw, rules=rules, seed=1)
             if kw:  # memory scaled to the full pool (the default's is measured at full size above)
-                mem.extend(memory_rows(w, name, n))
+                mem.extend(memory_rows(env, w, name, n))
             rows.append(request_row(env, ceil, w, f"match_U4_{name}", prepare_each(w, w.profiles), reps,
                                     notes=f"{n_sweep:,}-ad world (seed 1); layout "
                                           f"{'default (also the 0.3 point of the density sweep)' if not kw else name}"))
