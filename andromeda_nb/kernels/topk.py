@@ -200,6 +200,18 @@ def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
     """
     t = block_topk(cap, block, has_ids, SCAN_ITEMS)
 
+    @cuda.jit(device=True, inline=True)
+    def load_round(scores, start, i0, n):
+        """One round's SCAN_ITEMS scores of a thread: elements i0 + q * block (-inf past n)."""
+        return (scores[start + i0] if i0 < n else NEG_INF,
+                scores[start + i0 + block] if i0 + block < n else NEG_INF,
+                scores[start + i0 + 2 * block] if i0 + 2 * block < n else NEG_INF,
+                scores[start + i0 + 3 * block] if i0 + 3 * block < n else NEG_INF,
+                scores[start + i0 + 4 * block] if i0 + 4 * block < n else NEG_INF,
+                scores[start + i0 + 5 * block] if i0 + 5 * block < n else NEG_INF,
+                scores[start + i0 + 6 * block] if i0 + 6 * block < n else NEG_INF,
+                scores[start + i0 + 7 * block] if i0 + 7 * block < n else NEG_INF)
+
     @cuda.jit
     def kernel(scores, offsets, elig, ids, ks, kmax, seeds, cand_s, cand_i, counts):
         bs = cuda.shared.array(cap, float32)
@@ -225,27 +237,11 @@ def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
         base = cuda.blockIdx.x * per_round
         # software pipelined: the next round's 8 scores are loaded before this round's inserts and
         # barriers, so their memory latency overlaps the work instead of following it
-        i0 = base + tid
-        s0 = scores[start + i0] if i0 < n else NEG_INF
-        s1 = scores[start + i0 + block] if i0 + block < n else NEG_INF
-        s2 = scores[start + i0 + 2 * block] if i0 + 2 * block < n else NEG_INF
-        s3 = scores[start + i0 + 3 * block] if i0 + 3 * block < n else NEG_INF
-        s4 = scores[start + i0 + 4 * block] if i0 + 4 * block < n else NEG_INF
-        s5 = scores[start + i0 + 5 * block] if i0 + 5 * block < n else NEG_INF
-        s6 = scores[start + i0 + 6 * block] if i0 + 6 * block < n else NEG_INF
-        s7 = scores[start + i0 + 7 * block] if i0 + 7 * block < n else NEG_INF
+        s0, s1, s2, s3, s4, s5, s6, s7 = load_round(scores, start, base + tid, n)
         rnd = 0
         while base < n:
             i0 = base + tid
-            j0 = i0 + stride
-            n0 = scores[start + j0] if j0 < n else NEG_INF
-            n1 = scores[start + j0 + block] if j0 + block < n else NEG_INF
-            n2 = scores[start + j0 + 2 * block] if j0 + 2 * block < n else NEG_INF
-            n3 = scores[start + j0 + 3 * block] if j0 + 3 * block < n else NEG_INF
-            n4 = scores[start + j0 + 4 * block] if j0 + 4 * block < n else NEG_INF
-            n5 = scores[start + j0 + 5 * block] if j0 + 5 * block < n else NEG_INF
-            n6 = scores[start + j0 + 6 * block] if j0 + 6 * block < n else NEG_INF
-            n7 = scores[start + j0 + 7 * block] if j0 + 7 * block < n else NEG_INF
+            n0, n1, n2, n3, n4, n5, n6, n7 = load_round(scores, start, i0 + stride, n)
             for q in range(SCAN_ITEMS):
                 i = i0 + q * block
                 s = s0
