@@ -555,24 +555,30 @@ def topk(env, ceil, args) -> list[dict]:
         rows.append(r)
         bench.print_rows([r])
 
+    def block_topk_row(scores, n, k, seeded, suffix="", elig=None, mask=None, **fields):
+        """Time one block top-K call (seeded or not, optionally on an eligible bitset), check it
+        against torch.topk and add its row."""
+        d_scores = cuda.as_cuda_array(scores)
+        offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
+        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+        sws = SeedWorkspace.make(n, k) if seeded else None
+        timing = bench.time_device(lambda: launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws),
+                                   reps=args.reps)
+        c = ws.counts.copy_to_host()[0]
+        verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k, eligible_mask=mask)
+        if sws is not None and c[1] < min(k, c[0]):
+            verified = checks.Check(False, f"seed above the k-th score ({c[1]} scores reached it): the timed run "
+                                           "was not exact; the wrapper would rerun unseeded")
+        variant = ("block_topk_seeded" if sws is not None else "block_topk") + suffix
+        add(bench.row("topk", env, ceil, timing, n, 4.0 if elig is None else 4.0 + 1 / 8, None, str(verified),
+                      variant=variant, n_ads=n, k=k, batch=1, dtype="fp32", **fields))
+
     def one(n, k, order, seeded, l2_note="", suffix=""):
         if order == "ascending":
             scores = cp.arange(n, dtype=cp.float32) / n
         else:
             scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
-        d_scores = cuda.as_cuda_array(scores)
-        offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
-        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
-        sws = SeedWorkspace.make(n, k) if seeded else None
-        timing = bench.time_device(lambda: launch_topk(d_scores, n, k, seeded=seeded, ws=ws, sws=sws), reps=args.reps)
-        c = ws.counts.copy_to_host()[0]
-        verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k)
-        if sws is not None and c[1] < min(k, c[0]):
-            verified = checks.Check(False, f"seed above the k-th score ({c[1]} scores reached it): the timed run "
-                                           "was not exact; the wrapper would rerun unseeded")
-        variant = ("block_topk_seeded" if sws is not None else "block_topk") + suffix
-        add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant=variant, n_ads=n, k=k, batch=1,
-                      dtype="fp32", access=order, notes=l2_note))
+        block_topk_row(scores, n, k, seeded, suffix, access=order, notes=l2_note)
         t = torch.as_tensor(scores, device="cuda")
         timing = bench.time_device(lambda: torch.topk(t, k), reps=args.reps)
         add(bench.row("topk", env, ceil, timing, n, 4.0, None, "baseline (values checked above)", variant="torch.topk",
@@ -598,27 +604,14 @@ def topk(env, ceil, args) -> list[dict]:
 
         n, k = 100_000_000, 1000
         scores = cp.random.RandomState(11).standard_normal(n, dtype=cp.float32)
-        d_scores = cuda.as_cuda_array(scores)
         for frac in (0.5, 0.1):
             mask = cp.random.RandomState(int(frac * 100)).random_sample(n) < frac
             bits = cuda.to_device(bits_from_mask(mask.get()))
-            offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
-            ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
             for seeded in (True, False):
-                sws = SeedWorkspace.make(n, k) if seeded else None
-                timing = bench.time_device(lambda: launch_topk(d_scores, n, k, elig=bits, seeded=seeded, ws=ws,
-                                                               sws=sws), reps=args.reps)
-                c = ws.counts.copy_to_host()[0]
-                verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k, eligible_mask=mask)
-                if sws is not None and c[1] < min(k, c[0]):
-                    verified = checks.Check(False, f"seed above the k-th eligible score ({c[1]} reached it): "
-                                                   "not exact; the wrapper would rerun unseeded")
-                add(bench.row("topk", env, ceil, timing, n, 4.0 + 1 / 8, None, str(verified),
-                              variant=("block_topk_seeded" if seeded else "block_topk") + "_eligible", n_ads=n, k=k,
-                              batch=1, dtype="fp32", access="bitset", eligible_fraction=frac,
-                              notes="scores + the eligible bitset read (4.125 B per score)"))
+                block_topk_row(scores, n, k, seeded, "_eligible", elig=bits, mask=mask, access="bitset",
+                               eligible_fraction=frac, notes="scores + the eligible bitset read (4.125 B per score)")
             del mask, bits
-        del scores, d_scores
+        del scores
         cp.get_default_memory_pool().free_all_blocks()
     if "small" in phases:
         for seeded in (True, False):
