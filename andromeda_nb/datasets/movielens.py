@@ -154,6 +154,8 @@ def fetch(data_dir="data/ml-100k") -> Path:
     if all((path / f).is_file() for f in FILES):
         return path
     path.mkdir(parents=True, exist_ok=True)
+    print(f"fetching MovieLens-100K into {path} (the recbole {RECBOLE_VERSION} wheel, about 2 MB)", file=sys.stderr,
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", f"recbole=={RECBOLE_VERSION}", "--no-deps", "-d", tmp]
         try:
