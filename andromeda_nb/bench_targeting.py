@@ -72,6 +72,11 @@ T0 = time.time()
 PROFILES = 8  # requests launched back to back per timed call
 SAMPLE = 2048  # slots checked against the oracle per request
 BUDGET_S = 200  # optional sections are skipped past this many seconds of the suite
+# --phases of the suite (default all); the first five run on the full-size benchmark world
+PHASE_OF = {"main": "main", "pool size": "pool", "user values": "values", "updates": "updates",
+            "device rows only": "device", "layouts": "layouts", "rule density": "density",
+            "categories": "categories"}
+PHASES = tuple(PHASE_OF.values())
 #: the order in which the categories sweep turns categories on (a mix of kinds at every size)
 CATEGORY_ORDER = [0, 14, 18, 1, 2, 15, 3, 4, 5, 19, 16, 6, 7, 8, 17, 9, 10, 11, 12, 13]
 
@@ -622,7 +627,14 @@ def targeting(env, ceil, args) -> list[dict]:
     mem: list[dict] = []
     log(f"targeting suite: n={n:,}, reps={reps}, quick={quick}, CPU {cpu_name()} x{os.cpu_count()}")
 
+    phases = set(args.phases.split(",")) if getattr(args, "phases", None) else set(PHASES)
+    unknown = phases - set(PHASES)
+    if unknown:
+        raise SystemExit(f"unknown targeting phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+
     def section(name, fn):
+        if PHASE_OF[name] not in phases:
+            return
         if time.time() - T0 > BUDGET_S and name not in ("main", "updates"):
             log(f"skipping {name}: past the {BUDGET_S}s budget")
             return
@@ -633,9 +645,11 @@ def targeting(env, ceil, args) -> list[dict]:
             traceback.print_exc()
             rows.append(failed_row(env, name, exc))
 
-    world = World(n, spare=4096)
-    mem.extend(memory_rows(env, world, "default", n))
-    main_prep = prepare_each(world, world.profiles)
+    on_main_world = {"main", "pool", "values", "updates", "device"}
+    world = World(n, spare=4096) if phases & on_main_world else None
+    if world is not None:
+        mem.extend(memory_rows(env, world, "default", n))
+        main_prep = prepare_each(world, world.profiles)
 
     def main():
         from .match import MATCH_THREADS_PER_SM
@@ -686,8 +700,12 @@ def targeting(env, ceil, args) -> list[dict]:
 
     section("user values", user_values)
     section("updates", lambda: rows.extend(update_rows(env, ceil, world, reps, n_batches=20 if quick else 40)))
-    world.free()
-    del world, main_prep
+    # last on the main world: it drops the world's host rows
+    section("device rows only", lambda: rows.extend(device_rows_only(env, ceil, world)))
+    if world is not None:
+        world.free()
+        del main_prep
+    world = None
     gc.collect()
 
     # the sweeps and the layout variants on a quarter-size pool (2.5 x 10^7 ads: rows of 3 MB, a
@@ -756,8 +774,6 @@ def targeting(env, ceil, args) -> list[dict]:
             w.free()
 
     section("categories", categories)
-    # last: it drops the main world's host rows
-    section("device rows only", lambda: rows.extend(device_rows_only(env, ceil, world)))
     write_memory(mem, args.out)
     log(f"targeting suite done: {len(rows)} rows")
     return rows
