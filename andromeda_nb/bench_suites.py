@@ -395,7 +395,7 @@ def topk_stages(d_scores, n: int, k: int):
     from .topk import SAMPLE_CHUNK, SeedWorkspace, TopKWorkspace, launch_merge_lists, launch_scan, launch_topk, scan_lists
 
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
-    ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+    ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=True))
     sws = SeedWorkspace.make(n, k)
     if sws is None:
         raise ValueError(f"n = {n}, k = {k} is not seeded (see SeedWorkspace.make)")
@@ -415,7 +415,7 @@ def topk_stages(d_scores, n: int, k: int):
         ("seed_merge", reset_merge(sws.ws), "counter reset, bound, select, final of the sample's lists"),
         ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.ws.out_s[0, sws.r - 1:sws.r]),
          f"counter reset + scan: {ws.lists} block lists over {n} scores"),
-        ("merge", reset_merge(ws), "counter reset, bound, select, final (offer: block top-K over the buffer)"),
+        ("merge", reset_merge(ws, "offer"), "counter reset, bound, select, final (offer: block top-K over the buffer)"),
         ("merge_radix", reset_merge(ws, "radix"), "counter reset, bound, select, final by radix select"),
         ("all", lambda: launch_topk(d_scores, n, k, seeded=True, ws=ws, sws=sws), "the whole seeded call"),
     ]
@@ -560,8 +560,8 @@ def topk(env, ceil, args) -> list[dict]:
         against torch.topk and add its row."""
         d_scores = cuda.as_cuda_array(scores)
         offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
-        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
         sws = SeedWorkspace.make(n, k) if seeded else None
+        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=sws is not None))
         timing = bench.time_device(lambda: launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws),
                                    reps=args.reps)
         c = ws.counts.copy_to_host()[0]
@@ -619,11 +619,11 @@ def topk(env, ceil, args) -> list[dict]:
         from . import topk as topk_module
 
         default_final = topk_module.FINAL_MERGE
-        topk_module.FINAL_MERGE = "radix"  # the merge's final step by radix select (candidate default)
+        topk_module.FINAL_MERGE = "offer"  # the merge's final step by the block top-K (the earlier default)
         try:
             for seeded in (True, False):
-                one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident; final step by radix select",
-                    suffix="_radix_final")
+                one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident; final step by the block top-K",
+                    suffix="_offer_final")
         finally:
             topk_module.FINAL_MERGE = default_final
     if "stages" in phases:

@@ -56,10 +56,13 @@ MAX_BATCH = 65535
 SCORES_PER_K = 32
 
 
-def _blocks_per_request(max_n: int, batch: int, block: int, kmax: int) -> int:
+def _blocks_per_request(max_n: int, batch: int, block: int, kmax: int, seeded: bool = False) -> int:
     from .kernels.topk import SCAN_ITEMS
 
-    need = max(1, -(-max_n // max(block * SCAN_ITEMS, SCORES_PER_K * kmax)))
+    # seeded, few scores pass the seed (about SEED_MARGIN * k in all), so the lists may be short and
+    # the bound loose: one block per round of scores keeps a small request's scan one round deep
+    per_list = block * SCAN_ITEMS if seeded else max(block * SCAN_ITEMS, SCORES_PER_K * kmax)
+    need = max(1, -(-max_n // per_list))
     cap = launch.SIM_MAX_BLOCKS if launch.backend.is_simulator() else max(1, launch.sm_count() * 4 // batch)
     return min(need, cap)
 
@@ -100,10 +103,12 @@ class TopKWorkspace:
         reset_kernel()[(1, self.batch), 32](self.counts, self.fill)
 
 
-#: The final step of the merge: "offer" (the block top-K over the compact buffer, measured) or
-#: "radix" (radix select, then one sort of k; not yet measured on a GPU: see
-#: kernels.topk.final_radix_kernel). Both are exact and tested against the oracle.
-FINAL_MERGE = "offer"
+#: The final step of the merge: "radix" (radix select, then one sort of k: see
+#: kernels.topk.final_radix_kernel) or "offer" (the block top-K over the compact buffer). Both are
+#: exact and tested against the oracle. Radix measured faster on the H200 (data/results/topk.csv,
+#: commit a6f74b2, 500,000 scores, k = 1000, 4,003 candidates: merge 116 -> 47 us, seeded call
+#: 367 -> 264 us).
+FINAL_MERGE = "radix"
 
 
 def launch_merge_lists(ws: TopKWorkspace, ids=None, block: int | None = None, final: str | None = None):
@@ -137,11 +142,12 @@ def launch_merge_lists(ws: TopKWorkspace, ids=None, block: int | None = None, fi
     kern[(1, batch), block](ws.buf_s, ws.buf_i, ws.fill, ws.offsets, ids_arg, ws.ks, ws.out_s, ws.out_slot, ws.out_id)
 
 
-def scan_lists(offsets, ks, block: int | None = None) -> int:
-    """Per-block lists (blocks per request) the scan uses for this shape."""
+def scan_lists(offsets, ks, block: int | None = None, seeded: bool = False) -> int:
+    """Per-block lists (blocks per request) the scan uses for this shape (``seeded``: a seed
+    threshold will be passed, so more and shorter lists pay)."""
     block = block or launch.default_block()
     sizes = np.diff(np.asarray(offsets, np.int64))
-    return _blocks_per_request(int(sizes.max()) if sizes.size else 1, len(ks), block, int(np.max(ks)))
+    return _blocks_per_request(int(sizes.max()) if sizes.size else 1, len(ks), block, int(np.max(ks)), seeded)
 
 
 def launch_topk_batch(d_scores, ws: TopKWorkspace, elig=None, d_ids=None, seeds=None, block: int | None = None):
@@ -179,16 +185,22 @@ SEED_MIN_N = 1 << 16
 SAMPLE_CHUNK = 256
 MAX_SAMPLE_CHUNKS = 1024
 SEED_MARGIN = 4  # aim for ~4k scores at or above the seed
+#: sample no more than needed for a seed of about this rank: the seed is itself a top-r, and on a
+#: small array an r in the hundreds cost more than the scan it saves (500,000 scores, k = 1000:
+#: r = 500 of 62,464 samples took 200 of 264 us on the H200)
+SEED_SAMPLE_RANK = 64
 
 
 class SeedWorkspace:
     """Buffers for :func:`launch_seed` on arrays of n scores and top-k (None when not worth it):
-    a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (about n/8, at most
-    MAX_SAMPLE_CHUNKS runs) and the workspace of its top-r."""
+    a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (at most n/8, at most
+    MAX_SAMPLE_CHUNKS runs, and no more than a seed rank r of about SEED_SAMPLE_RANK needs) and the
+    workspace of its top-r."""
 
     @classmethod
     def make(cls, n: int, k: int):
-        chunks = int(min(MAX_SAMPLE_CHUNKS, n // 8 // SAMPLE_CHUNK))
+        enough = -(-SEED_SAMPLE_RANK * n // (SEED_MARGIN * k * SAMPLE_CHUNK)) if k else 0
+        chunks = int(min(MAX_SAMPLE_CHUNKS, n // 8 // SAMPLE_CHUNK, enough))
         m = chunks * SAMPLE_CHUNK
         r = int(np.ceil(SEED_MARGIN * k * m / n)) if n else 0
         if n < SEED_MIN_N or chunks < 2 or r < 8 or r > min(MAX_K, m // 4):
@@ -226,10 +238,11 @@ def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | No
         workspace used (None when unseeded).
     """
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
-    ws = ws or TopKWorkspace(offsets, ks, scan_lists(offsets, ks, block))
-    seeds = None
     if seeded:
         sws = sws or SeedWorkspace.make(n, k)
+    ws = ws or TopKWorkspace(offsets, ks, scan_lists(offsets, ks, block, seeded=sws is not None and seeded))
+    seeds = None
+    if seeded:
         if sws is not None:
             seeds = launch_seed(d_scores, n, sws, block, elig)
     else:

@@ -158,6 +158,17 @@ def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
     assert got.count == n
 
 
+def test_seed_sample_is_sized_for_its_rank():
+    """A small array samples only what a seed of rank ~SEED_SAMPLE_RANK needs (the seed is itself a
+    top-r: a large r on a small array cost more than the scan it saved); a large one is capped."""
+    small = T.SeedWorkspace.make(500_000, 1000)
+    assert small.m == 32 * T.SAMPLE_CHUNK  # ceil(64 * 500000 / (4 * 1000 * 256)) = 32 chunks
+    assert small.r == int(np.ceil(T.SEED_MARGIN * 1000 * small.m / 500_000)) == 66
+    large = T.SeedWorkspace.make(10**8, 1000)
+    assert large.chunks == T.MAX_SAMPLE_CHUNKS and large.r == 11
+    assert T.SeedWorkspace.make(10**6, 1) is None  # a seed of rank < 8 is not worth a pass
+
+
 @pytest.mark.parametrize("fraction", [0.6, 0.05, 0.0])
 def test_seeded_scan_with_an_eligible_set(monkeypatch, rng, fraction):
     """Seeding samples only eligible scores (ineligible ones as -inf): exact against the oracle,
