@@ -245,11 +245,12 @@ def radix_final(monkeypatch):
 
 
 @given(score_cases())
-def test_radix_final_matches_oracle(case):
-    """The radix-select final step: the same cases as the offer path (ties, NaN, +-inf, -0, k > n)."""
+def test_offer_final_matches_oracle(case):
+    """The other final step (the block top-K over the compact buffer; the default is radix select):
+    the same cases as the default path (ties, NaN, +-inf, -0, k > n)."""
     scores, k, eligible, ids = case
     old = T.FINAL_MERGE
-    T.FINAL_MERGE = "radix"  # hypothesis reruns the body: no function-scoped fixture here
+    T.FINAL_MERGE = "offer"  # hypothesis reruns the body: no function-scoped fixture here
     try:
         got = topk_scores(scores, k, eligible=eligible, ids=ids)
     finally:
