@@ -392,7 +392,8 @@ def topk_stages(d_scores, n: int, k: int):
     that append to a buffer (select, in the merges) run the counters' reset (a 1-block kernel)
     first, so repeats start from the same state. Needs ``n`` large enough to be seeded."""
     from .kernels.topk import sample_chunks_kernel
-    from .topk import SAMPLE_CHUNK, SeedWorkspace, TopKWorkspace, launch_merge_lists, launch_scan, launch_topk, scan_lists
+    from .topk import (SAMPLE_CHUNK, SeedWorkspace, TopKWorkspace, launch_merge_lists, launch_scan, launch_seed,
+                       launch_topk, scan_lists)
 
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=True))
@@ -407,13 +408,12 @@ def topk_stages(d_scores, n: int, k: int):
         return fn
 
     stages = [
-        ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample,
+        ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample.reshape(sws.m),
                                                                            launch.dummy(np.uint64)),
          f"{sws.chunks} chunks of {SAMPLE_CHUNK} scores"),
-        ("seed_scan", lambda: launch_scan(sws.sample, sws.ws),
-         f"counter reset + scan for the top-{sws.r} of the {sws.m}-score sample: {sws.ws.lists} block lists"),
-        ("seed_merge", reset_merge(sws.ws), "counter reset, bound, select, final of the sample's lists"),
-        ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.ws.out_s[0, sws.r - 1:sws.r]),
+        ("seed", lambda: launch_seed(d_scores, n, sws),
+         f"sample + radix select of the top-{sws.r} of the {sws.m}-score sample (one block)"),
+        ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.out_s[0, sws.r - 1:sws.r]),
          f"counter reset + scan: {ws.lists} block lists over {n} scores"),
         ("merge", reset_merge(ws, "offer"), "counter reset, bound, select, final (offer: block top-K over the buffer)"),
         ("merge_radix", reset_merge(ws, "radix"), "counter reset, bound, select, final by radix select"),

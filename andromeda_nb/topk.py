@@ -194,8 +194,8 @@ SEED_SAMPLE_RANK = 64
 class SeedWorkspace:
     """Buffers for :func:`launch_seed` on arrays of n scores and top-k (None when not worth it):
     a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (at most n/8, at most
-    MAX_SAMPLE_CHUNKS runs, and no more than a seed rank r of about SEED_SAMPLE_RANK needs) and the
-    workspace of its top-r."""
+    MAX_SAMPLE_CHUNKS runs, and no more than a seed rank r of about SEED_SAMPLE_RANK needs), and
+    the buffers of its radix select (the sample is the candidate buffer, its slots 0..m-1)."""
 
     @classmethod
     def make(cls, n: int, k: int):
@@ -208,24 +208,34 @@ class SeedWorkspace:
         self = cls()
         cuda = launch.cuda()
         self.r, self.m, self.chunks = r, m, chunks
-        self.sample = cuda.device_array(m, np.float32)
-        offsets, ks = np.array([0, m], np.int64), np.array([r], np.int64)
-        self.ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+        self.sample = cuda.device_array((1, m), np.float32)
+        self.slots = cuda.to_device(np.arange(m, dtype=np.int32).reshape(1, m))
+        self.fill = cuda.to_device(np.array([m], np.int64))
+        self.offsets = cuda.to_device(np.array([0, m], np.int64))
+        self.ks = cuda.to_device(np.array([r], np.int64))
+        self.out_s = cuda.device_array((1, r), np.float32)
+        self.out_slot = cuda.device_array((1, r), np.int32)
+        self.out_id = cuda.device_array((1, r), np.int64)
         return self
 
 
 def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, elig=None):
     """Enqueue a seed threshold for one request's top-k: the r-th best of a sample of contiguous
-    chunks spread over the array (ineligible scores sampled as -inf when ``elig``, a device
-    uint64 bitset, is given), with r such that about ``SEED_MARGIN * k`` eligible scores of the
-    whole array reach it. Returns device ``float32[1]``."""
-    from .kernels.topk import sample_chunks_kernel
+    chunks spread over the array (NaN, and ineligible scores when ``elig``, a device uint64
+    bitset, is given, sampled as -inf), with r such that about ``SEED_MARGIN * k`` eligible scores
+    of the whole array reach it. Two launches: the sample, and one block's radix select of its
+    top-r (:func:`~andromeda_nb.kernels.topk.final_radix_kernel` with the sample as the buffer).
+    Returns device ``float32[1]``."""
+    from .kernels.topk import final_radix_kernel, next_pow2, sample_chunks_kernel
 
+    block = block or launch.default_block()
     sample_chunks_kernel(elig is not None)[sws.chunks, SAMPLE_CHUNK](
-        d_scores, n, sws.sample, elig if elig is not None else launch.dummy(np.uint64))
-    launch_topk_batch(sws.sample, sws.ws, block=block)
+        d_scores, n, sws.sample.reshape(sws.m), elig if elig is not None else launch.dummy(np.uint64))
+    final_radix_kernel(max(2, next_pow2(sws.r)), block, False)[(1, 1), block](
+        sws.sample, sws.slots, sws.fill, sws.offsets, launch.dummy(np.int64), sws.ks, sws.out_s, sws.out_slot,
+        sws.out_id)
     # the r-th sample score read in place (a view, no copy: one launch fewer per call)
-    return sws.ws.out_s[0, sws.r - 1:sws.r]
+    return sws.out_s[0, sws.r - 1:sws.r]
 
 
 def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None,

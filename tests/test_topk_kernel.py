@@ -134,7 +134,7 @@ def test_batched_topk_matches_oracle_per_request(case):
         assert counts[r, 0] == want.count
 
 
-@pytest.mark.parametrize("layout", ["random", "top_in_sample"])
+@pytest.mark.parametrize("layout", ["random", "top_in_sample", "nan_in_sample"])
 def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
     monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
     monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
@@ -147,6 +147,10 @@ def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
         for j in range(8):
             off = (2 * j + 1) * n // 16 - 16
             scores[off: off + 32] += 100.0
+    if layout == "nan_in_sample":  # NaN is sampled as -inf: never a seed, never selected
+        for j in range(8):
+            off = (2 * j + 1) * n // 16 - 16
+            scores[off: off + 24] = np.nan
     sws = T.SeedWorkspace.make(n, k)
     assert sws is not None
     seed = T.launch_seed(launch.to_device(scores), n, sws).copy_to_host()[0]
@@ -155,7 +159,7 @@ def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
     want = oracle.topk(scores, k)
     np.testing.assert_array_equal(got.ids, want.ids)
     np.testing.assert_array_equal(got.scores, want.scores)
-    assert got.count == n
+    assert got.count == want.count == n - np.isnan(scores).sum()
 
 
 def test_seed_sample_is_sized_for_its_rank():

@@ -600,8 +600,9 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
 def sample_chunks_kernel(has_elig: bool = False):
     """Launch ``[chunks, chunk]``: block j copies ``chunk`` contiguous scores centred in the j-th of
     ``chunks`` equal strata into ``sample[j * chunk:]`` (contiguous runs: a few sectors each;
-    stratified, so sorted input is sampled across its range rather than at its extremes). With an
-    eligible bitset ``elig uint64[words]`` (``has_elig``), ineligible scores are sampled as -inf."""
+    stratified, so sorted input is sampled across its range rather than at its extremes). NaN, and
+    with an eligible bitset ``elig uint64[words]`` (``has_elig``) ineligible scores, are sampled
+    as -inf (never a seed above every real score)."""
 
     @cuda.jit
     def kernel(scores, n, sample, elig):
@@ -611,7 +612,7 @@ def sample_chunks_kernel(has_elig: bool = False):
         off = (2 * j + 1) * n // (2 * chunks) - chunk // 2
         i = off + cuda.threadIdx.x
         s = scores[i]
-        if has_elig and test_bit(elig, i) == 0:
+        if math.isnan(s) or (has_elig and test_bit(elig, i) == 0):
             s = NEG_INF
         sample[j * chunk + cuda.threadIdx.x] = s
 
