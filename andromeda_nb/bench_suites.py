@@ -412,8 +412,9 @@ def topk_stages(d_scores, n: int, k: int):
                                                                            launch.dummy(np.uint64)),
          f"{sws.chunks} chunks of {SAMPLE_CHUNK} scores"),
         ("seed", lambda: launch_seed(d_scores, n, sws),
-         f"sample + radix select of the top-{sws.r} of the {sws.m}-score sample (one block)"),
-        ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.out_s[0, sws.r - 1:sws.r]),
+         f"sample + top-{sws.r} of the {sws.m}-score sample ("
+         + ("one block's radix select" if sws.ws is None else f"block top-K, {sws.ws.lists} lists") + ")"),
+        ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.seed()),
          f"counter reset + scan: {ws.lists} block lists over {n} scores"),
         ("merge", reset_merge(ws, "offer"), "counter reset, bound, select, final (offer: block top-K over the buffer)"),
         ("merge_radix", reset_merge(ws, "radix"), "counter reset, bound, select, final by radix select"),

@@ -189,13 +189,18 @@ SEED_MARGIN = 4  # aim for ~4k scores at or above the seed
 #: small array an r in the hundreds cost more than the scan it saves (500,000 scores, k = 1000:
 #: r = 500 of 62,464 samples took 200 of 264 us on the H200)
 SEED_SAMPLE_RANK = 64
+#: samples up to this size are seeded by one block's radix select (500,000 scores: 8,192 samples,
+#: 33 us on the H200, against 84 us for the block top-K path); larger ones by the block top-K
+#: over many blocks (10^8 scores: 262,144 samples in one block's radix select cost ~480 us more)
+RADIX_SEED_MAX_SAMPLE = 1 << 14
 
 
 class SeedWorkspace:
     """Buffers for :func:`launch_seed` on arrays of n scores and top-k (None when not worth it):
     a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (at most n/8, at most
     MAX_SAMPLE_CHUNKS runs, and no more than a seed rank r of about SEED_SAMPLE_RANK needs), and
-    the buffers of its radix select (the sample is the candidate buffer, its slots 0..m-1)."""
+    the buffers of its top-r: a radix select (the sample is the candidate buffer, its slots
+    0..m-1) up to RADIX_SEED_MAX_SAMPLE samples, else a block top-K workspace ``ws``."""
 
     @classmethod
     def make(cls, n: int, k: int):
@@ -209,6 +214,11 @@ class SeedWorkspace:
         cuda = launch.cuda()
         self.r, self.m, self.chunks = r, m, chunks
         self.sample = cuda.device_array((1, m), np.float32)
+        self.ws = None
+        if m > RADIX_SEED_MAX_SAMPLE:
+            offsets, ks = np.array([0, m], np.int64), np.array([r], np.int64)
+            self.ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+            return self
         self.slots = cuda.to_device(np.arange(m, dtype=np.int32).reshape(1, m))
         self.fill = cuda.to_device(np.array([m], np.int64))
         self.offsets = cuda.to_device(np.array([0, m], np.int64))
@@ -218,24 +228,32 @@ class SeedWorkspace:
         self.out_id = cuda.device_array((1, r), np.int64)
         return self
 
+    def seed(self):
+        """The r-th sample score :func:`launch_seed` leaves, read in place (a device view of
+        ``float32[1]``, no copy: one launch fewer per call)."""
+        return (self.out_s if self.ws is None else self.ws.out_s)[0, self.r - 1:self.r]
+
 
 def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, elig=None):
     """Enqueue a seed threshold for one request's top-k: the r-th best of a sample of contiguous
     chunks spread over the array (NaN, and ineligible scores when ``elig``, a device uint64
     bitset, is given, sampled as -inf), with r such that about ``SEED_MARGIN * k`` eligible scores
-    of the whole array reach it. Two launches: the sample, and one block's radix select of its
-    top-r (:func:`~andromeda_nb.kernels.topk.final_radix_kernel` with the sample as the buffer).
-    Returns device ``float32[1]``."""
+    of the whole array reach it. Then the sample's top-r: one block's radix select
+    (:func:`~andromeda_nb.kernels.topk.final_radix_kernel` with the sample as the buffer) for a
+    small sample, the block top-K for a large one. Returns device ``float32[1]``."""
     from .kernels.topk import final_radix_kernel, next_pow2, sample_chunks_kernel
 
     block = block or launch.default_block()
+    sample = sws.sample.reshape(sws.m)
     sample_chunks_kernel(elig is not None)[sws.chunks, SAMPLE_CHUNK](
-        d_scores, n, sws.sample.reshape(sws.m), elig if elig is not None else launch.dummy(np.uint64))
+        d_scores, n, sample, elig if elig is not None else launch.dummy(np.uint64))
+    if sws.ws is not None:
+        launch_topk_batch(sample, sws.ws, block=block)
+        return sws.seed()
     final_radix_kernel(max(2, next_pow2(sws.r)), block, False)[(1, 1), block](
         sws.sample, sws.slots, sws.fill, sws.offsets, launch.dummy(np.int64), sws.ks, sws.out_s, sws.out_slot,
         sws.out_id)
-    # the r-th sample score read in place (a view, no copy: one launch fewer per call)
-    return sws.out_s[0, sws.r - 1:sws.r]
+    return sws.seed()
 
 
 def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None,

@@ -134,8 +134,11 @@ def test_batched_topk_matches_oracle_per_request(case):
         assert counts[r, 0] == want.count
 
 
+@pytest.mark.parametrize("seed_path", ["radix", "block_topk"])
 @pytest.mark.parametrize("layout", ["random", "top_in_sample", "nan_in_sample"])
-def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
+def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout, seed_path):
+    if seed_path == "block_topk":  # the path of large samples
+        monkeypatch.setattr(T, "RADIX_SEED_MAX_SAMPLE", 0)
     monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
     monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
     monkeypatch.setattr(T, "SEED_MIN_N", 1024)
@@ -152,7 +155,7 @@ def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout):
             off = (2 * j + 1) * n // 16 - 16
             scores[off: off + 24] = np.nan
     sws = T.SeedWorkspace.make(n, k)
-    assert sws is not None
+    assert sws is not None and (sws.ws is None) == (seed_path == "radix")
     seed = T.launch_seed(launch.to_device(scores), n, sws).copy_to_host()[0]
     assert np.isfinite(seed)
     got = T.topk_scores(scores, k)
@@ -170,6 +173,7 @@ def test_seed_sample_is_sized_for_its_rank():
     assert small.r == int(np.ceil(T.SEED_MARGIN * 1000 * small.m / 500_000)) == 66
     large = T.SeedWorkspace.make(10**8, 1000)
     assert large.chunks == T.MAX_SAMPLE_CHUNKS and large.r == 11
+    assert small.ws is None and large.ws is not None  # radix select only for small samples
     assert T.SeedWorkspace.make(10**6, 1) is None  # a seed of rank < 8 is not worth a pass
 
 
