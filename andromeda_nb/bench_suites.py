@@ -387,19 +387,23 @@ def scoring(env, ceil, args) -> list[dict]:
 
 def topk_stages(d_scores, n: int, k: int):
     """The stages of one seeded :func:`andromeda_nb.topk.launch_topk` call as separately launchable
-    steps, each on the inputs the earlier ones leave in place: ``(stages, ws, sws)`` with
-    ``stages`` a list of ``(name, enqueue_fn, note)``; the last, ``all``, is the whole call. Stages
-    that append to a buffer (select, in the merges) run the counters' reset (a 1-block kernel)
-    first, so repeats start from the same state. Needs ``n`` large enough to be seeded."""
-    from .kernels.topk import sample_chunks_kernel
-    from .topk import (SAMPLE_CHUNK, SeedWorkspace, TopKWorkspace, launch_merge_lists, launch_scan, launch_seed,
-                       launch_topk, scan_lists)
+    steps, each on the inputs the earlier ones leave in place: ``(stages, ws, fws, sws)`` with
+    ``stages`` a list of ``(name, enqueue_fn, note, result workspace or None)``; the last, ``all``,
+    is the whole call (the default "filter" path). The "scan" path's stages (scan, merge) follow
+    the filter path's (filter, final). Stages that append to a buffer run the counters' reset (a
+    1-block kernel) first, so repeats start from the same state. Needs ``n`` large enough to be
+    seeded."""
+    from .kernels.topk import FILTER_ITEMS, filter_kernel, final_radix_kernel, next_pow2, sample_chunks_kernel
+    from .topk import (SAMPLE_CHUNK, FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_merge_lists, launch_scan,
+                       launch_seed, launch_topk, scan_lists)
 
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=True))
+    fws = FilterWorkspace(n, k)
     sws = SeedWorkspace.make(n, k)
     if sws is None:
         raise ValueError(f"n = {n}, k = {k} is not seeded (see SeedWorkspace.make)")
+    block = launch.default_block()
 
     def reset_merge(w, final=None):
         def fn():
@@ -407,20 +411,35 @@ def topk_stages(d_scores, n: int, k: int):
             launch_merge_lists(w, final=final)
         return fn
 
+    def reset_filter():
+        fws.reset()
+        filter_kernel(block, False)[launch.grid_for(-(-n // FILTER_ITEMS), block, blocks_per_sm=8), block](
+            d_scores, n, launch.dummy(np.uint64), sws.seed(), fws.buf_s, fws.buf_i, fws.fill, fws.counts)
+
+    def final():
+        final_radix_kernel(max(2, next_pow2(k)), block, False)[(1, 1), block](
+            fws.buf_s, fws.buf_i, fws.fill, fws.offsets, launch.dummy(np.int64), fws.ks, fws.out_s, fws.out_slot,
+            fws.out_id)
+
     stages = [
         ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample.reshape(sws.m),
                                                                            launch.dummy(np.uint64)),
-         f"{sws.chunks} chunks of {SAMPLE_CHUNK} scores"),
+         f"{sws.chunks} chunks of {SAMPLE_CHUNK} scores", None),
         ("seed", lambda: launch_seed(d_scores, n, sws),
          f"sample + top-{sws.r} of the {sws.m}-score sample ("
-         + ("one block's radix select" if sws.ws is None else f"block top-K, {sws.ws.lists} lists") + ")"),
+         + ("one block's radix select" if sws.ws is None else f"block top-K, {sws.ws.lists} lists") + ")", None),
+        ("filter", reset_filter, "counter reset + one pass keeping the scores at or above the seed", None),
+        ("final", final, "one block's radix select of the filter's buffer", fws),
         ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.seed()),
-         f"counter reset + scan: {ws.lists} block lists over {n} scores"),
-        ("merge", reset_merge(ws, "offer"), "counter reset, bound, select, final (offer: block top-K over the buffer)"),
-        ("merge_radix", reset_merge(ws, "radix"), "counter reset, bound, select, final by radix select"),
-        ("all", lambda: launch_topk(d_scores, n, k, seeded=True, ws=ws, sws=sws), "the whole seeded call"),
+         f"scan path: counter reset + scan, {ws.lists} block lists over {n} scores", None),
+        ("merge", reset_merge(ws, "offer"), "scan path: counter reset, bound, select, final (offer: block top-K "
+                                             "over the buffer)", ws),
+        ("merge_radix", reset_merge(ws, "radix"), "scan path: counter reset, bound, select, final by radix select",
+         ws),
+        ("all", lambda: launch_topk(d_scores, n, k, seeded=True, ws=ws, sws=sws, fws=fws, path="filter"),
+         "the whole seeded call (filter path)", fws),
     ]
-    return stages, ws, sws
+    return stages, ws, fws, sws
 
 
 def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
@@ -430,24 +449,26 @@ def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
 
     cuda = launch.cuda()
     scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
-    stages, ws, sws = topk_stages(cuda.as_cuda_array(scores), n, k)
-    for _, fn, _ in stages:  # in order, once: every stage's inputs in place
+    stages, ws, fws, sws = topk_stages(cuda.as_cuda_array(scores), n, k)
+    for _, fn, _, _ in stages:  # in order, once: every stage's inputs in place
         fn()
     cuda.synchronize()
     rows = []
-    for name, fn, note in stages:
+    for name, fn, note, res in stages:
         verified = "n/a (stage timing; the 'all' row is verified)"
-        if name in ("merge", "merge_radix", "all"):  # these write the answer: check it
+        if res is not None:  # these write the answer: check it
             fn()
             cuda.synchronize()
-            verified = str(verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k))
+            verified = str(verify_topk_torch(res.out_id[0], res.out_s[0], scores, k))
         timing = bench.time_device(fn, reps=args.reps)
         r = bench.row("topk", env, ceil, timing, n, 4.0, None, verified,
                       variant=f"block_topk_stage_{name}", n_ads=n, k=k, batch=1, dtype="fp32", access="random",
                       notes=f"2 MB: L2-resident; {note}")
         rows.append(r)
         bench.print_rows([r])
-    rows[-1]["notes"] += f"; {int(ws.fill.copy_to_host()[0])} candidates reached the final step"
+    c = fws.counts.copy_to_host()[0]
+    rows[-1]["notes"] += (f"; {int(c[1])} scores reached the seed (filter buffer {fws.cap}); "
+                          f"{int(ws.fill.copy_to_host()[0])} candidates reached the scan path's final step")
     return rows
 
 
@@ -546,7 +567,8 @@ def topk(env, ceil, args) -> list[dict]:
     import cupy as cp
     import torch
 
-    from .topk import SeedWorkspace, TopKWorkspace, launch_topk, launch_topk_batch, scan_lists
+    from .topk import (FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_topk, launch_topk_batch, scan_lists,
+                       seeded_exact)
 
     rows = []
     phases = set((args.phases or "large,elig,small,stages,batch").split(","))
@@ -563,14 +585,17 @@ def topk(env, ceil, args) -> list[dict]:
         offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
         sws = SeedWorkspace.make(n, k) if seeded else None
         ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=sws is not None))
-        timing = bench.time_device(lambda: launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws),
-                                   reps=args.reps)
-        c = ws.counts.copy_to_host()[0]
-        verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], scores, k, eligible_mask=mask)
-        if sws is not None and c[1] < min(k, c[0]):
-            verified = checks.Check(False, f"seed above the k-th score ({c[1]} scores reached it): the timed run "
-                                           "was not exact; the wrapper would rerun unseeded")
-        variant = ("block_topk_seeded" if sws is not None else "block_topk") + suffix
+        fws = FilterWorkspace(n, k) if sws is not None else None
+        res, _ = launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws, fws=fws)
+        timing = bench.time_device(lambda: launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws,
+                                                       fws=fws), reps=args.reps)
+        c = res.counts.copy_to_host()[0]
+        verified = verify_topk_torch(res.out_id[0], res.out_s[0], scores, k, eligible_mask=mask)
+        if sws is not None and not seeded_exact(res, k, c):
+            verified = checks.Check(False, f"seeded run not exact ({c[1]} scores reached the seed): the wrapper "
+                                           "would rerun unseeded")
+        path = "" if sws is None else ("_scan_path" if isinstance(res, TopKWorkspace) else "")
+        variant = ("block_topk_seeded" if sws is not None else "block_topk") + path + suffix
         add(bench.row("topk", env, ceil, timing, n, 4.0 if elig is None else 4.0 + 1 / 8, None, str(verified),
                       variant=variant, n_ads=n, k=k, batch=1, dtype="fp32", **fields))
 
@@ -587,9 +612,17 @@ def topk(env, ceil, args) -> list[dict]:
         return scores, t
 
     if "large" in phases:
+        from . import topk as topk_module
+
         for k in (100, 1000, 2048):
             scores, t = one(100_000_000, k, "random", True)
             if k == 1000:
+                default_path = topk_module.SEEDED_PATH
+                topk_module.SEEDED_PATH = "scan"  # the seeded block top-K lists + merge, for comparison
+                try:
+                    block_topk_row(scores, 100_000_000, k, True, access="random", notes="seeded scan + merge path")
+                finally:
+                    topk_module.SEEDED_PATH = default_path
                 one(100_000_000, k, "random", False)
                 timing = bench.time_device(lambda: cp.argpartition(scores, scores.size - k)[-k:], reps=5)
                 add(bench.row("topk", env, ceil, timing, scores.size, 4.0, None, "baseline (unsorted top-k indices)",
@@ -619,14 +652,12 @@ def topk(env, ceil, args) -> list[dict]:
             one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident, as right after scoring")
         from . import topk as topk_module
 
-        default_final = topk_module.FINAL_MERGE
-        topk_module.FINAL_MERGE = "offer"  # the merge's final step by the block top-K (the earlier default)
+        default_path = topk_module.SEEDED_PATH
+        topk_module.SEEDED_PATH = "scan"  # the seeded block top-K lists + merge (the earlier default)
         try:
-            for seeded in (True, False):
-                one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident; final step by the block top-K",
-                    suffix="_offer_final")
+            one(500_000, 1000, "random", True, l2_note="2 MB: L2-resident; seeded scan + merge path")
         finally:
-            topk_module.FINAL_MERGE = default_final
+            topk_module.SEEDED_PATH = default_path
     if "stages" in phases:
         rows.extend(_topk_stage_rows(env, ceil, args, 500_000, 1000))
     if "batch" in phases:

@@ -256,18 +256,94 @@ def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, 
     return sws.seed()
 
 
+#: How a seeded single request is answered: "filter" (one pass appends the scores at or above the
+#: seed to a compact buffer, then one block's radix select: two launches after the seed) or "scan"
+#: (per-block top-k lists behind the seed, then bound / select / final: five launches). Both exact.
+SEEDED_PATH = "filter"
+#: the filter's buffer holds this many entries per unit of k (the seed aims at SEED_MARGIN * k
+#: scores; a fuller buffer means the seed was low, and the call reruns on the block top-K)
+FILTER_CAP_PER_K = 16
+FILTER_MIN_CAP = 4096
+
+
+class FilterWorkspace:
+    """Device buffers of the "filter" path (:func:`launch_filtered`) for n scores and top-k; results
+    in the same attributes as :class:`TopKWorkspace` (``out_id``, ``out_s``, ``out_slot``
+    ``[1, k]``; ``counts [1, 2]``)."""
+
+    def __init__(self, n: int, k: int):
+        cuda = launch.cuda()
+        self.n, self.k = int(n), int(k)
+        self.cap = max(FILTER_MIN_CAP, FILTER_CAP_PER_K * self.k)
+        self.buf_s = cuda.device_array((1, self.cap), np.float32)
+        self.buf_i = cuda.device_array((1, self.cap), np.int32)
+        self.fill = cuda.device_array(1, np.int64)
+        self.counts = cuda.device_array((1, 2), np.int64)
+        self.offsets = cuda.to_device(np.array([0, self.n], np.int64))
+        self.ks = cuda.to_device(np.array([self.k], np.int64))
+        self.out_s = cuda.device_array((1, self.k), np.float32)
+        self.out_slot = cuda.device_array((1, self.k), np.int32)
+        self.out_id = cuda.device_array((1, self.k), np.int64)
+
+    def reset(self) -> None:
+        from .kernels.topk import reset_kernel
+
+        reset_kernel()[(1, 1), 32](self.counts, self.fill)
+
+
+def launch_filtered(d_scores, n: int, k: int, fws: FilterWorkspace, sws: SeedWorkspace, elig=None, d_ids=None,
+                    block: int | None = None) -> FilterWorkspace:
+    """Enqueue the "filter" path of one seeded request: counter reset, seed (:func:`launch_seed`), one
+    pass keeping the eligible scores at or above it (:func:`~andromeda_nb.kernels.topk.filter_kernel`),
+    and one block's radix select of the top-k among them. Exact when at least ``min(k, eligible)``
+    and at most ``fws.cap`` scores reached the seed (``fws.counts[0, 1]``); see :func:`seeded_exact`.
+    ``elig``: device uint64 ``[words]`` bitset or None."""
+    from .kernels.topk import FILTER_ITEMS, filter_kernel, final_radix_kernel, next_pow2
+
+    block = block or launch.default_block()
+    fws.reset()
+    seed = launch_seed(d_scores, n, sws, block, elig)
+    grid = launch.grid_for(-(-n // FILTER_ITEMS), block, blocks_per_sm=8)
+    filter_kernel(block, elig is not None)[grid, block](
+        d_scores, n, elig if elig is not None else launch.dummy(np.uint64), seed, fws.buf_s, fws.buf_i, fws.fill,
+        fws.counts)
+    has_ids = d_ids is not None
+    final_radix_kernel(max(2, next_pow2(k)), block, has_ids)[(1, 1), block](
+        fws.buf_s, fws.buf_i, fws.fill, fws.offsets, d_ids if has_ids else launch.dummy(np.int64), fws.ks,
+        fws.out_s, fws.out_slot, fws.out_id)
+    return fws
+
+
+def seeded_exact(res, k: int, counts=None) -> bool:
+    """Whether a seeded call's answer is exact, from its counts (host ``int64[2]``: eligible
+    non-NaN scores, those at or above the seed; copied from ``res.counts[0]`` when not given):
+    enough scores reached the seed, and, on the filter path, no more than its buffer holds."""
+    c = res.counts.copy_to_host()[0] if counts is None else counts
+    if c[1] < min(k, c[0]):
+        return False
+    return not (isinstance(res, FilterWorkspace) and c[1] > res.cap)
+
+
 def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None,
-                seeded: bool = False, ws: TopKWorkspace | None = None, sws: SeedWorkspace | None = None):
-    """Enqueue block top-K over one device score array (no validation, no host copies when the
-    workspaces are given).
+                seeded: bool = False, ws: TopKWorkspace | None = None, sws: SeedWorkspace | None = None,
+                fws: FilterWorkspace | None = None, path: str | None = None):
+    """Enqueue top-K over one device score array (no validation, no host copies when the
+    workspaces are given). A seeded call takes :data:`SEEDED_PATH` (or ``path``): "filter" uses
+    ``fws``, "scan" uses ``ws``; an unseeded one the block top-K in ``ws``.
 
     Returns:
-        ``ws`` (results in ``ws.out_id[0]``, ``ws.out_s[0]``, ``ws.counts[0]``), and the seed
-        workspace used (None when unseeded).
+        the workspace holding the results (``.out_id[0]``, ``.out_s[0]``, ``.counts[0]``), and the
+        seed workspace used (None when unseeded). Check a seeded call with :func:`seeded_exact`.
     """
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     if seeded:
         sws = sws or SeedWorkspace.make(n, k)
+        path = path or SEEDED_PATH
+        if path not in ("filter", "scan"):
+            raise ValueError(f"path must be 'filter' or 'scan', got {path!r}")
+        if sws is not None and path == "filter":
+            fws = fws or FilterWorkspace(n, k)
+            return launch_filtered(d_scores, n, k, fws, sws, elig, d_ids, block), sws
     ws = ws or TopKWorkspace(offsets, ks, scan_lists(offsets, ks, block, seeded=sws is not None and seeded))
     seeds = None
     if seeded:
@@ -293,8 +369,11 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         ids: optional ``int64[n]`` ids (unique, non-negative) reported and used for tie-breaks;
             default the index.
         block: threads per block (default: 256 on a GPU, 32 in the simulator).
-        seeded: for large arrays, seed the running threshold from a sample of the (eligible)
-            scores (exact either way: a seed above the k-th score triggers an unseeded rerun).
+        seeded: for large arrays, seed a threshold from a sample of the (eligible) scores and
+            answer by :data:`SEEDED_PATH` (default "filter": one pass keeps the scores at or above
+            the seed, one block's radix select picks the top-k). Exact either way: a seed above
+            the k-th score, or one letting more scores through than the buffer holds, triggers
+            an unseeded rerun.
 
     Returns:
         :class:`~andromeda_nb.model.TopK` with host arrays and the count of eligible non-NaN scores.
@@ -318,8 +397,8 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     d_scores = launch.to_device(scores)
     ws, sws = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=seeded)
     c = ws.counts.copy_to_host()[0]
-    if sws is not None and c[1] < min(k, c[0]):
-        # the seed was above the k-th score: exactness needs the unseeded pass
-        ws, _ = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=False, ws=ws)
+    if sws is not None and not seeded_exact(ws, k, c):
+        # the seed was above the k-th score (or, filtering, too far below it): the unseeded pass
+        ws, _ = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=False)
         c = ws.counts.copy_to_host()[0]
     return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(), count=int(c[0]))

@@ -134,11 +134,13 @@ def test_batched_topk_matches_oracle_per_request(case):
         assert counts[r, 0] == want.count
 
 
+@pytest.mark.parametrize("path", ["filter", "scan"])
 @pytest.mark.parametrize("seed_path", ["radix", "block_topk"])
 @pytest.mark.parametrize("layout", ["random", "top_in_sample", "nan_in_sample"])
-def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout, seed_path):
+def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout, seed_path, path):
     if seed_path == "block_topk":  # the path of large samples
         monkeypatch.setattr(T, "RADIX_SEED_MAX_SAMPLE", 0)
+    monkeypatch.setattr(T, "SEEDED_PATH", path)
     monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
     monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
     monkeypatch.setattr(T, "SEED_MIN_N", 1024)
@@ -177,10 +179,12 @@ def test_seed_sample_is_sized_for_its_rank():
     assert T.SeedWorkspace.make(10**6, 1) is None  # a seed of rank < 8 is not worth a pass
 
 
+@pytest.mark.parametrize("path", ["filter", "scan"])
 @pytest.mark.parametrize("fraction", [0.6, 0.05, 0.0])
-def test_seeded_scan_with_an_eligible_set(monkeypatch, rng, fraction):
+def test_seeded_scan_with_an_eligible_set(monkeypatch, rng, fraction, path):
     """Seeding samples only eligible scores (ineligible ones as -inf): exact against the oracle,
     including a sample with the highest scores all ineligible and an empty eligible set."""
+    monkeypatch.setattr(T, "SEEDED_PATH", path)
     monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
     monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
     monkeypatch.setattr(T, "SEED_MIN_N", 1024)
@@ -317,3 +321,77 @@ def test_radix_final_signed_zeros_tie(rng, radix_final):
         got = topk_scores(scores, k)
         want = oracle.topk(scores, k)
         np.testing.assert_array_equal(got.ids, want.ids)
+
+
+@pytest.mark.parametrize("use_elig", [False, True])
+def test_filter_kernel_keeps_exactly_the_scores_at_or_above_the_seed(rng, use_elig):
+    """One pass, n not a multiple of the block or of a round: every eligible non-NaN score >= seed
+    (ties with the seed included) lands in the buffer once, nothing else; counts are exact."""
+    from andromeda_nb.kernels.topk import filter_kernel
+
+    n, block = 1000 + 37, launch.default_block()
+    scores = rng.integers(-20, 20, n).astype(np.float32)
+    scores[rng.choice(n, 60, replace=False)] = np.nan
+    scores[:3] = [np.inf, -np.inf, 7.0]
+    eligible = rng.random(n) < 0.7 if use_elig else np.ones(n, bool)
+    seed = np.float32(7.0)
+    cap = 600
+    fws_s = launch.to_device(np.full((1, cap), 123.0, np.float32))
+    fws_i = launch.to_device(np.full((1, cap), -5, np.int32))
+    fill = launch.to_device(np.zeros(1, np.int64))
+    counts = launch.to_device(np.zeros((1, 2), np.int64))
+    grid = launch.grid_for(-(-n // 8), block)
+    filter_kernel(block, use_elig)[grid, block](
+        launch.to_device(scores), n, launch.to_device(bits_from_mask(eligible)) if use_elig else launch.dummy(np.uint64),
+        launch.to_device(np.array([seed], np.float32)), fws_s, fws_i, fill, counts)
+    valid = eligible & ~np.isnan(scores)
+    want = np.flatnonzero(valid & (scores >= seed))
+    got_fill = int(fill.copy_to_host()[0])
+    assert got_fill == want.size and counts.copy_to_host()[0].tolist() == [valid.sum(), want.size]
+    got_i = fws_i.copy_to_host()[0, :got_fill]
+    got_s = fws_s.copy_to_host()[0, :got_fill]
+    order = np.argsort(got_i)
+    np.testing.assert_array_equal(got_i[order], want)
+    np.testing.assert_array_equal(got_s[order], scores[want])
+    assert (fws_i.copy_to_host()[0, got_fill:] == -5).all()  # nothing written past the fill
+
+
+def test_filter_overflow_reruns_exactly(monkeypatch):
+    """All-equal scores all reach the seed: the filter's buffer overflows (counted, not written
+    past its end), the call reports it inexact and the wrapper's rerun answers ties to the lowest id."""
+    monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
+    monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
+    monkeypatch.setattr(T, "SEED_MIN_N", 1024)
+    monkeypatch.setattr(T, "FILTER_MIN_CAP", 64)
+    monkeypatch.setattr(T, "FILTER_CAP_PER_K", 1)
+    n, k = 2048, 20
+    scores = np.full(n, 0.5, np.float32)
+    res, sws = T.launch_topk(launch.to_device(scores), n, k, seeded=True)
+    assert isinstance(res, T.FilterWorkspace) and sws is not None
+    assert not T.seeded_exact(res, k)  # n scores reached the seed, 64 fit
+    got = topk_scores(scores, k)
+    np.testing.assert_array_equal(got.ids, np.arange(k))
+    np.testing.assert_array_equal(got.scores, np.full(k, 0.5, np.float32))
+    assert got.count == n
+
+
+def test_bench_topk_stages_run_in_order_and_answer(monkeypatch, rng):
+    """The benchmark's per-stage split (bench_suites.topk_stages) on a small seeded case: run in
+    order, every stage that writes an answer equals the oracle (GPU time is scarce: a broken stage
+    list should fail here, not on the GPU host)."""
+    from andromeda_nb.bench_suites import topk_stages
+
+    monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
+    monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
+    monkeypatch.setattr(T, "SEED_MIN_N", 1024)
+    n, k = 2048 + 19, 20
+    scores = rng.standard_normal(n).astype(np.float32)
+    stages, ws, fws, sws = topk_stages(launch.to_device(scores), n, k)
+    assert [s[0] for s in stages][-1] == "all"
+    want = oracle.topk(scores, k)
+    for name, fn, _, res in stages:
+        fn()
+        if res is not None:
+            np.testing.assert_array_equal(res.out_id.copy_to_host()[0], want.ids, err_msg=name)
+            np.testing.assert_array_equal(res.out_s.copy_to_host()[0], want.scores, err_msg=name)
+    assert T.seeded_exact(fws, k)

@@ -495,7 +495,7 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
         k = ks[r]
         start = offsets[r]
         sub = ids[start:] if has_ids else ids
-        m = fill[r]
+        m = min(fill[r], buf_s.shape[1])  # a filter may count past its buffer (the host then reruns)
         kk = min(k, m)
         # --- 1. the kk-th largest score key, 8 bits at a time (most significant first)
         prefix = uint32(0)
@@ -592,6 +592,90 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
                 out_slot[r, q] = -1
                 out_id[r, q] = -1
             q += block
+
+    return kernel
+
+
+#: scores per thread per round of the filter (loads in flight)
+FILTER_ITEMS = 8
+
+
+@functools.lru_cache(maxsize=None)
+def filter_kernel(block: int, has_elig: bool):
+    """Launch ``[grid, block]`` (grid-stride): one pass over one request's scores that appends every
+    eligible, non-NaN score at or above the seed to a compact buffer, for
+    :func:`final_radix_kernel` to select from.
+
+    Args: ``scores float32[n]``, ``n``, ``elig uint64[words]`` (ignored unless ``has_elig``),
+    ``seeds float32[1]``, ``buf_s float32[1, cap]``, ``buf_i int32[1, cap]`` (slots),
+    ``fill int64[1]`` (+= appended; past ``cap`` counted but not written), ``counts int64[1, 2]``
+    (+= eligible non-NaN scores; += those >= seed). Exact when ``k <= counts[0, 1] <= cap`` (or
+    every eligible score reached the seed); the host wrapper checks and otherwise reruns.
+    """
+
+    @cuda.jit(device=True, inline=True)
+    def load_round(scores, i0, n):
+        return (scores[i0] if i0 < n else NEG_INF,
+                scores[i0 + block] if i0 + block < n else NEG_INF,
+                scores[i0 + 2 * block] if i0 + 2 * block < n else NEG_INF,
+                scores[i0 + 3 * block] if i0 + 3 * block < n else NEG_INF,
+                scores[i0 + 4 * block] if i0 + 4 * block < n else NEG_INF,
+                scores[i0 + 5 * block] if i0 + 5 * block < n else NEG_INF,
+                scores[i0 + 6 * block] if i0 + 6 * block < n else NEG_INF,
+                scores[i0 + 7 * block] if i0 + 7 * block < n else NEG_INF)
+
+    @cuda.jit
+    def kernel(scores, n, elig, seeds, buf_s, buf_i, fill, counts):
+        tally = cuda.shared.array(2, int64)
+        tid = cuda.threadIdx.x
+        if tid == 0:
+            tally[0] = 0
+            tally[1] = 0
+        cuda.syncthreads()
+        seed = seeds[0]
+        cap = buf_s.shape[1]
+        mine = 0
+        above = 0
+        per_round = block * FILTER_ITEMS
+        stride = cuda.gridDim.x * per_round
+        i0 = cuda.blockIdx.x * per_round + tid
+        while i0 < n:
+            s0, s1, s2, s3, s4, s5, s6, s7 = load_round(scores, i0, n)
+            for q in range(FILTER_ITEMS):
+                i = i0 + q * block
+                s = s0
+                if q == 1:
+                    s = s1
+                elif q == 2:
+                    s = s2
+                elif q == 3:
+                    s = s3
+                elif q == 4:
+                    s = s4
+                elif q == 5:
+                    s = s5
+                elif q == 6:
+                    s = s6
+                elif q == 7:
+                    s = s7
+                ok = i < n
+                if ok and has_elig:
+                    ok = test_bit(elig, i) != 0
+                if ok and not math.isnan(s):
+                    mine += 1
+                    if s >= seed:
+                        above += 1
+                        pos = cuda.atomic.add(fill, 0, 1)
+                        if pos < cap:
+                            buf_s[0, pos] = s
+                            buf_i[0, pos] = int32(i)
+            i0 += stride
+        cuda.atomic.add(tally, 0, mine)
+        cuda.atomic.add(tally, 1, above)
+        cuda.syncthreads()
+        if tid == 0:
+            cuda.atomic.add(counts[0], 0, tally[0])
+            cuda.atomic.add(counts[0], 1, tally[1])
 
     return kernel
 
