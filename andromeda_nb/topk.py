@@ -260,9 +260,12 @@ def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, 
 #: seed to a compact buffer, then one block's radix select: two launches after the seed) or "scan"
 #: (per-block top-k lists behind the seed, then bound / select / final: five launches). Both exact.
 SEEDED_PATH = "filter"
-#: the filter's buffer holds this many entries per unit of k (the seed aims at SEED_MARGIN * k
-#: scores; a fuller buffer means the seed was low, and the call reruns on the block top-K)
-FILTER_CAP_PER_K = 16
+#: the filter's buffer holds this many entries per unit of k. The seed aims at SEED_MARGIN * k
+#: scores; on sorted input the stratified sample's r-th best lies in its top chunk, about n / 2048
+#: from the end (10^8 ascending scores, k = 1000: 48,715 reached the seed on the H200, more than
+#: the 16 k buffer of then). A fuller buffer than this means the seed was low: the call reruns on
+#: the seeded scan path, which takes any number of scores above the seed.
+FILTER_CAP_PER_K = 64
 FILTER_MIN_CAP = 4096
 
 
@@ -397,8 +400,13 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     d_scores = launch.to_device(scores)
     ws, sws = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=seeded)
     c = ws.counts.copy_to_host()[0]
-    if sws is not None and not seeded_exact(ws, k, c):
-        # the seed was above the k-th score (or, filtering, too far below it): the unseeded pass
+    if sws is not None and c[1] < min(k, c[0]):
+        # the seed was above the k-th score: the unseeded pass
         ws, _ = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=False)
+        c = ws.counts.copy_to_host()[0]
+    elif sws is not None and not seeded_exact(ws, k, c):
+        # the filter's buffer overflowed (the seed is low, but at or below the k-th score): the
+        # seeded scan path with the same seed is exact for any number of scores above it
+        ws, _ = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=True, sws=sws, path="scan")
         c = ws.counts.copy_to_host()[0]
     return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(), count=int(c[0]))

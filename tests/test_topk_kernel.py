@@ -369,7 +369,12 @@ def test_filter_overflow_reruns_exactly(monkeypatch):
     res, sws = T.launch_topk(launch.to_device(scores), n, k, seeded=True)
     assert isinstance(res, T.FilterWorkspace) and sws is not None
     assert not T.seeded_exact(res, k)  # n scores reached the seed, 64 fit
+    calls = []
+    real = T.launch_topk
+    monkeypatch.setattr(T, "launch_topk", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
     got = topk_scores(scores, k)
+    # the rerun keeps the seed (it is at or below the k-th score) and takes the scan path
+    assert [(c.get("seeded"), c.get("path")) for c in calls] == [(True, None), (True, "scan")]
     np.testing.assert_array_equal(got.ids, np.arange(k))
     np.testing.assert_array_equal(got.scores, np.full(k, 0.5, np.float32))
     assert got.count == n
