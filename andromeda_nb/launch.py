@@ -80,7 +80,9 @@ def check_array(name: str, x, dtype, ndim: int | None = None, shape: tuple | Non
     if not (isinstance(x, np.ndarray) or is_device_array(x)):
         raise TypeError(f"{name} must be a numpy or device array, got {type(x).__name__}")
     if np.dtype(x.dtype) != np.dtype(dtype):
-        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {np.dtype(x.dtype).name}")
+        got = np.dtype(x.dtype)
+        order = " (non-native byte order)" if got.newbyteorder("=") == np.dtype(dtype) else ""
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {got.name}{order}")
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
     if shape is not None and tuple(x.shape) != tuple(shape):

@@ -382,7 +382,8 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         :class:`~andromeda_nb.model.TopK` with host arrays and the count of eligible non-NaN scores.
 
     Raises:
-        TypeError / ValueError: bad dtype, shape, contiguity, k or ids (before any launch).
+        TypeError / ValueError: bad dtype, shape, contiguity, k, block, or ids (negative or repeated),
+            before any launch.
     """
 
     k = check_k(k)
@@ -390,11 +391,18 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     n = int(scores.shape[0])
     if n > MAX_ITEMS:
         raise ValueError(f"at most {MAX_ITEMS} scores per call, got {n}")
+    if block is not None and (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
+                              or not 1 <= block <= 1024):
+        raise ValueError(f"block must be an int in 1..1024 (threads per block), got {block!r}")
     if ids is not None:
         launch.check_array("ids", ids, np.int64, shape=(n,))
         host_ids = ids if isinstance(ids, np.ndarray) else ids.copy_to_host()
         if n and host_ids.min() < 0:
             raise ValueError("ids must be non-negative (-1 marks a pad in the result)")
+        if n > 1 and not (np.diff(host_ids) > 0).all() and np.unique(host_ids).size != n:
+            # ties are broken by id: a repeated id leaves the order undefined (and the radix
+            # select's tie count wrong), so it is refused rather than answered arbitrarily
+            raise ValueError("ids must be unique (ties are broken by id)")
     elig = None if eligible is None else eligible_bitset(eligible, n)
     d_ids = None if ids is None else launch.to_device(ids)
     d_scores = launch.to_device(scores)

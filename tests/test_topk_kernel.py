@@ -230,6 +230,22 @@ def test_bad_score_arrays_are_refused():
         topk_scores(np.zeros(10, np.float32), 3, eligible=np.ones(9, bool))
     with pytest.raises(ValueError, match="shape"):
         topk_scores(np.zeros(10, np.float32), 3, ids=np.arange(11))
+    with pytest.raises(TypeError, match="byte order"):
+        topk_scores(np.zeros(10, ">f4"), 3)
+
+
+@pytest.mark.parametrize("ids", [np.array([1, 1, 2, 3]), np.zeros(4, np.int64), np.array([7, 3, 9, 3])])
+def test_repeated_ids_are_refused(ids):
+    """Ties are broken by id: a repeated id made the radix select drop a higher score, differently
+    run to run (found by an adversarial review); it is now refused before any launch."""
+    with pytest.raises(ValueError, match="unique"):
+        topk_scores(np.array([3.0, 3.0, 0.0, 5.0], np.float32), 2, ids=ids.astype(np.int64))
+
+
+@pytest.mark.parametrize("block", [0, -32, 2048, 64.0, True])
+def test_bad_block_is_refused(block):
+    with pytest.raises(ValueError, match="block"):
+        topk_scores(np.zeros(10, np.float32), 3, block=block)
 
 
 @pytest.mark.parametrize("n", [4 * 32 * SCAN_ITEMS * 3 + 17, 5000])
