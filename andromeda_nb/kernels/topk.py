@@ -187,6 +187,46 @@ NEG_INF = float32(-math.inf)
 
 
 @functools.lru_cache(maxsize=None)
+def round_loads(block: int):
+    """Inline device functions of a round of SCAN_ITEMS scores per thread (elements ``i0 + q * block``):
+    ``load_round(scores, start, i0, n)`` -> the 8 scores (-inf past ``n``), and ``pick(q, s0..s7)``
+    -> the q-th of them (an if-chain: indexing a tuple by a loop variable would spill it to local
+    memory). Shared by the scan and the filter."""
+
+    @cuda.jit(device=True, inline=True)
+    def load_round(scores, start, i0, n):
+        return (scores[start + i0] if i0 < n else NEG_INF,
+                scores[start + i0 + block] if i0 + block < n else NEG_INF,
+                scores[start + i0 + 2 * block] if i0 + 2 * block < n else NEG_INF,
+                scores[start + i0 + 3 * block] if i0 + 3 * block < n else NEG_INF,
+                scores[start + i0 + 4 * block] if i0 + 4 * block < n else NEG_INF,
+                scores[start + i0 + 5 * block] if i0 + 5 * block < n else NEG_INF,
+                scores[start + i0 + 6 * block] if i0 + 6 * block < n else NEG_INF,
+                scores[start + i0 + 7 * block] if i0 + 7 * block < n else NEG_INF)
+
+    @cuda.jit(device=True, inline=True)
+    def pick(q, s0, s1, s2, s3, s4, s5, s6, s7):
+        s = s0
+        if q == 1:
+            s = s1
+        elif q == 2:
+            s = s2
+        elif q == 3:
+            s = s3
+        elif q == 4:
+            s = s4
+        elif q == 5:
+            s = s5
+        elif q == 6:
+            s = s6
+        elif q == 7:
+            s = s7
+        return s
+
+    return load_round, pick
+
+
+@functools.lru_cache(maxsize=None)
 def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
     """Per-block top-k of each request's slice of a score array.
 
@@ -199,18 +239,7 @@ def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
     (+= eligible non-NaN scores; += those >= seed).
     """
     t = block_topk(cap, block, has_ids, SCAN_ITEMS)
-
-    @cuda.jit(device=True, inline=True)
-    def load_round(scores, start, i0, n):
-        """One round's SCAN_ITEMS scores of a thread: elements i0 + q * block (-inf past n)."""
-        return (scores[start + i0] if i0 < n else NEG_INF,
-                scores[start + i0 + block] if i0 + block < n else NEG_INF,
-                scores[start + i0 + 2 * block] if i0 + 2 * block < n else NEG_INF,
-                scores[start + i0 + 3 * block] if i0 + 3 * block < n else NEG_INF,
-                scores[start + i0 + 4 * block] if i0 + 4 * block < n else NEG_INF,
-                scores[start + i0 + 5 * block] if i0 + 5 * block < n else NEG_INF,
-                scores[start + i0 + 6 * block] if i0 + 6 * block < n else NEG_INF,
-                scores[start + i0 + 7 * block] if i0 + 7 * block < n else NEG_INF)
+    load_round, pick = round_loads(block)
 
     @cuda.jit
     def kernel(scores, offsets, elig, ids, ks, kmax, seeds, cand_s, cand_i, counts):
@@ -244,21 +273,7 @@ def scan_kernel(cap: int, block: int, has_elig: bool, has_ids: bool):
             n0, n1, n2, n3, n4, n5, n6, n7 = load_round(scores, start, i0 + stride, n)
             for q in range(SCAN_ITEMS):
                 i = i0 + q * block
-                s = s0
-                if q == 1:
-                    s = s1
-                elif q == 2:
-                    s = s2
-                elif q == 3:
-                    s = s3
-                elif q == 4:
-                    s = s4
-                elif q == 5:
-                    s = s5
-                elif q == 6:
-                    s = s6
-                elif q == 7:
-                    s = s7
+                s = pick(q, s0, s1, s2, s3, s4, s5, s6, s7)
                 ok = i < n
                 if ok and has_elig:
                     ok = test_bit(elig[r], i) != 0
@@ -596,8 +611,8 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
     return kernel
 
 
-#: scores per thread per round of the filter (loads in flight)
-FILTER_ITEMS = 8
+#: scores per thread per round of the filter (loads in flight; round_loads serves 8)
+FILTER_ITEMS = SCAN_ITEMS
 
 
 @functools.lru_cache(maxsize=None)
@@ -613,16 +628,7 @@ def filter_kernel(block: int, has_elig: bool):
     every eligible score reached the seed); the host wrapper checks and otherwise reruns.
     """
 
-    @cuda.jit(device=True, inline=True)
-    def load_round(scores, i0, n):
-        return (scores[i0] if i0 < n else NEG_INF,
-                scores[i0 + block] if i0 + block < n else NEG_INF,
-                scores[i0 + 2 * block] if i0 + 2 * block < n else NEG_INF,
-                scores[i0 + 3 * block] if i0 + 3 * block < n else NEG_INF,
-                scores[i0 + 4 * block] if i0 + 4 * block < n else NEG_INF,
-                scores[i0 + 5 * block] if i0 + 5 * block < n else NEG_INF,
-                scores[i0 + 6 * block] if i0 + 6 * block < n else NEG_INF,
-                scores[i0 + 7 * block] if i0 + 7 * block < n else NEG_INF)
+    load_round, pick = round_loads(block)
 
     @cuda.jit
     def kernel(scores, n, elig, seeds, buf_s, buf_i, fill, counts):
@@ -640,24 +646,10 @@ def filter_kernel(block: int, has_elig: bool):
         stride = cuda.gridDim.x * per_round
         i0 = cuda.blockIdx.x * per_round + tid
         while i0 < n:
-            s0, s1, s2, s3, s4, s5, s6, s7 = load_round(scores, i0, n)
+            s0, s1, s2, s3, s4, s5, s6, s7 = load_round(scores, 0, i0, n)
             for q in range(FILTER_ITEMS):
                 i = i0 + q * block
-                s = s0
-                if q == 1:
-                    s = s1
-                elif q == 2:
-                    s = s2
-                elif q == 3:
-                    s = s3
-                elif q == 4:
-                    s = s4
-                elif q == 5:
-                    s = s5
-                elif q == 6:
-                    s = s6
-                elif q == 7:
-                    s = s7
+                s = pick(q, s0, s1, s2, s3, s4, s5, s6, s7)
                 ok = i < n
                 if ok and has_elig:
                     ok = test_bit(elig, i) != 0
