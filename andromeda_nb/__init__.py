@@ -19,6 +19,7 @@ _LAZY = {
     "score_topk": "scoring",
     "topk_scores": "topk",
     "MAX_K": "topk",
+    "BLOCK_TOPK_MAX_K": "topk",
     "DeviceTargetingIndex": "match",
     "match_eligible": "match",
     "retrieve": "pipeline",

@@ -15,7 +15,7 @@ from .match import DeviceTargetingIndex, match_eligible
 from .model import Request
 from .scoring import DeviceAdTable, score_topk
 from .targeting import table_slots
-from .topk import check_k
+from .topk import BLOCK_TOPK_MAX_K, check_k
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def retrieve(requests: Request | Sequence[Request], table: DeviceAdTable,
         index: the device targeting index, or None to score the whole pool.
         profiles: one profile ``{category: values}`` per request (a single mapping for a single
             request); ignored when ``index`` is None.
-        k: ``1 <= k <= topk.MAX_K``.
+        k: ``1 <= k <= topk.BLOCK_TOPK_MAX_K`` (2048: the fused top-K).
         exclude_slots: per request, optional slots to drop after matching (e.g. ads already seen).
 
     Returns:
@@ -53,6 +53,8 @@ def retrieve(requests: Request | Sequence[Request], table: DeviceAdTable,
     single = isinstance(requests, Request)
     reqs = [requests] if single else list(requests)
     k = check_k(k)
+    if k > BLOCK_TOPK_MAX_K:
+        raise ValueError(f"k={k}: retrieval fuses top-K into scoring, which supports k <= {BLOCK_TOPK_MAX_K}")
     if index is not None:
         if index.n_ads != table.n_ads:
             raise ValueError(f"index has {index.n_ads} ads but the table has {table.n_ads}")

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import launch
 from .model import MAX_EXPERTS, STORAGE_DTYPES, AdTable, Request, TopK
-from .topk import MAX_ITEMS, TopKWorkspace, check_k, eligible_bitset, launch_merge_lists
+from .topk import BLOCK_TOPK_MAX_K, MAX_ITEMS, TopKWorkspace, check_k, eligible_bitset, launch_merge_lists
 
 #: Embedding dimensions the kernels accept: multiples of 8 (whole 8-byte words for every dtype).
 MAX_D = 256
@@ -354,7 +354,8 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
 
     Args:
         request, table, eligible, candidates, config: as for :func:`score_ads`.
-        k: ``1 <= k <= topk.MAX_K``.
+        k: ``1 <= k <= topk.BLOCK_TOPK_MAX_K`` (2048: the fused block top-K's shared buffer; for
+            a larger k, score with :func:`score_ads` and select with ``topk_scores``).
 
     Returns:
         :class:`~andromeda_nb.model.TopK` by ad id (ties to the lower ad id), count = ads scored
@@ -364,6 +365,9 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
         TypeError / ValueError: as :func:`score_ads`, k out of range, or repeated candidate slots.
     """
     k = check_k(k)
+    if k > BLOCK_TOPK_MAX_K:
+        raise ValueError(f"k={k}: fused scoring + top-K supports k <= {BLOCK_TOPK_MAX_K} (the block top-K's "
+                         "shared buffer); for a larger k score with score_ads and select with topk_scores")
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates, unique=True)
     ws = launch_score_topk(dreq, table, k, access, elig, cand, n_items, config)
     return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(),

@@ -8,9 +8,12 @@ from . import launch
 from .model import TopK
 from .targeting import WORD_BITS, bits_from_mask
 
-#: Largest k the block top-K supports: its shared buffer of next_pow2(k + 256) entries of 8 bytes
-#: must stay within Numba's 48 KiB of shared memory per block.
-MAX_K = 2048
+#: Largest k of :func:`topk_scores`: its radix-select steps hold the answer, next_pow2(k) entries of
+#: 8 bytes, in shared memory (32 KiB at 4096, within Numba's 48 KiB per block).
+MAX_K = 4096
+#: Largest k of the block top-K (scan path, batched form, unseeded fallback, fused scoring): its
+#: shared buffer of next_pow2(k + block * items) entries of 8 bytes must fit in 48 KiB.
+BLOCK_TOPK_MAX_K = 2048
 #: Item counts are int32 slots inside the kernels.
 MAX_ITEMS = 2**31 - 1
 
@@ -25,7 +28,7 @@ def check_k(k) -> int:
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
     if not 1 <= k <= MAX_K:
-        raise ValueError(f"k={k} is out of range: the block top-K supports 1 <= k <= {MAX_K}")
+        raise ValueError(f"k={k} is out of range: top-K supports 1 <= k <= {MAX_K}")
     return int(k)
 
 
@@ -81,6 +84,10 @@ class TopKWorkspace:
         self.offsets_host = np.asarray(offsets, np.int64)
         self.ks_host = np.asarray(ks, np.int64)
         self.batch, self.kmax, self.lists = len(self.ks_host), int(self.ks_host.max()), int(lists)
+        if self.kmax > BLOCK_TOPK_MAX_K:
+            raise ValueError(f"k={self.kmax}: the block top-K (batched form, scan path) supports k <= "
+                             f"{BLOCK_TOPK_MAX_K} (its shared buffer must fit in 48 KiB); topk_scores answers "
+                             f"one request up to k = {MAX_K} by radix select")
         b, m, kmax = self.batch, self.lists * self.kmax, self.kmax
         self.offsets = cuda.to_device(self.offsets_host)
         self.ks = cuda.to_device(self.ks_host)
@@ -208,7 +215,7 @@ class SeedWorkspace:
         chunks = int(min(MAX_SAMPLE_CHUNKS, n // 8 // SAMPLE_CHUNK, enough))
         m = chunks * SAMPLE_CHUNK
         r = int(np.ceil(SEED_MARGIN * k * m / n)) if n else 0
-        if n < SEED_MIN_N or chunks < 2 or r < 8 or r > min(MAX_K, m // 4):
+        if n < SEED_MIN_N or chunks < 2 or r < 8 or r > min(BLOCK_TOPK_MAX_K, m // 4):
             return None
         self = cls()
         cuda = launch.cuda()
@@ -274,10 +281,10 @@ class FilterWorkspace:
     in the same attributes as :class:`TopKWorkspace` (``out_id``, ``out_s``, ``out_slot``
     ``[1, k]``; ``counts [1, 2]``)."""
 
-    def __init__(self, n: int, k: int):
+    def __init__(self, n: int, k: int, cap: int | None = None):
         cuda = launch.cuda()
         self.n, self.k = int(n), int(k)
-        self.cap = max(FILTER_MIN_CAP, FILTER_CAP_PER_K * self.k)
+        self.cap = max(1, int(cap)) if cap is not None else max(FILTER_MIN_CAP, FILTER_CAP_PER_K * self.k)
         self.buf_s = cuda.device_array((1, self.cap), np.float32)
         self.buf_i = cuda.device_array((1, self.cap), np.int32)
         self.fill = cuda.device_array(1, np.int64)
@@ -301,11 +308,19 @@ def launch_filtered(d_scores, n: int, k: int, fws: FilterWorkspace, sws: SeedWor
     and one block's radix select of the top-k among them. Exact when at least ``min(k, eligible)``
     and at most ``fws.cap`` scores reached the seed (``fws.counts[0, 1]``); see :func:`seeded_exact`.
     ``elig``: device uint64 ``[words]`` bitset or None."""
+    block = block or launch.default_block()
+    fws.reset()
+    return launch_filter_final(d_scores, n, k, fws, launch_seed(d_scores, n, sws, block, elig), elig, d_ids, block)
+
+
+def launch_filter_final(d_scores, n: int, k: int, fws: FilterWorkspace, seed, elig=None, d_ids=None,
+                        block: int | None = None) -> FilterWorkspace:
+    """Enqueue the filter pass at device threshold ``seed`` (``float32[1]``; -inf keeps every eligible
+    score) and the radix select of the top-k among the kept scores, into ``fws`` (counters reset
+    by the caller)."""
     from .kernels.topk import FILTER_ITEMS, filter_kernel, final_radix_kernel, next_pow2
 
     block = block or launch.default_block()
-    fws.reset()
-    seed = launch_seed(d_scores, n, sws, block, elig)
     grid = launch.grid_for(-(-n // FILTER_ITEMS), block, blocks_per_sm=8)
     filter_kernel(block, elig is not None)[grid, block](
         d_scores, n, elig if elig is not None else launch.dummy(np.uint64), seed, fws.buf_s, fws.buf_i, fws.fill,
@@ -367,7 +382,9 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
 
     Args:
         scores: ``float32[n]``, host or device, C-contiguous, ``n < 2**31``.
-        k: ``1 <= k <= MAX_K``.
+        k: ``1 <= k <= MAX_K`` (4096). Above ``BLOCK_TOPK_MAX_K`` (2048) only by radix select: the
+            seeded filter path, else one block's radix select over every eligible score (exact,
+            slow for large n).
         eligible: optional bool ``[n]`` mask or uint64 ``[ceil(n/64)]`` bitset.
         ids: optional ``int64[n]`` ids (unique, non-negative) reported and used for tie-breaks;
             default the index.
@@ -406,6 +423,8 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     elig = None if eligible is None else eligible_bitset(eligible, n)
     d_ids = None if ids is None else launch.to_device(ids)
     d_scores = launch.to_device(scores)
+    if k > BLOCK_TOPK_MAX_K:
+        return _topk_beyond_block(d_scores, n, k, elig, d_ids, block, seeded)
     ws, sws = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=seeded)
     c = ws.counts.copy_to_host()[0]
     if sws is not None and c[1] < min(k, c[0]):
@@ -418,3 +437,22 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         ws, _ = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=True, sws=sws, path="scan")
         c = ws.counts.copy_to_host()[0]
     return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(), count=int(c[0]))
+
+
+def _topk_beyond_block(d_scores, n: int, k: int, elig, d_ids, block, seeded: bool) -> TopK:
+    """k above the block top-K's limit: the seeded filter path when it answers exactly; otherwise
+    (no seed for this size, a seed above the k-th score, or an overflowing buffer) one filter pass
+    with no threshold, which keeps every eligible score, and one block's radix select over all of
+    them: exact at any size, but one block reads all n scores four times (slow for large n)."""
+    sws = SeedWorkspace.make(n, k) if seeded else None
+    if sws is not None:
+        fws = launch_filtered(d_scores, n, k, FilterWorkspace(n, k), sws, elig, d_ids, block)
+        c = fws.counts.copy_to_host()[0]
+        if seeded_exact(fws, k, c):
+            return TopK(ids=fws.out_id[0].copy_to_host(), scores=fws.out_s[0].copy_to_host(), count=int(c[0]))
+    fws = FilterWorkspace(n, k, cap=n)
+    fws.reset()
+    no_seed = launch.cuda().to_device(np.full(1, -np.inf, np.float32))
+    launch_filter_final(d_scores, n, k, fws, no_seed, elig, d_ids, block)
+    c = fws.counts.copy_to_host()[0]
+    return TopK(ids=fws.out_id[0].copy_to_host(), scores=fws.out_s[0].copy_to_host(), count=int(c[0]))

@@ -297,7 +297,7 @@ def test_radix_final_many_candidates_and_ties(rng, n, radix_final):
     scores[rng.random(n) < 0.05] = -0.0
     ids = rng.choice(10 * n, n, replace=False).astype(np.int64)
     for k in (1, 37, 500, n):
-        k = min(k, T.MAX_K)
+        k = min(k, T.BLOCK_TOPK_MAX_K)
         for use_ids in (None, ids):
             got = topk_scores(scores, k, ids=use_ids)
             want = oracle.topk(scores, k, ids=use_ids)
@@ -416,3 +416,50 @@ def test_bench_topk_stages_run_in_order_and_answer(monkeypatch, rng):
             np.testing.assert_array_equal(res.out_id.copy_to_host()[0], want.ids, err_msg=name)
             np.testing.assert_array_equal(res.out_s.copy_to_host()[0], want.scores, err_msg=name)
     assert T.seeded_exact(fws, k)
+
+
+@pytest.mark.parametrize("case", ["small_unseeded", "seeded_filter", "seeded_rerun"])
+def test_k_beyond_the_block_topk_limit(monkeypatch, rng, case):
+    """2048 < k <= 4096: answered by radix select only (the seeded filter path, else one pass
+    keeping every eligible score), exact with NaN, ties, ids and an eligible set; pads past the
+    eligible count."""
+    k = T.BLOCK_TOPK_MAX_K + 77
+    n = {"small_unseeded": 2400, "seeded_filter": 1 << 16, "seeded_rerun": 1 << 16}[case]
+    if case != "small_unseeded":
+        monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 16)
+        monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
+        monkeypatch.setattr(T, "SEED_MIN_N", 1024)
+        monkeypatch.setattr(T, "SEED_SAMPLE_RANK", 4096)
+        assert T.SeedWorkspace.make(n, k) is not None
+    scores = rng.integers(-50, 50, n).astype(np.float32)
+    scores[rng.choice(n, n // 20, replace=False)] = np.nan
+    if case == "seeded_rerun":  # the best scores sit in the sampled chunks: the seed lands too high
+        for j in range(16):
+            off = (2 * j + 1) * n // 32 - 16
+            scores[off: off + 32] = 1000.0 + j
+    eligible = rng.random(n) < 0.8
+    ids = rng.permutation(3 * n)[:n].astype(np.int64)
+    caps = []
+
+    class Spy(T.FilterWorkspace):  # which buffers the call used: seeded filter, then a full pass?
+        def __init__(self, n_, k_, cap=None):
+            super().__init__(n_, k_, cap)
+            caps.append(cap)
+
+    monkeypatch.setattr(T, "FilterWorkspace", Spy)
+    got = topk_scores(scores, k, eligible=eligible, ids=ids)
+    assert caps == {"small_unseeded": [n], "seeded_filter": [None], "seeded_rerun": [None, n]}[case]
+    want = oracle.topk(scores, k, ids=ids, eligible=eligible)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores, want.scores)
+    assert got.count == want.count
+    if case == "small_unseeded":  # fewer eligible than k: pads
+        assert want.count < k and (got.ids[want.count:] == -1).all()
+
+
+def test_k_beyond_the_block_topk_limit_is_refused_where_the_block_topk_runs():
+    """The batched form and fused scoring keep the block top-K's limit, with a message naming it."""
+    k = T.BLOCK_TOPK_MAX_K + 1
+    with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):
+        T.TopKWorkspace(np.array([0, 5000]), np.array([k]), 1)
+    assert topk_scores(np.zeros(0, np.float32), k).count == 0  # and an empty array pads
