@@ -567,8 +567,8 @@ def topk(env, ceil, args) -> list[dict]:
     import cupy as cp
     import torch
 
-    from .topk import (FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_topk, launch_topk_batch, scan_lists,
-                       seeded_exact)
+    from .topk import (BLOCK_TOPK_MAX_K, FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_topk,
+                       launch_topk_batch, scan_lists, seeded_exact)
 
     rows = []
     phases = set((args.phases or "large,elig,small,stages,batch").split(","))
@@ -584,7 +584,9 @@ def topk(env, ceil, args) -> list[dict]:
         d_scores = cuda.as_cuda_array(scores)
         offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
         sws = SeedWorkspace.make(n, k) if seeded else None
-        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=sws is not None))
+        # above the block top-K's k limit only the filter path runs (no block top-K workspace)
+        ws = (TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=sws is not None))
+              if k <= BLOCK_TOPK_MAX_K else None)
         fws = FilterWorkspace(n, k) if sws is not None else None
         res, _ = launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws, fws=fws)
         timing = bench.time_device(lambda: launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws,
@@ -592,8 +594,11 @@ def topk(env, ceil, args) -> list[dict]:
         c = res.counts.copy_to_host()[0]
         verified = verify_topk_torch(res.out_id[0], res.out_s[0], scores, k, eligible_mask=mask)
         if sws is not None and not seeded_exact(res, k, c):
-            verified = checks.Check(False, f"seeded run not exact ({c[1]} scores reached the seed): the wrapper "
-                                           "would rerun unseeded")
+            rerun = ("unseeded (seed above the k-th score)" if c[1] < min(k, c[0]) else
+                     "on the scan path (filter buffer overflow)" if k <= BLOCK_TOPK_MAX_K else
+                     "as one pass keeping every score (k above the block top-K's limit)")
+            verified = checks.Check(False, f"seeded run not exact ({c[1]} scores reached the seed): topk_scores "
+                                           f"would rerun {rerun}")
         path = "" if sws is None else ("_scan_path" if isinstance(res, TopKWorkspace) else "")
         variant = ("block_topk_seeded" if sws is not None else "block_topk") + path + suffix
         add(bench.row("topk", env, ceil, timing, n, 4.0 if elig is None else 4.0 + 1 / 8, None, str(verified),
@@ -614,7 +619,7 @@ def topk(env, ceil, args) -> list[dict]:
     if "large" in phases:
         from . import topk as topk_module
 
-        for k in (100, 1000, 2048):
+        for k in (100, 1000, 2048, 4096):  # 4096: the filter path only (above BLOCK_TOPK_MAX_K)
             scores, t = one(100_000_000, k, "random", True)
             if k == 1000:
                 default_path = topk_module.SEEDED_PATH
