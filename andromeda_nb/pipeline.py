@@ -50,11 +50,11 @@ def retrieve(requests: Request | Sequence[Request], table: DeviceAdTable,
         TypeError / ValueError / RuleError: mismatched pool sizes or batch lengths, bad k, bad
             profile (all before any launch for that request).
     """
-    single = isinstance(requests, Request)
-    reqs = [requests] if single else list(requests)
     k = check_k(k)
     if k > BLOCK_TOPK_MAX_K:
         raise ValueError(f"k={k}: retrieval fuses top-K into scoring, which supports k <= {BLOCK_TOPK_MAX_K}")
+    single = isinstance(requests, Request)
+    reqs = [requests] if single else list(requests)
     if index is not None:
         if index.n_ads != table.n_ads:
             raise ValueError(f"index has {index.n_ads} ads but the table has {table.n_ads}")
