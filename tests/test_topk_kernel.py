@@ -462,4 +462,11 @@ def test_k_beyond_the_block_topk_limit_is_refused_where_the_block_topk_runs():
     k = T.BLOCK_TOPK_MAX_K + 1
     with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):
         T.TopKWorkspace(np.array([0, 5000]), np.array([k]), 1)
+    from andromeda_nb.pipeline import retrieve
+    from andromeda_nb.scoring import score_topk
+
+    with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):  # k is checked before anything else
+        score_topk(None, None, k)
+    with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):
+        retrieve(None, None, None, None, k)
     assert topk_scores(np.zeros(0, np.float32), k).count == 0  # and an empty array pads
