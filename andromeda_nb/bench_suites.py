@@ -423,7 +423,9 @@ def topk_stages(d_scores, n: int, k: int):
 
     stages = [
         ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample.reshape(sws.m),
-                                                                           launch.dummy(np.uint64)),
+                                                                           launch.dummy(np.uint64),
+                                                                           launch.dummy2d(np.int64),
+                                                                           launch.dummy(np.int64)),
          f"{sws.chunks} chunks of {SAMPLE_CHUNK} scores", None),
         ("seed", lambda: launch_seed(d_scores, n, sws),
          f"sample + top-{sws.r} of the {sws.m}-score sample ("

@@ -93,7 +93,8 @@ def variants():
     out.append(("topk select", T.select_kernel(True),
                 (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32), A(f32, 2), A(i32, 2), A(i64))))
     for elig in (False, True):
-        out.append((f"topk sample elig{elig}", T.sample_chunks_kernel(elig), (A(f32), i64, A(f32), A(u64))))
+        out.append((f"topk sample elig{elig}", T.sample_chunks_kernel(elig, True),
+                    (A(f32), i64, A(f32), A(u64), A(i64, 2), A(i64))))
         out.append((f"topk filter elig{elig}", T.filter_kernel(256, elig),
                     (A(f32), i64, A(u64), A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))
     # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the

@@ -241,19 +241,22 @@ class SeedWorkspace:
         return (self.out_s if self.ws is None else self.ws.out_s)[0, self.r - 1:self.r]
 
 
-def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, elig=None):
+def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, elig=None, reset=None):
     """Enqueue a seed threshold for one request's top-k: the r-th best of a sample of contiguous
     chunks spread over the array (NaN, and ineligible scores when ``elig``, a device uint64
     bitset, is given, sampled as -inf), with r such that about ``SEED_MARGIN * k`` eligible scores
     of the whole array reach it. Then the sample's top-r: one block's radix select
     (:func:`~andromeda_nb.kernels.topk.final_radix_kernel` with the sample as the buffer) for a
-    small sample, the block top-K for a large one. Returns device ``float32[1]``."""
+    small sample, the block top-K for a large one. ``reset``: a :class:`FilterWorkspace` whose
+    counters the sample kernel zeroes on the way. Returns device ``float32[1]``."""
     from .kernels.topk import final_radix_kernel, next_pow2, sample_chunks_kernel
 
     block = block or launch.default_block()
     sample = sws.sample.reshape(sws.m)
-    sample_chunks_kernel(elig is not None)[sws.chunks, SAMPLE_CHUNK](
-        d_scores, n, sample, elig if elig is not None else launch.dummy(np.uint64))
+    sample_chunks_kernel(elig is not None, reset is not None)[sws.chunks, SAMPLE_CHUNK](
+        d_scores, n, sample, elig if elig is not None else launch.dummy(np.uint64),
+        reset.counts if reset is not None else launch.dummy2d(np.int64),
+        reset.fill if reset is not None else launch.dummy(np.int64))
     if sws.ws is not None:
         launch_topk_batch(sample, sws.ws, block=block)
         return sws.seed()
@@ -303,14 +306,14 @@ class FilterWorkspace:
 
 def launch_filtered(d_scores, n: int, k: int, fws: FilterWorkspace, sws: SeedWorkspace, elig=None, d_ids=None,
                     block: int | None = None) -> FilterWorkspace:
-    """Enqueue the "filter" path of one seeded request: counter reset, seed (:func:`launch_seed`), one
-    pass keeping the eligible scores at or above it (:func:`~andromeda_nb.kernels.topk.filter_kernel`),
-    and one block's radix select of the top-k among them. Exact when at least ``min(k, eligible)``
+    """Enqueue the "filter" path of one seeded request: seed (:func:`launch_seed`, whose sample
+    kernel also zeroes the counters), one pass keeping the eligible scores at or above it
+    (:func:`~andromeda_nb.kernels.topk.filter_kernel`), and one block's radix select of the top-k among them. Exact when at least ``min(k, eligible)``
     and at most ``fws.cap`` scores reached the seed (``fws.counts[0, 1]``); see :func:`seeded_exact`.
     ``elig``: device uint64 ``[words]`` bitset or None."""
     block = block or launch.default_block()
-    fws.reset()
-    return launch_filter_final(d_scores, n, k, fws, launch_seed(d_scores, n, sws, block, elig), elig, d_ids, block)
+    seed = launch_seed(d_scores, n, sws, block, elig, reset=fws)  # its sample kernel zeroes fws's counters
+    return launch_filter_final(d_scores, n, k, fws, seed, elig, d_ids, block)
 
 
 def launch_filter_final(d_scores, n: int, k: int, fws: FilterWorkspace, seed, elig=None, d_ids=None,

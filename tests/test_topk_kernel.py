@@ -470,3 +470,23 @@ def test_k_beyond_the_block_topk_limit_is_refused_where_the_block_topk_runs():
     with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):
         retrieve(None, None, None, None, k)
     assert topk_scores(np.zeros(0, np.float32), k).count == 0  # and an empty array pads
+
+
+def test_filter_workspace_reuse_starts_from_zero(monkeypatch, rng):
+    """The filter path's counters are zeroed inside its sample launch (no separate reset kernel):
+    a workspace reused on new scores answers for them alone (a missing reset would carry the first
+    call's fill and counts into the second)."""
+    monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
+    monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
+    monkeypatch.setattr(T, "SEED_MIN_N", 1024)
+    n, k = 2048, 20
+    sws, fws = T.SeedWorkspace.make(n, k), T.FilterWorkspace(n, k)
+    for trial in range(2):
+        scores = rng.standard_normal(n).astype(np.float32)
+        scores[: 100 * trial] = np.nan
+        res, _ = T.launch_topk(launch.to_device(scores), n, k, seeded=True, sws=sws, fws=fws)
+        assert res is fws and T.seeded_exact(fws, k)
+        want = oracle.topk(scores, k)
+        np.testing.assert_array_equal(fws.out_id.copy_to_host()[0], want.ids)
+        c = fws.counts.copy_to_host()[0]
+        assert c[0] == want.count and c[1] == fws.fill.copy_to_host()[0]

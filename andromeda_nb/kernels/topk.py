@@ -673,16 +673,23 @@ def filter_kernel(block: int, has_elig: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def sample_chunks_kernel(has_elig: bool = False):
+def sample_chunks_kernel(has_elig: bool = False, resets: bool = False):
     """Launch ``[chunks, chunk]``: block j copies ``chunk`` contiguous scores centred in the j-th of
     ``chunks`` equal strata into ``sample[j * chunk:]`` (contiguous runs: a few sectors each;
     stratified, so sorted input is sampled across its range rather than at its extremes). NaN, and
     with an eligible bitset ``elig uint64[words]`` (``has_elig``) ineligible scores, are sampled
-    as -inf (never a seed above every real score)."""
+    as -inf (never a seed above every real score). With ``resets``, block 0 also zeroes
+    ``counts int64[1, c]`` and ``fill int64[1]`` for the filter that follows (one launch fewer
+    than a separate reset kernel); otherwise they are ignored."""
 
     @cuda.jit
-    def kernel(scores, n, sample, elig):
+    def kernel(scores, n, sample, elig, counts, fill):
         j = cuda.blockIdx.x
+        if resets and j == 0:
+            if cuda.threadIdx.x < counts.shape[1]:
+                counts[0, cuda.threadIdx.x] = 0
+            if cuda.threadIdx.x == 0:
+                fill[0] = 0
         chunks = cuda.gridDim.x
         chunk = cuda.blockDim.x
         off = (2 * j + 1) * n // (2 * chunks) - chunk // 2
