@@ -73,6 +73,25 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
     # the simulator's cuda.jit takes no launch_bounds: pass it only when set
     opts = {"launch_bounds": (int(block), int(min_blocks_per_sm))} if min_blocks_per_sm else {}
 
+    @cuda.jit(device=True, inline=True)
+    def load_row(rows, scratch, r, nr, wb, e, acc, new_only, t):
+        """``t[u]`` = word ``wb + u * block`` of row ``r`` (a scratch patch row when ``r >= nr``) for
+        the words still needed, else 0: alive (``e[u]``), and with ``new_only`` not yet covered by
+        this category's OR (``acc[u]``). The row-or-scratch branch is taken once per row, outside
+        the per-word loop."""
+        if r < nr:
+            ru = uint64(r)
+            for u in range(U):
+                t[u] = uint64(0)
+                if (e[u] & ~acc[u] if new_only else e[u]) != 0:
+                    t[u] = rows[ru, wb + uint64(u * block)]
+        else:
+            ru = uint64(r - nr)
+            for u in range(U):
+                t[u] = uint64(0)
+                if (e[u] & ~acc[u] if new_only else e[u]) != 0:
+                    t[u] = scratch[ru, wb + uint64(u * block)]
+
     @cuda.jit(**opts)
     def kernel(rows, scratch, n_bits, n_words, req_cat, inc_ptr, inc_rows, exc_ptr, exc_rows, out, counts):
         block_count = cuda.shared.array(1, int64)
@@ -115,32 +134,10 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
                     if PF and j == j0 and have_next:  # loaded during the previous category
                         for u in range(U):
                             t[u] = tn[u]
-                    elif r < nr:
-                        ru = uint64(r)
-                        for u in range(U):
-                            t[u] = uint64(0)
-                            if (e[u] & ~acc[u]) != 0:
-                                t[u] = rows[ru, wb + uint64(u * block)]
                     else:
-                        ru = uint64(r - nr)
-                        for u in range(U):
-                            t[u] = uint64(0)
-                            if (e[u] & ~acc[u]) != 0:
-                                t[u] = scratch[ru, wb + uint64(u * block)]
+                        load_row(rows, scratch, r, nr, wb, e, acc, True, t)
                     if pf_here and j == j0:  # the next category's first row, for words alive now
-                        rn = inc_rows[inc_ptr[c + 1]]
-                        if rn < nr:
-                            rnu = uint64(rn)
-                            for u in range(U):
-                                tn[u] = uint64(0)
-                                if e[u] != 0:
-                                    tn[u] = rows[rnu, wb + uint64(u * block)]
-                        else:
-                            rnu = uint64(rn - nr)
-                            for u in range(U):
-                                tn[u] = uint64(0)
-                                if e[u] != 0:
-                                    tn[u] = scratch[rnu, wb + uint64(u * block)]
+                        load_row(rows, scratch, inc_rows[inc_ptr[c + 1]], nr, wb, e, acc, False, tn)
                     for u in range(U):
                         acc[u] |= t[u]
                 have_next = pf_here
@@ -149,19 +146,7 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
                     e[u] &= acc[u]
                     alive |= e[u]
                 for j in range(exc_ptr[c], exc_ptr[c + 1]):
-                    r = exc_rows[j]
-                    if r < nr:
-                        ru = uint64(r)
-                        for u in range(U):
-                            t[u] = uint64(0)
-                            if e[u] != 0:
-                                t[u] = rows[ru, wb + uint64(u * block)]
-                    else:
-                        ru = uint64(r - nr)
-                        for u in range(U):
-                            t[u] = uint64(0)
-                            if e[u] != 0:
-                                t[u] = scratch[ru, wb + uint64(u * block)]
+                    load_row(rows, scratch, exc_rows[j], nr, wb, e, acc, False, t)
                     for u in range(U):
                         e[u] &= ~t[u]
                 if exc_ptr[c + 1] > exc_ptr[c]:
