@@ -393,9 +393,9 @@ def topk_stages(d_scores, n: int, k: int):
     the filter path's (filter, final). Stages that append to a buffer run the counters' reset (a
     1-block kernel) first, so repeats start from the same state. Needs ``n`` large enough to be
     seeded."""
-    from .kernels.topk import FILTER_ITEMS, filter_kernel, final_radix_kernel, next_pow2, sample_chunks_kernel
-    from .topk import (SAMPLE_CHUNK, FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_merge_lists, launch_scan,
-                       launch_seed, launch_topk, scan_lists)
+    from .kernels.topk import sample_chunks_kernel
+    from .topk import (SAMPLE_CHUNK, FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_filter, launch_final,
+                       launch_merge_lists, launch_scan, launch_seed, launch_topk, scan_lists)
 
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=True))
@@ -413,16 +413,10 @@ def topk_stages(d_scores, n: int, k: int):
 
     def reset_filter():
         fws.reset()
-        filter_kernel(block, False)[launch.grid_for(-(-n // FILTER_ITEMS), block, blocks_per_sm=8), block](
-            d_scores, n, launch.dummy(np.uint64), sws.seed(), fws.buf_s, fws.buf_i, fws.fill, fws.counts)
-
-    def final():
-        final_radix_kernel(max(2, next_pow2(k)), block, False)[(1, 1), block](
-            fws.buf_s, fws.buf_i, fws.fill, fws.offsets, launch.dummy(np.int64), fws.ks, fws.out_s, fws.out_slot,
-            fws.out_id)
+        launch_filter(d_scores, n, fws, sws.seed(), block=block)
 
     stages = [
-        ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample.reshape(sws.m),
+        ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample_flat,
                                                                            launch.dummy(np.uint64),
                                                                            launch.dummy2d(np.int64),
                                                                            launch.dummy(np.int64)),
@@ -431,7 +425,7 @@ def topk_stages(d_scores, n: int, k: int):
          f"sample + top-{sws.r} of the {sws.m}-score sample ("
          + ("one block's radix select" if sws.ws is None else f"block top-K, {sws.ws.lists} lists") + ")", None),
         ("filter", reset_filter, "counter reset + one pass keeping the scores at or above the seed", None),
-        ("final", final, "one block's radix select of the filter's buffer", fws),
+        ("final", lambda: launch_final(k, fws, block=block), "one block's radix select of the filter's buffer", fws),
         ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.seed()),
          f"scan path: counter reset + scan, {ws.lists} block lists over {n} scores", None),
         ("merge", reset_merge(ws, "offer"), "scan path: counter reset, bound, select, final (offer: block top-K "
@@ -570,7 +564,7 @@ def topk(env, ceil, args) -> list[dict]:
     import torch
 
     from .topk import (BLOCK_TOPK_MAX_K, FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_topk,
-                       launch_topk_batch, scan_lists, seeded_exact)
+                       launch_topk_batch, scan_lists, seeded_outcome)
 
     rows = []
     phases = set((args.phases or "large,elig,small,stages,batch").split(","))
@@ -580,9 +574,9 @@ def topk(env, ceil, args) -> list[dict]:
         rows.append(r)
         bench.print_rows([r])
 
-    def block_topk_row(scores, n, k, seeded, suffix="", elig=None, mask=None, **fields):
-        """Time one block top-K call (seeded or not, optionally on an eligible bitset), check it
-        against torch.topk and add its row."""
+    def block_topk_row(scores, n, k, seeded, suffix="", elig=None, mask=None, path=None, **fields):
+        """Time one block top-K call (seeded or not, by ``path`` or the default seeded path,
+        optionally on an eligible bitset), check it against torch.topk and add its row."""
         d_scores = cuda.as_cuda_array(scores)
         offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
         sws = SeedWorkspace.make(n, k) if seeded else None
@@ -590,13 +584,16 @@ def topk(env, ceil, args) -> list[dict]:
         ws = (TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=sws is not None))
               if k <= BLOCK_TOPK_MAX_K else None)
         fws = FilterWorkspace(n, k) if sws is not None else None
-        res, _ = launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws, fws=fws)
-        timing = bench.time_device(lambda: launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws,
-                                                       fws=fws), reps=args.reps)
+        def call():
+            return launch_topk(d_scores, n, k, elig=elig, seeded=seeded, ws=ws, sws=sws, fws=fws, path=path)
+
+        res, _ = call()
+        timing = bench.time_device(call, reps=args.reps)
         c = res.counts.copy_to_host()[0]
         verified = verify_topk_torch(res.out_id[0], res.out_s[0], scores, k, eligible_mask=mask)
-        if sws is not None and not seeded_exact(res, k, c):
-            rerun = ("unseeded (seed above the k-th score)" if c[1] < min(k, c[0]) else
+        outcome = "exact" if sws is None else seeded_outcome(res, k, c)
+        if outcome != "exact":
+            rerun = ("unseeded (seed above the k-th score)" if outcome == "seed_high" else
                      "on the scan path (filter buffer overflow)" if k <= BLOCK_TOPK_MAX_K else
                      "as one pass keeping every score (k above the block top-K's limit)")
             verified = checks.Check(False, f"seeded run not exact ({c[1]} scores reached the seed): topk_scores "
@@ -606,12 +603,12 @@ def topk(env, ceil, args) -> list[dict]:
         add(bench.row("topk", env, ceil, timing, n, 4.0 if elig is None else 4.0 + 1 / 8, None, str(verified),
                       variant=variant, n_ads=n, k=k, batch=1, dtype="fp32", **fields))
 
-    def one(n, k, order, seeded, l2_note="", suffix=""):
+    def one(n, k, order, seeded, l2_note="", suffix="", path=None):
         if order == "ascending":
             scores = cp.arange(n, dtype=cp.float32) / n
         else:
             scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
-        block_topk_row(scores, n, k, seeded, suffix, access=order, notes=l2_note)
+        block_topk_row(scores, n, k, seeded, suffix, path=path, access=order, notes=l2_note)
         t = torch.as_tensor(scores, device="cuda")
         timing = bench.time_device(lambda: torch.topk(t, k), reps=args.reps)
         add(bench.row("topk", env, ceil, timing, n, 4.0, None, "baseline (values checked above)", variant="torch.topk",
@@ -619,17 +616,11 @@ def topk(env, ceil, args) -> list[dict]:
         return scores, t
 
     if "large" in phases:
-        from . import topk as topk_module
-
         for k in (100, 1000, 2048, 4096):  # 4096: the filter path only (above BLOCK_TOPK_MAX_K)
             scores, t = one(100_000_000, k, "random", True)
-            if k == 1000:
-                default_path = topk_module.SEEDED_PATH
-                topk_module.SEEDED_PATH = "scan"  # the seeded block top-K lists + merge, for comparison
-                try:
-                    block_topk_row(scores, 100_000_000, k, True, access="random", notes="seeded scan + merge path")
-                finally:
-                    topk_module.SEEDED_PATH = default_path
+            if k == 1000:  # the seeded block top-K lists + merge, for comparison
+                block_topk_row(scores, 100_000_000, k, True, path="scan", access="random",
+                               notes="seeded scan + merge path")
                 one(100_000_000, k, "random", False)
                 timing = bench.time_device(lambda: cp.argpartition(scores, scores.size - k)[-k:], reps=5)
                 add(bench.row("topk", env, ceil, timing, scores.size, 4.0, None, "baseline (unsorted top-k indices)",
@@ -657,14 +648,8 @@ def topk(env, ceil, args) -> list[dict]:
     if "small" in phases:
         for seeded in (True, False):
             one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident, as right after scoring")
-        from . import topk as topk_module
-
-        default_path = topk_module.SEEDED_PATH
-        topk_module.SEEDED_PATH = "scan"  # the seeded block top-K lists + merge (the earlier default)
-        try:
-            one(500_000, 1000, "random", True, l2_note="2 MB: L2-resident; seeded scan + merge path")
-        finally:
-            topk_module.SEEDED_PATH = default_path
+        # the seeded block top-K lists + merge (the earlier default)
+        one(500_000, 1000, "random", True, l2_note="2 MB: L2-resident; seeded scan + merge path", path="scan")
     if "stages" in phases:
         rows.extend(_topk_stage_rows(env, ceil, args, 500_000, 1000))
     if "batch" in phases:

@@ -220,7 +220,8 @@ class SeedWorkspace:
         self = cls()
         cuda = launch.cuda()
         self.r, self.m, self.chunks = r, m, chunks
-        self.sample = cuda.device_array((1, m), np.float32)
+        self.sample = cuda.device_array((1, m), np.float32)  # 2-D: the radix select's buffer
+        self.sample_flat = self.sample.reshape(m)  # the sample kernel's (and block top-K's) view
         self.ws = None
         if m > RADIX_SEED_MAX_SAMPLE:
             offsets, ks = np.array([0, m], np.int64), np.array([r], np.int64)
@@ -252,7 +253,7 @@ def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, 
     from .kernels.topk import final_radix_kernel, next_pow2, sample_chunks_kernel
 
     block = block or launch.default_block()
-    sample = sws.sample.reshape(sws.m)
+    sample = sws.sample_flat
     sample_chunks_kernel(elig is not None, reset is not None)[sws.chunks, SAMPLE_CHUNK](
         d_scores, n, sample, elig if elig is not None else launch.dummy(np.uint64),
         reset.counts if reset is not None else launch.dummy2d(np.int64),
@@ -321,13 +322,27 @@ def launch_filter_final(d_scores, n: int, k: int, fws: FilterWorkspace, seed, el
     """Enqueue the filter pass at device threshold ``seed`` (``float32[1]``; -inf keeps every eligible
     score) and the radix select of the top-k among the kept scores, into ``fws`` (counters reset
     by the caller)."""
-    from .kernels.topk import FILTER_ITEMS, filter_kernel, final_radix_kernel, next_pow2
+    launch_filter(d_scores, n, fws, seed, elig, block)
+    return launch_final(k, fws, d_ids, block)
+
+
+def launch_filter(d_scores, n: int, fws: FilterWorkspace, seed, elig=None, block: int | None = None) -> None:
+    """Enqueue the filter pass alone (:func:`~andromeda_nb.kernels.topk.filter_kernel`): the eligible
+    scores at or above ``seed`` appended to ``fws``'s buffer."""
+    from .kernels.topk import FILTER_ITEMS, filter_kernel
 
     block = block or launch.default_block()
     grid = launch.grid_for(-(-n // FILTER_ITEMS), block, blocks_per_sm=8)
     filter_kernel(block, elig is not None)[grid, block](
         d_scores, n, elig if elig is not None else launch.dummy(np.uint64), seed, fws.buf_s, fws.buf_i, fws.fill,
         fws.counts)
+
+
+def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = None) -> FilterWorkspace:
+    """Enqueue one block's radix select of the top-k of ``fws``'s buffer into its outputs."""
+    from .kernels.topk import final_radix_kernel, next_pow2
+
+    block = block or launch.default_block()
     has_ids = d_ids is not None
     final_radix_kernel(max(2, next_pow2(k)), block, has_ids)[(1, 1), block](
         fws.buf_s, fws.buf_i, fws.fill, fws.offsets, d_ids if has_ids else launch.dummy(np.int64), fws.ks,
@@ -335,14 +350,28 @@ def launch_filter_final(d_scores, n: int, k: int, fws: FilterWorkspace, seed, el
     return fws
 
 
-def seeded_exact(res, k: int, counts=None) -> bool:
-    """Whether a seeded call's answer is exact, from its counts (host ``int64[2]``: eligible
-    non-NaN scores, those at or above the seed; copied from ``res.counts[0]`` when not given):
-    enough scores reached the seed, and, on the filter path, no more than its buffer holds."""
+def _result(res, counts) -> TopK:
+    """The host :class:`TopK` of a finished single-request workspace (any path)."""
+    return TopK(ids=res.out_id[0].copy_to_host(), scores=res.out_s[0].copy_to_host(), count=int(counts[0]))
+
+
+def seeded_outcome(res, k: int, counts=None) -> str:
+    """How a seeded call ended, from its counts (host ``int64[2]``: eligible non-NaN scores, those
+    at or above the seed; copied from ``res.counts[0]`` when not given): "exact"; "seed_high"
+    (fewer than ``min(k, eligible)`` scores reached the seed: rerun unseeded); or "overflow" (on
+    the filter path, more scores reached it than its buffer holds: the seed is valid, rerun on a
+    path that takes any number above it)."""
     c = res.counts.copy_to_host()[0] if counts is None else counts
     if c[1] < min(k, c[0]):
-        return False
-    return not (isinstance(res, FilterWorkspace) and c[1] > res.cap)
+        return "seed_high"
+    if isinstance(res, FilterWorkspace) and c[1] > res.cap:
+        return "overflow"
+    return "exact"
+
+
+def seeded_exact(res, k: int, counts=None) -> bool:
+    """Whether a seeded call's answer is exact (:func:`seeded_outcome` is "exact")."""
+    return seeded_outcome(res, k, counts) == "exact"
 
 
 def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None,
@@ -356,7 +385,6 @@ def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | No
         the workspace holding the results (``.out_id[0]``, ``.out_s[0]``, ``.counts[0]``), and the
         seed workspace used (None when unseeded). Check a seeded call with :func:`seeded_exact`.
     """
-    offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     if seeded:
         sws = sws or SeedWorkspace.make(n, k)
         path = path or SEEDED_PATH
@@ -365,7 +393,9 @@ def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | No
         if sws is not None and path == "filter":
             fws = fws or FilterWorkspace(n, k)
             return launch_filtered(d_scores, n, k, fws, sws, elig, d_ids, block), sws
-    ws = ws or TopKWorkspace(offsets, ks, scan_lists(offsets, ks, block, seeded=sws is not None and seeded))
+    if ws is None:
+        offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
+        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, block, seeded=sws is not None and seeded))
     seeds = None
     if seeded:
         if sws is not None:
@@ -430,16 +460,14 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         return _topk_beyond_block(d_scores, n, k, elig, d_ids, block, seeded)
     ws, sws = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=seeded)
     c = ws.counts.copy_to_host()[0]
-    if sws is not None and c[1] < min(k, c[0]):
-        # the seed was above the k-th score: the unseeded pass
+    outcome = "exact" if sws is None else seeded_outcome(ws, k, c)
+    if outcome == "seed_high":
         ws, _ = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=False)
         c = ws.counts.copy_to_host()[0]
-    elif sws is not None and not seeded_exact(ws, k, c):
-        # the filter's buffer overflowed (the seed is low, but at or below the k-th score): the
-        # seeded scan path with the same seed is exact for any number of scores above it
+    elif outcome == "overflow":  # the seed is valid: the seeded scan path takes any number above it
         ws, _ = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=True, sws=sws, path="scan")
         c = ws.counts.copy_to_host()[0]
-    return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(), count=int(c[0]))
+    return _result(ws, c)
 
 
 def _topk_beyond_block(d_scores, n: int, k: int, elig, d_ids, block, seeded: bool) -> TopK:
@@ -452,10 +480,10 @@ def _topk_beyond_block(d_scores, n: int, k: int, elig, d_ids, block, seeded: boo
         fws = launch_filtered(d_scores, n, k, FilterWorkspace(n, k), sws, elig, d_ids, block)
         c = fws.counts.copy_to_host()[0]
         if seeded_exact(fws, k, c):
-            return TopK(ids=fws.out_id[0].copy_to_host(), scores=fws.out_s[0].copy_to_host(), count=int(c[0]))
+            return _result(fws, c)
     fws = FilterWorkspace(n, k, cap=n)
     fws.reset()
     no_seed = launch.cuda().to_device(np.full(1, -np.inf, np.float32))
     launch_filter_final(d_scores, n, k, fws, no_seed, elig, d_ids, block)
     c = fws.counts.copy_to_host()[0]
-    return TopK(ids=fws.out_id[0].copy_to_host(), scores=fws.out_s[0].copy_to_host(), count=int(c[0]))
+    return _result(fws, c)
