@@ -25,6 +25,14 @@ STORAGE_DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16, "in
 FP16_MAX = 65504.0
 
 
+def all_unique(ids: np.ndarray) -> bool:
+    """Whether a 1-D integer array holds no value twice: O(n) when it is strictly increasing (the
+    common arange-like case), else one sort."""
+    if ids.size < 2:
+        return True
+    return bool((np.diff(ids) > 0).all()) or np.unique(ids).size == ids.size
+
+
 def _as_f32(name: str, x, ndim: int) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiu":
@@ -199,7 +207,7 @@ class AdTable:
                 raise ValueError("int8 row scales must be finite and non-negative")
         if n and self.ad_ids.min() < 0:
             raise ValueError("ad_ids must be non-negative")
-        if n > 1 and np.unique(self.ad_ids).size != n:
+        if not all_unique(self.ad_ids):
             raise ValueError("ad_ids must be unique (results report ad ids)")
 
     @classmethod
@@ -251,11 +259,7 @@ class AdTable:
         ids = np.arange(n, dtype=np.int64) if ad_ids is None else np.asarray(ad_ids)
         if ids.shape != (n,) or ids.dtype.kind not in "iu":
             raise ValueError(f"ad_ids must be ({n},) integers, got {ids.shape} {ids.dtype}")
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if n and ids.min() < 0:
-            raise ValueError("ad_ids must be non-negative")
-        if np.unique(ids).size != n:
-            raise ValueError("ad_ids must be unique")
+        ids = np.ascontiguousarray(ids, dtype=np.int64)  # non-negative and unique: checked by __post_init__
         scale = None
         if dtype == "fp32":
             store = emb

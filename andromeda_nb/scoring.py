@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import launch
-from .model import MAX_EXPERTS, STORAGE_DTYPES, AdTable, Request, TopK
+from .model import MAX_EXPERTS, STORAGE_DTYPES, AdTable, Request, TopK, all_unique
 from .topk import BLOCK_TOPK_MAX_K, MAX_ITEMS, TopKWorkspace, check_k, eligible_bitset, launch_merge_lists
 
 #: Embedding dimensions the kernels accept: multiples of 8 (whole 8-byte words for every dtype).
@@ -234,7 +234,7 @@ def _prepare(request, table: DeviceAdTable, eligible, candidates, unique: bool =
             lo, hi = int(host.min()), int(host.max())
             if lo < 0 or hi >= n:
                 raise ValueError(f"candidate slots must be in 0..{n - 1}, got range {lo}..{hi}")
-            if unique and np.unique(host).size != host.size:
+            if unique and not all_unique(host):
                 raise ValueError("candidate slots must be distinct for top-K (a repeated slot would be "
                                  "returned several times)")
         return dreq, "candidates", None, launch.to_device(candidates), int(candidates.shape[0])

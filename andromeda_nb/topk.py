@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import launch
-from .model import TopK
+from .model import TopK, all_unique
 from .targeting import WORD_BITS, bits_from_mask
 
 #: Largest k of :func:`topk_scores`: its radix-select steps hold the answer, next_pow2(k) entries of
@@ -449,7 +449,7 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         host_ids = ids if isinstance(ids, np.ndarray) else ids.copy_to_host()
         if n and host_ids.min() < 0:
             raise ValueError("ids must be non-negative (-1 marks a pad in the result)")
-        if n > 1 and not (np.diff(host_ids) > 0).all() and np.unique(host_ids).size != n:
+        if not all_unique(host_ids):
             # ties are broken by id: a repeated id leaves the order undefined (and the radix
             # select's tie count wrong), so it is refused rather than answered arbitrarily
             raise ValueError("ids must be unique (ties are broken by id)")
