@@ -73,7 +73,7 @@ PROFILES = 8  # requests launched back to back per timed call
 SAMPLE = 2048  # slots checked against the oracle per request
 BUDGET_S = 200  # optional sections are skipped past this many seconds of the suite
 # --phases of the suite (default all); the first five run on the full-size benchmark world
-PHASE_OF = {"main": "main", "pool size": "pool", "user values": "values", "updates": "updates",
+PHASE_OF = {"main": "main", "grouped": "grouped", "pool size": "pool", "user values": "values", "updates": "updates",
             "device rows only": "device", "layouts": "layouts", "rule density": "density",
             "categories": "categories"}
 PHASES = tuple(PHASE_OF.values())
@@ -182,12 +182,13 @@ def check_results(world: World, prepared, words_dev, counts_dev, n_words=None) -
 # ----------------------------------------------------------------------------- measuring
 
 
-def bytes_of(world: World, prepared, n_words=None, max_requests: int = 8, prefetch: bool = False) -> dict:
+def bytes_of(world: World, prepared, n_words=None, max_requests: int = 8, prefetch: bool = False,
+             group: int = 0) -> dict:
     """Byte model summed over a prepared batch's requests (andromeda_nb.match.read_model; a larger
     batch: its first ``max_requests`` requests, scaled to the batch), cached on the batch."""
     from .match import read_model
 
-    key = ("bytes", n_words, bool(prefetch))
+    key = ("bytes", n_words, bool(prefetch), int(group))
     cache = prepared.__dict__.setdefault("_model", {})
     if key in cache:
         return cache[key]
@@ -196,7 +197,7 @@ def bytes_of(world: World, prepared, n_words=None, max_requests: int = 8, prefet
     plans = prepared.plans[:max_requests]
     scale = len(prepared.plans) / len(plans)
     for plan in plans:
-        r = read_model(world.index, plan, n_words, prefetch=prefetch)
+        r = read_model(world.index, plan, n_words, prefetch=prefetch, group=group)
         tot["bytes"] += r["bytes"]
         tot["row_bytes"] += r["row_bytes"]
         tot["read_bytes"] += r["read_bytes"]
@@ -216,7 +217,7 @@ def prepare_each(world: World, profiles, n_words=None):
 
 
 def time_requests(world: World, prepared: list, reps: int, U=None, block=None, n_words=None, bounds=None,
-                  prefetch: bool = False):
+                  prefetch: bool = False, group: int = 0):
     """Time the prepared batches launched back to back; returns (timing per launch, out, counts)."""
     cuda = launch.cuda()
     B = max(p.batch for p in prepared)
@@ -227,7 +228,7 @@ def time_requests(world: World, prepared: list, reps: int, U=None, block=None, n
     def fn():
         for p in prepared:
             world.dev.launch(p, out, counts, words_per_thread=U, block=block, min_blocks_per_sm=bounds,
-                             prefetch=prefetch)
+                             prefetch=prefetch, group=group)
 
     t = bench.time_device(fn, reps=reps, busy_ms=2.0 + 0.4 * len(prepared))
     k = len(prepared)
@@ -235,7 +236,7 @@ def time_requests(world: World, prepared: list, reps: int, U=None, block=None, n
 
 
 def verify_each(world: World, prepared: list, U=None, block=None, n_words=None, bounds=None,
-                prefetch: bool = False) -> tuple[str, list]:
+                prefetch: bool = False, group: int = 0) -> tuple[str, list]:
     """Launch each prepared batch once and check it (check_results); returns (verdict, counts)."""
     cuda = launch.cuda()
     nw = world.index.n_words if n_words is None else n_words
@@ -244,7 +245,7 @@ def verify_each(world: World, prepared: list, U=None, block=None, n_words=None, 
         out = cuda.device_array((p.batch, max(nw, 1)), np.uint64)
         counts = cuda.device_array(p.batch, np.int64)
         world.dev.launch(p, out, counts, words_per_thread=U, block=block, min_blocks_per_sm=bounds,
-                         prefetch=prefetch)
+                         prefetch=prefetch, group=group)
         ok, msg, c = check_results(world, p, out, counts, n_words)
         if not ok:
             return "FAILED: " + msg, counts_all
@@ -264,15 +265,15 @@ def l2_note(bytes_per_request: float) -> str:
 
 def request_row(env, ceil, world: World, variant: str, prepared: list, reps: int, U=None, block=None,
                 n_words=None, notes: str = "", batch: int = 1, access: str = "pool", bounds=None,
-                prefetch: bool = False, **fields) -> dict:
-    timing, _, _ = time_requests(world, prepared, reps, U, block, n_words, bounds, prefetch)
-    verified, counts = verify_each(world, prepared, U, block, n_words, bounds, prefetch)
+                prefetch: bool = False, group: int = 0, **fields) -> dict:
+    timing, _, _ = time_requests(world, prepared, reps, U, block, n_words, bounds, prefetch, group)
+    verified, counts = verify_each(world, prepared, U, block, n_words, bounds, prefetch, group)
     nw = world.index.n_words if n_words is None else n_words
     n_bits = min(world.index.n_ads, nw * 64)
     b = {"bytes": 0, "row_bytes": 0, "rows": 0, "patches": 0, "list_bytes": 0, "touched": 0}
     n_req = 0
     for p in prepared:
-        m = bytes_of(world, p, nw, prefetch=prefetch)
+        m = bytes_of(world, p, nw, prefetch=prefetch, group=group)
         for key in b:
             b[key] += m[key]
         n_req += p.batch
@@ -617,6 +618,13 @@ def failed_row(env, variant: str, exc: BaseException) -> dict:
     return r
 
 
+#: (words per thread, rows per group) of the grouped-match sweep, and their launch bounds (blocks of
+#: 256 per SM; sm_90 ptxas registers without bounds: U1G8 40, U2G4 42, U2G8 62, U4G2 54, U4G4 68,
+#: U4G8 104, U8G2 95, U8G4 128; with these bounds none spills: U4G4 at (256, 4) spilled 88 bytes)
+GROUPED_SWEEP = [(1, 8), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8), (8, 2), (8, 4)]
+GROUPED_BOUNDS = {(1, 8): 6, (2, 4): 6, (2, 8): 4, (4, 2): 4, (4, 4): 3, (4, 8): 2, (8, 2): 2, (8, 4): 2}
+
+
 def targeting(env, ceil, args) -> list[dict]:
     global T0
     T0 = time.time()
@@ -645,7 +653,7 @@ def targeting(env, ceil, args) -> list[dict]:
             traceback.print_exc()
             rows.append(failed_row(env, name, exc))
 
-    on_main_world = {"main", "pool", "values", "updates", "device"}
+    on_main_world = {"main", "grouped", "pool", "values", "updates", "device"}
     world = World(n, spare=4096) if phases & on_main_world else None
     if world is not None:
         mem.extend(memory_rows(env, world, "default", n))
@@ -680,6 +688,41 @@ def targeting(env, ceil, args) -> list[dict]:
         rows.append(cpu_row(env, ceil, world))
 
     section("main", main)
+
+    def grouped():
+        # rows loaded `group` at a time (kernels.match.match_grouped_kernel): the plain kernel's chain
+        # of ~22 dependent row loads per word becomes rows / group deep. Prediction (a latency model,
+        # time ~ waves x chain depth x load latency, which fits the U sweep): U4 G4 ~65-75 us per
+        # request, bandwidth-bound at ~0.8 of the ceiling, > 1.3 T ads/s
+        best = None
+        for U, G in GROUPED_SWEEP:
+            bounds = GROUPED_BOUNDS.get((U, G), 0)
+            row = request_row(env, ceil, world, f"match_grouped_U{U}_G{G}_b256", main_prep, reps, U=U, block=256,
+                              bounds=bounds, group=G,
+                              notes=f"benchmark world; rows loaded {G} at a time; launch bounds "
+                                    f"{'(256, %d)' % bounds if bounds else 'none'}")
+            rows.append(row)
+            if row["verified"].startswith("ok") and (best is None or float(row["seconds_median"]) < best[0]):
+                best = (float(row["seconds_median"]), U, G, bounds)
+        if best is None:
+            return
+        _, U, G, bounds = best
+        for B in ([16] if quick else [8, 32, 64]):
+            profs = syn.generate_profiles(world.schema, B, seed=500 + B)
+            p = world.dev.prepare(profs)
+            rows.append(request_row(env, ceil, world, f"match_grouped_batch{B}_U{U}_G{G}", [p], reps, U=U, batch=B,
+                                    bounds=bounds, group=G,
+                                    notes=f"{B} requests in one launch set; the fastest grouped shape of this run"))
+        for m in (10**6, 10**7):
+            if m >= n:
+                continue
+            nw = -(-m // 64)
+            prep = prepare_each(world, world.profiles, n_words=nw)
+            rows.append(request_row(env, ceil, world, f"match_grouped_U{U}_G{G}_pool_prefix", prep, reps, U=U,
+                                    n_words=nw, bounds=bounds, group=G,
+                                    notes=f"the first {m:,} slots of the benchmark world's index; fastest grouped shape"))
+
+    section("grouped", grouped)
 
     def pool_sizes():
         for m in (10**6, 10**7, 3 * 10**7):

@@ -31,6 +31,32 @@ MATCH_BLOCKS_PER_SM = 8
 #: none spills: 4 words 64 registers (1,024 threads, 32 KB of loads in flight per SM), 8 words
 #: 78 (768 threads, 48 KB), 16 words 124 (512 threads, 64 KB).
 MATCH_THREADS_PER_SM = {4: 1024, 8: 768, 16: 512}
+#: Rows the match loads together (:func:`~andromeda_nb.kernels.match.match_grouped_kernel`); 0: the
+#: plain kernel, one row at a time with per-row early exit.
+MATCH_GROUP = 0
+
+
+def plan_ops(inc_ptr, inc_rows, exc_ptr, exc_rows) -> tuple[np.ndarray, np.ndarray]:
+    """A match plan flattened into row ops for the grouped match kernel, in reading order: per
+    category its include rows (the first flagged OP_FIRST, the last OP_CLOSE; none: one OP_ZERO op),
+    then its exclude rows (OP_EXC). Args as :class:`~andromeda_nb.targeting.MatchPlan`'s arrays
+    (include row ids already mapped to device row ids). Returns ``(op_row, op_kind)``, int64."""
+    from .kernels.match import OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
+
+    rows, kinds = [], []
+    for c in range(len(inc_ptr) - 1):
+        inc = inc_rows[inc_ptr[c]:inc_ptr[c + 1]]
+        if len(inc) == 0:
+            rows.append(0)
+            kinds.append(OP_ZERO)
+            continue  # the set is empty: its excludes change nothing
+        for q, r in enumerate(inc):
+            rows.append(int(r))
+            kinds.append((OP_FIRST if q == 0 else 0) | (OP_CLOSE if q == len(inc) - 1 else 0))
+        for r in exc_rows[exc_ptr[c]:exc_ptr[c + 1]]:
+            rows.append(int(r))
+            kinds.append(OP_EXC)
+    return np.array(rows, np.int64), np.array(kinds, np.int64)
 
 
 def _max_batch() -> int:
@@ -239,13 +265,18 @@ class DeviceTargetingIndex:
         p_start, p_len, p_dst = [], [], []
         q_start, q_len, q_op, q_arg = [], [], [], []
         extra, n_extra, scratch_base = [], 0, 0
+        req_op, op_row, op_kind = [0], [], []
         for b, plan in enumerate(plans):
             req_cat.append(req_cat[-1] + plan.n_categories)
             inc_ptr.extend((plan.inc_ptr[1:] + len(inc_rows)).tolist())
             exc_ptr.extend((plan.exc_ptr[1:] + len(exc_rows)).tolist())
-            inc_rows.extend(np.where(plan.inc_rows < 0, nr + scratch_base - 1 - plan.inc_rows,
-                                     plan.inc_rows).tolist())
+            mapped = np.where(plan.inc_rows < 0, nr + scratch_base - 1 - plan.inc_rows, plan.inc_rows)
+            inc_rows.extend(mapped.tolist())
             exc_rows.extend(plan.exc_rows.tolist())
+            r, kd = plan_ops(plan.inc_ptr, mapped, plan.exc_ptr, plan.exc_rows)
+            op_row.extend(r.tolist())
+            op_kind.extend(kd.tolist())
+            req_op.append(len(op_row))
             for k, lids in enumerate(plan.patch_lists):
                 s, ln = idx.segments(lids)
                 p_start += s.tolist()
@@ -279,9 +310,10 @@ class DeviceTargetingIndex:
                   np.array(exc_ptr, np.int64), np.array(exc_rows, np.int64),
                   np.array(p_start, np.int64), p_off, np.array(p_dst, np.int64),
                   np.array(q_start, np.int64), q_off, np.array(q_op, np.int64), np.array(q_arg, np.int64),
-                  np.concatenate(extra) if extra else np.zeros(0, np.int64)]
+                  np.concatenate(extra) if extra else np.zeros(0, np.int64),
+                  np.array(req_op, np.int64), np.array(op_row, np.int64), np.array(op_kind, np.int64)]
         names = ["req_cat", "inc_ptr", "inc_rows", "exc_ptr", "exc_rows", "p_start", "p_off", "p_dst",
-                 "q_start", "q_off", "q_op", "q_arg", "extra"]
+                 "q_start", "q_off", "q_op", "q_arg", "extra", "req_op", "op_row", "op_kind"]
         views = self._stager.upload(arrays)
         args = dict(zip(names, views))
         # empty segment tables: a zero-length table still needs seg_off[0] == 0 and length-0 dst
@@ -292,7 +324,8 @@ class DeviceTargetingIndex:
                              profiles=profiles)
 
     def launch(self, prepared: PreparedMatch, out=None, counts=None, words_per_thread: int | None = None,
-               block: int | None = None, min_blocks_per_sm: int | None = None, prefetch: bool = False):
+               block: int | None = None, min_blocks_per_sm: int | None = None, prefetch: bool = False,
+               group: int | None = None):
         """Enqueue a prepared batch (prep, match, post kernels; no host synchronisation).
 
         Args:
@@ -303,15 +336,21 @@ class DeviceTargetingIndex:
             prefetch: load each category's first include row one category ahead
                 (:func:`~andromeda_nb.kernels.match.match_kernel`); off by default: on the H200 it
                 measured 7-15 % slower (data/results/targeting.csv, ``*_prefetch`` rows).
+            group: rows loaded together by the grouped match kernel
+                (:func:`~andromeda_nb.kernels.match.match_grouped_kernel`); 0: the plain kernel;
+                None: :data:`MATCH_GROUP`. Not combined with ``prefetch``.
 
         Returns:
             ``(out, counts)``.
         """
-        from .kernels.match import match_kernel, post_kernel, prep_kernel
+        from .kernels.match import match_grouped_kernel, match_kernel, post_kernel, prep_kernel
 
         if prepared.version != self._version:
             raise RuntimeError(f"batch prepared for index version {prepared.version}, device copy at "
                                f"{self._version}: prepare it again (or apply the pending deltas first)")
+        G = MATCH_GROUP if group is None else int(group)
+        if G < 0 or (G and prefetch):
+            raise ValueError(f"group must be >= 0 (0: the plain kernel) and not combined with prefetch, got {group!r}")
         cuda = launch.cuda()
         B, nw, a = prepared.batch, prepared.n_words, prepared.args
         if out is None:
@@ -333,8 +372,13 @@ class DeviceTargetingIndex:
         if min_blocks_per_sm is None:
             min_blocks_per_sm = MATCH_THREADS_PER_SM.get(U, 0) // blk
         min_blocks = 0 if sim else int(min_blocks_per_sm)
-        match_kernel(blk, U, min_blocks, bool(prefetch))[(gx, B), blk](self.rows, scratch, prepared.n_bits, nw, a["req_cat"], a["inc_ptr"],
-                                           a["inc_rows"], a["exc_ptr"], a["exc_rows"], out, counts)
+        if G:
+            match_grouped_kernel(blk, U, G, min_blocks)[(gx, B), blk](
+                self.rows, scratch, prepared.n_bits, nw, a["req_op"], a["op_row"], a["op_kind"], out, counts)
+        else:
+            match_kernel(blk, U, min_blocks, bool(prefetch))[(gx, B), blk](
+                self.rows, scratch, prepared.n_bits, nw, a["req_cat"], a["inc_ptr"], a["inc_rows"], a["exc_ptr"],
+                a["exc_rows"], out, counts)
         if prepared.n_post:
             post_kernel(small)[launch.grid_for(prepared.n_post, small), small](
                 out, counts, nw, self.pool, a["extra"], a["q_start"], a["q_off"], a["q_op"], a["q_arg"], scratch, 0)
@@ -487,7 +531,7 @@ def match_cpu(index: TargetingIndex, profile: Mapping, exclude_slots=None) -> tu
 
 
 def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = None, exclude_slots=None,
-               prefetch: bool = False) -> dict:
+               prefetch: bool = False, group: int = 0) -> dict:
     """Bytes one request moves, by emulating the kernels on the host (Numba-parallel).
 
     Rows: a 32-byte sector of a row is read when one of its 4 words is still alive at that point
@@ -498,7 +542,8 @@ def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = Non
     clear). The result bitset is written once.
 
     ``prefetch``: the match kernel variant that loads each category's first include row one
-    category ahead (:meth:`DeviceTargetingIndex.launch`).
+    category ahead (:meth:`DeviceTargetingIndex.launch`). ``group`` > 0: the grouped match kernel
+    (rows loaded ``group`` at a time for the words alive before them; no OR-coverage skipping).
 
     Returns a dict: ``row_sectors``, ``row_bytes`` (32 per row sector), ``list_bytes``,
     ``touched_sectors`` (patch + result sectors the list passes touch), ``read_bytes``,
@@ -543,8 +588,20 @@ def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = Non
     nr = index.n_rows
     inc = np.where(plan.inc_rows < 0, nr - 1 - plan.inc_rows, plan.inc_rows).astype(np.int64)
     per = np.zeros(max(plan.n_categories, 1), np.int64)
-    k["sector_counts"](index._need_bits("read_model"), patches, n_bits, nw, plan.inc_ptr, inc, plan.exc_ptr,
-                       plan.exc_rows, per, 1024, bool(prefetch))
+    if group:
+        op_row, op_kind = plan_ops(plan.inc_ptr, inc, plan.exc_ptr, plan.exc_rows)
+        op_cat = np.zeros(op_row.size, np.int64)
+        j = 0
+        for c in range(plan.n_categories):  # the ops plan_ops emits per category, in order
+            n_inc = int(plan.inc_ptr[c + 1] - plan.inc_ptr[c])
+            n_ops = n_inc + int(plan.exc_ptr[c + 1] - plan.exc_ptr[c]) if n_inc else 1
+            op_cat[j:j + n_ops] = c
+            j += n_ops
+        k["sector_counts_grouped"](index._need_bits("read_model"), patches, n_bits, nw, op_row, op_kind, op_cat,
+                                   per, 1024, int(group))
+    else:
+        k["sector_counts"](index._need_bits("read_model"), patches, n_bits, nw, plan.inc_ptr, inc, plan.exc_ptr,
+                           plan.exc_rows, per, 1024, bool(prefetch))
     total = int(per[:plan.n_categories].sum())
     n_sectors_row = max(-(-nw // 4), 1)
     out = {

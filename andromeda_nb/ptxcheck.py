@@ -105,6 +105,9 @@ def variants():
             out.append((f"match b{blk} U{U}", M.match_kernel(blk, U), match_sig))
     for U in (4, 8):
         out.append((f"match b256 U{U} prefetch", M.match_kernel(256, U, 0, True), match_sig))
+    grouped_sig = (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(u64, 2), A(i64))
+    for U, G in ((1, 8), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8), (8, 2), (8, 4)):
+        out.append((f"match grouped b256 U{U} G{G}", M.match_grouped_kernel(256, U, G), grouped_sig))
     for pool_t in (i32, i64):
         out.append((f"match prep pool {pool_t}", M.prep_kernel(),
                     (A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(u64, 2), i64)))

@@ -946,6 +946,57 @@ def host_kernels() -> dict:
                 t += part[k, c]
             out[c] = t
 
+    @njit(parallel=True)
+    def sector_counts_grouped(rows, scratch, n, n_words, op_row, op_kind, op_cat, out, chunk, group):
+        """The grouped match kernel's reads, emulated (kernels.match.match_grouped_kernel): ops in
+        groups of ``group``; a sector of every op's row in a group is read when one of its 4 words
+        is alive at the group's start. ``out[op_cat[j]]`` += sectors read for op ``j``."""
+        nr = rows.shape[0]
+        n_ops = op_row.size
+        n_sec = (n_words + 3) // 4
+        n_chunks = (n_sec + chunk - 1) // chunk
+        part = np.zeros((n_chunks, out.size), np.int64)
+        for k in prange(n_chunks):
+            e = np.empty(4, np.uint64)
+            acc = np.zeros(4, np.uint64)
+            for sec in range(k * chunk, min(n_sec, (k + 1) * chunk)):
+                w0 = sec * 4
+                nw = min(4, n_words - w0)
+                for u in range(4):
+                    e[u] = valid_mask(w0 + u, n_words, n) if u < nw else uint64(0)
+                    acc[u] = 0
+                j = 0
+                while j < n_ops:
+                    alive = False
+                    for u in range(nw):
+                        if e[u] != 0:
+                            alive = True
+                    if not alive:
+                        break
+                    for g in range(j, min(j + group, n_ops)):
+                        if (op_kind[g] & 8) == 0:
+                            part[k, op_cat[g]] += 1
+                    for g in range(j, min(j + group, n_ops)):
+                        kind = op_kind[g]
+                        r = op_row[g]
+                        for u in range(nw):
+                            if kind & 8:
+                                e[u] = 0
+                                continue
+                            x = rows[r, w0 + u] if r < nr else scratch[r - nr, w0 + u]
+                            if kind & 4:
+                                e[u] &= ~x
+                            else:
+                                acc[u] = x if kind & 1 else acc[u] | x
+                                if kind & 2:
+                                    e[u] &= acc[u]
+                    j += group
+        for c in range(out.size):
+            t = 0
+            for k in range(n_chunks):
+                t += part[k, c]
+            out[c] = t
+
     @njit
     def cpu_clear(src, seg_start, seg_len, out):
         cleared = 0
@@ -960,7 +1011,7 @@ def host_kernels() -> dict:
         return cleared
 
     _HOST.update(popc=popc, csr_scan=csr_scan, build_folded=build_folded, combine_group=combine_group,
-                 build_split=build_split,
+                 build_split=build_split, sector_counts_grouped=sector_counts_grouped,
                  fill_lists=fill_lists, count_constrained=count_constrained, popcounts=popcounts, gather_codes=gather_codes, diff=diff, diff_par=diff_par,
                  list_ops=list_ops, apply_bits=apply_bits, count_bits=count_bits, partition_codes=partition_codes, cpu_scatter=cpu_scatter, cpu_match=cpu_match,
                  cpu_clear=cpu_clear, sector_counts=sector_counts)
