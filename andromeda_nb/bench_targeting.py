@@ -73,7 +73,7 @@ PROFILES = 8  # requests launched back to back per timed call
 SAMPLE = 2048  # slots checked against the oracle per request
 BUDGET_S = 200  # optional sections are skipped past this many seconds of the suite
 # --phases of the suite (default all); the first five run on the full-size benchmark world
-PHASE_OF = {"main": "main", "grouped": "grouped", "pool size": "pool", "user values": "values", "updates": "updates",
+PHASE_OF = {"main": "main", "grouped": "grouped", "stages": "stages", "pool size": "pool", "user values": "values", "updates": "updates",
             "device rows only": "device", "layouts": "layouts", "rule density": "density",
             "categories": "categories"}
 PHASES = tuple(PHASE_OF.values())
@@ -653,7 +653,7 @@ def targeting(env, ceil, args) -> list[dict]:
             traceback.print_exc()
             rows.append(failed_row(env, name, exc))
 
-    on_main_world = {"main", "grouped", "pool", "values", "updates", "device"}
+    on_main_world = {"main", "grouped", "stages", "pool", "values", "updates", "device"}
     world = World(n, spare=4096) if phases & on_main_world else None
     if world is not None:
         mem.extend(memory_rows(env, world, "default", n))
@@ -723,6 +723,33 @@ def targeting(env, ceil, args) -> list[dict]:
                                     notes=f"the first {m:,} slots of the benchmark world's index; fastest grouped shape"))
 
     section("grouped", grouped)
+
+    def stages():
+        # where one request's device time goes: the list passes around the match (prep: zero the
+        # counts, scatter the sparse include lists into patch rows; post: clear sparse excludes
+        # from the result, zero the patch rows) against the match itself. The pool-prefix rows
+        # (1M ads: 40 us, 10M: 50 us, 100M: 107-115 us) suggest ~40 us per request that does
+        # not scale with the pool
+        for name, kern in (("prep", ("prep",)), ("match", ("match",)), ("post", ("post",)),
+                           ("prep_match", ("prep", "match"))):
+            for p in main_prep:  # every patch row populated, as the match alone expects
+                world.dev.launch(p, kernels=("prep",))
+            t = bench.time_device(lambda: [world.dev.launch(p, words_per_thread=8, kernels=kern) for p in main_prep],
+                                  reps=reps, busy_ms=2.0 + 0.4 * len(main_prep))
+            k = len(main_prep)
+            timing = bench.Timing(t.median / k, t.p20 / k, t.p80 / k, t.host_per_call / k, t.reps)
+            row = bench.row("targeting", env, ceil, timing, world.index.n_ads, 0.0, None,
+                            "n/a (stage timing: a partial launch set; the full set is verified in 'main')",
+                            variant=f"match_U8_stage_{name}", n_ads=world.index.n_ads, access="pool",
+                            categories=len(world.schema), batch=1, layout=layout_name(world.index),
+                            notes=f"kernels {'+'.join(kern)} of each request's launch set, {k} requests back to back")
+            row.update(bytes_per_item="", achieved_TBps="", fraction_of_read_ceiling="")  # not a byte-model row
+            bench.print_rows([row])
+            rows.append(row)
+        for p in main_prep:  # leave the patch rows zeroed again
+            world.dev.launch(p, kernels=("post",))
+
+    section("stages", stages)
 
     def pool_sizes():
         for m in (10**6, 10**7, 3 * 10**7):

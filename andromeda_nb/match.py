@@ -325,7 +325,7 @@ class DeviceTargetingIndex:
 
     def launch(self, prepared: PreparedMatch, out=None, counts=None, words_per_thread: int | None = None,
                block: int | None = None, min_blocks_per_sm: int | None = None, prefetch: bool = False,
-               group: int | None = None):
+               group: int | None = None, kernels=("prep", "match", "post")):
         """Enqueue a prepared batch (prep, match, post kernels; no host synchronisation).
 
         Args:
@@ -339,6 +339,8 @@ class DeviceTargetingIndex:
             group: rows loaded together by the grouped match kernel
                 (:func:`~andromeda_nb.kernels.match.match_grouped_kernel`); 0: the plain kernel;
                 None: :data:`MATCH_GROUP`. Not combined with ``prefetch``.
+            kernels: which of the three kernels to enqueue (benchmark stage timing only: a subset
+                leaves the results incomplete).
 
         Returns:
             ``(out, counts)``.
@@ -364,22 +366,25 @@ class DeviceTargetingIndex:
         blk = block or (launch.SIM_BLOCK if sim else MATCH_BLOCK)
         U = words_per_thread or WORDS_PER_THREAD
         small = launch.default_block()
-        prep_kernel()[launch.grid_for(max(prepared.n_prep, B), small), small](
-            counts, B, self.pool, a["p_start"], a["p_off"], a["p_dst"], scratch, 0)
+        if "prep" in kernels:
+            prep_kernel()[launch.grid_for(max(prepared.n_prep, B), small), small](
+                counts, B, self.pool, a["p_start"], a["p_off"], a["p_dst"], scratch, 0)
         tiles = -(-nw // (blk * U))
         cap = launch.SIM_MAX_BLOCKS if sim else launch.sm_count() * MATCH_BLOCKS_PER_SM
         gx = max(1, min(tiles, max(1, cap // B)))
         if min_blocks_per_sm is None:
             min_blocks_per_sm = MATCH_THREADS_PER_SM.get(U, 0) // blk
         min_blocks = 0 if sim else int(min_blocks_per_sm)
-        if G:
+        if "match" not in kernels:
+            pass
+        elif G:
             match_grouped_kernel(blk, U, G, min_blocks)[(gx, B), blk](
                 self.rows, scratch, prepared.n_bits, nw, a["req_op"], a["op_row"], a["op_kind"], out, counts)
         else:
             match_kernel(blk, U, min_blocks, bool(prefetch))[(gx, B), blk](
                 self.rows, scratch, prepared.n_bits, nw, a["req_cat"], a["inc_ptr"], a["inc_rows"], a["exc_ptr"],
                 a["exc_rows"], out, counts)
-        if prepared.n_post:
+        if prepared.n_post and "post" in kernels:
             post_kernel(small)[launch.grid_for(prepared.n_post, small), small](
                 out, counts, nw, self.pool, a["extra"], a["q_start"], a["q_off"], a["q_op"], a["q_arg"], scratch, 0)
         return out, counts
