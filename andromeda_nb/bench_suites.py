@@ -251,6 +251,44 @@ def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, acce
                      notes=f"{_config_note(config)}; items = ads scored{'; ' + notes if notes else ''}")
 
 
+def _fused_filter_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, access, frac, k, config,
+                      variant, notes=""):
+    """Fused scoring + top-k by the seeded filter path (scoring.launch_score_filter), verified
+    against torch.topk of the same kernel's scores; a seeded run that is not exact (score_topk
+    would fall back to the block path) fails the row."""
+    from .scoring import DeviceRequest, ScoreFilterWorkspace, launch_score_filter
+    from .topk import seeded_outcome
+    from .unfused import fused_bytes_per_ad
+
+    table = tables.get(dtype, d, layout)
+    n = table.n_ads
+    dreq = DeviceRequest.of(Request.random(d, E, K, rng) if model == "gated" else rng.standard_normal(d))
+    elig, cand, items, n_items, mask = _access_inputs(n, access, frac, seed=int(frac * 1e4) + 1)
+    sfw = ScoreFilterWorkspace.make(n_items, k, access)
+    timing = bench.time_device(lambda: launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw),
+                               reps=args.reps)
+    fws = sfw.fws
+    c = fws.counts.copy_to_host()[0]
+    outcome = seeded_outcome(fws, k, c)
+    verified = verify_scores_sample(dreq, table, rng=rng)
+    if verified.ok and outcome != "exact":
+        verified = checks.Check(False, f"seeded run not exact ({outcome}: {c[1]} scores reached the seed): "
+                                       "score_topk would fall back to the block path")
+    elif verified.ok:
+        full = _scores_full(dreq, table, access, elig, cand, n_items, config)
+        verified = verify_topk_torch(fws.out_id[0], fws.out_s[0], full, k,
+                                     eligible_mask=mask if access == "bitset" else None)
+        del full
+    sws = sfw.sws
+    return bench.row("scoring", env, ceil, timing, items, fused_bytes_per_ad(d, dtype, access, frac),
+                     model_flops(model, d, E, K, config.values), str(verified), variant=variant, n_ads=n, d=d,
+                     dtype=dtype, experts=E if model == "gated" else "", k_experts=K if model == "gated" else "",
+                     access=access, eligible_fraction=frac, k=k, layout=layout,
+                     notes=f"{_config_note(config)}; items = ads scored; seeded filter path: {sws.m} sampled ads "
+                           f"scored, seed = their top-{sws.r}, {int(c[1])} scores reached it (buffer {fws.cap})"
+                           f"{'; ' + notes if notes else ''}")
+
+
 def _config_note(config):
     parts = ["naive" if config.naive else f"values={config.values}", f"block={config.threads()}",
              f"items={config.items}"]
@@ -290,6 +328,8 @@ def scoring(env, ceil, args) -> list[dict]:
     sync   : the fused top-K's barrier interval (sync_every 1, 2, 4, 8), gated and dot, and scores
              to memory (not in the default set: run it with --phases=sync)
     access : bitset (0.5, 0.1, 0.01) and candidates (0.1, 0.01), rows and tiles; pre-fusion on bitsets
+    filter : fused scoring + top-k by the seeded filter path (k = 1000 and 4096) against scores to
+             memory and the fused block top-K, same run (not in the default set)
     """
     import cupy as cp
 
@@ -351,6 +391,22 @@ def scoring(env, ceil, args) -> list[dict]:
                 ("gated", 64, 6, 2, "rows", "bitset", 0.01), ("gated", 64, 6, 2, "rows", "candidates", 0.01)):
             add(_fused_row(env, ceil, args, tables, rng, model, "fp16", d, E, K, layout, access, frac, K1000,
                            DEFAULT_CONFIG, f"{model}_fused_topk"))
+    if "filter" in phases:  # fused scoring + top-k by the seeded filter path, against scoring alone
+        # prediction: per ad one compare instead of the block top-K's barriers, so the filter path
+        # runs within a few % of scores-to-memory (17.1 G ads/s at 2c2e901); the sample, seed and
+        # final add ~0.1-0.2 ms to a ~6 ms pass at 10^8 ads
+        for model, d, E, K, layout, access, frac, k in (
+                ("gated", 64, 6, 2, "tiles", "pool", 1.0, 1000), ("gated", 64, 6, 2, "tiles", "pool", 1.0, 4096),
+                ("dot", 64, 1, 1, "tiles", "pool", 1.0, 1000), ("gated", 64, 6, 2, "rows", "pool", 1.0, 1000),
+                ("gated", 64, 6, 2, "tiles", "bitset", 0.1, 1000),
+                ("gated", 64, 6, 2, "rows", "candidates", 0.01, 1000)):
+            add(_fused_filter_row(env, ceil, args, tables, rng, model, "fp16", d, E, K, layout, access, frac, k,
+                                  DEFAULT_CONFIG, f"{model}_fused_topk_filter"))
+        for model, E, K in (("gated", 6, 2), ("dot", 1, 1)):
+            add(_scores_row(env, ceil, args, tables, rng, model, "fp16", 64, E, K, "tiles", DEFAULT_CONFIG,
+                            f"{model}_scores_to_memory"))
+        add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", "pool", 1.0, K1000,
+                       DEFAULT_CONFIG, "gated_fused_topk"))
     if "unfused" in phases:
         rows += _unfused_rows(env, ceil, args, tables, rng)
     if "dtype" in phases:
@@ -425,7 +481,7 @@ def topk_stages(d_scores, n: int, k: int):
          f"sample + top-{sws.r} of the {sws.m}-score sample ("
          + ("one block's radix select" if sws.ws is None else f"block top-K, {sws.ws.lists} lists") + ")", None),
         ("filter", reset_filter, "counter reset + one pass keeping the scores at or above the seed", None),
-        ("final", lambda: launch_final(k, fws, block=block), "one block's radix select of the filter's buffer", fws),
+        ("final", lambda: launch_final(k, fws), "one block's radix select of the filter's buffer", fws),
         ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.seed()),
          f"scan path: counter reset + scan, {ws.lists} block lists over {n} scores", None),
         ("merge", reset_merge(ws, "offer"), "scan path: counter reset, bound, select, final (offer: block top-K "
@@ -459,7 +515,8 @@ def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
         timing = bench.time_device(fn, reps=args.reps)
         r = bench.row("topk", env, ceil, timing, n, 4.0, None, verified,
                       variant=f"block_topk_stage_{name}", n_ads=n, k=k, batch=1, dtype="fp32", access="random",
-                      notes=f"2 MB: L2-resident; {note}")
+                      notes=(f"{4 * n / 1e6:.0f} MB: L2-resident; " if 4 * n < 25e6 else
+                             f"{4 * n / 1e6:.0f} MB: beyond the 50 MB L2; ") + note)
         rows.append(r)
         bench.print_rows([r])
     c = fws.counts.copy_to_host()[0]
@@ -652,6 +709,9 @@ def topk(env, ceil, args) -> list[dict]:
         one(500_000, 1000, "random", True, l2_note="2 MB: L2-resident; seeded scan + merge path", path="scan")
     if "stages" in phases:
         rows.extend(_topk_stage_rows(env, ceil, args, 500_000, 1000))
+    if "stages_large" in phases:  # where 10^8 scores' seeded call spends its time (not in the default set)
+        rows.extend(_topk_stage_rows(env, ceil, args, 100_000_000, 1000))
+        cp.get_default_memory_pool().free_all_blocks()
     if "batch" in phases:
         batch, per, k = 1024, 50_000, 100
         scores = cp.random.RandomState(7).standard_normal(batch * per, dtype=cp.float32)

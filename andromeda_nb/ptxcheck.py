@@ -85,8 +85,8 @@ def variants():
                             (A(f32), A(i64), A(u64, 2), A(i64), A(i64), i64, A(f32), A(f32, 2), A(i32, 2), A(i64, 2))))
         out.append((f"topk final cap{cap}", T.final_kernel(cap, 256, True),
                     (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
-        for ids in (False, True):
-            out.append((f"topk final_radix cap{cap} ids{ids}", T.final_radix_kernel(cap, 256, ids),
+        for ids in (False, True):  # at the launch's block (topk.RADIX_BLOCK: 1024, at most 64 registers)
+            out.append((f"topk final_radix cap{cap} ids{ids}", T.final_radix_kernel(cap, 1024, ids),
                         (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
     out.append(("topk bound", T.bound_kernel(256, True),
                 (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32))))

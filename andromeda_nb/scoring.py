@@ -9,7 +9,7 @@ import numpy as np
 
 from . import launch
 from .model import MAX_EXPERTS, STORAGE_DTYPES, AdTable, Request, TopK, all_unique
-from .topk import BLOCK_TOPK_MAX_K, MAX_ITEMS, TopKWorkspace, check_k, eligible_bitset, launch_merge_lists
+from .topk import BLOCK_TOPK_MAX_K, MAX_ITEMS, MAX_K, TopKWorkspace, check_k, eligible_bitset, launch_merge_lists
 
 #: Embedding dimensions the kernels accept: multiples of 8 (whole 8-byte words for every dtype).
 MAX_D = 256
@@ -322,6 +322,85 @@ def launch_score_topk(dreq: DeviceRequest, table: DeviceAdTable, k: int, access:
     return ws
 
 
+#: How :func:`score_topk` selects. "filter": score a sample of the items, take a seed threshold from
+#: it, then one fused pass appends only the scores at or above the seed to a small buffer (per-ad
+#: work: one compare; no per-round barriers) and one block's radix select answers; exact, or it
+#: falls back to "block" (a seed above the k-th score, or more scores through than the buffer
+#: holds). "block": the fused block top-K (per-block lists behind a running threshold) and merge.
+SCORE_TOPK_PATH = "filter"
+
+
+class ScoreFilterWorkspace:
+    """Device buffers of the "filter" path of fused scoring + top-k (:func:`launch_score_filter`)
+    for ``n_items`` items and top-``k``: the sample positions (contiguous chunks spread over the
+    items, as :func:`~andromeda_nb.topk.launch_seed` samples a score array), their table slots
+    (candidates access), the seed's :class:`~andromeda_nb.topk.SeedWorkspace` and the filter's
+    :class:`~andromeda_nb.topk.FilterWorkspace`. ``make`` returns None where no seed pays (few
+    items: :meth:`SeedWorkspace.make`)."""
+
+    @classmethod
+    def make(cls, n_items: int, k: int, access: str):
+        from .topk import SAMPLE_CHUNK, FilterWorkspace, SeedWorkspace
+
+        sws = SeedWorkspace.make(n_items, k)
+        if sws is None:
+            return None
+        self = cls()
+        self.n_items, self.k, self.access, self.sws = int(n_items), int(k), access, sws
+        chunks = sws.chunks
+        offs = (2 * np.arange(chunks, dtype=np.int64) + 1) * n_items // (2 * chunks) - SAMPLE_CHUNK // 2
+        pos = (offs[:, None] + np.arange(SAMPLE_CHUNK, dtype=np.int64)[None, :]).ravel().astype(np.int32)
+        cuda = launch.cuda()
+        self.pos = cuda.to_device(pos)
+        self.slots = cuda.device_array(pos.size, np.int32) if access == "candidates" else self.pos
+        self.fws = FilterWorkspace(n_items, k)
+        return self
+
+
+def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, access: str, elig, cand,
+                        n_items: int, config: KernelConfig | None = None, sfw: ScoreFilterWorkspace | None = None):
+    """Enqueue the "filter" path of fused scoring + top-k (:data:`SCORE_TOPK_PATH`; no validation,
+    no allocation or host copy when ``sfw`` is given): score the sample (scores-to-memory kernel
+    over the sampled slots; ineligible ones set to -inf), select its seed (the r-th best), one
+    fused pass keeping the eligible scores at or above the seed, one block's radix select of the
+    top-k among them. Five launches (six for candidates access).
+
+    Returns:
+        the :class:`~andromeda_nb.topk.FilterWorkspace`: ``out_id[0]`` (int64[k] ad ids),
+        ``out_s[0]``, ``counts[0]`` (non-NaN scores; those at or above the seed). Exact when
+        :func:`~andromeda_nb.topk.seeded_outcome` says "exact".
+    """
+    from .kernels.fused import fused_kernel, sample_prep_kernel
+    from .topk import launch_final, launch_seed_select
+
+    config = config or DEFAULT_CONFIG
+    sfw = sfw or ScoreFilterWorkspace.make(n_items, k, access)
+    sws, fws = sfw.sws, sfw.fws
+    block = config.threads()
+    dummy = launch.dummy
+    small = launch.default_block()
+    m = sfw.pos.shape[0]
+    prep_grid = launch.grid_for(m, small)
+    if access == "candidates":  # the sampled candidates' slots
+        sample_prep_kernel(True, False)[prep_grid, small](sfw.pos, cand, sfw.slots, dummy(np.uint64),
+                                                          sws.sample_flat, True, fws.counts, fws.fill)
+    elif access == "pool":
+        fws.reset()
+    grid = launch.grid_for(m, block, config.blocks_per_sm)
+    _launch(dreq, table, "candidates", None, sfw.slots, m, grid, 0, sws.sample_flat, None, None, None, config)
+    if access == "bitset":  # an ineligible sampled ad never seeds
+        sample_prep_kernel(False, True)[prep_grid, small](sfw.pos, dummy(np.int32), dummy(np.int32), elig,
+                                                          sws.sample_flat, True, fws.counts, fws.fill)
+    seed = launch_seed_select(sws)
+    kern = fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access, block,
+                        0, True, config.values, config.max_registers, 1, 1, True)
+    grid = launch.grid_for(n_items, block, config.blocks_per_sm)
+    kern[grid, block](table.words, table.scale, table.bias, dreq.image,
+                      elig if elig is not None else dummy(np.uint64), cand if cand is not None else dummy(np.int32),
+                      n_items, table.ad_ids, seed, fws.buf_s, fws.buf_i, fws.fill, fws.counts)
+    return launch_final(k, fws, table.ad_ids)
+
+
 def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
               config: KernelConfig | None = None):
     """Scores written to device memory (the unfused-top-K path).
@@ -348,14 +427,18 @@ def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
 
 
 def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=None,
-               config: KernelConfig | None = None) -> TopK:
+               config: KernelConfig | None = None, path: str | None = None) -> TopK:
     """Fused scoring + block top-K: scores never reach device memory; only the k ad ids, k scores
     and the count come back to the host.
 
     Args:
         request, table, eligible, candidates, config: as for :func:`score_ads`.
-        k: ``1 <= k <= topk.BLOCK_TOPK_MAX_K`` (2048: the fused block top-K's shared buffer; for
-            a larger k, score with :func:`score_ads` and select with ``topk_scores``).
+        k: ``1 <= k <= topk.MAX_K`` (4096); ``k <= topk.BLOCK_TOPK_MAX_K`` (2048) on the "block"
+            path or with a naive config (the fused block top-K's shared buffer).
+        path: "filter" or "block" (default :data:`SCORE_TOPK_PATH`). "filter" falls back to
+            "block" when its seed does not give an exact answer (above 2048, to scores in memory
+            and :func:`~andromeda_nb.topk.topk_scores`), and is not used for small item counts
+            or the naive kernel.
 
     Returns:
         :class:`~andromeda_nb.model.TopK` by ad id (ties to the lower ad id), count = ads scored
@@ -364,14 +447,35 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
     Raises:
         TypeError / ValueError: as :func:`score_ads`, k out of range, or repeated candidate slots.
     """
+    from .topk import seeded_outcome, topk_scores
+
     k = check_k(k)
-    if k > BLOCK_TOPK_MAX_K:
-        raise ValueError(f"k={k}: fused scoring + top-K supports k <= {BLOCK_TOPK_MAX_K} (the block top-K's "
-                         "shared buffer); for a larger k score with score_ads and select with topk_scores")
+    config = config or DEFAULT_CONFIG
+    path = path or SCORE_TOPK_PATH
+    if path not in ("filter", "block"):
+        raise ValueError(f"path must be 'filter' or 'block', got {path!r}")
+    if k > BLOCK_TOPK_MAX_K and (path == "block" or config.naive):
+        raise ValueError(f"k={k}: the fused block top-K supports k <= {BLOCK_TOPK_MAX_K} (its shared buffer); "
+                         f"the filter path (path='filter', not naive) takes k <= {MAX_K}")
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates, unique=True)
-    ws = launch_score_topk(dreq, table, k, access, elig, cand, n_items, config)
-    return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(),
-                count=int(ws.counts.copy_to_host()[0, 0]))
+    sfw = ScoreFilterWorkspace.make(n_items, k, access) if path == "filter" and not config.naive else None
+    if sfw is not None:
+        fws = launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw)
+        c = fws.counts.copy_to_host()[0]
+        if seeded_outcome(fws, k, c) == "exact":
+            return TopK(ids=fws.out_id[0].copy_to_host(), scores=fws.out_s[0].copy_to_host(), count=int(c[0]))
+    if k <= BLOCK_TOPK_MAX_K:
+        ws = launch_score_topk(dreq, table, k, access, elig, cand, n_items, config)
+        return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(),
+                    count=int(ws.counts.copy_to_host()[0, 0]))
+    # above the block top-K's limit without an exact seeded answer: scores to memory (NaN where
+    # ineligible), then topk_scores over them by ad id
+    out = launch.cuda().device_array(n_items, np.float32)
+    launch_score(dreq, table, access, elig, cand, n_items, out, config)
+    ids = table.ad_ids
+    if cand is not None:
+        ids = table.ad_ids.copy_to_host()[cand.copy_to_host()]
+    return topk_scores(out, k, ids=ids)
 
 
 def with_config(config: KernelConfig | None = None, **changes) -> KernelConfig:

@@ -16,6 +16,16 @@ MAX_K = 4096
 BLOCK_TOPK_MAX_K = 2048
 #: Item counts are int32 slots inside the kernels.
 MAX_ITEMS = 2**31 - 1
+#: Threads of the one-block radix select (seed, filter path's final, merge's radix final): one block
+#: does all of that work, so the more threads the fewer serial loads, histogram rounds and bitonic
+#: compare-exchanges each (its kernels use 56 registers a thread: 1024 fit the register file).
+RADIX_BLOCK = 1024
+
+
+def radix_block() -> int:
+    """Threads per block of the radix-select launches (:data:`RADIX_BLOCK`; the simulator's default
+    block there, since it runs every thread as a Python thread)."""
+    return launch.default_block() if launch.backend.is_simulator() else RADIX_BLOCK
 
 
 def check_k(k) -> int:
@@ -144,9 +154,12 @@ def launch_merge_lists(ws: TopKWorkspace, ids=None, block: int | None = None, fi
     grid = max(1, min(-(-m // block), 64))
     select_kernel(has_ids)[(grid, batch), block](ws.cand_s, ws.cand_i, m, ws.kmax, ws.ks, ws.offsets, ids_arg,
                                                  ws.bound_s, ws.bound_i, ws.buf_s, ws.buf_i, ws.fill)
-    kern = (final_radix_kernel(max(2, next_pow2(ws.kmax)), block, has_ids) if final == "radix"
+    # a request's radix select alone on an SM takes the wide block; past one request per SM, the
+    # caller's block leaves room for several requests' blocks on each
+    fblock = radix_block() if final == "radix" and batch <= launch.sm_count() else block
+    kern = (final_radix_kernel(max(2, next_pow2(ws.kmax)), fblock, has_ids) if final == "radix"
             else final_kernel(buffer_capacity(ws.kmax, block), block, has_ids))
-    kern[(1, batch), block](ws.buf_s, ws.buf_i, ws.fill, ws.offsets, ids_arg, ws.ks, ws.out_s, ws.out_slot, ws.out_id)
+    kern[(1, batch), fblock](ws.buf_s, ws.buf_i, ws.fill, ws.offsets, ids_arg, ws.ks, ws.out_s, ws.out_slot, ws.out_id)
 
 
 def scan_lists(offsets, ks, block: int | None = None, seeded: bool = False) -> int:
@@ -248,20 +261,31 @@ def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, 
     bitset, is given, sampled as -inf), with r such that about ``SEED_MARGIN * k`` eligible scores
     of the whole array reach it. Then the sample's top-r: one block's radix select
     (:func:`~andromeda_nb.kernels.topk.final_radix_kernel` with the sample as the buffer) for a
-    small sample, the block top-K for a large one. ``reset``: a :class:`FilterWorkspace` whose
-    counters the sample kernel zeroes on the way. Returns device ``float32[1]``."""
-    from .kernels.topk import final_radix_kernel, next_pow2, sample_chunks_kernel
+    small sample (:func:`radix_block` threads), the block top-K for a large one. ``reset``: a
+    :class:`FilterWorkspace` whose counters the sample kernel zeroes on the way. Returns device
+    ``float32[1]``."""
+    from .kernels.topk import sample_chunks_kernel
 
-    block = block or launch.default_block()
     sample = sws.sample_flat
     sample_chunks_kernel(elig is not None, reset is not None)[sws.chunks, SAMPLE_CHUNK](
         d_scores, n, sample, elig if elig is not None else launch.dummy(np.uint64),
         reset.counts if reset is not None else launch.dummy2d(np.int64),
         reset.fill if reset is not None else launch.dummy(np.int64))
+    return launch_seed_select(sws, block)
+
+
+def launch_seed_select(sws: SeedWorkspace, block: int | None = None):
+    """Enqueue the second half of :func:`launch_seed` on a sample already in ``sws.sample_flat``
+    (NaN / -inf never seed): its top-r, by one block's radix select (:func:`radix_block` threads)
+    for a small sample, by the block top-K (``block`` threads) for a large one. Returns the seed,
+    device ``float32[1]`` (-inf when fewer than r samples are real scores)."""
+    from .kernels.topk import final_radix_kernel, next_pow2
+
     if sws.ws is not None:
-        launch_topk_batch(sample, sws.ws, block=block)
+        launch_topk_batch(sws.sample_flat, sws.ws, block=block or launch.default_block())
         return sws.seed()
-    final_radix_kernel(max(2, next_pow2(sws.r)), block, False)[(1, 1), block](
+    rblock = radix_block()
+    final_radix_kernel(max(2, next_pow2(sws.r)), rblock, False)[(1, 1), rblock](
         sws.sample, sws.slots, sws.fill, sws.offsets, launch.dummy(np.int64), sws.ks, sws.out_s, sws.out_slot,
         sws.out_id)
     return sws.seed()
@@ -321,9 +345,10 @@ def launch_filter_final(d_scores, n: int, k: int, fws: FilterWorkspace, seed, el
                         block: int | None = None) -> FilterWorkspace:
     """Enqueue the filter pass at device threshold ``seed`` (``float32[1]``; -inf keeps every eligible
     score) and the radix select of the top-k among the kept scores, into ``fws`` (counters reset
-    by the caller)."""
+    by the caller). ``block``: the filter's threads per block (the radix select runs
+    :func:`radix_block`)."""
     launch_filter(d_scores, n, fws, seed, elig, block)
-    return launch_final(k, fws, d_ids, block)
+    return launch_final(k, fws, d_ids)
 
 
 def launch_filter(d_scores, n: int, fws: FilterWorkspace, seed, elig=None, block: int | None = None) -> None:
@@ -339,10 +364,11 @@ def launch_filter(d_scores, n: int, fws: FilterWorkspace, seed, elig=None, block
 
 
 def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = None) -> FilterWorkspace:
-    """Enqueue one block's radix select of the top-k of ``fws``'s buffer into its outputs."""
+    """Enqueue one block's radix select of the top-k of ``fws``'s buffer into its outputs
+    (``block`` threads, default :func:`radix_block`)."""
     from .kernels.topk import final_radix_kernel, next_pow2
 
-    block = block or launch.default_block()
+    block = block or radix_block()
     has_ids = d_ids is not None
     final_radix_kernel(max(2, next_pow2(k)), block, has_ids)[(1, 1), block](
         fws.buf_s, fws.buf_i, fws.fill, fws.offsets, d_ids if has_ids else launch.dummy(np.int64), fws.ks,
@@ -421,7 +447,8 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         eligible: optional bool ``[n]`` mask or uint64 ``[ceil(n/64)]`` bitset.
         ids: optional ``int64[n]`` ids (unique, non-negative) reported and used for tie-breaks;
             default the index.
-        block: threads per block (default: 256 on a GPU, 32 in the simulator).
+        block: threads per block (default: 256 on a GPU, 32 in the simulator); the one-block radix
+            selects run :data:`RADIX_BLOCK` threads whatever it is.
         seeded: for large arrays, seed a threshold from a sample of the (eligible) scores and
             answer by :data:`SEEDED_PATH` (default "filter": one pass keeps the scores at or above
             the seed, one block's radix select picks the top-k). Exact either way: a seed above

@@ -458,7 +458,8 @@ def test_k_beyond_the_block_topk_limit(monkeypatch, rng, case):
 
 
 def test_k_beyond_the_block_topk_limit_is_refused_where_the_block_topk_runs():
-    """The batched form and fused scoring keep the block top-K's limit, with a message naming it."""
+    """The batched form and fused scoring's block path keep the block top-K's limit, with a message
+    naming it (fused scoring's default filter path takes k up to MAX_K: tests/test_score_filter.py)."""
     k = T.BLOCK_TOPK_MAX_K + 1
     with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):
         T.TopKWorkspace(np.array([0, 5000]), np.array([k]), 1)
@@ -466,7 +467,7 @@ def test_k_beyond_the_block_topk_limit_is_refused_where_the_block_topk_runs():
     from andromeda_nb.scoring import score_topk
 
     with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):  # k is checked before anything else
-        score_topk(None, None, k)
+        score_topk(None, None, k, path="block")
     with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):
         retrieve(None, None, None, None, k)
     assert topk_scores(np.zeros(0, np.float32), k).count == 0  # and an empty array pads

@@ -69,7 +69,7 @@ def weight_image(model: str, request=None, user=None) -> np.ndarray:
 
 
 def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,
-            block: int, values: str = "chosen", items: int = 1) -> str:
+            block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False) -> str:
     W = PER_WORD[dtype]
     NW = d // W
     size = image_size(model, d, E)
@@ -77,7 +77,10 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     o_beta, o_g, o_v, pitch = d, 2 * d, 2 * d + E * d, d + PAD
     L = []
     emit = L.append
-    emit("def kernel(words, scale, bias, wimg, elig, cand, n_items, ids, k, out, cand_s, cand_i, counts):")
+    if seed_filter:
+        emit("def kernel(words, scale, bias, wimg, elig, cand, n_items, ids, seeds, buf_s, buf_i, fill, counts):")
+    else:
+        emit("def kernel(words, scale, bias, wimg, elig, cand, n_items, ids, k, out, cand_s, cand_i, counts):")
     emit("    tid = cuda.threadIdx.x")
     emit(f"    wsh = cuda.shared.array({size}, float32{align})")
     emit(f"    for t in range(tid, {size}, {block}):")
@@ -91,6 +94,14 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit("    n_ok = cuda.shared.array(1, int64)")
         emit("    if tid == 0:")
         emit("        n_ok[0] = 0")
+    if seed_filter:
+        emit("    tally = cuda.shared.array(2, int64)")
+        emit("    if tid == 0:")
+        emit("        tally[0] = 0")
+        emit("        tally[1] = 0")
+        emit("    seed = seeds[0]")
+        emit("    cap = buf_s.shape[1]")
+        emit("    above = 0")
     emit("    cuda.syncthreads()")
     if fused:
         emit("    topk_init(st, thr_s, thr_i, float32(-math.inf))")
@@ -200,6 +211,23 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit("    cuda.syncthreads()")
         emit("    if tid == 0:")
         emit("        cuda.atomic.add(counts, 0, n_ok[0])")
+    elif seed_filter:
+        # the score never reaches memory: only those at or above the seed are appended (a few
+        # thousand of 10^8), for one block's radix select (kernels.topk.final_radix_kernel)
+        emit("        if ok and not math.isnan(s):")
+        emit("            mine += 1")
+        emit("            if s >= seed:")
+        emit("                above += 1")
+        emit("                pos = cuda.atomic.add(fill, 0, 1)")
+        emit("                if pos < cap:")
+        emit("                    buf_s[0, pos] = s")
+        emit("                    buf_i[0, pos] = int32(slot)")
+        emit("    cuda.atomic.add(tally, 0, mine)")
+        emit("    cuda.atomic.add(tally, 1, above)")
+        emit("    cuda.syncthreads()")
+        emit("    if tid == 0:")
+        emit("        cuda.atomic.add(counts[0], 0, tally[0])")
+        emit("        cuda.atomic.add(counts[0], 1, tally[1])")
     else:
         emit("        if j < n_items:")
         emit("            out[j] = s")
@@ -209,7 +237,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
 @functools.lru_cache(maxsize=None)
 def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, layout: str, access: str,
                  block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
-                 max_registers: int | None = None, items: int = 1, every: int = 1):
+                 max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -224,6 +252,11 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         items: ads each thread scores per top-K round (fused only; the buffer needs
             ``topk_cap >= k + block * items * every``).
         every: top-K rounds between two barrier pairs (fused only; :func:`block_topk`).
+        seed_filter: instead of scores or a block top-K, append every eligible non-NaN score at or
+            above ``seeds[0]`` to ``buf_s / buf_i [1, cap]`` (slots; ``fill int64[1]`` counts every
+            one, entries past ``cap`` not written) and add to ``counts int64[1, 2]`` the non-NaN
+            scores and those at or above the seed: the arguments ``k, out, cand_s, cand_i`` become
+            ``seeds, buf_s, buf_i, fill`` (the filter path of kernels.topk.filter_kernel, fused).
     """
     if values not in ("chosen", "all"):
         raise ValueError(f"values must be 'chosen' or 'all', got {values!r}")
@@ -231,7 +264,10 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"bad kernel configuration {model, layout, access}")
     if d % PER_WORD[dtype]:
         raise ValueError(f"d={d} must be a multiple of {PER_WORD[dtype]} for {dtype}")
-    src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items)
+    if seed_filter and topk_cap:
+        raise ValueError("seed_filter and a block top-K buffer (topk_cap) exclude each other")
+    src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
+                  seed_filter)
     env = {"cuda": cuda, "float32": float32, "int32": int32, "int64": int64, "uint64": uint64,
            "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1)}
@@ -239,7 +275,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
-            f"_i{items}_e{every}")
+            f"_i{items}_e{every}{'_filter' if seed_filter else ''}")
     code = compile(src, f"<{name}>", "exec")
     exec(code, env)
     fn = env["kernel"]
@@ -248,3 +284,30 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     if max_registers and not config.ENABLE_CUDASIM:  # the simulator has no register cap
         return cuda.jit(fn, max_registers=max_registers)
     return cuda.jit(fn)
+
+
+@functools.lru_cache(maxsize=None)
+def sample_prep_kernel(has_cand: bool, has_elig: bool):
+    """Launch ``[grid, block]`` (grid-stride over the ``m`` sample positions): with ``has_cand``,
+    ``slots[i] = cand[pos[i]]`` (the sampled candidates' table slots, for scoring the sample);
+    with ``has_elig``, ``sample[i] = -inf`` where position ``pos[i]`` is not in the eligible
+    bitset ``elig uint64[words]`` (run after the sample is scored: an ineligible ad never seeds).
+    Block 0 also zeroes ``counts int64[1, 2]`` and ``fill int64[1]`` of the filter pass that
+    follows (when ``reset``)."""
+
+    @cuda.jit
+    def kernel(pos, cand, slots, elig, sample, reset, counts, fill):
+        i = cuda.grid(1)
+        if reset and i < 2:
+            counts[0, i] = 0
+            if i == 0:
+                fill[0] = 0
+        while i < pos.shape[0]:
+            p = pos[i]
+            if has_cand:
+                slots[i] = cand[p]
+            if has_elig and test_bit(elig, p) == 0:
+                sample[i] = float32(-math.inf)
+            i += cuda.gridsize(1)
+
+    return kernel

@@ -427,28 +427,28 @@ RADIX = 1 << RADIX_BITS
 def _pick_bin(block: int, descending: bool):
     """Device function ``pick(hist, tmp, need, sel)``: the bin holding the ``need``-th entry of a
     ``RADIX``-bin histogram, counted from the top bin (``descending``) or the bottom one. Scans the
-    histogram in place into cumulative counts (Hillis-Steele, log2(RADIX) steps over ``tmp``), then
-    the one bin where the count first reaches ``need`` writes ``sel[0]`` = bin, ``sel[1]`` = the
+    histogram into cumulative counts (Hillis-Steele, log2(RADIX) steps ping-ponging between
+    ``hist`` and ``tmp``: one barrier a step; an even number of steps ends in ``hist``), then the
+    one bin where the count first reaches ``need`` writes ``sel[0]`` = bin, ``sel[1]`` = the
     entries still needed inside it, ``sel[3]`` = the bin's size. Whole block; ``need >= 1``."""
+
+    @cuda.jit(device=True, inline=True)
+    def step(src, dst, off):
+        h = cuda.threadIdx.x
+        while h < RADIX:
+            nb = h + off if descending else h - off
+            dst[h] = src[h] + (src[nb] if 0 <= nb < RADIX else 0)
+            h += block
+        cuda.syncthreads()
 
     @cuda.jit(device=True)
     def pick(hist, tmp, need, sel):
-        tid = cuda.threadIdx.x
         off = 1
         while off < RADIX:
-            h = tid
-            while h < RADIX:
-                src = h + off if descending else h - off
-                tmp[h] = hist[h] + (hist[src] if 0 <= src < RADIX else 0)
-                h += block
-            cuda.syncthreads()
-            h = tid
-            while h < RADIX:
-                hist[h] = tmp[h]
-                h += block
-            cuda.syncthreads()
-            off *= 2
-        h = tid
+            step(hist, tmp, off)
+            step(tmp, hist, 2 * off)
+            off *= 4
+        h = cuda.threadIdx.x
         while h < RADIX:
             nxt = h + 1 if descending else h - 1
             before = hist[nxt] if 0 <= nxt < RADIX else 0  # entries in the bins ahead of h
@@ -462,27 +462,51 @@ def _pick_bin(block: int, descending: bool):
     return pick
 
 
+#: shared memory of final_radix_kernel, in all: the answer (8 bytes an entry of ``cap``), two
+#: histograms and the staged keys (the rest, under Numba's 48 KiB static limit)
+RADIX_SHARED_BYTES = 44 * 1024
+
+
+def radix_stage_words(cap: int) -> int:
+    """uint32 words of :func:`final_radix_kernel`'s staging area for an answer of ``cap`` entries
+    (a multiple of 256: 8,448 at cap 1024, 2,304 at cap 4096)."""
+    return max(0, (RADIX_SHARED_BYTES - 8 * cap - 2 * RADIX * 4 - 64) // 4 // 256 * 256)
+
+
+#: where final_radix_kernel reads an entry's key: the buffer (global), the staged keys (entry j's
+#: key at stage[j]) or staged pairs (key at stage[j], buffer index at stage[SW / 2 + j])
+FROM_BUFFER, FROM_KEYS, FROM_PAIRS = 0, 1, 2
+
+
 @functools.lru_cache(maxsize=None)
-def final_radix_kernel(cap: int, block: int, has_ids: bool):
+def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | None = None):
     """Launch ``[(1, batch), block]``: the same contract and arguments as :func:`final_kernel`, by
     radix select instead of offering the buffer to a block top-K.
 
     ``cap`` (a power of two, at least ``kmax``) entries of shared memory hold the answer. Steps, one
     block per request, ``m`` = the request's buffer fill, ``kk = min(k, m)``:
 
+    0. stage: when the ``m`` score keys fit the staging area (:func:`radix_stage_words`), one
+       pass copies them to shared memory (4 loads in flight a thread); every later pass reads them
+       there, and the buffer only for the winners;
     1. threshold: the kk-th largest score key (:func:`~andromeda_nb.kernels.intrinsics.float_key`,
-       -0 folded onto +0), 8 bits a pass over the buffer (4 passes, a 256-bin shared histogram
-       each), keeping only the entries whose key matches the bits fixed so far;
+       -0 folded onto +0), 8 bits a pass (at most 4, a 256-bin shared histogram each), keeping only
+       the entries whose key matches the bits fixed so far; it stops early once the chosen bin
+       holds exactly the entries still needed. Unstaged, after each pass the entries at or above
+       the chosen bin are compacted into the staging area (key, buffer index) once they fit;
     2. ties: if more entries hold the threshold key than places remain, the same select over their
        tie-break ids (``ids[slot]``, else the slot; unique, non-negative) picks the lowest ones;
     3. gather the kk winners into shared memory, sort them once (bitonic, best first), write.
 
-    Each pass reads the buffer once (it sits in L2 right after ``select``): the cost is a few passes
-    over ``m`` entries plus one sort of ``kk``, where the offer path sorts its whole shared buffer
-    each time it fills (``m / (C - k)`` times).
+    ``stage_words``: the staging area's size (default :func:`radix_stage_words`; tests shrink it
+    to reach the unstaged and compacted modes on small buffers). Histogram and gather atomics are 32-bit increments of shared counters (ptxas aggregates
+    same-address increments of a warp; a 64-bit shared add is a compare-and-swap loop, which
+    ~1,000 winners contending on one counter made slow).
     """
     t = block_topk(cap, block, has_ids)
     ID_PASSES = 8 if has_ids else 4
+    SW = max(2, radix_stage_words(cap) if stage_words is None else stage_words)
+    HALF = SW // 2
     pick_top = _pick_bin(block, True)
     pick_low = _pick_bin(block, False)
 
@@ -498,13 +522,91 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
             return uint64(ids[start + slot])
         return uint64(slot)
 
+    @cuda.jit(device=True, inline=True)
+    def key_at(stage, mode, buf_s, r, j):
+        if mode == FROM_BUFFER:
+            return key_of(buf_s[r, j])
+        return stage[j]
+
+    @cuda.jit(device=True, inline=True)
+    def index_at(stage, mode, j):
+        if mode == FROM_PAIRS:
+            return int64(stage[HALF + j])
+        return j
+
+    @cuda.jit(device=True, inline=True)
+    def count_digit(hist, key, mask, prefix, shift):
+        if (key & mask) == prefix:
+            cuda.atomic.add(hist, (key >> shift) & uint32(RADIX - 1), 1)
+
+    @cuda.jit(device=True)
+    def stage_keys(stage, buf_s, r, m):
+        """stage[j] = key of buffer entry j, j < m (whole block; ends synchronised)."""
+        j = cuda.threadIdx.x
+        while j + 3 * block < m:
+            s0 = buf_s[r, j]
+            s1 = buf_s[r, j + block]
+            s2 = buf_s[r, j + 2 * block]
+            s3 = buf_s[r, j + 3 * block]
+            stage[j] = key_of(s0)
+            stage[j + block] = key_of(s1)
+            stage[j + 2 * block] = key_of(s2)
+            stage[j + 3 * block] = key_of(s3)
+            j += 4 * block
+        while j < m:
+            stage[j] = key_of(buf_s[r, j])
+            j += block
+        cuda.syncthreads()
+
+    @cuda.jit(device=True)
+    def histogram(hist, stage, mode, buf_s, r, count, mask, prefix, shift):
+        """Count the digit at ``shift`` of the entries whose key matches ``prefix`` under ``mask``
+        (whole block; entered and left synchronised)."""
+        h = cuda.threadIdx.x
+        while h < RADIX:
+            hist[h] = 0
+            h += block
+        cuda.syncthreads()
+        j = cuda.threadIdx.x
+        if mode == FROM_BUFFER:  # 4 loads in flight: the buffer is in L2, ~1 us a round trip
+            while j + 3 * block < count:
+                k0 = key_of(buf_s[r, j])
+                k1 = key_of(buf_s[r, j + block])
+                k2 = key_of(buf_s[r, j + 2 * block])
+                k3 = key_of(buf_s[r, j + 3 * block])
+                count_digit(hist, k0, mask, prefix, shift)
+                count_digit(hist, k1, mask, prefix, shift)
+                count_digit(hist, k2, mask, prefix, shift)
+                count_digit(hist, k3, mask, prefix, shift)
+                j += 4 * block
+        while j < count:
+            count_digit(hist, key_at(stage, mode, buf_s, r, j), mask, prefix, shift)
+            j += block
+        cuda.syncthreads()
+
+    @cuda.jit(device=True)
+    def compact(stage, cnt, buf_s, r, m, mask, prefix):
+        """Stage (key, buffer index) of every buffer entry whose masked key is at or above
+        ``prefix`` (whole block; ends synchronised)."""
+        j = cuda.threadIdx.x
+        while j < m:
+            key = key_of(buf_s[r, j])
+            if (key & mask) >= prefix:
+                pos = cuda.atomic.add(cnt, 0, 1)
+                stage[pos] = key
+                stage[HALF + pos] = uint32(j)
+            j += block
+        cuda.syncthreads()
+
     @cuda.jit
     def kernel(buf_s, buf_i, fill, offsets, ids, ks, out_s, out_slot, out_id):
         bs = cuda.shared.array(cap, float32)
         bi = cuda.shared.array(cap, int32)
+        stage = cuda.shared.array(SW, uint32)
         hist = cuda.shared.array(RADIX, int32)
         tmp = cuda.shared.array(RADIX, int32)
-        sel = cuda.shared.array(4, int64)  # [0] bin found, [1] entries still needed, [2] gathered, [3] bin size
+        sel = cuda.shared.array(4, int64)  # [0] bin found, [1] entries still needed, [3] bin size
+        cnt = cuda.shared.array(1, int32)  # entries compacted / gathered
         r = cuda.blockIdx.y
         tid = cuda.threadIdx.x
         k = ks[r]
@@ -512,37 +614,38 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
         sub = ids[start:] if has_ids else ids
         m = min(fill[r], buf_s.shape[1])  # a filter may count past its buffer (the host then reruns)
         kk = min(k, m)
+        if tid == 0:
+            cnt[0] = 0
+        mode = FROM_BUFFER
+        count = m
+        if m <= SW:
+            mode = FROM_KEYS
+            stage_keys(stage, buf_s, r, m)  # its barrier also publishes cnt[0] = 0
+        else:
+            cuda.syncthreads()
         # --- 1. the kk-th largest score key, 8 bits at a time (most significant first)
         prefix = uint32(0)
         mask = uint32(0)
         need = kk
-        ties = int64(0)  # entries whose key equals the threshold (known after the last pass)
-        if kk == 0:
-            p = 4  # nothing to select: every output is a pad
-        else:
-            p = 0
+        ties = int64(0)  # entries whose masked key equals prefix (after the last pass run)
+        p = 4 if kk == 0 else 0  # kk == 0: nothing to select, every output is a pad
         while p < 4:
             shift = uint32(24 - 8 * p)
-            h = tid
-            while h < RADIX:
-                hist[h] = 0
-                h += block
-            cuda.syncthreads()
-            j = tid
-            while j < m:
-                key = key_of(buf_s[r, j])
-                if (key & mask) == prefix:
-                    cuda.atomic.add(hist, (key >> shift) & uint32(RADIX - 1), 1)
-                j += block
-            cuda.syncthreads()
+            histogram(hist, stage, mode, buf_s, r, count, mask, prefix, shift)
             pick_top(hist, tmp, need, sel)
             prefix |= uint32(sel[0]) << shift
             mask |= uint32(RADIX - 1) << shift
             need = sel[1]
             ties = sel[3]
-            cuda.syncthreads()
             p += 1
-        # --- 2. among the ties (key == prefix), the `need` lowest ids: ids below id_cut, plus id_cut
+            if ties <= need:
+                break  # the bin holds exactly the entries still needed: all of them win
+            keep = kk - need + ties  # entries at or above the chosen bin
+            if mode == FROM_BUFFER and keep <= HALF:
+                compact(stage, cnt, buf_s, r, m, mask, prefix)
+                mode = FROM_PAIRS
+                count = keep
+        # --- 2. among the ties (masked key == prefix), the `need` lowest ids: masked ids up to id_cut
         id_prefix = uint64(0)
         id_mask = uint64(0)
         take_all_ties = ties <= need
@@ -555,9 +658,9 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
                     h += block
                 cuda.syncthreads()
                 j = tid
-                while j < m:
-                    if key_of(buf_s[r, j]) == prefix:
-                        u = id_of(buf_i[r, j], ids, start)
+                while j < count:
+                    if key_at(stage, mode, buf_s, r, j) == prefix:
+                        u = id_of(buf_i[r, index_at(stage, mode, j)], ids, start)
                         if (u & id_mask) == id_prefix:
                             cuda.atomic.add(hist, int64((u >> shift) & uint64(RADIX - 1)), 1)
                     j += block
@@ -566,23 +669,25 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
                 id_prefix |= uint64(sel[0]) << shift
                 id_mask |= uint64(RADIX - 1) << shift
                 need = sel[1]
-                cuda.syncthreads()
+                if sel[3] <= need:
+                    break  # every id in the chosen bin wins
+                cuda.syncthreads()  # sel is rewritten by the next pass's pick
         # --- 3. gather the winners (at most kk: guards against repeated ids), sort, write
         if tid == 0:
-            sel[2] = 0
+            cnt[0] = 0
         cuda.syncthreads()
         j = tid
-        while j < m:
-            s = buf_s[r, j]
-            key = key_of(s)
-            win = key > prefix
-            if key == prefix:
-                win = take_all_ties or id_of(buf_i[r, j], ids, start) <= id_prefix
+        while j < count:
+            km = key_at(stage, mode, buf_s, r, j) & mask
+            win = km > prefix
+            idx = index_at(stage, mode, j)
+            if km == prefix:
+                win = take_all_ties or (id_of(buf_i[r, idx], ids, start) & id_mask) <= id_prefix
             if win:
-                pos = cuda.atomic.add(sel, 2, 1)
+                pos = cuda.atomic.add(cnt, 0, 1)
                 if pos < kk:
-                    bs[pos] = s
-                    bi[pos] = buf_i[r, j]
+                    bs[pos] = buf_s[r, idx]
+                    bi[pos] = buf_i[r, idx]
             j += block
         cuda.syncthreads()
         P = 2
@@ -613,10 +718,13 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool):
 
 #: scores per thread per round of the filter (loads in flight; round_loads serves 8)
 FILTER_ITEMS = SCAN_ITEMS
+#: entries a filter block stages per round (8 bytes each: 16 KiB of shared memory); a round keeps at
+#: most block * FILTER_ITEMS, so up to 256 threads the staging area never overflows
+FILTER_STAGE = 2048
 
 
 @functools.lru_cache(maxsize=None)
-def filter_kernel(block: int, has_elig: bool):
+def filter_kernel(block: int, has_elig: bool, stage: int = FILTER_STAGE):
     """Launch ``[grid, block]`` (grid-stride): one pass over one request's scores that appends every
     eligible, non-NaN score at or above the seed to a compact buffer, for
     :func:`final_radix_kernel` to select from.
@@ -626,27 +734,77 @@ def filter_kernel(block: int, has_elig: bool):
     ``fill int64[1]`` (+= appended; past ``cap`` counted but not written), ``counts int64[1, 2]``
     (+= eligible non-NaN scores; += those >= seed). Exact when ``k <= counts[0, 1] <= cap`` (or
     every eligible score reached the seed); the host wrapper checks and otherwise reruns.
+
+    A block stages the round's kept scores in shared memory (``stage`` entries, a shared counter),
+    then reserves their place in the buffer with one global atomic and copies them out: one
+    contended global atomic per block and round instead of one per kept score. Scores kept past
+    the staging area (more than ``stage`` in a round: blocks over ``stage / FILTER_ITEMS``
+    threads) take a global atomic each.
     """
 
     load_round, pick = round_loads(block)
 
+    @cuda.jit(device=True, inline=True)
+    def keep(st_s, st_i, ctl, s, i, fill, buf_s, buf_i, cap):
+        """Stage ``(s, i)``, or append it to the buffer directly when the staging area is full."""
+        pos = cuda.atomic.add(ctl, 0, 1)
+        if pos < stage:
+            st_s[pos] = s
+            st_i[pos] = int32(i)
+        else:
+            g = cuda.atomic.add(fill, 0, 1)
+            if g < cap:
+                buf_s[0, g] = s
+                buf_i[0, g] = int32(i)
+
+    @cuda.jit(device=True)
+    def flush(st_s, st_i, ctl, at, fill, buf_s, buf_i, cap, last):
+        """End of a round (whole block): reserve the staged entries' place in the buffer, copy them
+        out, empty the staging area. Returns the round's kept count (staged or not)."""
+        tid = cuda.threadIdx.x
+        cuda.syncthreads()
+        if tid == 0:
+            c = ctl[0]
+            ctl[0] = 0
+            ctl[2] = c
+            if c > 0:
+                at[0] = cuda.atomic.add(fill, 0, int64(min(c, stage)))
+        cuda.syncthreads()
+        c = ctl[2]
+        base = at[0]
+        t = tid
+        while t < min(c, stage):
+            if base + t < cap:
+                buf_s[0, base + t] = st_s[t]
+                buf_i[0, base + t] = st_i[t]
+            t += block
+        if not last:
+            cuda.syncthreads()  # the next round stages over these entries
+        return c
+
     @cuda.jit
     def kernel(scores, n, elig, seeds, buf_s, buf_i, fill, counts):
-        tally = cuda.shared.array(2, int64)
+        st_s = cuda.shared.array(stage, float32)
+        st_i = cuda.shared.array(stage, int32)
+        ctl = cuda.shared.array(3, int32)  # [0] kept this round, [1] eligible non-NaN, [2] last round's kept
+        at = cuda.shared.array(1, int64)  # the round's place in the buffer
         tid = cuda.threadIdx.x
         if tid == 0:
-            tally[0] = 0
-            tally[1] = 0
+            ctl[0] = 0
+            ctl[1] = 0
         cuda.syncthreads()
         seed = seeds[0]
         cap = buf_s.shape[1]
         mine = 0
-        above = 0
+        above = int64(0)
         per_round = block * FILTER_ITEMS
         stride = cuda.gridDim.x * per_round
-        i0 = cuda.blockIdx.x * per_round + tid
-        while i0 < n:
-            s0, s1, s2, s3, s4, s5, s6, s7 = load_round(scores, 0, i0, n)
+        base = cuda.blockIdx.x * per_round
+        # software pipelined (as the scan): the next round's scores load before this round's flush
+        s0, s1, s2, s3, s4, s5, s6, s7 = load_round(scores, 0, base + tid, n)
+        while base < n:  # uniform: the flush synchronises the block
+            i0 = base + tid
+            n0, n1, n2, n3, n4, n5, n6, n7 = load_round(scores, 0, i0 + stride, n)
             for q in range(FILTER_ITEMS):
                 i = i0 + q * block
                 s = pick(q, s0, s1, s2, s3, s4, s5, s6, s7)
@@ -656,18 +814,17 @@ def filter_kernel(block: int, has_elig: bool):
                 if ok and not math.isnan(s):
                     mine += 1
                     if s >= seed:
-                        above += 1
-                        pos = cuda.atomic.add(fill, 0, 1)
-                        if pos < cap:
-                            buf_s[0, pos] = s
-                            buf_i[0, pos] = int32(i)
-            i0 += stride
-        cuda.atomic.add(tally, 0, mine)
-        cuda.atomic.add(tally, 1, above)
+                        keep(st_s, st_i, ctl, s, i, fill, buf_s, buf_i, cap)
+            above += flush(st_s, st_i, ctl, at, fill, buf_s, buf_i, cap, base + stride >= n)
+            s0, s1, s2, s3, s4, s5, s6, s7 = n0, n1, n2, n3, n4, n5, n6, n7
+            base += stride
+        if mine > 0:
+            cuda.atomic.add(ctl, 1, int32(mine))  # 32-bit: a 64-bit shared add is a CAS loop
         cuda.syncthreads()
-        if tid == 0:
-            cuda.atomic.add(counts[0], 0, tally[0])
-            cuda.atomic.add(counts[0], 1, tally[1])
+        if tid == 0 and ctl[1] > 0:
+            cuda.atomic.add(counts[0], 0, int64(ctl[1]))
+        if tid == block - 1 and above > 0:
+            cuda.atomic.add(counts[0], 1, above)
 
     return kernel
 

@@ -1,0 +1,123 @@
+"""Fused scoring + top-K by the seeded filter path (scoring.SCORE_TOPK_PATH = "filter") against the
+oracle top-K of the kernel's own scores, and its fallbacks."""
+
+import numpy as np
+import pytest
+
+from andromeda_nb import oracle
+from andromeda_nb import scoring as S
+from andromeda_nb import topk as T
+from andromeda_nb.model import AdTable, Request
+from andromeda_nb.scoring import DeviceAdTable, score_ads, score_topk
+
+N = 2000  # with the sample shrunk below: 15 chunks of 16 (240 samples), a seed rank r >= 8 for k >= 17
+
+
+@pytest.fixture
+def small_seed(monkeypatch):
+    monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 16)
+    monkeypatch.setattr(T, "SAMPLE_CHUNK", 16)
+    monkeypatch.setattr(T, "SEED_MIN_N", 256)
+
+
+def table_of(rng, n, d=32, dtype="fp16", ties=False):
+    emb = rng.standard_normal((n, d))
+    if ties:
+        emb[100:400] = emb[7]  # 300 identical rows: tied scores around the seed, broken by ad id
+    return AdTable.from_float(emb, rng.standard_normal(n) * (0 if ties else 1), dtype=dtype,
+                              ad_ids=rng.choice(100 * n, n, replace=False))
+
+
+def spy(monkeypatch, module, name):
+    calls = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    return calls
+
+
+def expected(req, table, dt, k, access, rng):
+    pool = score_ads(req, dt).copy_to_host()
+    kwargs, eligible, ids, scores = {}, None, table.ad_ids, pool
+    if access == "bitset":
+        eligible = rng.random(table.n_ads) < 0.5
+        kwargs["eligible"] = eligible
+    elif access == "candidates":
+        cand = rng.choice(table.n_ads, 1500, replace=False).astype(np.int32)
+        kwargs["candidates"] = cand
+        ids, scores = table.ad_ids[cand], pool[cand]
+    return kwargs, oracle.topk(scores, k, ids=ids, eligible=eligible)
+
+
+@pytest.mark.parametrize("access", ["pool", "bitset", "candidates"])
+def test_filter_path_equals_oracle(small_seed, monkeypatch, rng, access):
+    req = rng.standard_normal(32)  # two-tower dot: the cheapest kernel in the simulator
+    table = table_of(rng, N)
+    dt = DeviceAdTable(table, "tiles")
+    k = 40
+    kwargs, want = expected(req, table, dt, k, access, rng)
+    block_calls = spy(monkeypatch, S, "launch_score_topk")
+    filter_calls = spy(monkeypatch, S, "launch_score_filter")
+    top = score_topk(req, dt, k, **kwargs)
+    assert len(filter_calls) == 1 and not block_calls, "the filter path must answer on its own"
+    np.testing.assert_array_equal(top.ids, want.ids)
+    np.testing.assert_array_equal(top.scores, want.scores)
+    assert top.count == want.count
+
+
+def test_filter_path_gated_with_ties_and_nan(small_seed, monkeypatch, rng):
+    req = Request.random(32, 4, 2, rng)
+    emb = rng.standard_normal((N, 32))
+    best = int(np.argmax(oracle.score(req, AdTable.from_float(emb, np.zeros(N), dtype="fp32"))))
+    emb[100:1100] = emb[best]  # 1,001 ads tied at the top score: the seed lands on the tie
+    emb[5, 3] = np.nan  # one NaN score: never selected, not counted
+    table = AdTable.from_float(emb, np.zeros(N), dtype="fp32", ad_ids=rng.permutation(N) + 10,
+                               allow_nonfinite=True)
+    dt = DeviceAdTable(table)
+    pool = score_ads(req, dt).copy_to_host()
+    filter_calls = spy(monkeypatch, S, "launch_score_filter")
+    block_calls = spy(monkeypatch, S, "launch_score_topk")
+    top = score_topk(req, dt, 100)  # all 100 from the tie, by ad id
+    assert len(filter_calls) == 1 and not block_calls
+    want = oracle.topk(pool, 100, ids=table.ad_ids)
+    np.testing.assert_array_equal(top.ids, want.ids)
+    np.testing.assert_array_equal(top.scores, want.scores)
+    assert top.count == N - 1
+
+
+@pytest.mark.parametrize("how", ["seed_high", "overflow"])
+def test_filter_path_falls_back_exactly(small_seed, monkeypatch, rng, how):
+    if how == "seed_high":  # aim the seed at k / 4 scores: fewer than k reach it
+        monkeypatch.setattr(T, "SEED_MARGIN", 0.25)
+        k = 300
+    else:  # a buffer of k entries: the ~4k scores at or above the seed overflow it
+        monkeypatch.setattr(T, "FILTER_MIN_CAP", 1)
+        monkeypatch.setattr(T, "FILTER_CAP_PER_K", 1)
+        k = 40
+    req = rng.standard_normal(32)
+    table = table_of(rng, N)
+    dt = DeviceAdTable(table, "rows")
+    _, want = expected(req, table, dt, k, "pool", rng)
+    block_calls = spy(monkeypatch, S, "launch_score_topk")
+    filter_calls = spy(monkeypatch, S, "launch_score_filter")
+    top = score_topk(req, dt, k)
+    assert len(filter_calls) == 1 and len(block_calls) == 1
+    np.testing.assert_array_equal(top.ids, want.ids)
+    np.testing.assert_array_equal(top.scores, want.scores)
+
+
+def test_k_above_the_block_limit(small_seed, monkeypatch, rng):
+    """k = 2100 > BLOCK_TOPK_MAX_K over 2,000 ads: no seed pays, so scores go to memory and
+    topk_scores selects (every ad, then pads); the block path refuses such a k."""
+    req = rng.standard_normal(32)
+    table = table_of(rng, N)
+    dt = DeviceAdTable(table)
+    pool = score_ads(req, dt).copy_to_host()
+    top = score_topk(req, dt, 2100)
+    want = oracle.topk(pool, 2100, ids=table.ad_ids)
+    np.testing.assert_array_equal(top.ids, want.ids)
+    np.testing.assert_array_equal(top.scores, want.scores)
+    assert (top.ids[N:] == -1).all()
+    with pytest.raises(ValueError, match="2048"):
+        score_topk(req, dt, 2100, path="block")
+    with pytest.raises(ValueError, match="path"):
+        score_topk(req, dt, 5, path="nope")

@@ -1,0 +1,147 @@
+"""The filter's per-block staging and the radix select's staging modes, kernel by kernel: entries
+neither lost nor duplicated when a block keeps more than its staging area holds, over several
+rounds, past the buffer's end; every staging mode of the radix select against the oracle."""
+
+import numpy as np
+import pytest
+
+from andromeda_nb import launch, oracle
+from andromeda_nb.kernels.topk import FILTER_ITEMS, filter_kernel, final_radix_kernel, radix_stage_words
+from andromeda_nb.targeting import bits_from_mask
+
+
+def _run_filter(scores, seed, cap, block, stage, grid, eligible=None):
+    """One filter launch on fresh, poisoned buffers; host (fill, counts, slots, scores) back."""
+    n = scores.size
+    buf_s = launch.to_device(np.full((1, cap), 123.0, np.float32))
+    buf_i = launch.to_device(np.full((1, cap), -5, np.int32))
+    fill = launch.to_device(np.zeros(1, np.int64))
+    counts = launch.to_device(np.zeros((1, 2), np.int64))
+    elig = launch.to_device(bits_from_mask(eligible)) if eligible is not None else launch.dummy(np.uint64)
+    filter_kernel(block, eligible is not None, stage)[grid, block](
+        launch.to_device(scores), n, elig, launch.to_device(np.array([seed], np.float32)), buf_s, buf_i, fill,
+        counts)
+    return (int(fill.copy_to_host()[0]), counts.copy_to_host()[0].tolist(), buf_i.copy_to_host()[0],
+            buf_s.copy_to_host()[0])
+
+
+@pytest.mark.parametrize("stage", [7, 64, 256])
+@pytest.mark.parametrize("use_elig", [False, True])
+def test_filter_staging_keeps_each_score_once(rng, stage, use_elig):
+    """Blocks of 32 threads keep up to 256 scores a round (about half of them here): a staging area of
+    7 or 64 entries overflows every round (the rest take direct atomics), 256 never does; 3 blocks,
+    several grid-stride rounds each, the last one partial. Ties at the seed, NaN, +-inf."""
+    block, grid = 32, 3
+    n = grid * block * FILTER_ITEMS * 4 + 77
+    scores = rng.integers(-20, 20, n).astype(np.float32)
+    scores[rng.choice(n, 150, replace=False)] = np.nan
+    scores[:4] = [np.inf, -np.inf, 0.0, -0.0]
+    eligible = rng.random(n) < 0.7 if use_elig else None
+    seed = np.float32(0.0)  # -0 reaches it too (-0 >= 0)
+    valid = ~np.isnan(scores) & (eligible if use_elig else True)
+    want = np.flatnonzero(valid & (scores >= seed))
+    fill, counts, got_i, got_s = _run_filter(scores, seed, n, block, stage, grid, eligible)
+    assert fill == want.size and counts == [valid.sum(), want.size]
+    order = np.argsort(got_i[:fill])
+    np.testing.assert_array_equal(got_i[:fill][order], want)  # each kept slot once, nothing else
+    np.testing.assert_array_equal(got_s[:fill][order], scores[want])
+    assert (got_i[fill:] == -5).all() and (got_s[fill:] == 123.0).all()
+
+
+@pytest.mark.parametrize("stage", [7, 2048])
+def test_filter_counts_past_its_buffer(rng, stage):
+    """More scores reach the seed than the buffer holds: fill and counts[0, 1] count all of them,
+    the buffer's every entry holds a distinct kept score and nothing is written past it."""
+    block, grid, cap = 32, 4, 300
+    n = 5000 + 3
+    scores = rng.standard_normal(n).astype(np.float32)
+    seed = np.float32(-0.5)
+    want = np.flatnonzero(scores >= seed)
+    fill, counts, got_i, got_s = _run_filter(scores, seed, cap, block, stage, grid)
+    assert fill == want.size > cap and counts == [n, want.size]
+    assert np.unique(got_i).size == cap and np.isin(got_i, want).all()
+    np.testing.assert_array_equal(got_s, scores[got_i])
+
+
+def test_filter_empty_and_none_kept(rng):
+    """No score at or above the seed (no reservation at all), and an empty array."""
+    scores = rng.standard_normal(1000).astype(np.float32)
+    fill, counts, got_i, _ = _run_filter(scores, np.float32(99.0), 64, 32, 64, 2)
+    assert fill == 0 and counts == [1000, 0] and (got_i == -5).all()
+    fill, counts, _, _ = _run_filter(np.zeros(0, np.float32), np.float32(0.0), 64, 32, 64, 1)
+    assert fill == 0 and counts == [0, 0]
+
+
+def _run_radix(scores, slots, k, block, has_ids, ids, stage_words, kmax=None, fill=None):
+    cuda = launch.cuda()
+    m = scores.size
+    kmax = kmax or k
+    out = [cuda.to_device(np.full((1, kmax), v, dt)) for v, dt in ((9.0, np.float32), (7, np.int32), (7, np.int64))]
+    final_radix_kernel(max(2, 1 << (kmax - 1).bit_length()), block, has_ids, stage_words)[(1, 1), block](
+        cuda.to_device(scores[None, :]), cuda.to_device(slots.astype(np.int32)[None, :]),
+        cuda.to_device(np.array([m if fill is None else fill], np.int64)), cuda.to_device(np.array([0, m], np.int64)),
+        cuda.to_device(ids) if has_ids else launch.dummy(np.int64), cuda.to_device(np.array([k], np.int64)), *out)
+    return [o.copy_to_host()[0] for o in out]
+
+
+# stage_words: None (the default: all keys staged), 64 (read from the buffer, compacted into
+# (key, index) pairs once the entries at or above the chosen bin fit 32), 2 (never staged)
+@pytest.mark.parametrize("stage_words", [None, 64, 2])
+@pytest.mark.parametrize("has_ids", [False, True])
+def test_radix_final_staging_modes(rng, stage_words, has_ids):
+    """Ties at the k-th score (-0 against +0 too), +-inf, k below, at and above the fill."""
+    m = 600
+    scores = rng.choice(np.array([2.0, 0.0, -0.0, -1.0, np.inf, -np.inf], np.float32), m,
+                        p=[.03, .3, .3, .2, .02, .15])
+    scores[rng.choice(m, 40, replace=False)] = rng.standard_normal(40).astype(np.float32)
+    ids = rng.choice(5 * m, m, replace=False).astype(np.int64)
+    order = rng.permutation(m)
+    for k in (1, 9, 25, 200, m, m + 5):
+        got_s, got_slot, got_id = _run_radix(scores[order], order, k, 32, has_ids, ids, stage_words)
+        want = oracle.topk(scores, k, ids=ids if has_ids else None)
+        np.testing.assert_array_equal(got_id, want.ids, err_msg=f"k={k}")
+        np.testing.assert_array_equal(got_s, want.scores, err_msg=f"k={k}")
+        real = got_slot >= 0
+        np.testing.assert_array_equal((ids[got_slot[real]] if has_ids else got_slot[real]), got_id[real])
+
+
+@pytest.mark.parametrize("stage_words", [None, 2])
+def test_radix_final_stops_when_a_bin_holds_exactly_the_rest(rng, stage_words):
+    """The k best sit alone in their top-byte bin (the select stops after one pass: winners are
+    every key at or above that bin, compared under its mask), and then with one more such score
+    than k, whose lowest ids must win."""
+    m = 500
+    scores = rng.uniform(1.0, 1.5, m).astype(np.float32)
+    top = rng.choice(m, 12, replace=False)
+    scores[top] = np.float32(3e30) + rng.integers(0, 3, 12).astype(np.float32) * np.float32(1e24)
+    ids = rng.choice(4 * m, m, replace=False).astype(np.int64)
+    for k in (12, 11, 5, 13):
+        for has_ids in (False, True):
+            got_s, _, got_id = _run_radix(scores, np.arange(m), k, 32, has_ids, ids, stage_words)
+            want = oracle.topk(scores, k, ids=ids if has_ids else None)
+            np.testing.assert_array_equal(got_id, want.ids, err_msg=f"k={k} ids={has_ids}")
+            np.testing.assert_array_equal(got_s, want.scores)
+
+
+@pytest.mark.parametrize("block", [64, 300])
+def test_radix_final_other_blocks(rng, block):
+    """Blocks wider than the 256-bin histogram (the launch default is 1024) or not a power of two;
+    a fill past the buffer is clamped to it; pads past the fill."""
+    m = 1000
+    scores = rng.integers(-30, 30, m).astype(np.float32)
+    ids = rng.choice(3 * m, m, replace=False).astype(np.int64)
+    for k, kmax in ((1, 1), (100, 128), (m, m + 3)):
+        got_s, got_slot, got_id = _run_radix(scores, np.arange(m), k, block, True, ids, None, kmax=kmax,
+                                             fill=m + 50)
+        want = oracle.topk(scores, k, ids=ids)
+        np.testing.assert_array_equal(got_id[:k], want.ids)
+        np.testing.assert_array_equal(got_s[:k], want.scores)
+        assert (got_id[k:] == -1).all() and (got_slot[k:] == -1).all() and np.isneginf(got_s[k:]).all()
+
+
+def test_radix_stage_words_fit_shared_memory():
+    """The answer (8 bytes an entry), staging and histograms stay under 48 KiB at every cap."""
+    for cap in (2, 128, 1024, 2048, 4096):
+        w = radix_stage_words(cap)
+        assert w % 256 == 0 and w >= 2048 and 8 * cap + 4 * w + 2 * 1024 + 64 <= 48 * 1024
+    assert radix_stage_words(1024) >= 8192  # the seed's 8,192 samples and a k = 1000 filter's ~4,000
