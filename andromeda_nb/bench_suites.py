@@ -631,12 +631,13 @@ def topk(env, ceil, args) -> list[dict]:
         rows.append(r)
         bench.print_rows([r])
 
-    def block_topk_row(scores, n, k, seeded, suffix="", elig=None, mask=None, path=None, **fields):
+    def block_topk_row(scores, n, k, seeded, suffix="", elig=None, mask=None, path=None, radix_max=None, **fields):
         """Time one block top-K call (seeded or not, by ``path`` or the default seeded path,
-        optionally on an eligible bitset), check it against torch.topk and add its row."""
+        optionally on an eligible bitset; ``radix_max``: the seed's radix-select sample limit),
+        check it against torch.topk and add its row."""
         d_scores = cuda.as_cuda_array(scores)
         offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
-        sws = SeedWorkspace.make(n, k) if seeded else None
+        sws = SeedWorkspace.make(n, k, radix_max) if seeded else None
         # above the block top-K's k limit only the filter path runs (no block top-K workspace)
         ws = (TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=sws is not None))
               if k <= BLOCK_TOPK_MAX_K else None)
@@ -678,6 +679,10 @@ def topk(env, ceil, args) -> list[dict]:
             if k == 1000:  # the seeded block top-K lists + merge, for comparison
                 block_topk_row(scores, 100_000_000, k, True, path="scan", access="random",
                                notes="seeded scan + merge path")
+                # the seed by one 1024-thread block's radix select over all 262,144 samples instead
+                # of the block top-K (5 launches, 80 us at 0a826c3); prediction ~25-35 us
+                block_topk_row(scores, 100_000_000, k, True, "_radix_seed", radix_max=1 << 20, access="random",
+                               notes="seed: one block's radix select over the whole sample")
                 one(100_000_000, k, "random", False)
                 timing = bench.time_device(lambda: cp.argpartition(scores, scores.size - k)[-k:], reps=5)
                 add(bench.row("topk", env, ceil, timing, scores.size, 4.0, None, "baseline (unsorted top-k indices)",

@@ -220,10 +220,11 @@ class SeedWorkspace:
     a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (at most n/8, at most
     MAX_SAMPLE_CHUNKS runs, and no more than a seed rank r of about SEED_SAMPLE_RANK needs), and
     the buffers of its top-r: a radix select (the sample is the candidate buffer, its slots
-    0..m-1) up to RADIX_SEED_MAX_SAMPLE samples, else a block top-K workspace ``ws``."""
+    0..m-1) up to ``radix_max`` (default RADIX_SEED_MAX_SAMPLE) samples, else a block top-K
+    workspace ``ws``."""
 
     @classmethod
-    def make(cls, n: int, k: int):
+    def make(cls, n: int, k: int, radix_max: int | None = None):
         enough = -(-SEED_SAMPLE_RANK * n // (SEED_MARGIN * k * SAMPLE_CHUNK)) if k else 0
         chunks = int(min(MAX_SAMPLE_CHUNKS, n // 8 // SAMPLE_CHUNK, enough))
         m = chunks * SAMPLE_CHUNK
@@ -236,7 +237,7 @@ class SeedWorkspace:
         self.sample = cuda.device_array((1, m), np.float32)  # 2-D: the radix select's buffer
         self.sample_flat = self.sample.reshape(m)  # the sample kernel's (and block top-K's) view
         self.ws = None
-        if m > RADIX_SEED_MAX_SAMPLE:
+        if m > (RADIX_SEED_MAX_SAMPLE if radix_max is None else radix_max):
             offsets, ks = np.array([0, m], np.int64), np.array([r], np.int64)
             self.ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
             return self
@@ -357,8 +358,9 @@ def launch_filter(d_scores, n: int, fws: FilterWorkspace, seed, elig=None, block
     from .kernels.topk import FILTER_ITEMS, filter_kernel
 
     block = block or launch.default_block()
-    grid = launch.grid_for(-(-n // FILTER_ITEMS), block, blocks_per_sm=8)
-    filter_kernel(block, elig is not None)[grid, block](
+    kern = filter_kernel(block, elig is not None)
+    grid = launch.resident_grid(kern, -(-n // FILTER_ITEMS), block, blocks_per_sm=8)
+    kern[grid, block](
         d_scores, n, elig if elig is not None else launch.dummy(np.uint64), seed, fws.buf_s, fws.buf_i, fws.fill,
         fws.counts)
 
