@@ -39,21 +39,6 @@ def grid_for(n_items: int, block: int, blocks_per_sm: int = GPU_BLOCKS_PER_SM) -
     return min(need, cap)
 
 
-def resident_grid(kernel, n_items: int, block: int, blocks_per_sm: int = GPU_BLOCKS_PER_SM) -> int:
-    """Blocks for a grid-stride loop over ``n_items`` that all run at once: the compiled
-    ``kernel``'s resident blocks per SM (registers, shared memory) times the SMs, at most what the
-    items need. A grid of ``blocks_per_sm`` per SM that does not fit in one wave leaves a partial
-    last wave running a share of the items at a fraction of the occupancy (the top-K filter at
-    10^8 scores: 1,056 blocks, 792 resident, 0.59 of the read ceiling on the H200). Before the
-    kernel's first compilation (and in the simulator) it is :func:`grid_for`."""
-    fallback = grid_for(n_items, block, blocks_per_sm)
-    if backend.is_simulator() or not getattr(kernel, "overloads", None):
-        return fallback
-    need = max(1, -(-int(n_items) // block))
-    resident = max(k.max_cooperative_grid_blocks(block) for k in kernel.overloads.values())
-    return max(1, min(need, resident))
-
-
 def is_device_array(x) -> bool:
     return cuda().is_cuda_array(x) if hasattr(cuda(), "is_cuda_array") else hasattr(x, "copy_to_host")
 

@@ -209,6 +209,8 @@ SEED_MARGIN = 4  # aim for ~4k scores at or above the seed
 #: small array an r in the hundreds cost more than the scan it saves (500,000 scores, k = 1000:
 #: r = 500 of 62,464 samples took 200 of 264 us on the H200)
 SEED_SAMPLE_RANK = 64
+#: (10^8 scores, 262,144 samples: one 1024-thread block's radix select 373 us per call against 266 us
+#: with the block top-K seed, commit 39b72d4)
 #: samples up to this size are seeded by one block's radix select (500,000 scores: 8,192 samples,
 #: 33 us on the H200, against 84 us for the block top-K path); larger ones by the block top-K
 #: over many blocks (10^8 scores: 262,144 samples in one block's radix select cost ~480 us more)
@@ -358,9 +360,10 @@ def launch_filter(d_scores, n: int, fws: FilterWorkspace, seed, elig=None, block
     from .kernels.topk import FILTER_ITEMS, filter_kernel
 
     block = block or launch.default_block()
-    kern = filter_kernel(block, elig is not None)
-    grid = launch.resident_grid(kern, -(-n // FILTER_ITEMS), block, blocks_per_sm=8)
-    kern[grid, block](
+    # 8 blocks per SM asked for; 6 fit (40 registers): a one-wave grid of 792 blocks
+    # (launch.resident_grid) measured no faster at 10^8 scores (149 -> 155 us, commit 39b72d4)
+    grid = launch.grid_for(-(-n // FILTER_ITEMS), block, blocks_per_sm=8)
+    filter_kernel(block, elig is not None)[grid, block](
         d_scores, n, elig if elig is not None else launch.dummy(np.uint64), seed, fws.buf_s, fws.buf_i, fws.fill,
         fws.counts)
 
