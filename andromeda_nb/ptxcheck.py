@@ -58,6 +58,16 @@ def variants():
     for model, d, E, K, values, dtype, layout, access, cap in configs:
         k = FK.fused_kernel(model, d, E, K, dtype, layout, access, 256, cap, True, values)
         out.append((f"fused {model} d{d} E{E} K{K} {values} {dtype} {layout} {access} cap{cap}", k, fused_sig))
+    # the seeded filter path of fused scoring + top-k (scoring.launch_score_filter), each access
+    filter_sig = (A(u64, 2), A(f32), A(f32), A(f32), A(u64), A(i32), i64, A(i64), A(f32), A(f32, 2), A(i32, 2),
+                  A(i64), A(i64, 2))
+    for access in FK.ACCESS:
+        k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", access, 256, 0, True, "chosen", None, 1, 1, True)
+        out.append((f"fused gated d64 E6K2 fp16 tiles {access} seed_filter", k, filter_sig))
+    out.append(("sample_prep cand", FK.sample_prep_kernel(True, False),
+                (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))
+    out.append(("sample_prep elig", FK.sample_prep_kernel(False, True),
+                (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))
     for every in (2, 4):  # the top-K barrier only every few rounds (KernelConfig.sync_every)
         k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "pool", 256, 2048, True, "chosen", None, 1, every)
         out.append((f"fused gated d64 E6K2 chosen fp16 tiles pool cap2048 every{every}", k, fused_sig))

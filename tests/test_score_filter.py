@@ -121,3 +121,24 @@ def test_k_above_the_block_limit(small_seed, monkeypatch, rng):
         score_topk(req, dt, 2100, path="block")
     with pytest.raises(ValueError, match="path"):
         score_topk(req, dt, 5, path="nope")
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.03, 0.5, 1.0])
+@pytest.mark.parametrize("path", ["block", "filter"])
+def test_bitset_compaction_per_tile(small_seed, rng, fraction, path):
+    """With an eligible bitset the top-K kernels compact each tile of positions to a shared list of
+    the eligible ones (kernels.fused.BITS_PER_THREAD per thread) and score it densely: sizes that
+    are not a multiple of a tile (512 positions in the simulator), empty, sparse, dense and full
+    sets, the gated model (its temporaries must not clobber the list's), against the oracle."""
+    n = 2000 + 77
+    req = Request.random(32, 4, 2, rng)
+    table = table_of(rng, n)
+    dt = DeviceAdTable(table, "rows")
+    pool = score_ads(req, dt).copy_to_host()
+    eligible = rng.random(n) < fraction
+    k = 40
+    top = score_topk(req, dt, k, eligible=eligible, path=path)
+    want = oracle.topk(pool, k, ids=table.ad_ids, eligible=eligible)
+    np.testing.assert_array_equal(top.ids, want.ids)
+    np.testing.assert_array_equal(top.scores, want.scores)
+    assert top.count == want.count == eligible.sum()

@@ -38,7 +38,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, int64, uint64
+from numba import cuda, float32, int16, int32, int64, uint64
 from numba.cuda.core import config
 
 from .bits import test_bit
@@ -46,6 +46,8 @@ from .intrinsics import DECODE, PER_WORD, lds4, max_nan
 from .topk import block_topk
 
 ACCESS = ("pool", "bitset", "candidates")
+#: eligible-bitset positions each thread expands per tile of the compacting (top-K) bitset kernels
+BITS_PER_THREAD = 16
 LAYOUTS = ("rows", "tiles")
 MODELS = ("gated", "dot")
 #: shared-memory row pitch of V: d + PAD floats
@@ -109,26 +111,68 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     emit("    zero = float32(0.0)")
     per_round = block * items if fused else block
     emit("    rnd = 0")
-    emit(f"    stride = cuda.gridDim.x * {per_round}")
-    emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, n_items, stride):")
-    if fused:
-        # several ads per thread between two top-K barrier pairs (the barriers, not the scoring,
-        # were a third of the fused kernel's time with one ad per round)
-        emit(f"      for it in range({items}):")
-        emit(f"        base = base0 + it * {block}")
+    # an eligible bitset feeding a top-K (not scores to memory, which writes NaN where ineligible):
+    # each tile of BITS_PER_THREAD * block positions is first compacted into a shared list of its
+    # eligible positions, and the threads score the list densely; scoring position by position
+    # runs the gate in every warp that holds one eligible ad (nearly all of them at 10 %)
+    compact = access == "bitset" and (fused or seed_filter)
+    if compact:
+        tile = BITS_PER_THREAD * block
+        emit(f"    lst = cuda.shared.array({tile}, int16)")
+        emit(f"    bcnt = cuda.shared.array({block}, int32)")
+        emit(f"    for tile0 in range(cuda.blockIdx.x * {tile}, n_items, cuda.gridDim.x * {tile}):")
+        emit(f"      p0 = tile0 + {BITS_PER_THREAD} * tid")
+        emit("      bits = uint64(0)")
+        emit("      if p0 < n_items:")
+        emit(f"        bits = (elig[p0 >> 6] >> uint64(p0 & 63)) & uint64({(1 << BITS_PER_THREAD) - 1})")
+        emit("      n_bits = int32(cuda.popc(bits))")
+        emit("      bcnt[tid] = n_bits")
+        emit("      cuda.syncthreads()")
+        emit("      off = 1")  # inclusive scan of the per-thread counts (Hillis-Steele)
+        emit(f"      while off < {block}:")
+        emit("        add = bcnt[tid - off] if tid >= off else 0")
+        emit("        cuda.syncthreads()")
+        emit("        bcnt[tid] += add")
+        emit("        cuda.syncthreads()")
+        emit("        off *= 2")
+        emit(f"      n_list = bcnt[{block - 1}]")
+        emit("      at_list = bcnt[tid] - n_bits")
+        emit("      bit = 0")
+        emit("      while bits != 0:")
+        emit("        if bits & uint64(1):")
+        emit(f"          lst[at_list] = int16({BITS_PER_THREAD} * tid + bit)")
+        emit("          at_list += 1")
+        emit("        bits >>= uint64(1)")
+        emit("        bit += 1")
+        emit("      cuda.syncthreads()")
+        emit(f"      for base in range(0, n_list, {block}):")
+        if not fused:  # no barrier in this loop: keep the shared weight loads in it (see below)
+            emit("        cuda.threadfence_block()")
+        emit("        jj = base + tid")
+        emit("        ok = jj < n_list")
+        emit("        j = tile0 + int64(lst[jj]) if ok else int64(0)")
+        emit("        slot = j")
     else:
-        emit("        base = base0")
-    if not fused:
-        # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it
-        # would hold all of them in registers and spill); the fused loop has barriers instead
-        emit("        cuda.threadfence_block()")
-    emit("        j = base + tid")
-    emit("        ok = j < n_items")
-    emit("        slot = j")
+        emit(f"    stride = cuda.gridDim.x * {per_round}")
+        emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, n_items, stride):")
+        if fused:
+            # several ads per thread between two top-K barrier pairs (the barriers, not the scoring,
+            # were a third of the fused kernel's time with one ad per round)
+            emit(f"      for it in range({items}):")
+            emit(f"        base = base0 + it * {block}")
+        else:
+            emit("        base = base0")
+        if not fused:
+            # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it
+            # would hold all of them in registers and spill); the fused loop has barriers instead
+            emit("        cuda.threadfence_block()")
+        emit("        j = base + tid")
+        emit("        ok = j < n_items")
+        emit("        slot = j")
     if access == "candidates":
         emit("        if ok:")
         emit("            slot = int64(cand[j])")
-    elif access == "bitset":
+    elif access == "bitset" and not compact:
         emit("        if ok:")
         emit("            ok = test_bit(elig, j) != 0")
     emit("        s = float32(math.nan)")
@@ -204,8 +248,13 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit("        if ok and not math.isnan(s):")
         emit("            mine += 1")
         emit("        topk_insert(buf_s, buf_i, st, thr_s, thr_i, s, int32(slot), ok, ids)")
-        emit("      topk_round_end(buf_s, buf_i, st, thr_s, thr_i, ids, k, rnd)")
-        emit("      rnd += 1")
+        if compact:  # a round per list chunk (m is the same in every thread: the rounds are uniform)
+            emit("        topk_round_end(buf_s, buf_i, st, thr_s, thr_i, ids, k, rnd)")
+            emit("        rnd += 1")
+            emit("      cuda.syncthreads()")  # the next tile rewrites the list
+        else:
+            emit("      topk_round_end(buf_s, buf_i, st, thr_s, thr_i, ids, k, rnd)")
+            emit("      rnd += 1")
         emit("    cuda.atomic.add(n_ok, 0, mine)")
         emit("    topk_finish(buf_s, buf_i, st, thr_s, thr_i, ids, cand_s, cand_i, cuda.blockIdx.x * k, k)")
         emit("    cuda.syncthreads()")
@@ -222,6 +271,8 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit("                if pos < cap:")
         emit("                    buf_s[0, pos] = s")
         emit("                    buf_i[0, pos] = int32(slot)")
+        if compact:
+            emit("      cuda.syncthreads()")  # the next tile rewrites the list
         emit("    cuda.atomic.add(tally, 0, mine)")
         emit("    cuda.atomic.add(tally, 1, above)")
         emit("    cuda.syncthreads()")
@@ -268,7 +319,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError("seed_filter and a block top-K buffer (topk_cap) exclude each other")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
                   seed_filter)
-    env = {"cuda": cuda, "float32": float32, "int32": int32, "int64": int64, "uint64": uint64,
+    env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1)}
     if topk_cap:
