@@ -15,7 +15,7 @@ from .match import DeviceTargetingIndex, match_eligible
 from .model import Request
 from .scoring import DeviceAdTable, score_topk
 from .targeting import table_slots
-from .topk import BLOCK_TOPK_MAX_K, check_k
+from .topk import check_k
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Retrieved:
 def retrieve(requests: Request | Sequence[Request], table: DeviceAdTable,
              index: DeviceTargetingIndex | None, profiles: Mapping | Sequence[Mapping] | None,
              k: int, exclude_slots=None) -> Retrieved | list[Retrieved]:
-    """Targeting -> fused gather-gate-score -> block top-K, on the device.
+    """Targeting -> fused gather-gate-score -> top-K, on the device.
 
     Args:
         requests: one :class:`~andromeda_nb.model.Request` or a sequence (a batch).
@@ -40,7 +40,7 @@ def retrieve(requests: Request | Sequence[Request], table: DeviceAdTable,
         index: the device targeting index, or None to score the whole pool.
         profiles: one profile ``{category: values}`` per request (a single mapping for a single
             request); ignored when ``index`` is None.
-        k: ``1 <= k <= topk.BLOCK_TOPK_MAX_K`` (2048: the fused top-K).
+        k: ``1 <= k <= topk.MAX_K`` (4096; :func:`~andromeda_nb.scoring.score_topk`).
         exclude_slots: per request, optional slots to drop after matching (e.g. ads already seen).
 
     Returns:
@@ -51,8 +51,6 @@ def retrieve(requests: Request | Sequence[Request], table: DeviceAdTable,
             profile (all before any launch for that request).
     """
     k = check_k(k)
-    if k > BLOCK_TOPK_MAX_K:
-        raise ValueError(f"k={k}: retrieval fuses top-K into scoring, which supports k <= {BLOCK_TOPK_MAX_K}")
     single = isinstance(requests, Request)
     reqs = [requests] if single else list(requests)
     if index is not None:

@@ -69,3 +69,16 @@ def test_mismatches_are_refused_before_launch(rng):
         retrieve(req, DeviceAdTable(shuffled), di, {}, 3)
     with pytest.raises(ValueError, match="d=64"):
         retrieve(Request.random(64, 2, 1, rng), dt, di, {}, 3)
+
+
+def test_k_above_the_block_topk_limit(rng):
+    """k = 2100 > BLOCK_TOPK_MAX_K: retrieval still answers exactly (fewer eligible than k: pads)."""
+    rules, table, dt, di = world(rng, n=2300)
+    req = Request.random(32, 4, 2, rng)
+    prof = random_profile(rng, rules.schema)
+    out = retrieve(req, dt, di, prof, 2100)
+    elig = oracle.match(rules, make_profile(rules.schema, prof))
+    want = oracle.topk(score_ads(req, dt).copy_to_host(), 2100, ids=table.ad_ids, eligible=elig)
+    np.testing.assert_array_equal(out.ids, want.ids)
+    np.testing.assert_array_equal(out.scores, want.scores)
+    assert out.n_scored == elig.sum()

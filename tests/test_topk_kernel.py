@@ -459,7 +459,8 @@ def test_k_beyond_the_block_topk_limit(monkeypatch, rng, case):
 
 def test_k_beyond_the_block_topk_limit_is_refused_where_the_block_topk_runs():
     """The batched form and fused scoring's block path keep the block top-K's limit, with a message
-    naming it (fused scoring's default filter path takes k up to MAX_K: tests/test_score_filter.py)."""
+    naming it (fused scoring's default filter path, and so retrieve, take k up to MAX_K:
+    tests/test_score_filter.py, tests/test_pipeline.py)."""
     k = T.BLOCK_TOPK_MAX_K + 1
     with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):
         T.TopKWorkspace(np.array([0, 5000]), np.array([k]), 1)
@@ -468,8 +469,8 @@ def test_k_beyond_the_block_topk_limit_is_refused_where_the_block_topk_runs():
 
     with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):  # k is checked before anything else
         score_topk(None, None, k, path="block")
-    with pytest.raises(ValueError, match=str(T.BLOCK_TOPK_MAX_K)):
-        retrieve(None, None, None, None, k)
+    with pytest.raises(ValueError, match=str(T.MAX_K)):  # retrieve goes through score_topk: up to MAX_K
+        retrieve(None, None, None, None, T.MAX_K + 1)
     assert topk_scores(np.zeros(0, np.float32), k).count == 0  # and an empty array pads
 
 
