@@ -34,6 +34,8 @@ MATCH_THREADS_PER_SM = {4: 1024, 8: 768, 16: 512}
 #: Rows the match loads together (:func:`~andromeda_nb.kernels.match.match_grouped_kernel`); 0: the
 #: plain kernel, one row at a time with per-row early exit.
 MATCH_GROUP = 0
+#: Largest group: each thread holds group x words_per_thread loaded words in registers.
+MAX_GROUP = 64
 
 
 def plan_ops(inc_ptr, inc_rows, exc_ptr, exc_rows) -> tuple[np.ndarray, np.ndarray]:
@@ -350,9 +352,14 @@ class DeviceTargetingIndex:
         if prepared.version != self._version:
             raise RuntimeError(f"batch prepared for index version {prepared.version}, device copy at "
                                f"{self._version}: prepare it again (or apply the pending deltas first)")
-        G = MATCH_GROUP if group is None else int(group)
-        if G < 0 or (G and prefetch):
-            raise ValueError(f"group must be >= 0 (0: the plain kernel) and not combined with prefetch, got {group!r}")
+        G = MATCH_GROUP if group is None else group
+        if isinstance(G, (bool, np.bool_)) or not isinstance(G, (int, np.integer)) or not 0 <= G <= MAX_GROUP:
+            raise ValueError(f"group must be an int in 0..{MAX_GROUP} (rows loaded together; 0: the plain "
+                             f"kernel), got {group!r}")
+        G = int(G)
+        if G and prefetch:
+            raise ValueError(f"group={G} and prefetch=True exclude each other (prefetch is a variant of the "
+                             "plain kernel, group=0)")
         cuda = launch.cuda()
         B, nw, a = prepared.batch, prepared.n_words, prepared.args
         if out is None:

@@ -50,6 +50,13 @@ class KernelConfig:
     def __post_init__(self):
         if self.values not in ("chosen", "all"):
             raise ValueError(f"values must be 'chosen' or 'all', got {self.values!r}")
+        if self.block is not None and (isinstance(self.block, bool) or not isinstance(self.block, int)
+                                       or not 1 <= self.block <= 1024):
+            raise ValueError(f"block must be None or an int in 1..1024 (threads per block), got {self.block!r}")
+        if self.max_registers is not None and (isinstance(self.max_registers, bool)
+                                               or not isinstance(self.max_registers, int)
+                                               or not 16 <= self.max_registers <= 255):
+            raise ValueError(f"max_registers must be None or an int in 16..255, got {self.max_registers!r}")
         for name in ("items", "sync_every", "blocks_per_sm"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -243,6 +250,34 @@ def _prepare(request, table: DeviceAdTable, eligible, candidates, unique: bool =
     return dreq, "pool", None, None, n
 
 
+def shared_bytes(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access: str = "pool",
+                 selects: bool = True) -> int:
+    """Static shared memory per block of the generated kernel: the weight image, plus for a fused
+    block top-K (``topk_k`` > 0) its buffer of 8-byte entries, plus for a bitset feeding a
+    selection (``selects``: block top-K or filter) its per-tile list of eligible positions."""
+    from .kernels.fused import BITS_PER_THREAD, image_size
+    from .kernels.topk import buffer_capacity
+
+    block = config.threads()
+    cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
+    listed = 2 * BITS_PER_THREAD * block + 4 * block if access == "bitset" and selects else 0
+    return 4 * image_size(dreq.model, dreq.d, dreq.experts) + 8 * cap + listed + 64
+
+
+def check_shared(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access: str = "pool",
+                 selects: bool = True) -> None:
+    """Raise ValueError (before any launch) when the kernel for this request, k, access and
+    configuration needs more shared memory per block than Numba's static limit
+    (:data:`SHARED_BYTES`)."""
+    shared = shared_bytes(dreq, topk_k, config, access, selects)
+    if shared > SHARED_BYTES:
+        raise ValueError(f"this configuration needs {shared} bytes of shared memory per block (weight image of "
+                         f"d={dreq.d}, E={dreq.experts}" + (f" + a top-{topk_k} buffer for block={config.threads()}, "
+                                                           f"items={config.items}, sync_every={config.sync_every}"
+                                                           if topk_k else "")
+                         + f"); Numba allows {SHARED_BYTES}: lower k, block, items or sync_every")
+
+
 def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int, config: KernelConfig):
     from .kernels.topk import buffer_capacity
 
@@ -255,15 +290,10 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
 
         return gated_score_kernel(dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
                                   block, cap, topk_k > 0)
-    from .kernels.fused import fused_kernel, image_size
+    from .kernels.fused import fused_kernel
 
     cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
-    shared = 4 * image_size(dreq.model, dreq.d, dreq.experts) + 8 * cap + 64
-    if shared > SHARED_BYTES:
-        raise ValueError(f"this configuration needs {shared} bytes of shared memory per block (weight image "
-                         f"+ a top-{topk_k} buffer of {cap} entries for block={block}, items={config.items}, "
-                         f"sync_every={config.sync_every}); Numba allows {SHARED_BYTES}: lower k, items or "
-                         "sync_every")
+    check_shared(dreq, topk_k, config, access, topk_k > 0)
     return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
                         block, cap, True, config.values, config.max_registers, config.items if topk_k else 1,
                         config.sync_every if topk_k else 1)
@@ -401,6 +431,15 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     return launch_final(k, fws, table.ad_ids)
 
 
+def _check_config(config) -> "KernelConfig":
+    """``config`` or the default; TypeError when it is not a :class:`KernelConfig`."""
+    if config is None:
+        return DEFAULT_CONFIG
+    if not isinstance(config, KernelConfig):
+        raise TypeError(f"config must be a KernelConfig, got {type(config).__name__}")
+    return config
+
+
 def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
               config: KernelConfig | None = None):
     """Scores written to device memory (the unfused-top-K path).
@@ -420,7 +459,12 @@ def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
     Raises:
         TypeError / ValueError: bad table, request, mask, candidates (slots out of range).
     """
+    config = _check_config(config)
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates)
+    if config.naive and dreq.model != "gated":
+        raise ValueError("the naive kernel implements the gated model only")
+    if not config.naive:
+        check_shared(dreq, 0, config, access, selects=False)
     out = launch.cuda().device_array(n_items, np.float32)
     launch_score(dreq, table, access, elig, cand, n_items, out, config)
     return out
@@ -450,21 +494,29 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
     from .topk import seeded_outcome, topk_scores
 
     k = check_k(k)
-    config = config or DEFAULT_CONFIG
-    path = path or SCORE_TOPK_PATH
+    config = _check_config(config)
+    path = SCORE_TOPK_PATH if path is None else path
     if path not in ("filter", "block"):
         raise ValueError(f"path must be 'filter' or 'block', got {path!r}")
     if k > BLOCK_TOPK_MAX_K and (path == "block" or config.naive):
         raise ValueError(f"k={k}: the fused block top-K supports k <= {BLOCK_TOPK_MAX_K} (its shared buffer); "
                          f"the filter path (path='filter', not naive) takes k <= {MAX_K}")
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates, unique=True)
+    if config.naive and dreq.model != "gated":
+        raise ValueError("the naive kernel implements the gated model only")
+    # whether the block top-K can run for this request: else the fallback is scores to memory
+    block_fits = k <= BLOCK_TOPK_MAX_K and (config.naive or shared_bytes(dreq, k, config, access) <= SHARED_BYTES)
+    if path == "block" and not block_fits:
+        check_shared(dreq, k, config, access)  # raises, naming the bytes
+    if not config.naive:
+        check_shared(dreq, 0, config, access)  # the filter pass and the scores-to-memory fallback
     sfw = ScoreFilterWorkspace.make(n_items, k, access) if path == "filter" and not config.naive else None
     if sfw is not None:
         fws = launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw)
         c = fws.counts.copy_to_host()[0]
         if seeded_outcome(fws, k, c) == "exact":
             return TopK(ids=fws.out_id[0].copy_to_host(), scores=fws.out_s[0].copy_to_host(), count=int(c[0]))
-    if k <= BLOCK_TOPK_MAX_K:
+    if block_fits:
         ws = launch_score_topk(dreq, table, k, access, elig, cand, n_items, config)
         return TopK(ids=ws.out_id[0].copy_to_host(), scores=ws.out_s[0].copy_to_host(),
                     count=int(ws.counts.copy_to_host()[0, 0]))

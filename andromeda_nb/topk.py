@@ -43,8 +43,9 @@ def check_k(k) -> int:
 
 
 def eligible_bitset(eligible, n: int):
-    """Accept an eligible set as a bool mask ``[n]`` or a uint64 bitset ``[ceil(n/64)]`` (host or
-    device) and return a device bitset. A host bitset must have no bits set past ``n``.
+    """Accept an eligible set as a host bool mask ``[n]`` or a uint64 bitset ``[ceil(n/64)]`` (host
+    or device) and return a device bitset. A host bitset must have no bits set past ``n`` (a
+    device one is trusted: its padding bits must be 0).
 
     Raises:
         TypeError / ValueError: wrong dtype, shape or contiguity, or padding bits set.
@@ -53,6 +54,10 @@ def eligible_bitset(eligible, n: int):
     if isinstance(eligible, np.ndarray) and eligible.dtype == np.bool_:
         launch.check_array("eligible", eligible, np.bool_, shape=(n,))
         return launch.to_device(bits_from_mask(eligible))
+    if getattr(eligible, "dtype", None) is not None and np.dtype(eligible.dtype) != np.uint64:
+        raise TypeError(f"eligible must be a host bool mask [{n}] or a uint64 bitset [{n_words}] (host or "
+                        f"device), got dtype {np.dtype(eligible.dtype).name}"
+                        + (" on the device" if not isinstance(eligible, np.ndarray) else ""))
     launch.check_array("eligible", eligible, np.uint64, shape=(n_words,))
     if isinstance(eligible, np.ndarray) and n % WORD_BITS and n_words:
         if int(eligible[-1]) >> (n % WORD_BITS):

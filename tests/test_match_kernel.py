@@ -242,11 +242,12 @@ def test_grouped_refuses_bad_group(rng):
     rules = random_rules(rng, 50)
     index = DeviceTargetingIndex(TargetingIndex(rules))
     prepared = index.prepare([{}])
-    for bad in (-1,):
-        with pytest.raises(ValueError, match="group"):
+    for bad in (-1, 2.5, 0.5, True, "2", 65, 2**40):
+        with pytest.raises(ValueError, match="group must be an int"):
             index.launch(prepared, group=bad)
-    with pytest.raises(ValueError, match="prefetch"):
-        index.launch(prepared, group=2, prefetch=True)
+    for g in (1, 2):
+        with pytest.raises(ValueError, match="exclude each other"):
+            index.launch(prepared, group=g, prefetch=True)
 
 
 def test_read_model_counts_grouped_rows():

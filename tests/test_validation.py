@@ -99,3 +99,72 @@ def test_topk_ids_must_not_collide_with_the_pad():
 
     with pytest.raises(ValueError, match="non-negative"):
         topk_scores(np.arange(4, dtype=np.float32), 2, ids=np.array([3, -1, 5, 6], np.int64))
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Fail the test if any scoring / top-K launch path is entered."""
+    from andromeda_nb import scoring
+
+    def boom(*a, **kw):
+        raise AssertionError("a kernel launch path was entered")
+
+    for name in ("_launch", "launch_score", "launch_score_topk", "launch_score_filter"):
+        monkeypatch.setattr(scoring, name, boom)
+
+
+def test_kernel_config_and_path_checked_before_launch(rng, no_launch):
+    from andromeda_nb.scoring import KernelConfig
+
+    for bad in (0, -1, 2.5, True, 1025):
+        with pytest.raises(ValueError, match="block"):
+            KernelConfig(block=bad)
+    for bad in (0, -5, 300, 2.0):
+        with pytest.raises(ValueError, match="max_registers"):
+            KernelConfig(max_registers=bad)
+    table = DeviceAdTable(AdTable.from_float(rng.standard_normal((50, 32)), dtype="fp16"))
+    req = Request.random(32, 4, 2, rng)
+    with pytest.raises(TypeError, match="KernelConfig"):
+        score_topk(req, table, 5, config={"block": 64})
+    for bad in ("", 0, "x"):
+        with pytest.raises(ValueError, match="path"):
+            score_topk(req, table, 5, path=bad)
+    with pytest.raises(ValueError, match="naive"):  # the naive kernel is gated only
+        score_topk(rng.standard_normal(32), table, 5, config=KernelConfig(naive=True))
+    with pytest.raises(ValueError, match="naive"):
+        score_ads(rng.standard_normal(32), table, config=KernelConfig(naive=True))
+
+
+def test_shared_memory_checked_before_launch(rng, monkeypatch):
+    """d = 256, E = 8: the weight image is 18 KB, so a top-2048 block buffer does not fit in 48 KiB.
+    path="block" refuses before any launch; the default path answers exactly anyway, by the filter
+    path or scores in memory, never by the block top-K."""
+    from andromeda_nb import oracle
+    from andromeda_nb import scoring as S
+    from andromeda_nb.scoring import KernelConfig
+
+    n, d = 300, 256
+    table = AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype="fp16",
+                               ad_ids=rng.permutation(n) + 5)
+    dt = DeviceAdTable(table)
+    req = Request.random(d, 8, 2, rng)
+    calls = []
+    real = S.launch_score_topk
+    monkeypatch.setattr(S, "launch_score_topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for k, config in ((2048, None), (1800, KernelConfig(block=256))):
+        with pytest.raises(ValueError, match="shared memory"):
+            score_topk(req, dt, k, path="block", config=config)
+    assert not calls
+    top = score_topk(req, dt, 2048)
+    want = oracle.topk(score_ads(req, dt).copy_to_host(), 2048, ids=table.ad_ids)
+    np.testing.assert_array_equal(top.ids, want.ids)
+    np.testing.assert_array_equal(top.scores, want.scores)
+    assert not calls, "the block top-K cannot run at this k: it must not be tried"
+
+
+def test_eligible_of_the_wrong_kind_names_both_accepted_forms(rng):
+    from andromeda_nb.topk import eligible_bitset
+
+    for bad in (np.ones(100, np.int8), np.ones(2, np.uint32)):
+        with pytest.raises(TypeError, match="bool mask"):
+            eligible_bitset(bad, 100)
