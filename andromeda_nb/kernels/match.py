@@ -43,6 +43,38 @@ def last_mask(n_bits, n_words):
 
 
 @functools.lru_cache(maxsize=None)
+def _result_words(block: int, U: int):
+    """Inline device function shared by the match kernels: write a thread's ``U`` result words
+    (``e[u]`` at word ``base + u * block + tid``, the last word masked to the valid bits) and
+    return their popcount."""
+
+    @cuda.jit(device=True, inline=True)
+    def store(out, b, e, base, tid, n_words, lmask):
+        n = int64(0)
+        for u in range(U):
+            w = base + u * block + tid
+            if w < n_words:
+                x = e[u]
+                if w == n_words - 1:
+                    x &= lmask
+                out[b, w] = x
+                n += int64(cuda.popc(x))
+        return n
+
+    return store
+
+
+@cuda.jit(device=True, inline=True)
+def add_count(counts, b, block_count, mine):
+    """Sum the threads' counts in shared ``block_count[0]`` (zeroed and synchronised at the
+    start), then one global add to ``counts[b]``."""
+    cuda.atomic.add(block_count, 0, mine)
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        cuda.atomic.add(counts, b, block_count[0])
+
+
+@functools.lru_cache(maxsize=None)
 def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int = 0, prefetch: bool = False):
     """The match. Launch ``[(gx, B), block]``, ``blockIdx.y`` = request.
 
@@ -72,6 +104,7 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
     PF = bool(prefetch)
     # the simulator's cuda.jit takes no launch_bounds: pass it only when set
     opts = {"launch_bounds": (int(block), int(min_blocks_per_sm))} if min_blocks_per_sm else {}
+    store = _result_words(int(block), U)
 
     @cuda.jit(device=True, inline=True)
     def load_row(rows, scratch, r, nr, wb, e, acc, new_only, t):
@@ -154,19 +187,9 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
                     for u in range(U):
                         alive |= e[u]
                 c += 1
-            for u in range(U):
-                w = base + u * block + tid
-                if w < n_words:
-                    x = e[u]
-                    if w == n_words - 1:
-                        x &= lmask
-                    out[b, w] = x
-                    mine += int64(cuda.popc(x))
+            mine += store(out, b, e, base, tid, n_words, lmask)
             base += step
-        cuda.atomic.add(block_count, 0, mine)
-        cuda.syncthreads()
-        if tid == 0:
-            cuda.atomic.add(counts, b, block_count[0])
+        add_count(counts, b, block_count, mine)
 
     return kernel
 
@@ -199,6 +222,7 @@ def match_grouped_kernel(block: int, words_per_thread: int = 4, group: int = 4, 
     G = int(group)
     GU = G * U
     opts = {"launch_bounds": (int(block), int(min_blocks_per_sm))} if min_blocks_per_sm else {}
+    store = _result_words(int(block), U)
 
     @cuda.jit(device=True, inline=True)
     def load_alive(rows, scratch, r, nr, wb, e, t, off):
@@ -266,19 +290,9 @@ def match_grouped_kernel(block: int, words_per_thread: int = 4, group: int = 4, 
                 for u in range(U):
                     alive |= e[u]
                 j += G
-            for u in range(U):
-                w = base + u * block + tid
-                if w < n_words:
-                    x = e[u]
-                    if w == n_words - 1:
-                        x &= lmask
-                    out[b, w] = x
-                    mine += int64(cuda.popc(x))
+            mine += store(out, b, e, base, tid, n_words, lmask)
             base += step
-        cuda.atomic.add(block_count, 0, mine)
-        cuda.syncthreads()
-        if tid == 0:
-            cuda.atomic.add(counts, b, block_count[0])
+        add_count(counts, b, block_count, mine)
 
     return kernel
 
