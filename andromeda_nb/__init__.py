@@ -18,6 +18,7 @@ _LAZY = {
     "score_ads": "scoring",
     "score_topk": "scoring",
     "topk_scores": "topk",
+    "topk_batch": "topk",
     "MAX_K": "topk",
     "BLOCK_TOPK_MAX_K": "topk",
     "DeviceTargetingIndex": "match",

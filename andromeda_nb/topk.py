@@ -507,6 +507,97 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     return _result(ws, c)
 
 
+def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None = None) -> list[TopK]:
+    """Exact top-k of many requests at once: request ``r`` owns ``scores[offsets[r]:offsets[r+1]]``
+    and its own ``ks[r]``; one launch set for the batch (the block top-K: per-block lists, then
+    the merge on the device), the contract of :func:`topk_scores` per request.
+
+    Args:
+        scores: ``float32[total]``, host or device, C-contiguous.
+        offsets: int ``[B + 1]``, ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == total``;
+            ``1 <= B <= MAX_BATCH``; an empty slice answers all pads.
+        ks: int ``[B]``, each ``1..MAX_K``. Requests with ``k > BLOCK_TOPK_MAX_K`` (2048) are
+            answered one at a time by :func:`topk_scores` (radix select); the others together.
+        eligible: optional host bool mask ``[total]`` (each request's slice of it).
+        ids: optional ``int64[total]`` ids, non-negative and unique within each request
+            (tie-breaks and output); default the position within the request's slice.
+        block: threads per block (1..1024; default 256 on a GPU, 32 in the simulator).
+
+    Returns:
+        one :class:`~andromeda_nb.model.TopK` per request (host arrays of length ``ks[r]``).
+
+    Raises:
+        TypeError / ValueError: bad dtype, shape, contiguity, offsets, k, block, mask or ids,
+            before any launch.
+    """
+    launch.check_array("scores", scores, np.float32, ndim=1)
+    total = int(scores.shape[0])
+    offsets = np.asarray(offsets)
+    ks = np.asarray(ks)
+    if offsets.ndim != 1 or not np.issubdtype(offsets.dtype, np.integer) or offsets.size < 2:
+        raise ValueError(f"offsets must be a 1-D integer array of B + 1 >= 2 entries, got {offsets!r}")
+    B = offsets.size - 1
+    if B > MAX_BATCH:
+        raise ValueError(f"at most {MAX_BATCH} requests per batch, got {B}")
+    if offsets[0] != 0 or offsets[-1] != total or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"offsets must start at 0, never decrease and end at len(scores) = {total}")
+    if ks.shape != (B,) or not np.issubdtype(ks.dtype, np.integer) or ks.dtype == np.bool_:
+        raise ValueError(f"ks must be {B} integers (one per request), got {ks!r}")
+    for k in ks.tolist():
+        check_k(k)
+    if total > MAX_ITEMS:
+        raise ValueError(f"at most {MAX_ITEMS} scores per call, got {total}")
+    if block is not None and (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
+                              or not 1 <= block <= 1024):
+        raise ValueError(f"block must be an int in 1..1024 (threads per block), got {block!r}")
+    if eligible is not None:
+        launch.check_array("eligible", eligible, np.bool_, shape=(total,))
+        if not isinstance(eligible, np.ndarray):
+            raise TypeError("eligible must be a host bool mask [total]")
+    host_ids = None
+    if ids is not None:
+        launch.check_array("ids", ids, np.int64, shape=(total,))
+        host_ids = ids if isinstance(ids, np.ndarray) else ids.copy_to_host()
+        if total and host_ids.min() < 0:
+            raise ValueError("ids must be non-negative (-1 marks a pad in the result)")
+        for r in range(B):
+            if not all_unique(host_ids[offsets[r]:offsets[r + 1]]):
+                raise ValueError(f"ids must be unique within each request (request {r} repeats one)")
+    small = np.flatnonzero(ks <= BLOCK_TOPK_MAX_K)
+    out: list = [None] * B
+    d_scores = launch.to_device(scores)
+    if small.size:
+        sub = [(int(offsets[r]), int(offsets[r + 1])) for r in small]
+        if small.size == B:
+            d_sub, sub_off = d_scores, offsets.astype(np.int64)
+            sub_ids = None if ids is None else launch.to_device(ids)
+        else:  # the block top-K requests' slices, back to back
+            host = scores if isinstance(scores, np.ndarray) else scores.copy_to_host()
+            d_sub = launch.to_device(np.concatenate([host[a:b] for a, b in sub]) if sub else host[:0])
+            sub_off = np.concatenate([[0], np.cumsum([b - a for a, b in sub])]).astype(np.int64)
+            sub_ids = None if ids is None else launch.to_device(np.concatenate([host_ids[a:b] for a, b in sub]))
+        sub_ks = ks[small].astype(np.int64)
+        elig = None
+        if eligible is not None:
+            words = max(1, -(-int(np.diff(sub_off).max()) // WORD_BITS))
+            bits = np.zeros((small.size, words), np.uint64)
+            for q, (a, b) in enumerate(sub):
+                w = bits_from_mask(eligible[a:b])
+                bits[q, :w.size] = w
+            elig = launch.to_device(bits)
+        ws = TopKWorkspace(sub_off, sub_ks, scan_lists(sub_off, sub_ks, block))
+        launch_topk_batch(d_sub, ws, elig, sub_ids, block=block)
+        out_id, out_s, counts = ws.out_id.copy_to_host(), ws.out_s.copy_to_host(), ws.counts.copy_to_host()
+        for q, r in enumerate(small):
+            k = int(ks[r])
+            out[r] = TopK(ids=out_id[q, :k].copy(), scores=out_s[q, :k].copy(), count=int(counts[q, 0]))
+    for r in np.flatnonzero(ks > BLOCK_TOPK_MAX_K):
+        a, b = int(offsets[r]), int(offsets[r + 1])
+        out[r] = topk_scores(d_scores[a:b], int(ks[r]), None if eligible is None else eligible[a:b],
+                             None if ids is None else host_ids[a:b], block)
+    return out
+
+
 def _topk_beyond_block(d_scores, n: int, k: int, elig, d_ids, block, seeded: bool) -> TopK:
     """k above the block top-K's limit: the seeded filter path when it answers exactly; otherwise
     (no seed for this size, a seed above the k-th score, or an overflowing buffer) one filter pass

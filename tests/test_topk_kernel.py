@@ -492,3 +492,63 @@ def test_filter_workspace_reuse_starts_from_zero(monkeypatch, rng):
         np.testing.assert_array_equal(fws.out_id.copy_to_host()[0], want.ids)
         c = fws.counts.copy_to_host()[0]
         assert c[0] == want.count and c[1] == fws.fill.copy_to_host()[0]
+
+
+@given(batch_cases(), st.booleans())
+def test_topk_batch_matches_oracle_per_request(case, with_ids):
+    """The validated batched form: per request the contract of topk_scores, empty slices padded."""
+    scores, offsets, ks, _, masks, ids = case
+    mask = None if masks is None else np.concatenate(masks) if masks else np.zeros(0, bool)
+    got = T.topk_batch(scores, offsets, ks, eligible=mask, ids=ids if with_ids else None)
+    for r in range(len(ks)):
+        lo, hi = offsets[r], offsets[r + 1]
+        want = oracle.topk(scores[lo:hi], int(ks[r]), ids=ids[lo:hi] if with_ids else None,
+                           eligible=None if masks is None else masks[r])
+        np.testing.assert_array_equal(got[r].ids, want.ids)
+        np.testing.assert_array_equal(got[r].scores, want.scores)
+        assert got[r].count == want.count
+
+
+def test_topk_batch_mixes_k_above_the_block_limit(rng):
+    """Requests above BLOCK_TOPK_MAX_K go one by one through topk_scores; the others stay batched,
+    with positions (or ids) of their own slices."""
+    sizes = [300, 2500, 0, 90]
+    ks = [7, T.BLOCK_TOPK_MAX_K + 5, 3, 200]
+    scores = rng.integers(-20, 20, sum(sizes)).astype(np.float32)
+    scores[::17] = np.nan
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    mask = rng.random(scores.size) < 0.7
+    ids = rng.permutation(5 * scores.size)[: scores.size].astype(np.int64)
+    for kw in ({}, {"eligible": mask}, {"ids": ids}, {"eligible": mask, "ids": ids}):
+        got = T.topk_batch(scores, offsets, ks, **kw)
+        for r, k in enumerate(ks):
+            lo, hi = offsets[r], offsets[r + 1]
+            want = oracle.topk(scores[lo:hi], k, ids=None if "ids" not in kw else ids[lo:hi],
+                               eligible=None if "eligible" not in kw else mask[lo:hi])
+            np.testing.assert_array_equal(got[r].ids, want.ids)
+            np.testing.assert_array_equal(got[r].scores, want.scores)
+            assert got[r].count == want.count
+
+
+def test_topk_batch_refuses_bad_input():
+    s = np.zeros(10, np.float32)
+    for offsets, ks, exc, msg in (
+            ([0, 5, 9], [1, 1], ValueError, "offsets"), ([1, 10], [1], ValueError, "offsets"),
+            ([0, 6, 5, 10], [1, 1, 1], ValueError, "offsets"), ([0], [], ValueError, "offsets"),
+            ([0.0, 10.0], [1], ValueError, "offsets"), ([0, 10], [1, 2], ValueError, "ks"),
+            ([0, 10], [0], ValueError, "k=0"), ([0, 10], [T.MAX_K + 1], ValueError, "4096"),
+            ([0, 10], [True], ValueError, "ks")):
+        with pytest.raises(exc, match=msg):
+            T.topk_batch(s, offsets, ks)
+    with pytest.raises(TypeError, match="float32"):
+        T.topk_batch(s.astype(np.float64), [0, 10], [1])
+    with pytest.raises(ValueError, match="unique within each request"):
+        T.topk_batch(s, [0, 5, 10], [1, 1], ids=np.array([0, 1, 2, 3, 0, 5, 6, 7, 8, 9]))
+    # the same id in two different requests is fine (ties are broken within a request)
+    T.topk_batch(s, [0, 5, 10], [1, 1], ids=np.array([0, 1, 2, 3, 4, 0, 1, 2, 3, 4]))
+    with pytest.raises(ValueError, match="non-negative"):
+        T.topk_batch(s, [0, 10], [1], ids=np.arange(10) - 1)
+    with pytest.raises(ValueError, match="shape"):
+        T.topk_batch(s, [0, 10], [1], eligible=np.ones(9, bool))
+    with pytest.raises(ValueError, match="block"):
+        T.topk_batch(s, [0, 10], [1], block=0)
