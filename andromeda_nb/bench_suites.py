@@ -228,35 +228,11 @@ def _scores_full(dreq, table, access, elig, cand, n_items, config):
 
 
 def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, access, frac, k, config, variant,
-               notes=""):
-    from .scoring import DeviceRequest, launch_score_topk, topk_workspace
-    from .unfused import fused_bytes_per_ad
-
-    table = tables.get(dtype, d, layout)
-    n = table.n_ads
-    dreq = DeviceRequest.of(Request.random(d, E, K, rng) if model == "gated" else rng.standard_normal(d))
-    elig, cand, items, n_items, mask = _access_inputs(n, access, frac, seed=int(frac * 1e4) + 1)
-    ws = topk_workspace(table, k, n_items, config)
-    timing = bench.time_device(lambda: launch_score_topk(dreq, table, k, access, elig, cand, n_items, config, ws),
-                               reps=args.reps)
-    verified = verify_scores_sample(dreq, table, rng=rng)
-    if verified.ok:
-        full = _scores_full(dreq, table, access, elig, cand, n_items, config)
-        verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], full, k, eligible_mask=mask if access == "bitset" else None)
-        del full
-    return bench.row("scoring", env, ceil, timing, items, fused_bytes_per_ad(d, dtype, access, frac),
-                     model_flops(model, d, E, K, config.values), str(verified), variant=variant, n_ads=n, d=d,
-                     dtype=dtype, experts=E if model == "gated" else "", k_experts=K if model == "gated" else "",
-                     access=access, eligible_fraction=frac, k=k, layout=layout,
-                     notes=f"{_config_note(config)}; items = ads scored{'; ' + notes if notes else ''}")
-
-
-def _fused_filter_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, access, frac, k, config,
-                      variant, notes=""):
-    """Fused scoring + top-k by the seeded filter path (scoring.launch_score_filter), verified
-    against torch.topk of the same kernel's scores; a seeded run that is not exact (score_topk
-    would fall back to the block path) fails the row."""
-    from .scoring import DeviceRequest, ScoreFilterWorkspace, launch_score_filter
+               notes="", path="block"):
+    """Fused scoring + top-k timed, verified against torch.topk of the same kernel's scores, as a
+    row. ``path``: "block" (scoring.launch_score_topk) or "filter" (scoring.launch_score_filter; a
+    seeded run that is not exact, where score_topk would fall back to the block path, fails the row)."""
+    from .scoring import DeviceRequest, ScoreFilterWorkspace, launch_score_filter, launch_score_topk, topk_workspace
     from .topk import seeded_outcome
     from .unfused import fused_bytes_per_ad
 
@@ -264,29 +240,33 @@ def _fused_filter_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layou
     n = table.n_ads
     dreq = DeviceRequest.of(Request.random(d, E, K, rng) if model == "gated" else rng.standard_normal(d))
     elig, cand, items, n_items, mask = _access_inputs(n, access, frac, seed=int(frac * 1e4) + 1)
-    sfw = ScoreFilterWorkspace.make(n_items, k, access)
-    timing = bench.time_device(lambda: launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw),
-                               reps=args.reps)
-    fws = sfw.fws
-    c = fws.counts.copy_to_host()[0]
-    outcome = seeded_outcome(fws, k, c)
+    if path == "filter":
+        sfw = ScoreFilterWorkspace.make(n_items, k, access)
+        res = sfw.fws
+        call = lambda: launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw)  # noqa: E731
+    else:
+        res = topk_workspace(table, k, n_items, config)
+        call = lambda: launch_score_topk(dreq, table, k, access, elig, cand, n_items, config, res)  # noqa: E731
+    timing = bench.time_device(call, reps=args.reps)
     verified = verify_scores_sample(dreq, table, rng=rng)
-    if verified.ok and outcome != "exact":
-        verified = checks.Check(False, f"seeded run not exact ({outcome}: {c[1]} scores reached the seed): "
-                                       "score_topk would fall back to the block path")
-    elif verified.ok:
+    if path == "filter":
+        c = res.counts.copy_to_host()[0]
+        outcome = seeded_outcome(res, k, c)
+        notes = (f"seeded filter path: {sfw.sws.m} sampled ads scored, seed = their top-{sfw.sws.r}, {int(c[1])} "
+                 f"scores reached it (buffer {res.cap})" + (f"; {notes}" if notes else ""))
+        if verified.ok and outcome != "exact":
+            verified = checks.Check(False, f"seeded run not exact ({outcome}: {c[1]} scores reached the seed): "
+                                           "score_topk would fall back to the block path")
+    if verified.ok:
         full = _scores_full(dreq, table, access, elig, cand, n_items, config)
-        verified = verify_topk_torch(fws.out_id[0], fws.out_s[0], full, k,
+        verified = verify_topk_torch(res.out_id[0], res.out_s[0], full, k,
                                      eligible_mask=mask if access == "bitset" else None)
         del full
-    sws = sfw.sws
     return bench.row("scoring", env, ceil, timing, items, fused_bytes_per_ad(d, dtype, access, frac),
                      model_flops(model, d, E, K, config.values), str(verified), variant=variant, n_ads=n, d=d,
                      dtype=dtype, experts=E if model == "gated" else "", k_experts=K if model == "gated" else "",
                      access=access, eligible_fraction=frac, k=k, layout=layout,
-                     notes=f"{_config_note(config)}; items = ads scored; seeded filter path: {sws.m} sampled ads "
-                           f"scored, seed = their top-{sws.r}, {int(c[1])} scores reached it (buffer {fws.cap})"
-                           f"{'; ' + notes if notes else ''}")
+                     notes=f"{_config_note(config)}; items = ads scored{'; ' + notes if notes else ''}")
 
 
 def _config_note(config):
@@ -401,8 +381,8 @@ def scoring(env, ceil, args) -> list[dict]:
                 ("gated", 64, 6, 2, "tiles", "bitset", 0.5, 1000), ("gated", 64, 6, 2, "tiles", "bitset", 0.1, 1000),
                 ("gated", 64, 6, 2, "tiles", "bitset", 0.01, 1000), ("gated", 64, 6, 2, "rows", "bitset", 0.1, 1000),
                 ("gated", 64, 6, 2, "rows", "candidates", 0.01, 1000)):
-            add(_fused_filter_row(env, ceil, args, tables, rng, model, "fp16", d, E, K, layout, access, frac, k,
-                                  DEFAULT_CONFIG, f"{model}_fused_topk_filter"))
+            add(_fused_row(env, ceil, args, tables, rng, model, "fp16", d, E, K, layout, access, frac, k,
+                           DEFAULT_CONFIG, f"{model}_fused_topk_filter", path="filter"))
         # the bitset tiles compacted in the kernel (prediction: 10 % eligible in ~0.15 of the full
         # pool's time, was 0.93 at 0a826c3 when every warp ran the gate for its few eligible ads)
         add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", "bitset", 0.1, K1000,

@@ -39,6 +39,17 @@ def grid_for(n_items: int, block: int, blocks_per_sm: int = GPU_BLOCKS_PER_SM) -
     return min(need, cap)
 
 
+def check_block(block) -> None:
+    """Validate a threads-per-block argument: None (the default) or an int in 1..1024.
+
+    Raises:
+        ValueError: anything else (bools included).
+    """
+    if block is not None and (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
+                              or not 1 <= block <= 1024):
+        raise ValueError(f"block must be None or an int in 1..1024 (threads per block), got {block!r}")
+
+
 def is_device_array(x) -> bool:
     return cuda().is_cuda_array(x) if hasattr(cuda(), "is_cuda_array") else hasattr(x, "copy_to_host")
 

@@ -50,9 +50,7 @@ class KernelConfig:
     def __post_init__(self):
         if self.values not in ("chosen", "all"):
             raise ValueError(f"values must be 'chosen' or 'all', got {self.values!r}")
-        if self.block is not None and (isinstance(self.block, bool) or not isinstance(self.block, int)
-                                       or not 1 <= self.block <= 1024):
-            raise ValueError(f"block must be None or an int in 1..1024 (threads per block), got {self.block!r}")
+        launch.check_block(self.block)
         if self.max_registers is not None and (isinstance(self.max_registers, bool)
                                                or not isinstance(self.max_registers, int)
                                                or not 16 <= self.max_registers <= 255):
@@ -370,16 +368,14 @@ class ScoreFilterWorkspace:
 
     @classmethod
     def make(cls, n_items: int, k: int, access: str):
-        from .topk import SAMPLE_CHUNK, FilterWorkspace, SeedWorkspace
+        from .topk import FilterWorkspace, SeedWorkspace, sample_positions
 
         sws = SeedWorkspace.make(n_items, k)
         if sws is None:
             return None
         self = cls()
         self.n_items, self.k, self.access, self.sws = int(n_items), int(k), access, sws
-        chunks = sws.chunks
-        offs = (2 * np.arange(chunks, dtype=np.int64) + 1) * n_items // (2 * chunks) - SAMPLE_CHUNK // 2
-        pos = (offs[:, None] + np.arange(SAMPLE_CHUNK, dtype=np.int64)[None, :]).ravel().astype(np.int32)
+        pos = sample_positions(n_items, sws.chunks)
         cuda = launch.cuda()
         self.pos = cuda.to_device(pos)
         self.slots = cuda.device_array(pos.size, np.int32) if access == "candidates" else self.pos

@@ -42,6 +42,26 @@ def check_k(k) -> int:
     return int(k)
 
 
+def check_ids(ids, offsets):
+    """Validate top-K ids: ``int64[offsets[-1]]``, non-negative, unique within each request's slice
+    ``offsets[r]:offsets[r+1]`` (ties are broken by id: a repeated id leaves the order undefined,
+    and the radix select's tie count wrong). Returns the host copy.
+
+    Raises:
+        TypeError / ValueError: wrong dtype, shape or contiguity, a negative or repeated id.
+    """
+    total = int(offsets[-1])
+    launch.check_array("ids", ids, np.int64, shape=(total,))
+    host_ids = ids if isinstance(ids, np.ndarray) else ids.copy_to_host()
+    if total and host_ids.min() < 0:
+        raise ValueError("ids must be non-negative (-1 marks a pad in the result)")
+    for r in range(len(offsets) - 1):
+        if not all_unique(host_ids[offsets[r]:offsets[r + 1]]):
+            where = f" within each request (request {r} repeats one)" if len(offsets) > 2 else ""
+            raise ValueError(f"ids must be unique{where} (ties are broken by id)")
+    return host_ids
+
+
 def eligible_bitset(eligible, n: int):
     """Accept an eligible set as a host bool mask ``[n]`` or a uint64 bitset ``[ceil(n/64)]`` (host
     or device) and return a device bitset. A host bitset must have no bits set past ``n`` (a
@@ -214,12 +234,19 @@ SEED_MARGIN = 4  # aim for ~4k scores at or above the seed
 #: small array an r in the hundreds cost more than the scan it saves (500,000 scores, k = 1000:
 #: r = 500 of 62,464 samples took 200 of 264 us on the H200)
 SEED_SAMPLE_RANK = 64
-#: (10^8 scores, 262,144 samples: one 1024-thread block's radix select 373 us per call against 266 us
-#: with the block top-K seed, commit 39b72d4)
 #: samples up to this size are seeded by one block's radix select (500,000 scores: 8,192 samples,
 #: 33 us on the H200, against 84 us for the block top-K path); larger ones by the block top-K
-#: over many blocks (10^8 scores: 262,144 samples in one block's radix select cost ~480 us more)
+#: over many blocks (10^8 scores, 262,144 samples: one 1024-thread block's radix select made the
+#: call 373 us against 266 us with the block top-K seed, commit 39b72d4)
 RADIX_SEED_MAX_SAMPLE = 1 << 14
+
+
+def sample_positions(n: int, chunks: int) -> np.ndarray:
+    """The positions a seed samples from ``n`` items: ``chunks`` contiguous runs of SAMPLE_CHUNK,
+    each centred in one of ``chunks`` equal strata (the formula of
+    :func:`~andromeda_nb.kernels.topk.sample_chunks_kernel`), as int32 ``[chunks * SAMPLE_CHUNK]``."""
+    offs = (2 * np.arange(chunks, dtype=np.int64) + 1) * n // (2 * chunks) - SAMPLE_CHUNK // 2
+    return (offs[:, None] + np.arange(SAMPLE_CHUNK, dtype=np.int64)[None, :]).ravel().astype(np.int32)
 
 
 class SeedWorkspace:
@@ -478,18 +505,9 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     n = int(scores.shape[0])
     if n > MAX_ITEMS:
         raise ValueError(f"at most {MAX_ITEMS} scores per call, got {n}")
-    if block is not None and (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
-                              or not 1 <= block <= 1024):
-        raise ValueError(f"block must be an int in 1..1024 (threads per block), got {block!r}")
+    launch.check_block(block)
     if ids is not None:
-        launch.check_array("ids", ids, np.int64, shape=(n,))
-        host_ids = ids if isinstance(ids, np.ndarray) else ids.copy_to_host()
-        if n and host_ids.min() < 0:
-            raise ValueError("ids must be non-negative (-1 marks a pad in the result)")
-        if not all_unique(host_ids):
-            # ties are broken by id: a repeated id leaves the order undefined (and the radix
-            # select's tie count wrong), so it is refused rather than answered arbitrarily
-            raise ValueError("ids must be unique (ties are broken by id)")
+        check_ids(ids, np.array([0, n]))
     elig = None if eligible is None else eligible_bitset(eligible, n)
     d_ids = None if ids is None else launch.to_device(ids)
     d_scores = launch.to_device(scores)
@@ -547,22 +565,12 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
         check_k(k)
     if total > MAX_ITEMS:
         raise ValueError(f"at most {MAX_ITEMS} scores per call, got {total}")
-    if block is not None and (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
-                              or not 1 <= block <= 1024):
-        raise ValueError(f"block must be an int in 1..1024 (threads per block), got {block!r}")
+    launch.check_block(block)
     if eligible is not None:
         launch.check_array("eligible", eligible, np.bool_, shape=(total,))
         if not isinstance(eligible, np.ndarray):
             raise TypeError("eligible must be a host bool mask [total]")
-    host_ids = None
-    if ids is not None:
-        launch.check_array("ids", ids, np.int64, shape=(total,))
-        host_ids = ids if isinstance(ids, np.ndarray) else ids.copy_to_host()
-        if total and host_ids.min() < 0:
-            raise ValueError("ids must be non-negative (-1 marks a pad in the result)")
-        for r in range(B):
-            if not all_unique(host_ids[offsets[r]:offsets[r + 1]]):
-                raise ValueError(f"ids must be unique within each request (request {r} repeats one)")
+    host_ids = None if ids is None else check_ids(ids, offsets)
     small = np.flatnonzero(ks <= BLOCK_TOPK_MAX_K)
     out: list = [None] * B
     d_scores = launch.to_device(scores)

@@ -849,7 +849,7 @@ def sample_chunks_kernel(has_elig: bool = False, resets: bool = False):
                 fill[0] = 0
         chunks = cuda.gridDim.x
         chunk = cuda.blockDim.x
-        off = (2 * j + 1) * n // (2 * chunks) - chunk // 2
+        off = (2 * j + 1) * n // (2 * chunks) - chunk // 2  # topk.sample_positions: the same on the host
         i = off + cuda.threadIdx.x
         s = scores[i]
         if math.isnan(s) or (has_elig and test_bit(elig, i) == 0):
