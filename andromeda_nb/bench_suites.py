@@ -278,6 +278,10 @@ def _config_note(config):
         parts.append(f"blocks/SM={config.blocks_per_sm}")
     if config.sync_every != 1:
         parts.append(f"sync_every={config.sync_every}")
+    if config.weights != "shared":
+        parts.append(f"weights={config.weights}")
+    if config.guard != "fence":
+        parts.append(f"guard={config.guard}")
     return " ".join(parts)
 
 
@@ -310,6 +314,8 @@ def scoring(env, ceil, args) -> list[dict]:
     access : bitset (0.5, 0.1, 0.01) and candidates (0.1, 0.01), rows and tiles; pre-fusion on bitsets
     filter : fused scoring + top-k by the seeded filter path (k = 1000 and 4096) against scores to
              memory and the fused block top-K, same run (not in the default set)
+    weights: request weights read from shared memory or the constant bank (kernel parameters), the
+             per-ad fence or an opaque offset, register caps; scores to memory (not in the default set)
     """
     import cupy as cp
 
@@ -392,6 +398,22 @@ def scoring(env, ceil, args) -> list[dict]:
                             f"{model}_scores_to_memory"))
         add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", "pool", 1.0, K1000,
                        DEFAULT_CONFIG, "gated_fused_topk"))
+    if "weights" in phases:  # where the per-ad loop reads the request weights from (not in the default set)
+        # prediction: the gated kernel issues 128 sixteen-byte shared loads per ad; if the shared
+        # pipe is what holds it at 0.51 of the ceiling, reading gamma, beta and G from the constant
+        # bank (weights="param", ~110 uniform loads instead) lifts it toward ~25 G ads/s; if
+        # instruction issue is the limit, nothing changes. Dropping the per-ad fence (guard=
+        # "offset"): +5-10 % if the fence stalls the warp.
+        for model, dtype, d, E, K in (("gated", "fp16", 64, 6, 2), ("dot", "fp16", 64, 1, 1),
+                                      ("dot", "int8", 64, 1, 1), ("dot", "int8", 128, 1, 1)):
+            cfgs = [KernelConfig(), KernelConfig(guard="offset"), KernelConfig(weights="param")]
+            if model == "gated":
+                cfgs += [KernelConfig(weights="param", max_registers=None), KernelConfig(weights="param", max_registers=96),
+                         KernelConfig(weights="param", max_registers=80), KernelConfig(weights="param", block=128),
+                         KernelConfig(guard="offset", max_registers=None)]
+            for cfg in cfgs:
+                add(_scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, "tiles", cfg,
+                                f"{model}_scores_to_memory"))
     if "unfused" in phases:
         rows += _unfused_rows(env, ceil, args, tables, rng)
     if "dtype" in phases:

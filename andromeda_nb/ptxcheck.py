@@ -58,6 +58,15 @@ def variants():
     for model, d, E, K, values, dtype, layout, access, cap in configs:
         k = FK.fused_kernel(model, d, E, K, dtype, layout, access, 256, cap, True, values)
         out.append((f"fused {model} d{d} E{E} K{K} {values} {dtype} {layout} {access} cap{cap}", k, fused_sig))
+    # request weights as kernel parameters (KernelConfig.weights="param"), the offset hoisting guard
+    for model, E, K, dtype in (("gated", 6, 2, "fp16"), ("dot", 1, 1, "int8")):
+        n = 64 if model == "dot" else (2 + E) * 64
+        k = FK.fused_kernel(model, 64, E, K, dtype, "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False, "param")
+        out.append((f"fused {model} d64 E{E} K{K} {dtype} tiles pool cap0 weights=param", k,
+                    fused_sig + (nt.UniTuple(f32, n),)))
+    k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False, "shared",
+                        "offset")
+    out.append(("fused gated d64 E6 K2 fp16 tiles pool cap0 guard=offset", k, fused_sig))
     # the seeded filter path of fused scoring + top-k (scoring.launch_score_filter), each access
     filter_sig = (A(u64, 2), A(f32), A(f32), A(f32), A(u64), A(i32), i64, A(i64), A(f32), A(f32, 2), A(i32, 2),
                   A(i64), A(i64, 2))

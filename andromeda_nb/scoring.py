@@ -37,6 +37,14 @@ class KernelConfig:
             fp16, d = 64, top-1000; data/results/scoring.csv, "sync_every=" rows).
         blocks_per_sm: grid size of the grid-stride loop, in blocks per SM.
         naive: use the first loop-based kernel (kernels/score.py) instead of the generated one.
+        weights: where the per-ad loop reads gamma, beta and the gate keys G (and the dot kernel's
+            user vector) from: ``"shared"`` (16-byte shared loads from the weight image) or
+            ``"param"`` (a tuple kernel argument: ptxas reads it from the constant bank with
+            uniform loads, no shared-memory traffic; V stays in shared memory, its rows differ
+            per ad). ``"param"`` needs the tuple within :data:`PARAM_FLOATS`.
+        guard: how the scores-to-memory and filter kernels keep ptxas from hoisting the shared
+            weight loads out of the ad loop: ``"fence"`` (a block-scope fence per ad) or
+            ``"offset"`` (an address offset that is zero at run time but unknown to ptxas).
     """
 
     values: str = "chosen"
@@ -46,8 +54,14 @@ class KernelConfig:
     sync_every: int = 1
     blocks_per_sm: int = launch.GPU_BLOCKS_PER_SM
     naive: bool = False
+    weights: str = "shared"
+    guard: str = "fence"
 
     def __post_init__(self):
+        if self.weights not in ("shared", "param"):
+            raise ValueError(f"weights must be 'shared' or 'param', got {self.weights!r}")
+        if self.guard not in ("fence", "offset"):
+            raise ValueError(f"guard must be 'fence' or 'offset', got {self.guard!r}")
         if self.values not in ("chosen", "all"):
             raise ValueError(f"values must be 'chosen' or 'all', got {self.values!r}")
         launch.check_block(self.block)
@@ -65,6 +79,9 @@ class KernelConfig:
 
 
 DEFAULT_CONFIG = KernelConfig()
+#: Most floats the ``weights="param"`` tuple may hold: kernel parameters share 4 KiB with the
+#: other arguments (each array argument is several 8-byte fields).
+PARAM_FLOATS = 640
 #: Static shared memory a block may use without an opt-in (DESIGN.md: Numba has no public one).
 SHARED_BYTES = 48 * 1024
 
@@ -187,6 +204,7 @@ class DeviceRequest:
         self.model, self.d, self.experts, self.k_experts = model, d, experts, k_experts
         self.image, self.request, self.user = image, request, user
         self._naive = None
+        self._param = None
 
     @classmethod
     def of(cls, x) -> "DeviceRequest":
@@ -211,6 +229,20 @@ class DeviceRequest:
 
     # backwards-compatible name
     from_request = of
+
+    def param_weights(self) -> tuple:
+        """The weight image's prefix read per ad (gated: gamma, beta, G / sqrt(d); dot: u) as a
+        tuple of numpy float32 (Numba types it ``UniTuple(float32, n)``), for ``weights="param"``.
+
+        Raises ValueError when it holds more than :data:`PARAM_FLOATS` floats."""
+        if self._param is None:
+            n = self.d if self.model == "dot" else (2 + self.experts) * self.d
+            if n > PARAM_FLOATS:
+                raise ValueError(f'weights="param" passes {n} floats (d={self.d}, E={self.experts}); at most '
+                                 f'{PARAM_FLOATS} fit in the kernel parameters: use weights="shared"')
+            host = self.image.copy_to_host() if hasattr(self.image, "copy_to_host") else np.asarray(self.image)
+            self._param = tuple(np.float32(x) for x in host[:n])
+        return self._param
 
     def naive_arrays(self):
         """(G / sqrt(d), V, gamma, beta) flat device arrays for the naive kernel (gated only)."""
@@ -294,7 +326,7 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
     check_shared(dreq, topk_k, config, access, topk_k > 0)
     return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
                         block, cap, True, config.values, config.max_registers, config.items if topk_k else 1,
-                        config.sync_every if topk_k else 1)
+                        config.sync_every if topk_k else 1, False, config.weights, config.guard)
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
@@ -312,8 +344,9 @@ def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s,
         kern[grid, block](table.embeddings, table.scale, table.bias, G, V, gamma, beta, elig, cand, n_items,
                           table.ad_ids, topk_k, out, cand_s, cand_i, counts)
     else:
+        extra = (dreq.param_weights(),) if config.weights == "param" else ()
         kern[grid, block](table.words, table.scale, table.bias, dreq.image, elig, cand, n_items, table.ad_ids,
-                          topk_k, out, cand_s, cand_i, counts)
+                          topk_k, out, cand_s, cand_i, counts, *extra)
 
 
 def launch_score(dreq: DeviceRequest, table: DeviceAdTable, access: str, elig, cand, n_items: int,
@@ -419,11 +452,12 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
                                                           sws.sample_flat, True, fws.counts, fws.fill)
     seed = launch_seed_select(sws)
     kern = fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access, block,
-                        0, True, config.values, config.max_registers, 1, 1, True)
+                        0, True, config.values, config.max_registers, 1, 1, True, config.weights, config.guard)
     grid = launch.grid_for(n_items, block, config.blocks_per_sm)
+    extra = (dreq.param_weights(),) if config.weights == "param" else ()
     kern[grid, block](table.words, table.scale, table.bias, dreq.image,
                       elig if elig is not None else dummy(np.uint64), cand if cand is not None else dummy(np.int32),
-                      n_items, table.ad_ids, seed, fws.buf_s, fws.buf_i, fws.fill, fws.counts)
+                      n_items, table.ad_ids, seed, fws.buf_s, fws.buf_i, fws.fill, fws.counts, *extra)
     return launch_final(k, fws, table.ad_ids)
 
 

@@ -155,7 +155,8 @@ def test_zero_eligible_and_empty_pool(rng):
 
 
 @pytest.mark.parametrize("config", [KernelConfig(values="all"), KernelConfig(naive=True),
-                                    KernelConfig(values="chosen", blocks_per_sm=1)])
+                                    KernelConfig(values="chosen", blocks_per_sm=1),
+                                    KernelConfig(weights="param"), KernelConfig(guard="offset")])
 @pytest.mark.parametrize("dtype,layout", [("fp16", "tiles"), ("int8", "rows"), ("bf16", "rows")])
 def test_kernel_configs_agree_with_oracle(rng, config, dtype, layout):
     d, E, K, n = 64, 6, 2, 77
@@ -175,10 +176,11 @@ def test_dot_two_tower_baseline(rng, dtype, layout):
     table = make_table(rng, n, d, dtype)
     u = rng.standard_normal(d)
     dt = DeviceAdTable(table, layout)
-    got = score_ads(u, dt).copy_to_host()
     ref = oracle.dot_score(u.astype(np.float32), table)
     scale = np.abs(table.dequantized()) @ np.abs(u) + np.abs(table.bias)
-    assert np.all(np.abs(got - ref) <= 1e-5 * scale.max())
+    for config in (None, KernelConfig(weights="param"), KernelConfig(guard="offset")):
+        got = score_ads(u, dt, config=config).copy_to_host()
+        assert np.all(np.abs(got - ref) <= 1e-5 * scale.max())
     top = score_topk(u, dt, 10, eligible=rng.random(n) < 0.5)
     assert top.count <= n and (top.ids[top.ids >= 0].size == min(10, top.count))
     with pytest.raises(ValueError, match="non-finite"):

@@ -71,7 +71,9 @@ def weight_image(model: str, request=None, user=None) -> np.ndarray:
 
 
 def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,
-            block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False) -> str:
+            block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False,
+            weights: str = "shared", guard: str = "fence") -> str:
+    param_weights = weights == "param"
     W = PER_WORD[dtype]
     NW = d // W
     size = image_size(model, d, E)
@@ -79,10 +81,11 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     o_beta, o_g, o_v, pitch = d, 2 * d, 2 * d + E * d, d + PAD
     L = []
     emit = L.append
+    wt = ", wt" if param_weights else ""
     if seed_filter:
-        emit("def kernel(words, scale, bias, wimg, elig, cand, n_items, ids, seeds, buf_s, buf_i, fill, counts):")
+        emit(f"def kernel(words, scale, bias, wimg, elig, cand, n_items, ids, seeds, buf_s, buf_i, fill, counts{wt}):")
     else:
-        emit("def kernel(words, scale, bias, wimg, elig, cand, n_items, ids, k, out, cand_s, cand_i, counts):")
+        emit(f"def kernel(words, scale, bias, wimg, elig, cand, n_items, ids, k, out, cand_s, cand_i, counts{wt}):")
     emit("    tid = cuda.threadIdx.x")
     emit(f"    wsh = cuda.shared.array({size}, float32{align})")
     emit(f"    for t in range(tid, {size}, {block}):")
@@ -146,7 +149,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit("        bit += 1")
         emit("      cuda.syncthreads()")
         emit(f"      for base in range(0, n_list, {block}):")
-        if not fused:  # no barrier in this loop: keep the shared weight loads in it (see below)
+        if not fused and not param_weights and guard == "fence":  # keep the shared weight loads in it (see below)
             emit("        cuda.threadfence_block()")
         emit("        jj = base + tid")
         emit("        ok = jj < n_list")
@@ -162,7 +165,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             emit(f"        base = base0 + it * {block}")
         else:
             emit("        base = base0")
-        if not fused:
+        if not fused and not param_weights and guard == "fence":
             # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it
             # would hold all of them in registers and spill); the fused loop has barriers instead
             emit("        cuda.threadfence_block()")
@@ -176,6 +179,9 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit("        if ok:")
         emit("            ok = test_bit(elig, j) != 0")
     emit("        s = float32(math.nan)")
+    # "offset" guard: the shared weight loads are addressed from wo, zero at run time but unknown
+    # to ptxas (j < 2^62), so it cannot hoist them out of the loop either, without a fence
+    emit("        wo = int64(j >> 62)" if guard == "offset" and not fused and not param_weights else "        wo = 0")
     emit("        if ok:")
     ind = "            "
     emit(f"{ind}us = uint64(slot)")  # unsigned index: no negative-index wraparound code
@@ -189,22 +195,34 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit(f"{ind}rs = scale[us]")
         for i in range(d):
             emit(f"{ind}x{i} = x{i} * rs")
-    if model == "dot":
+    if model == "dot" and param_weights:
+        for i in range(d):
+            emit(f"{ind}acc = x{i} * wt[{i}]" if i == 0 else f"{ind}acc = acc + x{i} * wt[{i}]")
+        emit(f"{ind}s = acc + bias[us]")
+    elif param_weights:
+        for i in range(d):
+            emit(f"{ind}h{i} = max_nan(x{i} * wt[{i}] + wt[{o_beta + i}], zero)")
+        for e in range(E):
+            for i in range(d):
+                emit(f"{ind}l{e} = h{i} * wt[{o_g + e * d + i}]" if i == 0 else f"{ind}l{e} = l{e} + h{i} * wt[{o_g + e * d + i}]")
+    if param_weights:
+        pass
+    elif model == "dot":
         for q in range(d // 4):
-            emit(f"{ind}u0, u1, u2, u3 = lds4(wsh, {4 * q})")
+            emit(f"{ind}u0, u1, u2, u3 = lds4(wsh, wo + {4 * q})")
             for t in range(4):
                 i = 4 * q + t
                 emit(f"{ind}acc = x{i} * u{t}" if i == 0 else f"{ind}acc = acc + x{i} * u{t}")
         emit(f"{ind}s = acc + bias[us]")
     else:
         for q in range(d // 4):
-            emit(f"{ind}g0, g1, g2, g3 = lds4(wsh, {4 * q})")
-            emit(f"{ind}c0, c1, c2, c3 = lds4(wsh, {o_beta + 4 * q})")
+            emit(f"{ind}g0, g1, g2, g3 = lds4(wsh, wo + {4 * q})")
+            emit(f"{ind}c0, c1, c2, c3 = lds4(wsh, wo + {o_beta + 4 * q})")
             for t in range(4):
                 i = 4 * q + t
                 emit(f"{ind}h{i} = max_nan(x{i} * g{t} + c{t}, zero)")
             for e in range(E):
-                emit(f"{ind}q0, q1, q2, q3 = lds4(wsh, {o_g + e * d + 4 * q})")
+                emit(f"{ind}q0, q1, q2, q3 = lds4(wsh, wo + {o_g + e * d + 4 * q})")
                 terms = " + ".join(f"h{4 * q + t} * q{t}" for t in range(4))
                 emit(f"{ind}l{e} = {terms}" if q == 0 else f"{ind}l{e} = l{e} + {terms}")
             if values == "all":  # every expert's value dot in the same pass: h need not stay live
@@ -212,6 +230,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
                     emit(f"{ind}q0, q1, q2, q3 = lds4(wsh, {o_v + e * pitch + 4 * q})")
                     terms = " + ".join(f"h{4 * q + t} * q{t}" for t in range(4))
                     emit(f"{ind}a{e} = {terms}" if q == 0 else f"{ind}a{e} = a{e} + {terms}")
+    if model != "dot":
         emit(f"{ind}m = l0")
         for e in range(1, E):
             emit(f"{ind}if l{e} > m:")
@@ -288,7 +307,8 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
 @functools.lru_cache(maxsize=None)
 def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, layout: str, access: str,
                  block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
-                 max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False):
+                 max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False,
+                 weights: str = "shared", guard: str = "fence"):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -315,10 +335,14 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"bad kernel configuration {model, layout, access}")
     if d % PER_WORD[dtype]:
         raise ValueError(f"d={d} must be a multiple of {PER_WORD[dtype]} for {dtype}")
+    if weights not in ("shared", "param") or guard not in ("fence", "offset"):
+        raise ValueError(f"bad weights / guard {weights!r} / {guard!r}")
+    if weights == "param" and values == "all":
+        raise ValueError('weights="param" computes the chosen experts\' values only (values="chosen")')
     if seed_filter and topk_cap:
         raise ValueError("seed_filter and a block top-K buffer (topk_cap) exclude each other")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
-                  seed_filter)
+                  seed_filter, weights, guard)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1)}
@@ -326,7 +350,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
-            f"_i{items}_e{every}{'_filter' if seed_filter else ''}")
+            f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}")
     code = compile(src, f"<{name}>", "exec")
     exec(code, env)
     fn = env["kernel"]
