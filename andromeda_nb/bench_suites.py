@@ -263,7 +263,7 @@ def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, acce
                                      eligible_mask=mask if access == "bitset" else None)
         del full
     return bench.row("scoring", env, ceil, timing, items, fused_bytes_per_ad(d, dtype, access, frac),
-                     model_flops(model, d, E, K, config.values), str(verified), variant=variant, n_ads=n, d=d,
+                     model_flops(model, d, E, K, "all" if config.tensor_cores else config.values), str(verified), variant=variant, n_ads=n, d=d,
                      dtype=dtype, experts=E if model == "gated" else "", k_experts=K if model == "gated" else "",
                      access=access, eligible_fraction=frac, k=k, layout=layout,
                      notes=f"{_config_note(config)}; items = ads scored{'; ' + notes if notes else ''}")
@@ -282,6 +282,8 @@ def _config_note(config):
         parts.append(f"weights={config.weights}")
     if config.guard != "fence":
         parts.append(f"guard={config.guard}")
+    if config.tensor_cores:
+        parts.append("tensor_cores (3xTF32 mma)")
     return " ".join(parts)
 
 
@@ -295,7 +297,7 @@ def _scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, con
     out = launch.cuda().device_array(n, np.float32)
     timing = bench.time_device(lambda: launch_score(dreq, table, "pool", None, None, n, out, config), reps=args.reps)
     verified = verify_scores_sample(dreq, table, scores_dev=out, rng=rng)
-    return bench.row("scoring", env, ceil, timing, n, fused_bytes_per_ad(d, dtype) + 4, model_flops(model, d, E, K, config.values),
+    return bench.row("scoring", env, ceil, timing, n, fused_bytes_per_ad(d, dtype) + 4, model_flops(model, d, E, K, "all" if config.tensor_cores else config.values),
                      str(verified), variant=variant, n_ads=n, d=d, dtype=dtype, experts=E if model == "gated" else "",
                      k_experts=K if model == "gated" else "", access="pool", eligible_fraction=1.0, layout=layout,
                      notes=f"{_config_note(config)}; scores written to memory (4 B/ad)")
@@ -316,6 +318,8 @@ def scoring(env, ceil, args) -> list[dict]:
              memory and the fused block top-K, same run (not in the default set)
     weights: request weights read from shared memory or the constant bank (kernel parameters), the
              per-ad fence or an opaque offset, register caps; scores to memory (not in the default set)
+    tensor : the gate and value dot products on the tensor cores (KernelConfig.tensor_cores): scores
+             to memory, fused top-K, against the CUDA-core kernel and dot (not in the default set)
     """
     import cupy as cp
 
@@ -414,6 +418,29 @@ def scoring(env, ceil, args) -> list[dict]:
             for cfg in cfgs:
                 add(_scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, "tiles", cfg,
                                 f"{model}_scores_to_memory"))
+    if "tensor" in phases:  # the gate and value dots on the tensor cores (not in the default set)
+        # prediction: 742 SASS instructions per 32 ads in the loop (96 HMMA) against 1,213 for the
+        # CUDA-core kernel with weights in kernel parameters (20.5 G ads/s at 95363e3, issue-bound);
+        # issue alone would allow ~45 G ads/s, so the kernel turns memory-bound: 27-30 G ads/s
+        # (0.8-0.9 of the read ceiling), unless the tensor pipe (96 mma per 32 ads) holds it back
+        tc = KernelConfig(tensor_cores=True)
+        for cfg in (tc, KernelConfig(tensor_cores=True, max_registers=None),
+                    KernelConfig(tensor_cores=True, max_registers=96), KernelConfig(tensor_cores=True, guard="offset"),
+                    KernelConfig(weights="param", max_registers=96)):
+            add(_scores_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", cfg,
+                            "gated_scores_to_memory"))
+        add(_scores_row(env, ceil, args, tables, rng, "dot", "fp16", 64, 1, 1, "tiles", KernelConfig(weights="param"),
+                        "dot_scores_to_memory"))
+        for dtype, d, E, K, layout in (("fp16", 64, 6, 2, "rows"), ("bf16", 64, 6, 2, "tiles"),
+                                       ("fp16", 64, 8, 4, "tiles"), ("fp16", 128, 6, 2, "tiles"),
+                                       ("fp16", 32, 6, 2, "tiles")):
+            add(_scores_row(env, ceil, args, tables, rng, "gated", dtype, d, E, K, layout, tc, "gated_scores_to_memory"))
+        for access, frac, k, path, variant in (("pool", 1.0, 1000, "filter", "gated_fused_topk_filter"),
+                                               ("pool", 1.0, 4096, "filter", "gated_fused_topk_filter"),
+                                               ("pool", 1.0, 1000, "block", "gated_fused_topk"),
+                                               ("bitset", 0.1, 1000, "filter", "gated_fused_topk_filter")):
+            add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", access, frac, k, tc,
+                           variant, path=path))
     if "unfused" in phases:
         rows += _unfused_rows(env, ceil, args, tables, rng)
     if "dtype" in phases:

@@ -67,12 +67,21 @@ def variants():
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False, "shared",
                         "offset")
     out.append(("fused gated d64 E6 K2 fp16 tiles pool cap0 guard=offset", k, fused_sig))
+    # the tensor-core kernel (KernelConfig.tensor_cores): scores, fused block top-K, each access
+    for dtype, layout, access, cap in (("fp16", "tiles", "pool", 0), ("bf16", "rows", "candidates", 2048),
+                                       ("fp16", "tiles", "bitset", 0)):
+        k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, access, 256, cap, True, "chosen", None, 1, 1, False,
+                            "shared", "fence", True)
+        out.append((f"fused gated d64 E6 K2 {dtype} {layout} {access} cap{cap} tensor_cores", k, fused_sig))
     # the seeded filter path of fused scoring + top-k (scoring.launch_score_filter), each access
     filter_sig = (A(u64, 2), A(f32), A(f32), A(f32), A(u64), A(i32), i64, A(i64), A(f32), A(f32, 2), A(i32, 2),
                   A(i64), A(i64, 2))
     for access in FK.ACCESS:
         k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", access, 256, 0, True, "chosen", None, 1, 1, True)
         out.append((f"fused gated d64 E6K2 fp16 tiles {access} seed_filter", k, filter_sig))
+    k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "bitset", 256, 0, True, "chosen", None, 1, 1, True,
+                        "shared", "fence", True)
+    out.append(("fused gated d64 E6K2 fp16 tiles bitset seed_filter tensor_cores", k, filter_sig))
     out.append(("sample_prep cand", FK.sample_prep_kernel(True, False),
                 (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))
     out.append(("sample_prep elig", FK.sample_prep_kernel(False, True),

@@ -45,6 +45,10 @@ class KernelConfig:
         guard: how the scores-to-memory and filter kernels keep ptxas from hoisting the shared
             weight loads out of the ad loop: ``"fence"`` (a block-scope fence per ad) or
             ``"offset"`` (an address offset that is zero at run time but unknown to ptxas).
+        tensor_cores: the gate and value dot products on the tensor cores (``mma.sync`` m16n8k8
+            TF32, each operand split into a TF32 high and low part and three products summed:
+            fp32-level accuracy), a warp scoring 32 ads at once; every expert's value dot is
+            computed (8 per tile). Gated model, fp16 or bf16 tables, d a multiple of 16, E <= 8.
     """
 
     values: str = "chosen"
@@ -56,10 +60,15 @@ class KernelConfig:
     naive: bool = False
     weights: str = "shared"
     guard: str = "fence"
+    tensor_cores: bool = False
 
     def __post_init__(self):
         if self.weights not in ("shared", "param"):
             raise ValueError(f"weights must be 'shared' or 'param', got {self.weights!r}")
+        if not isinstance(self.tensor_cores, bool):
+            raise ValueError(f"tensor_cores must be True or False, got {self.tensor_cores!r}")
+        if self.tensor_cores and (self.weights != "shared" or self.naive):
+            raise ValueError("tensor_cores=True reads its weights from shared memory (weights='shared', naive=False)")
         if self.guard not in ("fence", "offset"):
             raise ValueError(f"guard must be 'fence' or 'offset', got {self.guard!r}")
         if self.values not in ("chosen", "all"):
@@ -205,6 +214,7 @@ class DeviceRequest:
         self.image, self.request, self.user = image, request, user
         self._naive = None
         self._param = None
+        self._mma = None
 
     @classmethod
     def of(cls, x) -> "DeviceRequest":
@@ -243,6 +253,16 @@ class DeviceRequest:
             host = self.image.copy_to_host() if hasattr(self.image, "copy_to_host") else np.asarray(self.image)
             self._param = tuple(np.float32(x) for x in host[:n])
         return self._param
+
+    def mma_image(self):
+        """The device per-lane weight image of the tensor-core kernels (kernels.fused.mma_image)."""
+        if self._mma is None:
+            from .kernels.fused import mma_image
+
+            if self.model != "gated":
+                raise ValueError("tensor_cores=True implements the gated model only")
+            self._mma = launch.to_device(mma_image(self.request))
+        return self._mma
 
     def naive_arrays(self):
         """(G / sqrt(d), V, gamma, beta) flat device arrays for the naive kernel (gated only)."""
@@ -291,6 +311,10 @@ def shared_bytes(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access:
     block = config.threads()
     cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
     listed = 2 * BITS_PER_THREAD * block + 4 * block if access == "bitset" and selects else 0
+    if config.tensor_cores:  # per-lane weight image and each warp's 32 x 16 result tile
+        from .kernels.fused import mma_image_size
+
+        return 4 * mma_image_size(dreq.d) + 64 * block + 8 * cap + listed + 64
     return 4 * image_size(dreq.model, dreq.d, dreq.experts) + 8 * cap + listed + 64
 
 
@@ -326,7 +350,8 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
     check_shared(dreq, topk_k, config, access, topk_k > 0)
     return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
                         block, cap, True, config.values, config.max_registers, config.items if topk_k else 1,
-                        config.sync_every if topk_k else 1, False, config.weights, config.guard)
+                        config.sync_every if topk_k else 1, False, config.weights, config.guard,
+                        config.tensor_cores)
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
@@ -345,7 +370,8 @@ def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s,
                           table.ad_ids, topk_k, out, cand_s, cand_i, counts)
     else:
         extra = (dreq.param_weights(),) if config.weights == "param" else ()
-        kern[grid, block](table.words, table.scale, table.bias, dreq.image, elig, cand, n_items, table.ad_ids,
+        image = dreq.mma_image() if config.tensor_cores else dreq.image
+        kern[grid, block](table.words, table.scale, table.bias, image, elig, cand, n_items, table.ad_ids,
                           topk_k, out, cand_s, cand_i, counts, *extra)
 
 
@@ -452,10 +478,11 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
                                                           sws.sample_flat, True, fws.counts, fws.fill)
     seed = launch_seed_select(sws)
     kern = fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access, block,
-                        0, True, config.values, config.max_registers, 1, 1, True, config.weights, config.guard)
+                        0, True, config.values, config.max_registers, 1, 1, True, config.weights, config.guard,
+                        config.tensor_cores)
     grid = launch.grid_for(n_items, block, config.blocks_per_sm)
     extra = (dreq.param_weights(),) if config.weights == "param" else ()
-    kern[grid, block](table.words, table.scale, table.bias, dreq.image,
+    kern[grid, block](table.words, table.scale, table.bias, dreq.mma_image() if config.tensor_cores else dreq.image,
                       elig if elig is not None else dummy(np.uint64), cand if cand is not None else dummy(np.int32),
                       n_items, table.ad_ids, seed, fws.buf_s, fws.buf_i, fws.fill, fws.counts, *extra)
     return launch_final(k, fws, table.ad_ids)

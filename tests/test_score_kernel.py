@@ -211,3 +211,108 @@ def test_fused_topk_with_fewer_barriers_matches_oracle(rng, every):
             got = score_topk(req, tab, k, config=cfg)
             res = compare_topk_exact(got.ids, got.scores, got.count, scores, k, all_ids=ad_ids)
             assert res, str(res)
+
+
+TENSOR_CASES = [  # (d, E, K, dtype, layout, n, access): n not a multiple of 32 or 16, E < 8 and = 8
+    (64, 6, 2, "fp16", "tiles", 77, "pool"),
+    (32, 8, 3, "bf16", "rows", 45, "bitset"),
+    (16, 1, 1, "fp16", "rows", 40, "candidates"),
+    (48, 5, 5, "fp16", "tiles", 13, "pool"),
+]
+
+
+@pytest.mark.parametrize("d,E,K,dtype,layout,n,access", TENSOR_CASES)
+def test_tensor_core_kernel_matches_oracle(rng, d, E, K, dtype, layout, n, access):
+    """tensor_cores=True (3xTF32 mma, a warp per 32 ads): scores within the oracle's tolerance
+    (NaN rows stay NaN), the same expert choices, and fused top-K equal to the oracle's top-K of
+    the kernel's own scores, on every access pattern."""
+    from andromeda_nb.checks import compare_topk_exact
+
+    req = Request.random(d, E, K, rng)
+    table = make_table(rng, n, d, dtype, scale=3.0)
+    emb = table.embeddings.copy()
+    emb[n // 2] = 0x7FC0 if dtype == "bf16" else np.nan  # a NaN row scores NaN (bf16 is stored as uint16)
+    table = AdTable(emb, table.bias, dtype, table.scale, table.ad_ids)
+    dt = DeviceAdTable(table, layout)
+    cfg = KernelConfig(tensor_cores=True)
+    mask = rng.random(n) < 0.6
+    cand = np.flatnonzero(rng.random(n) < 0.5).astype(np.int32)
+    kw = {"pool": {}, "bitset": {"eligible": mask}, "candidates": {"candidates": cand}}[access]
+    got = score_ads(req, dt, config=cfg, **kw).copy_to_host()
+    if access == "pool":
+        check_scores(got, req, table)
+        assert np.isnan(got[n // 2])
+    rows = {"pool": np.arange(n), "bitset": np.arange(n), "candidates": cand}[access]
+    ref = score_ads(req, dt, **kw).copy_to_host()  # the CUDA-core kernel, same rows
+    both = ~np.isnan(ref)
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    scale = np.abs(ref[both]).max() if both.any() else 1.0
+    assert np.all(np.abs(got[both] - ref[both]) <= 1e-5 * scale), rows[both][np.argmax(np.abs(got[both] - ref[both]))]
+    ad_ids = table.ad_ids
+    for path in ("block", "filter"):
+        for k in (1, 7, len(rows)):
+            top = score_topk(req, dt, k, config=cfg, path=path, **kw)
+            pool_scores = np.full(n, np.nan, np.float32)
+            pool_scores[rows] = got
+            if access == "bitset":
+                pool_scores[~mask] = np.nan
+            res = compare_topk_exact(top.ids, top.scores, top.count, pool_scores, k, all_ids=ad_ids)
+            assert res, f"{path} k={k}: {res}"
+
+
+def test_tensor_core_kernel_rejects_what_it_cannot_run(rng):
+    req = Request.random(64, 6, 2, rng)
+    for dtype, d in (("int8", 64), ("fp32", 64)):
+        dt = DeviceAdTable(make_table(rng, 40, d, dtype), "rows")
+        with pytest.raises(ValueError, match="tensor-core"):
+            score_ads(req, dt, config=KernelConfig(tensor_cores=True))
+    with pytest.raises(ValueError, match="tensor_cores"):
+        KernelConfig(tensor_cores=True, weights="param")
+    with pytest.raises(ValueError, match="tensor_cores"):
+        KernelConfig(tensor_cores=1)
+
+
+def test_mma_simulator_model_is_a_matrix_product(rng):
+    """The simulator's model of one warp's m16n8k8 TF32 mma (the layout the tensor-core kernel
+    builds its fragments for) computes D = C + tf32(A) @ tf32(B) for every lane."""
+    from andromeda_nb.kernels.intrinsics import TF32_MASK, mma_tf32_warp
+
+    A, B, C = (rng.standard_normal(s).astype(np.float32) for s in ((16, 8), (8, 8), (16, 8)))
+    frags = np.zeros((32, 10), np.float32)
+    for lane in range(32):
+        g, c = lane // 4, lane % 4
+        frags[lane] = [A[g, c], A[g + 8, c], A[g, c + 4], A[g + 8, c + 4], B[c, g], B[c + 4, g],
+                       C[g, 2 * c], C[g, 2 * c + 1], C[g + 8, 2 * c], C[g + 8, 2 * c + 1]]
+    t = lambda x: (x.view(np.uint32) & np.uint32(TF32_MASK)).view(np.float32).astype(np.float64)  # noqa: E731
+    want = C + t(A) @ t(B)
+    for lane in range(32):
+        g, c = lane // 4, lane % 4
+        got = mma_tf32_warp(frags, lane)
+        np.testing.assert_allclose(got, [want[g, 2 * c], want[g, 2 * c + 1], want[g + 8, 2 * c], want[g + 8, 2 * c + 1]],
+                                   rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_mma_fragment_layout_on_the_gpu(rng):
+    """The hardware's mma.sync m16n8k8 TF32 agrees with the simulator's model of its fragment
+    layout (so the simulator tests of the tensor-core kernel test what the GPU runs)."""
+    from numba import cuda
+
+    from andromeda_nb.kernels.intrinsics import mma_tf32, mma_tf32_warp
+
+    @cuda.jit
+    def one_mma(frags, out):
+        lane = cuda.threadIdx.x
+        d0, d1, d2, d3 = mma_tf32(frags[lane, 0], frags[lane, 1], frags[lane, 2], frags[lane, 3], frags[lane, 4],
+                                  frags[lane, 5], frags[lane, 6], frags[lane, 7], frags[lane, 8], frags[lane, 9])
+        out[lane, 0] = d0
+        out[lane, 1] = d1
+        out[lane, 2] = d2
+        out[lane, 3] = d3
+
+    frags = rng.standard_normal((32, 10)).astype(np.float32)
+    out = cuda.device_array((32, 4), np.float32)
+    one_mma[1, 32](cuda.to_device(frags), out)
+    got = out.copy_to_host()
+    want = np.array([mma_tf32_warp(frags, lane) for lane in range(32)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

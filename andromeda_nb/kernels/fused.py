@@ -42,7 +42,7 @@ from numba import cuda, float32, int16, int32, int64, uint64
 from numba.cuda.core import config
 
 from .bits import test_bit
-from .intrinsics import DECODE, PER_WORD, lds4, max_nan
+from .intrinsics import DECODE, PER_WORD, lds4, max_nan, mma_tf32, mma_tf32_warp, tf32_trunc
 from .topk import block_topk
 
 ACCESS = ("pool", "bitset", "candidates")
@@ -70,10 +70,154 @@ def weight_image(model: str, request=None, user=None) -> np.ndarray:
     return np.concatenate([request.gamma, request.beta, G.ravel(), V.ravel()]).astype(np.float32)
 
 
+#: ad rows per tensor-core tile (mma m16n8k8: 16 rows, 8 experts, 8 dims per step)
+MMA_ROWS = 16
+
+
+def mma_image_size(d: int) -> int:
+    """Floats in the tensor-core weight image (see :func:`mma_image`)."""
+    return (d // 8) * 3 * 32 * 4
+
+
+def mma_dims(d: int) -> np.ndarray:
+    """``dims[c, i]``: the embedding dimension lane ``c = lane % 4`` holds as its i-th value
+    (``i < d / 4``): it loads the 8-byte words ``c, c + 4, c + 8, ...`` of a row (4 dims each), and
+    step ``j`` of the dot product feeds values ``2j`` and ``2j + 1`` to the mma as k = c and c + 4."""
+    i = np.arange(d // 4)
+    c = np.arange(4)[:, None]
+    return 4 * (c + 4 * (i // 4)) + i % 4
+
+
+def mma_image(request) -> np.ndarray:
+    """The float32 per-lane weight image of the tensor-core kernels, ``[d/8, 3, 32, 4]``:
+    for step j and lane l = 4 g + c (dims ``a, b = dims[c, 2j], dims[c, 2j+1]``)::
+
+        part 0: gamma[a], gamma[b], beta[a], beta[b]
+        part 1: hi(G'[g, a]), hi(G'[g, b]), lo(G'[g, a]), lo(G'[g, b])     G' = G / sqrt(d)
+        part 2: the same for V
+
+    with hi(x) = x truncated to TF32 and lo(x) = tf32(x - hi(x)) (3xTF32: hi*hi + hi*lo + lo*hi
+    keeps ~fp32 accuracy); experts g >= E are zero. Lanes read consecutive 16-byte pieces (no
+    bank conflicts)."""
+    from .intrinsics import TF32_MASK
+
+    E, d = request.V.shape
+    if d % 16 or E > 8:
+        raise ValueError(f"the tensor-core kernel needs d a multiple of 16 and E <= 8, got d={d}, E={E}")
+
+    def split(x):
+        x = np.asarray(x, np.float32)
+        hi = (x.view(np.uint32) & np.uint32(TF32_MASK)).view(np.float32)
+        lo = ((x - hi).astype(np.float32).view(np.uint32) & np.uint32(TF32_MASK)).view(np.float32)
+        return hi, lo
+
+    Gs = np.zeros((8, d), np.float32)
+    Gs[:E] = (request.G.astype(np.float64) / np.sqrt(d)).astype(np.float32)
+    Vs = np.zeros((8, d), np.float32)
+    Vs[:E] = request.V
+    dims = mma_dims(d)
+    img = np.zeros((d // 8, 3, 32, 4), np.float32)
+    gamma, beta = np.asarray(request.gamma, np.float32), np.asarray(request.beta, np.float32)
+    for j in range(d // 8):
+        for lane in range(32):
+            g, c = lane // 4, lane % 4
+            a, b = dims[c, 2 * j], dims[c, 2 * j + 1]
+            img[j, 0, lane] = gamma[a], gamma[b], beta[a], beta[b]
+            for part, M in ((1, Gs), (2, Vs)):
+                hi, lo = split([M[g, a], M[g, b]])
+                img[j, part, lane] = hi[0], hi[1], lo[0], lo[1]
+    return img.ravel()
+
+
+def _emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool) -> None:
+    """Emit the warp-collective tensor-core part of one round: every lane loads its share of the
+    warp's 32 ads (rows 16 t + g and 16 t + g + 8 of tile t, its 4-dim words c, c + 4, ...), encodes
+    them, and the mma steps accumulate each tile's 8 gate logits and 8 value dots; the results go
+    to the warp's slice of shared memory, where each thread reads its own ad's (``msc[wid, lane]``).
+    Runs outside any per-ad branch: mma.sync needs all 32 lanes."""
+    ind = "        "
+    nwl = d // 16  # words per row per lane
+    for q in range(4):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
+        t, half = divmod(q, 2)
+        emit(f"{ind}ir{q} = base + wbase + {16 * t + 8 * half} + g8")
+        if compact:
+            emit(f"{ind}okr{q} = ir{q} < n_list")
+            emit(f"{ind}sr{q} = tile0 + int64(lst[ir{q}]) if okr{q} else int64(0)")
+        else:
+            emit(f"{ind}okr{q} = ir{q} < n_items")
+            emit(f"{ind}sr{q} = ir{q}")
+            if access == "candidates":
+                emit(f"{ind}if okr{q}:")
+                emit(f"{ind}    sr{q} = int64(cand[ir{q}])")
+            elif access == "bitset":
+                emit(f"{ind}if okr{q}:")
+                emit(f"{ind}    okr{q} = test_bit(elig, ir{q}) != 0")
+        emit(f"{ind}ur{q} = uint64(sr{q})")
+        for wi in range(nwl):
+            emit(f"{ind}m{q}_{wi} = uint64(0)")
+        emit(f"{ind}if okr{q}:")
+        for wi in range(nwl):
+            col = f"c4 + {4 * wi}"
+            idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
+            emit(f"{ind}    m{q}_{wi} = words[{idx}]")
+    for t in range(2):
+        for r in range(4):
+            emit(f"{ind}cg{t}_{r} = zero")
+            emit(f"{ind}cv{t}_{r} = zero")
+    for j in range(d // 8):
+        wi, e0 = divmod(2 * j, 4)
+        if e0 == 0:
+            for q in range(4):
+                emit(f"{ind}x{q}_0, x{q}_1, x{q}_2, x{q}_3 = decode(m{q}_{wi})")
+        for part, names in ((0, "ga, gb, ba, bb"), (1, "gh0, gh1, gl0, gl1"), (2, "vh0, vh1, vl0, vl1")):
+            emit(f"{ind}{names} = lds4(wsh, wo + {((j * 3 + part) * 32) * 4} + lane * 4)")
+        for q in range(4):
+            emit(f"{ind}ha{q} = max_nan(x{q}_{e0} * ga + ba, zero)")
+            emit(f"{ind}hb{q} = max_nan(x{q}_{e0 + 1} * gb + bb, zero)")
+        for t in range(2):
+            # A fragment of tile t: a0 = (row g, k = c), a1 = (g + 8, c), a2 = (g, c + 4), a3 = (g + 8, c + 4)
+            frag = [f"ha{2 * t}", f"ha{2 * t + 1}", f"hb{2 * t}", f"hb{2 * t + 1}"]
+            for r, a in enumerate(frag):
+                emit(f"{ind}ah{r} = tf32_trunc({a})")
+                emit(f"{ind}al{r} = tf32_trunc({a} - ah{r})")
+            for acc, bh0, bh1, bl0, bl1 in ((f"cg{t}", "gh0", "gh1", "gl0", "gl1"),
+                                            (f"cv{t}", "vh0", "vh1", "vl0", "vl1")):
+                for A, B0, B1 in (("al", bh0, bh1), ("ah", bl0, bl1), ("ah", bh0, bh1)):
+                    _emit_mma_call(emit, ind, acc, [f"{A}{r}" for r in range(4)], B0, B1)
+    # C fragment: c0, c1 = (row g, experts 2c, 2c + 1), c2, c3 = (row g + 8, ...)
+    emit(f"{ind}{SYNC_WARP}")  # the previous round's readers are done with msc
+    for t in range(2):
+        for half in range(2):
+            row = f"{16 * t + 8 * half} + g8"
+            for which, off in (("cg", 0), ("cv", 8)):
+                emit(f"{ind}msc[wid, {row}, {off} + 2 * c4] = {which}{t}_{2 * half}")
+                emit(f"{ind}msc[wid, {row}, {off + 1} + 2 * c4] = {which}{t}_{2 * half + 1}")
+    emit(f"{ind}{SYNC_WARP}")
+
+
+def _emit_mma_call(emit, ind, acc, a, b0, b1):
+    cs = [f"{acc}_{r}" for r in range(4)]
+    if config.ENABLE_CUDASIM:  # the warp's fragments meet in shared memory (mma_tf32_warp)
+        for r, v in enumerate(a + [b0, b1] + cs):
+            emit(f"{ind}scr[wid, lane, {r}] = {v}")
+        emit(f"{ind}cuda.syncthreads()")
+        emit(f"{ind}{', '.join(cs)} = mma_tf32_warp(scr[wid], lane)")
+        emit(f"{ind}cuda.syncthreads()")
+    else:
+        emit(f"{ind}{', '.join(cs)} = mma_tf32({', '.join(a + [b0, b1] + cs)})")
+
+
+#: a warp barrier (the simulator has no syncwarp; its block barrier stands in, every thread of the
+#: block reaches it together)
+SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
+
+
 def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,
             block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False,
-            weights: str = "shared", guard: str = "fence") -> str:
+            weights: str = "shared", guard: str = "fence", mma: bool = False) -> str:
     param_weights = weights == "param"
+    if mma:
+        values = "all"  # the tensor cores compute every expert's value dot (8 experts per tile)
     W = PER_WORD[dtype]
     NW = d // W
     size = image_size(model, d, E)
@@ -87,6 +231,16 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     else:
         emit(f"def kernel(words, scale, bias, wimg, elig, cand, n_items, ids, k, out, cand_s, cand_i, counts{wt}):")
     emit("    tid = cuda.threadIdx.x")
+    if mma:
+        size = mma_image_size(d)
+        emit("    lane = tid % 32")
+        emit("    wid = tid // 32")
+        emit("    wbase = wid * 32")
+        emit("    g8 = lane // 4")
+        emit("    c4 = lane % 4")
+        emit(f"    msc = cuda.shared.array(({block // 32}, 32, 16), float32)")  # per warp: 32 ads x (8 logits, 8 values)
+        if config.ENABLE_CUDASIM:
+            emit(f"    scr = cuda.shared.array(({block // 32}, 32, 10), float32)")
     emit(f"    wsh = cuda.shared.array({size}, float32{align})")
     emit(f"    for t in range(tid, {size}, {block}):")
     emit("        wsh[t] = wimg[t]")
@@ -182,16 +336,22 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     # "offset" guard: the shared weight loads are addressed from wo, zero at run time but unknown
     # to ptxas (j < 2^62), so it cannot hoist them out of the loop either, without a fence
     emit("        wo = int64(j >> 62)" if guard == "offset" and not fused and not param_weights else "        wo = 0")
+    if mma:
+        _emit_mma(emit, d, dtype, layout, access, compact)
     emit("        if ok:")
     ind = "            "
     emit(f"{ind}us = uint64(slot)")  # unsigned index: no negative-index wraparound code
-    for w in range(NW):
+    if mma:  # this thread's ad is row `lane` of its warp's tile
+        for e in range(E):
+            emit(f"{ind}l{e} = msc[wid, lane, {e}]")
+            emit(f"{ind}a{e} = msc[wid, lane, {8 + e}]")
+    for w in range(NW if not mma else 0):
         idx = f"us, {w}" if layout == "rows" else f"{w}, us"
         emit(f"{ind}w{w} = words[{idx}]")
-    for w in range(NW):
+    for w in range(NW if not mma else 0):
         names = ", ".join(f"x{w * W + i}" for i in range(W))
         emit(f"{ind}{names} = decode(w{w})")
-    if dtype == "int8":
+    if dtype == "int8" and not mma:
         emit(f"{ind}rs = scale[us]")
         for i in range(d):
             emit(f"{ind}x{i} = x{i} * rs")
@@ -205,7 +365,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         for e in range(E):
             for i in range(d):
                 emit(f"{ind}l{e} = h{i} * wt[{o_g + e * d + i}]" if i == 0 else f"{ind}l{e} = l{e} + h{i} * wt[{o_g + e * d + i}]")
-    if param_weights:
+    if param_weights or mma:
         pass
     elif model == "dot":
         for q in range(d // 4):
@@ -308,7 +468,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
 def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, layout: str, access: str,
                  block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
                  max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False,
-                 weights: str = "shared", guard: str = "fence"):
+                 weights: str = "shared", guard: str = "fence", mma: bool = False):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -337,20 +497,26 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"d={d} must be a multiple of {PER_WORD[dtype]} for {dtype}")
     if weights not in ("shared", "param") or guard not in ("fence", "offset"):
         raise ValueError(f"bad weights / guard {weights!r} / {guard!r}")
+    if mma and (model != "gated" or PER_WORD[dtype] != 4 or d % 16 or experts > 8 or block % 32
+                or weights != "shared"):
+        raise ValueError("the tensor-core kernel takes the gated model, fp16 or bf16 rows, d a multiple of 16, "
+                         f"E <= 8, whole warps and shared weights; got {model}, {dtype}, d={d}, E={experts}, "
+                         f"block={block}, weights={weights}")
     if weights == "param" and values == "all":
         raise ValueError('weights="param" computes the chosen experts\' values only (values="chosen")')
     if seed_filter and topk_cap:
         raise ValueError("seed_filter and a block top-K buffer (topk_cap) exclude each other")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
-                  seed_filter, weights, guard)
+                  seed_filter, weights, guard, mma)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
-           "lds4": lds4, "CAP": max(topk_cap, 1)}
+           "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_trunc": tf32_trunc, "mma_tf32": mma_tf32,
+           "mma_tf32_warp": mma_tf32_warp}
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
-            f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}")
+            f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{'_mma' if mma else ''}")
     code = compile(src, f"<{name}>", "exec")
     exec(code, env)
     fn = env["kernel"]

@@ -22,6 +22,9 @@ The simulator gets numpy versions with the same results (it runs kernels as Pyth
 import numpy as np
 from numba.cuda.core import config
 
+#: keeps sign, exponent and the 10 mantissa bits of TensorFloat-32
+TF32_MASK = 0xFFFFE000
+
 if config.ENABLE_CUDASIM:
 
     def _u64(x):
@@ -54,6 +57,12 @@ if config.ENABLE_CUDASIM:
     def float_key(x):
         u = int(np.array([x], dtype=np.float32).view(np.uint32)[0])
         return np.uint32(u ^ 0xFFFFFFFF if u & 0x80000000 else u | 0x80000000)
+
+    def tf32_trunc(x):
+        return (np.array([x], dtype=np.float32).view(np.uint32) & np.uint32(TF32_MASK)).view(np.float32)[0]
+
+    def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        raise RuntimeError("mma_tf32 is warp-collective: the simulator runs kernels through mma_tf32_warp")
 
 else:
     from llvmlite import ir
@@ -158,6 +167,59 @@ else:
             return builder.xor(bits, flip)
 
         return sig, codegen
+
+    @intrinsic
+    def tf32_trunc(typingctx, x):
+        sig = types.float32(types.float32)
+
+        def codegen(context, builder, sig, args):
+            bits = builder.and_(builder.bitcast(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), TF32_MASK))
+            return builder.bitcast(bits, ir.FloatType())
+
+        return sig, codegen
+
+    @intrinsic
+    def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        f32 = types.float32
+        sig = types.UniTuple(f32, 4)(*([f32] * 10))
+
+        def codegen(context, builder, sig, args):
+            i32, f = ir.IntType(32), ir.FloatType()
+            ins = [builder.bitcast(a, i32) for a in args[:6]] + list(args[6:])
+            ret = ir.LiteralStructType([f] * 4)
+            fnty = ir.FunctionType(ret, [i32] * 6 + [f] * 4)
+            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                               "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            out = builder.call(asm, ins)
+            vals = [builder.extract_value(out, k) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+
+def mma_tf32_warp(frags, lane):
+    """Simulator model of one warp's ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``:
+    ``frags[32, 10]`` holds every lane's (a0..a3, b0, b1, c0..c3); returns lane ``lane``'s
+    (d0..d3) as float32. Operands are truncated to tf32 (the low 13 mantissa bits dropped), the
+    products summed in float64 and rounded once to fp32. Fragment layout (PTX ISA, "Matrix
+    Fragments for mma.m16n8k8", .tf32; g = lane // 4, c = lane % 4): a0 = A[g, c], a1 = A[g+8, c],
+    a2 = A[g, c+4], a3 = A[g+8, c+4]; b0 = B[c, g], b1 = B[c+4, g]; c0, c1 = C[g, 2c], C[g, 2c+1];
+    c2, c3 = C[g+8, 2c], C[g+8, 2c+1]."""
+    f = np.asarray(frags, dtype=np.float32)
+    t = (f.view(np.uint32) & np.uint32(TF32_MASK)).view(np.float32).astype(np.float64)
+    A = np.zeros((16, 8))
+    B = np.zeros((8, 8))
+    C = np.zeros((16, 8))
+    for ln in range(32):
+        g, c = ln // 4, ln % 4
+        A[g, c], A[g + 8, c], A[g, c + 4], A[g + 8, c + 4] = t[ln, 0:4]
+        B[c, g], B[c + 4, g] = t[ln, 4:6]
+        C[g, 2 * c], C[g, 2 * c + 1], C[g + 8, 2 * c], C[g + 8, 2 * c + 1] = f[ln, 6:10]
+    with np.errstate(invalid="ignore", over="ignore"):
+        D = (C + A @ B).astype(np.float32)
+    g, c = lane // 4, lane % 4
+    return D[g, 2 * c], D[g, 2 * c + 1], D[g + 8, 2 * c], D[g + 8, 2 * c + 1]
 
 
 DECODE = {"fp32": decode_fp32, "fp16": decode_fp16, "bf16": decode_bf16, "int8": decode_int8}
