@@ -95,16 +95,17 @@ def bitset_mask(words, n: int):
 
 # ----------------------------------------------------------------------------- checks
 
-def verify_scores_sample(dreq, table, scores_dev=None, rng=None, eligible_mask=None) -> checks.Check:
-    """Score a random sample of slots through the candidates path and compare with the oracle; if
-    ``scores_dev`` (a scores array the case wrote) is given, the same slots must hold equal values."""
+def verify_scores_sample(dreq, table, scores_dev=None, rng=None, eligible_mask=None, config=None) -> checks.Check:
+    """Score a random sample of slots through the candidates path (same kernel configuration) and
+    compare with the oracle; if ``scores_dev`` (a scores array the case wrote) is given, the same
+    slots must hold equal values."""
     import cupy as cp
 
     from .scoring import score_ads
 
     rng = rng or np.random.default_rng(0)
     slots = np.sort(rng.choice(table.n_ads, min(SAMPLE, table.n_ads), replace=False))
-    got = score_ads(dreq, table, candidates=slots.astype(np.int32)).copy_to_host()
+    got = score_ads(dreq, table, candidates=slots.astype(np.int32), config=config).copy_to_host()
     rows = host_rows(table, slots)
     if dreq.model == "dot":
         from . import oracle
@@ -296,7 +297,7 @@ def _scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, con
     dreq = DeviceRequest.of(Request.random(d, E, K, rng) if model == "gated" else rng.standard_normal(d))
     out = launch.cuda().device_array(n, np.float32)
     timing = bench.time_device(lambda: launch_score(dreq, table, "pool", None, None, n, out, config), reps=args.reps)
-    verified = verify_scores_sample(dreq, table, scores_dev=out, rng=rng)
+    verified = verify_scores_sample(dreq, table, scores_dev=out, rng=rng, config=config)
     return bench.row("scoring", env, ceil, timing, n, fused_bytes_per_ad(d, dtype) + 4, model_flops(model, d, E, K, "all" if config.tensor_cores else config.values),
                      str(verified), variant=variant, n_ads=n, d=d, dtype=dtype, experts=E if model == "gated" else "",
                      k_experts=K if model == "gated" else "", access="pool", eligible_fraction=1.0, layout=layout,

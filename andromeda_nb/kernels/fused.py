@@ -129,7 +129,7 @@ def mma_image(request) -> np.ndarray:
     return img.ravel()
 
 
-def _emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool) -> None:
+def _emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3) -> None:
     """Emit the warp-collective tensor-core part of one round: every lane loads its share of the
     warp's 32 ads (rows 16 t + g and 16 t + g + 8 of tile t, its 4-dim words c, c + 4, ...), encodes
     them, and the mma steps accumulate each tile's 8 gate logits and 8 value dots; the results go
@@ -182,7 +182,8 @@ def _emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool)
                 emit(f"{ind}al{r} = tf32_trunc({a} - ah{r})")
             for acc, bh0, bh1, bl0, bl1 in ((f"cg{t}", "gh0", "gh1", "gl0", "gl1"),
                                             (f"cv{t}", "vh0", "vh1", "vl0", "vl1")):
-                for A, B0, B1 in (("al", bh0, bh1), ("ah", bl0, bl1), ("ah", bh0, bh1)):
+                # terms < 3 (diagnostics only: less accurate) keeps the last products
+                for A, B0, B1 in (("al", bh0, bh1), ("ah", bl0, bl1), ("ah", bh0, bh1))[3 - terms:]:
                     _emit_mma_call(emit, ind, acc, [f"{A}{r}" for r in range(4)], B0, B1)
     # C fragment: c0, c1 = (row g, experts 2c, 2c + 1), c2, c3 = (row g + 8, ...)
     emit(f"{ind}{SYNC_WARP}")  # the previous round's readers are done with msc
@@ -214,7 +215,7 @@ SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
 
 def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,
             block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False,
-            weights: str = "shared", guard: str = "fence", mma: bool = False) -> str:
+            weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3) -> str:
     param_weights = weights == "param"
     if mma:
         values = "all"  # the tensor cores compute every expert's value dot (8 experts per tile)
@@ -337,7 +338,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     # to ptxas (j < 2^62), so it cannot hoist them out of the loop either, without a fence
     emit("        wo = int64(j >> 62)" if guard == "offset" and not fused and not param_weights else "        wo = 0")
     if mma:
-        _emit_mma(emit, d, dtype, layout, access, compact)
+        _emit_mma(emit, d, dtype, layout, access, compact, mma_terms)
     emit("        if ok:")
     ind = "            "
     emit(f"{ind}us = uint64(slot)")  # unsigned index: no negative-index wraparound code
@@ -468,7 +469,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
 def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, layout: str, access: str,
                  block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
                  max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False,
-                 weights: str = "shared", guard: str = "fence", mma: bool = False):
+                 weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -507,7 +508,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     if seed_filter and topk_cap:
         raise ValueError("seed_filter and a block top-K buffer (topk_cap) exclude each other")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
-                  seed_filter, weights, guard, mma)
+                  seed_filter, weights, guard, mma, mma_terms)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_trunc": tf32_trunc, "mma_tf32": mma_tf32,
@@ -516,7 +517,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
-            f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{'_mma' if mma else ''}")
+            f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{f'_mma{mma_terms}' if mma else ''}")
     code = compile(src, f"<{name}>", "exec")
     exec(code, env)
     fn = env["kernel"]
