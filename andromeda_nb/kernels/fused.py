@@ -129,17 +129,13 @@ def mma_image(request) -> np.ndarray:
     return img.ravel()
 
 
-def _emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3) -> None:
-    """Emit the warp-collective tensor-core part of one round: every lane loads its share of the
-    warp's 32 ads (rows 16 t + g and 16 t + g + 8 of tile t, its 4-dim words c, c + 4, ...), encodes
-    them, and the mma steps accumulate each tile's 8 gate logits and 8 value dots; the results go
-    to the warp's slice of shared memory, where each thread reads its own ad's (``msc[wid, lane]``).
-    Runs outside any per-ad branch: mma.sync needs all 32 lanes."""
-    ind = "        "
-    nwl = d // 16  # words per row per lane
-    for q in range(4):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
-        t, half = divmod(q, 2)
-        emit(f"{ind}ir{q} = base + wbase + {16 * t + 8 * half} + g8")
+def _emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access: str, compact: bool) -> None:
+    """Emit the loads of tile t (rows 16 t + g and 16 t + g + 8 of a warp's 32 ads, counted from
+    ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
+    row past the end or not eligible)."""
+    for q in (2 * t, 2 * t + 1):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
+        half = q % 2
+        emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
         if compact:
             emit(f"{ind}okr{q} = ir{q} < n_list")
             emit(f"{ind}sr{q} = tile0 + int64(lst[ir{q}]) if okr{q} else int64(0)")
@@ -153,39 +149,47 @@ def _emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool,
                 emit(f"{ind}if okr{q}:")
                 emit(f"{ind}    okr{q} = test_bit(elig, ir{q}) != 0")
         emit(f"{ind}ur{q} = uint64(sr{q})")
-        for wi in range(nwl):
+        for wi in range(d // 16):
             emit(f"{ind}m{q}_{wi} = uint64(0)")
         emit(f"{ind}if okr{q}:")
-        for wi in range(nwl):
+        for wi in range(d // 16):
             col = f"c4 + {4 * wi}"
             idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
             emit(f"{ind}    m{q}_{wi} = words[{idx}]")
-    for t in range(2):
-        for r in range(4):
-            emit(f"{ind}cg{t}_{r} = zero")
-            emit(f"{ind}cv{t}_{r} = zero")
+
+
+def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
+    """Emit tile t's encoding and mma steps: ``cg{t}_*`` (8 gate logits) and ``cv{t}_*`` (8 value
+    dots) of its 16 rows, from the words ``m{2t}_*`` and ``m{2t+1}_*``."""
+    for r in range(4):
+        emit(f"{ind}cg{t}_{r} = zero")
+        emit(f"{ind}cv{t}_{r} = zero")
+    rows = (2 * t, 2 * t + 1)
     for j in range(d // 8):
         wi, e0 = divmod(2 * j, 4)
         if e0 == 0:
-            for q in range(4):
+            for q in rows:
                 emit(f"{ind}x{q}_0, x{q}_1, x{q}_2, x{q}_3 = decode(m{q}_{wi})")
         for part, names in ((0, "ga, gb, ba, bb"), (1, "gh0, gh1, gl0, gl1"), (2, "vh0, vh1, vl0, vl1")):
             emit(f"{ind}{names} = lds4(wsh, wo + {((j * 3 + part) * 32) * 4} + lane * 4)")
-        for q in range(4):
+        for q in rows:
             emit(f"{ind}ha{q} = max_nan(x{q}_{e0} * ga + ba, zero)")
             emit(f"{ind}hb{q} = max_nan(x{q}_{e0 + 1} * gb + bb, zero)")
-        for t in range(2):
-            # A fragment of tile t: a0 = (row g, k = c), a1 = (g + 8, c), a2 = (g, c + 4), a3 = (g + 8, c + 4)
-            frag = [f"ha{2 * t}", f"ha{2 * t + 1}", f"hb{2 * t}", f"hb{2 * t + 1}"]
-            for r, a in enumerate(frag):
-                emit(f"{ind}ah{r} = tf32_trunc({a})")
-                emit(f"{ind}al{r} = tf32_trunc({a} - ah{r})")
-            for acc, bh0, bh1, bl0, bl1 in ((f"cg{t}", "gh0", "gh1", "gl0", "gl1"),
-                                            (f"cv{t}", "vh0", "vh1", "vl0", "vl1")):
-                # terms < 3 (diagnostics only: less accurate) keeps the last products
-                for A, B0, B1 in (("al", bh0, bh1), ("ah", bl0, bl1), ("ah", bh0, bh1))[3 - terms:]:
-                    _emit_mma_call(emit, ind, acc, [f"{A}{r}" for r in range(4)], B0, B1)
-    # C fragment: c0, c1 = (row g, experts 2c, 2c + 1), c2, c3 = (row g + 8, ...)
+        # A fragment: a0 = (row g, k = c), a1 = (g + 8, c), a2 = (g, c + 4), a3 = (g + 8, c + 4)
+        frag = [f"ha{rows[0]}", f"ha{rows[1]}", f"hb{rows[0]}", f"hb{rows[1]}"]
+        for r, a in enumerate(frag):
+            emit(f"{ind}ah{r} = tf32_trunc({a})")
+            emit(f"{ind}al{r} = tf32_trunc({a} - ah{r})")
+        for acc, bh0, bh1, bl0, bl1 in ((f"cg{t}", "gh0", "gh1", "gl0", "gl1"), (f"cv{t}", "vh0", "vh1", "vl0", "vl1")):
+            # terms < 3 (diagnostics only: less accurate) keeps the last products
+            for A, B0, B1 in (("al", bh0, bh1), ("ah", bl0, bl1), ("ah", bh0, bh1))[3 - terms:]:
+                _emit_mma_call(emit, ind, acc, [f"{A}{r}" for r in range(4)], B0, B1)
+
+
+def _emit_mma_store(emit, ind: str) -> None:
+    """Emit the hand-over of both tiles' results to shared memory (``msc[wid, row, 0:8]`` logits,
+    ``8:16`` values) between two warp barriers. C fragment: c0, c1 = (row g, experts 2c, 2c + 1),
+    c2, c3 = (row g + 8, ...)."""
     emit(f"{ind}{SYNC_WARP}")  # the previous round's readers are done with msc
     for t in range(2):
         for half in range(2):
@@ -194,6 +198,23 @@ def _emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool,
                 emit(f"{ind}msc[wid, {row}, {off} + 2 * c4] = {which}{t}_{2 * half}")
                 emit(f"{ind}msc[wid, {row}, {off + 1} + 2 * c4] = {which}{t}_{2 * half + 1}")
     emit(f"{ind}{SYNC_WARP}")
+
+
+def _emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
+              prefetch: bool = False) -> None:
+    """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
+    needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
+    before the loop), and each tile's words for the next round (``base + stride``) are loaded as
+    soon as that tile is encoded, so loads stay in flight while the warp computes."""
+    ind = "        "
+    if not prefetch:
+        for t in range(2):
+            _emit_mma_load(emit, ind, t, "base", d, layout, access, compact)
+    for t in range(2):
+        _emit_mma_tile(emit, ind, t, d, terms)
+        if prefetch:
+            _emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact)
+    _emit_mma_store(emit, ind)
 
 
 def _emit_mma_call(emit, ind, acc, a, b0, b1):
@@ -215,10 +236,14 @@ SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
 
 def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,
             block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False,
-            weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3) -> str:
+            weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
+            prefetch: bool = True) -> str:
     param_weights = weights == "param"
     if mma:
         values = "all"  # the tensor cores compute every expert's value dot (8 experts per tile)
+    # the next round's rows are loaded while this one computes, where rounds follow each other
+    # simply (not through a compacted list, one round per top-K barrier pair)
+    prefetch = mma and prefetch and not (access == "bitset" and (fused or seed_filter)) and (items == 1 or not fused)
     W = PER_WORD[dtype]
     NW = d // W
     size = image_size(model, d, E)
@@ -312,6 +337,10 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         emit("        slot = j")
     else:
         emit(f"    stride = cuda.gridDim.x * {per_round}")
+        if prefetch:  # the first round's words (see _emit_mma)
+            emit(f"    base = cuda.blockIdx.x * {per_round}")
+            for t in range(2):
+                _emit_mma_load(emit, "    ", t, "base", d, layout, access, False)
         emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, n_items, stride):")
         if fused:
             # several ads per thread between two top-K barrier pairs (the barriers, not the scoring,
@@ -338,7 +367,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     # to ptxas (j < 2^62), so it cannot hoist them out of the loop either, without a fence
     emit("        wo = int64(j >> 62)" if guard == "offset" and not fused and not param_weights else "        wo = 0")
     if mma:
-        _emit_mma(emit, d, dtype, layout, access, compact, mma_terms)
+        _emit_mma(emit, d, dtype, layout, access, compact, mma_terms, prefetch)
     emit("        if ok:")
     ind = "            "
     emit(f"{ind}us = uint64(slot)")  # unsigned index: no negative-index wraparound code
@@ -469,7 +498,8 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
 def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, layout: str, access: str,
                  block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
                  max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False,
-                 weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3):
+                 weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
+                 prefetch: bool = True):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -508,7 +538,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     if seed_filter and topk_cap:
         raise ValueError("seed_filter and a block top-K buffer (topk_cap) exclude each other")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
-                  seed_filter, weights, guard, mma, mma_terms)
+                  seed_filter, weights, guard, mma, mma_terms, prefetch)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_trunc": tf32_trunc, "mma_tf32": mma_tf32,
@@ -516,8 +546,9 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
+    mma_tag = f"_mma{mma_terms}{'p' if prefetch else ''}" if mma else ""
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
-            f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{f'_mma{mma_terms}' if mma else ''}")
+            f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}")
     code = compile(src, f"<{name}>", "exec")
     exec(code, env)
     fn = env["kernel"]
