@@ -267,7 +267,8 @@ def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, acce
                      model_flops(model, d, E, K, "all" if config.tensor_cores else config.values), str(verified), variant=variant, n_ads=n, d=d,
                      dtype=dtype, experts=E if model == "gated" else "", k_experts=K if model == "gated" else "",
                      access=access, eligible_fraction=frac, k=k, layout=layout,
-                     notes=f"{_config_note(config)}; items = ads scored{'; ' + notes if notes else ''}")
+                     notes=f"{_config_note(config.resolved(dreq, 0 if path == 'filter' else k))}; items = ads scored"
+                           f"{'; ' + notes if notes else ''}")
 
 
 def _config_note(config):
@@ -301,7 +302,7 @@ def _scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, con
     return bench.row("scoring", env, ceil, timing, n, fused_bytes_per_ad(d, dtype) + 4, model_flops(model, d, E, K, "all" if config.tensor_cores else config.values),
                      str(verified), variant=variant, n_ads=n, d=d, dtype=dtype, experts=E if model == "gated" else "",
                      k_experts=K if model == "gated" else "", access="pool", eligible_fraction=1.0, layout=layout,
-                     notes=f"{_config_note(config)}; scores written to memory (4 B/ad)")
+                     notes=f"{_config_note(config.resolved(dreq))}; scores written to memory (4 B/ad)")
 
 
 def scoring(env, ceil, args) -> list[dict]:
@@ -321,6 +322,8 @@ def scoring(env, ceil, args) -> list[dict]:
              per-ad fence or an opaque offset, register caps; scores to memory (not in the default set)
     tensor : the gate and value dot products on the tensor cores (KernelConfig.tensor_cores): scores
              to memory, fused top-K, against the CUDA-core kernel and dot (not in the default set)
+    defaults: the default configuration on the headline cases: gated and dot (fp16, int8; d 64 and
+             128), scores to memory and the filter path; bitset filter; block top-K (not in the default set)
     """
     import cupy as cp
 
@@ -411,11 +414,14 @@ def scoring(env, ceil, args) -> list[dict]:
         # "offset"): +5-10 % if the fence stalls the warp.
         for model, dtype, d, E, K in (("gated", "fp16", 64, 6, 2), ("dot", "fp16", 64, 1, 1),
                                       ("dot", "int8", 64, 1, 1), ("dot", "int8", 128, 1, 1)):
-            cfgs = [KernelConfig(), KernelConfig(guard="offset"), KernelConfig(weights="param")]
+            cfgs = [KernelConfig(weights="shared", max_registers=128),
+                    KernelConfig(weights="shared", max_registers=128, guard="offset"),
+                    KernelConfig(weights="param", max_registers=128)]
             if model == "gated":
                 cfgs += [KernelConfig(weights="param", max_registers=None), KernelConfig(weights="param", max_registers=96),
-                         KernelConfig(weights="param", max_registers=80), KernelConfig(weights="param", block=128),
-                         KernelConfig(guard="offset", max_registers=None)]
+                         KernelConfig(weights="param", max_registers=80),
+                         KernelConfig(weights="param", block=128, max_registers=128),
+                         KernelConfig(weights="shared", guard="offset", max_registers=None)]
             for cfg in cfgs:
                 add(_scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, "tiles", cfg,
                                 f"{model}_scores_to_memory"))
@@ -424,14 +430,15 @@ def scoring(env, ceil, args) -> list[dict]:
         # CUDA-core kernel with weights in kernel parameters (20.5 G ads/s at 95363e3, issue-bound);
         # issue alone would allow ~45 G ads/s, so the kernel turns memory-bound: 27-30 G ads/s
         # (0.8-0.9 of the read ceiling), unless the tensor pipe (96 mma per 32 ads) holds it back
-        tc = KernelConfig(tensor_cores=True)
+        tc = KernelConfig(tensor_cores=True, max_registers=128)
         for cfg in (tc, KernelConfig(tensor_cores=True, max_registers=None),
-                    KernelConfig(tensor_cores=True, max_registers=96), KernelConfig(tensor_cores=True, guard="offset"),
+                    KernelConfig(tensor_cores=True, max_registers=96),
+                    KernelConfig(tensor_cores=True, guard="offset", max_registers=128),
                     KernelConfig(weights="param", max_registers=96)):
             add(_scores_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", cfg,
                             "gated_scores_to_memory"))
-        add(_scores_row(env, ceil, args, tables, rng, "dot", "fp16", 64, 1, 1, "tiles", KernelConfig(weights="param"),
-                        "dot_scores_to_memory"))
+        add(_scores_row(env, ceil, args, tables, rng, "dot", "fp16", 64, 1, 1, "tiles",
+                        KernelConfig(weights="param", max_registers=128), "dot_scores_to_memory"))
         for dtype, d, E, K, layout in (("fp16", 64, 6, 2, "rows"), ("bf16", 64, 6, 2, "tiles"),
                                        ("fp16", 64, 8, 4, "tiles"), ("fp16", 128, 6, 2, "tiles"),
                                        ("fp16", 32, 6, 2, "tiles")):
@@ -441,6 +448,24 @@ def scoring(env, ceil, args) -> list[dict]:
                                                ("pool", 1.0, 1000, "block", "gated_fused_topk"),
                                                ("bitset", 0.1, 1000, "filter", "gated_fused_topk_filter")):
             add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", access, frac, k, tc,
+                           variant, path=path))
+    if "defaults" in phases:  # the default configuration ("auto" weights and registers), headline cases
+        # prediction: gated scores to memory and the filter path ~20.5 G ads/s (the param, 96-register
+        # kernel of the "weights" phase; was 17.0-17.1); dot unchanged; int8 dot a few % faster
+        # (its row scale now multiplies the sum once, 64 fewer FMULs per ad)
+        auto = KernelConfig()
+        for model, dtype, d, E, K in (("gated", "fp16", 64, 6, 2), ("dot", "fp16", 64, 1, 1), ("dot", "int8", 64, 1, 1),
+                                      ("dot", "fp16", 128, 1, 1), ("dot", "int8", 128, 1, 1)):
+            add(_scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, "tiles", auto,
+                            f"{model}_scores_to_memory"))
+            add(_fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, "tiles", "pool", 1.0, K1000, auto,
+                           f"{model}_fused_topk_filter", path="filter"))
+        for layout, access, frac, k, path, variant in (
+                ("tiles", "pool", 1.0, 4096, "filter", "gated_fused_topk_filter"),
+                ("tiles", "pool", 1.0, K1000, "block", "gated_fused_topk"),
+                ("tiles", "bitset", 0.1, K1000, "filter", "gated_fused_topk_filter"),
+                ("rows", "bitset", 0.1, K1000, "filter", "gated_fused_topk_filter")):
+            add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, layout, access, frac, k, auto,
                            variant, path=path))
     if "unfused" in phases:
         rows += _unfused_rows(env, ceil, args, tables, rng)

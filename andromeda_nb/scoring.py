@@ -25,8 +25,9 @@ class KernelConfig:
         values: ``"chosen"`` (value dots of the K chosen experts only, h kept in registers) or
             ``"all"`` (all E value dots in one streaming pass; fewer registers, more FMAs).
         block: threads per block (None: 256 on a GPU, 32 in the simulator).
-        max_registers: register cap per thread (None: the compiler's choice; 128 measured best on
-            the H200, data/results/scoring.csv).
+        max_registers: register cap per thread (None: the compiler's choice; ``"auto"``: 96 for the
+            gated model with weights in kernel parameters outside the block top-K, 128 otherwise,
+            measured best on the H200, data/results/scoring.csv, phases "weights" and "tensor").
         items: ads each thread scores between two block top-K barrier pairs (fused path). 4 measured
             ~10x slower than 1 on the H200 (data/results/scoring.csv, "items=4" rows): ptxas gives
             that kernel 255 registers and a 1.8 KB spill stack (122 registers, no spills at 1) as
@@ -41,7 +42,10 @@ class KernelConfig:
             user vector) from: ``"shared"`` (16-byte shared loads from the weight image) or
             ``"param"`` (a tuple kernel argument: ptxas reads it from the constant bank with
             uniform loads, no shared-memory traffic; V stays in shared memory, its rows differ
-            per ad). ``"param"`` needs the tuple within :data:`PARAM_FLOATS`.
+            per ad). ``"param"`` needs the tuple within :data:`PARAM_FLOATS`. ``"auto"`` (default):
+            ``"param"`` where it fits (d = 64, E = 6: 512 floats) and the kernel is the generated
+            CUDA-core one with ``values="chosen"``, else ``"shared"``. Measured on the H200 (gated
+            E = 6, K = 2, fp16, d = 64, scores to memory): 17.0 G ads/s shared, 20.5 G param.
         guard: how the scores-to-memory and filter kernels keep ptxas from hoisting the shared
             weight loads out of the ad loop: ``"fence"`` (a block-scope fence per ad) or
             ``"offset"`` (an address offset that is zero at run time but unknown to ptxas).
@@ -53,31 +57,31 @@ class KernelConfig:
 
     values: str = "chosen"
     block: int | None = None
-    max_registers: int | None = 128
+    max_registers: int | None | str = "auto"
     items: int = 1
     sync_every: int = 1
     blocks_per_sm: int = launch.GPU_BLOCKS_PER_SM
     naive: bool = False
-    weights: str = "shared"
+    weights: str = "auto"
     guard: str = "fence"
     tensor_cores: bool = False
 
     def __post_init__(self):
-        if self.weights not in ("shared", "param"):
-            raise ValueError(f"weights must be 'shared' or 'param', got {self.weights!r}")
+        if self.weights not in ("auto", "shared", "param"):
+            raise ValueError(f"weights must be 'auto', 'shared' or 'param', got {self.weights!r}")
         if not isinstance(self.tensor_cores, bool):
             raise ValueError(f"tensor_cores must be True or False, got {self.tensor_cores!r}")
-        if self.tensor_cores and (self.weights != "shared" or self.naive):
+        if self.tensor_cores and (self.weights == "param" or self.naive):
             raise ValueError("tensor_cores=True reads its weights from shared memory (weights='shared', naive=False)")
         if self.guard not in ("fence", "offset"):
             raise ValueError(f"guard must be 'fence' or 'offset', got {self.guard!r}")
         if self.values not in ("chosen", "all"):
             raise ValueError(f"values must be 'chosen' or 'all', got {self.values!r}")
         launch.check_block(self.block)
-        if self.max_registers is not None and (isinstance(self.max_registers, bool)
+        if self.max_registers is not None and self.max_registers != "auto" and (isinstance(self.max_registers, bool)
                                                or not isinstance(self.max_registers, int)
                                                or not 16 <= self.max_registers <= 255):
-            raise ValueError(f"max_registers must be None or an int in 16..255, got {self.max_registers!r}")
+            raise ValueError(f"max_registers must be None, 'auto' or an int in 16..255, got {self.max_registers!r}")
         for name in ("items", "sync_every", "blocks_per_sm"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -85,6 +89,20 @@ class KernelConfig:
 
     def threads(self) -> int:
         return self.block or launch.default_block()
+
+    def resolved(self, dreq: "DeviceRequest", topk_k: int = 0) -> "KernelConfig":
+        """This configuration with ``weights`` and ``max_registers`` made concrete for a request
+        (``"auto"`` rules in the class docstring); ``topk_k`` > 0: the fused block top-K kernel."""
+        weights = self.weights
+        if weights == "auto":
+            fits = (dreq.d if dreq.model == "dot" else (2 + dreq.experts) * dreq.d) <= PARAM_FLOATS
+            weights = "param" if fits and not (self.tensor_cores or self.naive) and self.values == "chosen" else "shared"
+        regs = self.max_registers
+        if regs == "auto":
+            regs = 96 if weights == "param" and dreq.model == "gated" and not topk_k else 128
+        if (weights, regs) == (self.weights, self.max_registers):
+            return self
+        return replace(self, weights=weights, max_registers=regs)
 
 
 DEFAULT_CONFIG = KernelConfig()
@@ -335,6 +353,7 @@ def check_shared(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access:
 def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int, config: KernelConfig):
     from .kernels.topk import buffer_capacity
 
+    config = config.resolved(dreq, topk_k)
     block = config.threads()
     if config.naive:
         cap = buffer_capacity(topk_k, block) if topk_k else 0
@@ -355,6 +374,7 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
+    config = config.resolved(dreq, topk_k)
     kern = _kernel(dreq, table, access, topk_k, config)
     dummy = launch.dummy
     elig = elig if elig is not None else dummy(np.uint64)
@@ -458,7 +478,7 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     from .kernels.fused import fused_kernel, sample_prep_kernel
     from .topk import launch_final, launch_seed_select
 
-    config = config or DEFAULT_CONFIG
+    config = (config or DEFAULT_CONFIG).resolved(dreq)
     sfw = sfw or ScoreFilterWorkspace.make(n_items, k, access)
     sws, fws = sfw.sws, sfw.fws
     block = config.threads()

@@ -85,6 +85,14 @@ def test_int8_extremes_and_zero_row(rng):
     zero = oracle.score(req, np.zeros((1, d)), bias=table.bias[:1])[0]
     assert got[0] == pytest.approx(zero, rel=1e-5, abs=1e-6)
     check_scores(got, req, table)
+    # the dot kernel multiplies its int8 sum by the row scale once: same edges
+    u = rng.standard_normal(d)
+    for config in (None, KernelConfig(weights="shared")):
+        dot = score_ads(u, DeviceAdTable(table), config=config).copy_to_host()
+        ref = oracle.dot_score(u.astype(np.float32), table)
+        assert dot[0] == table.bias[0]
+        scale = np.abs(table.dequantized()) @ np.abs(u) + np.abs(table.bias)
+        assert np.all(np.abs(dot - ref) <= 1e-5 * scale)
 
 
 def test_fp16_overflow_is_refused_and_large_values_stay_finite(rng):
@@ -156,7 +164,8 @@ def test_zero_eligible_and_empty_pool(rng):
 
 @pytest.mark.parametrize("config", [KernelConfig(values="all"), KernelConfig(naive=True),
                                     KernelConfig(values="chosen", blocks_per_sm=1),
-                                    KernelConfig(weights="param"), KernelConfig(guard="offset")])
+                                    KernelConfig(weights="param"), KernelConfig(weights="shared"),
+                                    KernelConfig(weights="shared", guard="offset")])
 @pytest.mark.parametrize("dtype,layout", [("fp16", "tiles"), ("int8", "rows"), ("bf16", "rows")])
 def test_kernel_configs_agree_with_oracle(rng, config, dtype, layout):
     d, E, K, n = 64, 6, 2, 77
@@ -178,7 +187,7 @@ def test_dot_two_tower_baseline(rng, dtype, layout):
     dt = DeviceAdTable(table, layout)
     ref = oracle.dot_score(u.astype(np.float32), table)
     scale = np.abs(table.dequantized()) @ np.abs(u) + np.abs(table.bias)
-    for config in (None, KernelConfig(weights="param"), KernelConfig(guard="offset")):
+    for config in (None, KernelConfig(weights="shared"), KernelConfig(weights="shared", guard="offset")):
         got = score_ads(u, dt, config=config).copy_to_host()
         assert np.all(np.abs(got - ref) <= 1e-5 * scale.max())
     top = score_topk(u, dt, 10, eligible=rng.random(n) < 0.5)
@@ -316,3 +325,23 @@ def test_mma_fragment_layout_on_the_gpu(rng):
     got = out.copy_to_host()
     want = np.array([mma_tf32_warp(frags, lane) for lane in range(32)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_config_resolves_by_request(rng):
+    """weights / max_registers "auto": kernel parameters and 96 registers for the gated d = 64,
+    E = 6 scorer (512 floats fit), shared weights where the tuple would not fit or the kernel
+    cannot take it; explicit settings are kept."""
+    from andromeda_nb.scoring import PARAM_FLOATS, DeviceRequest
+
+    small = DeviceRequest.of(Request.random(64, 6, 2, rng))
+    big = DeviceRequest.of(Request.random(128, 6, 2, rng))
+    assert (2 + 6) * 128 > PARAM_FLOATS >= (2 + 6) * 64
+    cfg = KernelConfig()
+    assert (cfg.resolved(small).weights, cfg.resolved(small).max_registers) == ("param", 96)
+    assert (cfg.resolved(small, topk_k=100).weights, cfg.resolved(small, topk_k=100).max_registers) == ("param", 128)
+    assert (cfg.resolved(big).weights, cfg.resolved(big).max_registers) == ("shared", 128)
+    assert KernelConfig(values="all").resolved(small).weights == "shared"
+    assert KernelConfig(tensor_cores=True).resolved(small).weights == "shared"
+    assert KernelConfig(weights="shared", max_registers=None).resolved(small).max_registers is None
+    with pytest.raises(ValueError, match="PARAM|at most|fit"):
+        score_ads(big.request, DeviceAdTable(make_table(rng, 10, 128, "fp16")), config=KernelConfig(weights="param"))

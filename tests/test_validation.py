@@ -119,9 +119,12 @@ def test_kernel_config_and_path_checked_before_launch(rng, no_launch):
     for bad in (0, -1, 2.5, True, 1025):
         with pytest.raises(ValueError, match="block"):
             KernelConfig(block=bad)
-    for bad in (0, -5, 300, 2.0):
+    for bad in (0, -5, 300, 2.0, "AUTO"):
         with pytest.raises(ValueError, match="max_registers"):
             KernelConfig(max_registers=bad)
+    for name, bad in (("weights", "global"), ("guard", None), ("tensor_cores", 1)):
+        with pytest.raises(ValueError, match=name):
+            KernelConfig(**{name: bad})
     table = DeviceAdTable(AdTable.from_float(rng.standard_normal((50, 32)), dtype="fp16"))
     req = Request.random(32, 4, 2, rng)
     with pytest.raises(TypeError, match="KernelConfig"):

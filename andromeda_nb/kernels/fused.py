@@ -381,14 +381,17 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
     for w in range(NW if not mma else 0):
         names = ", ".join(f"x{w * W + i}" for i in range(W))
         emit(f"{ind}{names} = decode(w{w})")
+    # int8: the dot kernel multiplies its sum by the row scale once (sum_i u_i (s x_i) = s sum_i u_i x_i);
+    # the gated kernel needs s x_i itself, inside the ReLU
+    int8_dot = dtype == "int8" and model == "dot"
     if dtype == "int8" and not mma:
         emit(f"{ind}rs = scale[us]")
-        for i in range(d):
+        for i in range(d if not int8_dot else 0):
             emit(f"{ind}x{i} = x{i} * rs")
     if model == "dot" and param_weights:
         for i in range(d):
             emit(f"{ind}acc = x{i} * wt[{i}]" if i == 0 else f"{ind}acc = acc + x{i} * wt[{i}]")
-        emit(f"{ind}s = acc + bias[us]")
+        emit(f"{ind}s = acc * rs + bias[us]" if int8_dot else f"{ind}s = acc + bias[us]")
     elif param_weights:
         for i in range(d):
             emit(f"{ind}h{i} = max_nan(x{i} * wt[{i}] + wt[{o_beta + i}], zero)")
@@ -403,7 +406,7 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             for t in range(4):
                 i = 4 * q + t
                 emit(f"{ind}acc = x{i} * u{t}" if i == 0 else f"{ind}acc = acc + x{i} * u{t}")
-        emit(f"{ind}s = acc + bias[us]")
+        emit(f"{ind}s = acc * rs + bias[us]" if int8_dot else f"{ind}s = acc + bias[us]")
     else:
         for q in range(d // 4):
             emit(f"{ind}g0, g1, g2, g3 = lds4(wsh, wo + {4 * q})")
