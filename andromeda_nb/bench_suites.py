@@ -267,7 +267,7 @@ def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, acce
                      model_flops(model, d, E, K, "all" if config.tensor_cores else config.values), str(verified), variant=variant, n_ads=n, d=d,
                      dtype=dtype, experts=E if model == "gated" else "", k_experts=K if model == "gated" else "",
                      access=access, eligible_fraction=frac, k=k, layout=layout,
-                     notes=f"{_config_note(config.resolved(dreq, 0 if path == 'filter' else k))}; items = ads scored"
+                     notes=f"{_config_note(config.resolved(dreq, 0 if path == 'filter' else k, access == 'bitset'))}; items = ads scored"
                            f"{'; ' + notes if notes else ''}")
 
 
@@ -467,6 +467,10 @@ def scoring(env, ceil, args) -> list[dict]:
                 ("rows", "bitset", 0.1, K1000, "filter", "gated_fused_topk_filter")):
             add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, layout, access, frac, k, auto,
                            variant, path=path))
+    if "bitset_auto" in phases:  # the compacted bitset paths after the "auto" fix (short run)
+        for layout in ("tiles", "rows"):
+            add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, layout, "bitset", 0.1, K1000,
+                           KernelConfig(), "gated_fused_topk_filter", path="filter"))
     if "unfused" in phases:
         rows += _unfused_rows(env, ceil, args, tables, rng)
     if "dtype" in phases:

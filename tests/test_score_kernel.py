@@ -341,6 +341,7 @@ def test_auto_config_resolves_by_request(rng):
     assert (cfg.resolved(small, topk_k=100).weights, cfg.resolved(small, topk_k=100).max_registers) == ("param", 128)
     assert (cfg.resolved(big).weights, cfg.resolved(big).max_registers) == ("shared", 128)
     assert KernelConfig(values="all").resolved(small).weights == "shared"
+    assert cfg.resolved(small, compact=True).weights == "shared"
     assert KernelConfig(tensor_cores=True).resolved(small).weights == "shared"
     assert KernelConfig(weights="shared", max_registers=None).resolved(small).max_registers is None
     with pytest.raises(ValueError, match="PARAM|at most|fit"):
