@@ -267,7 +267,7 @@ def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, acce
                      model_flops(model, d, E, K, "all" if config.tensor_cores else config.values), str(verified), variant=variant, n_ads=n, d=d,
                      dtype=dtype, experts=E if model == "gated" else "", k_experts=K if model == "gated" else "",
                      access=access, eligible_fraction=frac, k=k, layout=layout,
-                     notes=f"{_config_note(config.resolved(dreq, 0 if path == 'filter' else k, access == 'bitset'))}; items = ads scored"
+                     notes=f"{_config_note(config.resolved(dreq, 0 if path == 'filter' else k, access == 'bitset' and layout == 'tiles'))}; items = ads scored"
                            f"{'; ' + notes if notes else ''}")
 
 

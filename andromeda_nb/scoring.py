@@ -93,9 +93,10 @@ class KernelConfig:
     def resolved(self, dreq: "DeviceRequest", topk_k: int = 0, compact: bool = False) -> "KernelConfig":
         """This configuration with ``weights`` and ``max_registers`` made concrete for a request
         (``"auto"`` rules in the class docstring); ``topk_k`` > 0: the fused block top-K kernel;
-        ``compact``: an eligible bitset compacted in the kernel (a top-K over a bitset), where
-        the parameter weights measured slower (2.9 against 4.5 G eligible ads/s at 10 %,
-        data/results/scoring.csv): shared weights there."""
+        ``compact``: an eligible bitset compacted in the kernel (a top-K over a bitset) on the
+        ``tiles`` layout, where the parameter weights measured slower (2.9 against 4.4 G eligible
+        ads/s at 10 %; on ``rows`` faster, 7.5 against 6.1; data/results/scoring.csv): shared
+        weights there."""
         weights = self.weights
         if weights == "auto":
             fits = (dreq.d if dreq.model == "dot" else (2 + dreq.experts) * dreq.d) <= PARAM_FLOATS
@@ -357,7 +358,7 @@ def check_shared(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access:
 def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int, config: KernelConfig):
     from .kernels.topk import buffer_capacity
 
-    config = config.resolved(dreq, topk_k, access == "bitset" and topk_k > 0)
+    config = config.resolved(dreq, topk_k, access == "bitset" and topk_k > 0 and table.layout == "tiles")
     block = config.threads()
     if config.naive:
         cap = buffer_capacity(topk_k, block) if topk_k else 0
@@ -378,7 +379,7 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
-    config = config.resolved(dreq, topk_k, access == "bitset" and topk_k > 0)
+    config = config.resolved(dreq, topk_k, access == "bitset" and topk_k > 0 and table.layout == "tiles")
     kern = _kernel(dreq, table, access, topk_k, config)
     dummy = launch.dummy
     elig = elig if elig is not None else dummy(np.uint64)
@@ -482,7 +483,7 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     from .kernels.fused import fused_kernel, sample_prep_kernel
     from .topk import launch_final, launch_seed_select
 
-    config = (config or DEFAULT_CONFIG).resolved(dreq, compact=access == "bitset")
+    config = (config or DEFAULT_CONFIG).resolved(dreq, compact=access == "bitset" and table.layout == "tiles")
     sfw = sfw or ScoreFilterWorkspace.make(n_items, k, access)
     sws, fws = sfw.sws, sfw.fws
     block = config.threads()
