@@ -9,6 +9,16 @@ and 128 sixteen-byte shared loads (gamma, beta and G are warp-uniform broadcasts
 differ per ad). That is ~950 instructions per ad, against ~1,050 a thread can issue per ad at 90% of
 the H200 read ceiling (132 SMs x 4 issue slots x 1.98 GHz x 32 lanes / 31.6 G ads/s): the gated
 kernel sits right at the point where it turns issue-bound, which the throughput notebook marks.
+Measured, the 128 shared loads were the tighter limit (a warp's 16-byte load moves 512 bytes
+through the shared pipe): with ``weights="param"`` gamma, beta and G come in as a tuple kernel
+argument, which ptxas reads from the constant bank with uniform loads (``ULDC.64``, two floats
+each, ~240 per ad: more instructions, 1,213 per 32 ads in the loop, but no shared traffic);
+17.0 -> 20.5 G ads/s on the H200, where Nsight Compute then shows instruction issue at 0.79 per
+scheduler cycle: issue-bound.
+
+``mma=True`` generates the tensor-core variant instead (see :func:`_emit_mma`): a warp scores 32
+ads with ``mma.sync`` m16n8k8 TF32 steps, 3 products per step (3xTF32), from a per-lane weight
+image (:func:`mma_image`); measured L1 / shared-pipe bound (92 %) at 19.7 G ads/s.
 
 Weights live in one 16-byte-aligned shared image (host-prepared by :func:`weight_image`)::
 
@@ -30,6 +40,7 @@ Kernel arguments (in order)::
     n_items int64; ids int64[n_ads] (tie-break ad ids) ; k (fused top-k)
     out     float32[n_items] (unfused) or dummy
     cand_s, cand_i, counts: per-block top-k outputs (fused) or dummies
+    wt      (weights="param" only) UniTuple(float32, n): the weight image's first n floats
 """
 
 from __future__ import annotations
@@ -522,6 +533,17 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             one, entries past ``cap`` not written) and add to ``counts int64[1, 2]`` the non-NaN
             scores and those at or above the seed: the arguments ``k, out, cand_s, cand_i`` become
             ``seeds, buf_s, buf_i, fill`` (the filter path of kernels.topk.filter_kernel, fused).
+        weights: ``"shared"`` (every weight from the shared image) or ``"param"`` (gamma, beta, G,
+            or the dot model's u, from an extra tuple argument ``wt``; scoring.KernelConfig).
+        guard: ``"fence"`` or ``"offset"``: how the unfused loops keep ptxas from hoisting the
+            shared weight loads (see _source).
+        mma: the tensor-core variant (gated, fp16 / bf16, d % 16 == 0, E <= 8, whole warps,
+            shared weights; ``wimg`` is then :func:`mma_image`).
+        mma_terms: products per mma step, 3 (3xTF32, the only accurate choice; 1 and 2 exist for
+            diagnostics). prefetch: the tensor-core kernel loads the next round's rows early.
+
+    Raises:
+        ValueError: for a configuration the generator cannot build (before any compilation).
     """
     if values not in ("chosen", "all"):
         raise ValueError(f"values must be 'chosen' or 'all', got {values!r}")
@@ -531,6 +553,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"d={d} must be a multiple of {PER_WORD[dtype]} for {dtype}")
     if weights not in ("shared", "param") or guard not in ("fence", "offset"):
         raise ValueError(f"bad weights / guard {weights!r} / {guard!r}")
+    if mma_terms not in (1, 2, 3):
+        raise ValueError(f"mma_terms must be 1, 2 or 3, got {mma_terms!r}")
     if mma and (model != "gated" or PER_WORD[dtype] != 4 or d % 16 or experts > 8 or block % 32
                 or weights != "shared"):
         raise ValueError("the tensor-core kernel takes the gated model, fp16 or bf16 rows, d a multiple of 16, "
