@@ -17,6 +17,7 @@ _LAZY = {
     "DeviceRequest": "scoring",
     "score_ads": "scoring",
     "score_topk": "scoring",
+    "KernelConfig": "scoring",
     "topk_scores": "topk",
     "topk_batch": "topk",
     "MAX_K": "topk",

@@ -556,12 +556,13 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
                config: KernelConfig | None = None, path: str | None = None) -> TopK:
     """Fused scoring + top-K: scores never reach device memory (except on the fallback for a k
     above 2048 without an exact seed); only the k ad ids, k scores and the count come back to the
-    host. Default "filter" path: 0.98 of the scores-to-memory rate on the H200 (gated E = 6, K = 2,
-    fp16, d = 64, 10^8 ads, top-1000; data/results/scoring.csv, commit 690da59), the block top-K
-    0.77.
+    host. Default "filter" path: 0.99 of the scores-to-memory rate on the H200 (gated E = 6, K = 2,
+    fp16, d = 64, 10^8 ads, top-1000; data/results/scoring.csv, commit 76c2e8a), the block top-K
+    0.68.
 
     Args:
-        request, table, eligible, candidates, config: as for :func:`score_ads`.
+        request, table, eligible, candidates: as for :func:`score_ads`.
+        config: a :class:`KernelConfig` (``anb.KernelConfig``) or None for the measured defaults.
         k: ``1 <= k <= topk.MAX_K`` (4096); ``k <= topk.BLOCK_TOPK_MAX_K`` (2048) on the "block"
             path or with a naive config (the fused block top-K's shared buffer).
         path: "filter" or "block" (default :data:`SCORE_TOPK_PATH`). "filter" falls back to
