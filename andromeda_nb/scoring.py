@@ -50,9 +50,18 @@ class KernelConfig:
             weight loads out of the ad loop: ``"fence"`` (a block-scope fence per ad) or
             ``"offset"`` (an address offset that is zero at run time but unknown to ptxas).
         tensor_cores: the gate and value dot products on the tensor cores (``mma.sync`` m16n8k8
-            TF32, each operand split into a TF32 high and low part and three products summed:
-            fp32-level accuracy), a warp scoring 32 ads at once; every expert's value dot is
-            computed (8 per tile). Gated model, fp16 or bf16 tables, d a multiple of 16, E <= 8.
+            TF32, each operand split into a TF32 high and low part rounded to nearest, three
+            products summed: ~2^-22 relative error per product against fp32's 2^-24), a warp
+            scoring 32 ads at once; every expert's value dot is computed (8 per tile). Gated
+            model, fp16 or bf16 tables, d a multiple of 16, E <= 8, whole warps; the weight image
+            (192 d bytes) and the result tiles (64 bytes per thread) must fit in 48 KiB of shared
+            memory (d <= 160 at block 256). Within the oracle tolerance on unit-scale rows; on
+            rows of magnitude ~1000 (logits in the thousands) it exceeded it by up to 1.5x on 2 of
+            12 seeds in the simulator, where the CUDA-core kernel stayed within. Measured on the
+            H200 at 19.7 G ads/s (gated E = 6, K = 2, fp16, d = 64), not faster than the default,
+            with the splits truncated (up to 3x less accurate); rounding them (``cvt.rna.tf32``,
+            which ptxas expands to a few instructions: 1,083 instead of 761 per 32 ads in the
+            loop) is not measured on the GPU yet.
     """
 
     values: str = "chosen"
@@ -67,21 +76,26 @@ class KernelConfig:
     tensor_cores: bool = False
 
     def __post_init__(self):
-        if self.weights not in ("auto", "shared", "param"):
-            raise ValueError(f"weights must be 'auto', 'shared' or 'param', got {self.weights!r}")
-        if not isinstance(self.tensor_cores, bool):
+        for name, allowed in (("weights", ("auto", "shared", "param")), ("guard", ("fence", "offset")),
+                              ("values", ("chosen", "all"))):
+            v = getattr(self, name)
+            if not isinstance(v, str) or v not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
+        if not isinstance(self.tensor_cores, (bool, np.bool_)):
             raise ValueError(f"tensor_cores must be True or False, got {self.tensor_cores!r}")
         if self.tensor_cores and (self.weights == "param" or self.naive):
             raise ValueError("tensor_cores=True reads its weights from shared memory (weights='shared', naive=False)")
-        if self.guard not in ("fence", "offset"):
-            raise ValueError(f"guard must be 'fence' or 'offset', got {self.guard!r}")
-        if self.values not in ("chosen", "all"):
-            raise ValueError(f"values must be 'chosen' or 'all', got {self.values!r}")
+        if self.weights == "param" and (self.values == "all" or self.naive):
+            raise ValueError('weights="param" runs the generated kernel with values="chosen" (not values="all", '
+                             "not naive)")
         launch.check_block(self.block)
-        if self.max_registers is not None and self.max_registers != "auto" and (isinstance(self.max_registers, bool)
-                                               or not isinstance(self.max_registers, int)
-                                               or not 16 <= self.max_registers <= 255):
-            raise ValueError(f"max_registers must be None, 'auto' or an int in 16..255, got {self.max_registers!r}")
+        if self.tensor_cores and self.block is not None and self.block % 32:
+            raise ValueError(f"tensor_cores=True needs whole warps: block must be a multiple of 32, got {self.block}")
+        regs = self.max_registers
+        if not (regs is None or (isinstance(regs, str) and regs == "auto")
+                or (isinstance(regs, (int, np.integer)) and not isinstance(regs, (bool, np.bool_))
+                    and 16 <= regs <= 255)):
+            raise ValueError(f"max_registers must be None, 'auto' or an int in 16..255, got {regs!r}")
         for name in ("items", "sync_every", "blocks_per_sm"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -96,14 +110,24 @@ class KernelConfig:
         ``compact``: an eligible bitset compacted in the kernel (a top-K over a bitset) on the
         ``tiles`` layout, where the parameter weights measured slower (2.9 against 4.4 G eligible
         ads/s at 10 %; on ``rows`` faster, 7.5 against 6.1; data/results/scoring.csv): shared
-        weights there."""
+        weights there.
+
+        Raises:
+            TypeError: ``dreq`` is not a :class:`DeviceRequest` (``DeviceRequest.of(request)``).
+            ValueError: ``topk_k`` not a non-negative int, ``compact`` not a bool."""
+        if not isinstance(dreq, DeviceRequest):
+            raise TypeError(f"resolved() takes a DeviceRequest (DeviceRequest.of(request)), got {type(dreq).__name__}")
+        if isinstance(topk_k, bool) or not isinstance(topk_k, (int, np.integer)) or topk_k < 0:
+            raise ValueError(f"topk_k must be a non-negative int, got {topk_k!r}")
+        if not isinstance(compact, (bool, np.bool_)):
+            raise ValueError(f"compact must be True or False, got {compact!r}")
         weights = self.weights
         if weights == "auto":
             fits = (dreq.d if dreq.model == "dot" else (2 + dreq.experts) * dreq.d) <= PARAM_FLOATS
             weights = ("param" if fits and not (self.tensor_cores or self.naive or compact) and self.values == "chosen"
                        else "shared")
         regs = self.max_registers
-        if regs == "auto":
+        if isinstance(regs, str):  # "auto"
             regs = 96 if weights == "param" and dreq.model == "gated" and not topk_k else 128
         if (weights, regs) == (self.weights, self.max_registers):
             return self
@@ -284,12 +308,18 @@ class DeviceRequest:
 
             if self.model != "gated":
                 raise ValueError("tensor_cores=True implements the gated model only")
+            if self.request is None:
+                raise ValueError("tensor_cores=True builds its weights from the Request: make the DeviceRequest "
+                                 "with DeviceRequest.of(request)")
             self._mma = launch.to_device(mma_image(self.request))
         return self._mma
 
     def naive_arrays(self):
         """(G / sqrt(d), V, gamma, beta) flat device arrays for the naive kernel (gated only)."""
         if self._naive is None:
+            if self.request is None:
+                raise ValueError("the naive kernel builds its arrays from the Request: make the DeviceRequest with "
+                                 "DeviceRequest.of(request)")
             r = self.request
             G = (r.G.astype(np.float64) / np.sqrt(r.d)).astype(np.float32).ravel()
             self._naive = tuple(launch.to_device(a) for a in (G, r.V.ravel(), r.gamma, r.beta))
@@ -513,6 +543,21 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     return launch_final(k, fws, table.ad_ids)
 
 
+def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, config: KernelConfig,
+                    topk_k: int = 0) -> None:
+    """Raise ValueError, before anything launches, for a configuration the kernels cannot run on
+    this request and table: kernel generation (dtype, d, E, block, shared memory), the parameter
+    weights' size, the tensor-core weight image. Generating a kernel compiles nothing."""
+    if config.naive:
+        return
+    cfg = config.resolved(dreq, topk_k, access == "bitset" and topk_k > 0 and table.layout == "tiles")
+    _kernel(dreq, table, access, topk_k, cfg)
+    if cfg.weights == "param":
+        dreq.param_weights()
+    if cfg.tensor_cores:
+        dreq.mma_image()
+
+
 def _check_config(config) -> "KernelConfig":
     """``config`` or the default; TypeError when it is not a :class:`KernelConfig`."""
     if config is None:
@@ -547,6 +592,7 @@ def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
         raise ValueError("the naive kernel implements the gated model only")
     if not config.naive:
         check_shared(dreq, 0, config, access, selects=False)
+        _check_runnable(dreq, table, access, config)
     out = launch.cuda().device_array(n_items, np.float32)
     launch_score(dreq, table, access, elig, cand, n_items, out, config)
     return out
@@ -598,6 +644,9 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
         check_shared(dreq, k, config, access)  # raises, naming the bytes
     if not config.naive:
         check_shared(dreq, 0, config, access)  # the filter pass and the scores-to-memory fallback
+        _check_runnable(dreq, table, access, config)
+        if block_fits:
+            _check_runnable(dreq, table, access, config, k)
     sfw = ScoreFilterWorkspace.make(n_items, k, access) if path == "filter" and not config.naive else None
     if sfw is not None:
         fws = launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw)

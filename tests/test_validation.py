@@ -122,9 +122,14 @@ def test_kernel_config_and_path_checked_before_launch(rng, no_launch):
     for bad in (0, -5, 300, 2.0, "AUTO"):
         with pytest.raises(ValueError, match="max_registers"):
             KernelConfig(max_registers=bad)
-    for name, bad in (("weights", "global"), ("guard", None), ("tensor_cores", 1)):
+    for name, bad in (("weights", "global"), ("guard", None), ("tensor_cores", 1), ("weights", np.array("param"))):
         with pytest.raises(ValueError, match=name):
             KernelConfig(**{name: bad})
+    for bad in ({"tensor_cores": True, "block": 48}, {"weights": "param", "values": "all"},
+                {"weights": "param", "naive": True}, {"tensor_cores": True, "naive": True}):
+        with pytest.raises(ValueError):
+            KernelConfig(**bad)
+    assert KernelConfig(max_registers=np.int64(96)).max_registers == 96
     table = DeviceAdTable(AdTable.from_float(rng.standard_normal((50, 32)), dtype="fp16"))
     req = Request.random(32, 4, 2, rng)
     with pytest.raises(TypeError, match="KernelConfig"):
@@ -171,3 +176,39 @@ def test_eligible_of_the_wrong_kind_names_both_accepted_forms(rng):
     for bad in (np.ones(100, np.int8), np.ones(2, np.uint32)):
         with pytest.raises(TypeError, match="bool mask"):
             eligible_bitset(bad, 100)
+
+
+def test_new_kernel_options_fail_before_any_launch(rng, no_launch, monkeypatch):
+    """Configurations the kernels cannot run on a request / table raise ValueError from score_ads
+    and score_topk before anything launches (score_topk's workspaces launch a reset kernel)."""
+    from andromeda_nb import scoring
+    from andromeda_nb.scoring import DeviceRequest, KernelConfig
+
+    def boom(*a, **kw):
+        raise AssertionError("a launch path was entered")
+
+    monkeypatch.setattr(scoring.ScoreFilterWorkspace, "make", boom)
+    req = Request.random(64, 6, 2, rng)
+    cases = [
+        (req, AdTable.from_float(rng.standard_normal((40, 64)), dtype="int8"), KernelConfig(tensor_cores=True)),
+        (req, AdTable.from_float(rng.standard_normal((40, 64)), dtype="fp32"), KernelConfig(tensor_cores=True)),
+        (rng.standard_normal(64), AdTable.from_float(rng.standard_normal((40, 64)), dtype="fp16"),
+         KernelConfig(tensor_cores=True)),
+        (Request.random(128, 6, 2, rng), AdTable.from_float(rng.standard_normal((40, 128)), dtype="fp16"),
+         KernelConfig(weights="param")),
+    ]
+    for request, table, cfg in cases:
+        dt = DeviceAdTable(table)
+        with pytest.raises(ValueError):
+            score_ads(request, dt, config=cfg)
+        with pytest.raises(ValueError):
+            score_topk(request, dt, 5, config=cfg)
+    # a DeviceRequest made from a weight image alone cannot feed the tensor-core kernel
+    bare = DeviceRequest("gated", 64, 6, 2, DeviceRequest.of(req).image)
+    with pytest.raises(ValueError, match="DeviceRequest.of"):
+        score_ads(bare, DeviceAdTable(AdTable.from_float(rng.standard_normal((40, 64)), dtype="fp16")),
+                  config=KernelConfig(tensor_cores=True))
+    with pytest.raises(TypeError, match="DeviceRequest"):
+        KernelConfig().resolved(req)
+    with pytest.raises(ValueError, match="topk_k"):
+        KernelConfig().resolved(DeviceRequest.of(req), topk_k=-5)

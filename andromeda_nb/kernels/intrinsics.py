@@ -58,8 +58,8 @@ if config.ENABLE_CUDASIM:
         u = int(np.array([x], dtype=np.float32).view(np.uint32)[0])
         return np.uint32(u ^ 0xFFFFFFFF if u & 0x80000000 else u | 0x80000000)
 
-    def tf32_trunc(x):
-        return (np.array([x], dtype=np.float32).view(np.uint32) & np.uint32(TF32_MASK)).view(np.float32)[0]
+    def tf32_round(x):
+        return tf32_round_host(np.array([x], dtype=np.float32))[0]
 
     def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         raise RuntimeError("mma_tf32 is warp-collective: the simulator runs kernels through mma_tf32_warp")
@@ -169,12 +169,13 @@ else:
         return sig, codegen
 
     @intrinsic
-    def tf32_trunc(typingctx, x):
+    def tf32_round(typingctx, x):
         sig = types.float32(types.float32)
 
         def codegen(context, builder, sig, args):
-            bits = builder.and_(builder.bitcast(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), TF32_MASK))
-            return builder.bitcast(bits, ir.FloatType())
+            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+            return builder.bitcast(builder.call(asm, args), ir.FloatType())
 
         return sig, codegen
 
@@ -198,11 +199,22 @@ else:
         return sig, codegen
 
 
+def tf32_round_host(x) -> np.ndarray:
+    """float32 array rounded to TensorFloat-32 like PTX ``cvt.rna.tf32.f32``: to nearest, ties away
+    from zero, the low 13 mantissa bits cleared (an overflow past the largest value gives inf; NaN
+    stays NaN). Used by the host weight image and the simulator."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    rounded = ((bits.astype(np.uint64) + 0x1000) & TF32_MASK).astype(np.uint32)
+    return np.where(finite, rounded, bits).view(np.float32)
+
+
 def mma_tf32_warp(frags, lane):
     """Simulator model of one warp's ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``:
     ``frags[32, 10]`` holds every lane's (a0..a3, b0, b1, c0..c3); returns lane ``lane``'s
-    (d0..d3) as float32. Operands are truncated to tf32 (the low 13 mantissa bits dropped), the
-    products summed in float64 and rounded once to fp32. Fragment layout (PTX ISA, "Matrix
+    (d0..d3) as float32. Operands are truncated to tf32 (the low 13 mantissa bits dropped: the
+    kernels pass values already rounded by ``tf32_round``), the products summed in float64 and
+    rounded once to fp32 (the hardware's fp32 accumulation may round differently). Fragment layout (PTX ISA, "Matrix
     Fragments for mma.m16n8k8", .tf32; g = lane // 4, c = lane % 4): a0 = A[g, c], a1 = A[g+8, c],
     a2 = A[g, c+4], a3 = A[g+8, c+4]; b0 = B[c, g], b1 = B[c+4, g]; c0, c1 = C[g, 2c], C[g, 2c+1];
     c2, c3 = C[g+8, 2c], C[g+8, 2c+1]."""
