@@ -175,7 +175,9 @@ else:
         def codegen(context, builder, sig, args):
             fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType()])
             asm = ir.InlineAsm(fnty, "cvt.rna.tf32.f32 $0, $1;", "=r,f")
-            return builder.bitcast(builder.call(asm, args), ir.FloatType())
+            # the low 13 bits cleared explicitly, whatever the conversion leaves there
+            bits = builder.and_(builder.call(asm, args), ir.Constant(ir.IntType(32), TF32_MASK))
+            return builder.bitcast(bits, ir.FloatType())
 
         return sig, codegen
 
