@@ -233,7 +233,8 @@ def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, acce
     """Fused scoring + top-k timed, verified against torch.topk of the same kernel's scores, as a
     row. ``path``: "block" (scoring.launch_score_topk) or "filter" (scoring.launch_score_filter; a
     seeded run that is not exact, where score_topk would fall back to the block path, fails the row)."""
-    from .scoring import DeviceRequest, ScoreFilterWorkspace, launch_score_filter, launch_score_topk, topk_workspace
+    from .scoring import (DeviceRequest, ScoreFilterWorkspace, _resolve, launch_score_filter, launch_score_topk,
+                          topk_workspace)
     from .topk import seeded_outcome
     from .unfused import fused_bytes_per_ad
 
@@ -267,7 +268,7 @@ def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, acce
                      model_flops(model, d, E, K, "all" if config.tensor_cores else config.values), str(verified), variant=variant, n_ads=n, d=d,
                      dtype=dtype, experts=E if model == "gated" else "", k_experts=K if model == "gated" else "",
                      access=access, eligible_fraction=frac, k=k, layout=layout,
-                     notes=f"{_config_note(config.resolved(dreq, 0 if path == 'filter' else k, access == 'bitset' and layout == 'tiles'))}; items = ads scored"
+                     notes=f"{_config_note(_resolve(config, dreq, table, access, 0 if path == 'filter' else k, True))}; items = ads scored"
                            f"{'; ' + notes if notes else ''}")
 
 
@@ -290,7 +291,7 @@ def _config_note(config):
 
 
 def _scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, config, variant):
-    from .scoring import DeviceRequest, launch_score
+    from .scoring import DeviceRequest, _resolve, launch_score
     from .unfused import fused_bytes_per_ad
 
     table = tables.get(dtype, d, layout)
@@ -302,7 +303,7 @@ def _scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, con
     return bench.row("scoring", env, ceil, timing, n, fused_bytes_per_ad(d, dtype) + 4, model_flops(model, d, E, K, "all" if config.tensor_cores else config.values),
                      str(verified), variant=variant, n_ads=n, d=d, dtype=dtype, experts=E if model == "gated" else "",
                      k_experts=K if model == "gated" else "", access="pool", eligible_fraction=1.0, layout=layout,
-                     notes=f"{_config_note(config.resolved(dreq))}; scores written to memory (4 B/ad)")
+                     notes=f"{_config_note(_resolve(config, dreq, table, 'pool'))}; scores written to memory (4 B/ad)")
 
 
 def scoring(env, ceil, args) -> list[dict]:

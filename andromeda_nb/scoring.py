@@ -123,7 +123,7 @@ class KernelConfig:
             raise ValueError(f"compact must be True or False, got {compact!r}")
         weights = self.weights
         if weights == "auto":
-            fits = (dreq.d if dreq.model == "dot" else (2 + dreq.experts) * dreq.d) <= PARAM_FLOATS
+            fits = dreq.param_floats <= PARAM_FLOATS
             weights = ("param" if fits and not (self.tensor_cores or self.naive or compact) and self.values == "chosen"
                        else "shared")
         regs = self.max_registers
@@ -287,13 +287,19 @@ class DeviceRequest:
     # backwards-compatible name
     from_request = of
 
+    @property
+    def param_floats(self) -> int:
+        """Floats of the weight image the ``weights="param"`` tuple carries (gated: gamma, beta
+        and G, ``(2 + E) d``; dot: u, ``d``)."""
+        return self.d if self.model == "dot" else (2 + self.experts) * self.d
+
     def param_weights(self) -> tuple:
         """The weight image's prefix read per ad (gated: gamma, beta, G / sqrt(d); dot: u) as a
         tuple of numpy float32 (Numba types it ``UniTuple(float32, n)``), for ``weights="param"``.
 
         Raises ValueError when it holds more than :data:`PARAM_FLOATS` floats."""
         if self._param is None:
-            n = self.d if self.model == "dot" else (2 + self.experts) * self.d
+            n = self.param_floats
             if n > PARAM_FLOATS:
                 raise ValueError(f'weights="param" passes {n} floats (d={self.d}, E={self.experts}); at most '
                                  f'{PARAM_FLOATS} fit in the kernel parameters: use weights="shared"')
@@ -385,10 +391,27 @@ def check_shared(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access:
                          + f"); Numba allows {SHARED_BYTES}: lower k, block, items or sync_every")
 
 
+def _resolve(config: KernelConfig, dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int = 0,
+             selects: bool | None = None) -> KernelConfig:
+    """``config`` made concrete (:meth:`KernelConfig.resolved`) for the kernel that scores this
+    request and table: ``selects`` (default ``topk_k > 0``) says the kernel selects (the block
+    top-K or the filter pass), where an eligible bitset is compacted in the kernel."""
+    selects = topk_k > 0 if selects is None else selects
+    return config.resolved(dreq, topk_k, access == "bitset" and selects and table.layout == "tiles")
+
+
+def _weight_args(dreq: DeviceRequest, config: KernelConfig):
+    """(the weight image argument, the extra trailing arguments) of the generated kernel for a
+    resolved ``config``."""
+    image = dreq.mma_image() if config.tensor_cores else dreq.image
+    return image, ((dreq.param_weights(),) if config.weights == "param" else ())
+
+
 def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int, config: KernelConfig):
+    """The kernel for a resolved ``config`` (:func:`_resolve`); raises ValueError before compiling
+    anything for a configuration it cannot build."""
     from .kernels.topk import buffer_capacity
 
-    config = config.resolved(dreq, topk_k, access == "bitset" and topk_k > 0 and table.layout == "tiles")
     block = config.threads()
     if config.naive:
         cap = buffer_capacity(topk_k, block) if topk_k else 0
@@ -409,7 +432,7 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
-    config = config.resolved(dreq, topk_k, access == "bitset" and topk_k > 0 and table.layout == "tiles")
+    config = _resolve(config, dreq, table, access, topk_k)
     kern = _kernel(dreq, table, access, topk_k, config)
     dummy = launch.dummy
     elig = elig if elig is not None else dummy(np.uint64)
@@ -424,8 +447,7 @@ def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s,
         kern[grid, block](table.embeddings, table.scale, table.bias, G, V, gamma, beta, elig, cand, n_items,
                           table.ad_ids, topk_k, out, cand_s, cand_i, counts)
     else:
-        extra = (dreq.param_weights(),) if config.weights == "param" else ()
-        image = dreq.mma_image() if config.tensor_cores else dreq.image
+        image, extra = _weight_args(dreq, config)
         kern[grid, block](table.words, table.scale, table.bias, image, elig, cand, n_items, table.ad_ids,
                           topk_k, out, cand_s, cand_i, counts, *extra)
 
@@ -513,7 +535,7 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     from .kernels.fused import fused_kernel, sample_prep_kernel
     from .topk import launch_final, launch_seed_select
 
-    config = (config or DEFAULT_CONFIG).resolved(dreq, compact=access == "bitset" and table.layout == "tiles")
+    config = _resolve(config or DEFAULT_CONFIG, dreq, table, access, selects=True)
     sfw = sfw or ScoreFilterWorkspace.make(n_items, k, access)
     sws, fws = sfw.sws, sfw.fws
     block = config.threads()
@@ -536,8 +558,8 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
                         0, True, config.values, config.max_registers, 1, 1, True, config.weights, config.guard,
                         config.tensor_cores)
     grid = launch.grid_for(n_items, block, config.blocks_per_sm)
-    extra = (dreq.param_weights(),) if config.weights == "param" else ()
-    kern[grid, block](table.words, table.scale, table.bias, dreq.mma_image() if config.tensor_cores else dreq.image,
+    image, extra = _weight_args(dreq, config)
+    kern[grid, block](table.words, table.scale, table.bias, image,
                       elig if elig is not None else dummy(np.uint64), cand if cand is not None else dummy(np.int32),
                       n_items, table.ad_ids, seed, fws.buf_s, fws.buf_i, fws.fill, fws.counts, *extra)
     return launch_final(k, fws, table.ad_ids)
@@ -550,12 +572,9 @@ def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, conf
     weights' size, the tensor-core weight image. Generating a kernel compiles nothing."""
     if config.naive:
         return
-    cfg = config.resolved(dreq, topk_k, access == "bitset" and topk_k > 0 and table.layout == "tiles")
+    cfg = _resolve(config, dreq, table, access, topk_k)
     _kernel(dreq, table, access, topk_k, cfg)
-    if cfg.weights == "param":
-        dreq.param_weights()
-    if cfg.tensor_cores:
-        dreq.mma_image()
+    _weight_args(dreq, cfg)
 
 
 def _check_config(config) -> "KernelConfig":
@@ -591,8 +610,7 @@ def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
     if config.naive and dreq.model != "gated":
         raise ValueError("the naive kernel implements the gated model only")
     if not config.naive:
-        check_shared(dreq, 0, config, access, selects=False)
-        _check_runnable(dreq, table, access, config)
+        _check_runnable(dreq, table, access, config)  # includes the shared-memory check
     out = launch.cuda().device_array(n_items, np.float32)
     launch_score(dreq, table, access, elig, cand, n_items, out, config)
     return out

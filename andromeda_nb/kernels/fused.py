@@ -389,12 +389,13 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
         for e in range(E):
             emit(f"{ind}l{e} = msc[wid, lane, {e}]")
             emit(f"{ind}a{e} = msc[wid, lane, {8 + e}]")
-    for w in range(NW if not mma else 0):
-        idx = f"us, {w}" if layout == "rows" else f"{w}, us"
-        emit(f"{ind}w{w} = words[{idx}]")
-    for w in range(NW if not mma else 0):
-        names = ", ".join(f"x{w * W + i}" for i in range(W))
-        emit(f"{ind}{names} = decode(w{w})")
+    else:  # this thread's own row: all loads first, then the widening
+        for w in range(NW):
+            idx = f"us, {w}" if layout == "rows" else f"{w}, us"
+            emit(f"{ind}w{w} = words[{idx}]")
+        for w in range(NW):
+            names = ", ".join(f"x{w * W + i}" for i in range(W))
+            emit(f"{ind}{names} = decode(w{w})")
     # int8: the dot kernel multiplies its sum by the row scale once (sum_i u_i (s x_i) = s sum_i u_i x_i);
     # the gated kernel needs s x_i itself, inside the ReLU
     int8_dot = dtype == "int8" and model == "dot"
