@@ -231,6 +231,25 @@ def host_kernels() -> dict:
             return (ONE << uint64(n % 64)) - ONE
         return ALL
 
+    @njit(inline="always")
+    def sector_start(e, sec, n_words, n):
+        """The 4 words of 32-byte sector ``sec``: ``e[u]`` = word u's valid bits (0 past the
+        end); returns (first word, words in the sector)."""
+        w0 = sec * 4
+        nw = min(4, n_words - w0)
+        for u in range(4):
+            e[u] = valid_mask(w0 + u, n_words, n) if u < nw else uint64(0)
+        return w0, nw
+
+    @njit(inline="always")
+    def sum_chunks(part, out, n_cols):
+        """``out[c]`` = the sum over chunks (rows) of ``part[:, c]``, for ``c < n_cols``."""
+        for c in range(n_cols):
+            t = 0
+            for k in range(part.shape[0]):
+                t += part[k, c]
+            out[c] = t
+
     @njit(parallel=True)
     def csr_scan(ptr, vals, m, chunk, out):
         """out[k] per chunk of slots: 0 canonical, 1 needs sorting, 2 value out of range,
@@ -900,10 +919,7 @@ def host_kernels() -> dict:
             e = np.empty(4, np.uint64)
             acc = np.empty(4, np.uint64)
             for sec in range(k * chunk, min(n_sec, (k + 1) * chunk)):
-                w0 = sec * 4
-                nw = min(4, n_words - w0)
-                for u in range(4):
-                    e[u] = valid_mask(w0 + u, n_words, n) if u < nw else uint64(0)
+                w0, nw = sector_start(e, sec, n_words, n)
                 have_next = False
                 for c in range(n_cat):
                     for u in range(4):
@@ -940,11 +956,7 @@ def host_kernels() -> dict:
                                 e[u] &= ~(rows[r, w0 + u] if r < nr else scratch[r - nr, w0 + u])
                         if hit:
                             part[k, c] += 1
-        for c in range(n_cat):
-            t = 0
-            for k in range(n_chunks):
-                t += part[k, c]
-            out[c] = t
+        sum_chunks(part, out, n_cat)
 
     @njit(parallel=True)
     def sector_counts_grouped(rows, scratch, n, n_words, op_row, op_kind, op_cat, out, chunk, group):
@@ -960,10 +972,8 @@ def host_kernels() -> dict:
             e = np.empty(4, np.uint64)
             acc = np.zeros(4, np.uint64)
             for sec in range(k * chunk, min(n_sec, (k + 1) * chunk)):
-                w0 = sec * 4
-                nw = min(4, n_words - w0)
+                w0, nw = sector_start(e, sec, n_words, n)
                 for u in range(4):
-                    e[u] = valid_mask(w0 + u, n_words, n) if u < nw else uint64(0)
                     acc[u] = 0
                 j = 0
                 while j < n_ops:
@@ -991,11 +1001,7 @@ def host_kernels() -> dict:
                                 if kind & 2:
                                     e[u] &= acc[u]
                     j += group
-        for c in range(out.size):
-            t = 0
-            for k in range(n_chunks):
-                t += part[k, c]
-            out[c] = t
+        sum_chunks(part, out, out.size)
 
     @njit
     def cpu_clear(src, seg_start, seg_len, out):
