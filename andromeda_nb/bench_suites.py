@@ -514,9 +514,11 @@ def topk_stages(d_scores, n: int, k: int):
     the filter path's (filter, final). Stages that append to a buffer run the counters' reset (a
     1-block kernel) first, so repeats start from the same state. Needs ``n`` large enough to be
     seeded."""
-    from .kernels.topk import sample_chunks_kernel
-    from .topk import (SAMPLE_CHUNK, FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_filter, launch_final,
-                       launch_merge_lists, launch_scan, launch_seed, launch_topk, scan_lists)
+    from .kernels.select import sample_hist_kernel
+    from .kernels.topk import final_radix_kernel, next_pow2
+    from .topk import (SAMPLE_CHUNK, FilterWorkspace, SeedWorkspace, TopKWorkspace, hist_block, launch_filter,
+                       launch_final, launch_merge_lists, launch_scan, launch_seed, launch_topk, radix_block,
+                       scan_lists)
 
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=True))
@@ -536,17 +538,22 @@ def topk_stages(d_scores, n: int, k: int):
         fws.reset()
         launch_filter(d_scores, n, fws, sws.seed(), block=block)
 
+    def level0():
+        sample_hist_kernel(SAMPLE_CHUNK)[sws.chunks, hist_block()](
+            d_scores, n, sws.sample_flat, launch.dummy(np.uint64), sws.r, sws.ghist[0], sws.ctl,
+            launch.dummy2d(np.int64), launch.dummy(np.int64))
+
     stages = [
-        ("sample", lambda: sample_chunks_kernel()[sws.chunks, SAMPLE_CHUNK](d_scores, n, sws.sample_flat,
-                                                                           launch.dummy(np.uint64),
-                                                                           launch.dummy2d(np.int64),
-                                                                           launch.dummy(np.int64)),
-         f"{sws.chunks} chunks of {SAMPLE_CHUNK} scores", None),
+        ("sample", level0, f"sample of {sws.chunks} chunks of {SAMPLE_CHUNK} scores + its 12-bit key histogram "
+                           f"(one launch)", None),
         ("seed", lambda: launch_seed(d_scores, n, sws),
-         f"sample + top-{sws.r} of the {sws.m}-score sample ("
-         + ("one block's radix select" if sws.ws is None else f"block top-K, {sws.ws.lists} lists") + ")", None),
+         f"sample + the {sws.m}-score sample's r = {sws.r}-th best to 24 key bits (two histogram launches)", None),
         ("filter", reset_filter, "counter reset + one pass keeping the scores at or above the seed", None),
-        ("final", lambda: launch_final(k, fws), "one block's radix select of the filter's buffer", fws),
+        ("final", lambda: launch_final(k, fws), "one block's sort of the filter's buffer (radix select launch "
+                                                "after it, idle when the sort answered)", fws),
+        ("final_radix", lambda: final_radix_kernel(max(2, next_pow2(k)), radix_block(), False)[(1, 1), radix_block()](
+            fws.buf_s, fws.buf_i, fws.fill, fws.offsets, launch.dummy(np.int64), fws.ks, fws.out_s, fws.out_slot,
+            fws.out_id), "one block's radix select of the filter's buffer (the final above SORT_CAP candidates)", fws),
         ("scan", lambda: launch_scan(d_scores, ws, seeds=sws.seed()),
          f"scan path: counter reset + scan, {ws.lists} block lists over {n} scores", None),
         ("merge", reset_merge(ws, "offer"), "scan path: counter reset, bound, select, final (offer: block top-K "
@@ -696,13 +703,13 @@ def topk(env, ceil, args) -> list[dict]:
         rows.append(r)
         bench.print_rows([r])
 
-    def block_topk_row(scores, n, k, seeded, suffix="", elig=None, mask=None, path=None, radix_max=None, **fields):
+    def block_topk_row(scores, n, k, seeded, suffix="", elig=None, mask=None, path=None, **fields):
         """Time one block top-K call (seeded or not, by ``path`` or the default seeded path,
-        optionally on an eligible bitset; ``radix_max``: the seed's radix-select sample limit),
+        optionally on an eligible bitset),
         check it against torch.topk and add its row."""
         d_scores = cuda.as_cuda_array(scores)
         offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
-        sws = SeedWorkspace.make(n, k, radix_max) if seeded else None
+        sws = SeedWorkspace.make(n, k) if seeded else None
         # above the block top-K's k limit only the filter path runs (no block top-K workspace)
         ws = (TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=sws is not None))
               if k <= BLOCK_TOPK_MAX_K else None)
@@ -744,10 +751,6 @@ def topk(env, ceil, args) -> list[dict]:
             if k == 1000:  # the seeded block top-K lists + merge, for comparison
                 block_topk_row(scores, 100_000_000, k, True, path="scan", access="random",
                                notes="seeded scan + merge path")
-                # the seed by one 1024-thread block's radix select over all 262,144 samples instead
-                # of the block top-K (5 launches, 80 us at 0a826c3); prediction ~25-35 us
-                block_topk_row(scores, 100_000_000, k, True, "_radix_seed", radix_max=1 << 20, access="random",
-                               notes="seed: one block's radix select over the whole sample")
                 one(100_000_000, k, "random", False)
                 timing = bench.time_device(lambda: cp.argpartition(scores, scores.size - k)[-k:], reps=5)
                 add(bench.row("topk", env, ceil, timing, scores.size, 4.0, None, "baseline (unsorted top-k indices)",

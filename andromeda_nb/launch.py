@@ -54,6 +54,13 @@ def is_device_array(x) -> bool:
     return cuda().is_cuda_array(x) if hasattr(cuda(), "is_cuda_array") else hasattr(x, "copy_to_host")
 
 
+def address(x) -> int:
+    """The device address of a device array's first element (the simulator: its host buffer's)."""
+    if hasattr(x, "__cuda_array_interface__"):
+        return int(x.__cuda_array_interface__["data"][0])
+    return int(x._ary.ctypes.data)  # simulator FakeCUDAArray
+
+
 def to_device(x: np.ndarray):
     """Copy a host array to the device (a device array is returned unchanged)."""
     if is_device_array(x):

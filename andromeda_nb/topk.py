@@ -228,113 +228,118 @@ def launch_scan(d_scores, ws: TopKWorkspace, elig=None, d_ids=None, seeds=None, 
 #: Single requests at least this large get a seed threshold from a sample.
 SEED_MIN_N = 1 << 16
 SAMPLE_CHUNK = 256
-MAX_SAMPLE_CHUNKS = 1024
-SEED_MARGIN = 4  # aim for ~4k scores at or above the seed
-#: sample no more than needed for a seed of about this rank: the seed is itself a top-r, and on a
-#: small array an r in the hundreds cost more than the scan it saves (500,000 scores, k = 1000:
-#: r = 500 of 62,464 samples took 200 of 264 us on the H200)
+#: 4,096 runs of 256: a 1 M-score sample (4 MB) at 10^8 scores, seed rank 27 for k = 1000
+MAX_SAMPLE_CHUNKS = 4096
+#: the seed aims at about this many scores per unit of k at or above it: few enough for the sort
+#: final (kernels.select.SORT_CAP) up to k ~ 1,600, enough that a seed above the k-th score (an
+#: unseeded rerun) is rare: with seed rank r the kept count is about Gamma(r) * n / m, so r = 27
+#: (10^8 scores, k = 1000) falls short of k with p ~ 1e-5
+SEED_MARGIN = 2.5
+#: the seed rank is at least this (a small k on a large array): the kept count's relative spread
+#: is about 1 / sqrt(r)
+SEED_MIN_RANK = 8
+#: sample no more than a seed of about this rank needs: the sample is a gather of its own, and on
+#: a small array a large one costs more than the pass it saves
 SEED_SAMPLE_RANK = 64
-#: samples up to this size are seeded by one block's radix select (500,000 scores: 8,192 samples,
-#: 33 us on the H200, against 84 us for the block top-K path); larger ones by the block top-K
-#: over many blocks (10^8 scores, 262,144 samples: one 1024-thread block's radix select made the
-#: call 373 us against 266 us with the block top-K seed, commit 39b72d4)
-RADIX_SEED_MAX_SAMPLE = 1 << 14
 
 
 def sample_positions(n: int, chunks: int) -> np.ndarray:
     """The positions a seed samples from ``n`` items: ``chunks`` contiguous runs of SAMPLE_CHUNK,
     each centred in one of ``chunks`` equal strata (the formula of
-    :func:`~andromeda_nb.kernels.topk.sample_chunks_kernel`), as int32 ``[chunks * SAMPLE_CHUNK]``."""
+    :func:`~andromeda_nb.kernels.select.sample_hist_kernel`), as int32 ``[chunks * SAMPLE_CHUNK]``."""
     offs = (2 * np.arange(chunks, dtype=np.int64) + 1) * n // (2 * chunks) - SAMPLE_CHUNK // 2
     return (offs[:, None] + np.arange(SAMPLE_CHUNK, dtype=np.int64)[None, :]).ravel().astype(np.int32)
 
 
+def hist_block() -> int:
+    """Threads per block of the seed's histogram launches (kernels.select.HIST_BLOCK on a GPU, the
+    simulator's default block there)."""
+    from .kernels.select import HIST_BLOCK
+
+    return launch.default_block() if launch.backend.is_simulator() else HIST_BLOCK
+
+
 class SeedWorkspace:
-    """Buffers for :func:`launch_seed` on arrays of n scores and top-k (None when not worth it):
-    a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (at most n/8, at most
-    MAX_SAMPLE_CHUNKS runs, and no more than a seed rank r of about SEED_SAMPLE_RANK needs), and
-    the buffers of its top-r: a radix select (the sample is the candidate buffer, its slots
-    0..m-1) up to ``radix_max`` (default RADIX_SEED_MAX_SAMPLE) samples, else a block top-K
-    workspace ``ws``."""
+    """Buffers of :func:`launch_seed` for arrays of n scores and top-k (``make`` returns None where
+    no seed pays): a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (at most n / 8,
+    at most MAX_SAMPLE_CHUNKS runs, no more than a seed of rank ~SEED_SAMPLE_RANK needs), the
+    seed rank ``r`` (about ``SEED_MARGIN * k`` of the n scores reach the r-th best sample, r at least
+    SEED_MIN_RANK), the
+    two levels' global histograms (zero between calls: each launch's last block re-zeroes its
+    own), the control words and the seed (device ``float32[1]``)."""
 
     @classmethod
-    def make(cls, n: int, k: int, radix_max: int | None = None):
-        enough = -(-SEED_SAMPLE_RANK * n // (SEED_MARGIN * k * SAMPLE_CHUNK)) if k else 0
+    def make(cls, n: int, k: int):
+        from .kernels.select import CTL_SIZE, HIST_BINS
+
+        if n < SEED_MIN_N or k < 1:
+            return None
+        enough = int(np.ceil(SEED_SAMPLE_RANK * n / (SEED_MARGIN * k * SAMPLE_CHUNK)))
         chunks = int(min(MAX_SAMPLE_CHUNKS, n // 8 // SAMPLE_CHUNK, enough))
         m = chunks * SAMPLE_CHUNK
-        r = int(np.ceil(SEED_MARGIN * k * m / n)) if n else 0
-        if n < SEED_MIN_N or chunks < 2 or r < 8 or r > min(BLOCK_TOPK_MAX_K, m // 4):
+        r = max(SEED_MIN_RANK, int(np.ceil(SEED_MARGIN * k * m / n)))
+        if chunks < 2 or r > m // 4:
             return None
         self = cls()
         cuda = launch.cuda()
         self.r, self.m, self.chunks = r, m, chunks
-        self.sample = cuda.device_array((1, m), np.float32)  # 2-D: the radix select's buffer
-        self.sample_flat = self.sample.reshape(m)  # the sample kernel's (and block top-K's) view
-        self.ws = None
-        if m > (RADIX_SEED_MAX_SAMPLE if radix_max is None else radix_max):
-            offsets, ks = np.array([0, m], np.int64), np.array([r], np.int64)
-            self.ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
-            return self
-        self.slots = cuda.to_device(np.arange(m, dtype=np.int32).reshape(1, m))
-        self.fill = cuda.to_device(np.array([m], np.int64))
-        self.offsets = cuda.to_device(np.array([0, m], np.int64))
-        self.ks = cuda.to_device(np.array([r], np.int64))
-        self.out_s = cuda.device_array((1, r), np.float32)
-        self.out_slot = cuda.device_array((1, r), np.int32)
-        self.out_id = cuda.device_array((1, r), np.int64)
+        self.sample_flat = cuda.device_array(m, np.float32)
+        self.ghist = cuda.to_device(np.zeros((2, HIST_BINS), np.int32))
+        self.ctl = cuda.to_device(np.zeros(CTL_SIZE, np.int32))
+        self.seeds = cuda.to_device(np.full(1, -np.inf, np.float32))
         return self
 
     def seed(self):
-        """The r-th sample score :func:`launch_seed` leaves, read in place (a device view of
-        ``float32[1]``, no copy: one launch fewer per call)."""
-        return (self.out_s if self.ws is None else self.ws.out_s)[0, self.r - 1:self.r]
+        """The seed :func:`launch_seed` leaves (device ``float32[1]``, read in place)."""
+        return self.seeds
 
 
 def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, elig=None, reset=None):
-    """Enqueue a seed threshold for one request's top-k: the r-th best of a sample of contiguous
-    chunks spread over the array (NaN, and ineligible scores when ``elig``, a device uint64
-    bitset, is given, sampled as -inf), with r such that about ``SEED_MARGIN * k`` eligible scores
-    of the whole array reach it. Then the sample's top-r: one block's radix select
-    (:func:`~andromeda_nb.kernels.topk.final_radix_kernel` with the sample as the buffer) for a
-    small sample (:func:`radix_block` threads), the block top-K for a large one. ``reset``: a
-    :class:`FilterWorkspace` whose counters the sample kernel zeroes on the way. Returns device
-    ``float32[1]``."""
-    from .kernels.topk import sample_chunks_kernel
+    """Enqueue a seed threshold for one request's top-k (two launches,
+    :mod:`andromeda_nb.kernels.select`): gather a stratified sample of contiguous chunks (NaN, and
+    ineligible scores when ``elig``, a device uint64 bitset, is given, sampled as -inf: they never
+    seed) while counting its keys' top 12 bits, then the next 12 bits inside the bin of the
+    sample's r-th best; the seed is that 24-bit key prefix's lower edge, so at least r samples,
+    and about ``r * n / m`` scores of the array, reach it. ``reset``: a
+    :class:`FilterWorkspace` whose counters the sample launch zeroes on the way. ``block`` is
+    unused (the histogram launches run :func:`hist_block` threads). Returns device ``float32[1]``."""
+    from .kernels.select import sample_hist_kernel
 
-    sample = sws.sample_flat
-    sample_chunks_kernel(elig is not None, reset is not None)[sws.chunks, SAMPLE_CHUNK](
-        d_scores, n, sample, elig if elig is not None else launch.dummy(np.uint64),
-        reset.counts if reset is not None else launch.dummy2d(np.int64),
+    hb = hist_block()
+    sample_hist_kernel(SAMPLE_CHUNK, elig is not None, reset is not None)[sws.chunks, hb](
+        d_scores, n, sws.sample_flat, elig if elig is not None else launch.dummy(np.uint64), sws.r, sws.ghist[0],
+        sws.ctl, reset.counts if reset is not None else launch.dummy2d(np.int64),
         reset.fill if reset is not None else launch.dummy(np.int64))
-    return launch_seed_select(sws, block)
+    _launch_level(sws, 1)
+    return sws.seed()
+
+
+def _launch_level(sws: SeedWorkspace, level: int) -> None:
+    from .kernels.select import hist_kernel
+
+    hb = hist_block()
+    grid = launch.grid_for(-(-sws.m // 16), hb)  # ~16 samples a thread: the bins' zeroing and merge amortised
+    hist_kernel(level)[grid, hb](sws.sample_flat, sws.r, sws.ghist[level], sws.ctl, sws.seeds)
 
 
 def launch_seed_select(sws: SeedWorkspace, block: int | None = None):
-    """Enqueue the second half of :func:`launch_seed` on a sample already in ``sws.sample_flat``
-    (NaN / -inf never seed): its top-r, by one block's radix select (:func:`radix_block` threads)
-    for a small sample, by the block top-K (``block`` threads) for a large one. Returns the seed,
-    device ``float32[1]`` (-inf when fewer than r samples are real scores)."""
-    from .kernels.topk import final_radix_kernel, next_pow2
-
-    if sws.ws is not None:
-        launch_topk_batch(sws.sample_flat, sws.ws, block=block or launch.default_block())
-        return sws.seed()
-    rblock = radix_block()
-    final_radix_kernel(max(2, next_pow2(sws.r)), rblock, False)[(1, 1), rblock](
-        sws.sample, sws.slots, sws.fill, sws.offsets, launch.dummy(np.int64), sws.ks, sws.out_s, sws.out_slot,
-        sws.out_id)
+    """Enqueue the seed of :func:`launch_seed` on a sample already in ``sws.sample_flat`` (NaN and
+    -inf never seed; fused scoring writes its sample there): both histogram levels, two
+    launches. Returns the seed, device ``float32[1]`` (-inf when fewer than r samples are real
+    scores)."""
+    _launch_level(sws, 0)
+    _launch_level(sws, 1)
     return sws.seed()
 
 
 #: How a seeded single request is answered: "filter" (one pass appends the scores at or above the
-#: seed to a compact buffer, then one block's radix select: two launches after the seed) or "scan"
-#: (per-block top-k lists behind the seed, then bound / select / final: five launches). Both exact.
+#: seed to a compact buffer, then one block's sort or radix select: two launches after the seed) or
+#: "scan" (per-block top-k lists behind the seed, then bound / select / final: five launches). Both exact.
 SEEDED_PATH = "filter"
-#: the filter's buffer holds this many entries per unit of k. The seed aims at SEED_MARGIN * k
-#: scores; on sorted input the stratified sample's r-th best lies in its top chunk, about n / 2048
-#: from the end (10^8 ascending scores, k = 1000: 48,715 reached the seed on the H200, more than
-#: the 16 k buffer of then). A fuller buffer than this means the seed was low: the call reruns on
-#: the seeded scan path, which takes any number of scores above the seed.
+#: the filter's buffer holds this many entries per unit of k (at least FILTER_MIN_CAP). A fuller
+#: buffer than this means the seed was low (on sorted input the stratified sample's r-th best lies
+#: in its top chunk): the call reruns on the seeded scan path, which takes any number of scores
+#: above the seed.
 FILTER_CAP_PER_K = 64
 FILTER_MIN_CAP = 4096
 
@@ -367,10 +372,11 @@ class FilterWorkspace:
 def launch_filtered(d_scores, n: int, k: int, fws: FilterWorkspace, sws: SeedWorkspace, elig=None, d_ids=None,
                     block: int | None = None) -> FilterWorkspace:
     """Enqueue the "filter" path of one seeded request: seed (:func:`launch_seed`, whose sample
-    kernel also zeroes the counters), one pass keeping the eligible scores at or above it
-    (:func:`~andromeda_nb.kernels.topk.filter_kernel`), and one block's radix select of the top-k among them. Exact when at least ``min(k, eligible)``
-    and at most ``fws.cap`` scores reached the seed (``fws.counts[0, 1]``); see :func:`seeded_exact`.
-    ``elig``: device uint64 ``[words]`` bitset or None."""
+    launch also zeroes the counters), one pass keeping the eligible scores at or above it
+    (:func:`~andromeda_nb.kernels.select.filter_kernel`), and the top-k among them
+    (:func:`launch_final`). Exact when at least ``min(k, eligible)`` and at most ``fws.cap``
+    scores reached the seed (``fws.counts[0, 1]``); see :func:`seeded_exact`. ``elig``: device
+    uint64 ``[words]`` bitset or None."""
     block = block or launch.default_block()
     seed = launch_seed(d_scores, n, sws, block, elig, reset=fws)  # its sample kernel zeroes fws's counters
     return launch_filter_final(d_scores, n, k, fws, seed, elig, d_ids, block)
@@ -379,37 +385,48 @@ def launch_filtered(d_scores, n: int, k: int, fws: FilterWorkspace, sws: SeedWor
 def launch_filter_final(d_scores, n: int, k: int, fws: FilterWorkspace, seed, elig=None, d_ids=None,
                         block: int | None = None) -> FilterWorkspace:
     """Enqueue the filter pass at device threshold ``seed`` (``float32[1]``; -inf keeps every eligible
-    score) and the radix select of the top-k among the kept scores, into ``fws`` (counters reset
-    by the caller). ``block``: the filter's threads per block (the radix select runs
-    :func:`radix_block`)."""
+    score) and the top-k among the kept scores (:func:`launch_final`), into ``fws`` (counters
+    reset by the caller). ``block``: the filter's threads per block."""
     launch_filter(d_scores, n, fws, seed, elig, block)
     return launch_final(k, fws, d_ids)
 
 
+def word_view(d_scores, n: int):
+    """``(head, words)``: ``d_scores[head : head + 2 * len(words)]`` as uint64 words (8-byte loads
+    of two scores), ``head`` = 1 when the array starts 4 bytes past an 8-byte boundary (a slice)."""
+    head = 1 if n and launch.address(d_scores) % 8 else 0
+    body = max(0, n - head) // 2 * 2
+    return head, d_scores[head:head + body].view(np.uint64)
+
+
 def launch_filter(d_scores, n: int, fws: FilterWorkspace, seed, elig=None, block: int | None = None) -> None:
-    """Enqueue the filter pass alone (:func:`~andromeda_nb.kernels.topk.filter_kernel`): the eligible
+    """Enqueue the filter pass alone (:func:`~andromeda_nb.kernels.select.filter_kernel`): the eligible
     scores at or above ``seed`` appended to ``fws``'s buffer."""
-    from .kernels.topk import FILTER_ITEMS, filter_kernel
+    from .kernels.select import FILTER_LOADS, filter_kernel
 
     block = block or launch.default_block()
-    # 8 blocks per SM asked for; 6 fit (40 registers): a one-wave grid of 792 blocks
-    # (launch.resident_grid) measured no faster at 10^8 scores (149 -> 155 us, commit 39b72d4)
-    grid = launch.grid_for(-(-n // FILTER_ITEMS), block, blocks_per_sm=8)
+    head, words = word_view(d_scores, n)
+    grid = launch.grid_for(-(-words.shape[0] // FILTER_LOADS), block, blocks_per_sm=8)
     filter_kernel(block, elig is not None)[grid, block](
-        d_scores, n, elig if elig is not None else launch.dummy(np.uint64), seed, fws.buf_s, fws.buf_i, fws.fill,
-        fws.counts)
+        words, d_scores, n, head, elig if elig is not None else launch.dummy(np.uint64), seed, fws.buf_s, fws.buf_i,
+        fws.fill, fws.counts)
 
 
 def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = None) -> FilterWorkspace:
-    """Enqueue one block's radix select of the top-k of ``fws``'s buffer into its outputs
-    (``block`` threads, default :func:`radix_block`)."""
+    """Enqueue the top-k of ``fws``'s buffer into its outputs: one block's bitonic sort when the
+    buffer holds at most :data:`~andromeda_nb.kernels.select.SORT_CAP` entries
+    (:func:`~andromeda_nb.kernels.select.final_sort_kernel`), else one block's radix select
+    (:func:`~andromeda_nb.kernels.topk.final_radix_kernel`, launched after it either way, exits
+    when the sort answered). ``block``: both launches' threads (default :func:`radix_block`)."""
+    from .kernels.select import SORT_CAP, final_sort_kernel
     from .kernels.topk import final_radix_kernel, next_pow2
 
     block = block or radix_block()
     has_ids = d_ids is not None
-    final_radix_kernel(max(2, next_pow2(k)), block, has_ids)[(1, 1), block](
-        fws.buf_s, fws.buf_i, fws.fill, fws.offsets, d_ids if has_ids else launch.dummy(np.int64), fws.ks,
-        fws.out_s, fws.out_slot, fws.out_id)
+    ids = d_ids if has_ids else launch.dummy(np.int64)
+    args = (fws.buf_s, fws.buf_i, fws.fill, fws.offsets, ids, fws.ks, fws.out_s, fws.out_slot, fws.out_id)
+    final_sort_kernel(block, has_ids)[(1, 1), block](*args)
+    final_radix_kernel(max(2, next_pow2(k)), block, has_ids, skip_upto=SORT_CAP)[(1, 1), block](*args)
     return fws
 
 

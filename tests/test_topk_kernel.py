@@ -135,11 +135,8 @@ def test_batched_topk_matches_oracle_per_request(case):
 
 
 @pytest.mark.parametrize("path", ["filter", "scan"])
-@pytest.mark.parametrize("seed_path", ["radix", "block_topk"])
 @pytest.mark.parametrize("layout", ["random", "top_in_sample", "nan_in_sample"])
-def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout, seed_path, path):
-    if seed_path == "block_topk":  # the path of large samples
-        monkeypatch.setattr(T, "RADIX_SEED_MAX_SAMPLE", 0)
+def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout, path):
     monkeypatch.setattr(T, "SEEDED_PATH", path)
     monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
     monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
@@ -157,7 +154,7 @@ def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout, seed_path, pat
             off = (2 * j + 1) * n // 16 - 16
             scores[off: off + 24] = np.nan
     sws = T.SeedWorkspace.make(n, k)
-    assert sws is not None and (sws.ws is None) == (seed_path == "radix")
+    assert sws is not None
     seed = T.launch_seed(launch.to_device(scores), n, sws).copy_to_host()[0]
     assert np.isfinite(seed)
     got = T.topk_scores(scores, k)
@@ -167,16 +164,60 @@ def test_seeded_scan_is_exact_and_falls_back(monkeypatch, layout, seed_path, pat
     assert got.count == want.count == n - np.isnan(scores).sum()
 
 
+def _seed_oracle(sample: np.ndarray, r: int) -> np.float32:
+    """The seed the two histogram levels must give: the r-th best real sample's key with its low 8
+    bits cleared, as a float (-inf with fewer than r real samples)."""
+    real = sample[~np.isnan(sample) & (sample != -np.inf)].astype(np.float32)
+    if real.size < r:
+        return np.float32(-np.inf)
+    bits = np.sort(real)[::-1][r - 1:r].view(np.uint32)[0]
+    key = bits ^ 0xFFFFFFFF if bits & 0x80000000 else bits | 0x80000000
+    key = max(int(key) & 0xFFFFFF00, 0x007FFFFF)
+    back = key & 0x7FFFFFFF if key & 0x80000000 else key ^ 0xFFFFFFFF
+    return np.array([back], np.uint32).view(np.float32)[0]
+
+
+@pytest.mark.parametrize("kind", ["normal", "narrow", "negative", "ties", "few_real", "inf"])
+def test_histogram_seed_is_the_rth_sample_to_24_key_bits(monkeypatch, rng, kind):
+    """The two histogram levels (kernels/select.py) give the r-th best real sample's 24-bit key
+    prefix, so at least r samples reach the seed; NaN / -inf samples never count; the global
+    histograms are left zero and the tickets reset (a second call on other data agrees too)."""
+    monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
+    monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
+    monkeypatch.setattr(T, "SEED_MIN_N", 1024)
+    n, k = 4096 + 3, 40
+    sws = T.SeedWorkspace.make(n, k)
+    for trial in range(2):
+        scores = {"normal": rng.standard_normal(n), "narrow": 0.5 + 1e-6 * rng.random(n),
+                  "negative": -1e3 - rng.random(n), "ties": rng.integers(0, 3, n) * 0.25,
+                  "few_real": np.where(rng.random(n) < 0.01, rng.standard_normal(n), np.nan),
+                  "inf": np.where(rng.random(n) < 0.5, np.inf, -np.inf)}[kind].astype(np.float32)
+        if trial:
+            scores[: n // 3] = -scores[: n // 3]
+        seed = T.launch_seed(launch.to_device(scores), n, sws).copy_to_host()[0]
+        sample = sws.sample_flat.copy_to_host()
+        np.testing.assert_array_equal(sample, np.where(np.isnan(scores), -np.inf, scores)[T.sample_positions(n, sws.chunks)])
+        want = _seed_oracle(sample, sws.r)
+        assert seed == want or (np.isinf(want) and seed == want), (seed, want)
+        if np.isfinite(seed) or seed == np.inf:
+            assert (sample >= seed).sum() >= sws.r
+        assert not sws.ghist.copy_to_host().any()
+        assert sws.ctl.copy_to_host()[:2].tolist() == [0, 0]
+    assert sws.r == max(T.SEED_MIN_RANK, int(np.ceil(T.SEED_MARGIN * k * sws.m / n)))
+
+
 def test_seed_sample_is_sized_for_its_rank():
-    """A small array samples only what a seed of rank ~SEED_SAMPLE_RANK needs (the seed is itself a
-    top-r: a large r on a small array cost more than the scan it saved); a large one is capped."""
+    """A small array samples only what a seed of rank ~SEED_SAMPLE_RANK needs (the sample is a
+    gather of its own); a large one is capped at MAX_SAMPLE_CHUNKS runs; a small k still gets a
+    seed of rank SEED_MIN_RANK."""
     small = T.SeedWorkspace.make(500_000, 1000)
-    assert small.m == 32 * T.SAMPLE_CHUNK  # ceil(64 * 500000 / (4 * 1000 * 256)) = 32 chunks
-    assert small.r == int(np.ceil(T.SEED_MARGIN * 1000 * small.m / 500_000)) == 66
+    assert small.m == 50 * T.SAMPLE_CHUNK  # ceil(64 * 500000 / (2.5 * 1000 * 256)) = 50 chunks
+    assert small.r == int(np.ceil(T.SEED_MARGIN * 1000 * small.m / 500_000)) == 64
     large = T.SeedWorkspace.make(10**8, 1000)
-    assert large.chunks == T.MAX_SAMPLE_CHUNKS and large.r == 11
-    assert small.ws is None and large.ws is not None  # radix select only for small samples
-    assert T.SeedWorkspace.make(10**6, 1) is None  # a seed of rank < 8 is not worth a pass
+    assert large.chunks == T.MAX_SAMPLE_CHUNKS and large.r == 27
+    tiny_k = T.SeedWorkspace.make(10**6, 1)
+    assert tiny_k.r == T.SEED_MIN_RANK and tiny_k.m == 10**6 // 8 // T.SAMPLE_CHUNK * T.SAMPLE_CHUNK
+    assert T.SeedWorkspace.make(T.SEED_MIN_N - 1, 10) is None
 
 
 @pytest.mark.parametrize("path", ["filter", "scan"])
@@ -337,39 +378,6 @@ def test_radix_final_signed_zeros_tie(rng, radix_final):
         got = topk_scores(scores, k)
         want = oracle.topk(scores, k)
         np.testing.assert_array_equal(got.ids, want.ids)
-
-
-@pytest.mark.parametrize("use_elig", [False, True])
-def test_filter_kernel_keeps_exactly_the_scores_at_or_above_the_seed(rng, use_elig):
-    """One pass, n not a multiple of the block or of a round: every eligible non-NaN score >= seed
-    (ties with the seed included) lands in the buffer once, nothing else; counts are exact."""
-    from andromeda_nb.kernels.topk import filter_kernel
-
-    n, block = 1000 + 37, launch.default_block()
-    scores = rng.integers(-20, 20, n).astype(np.float32)
-    scores[rng.choice(n, 60, replace=False)] = np.nan
-    scores[:3] = [np.inf, -np.inf, 7.0]
-    eligible = rng.random(n) < 0.7 if use_elig else np.ones(n, bool)
-    seed = np.float32(7.0)
-    cap = 600
-    fws_s = launch.to_device(np.full((1, cap), 123.0, np.float32))
-    fws_i = launch.to_device(np.full((1, cap), -5, np.int32))
-    fill = launch.to_device(np.zeros(1, np.int64))
-    counts = launch.to_device(np.zeros((1, 2), np.int64))
-    grid = launch.grid_for(-(-n // 8), block)
-    filter_kernel(block, use_elig)[grid, block](
-        launch.to_device(scores), n, launch.to_device(bits_from_mask(eligible)) if use_elig else launch.dummy(np.uint64),
-        launch.to_device(np.array([seed], np.float32)), fws_s, fws_i, fill, counts)
-    valid = eligible & ~np.isnan(scores)
-    want = np.flatnonzero(valid & (scores >= seed))
-    got_fill = int(fill.copy_to_host()[0])
-    assert got_fill == want.size and counts.copy_to_host()[0].tolist() == [valid.sum(), want.size]
-    got_i = fws_i.copy_to_host()[0, :got_fill]
-    got_s = fws_s.copy_to_host()[0, :got_fill]
-    order = np.argsort(got_i)
-    np.testing.assert_array_equal(got_i[order], want)
-    np.testing.assert_array_equal(got_s[order], scores[want])
-    assert (fws_i.copy_to_host()[0, got_fill:] == -5).all()  # nothing written past the fill
 
 
 def test_filter_overflow_reruns_exactly(monkeypatch):

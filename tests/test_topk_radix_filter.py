@@ -1,46 +1,57 @@
-"""The filter's per-block staging and the radix select's staging modes, kernel by kernel: entries
-neither lost nor duplicated when a block keeps more than its staging area holds, over several
-rounds, past the buffer's end; every staging mode of the radix select against the oracle."""
+"""The filter pass and the radix select's staging modes, kernel by kernel: entries neither lost nor
+duplicated over several rounds, on aligned and misaligned starts, past the buffer's end; every
+staging mode of the radix select against the oracle."""
 
 import numpy as np
 import pytest
 
 from andromeda_nb import launch, oracle
-from andromeda_nb.kernels.topk import FILTER_ITEMS, filter_kernel, final_radix_kernel, radix_stage_words
+import andromeda_nb.topk as T
+from andromeda_nb.kernels.select import FILTER_LOADS, filter_kernel
+from andromeda_nb.kernels.topk import final_radix_kernel, radix_stage_words
 from andromeda_nb.targeting import bits_from_mask
 
 
-def _run_filter(scores, seed, cap, block, stage, grid, eligible=None):
-    """One filter launch on fresh, poisoned buffers; host (fill, counts, slots, scores) back."""
+def _run_filter(scores, seed, cap, block, grid, eligible=None, offset=0):
+    """One filter launch (kernels/select.py) on fresh, poisoned buffers over ``scores``, placed
+    ``offset`` floats into a device array (offset 1: 4 bytes past an 8-byte boundary, so the pass
+    reads one score before its 8-byte words); host (fill, counts, slots, scores) back."""
     n = scores.size
+    base = launch.to_device(np.concatenate([np.full(offset, 77.0, np.float32), scores, np.float32([77.0])]))
+    d_scores = base[offset:offset + n]
+    head, words = T.word_view(d_scores, n)
+    assert head == (offset % 2 if n else 0)
     buf_s = launch.to_device(np.full((1, cap), 123.0, np.float32))
     buf_i = launch.to_device(np.full((1, cap), -5, np.int32))
     fill = launch.to_device(np.zeros(1, np.int64))
     counts = launch.to_device(np.zeros((1, 2), np.int64))
     elig = launch.to_device(bits_from_mask(eligible)) if eligible is not None else launch.dummy(np.uint64)
-    filter_kernel(block, eligible is not None, stage)[grid, block](
-        launch.to_device(scores), n, elig, launch.to_device(np.array([seed], np.float32)), buf_s, buf_i, fill,
-        counts)
+    filter_kernel(block, eligible is not None)[grid, block](
+        words, d_scores, n, head, elig, launch.to_device(np.array([seed], np.float32)), buf_s, buf_i, fill, counts)
     return (int(fill.copy_to_host()[0]), counts.copy_to_host()[0].tolist(), buf_i.copy_to_host()[0],
             buf_s.copy_to_host()[0])
 
 
-@pytest.mark.parametrize("stage", [7, 64, 256])
+@pytest.mark.parametrize("offset,extra", [(0, 0), (0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("use_elig", [False, True])
-def test_filter_staging_keeps_each_score_once(rng, stage, use_elig):
-    """Blocks of 32 threads keep up to 256 scores a round (about half of them here): a staging area of
-    7 or 64 entries overflows every round (the rest take direct atomics), 256 never does; 3 blocks,
-    several grid-stride rounds each, the last one partial. Ties at the seed, NaN, +-inf."""
+def test_filter_keeps_each_score_once(rng, offset, extra, use_elig):
+    """3 blocks of 32 threads, several grid-stride rounds each, the last one partial; an even and
+    an odd count on an 8-byte aligned and a misaligned start (a score before the words, one after
+    them). Every eligible non-NaN score at or above the seed lands once, nothing else; ties at
+    the seed, NaN, +-inf, -0; counts exact."""
     block, grid = 32, 3
-    n = grid * block * FILTER_ITEMS * 4 + 77
+    n = grid * block * FILTER_LOADS * 2 * 4 + 76 + extra
     scores = rng.integers(-20, 20, n).astype(np.float32)
     scores[rng.choice(n, 150, replace=False)] = np.nan
     scores[:4] = [np.inf, -np.inf, 0.0, -0.0]
+    scores[-1] = 5.0  # the odd last score is kept
     eligible = rng.random(n) < 0.7 if use_elig else None
+    if use_elig:
+        eligible[[0, -1]] = True
     seed = np.float32(0.0)  # -0 reaches it too (-0 >= 0)
     valid = ~np.isnan(scores) & (eligible if use_elig else True)
     want = np.flatnonzero(valid & (scores >= seed))
-    fill, counts, got_i, got_s = _run_filter(scores, seed, n, block, stage, grid, eligible)
+    fill, counts, got_i, got_s = _run_filter(scores, seed, n, block, grid, eligible, offset)
     assert fill == want.size and counts == [valid.sum(), want.size]
     order = np.argsort(got_i[:fill])
     np.testing.assert_array_equal(got_i[:fill][order], want)  # each kept slot once, nothing else
@@ -48,8 +59,7 @@ def test_filter_staging_keeps_each_score_once(rng, stage, use_elig):
     assert (got_i[fill:] == -5).all() and (got_s[fill:] == 123.0).all()
 
 
-@pytest.mark.parametrize("stage", [7, 2048])
-def test_filter_counts_past_its_buffer(rng, stage):
+def test_filter_counts_past_its_buffer(rng):
     """More scores reach the seed than the buffer holds: fill and counts[0, 1] count all of them,
     the buffer's every entry holds a distinct kept score and nothing is written past it."""
     block, grid, cap = 32, 4, 300
@@ -57,19 +67,22 @@ def test_filter_counts_past_its_buffer(rng, stage):
     scores = rng.standard_normal(n).astype(np.float32)
     seed = np.float32(-0.5)
     want = np.flatnonzero(scores >= seed)
-    fill, counts, got_i, got_s = _run_filter(scores, seed, cap, block, stage, grid)
+    fill, counts, got_i, got_s = _run_filter(scores, seed, cap, block, grid)
     assert fill == want.size > cap and counts == [n, want.size]
     assert np.unique(got_i).size == cap and np.isin(got_i, want).all()
     np.testing.assert_array_equal(got_s, scores[got_i])
 
 
-def test_filter_empty_and_none_kept(rng):
-    """No score at or above the seed (no reservation at all), and an empty array."""
+@pytest.mark.parametrize("offset", [0, 1])
+def test_filter_empty_and_none_kept(rng, offset):
+    """No score at or above the seed, an empty array, and one score (no 8-byte word at all)."""
     scores = rng.standard_normal(1000).astype(np.float32)
-    fill, counts, got_i, _ = _run_filter(scores, np.float32(99.0), 64, 32, 64, 2)
+    fill, counts, got_i, _ = _run_filter(scores, np.float32(99.0), 64, 32, 2, offset=offset)
     assert fill == 0 and counts == [1000, 0] and (got_i == -5).all()
-    fill, counts, _, _ = _run_filter(np.zeros(0, np.float32), np.float32(0.0), 64, 32, 64, 1)
+    fill, counts, _, _ = _run_filter(np.zeros(0, np.float32), np.float32(0.0), 64, 32, 1, offset=offset)
     assert fill == 0 and counts == [0, 0]
+    fill, counts, got_i, got_s = _run_filter(np.float32([3.0]), np.float32(0.0), 64, 32, 1, offset=offset)
+    assert fill == 1 and counts == [1, 1] and got_i[0] == 0 and got_s[0] == 3.0
 
 
 def _run_radix(scores, slots, k, block, has_ids, ids, stage_words, kmax=None, fill=None):

@@ -536,7 +536,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             above ``seeds[0]`` to ``buf_s / buf_i [1, cap]`` (slots; ``fill int64[1]`` counts every
             one, entries past ``cap`` not written) and add to ``counts int64[1, 2]`` the non-NaN
             scores and those at or above the seed: the arguments ``k, out, cand_s, cand_i`` become
-            ``seeds, buf_s, buf_i, fill`` (the filter path of kernels.topk.filter_kernel, fused).
+            ``seeds, buf_s, buf_i, fill`` (the filter path of kernels.select.filter_kernel, fused).
         weights: ``"shared"`` (every weight from the shared image) or ``"param"`` (gamma, beta, G,
             or the dot model's u, from an extra tuple argument ``wt``; scoring.KernelConfig).
         guard: ``"fence"`` or ``"offset"``: how the unfused loops keep ptxas from hoisting the

@@ -479,7 +479,7 @@ FROM_BUFFER, FROM_KEYS, FROM_PAIRS = 0, 1, 2
 
 
 @functools.lru_cache(maxsize=None)
-def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | None = None):
+def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | None = None, skip_upto: int = -1):
     """Launch ``[(1, batch), block]``: the same contract and arguments as :func:`final_kernel`, by
     radix select instead of offering the buffer to a block top-K.
 
@@ -497,6 +497,9 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | N
     2. ties: if more entries hold the threshold key than places remain, the same select over their
        tie-break ids (``ids[slot]``, else the slot; unique, non-negative) picks the lowest ones;
     3. gather the kk winners into shared memory, sort them once (bitonic, best first), write.
+
+    ``skip_upto``: requests whose buffer holds at most this many entries are left alone (the sort
+    final of kernels/select.py, launched before, answered them); -1: none.
 
     ``stage_words``: the staging area's size (default :func:`radix_stage_words`; tests shrink it
     to reach the unstaged and compacted modes on small buffers). Histogram and gather atomics are 32-bit increments of shared counters (ptxas aggregates
@@ -613,6 +616,8 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | N
         start = offsets[r]
         sub = ids[start:] if has_ids else ids
         m = min(fill[r], buf_s.shape[1])  # a filter may count past its buffer (the host then reruns)
+        if m <= skip_upto:
+            return  # uniform: answered by the sort final
         kk = min(k, m)
         if tid == 0:
             cnt[0] = 0
@@ -712,149 +717,6 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | N
                 out_slot[r, q] = -1
                 out_id[r, q] = -1
             q += block
-
-    return kernel
-
-
-#: scores per thread per round of the filter (loads in flight; round_loads serves 8)
-FILTER_ITEMS = SCAN_ITEMS
-#: entries a filter block stages per round (8 bytes each: 16 KiB of shared memory); a round keeps at
-#: most block * FILTER_ITEMS, so up to 256 threads the staging area never overflows
-FILTER_STAGE = 2048
-
-
-@functools.lru_cache(maxsize=None)
-def filter_kernel(block: int, has_elig: bool, stage: int = FILTER_STAGE):
-    """Launch ``[grid, block]`` (grid-stride): one pass over one request's scores that appends every
-    eligible, non-NaN score at or above the seed to a compact buffer, for
-    :func:`final_radix_kernel` to select from.
-
-    Args: ``scores float32[n]``, ``n``, ``elig uint64[words]`` (ignored unless ``has_elig``),
-    ``seeds float32[1]``, ``buf_s float32[1, cap]``, ``buf_i int32[1, cap]`` (slots),
-    ``fill int64[1]`` (+= appended; past ``cap`` counted but not written), ``counts int64[1, 2]``
-    (+= eligible non-NaN scores; += those >= seed). Exact when ``k <= counts[0, 1] <= cap`` (or
-    every eligible score reached the seed); the host wrapper checks and otherwise reruns.
-
-    A block stages the round's kept scores in shared memory (``stage`` entries, a shared counter),
-    then reserves their place in the buffer with one global atomic and copies them out: one
-    contended global atomic per block and round instead of one per kept score. Scores kept past
-    the staging area (more than ``stage`` in a round: blocks over ``stage / FILTER_ITEMS``
-    threads) take a global atomic each.
-    """
-
-    load_round, pick = round_loads(block)
-
-    @cuda.jit(device=True, inline=True)
-    def keep(st_s, st_i, ctl, s, i, fill, buf_s, buf_i, cap):
-        """Stage ``(s, i)``, or append it to the buffer directly when the staging area is full."""
-        pos = cuda.atomic.add(ctl, 0, 1)
-        if pos < stage:
-            st_s[pos] = s
-            st_i[pos] = int32(i)
-        else:
-            g = cuda.atomic.add(fill, 0, 1)
-            if g < cap:
-                buf_s[0, g] = s
-                buf_i[0, g] = int32(i)
-
-    @cuda.jit(device=True)
-    def flush(st_s, st_i, ctl, at, fill, buf_s, buf_i, cap, last):
-        """End of a round (whole block): reserve the staged entries' place in the buffer, copy them
-        out, empty the staging area. Returns the round's kept count (staged or not)."""
-        tid = cuda.threadIdx.x
-        cuda.syncthreads()
-        if tid == 0:
-            c = ctl[0]
-            ctl[0] = 0
-            ctl[2] = c
-            if c > 0:
-                at[0] = cuda.atomic.add(fill, 0, int64(min(c, stage)))
-        cuda.syncthreads()
-        c = ctl[2]
-        base = at[0]
-        t = tid
-        while t < min(c, stage):
-            if base + t < cap:
-                buf_s[0, base + t] = st_s[t]
-                buf_i[0, base + t] = st_i[t]
-            t += block
-        if not last:
-            cuda.syncthreads()  # the next round stages over these entries
-        return c
-
-    @cuda.jit
-    def kernel(scores, n, elig, seeds, buf_s, buf_i, fill, counts):
-        st_s = cuda.shared.array(stage, float32)
-        st_i = cuda.shared.array(stage, int32)
-        ctl = cuda.shared.array(3, int32)  # [0] kept this round, [1] eligible non-NaN, [2] last round's kept
-        at = cuda.shared.array(1, int64)  # the round's place in the buffer
-        tid = cuda.threadIdx.x
-        if tid == 0:
-            ctl[0] = 0
-            ctl[1] = 0
-        cuda.syncthreads()
-        seed = seeds[0]
-        cap = buf_s.shape[1]
-        mine = 0
-        above = int64(0)
-        per_round = block * FILTER_ITEMS
-        stride = cuda.gridDim.x * per_round
-        base = cuda.blockIdx.x * per_round
-        # software pipelined (as the scan): the next round's scores load before this round's flush
-        s0, s1, s2, s3, s4, s5, s6, s7 = load_round(scores, 0, base + tid, n)
-        while base < n:  # uniform: the flush synchronises the block
-            i0 = base + tid
-            n0, n1, n2, n3, n4, n5, n6, n7 = load_round(scores, 0, i0 + stride, n)
-            for q in range(FILTER_ITEMS):
-                i = i0 + q * block
-                s = pick(q, s0, s1, s2, s3, s4, s5, s6, s7)
-                ok = i < n
-                if ok and has_elig:
-                    ok = test_bit(elig, i) != 0
-                if ok and not math.isnan(s):
-                    mine += 1
-                    if s >= seed:
-                        keep(st_s, st_i, ctl, s, i, fill, buf_s, buf_i, cap)
-            above += flush(st_s, st_i, ctl, at, fill, buf_s, buf_i, cap, base + stride >= n)
-            s0, s1, s2, s3, s4, s5, s6, s7 = n0, n1, n2, n3, n4, n5, n6, n7
-            base += stride
-        if mine > 0:
-            cuda.atomic.add(ctl, 1, int32(mine))  # 32-bit: a 64-bit shared add is a CAS loop
-        cuda.syncthreads()
-        if tid == 0 and ctl[1] > 0:
-            cuda.atomic.add(counts[0], 0, int64(ctl[1]))
-        if tid == block - 1 and above > 0:
-            cuda.atomic.add(counts[0], 1, above)
-
-    return kernel
-
-
-@functools.lru_cache(maxsize=None)
-def sample_chunks_kernel(has_elig: bool = False, resets: bool = False):
-    """Launch ``[chunks, chunk]``: block j copies ``chunk`` contiguous scores centred in the j-th of
-    ``chunks`` equal strata into ``sample[j * chunk:]`` (contiguous runs: a few sectors each;
-    stratified, so sorted input is sampled across its range rather than at its extremes). NaN, and
-    with an eligible bitset ``elig uint64[words]`` (``has_elig``) ineligible scores, are sampled
-    as -inf (never a seed above every real score). With ``resets``, block 0 also zeroes
-    ``counts int64[1, c]`` and ``fill int64[1]`` for the filter that follows (one launch fewer
-    than a separate reset kernel); otherwise they are ignored."""
-
-    @cuda.jit
-    def kernel(scores, n, sample, elig, counts, fill):
-        j = cuda.blockIdx.x
-        if resets and j == 0:
-            if cuda.threadIdx.x < counts.shape[1]:
-                counts[0, cuda.threadIdx.x] = 0
-            if cuda.threadIdx.x == 0:
-                fill[0] = 0
-        chunks = cuda.gridDim.x
-        chunk = cuda.blockDim.x
-        off = (2 * j + 1) * n // (2 * chunks) - chunk // 2  # topk.sample_positions: the same on the host
-        i = off + cuda.threadIdx.x
-        s = scores[i]
-        if math.isnan(s) or (has_elig and test_bit(elig, i) == 0):
-            s = NEG_INF
-        sample[j * chunk + cuda.threadIdx.x] = s
 
     return kernel
 
