@@ -514,11 +514,9 @@ def topk_stages(d_scores, n: int, k: int):
     the filter path's (filter, final). Stages that append to a buffer run the counters' reset (a
     1-block kernel) first, so repeats start from the same state. Needs ``n`` large enough to be
     seeded."""
-    from .kernels.select import sample_hist_kernel
     from .kernels.topk import final_radix_kernel, next_pow2
-    from .topk import (SAMPLE_CHUNK, FilterWorkspace, SeedWorkspace, TopKWorkspace, hist_block, launch_filter,
-                       launch_final, launch_merge_lists, launch_scan, launch_seed, launch_topk, radix_block,
-                       scan_lists)
+    from .topk import (FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_filter, launch_final, launch_merge_lists,
+                       launch_scan, launch_seed, launch_topk, radix_block, scan_lists)
 
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=True))
@@ -538,19 +536,12 @@ def topk_stages(d_scores, n: int, k: int):
         fws.reset()
         launch_filter(d_scores, n, fws, sws.seed(), block=block)
 
-    def level0():
-        sample_hist_kernel(SAMPLE_CHUNK)[sws.chunks, hist_block()](
-            d_scores, n, sws.sample_flat, launch.dummy(np.uint64), sws.r, sws.ghist[0], sws.ctl,
-            launch.dummy2d(np.int64), launch.dummy(np.int64))
-
     stages = [
-        ("sample", level0, f"sample of {sws.chunks} chunks of {SAMPLE_CHUNK} scores + its 12-bit key histogram "
-                           f"(one launch)", None),
         ("seed", lambda: launch_seed(d_scores, n, sws),
-         f"sample + the {sws.m}-score sample's r = {sws.r}-th best to 24 key bits (two histogram launches)", None),
+         f"the r = {sws.r}-th best of a {sws.m}-score sample to 24 key bits (one launch)", None),
         ("filter", reset_filter, "counter reset + one pass keeping the scores at or above the seed", None),
-        ("final", lambda: launch_final(k, fws), "one block's sort of the filter's buffer (radix select launch "
-                                                "after it, idle when the sort answered)", fws),
+        ("final", lambda: launch_final(k, fws), "the filter's buffer ranked by counting over many blocks (the "
+                                                "radix select launch after it idle when that answered)", fws),
         ("final_radix", lambda: final_radix_kernel(max(2, next_pow2(k)), radix_block(), False)[(1, 1), radix_block()](
             fws.buf_s, fws.buf_i, fws.fill, fws.offsets, launch.dummy(np.int64), fws.ks, fws.out_s, fws.out_slot,
             fws.out_id), "one block's radix select of the filter's buffer (the final above SORT_CAP candidates)", fws),

@@ -34,7 +34,7 @@ def variants():
     from .kernels import score as S
     from .kernels import topk as T
 
-    f32, i32, i64, u64 = nt.float32, nt.int32, nt.int64, nt.uint64
+    f32, i32, i64, u64, u32 = nt.float32, nt.int32, nt.int64, nt.uint64, nt.uint32
 
     def A(t, nd=1):
         return nt.Array(t, nd, "C")
@@ -122,16 +122,16 @@ def variants():
                 (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32), A(f32, 2), A(i32, 2), A(i64))))
     from .kernels import select as SEL
 
+    for gather, elig in ((True, False), (True, True), (False, False)):
+        out.append((f"select seed gather{gather} elig{elig}", SEL.seed_kernel(1024, 256, gather, elig, gather),
+                    (A(f32), i64, i64, A(f32), A(u64), i64, A(i32), A(u32), A(i32), A(f32), A(i64, 2), A(i64))))
     for elig in (False, True):
-        out.append((f"select sample_hist elig{elig}", SEL.sample_hist_kernel(256, elig, True),
-                    (A(f32), i64, A(f32), A(u64), i64, A(i32), A(i32), A(i64, 2), A(i64))))
         out.append((f"select filter elig{elig}", SEL.filter_kernel(256, elig),
                     (A(u64), A(f32), i64, i64, A(u64), A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))
-    for level in (0, 1):
-        out.append((f"select hist level{level}", SEL.hist_kernel(level), (A(f32), i64, A(i32), A(i32), A(f32))))
     for ids in (False, True):
-        out.append((f"select final_sort ids{ids}", SEL.final_sort_kernel(1024, ids),
-                    (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
+        out.append((f"select final_rank ids{ids}", SEL.final_rank_kernel(256, ids),
+                    (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2), A(i32),
+                     A(i32))))
     # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the
     # update kernel per list-pool dtype (int32 below 2^31 slots, int64 beyond), compaction per output dtype
     match_sig = (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), A(i64))

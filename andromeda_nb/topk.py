@@ -246,31 +246,31 @@ SEED_SAMPLE_RANK = 64
 def sample_positions(n: int, chunks: int) -> np.ndarray:
     """The positions a seed samples from ``n`` items: ``chunks`` contiguous runs of SAMPLE_CHUNK,
     each centred in one of ``chunks`` equal strata (the formula of
-    :func:`~andromeda_nb.kernels.select.sample_hist_kernel`), as int32 ``[chunks * SAMPLE_CHUNK]``."""
+    :func:`~andromeda_nb.kernels.select.seed_kernel`), as int32 ``[chunks * SAMPLE_CHUNK]``."""
     offs = (2 * np.arange(chunks, dtype=np.int64) + 1) * n // (2 * chunks) - SAMPLE_CHUNK // 2
     return (offs[:, None] + np.arange(SAMPLE_CHUNK, dtype=np.int64)[None, :]).ravel().astype(np.int32)
 
 
-def hist_block() -> int:
-    """Threads per block of the seed's histogram launches (kernels.select.HIST_BLOCK on a GPU, the
-    simulator's default block there)."""
-    from .kernels.select import HIST_BLOCK
+def seed_block() -> int:
+    """Threads per block of the seed launch (kernels.select.SEED_BLOCK on a GPU, the simulator's
+    default block there)."""
+    from .kernels.select import SEED_BLOCK
 
-    return launch.default_block() if launch.backend.is_simulator() else HIST_BLOCK
+    return launch.default_block() if launch.backend.is_simulator() else SEED_BLOCK
 
 
 class SeedWorkspace:
     """Buffers of :func:`launch_seed` for arrays of n scores and top-k (``make`` returns None where
     no seed pays): a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (at most n / 8,
-    at most MAX_SAMPLE_CHUNKS runs, no more than a seed of rank ~SEED_SAMPLE_RANK needs), the
-    seed rank ``r`` (about ``SEED_MARGIN * k`` of the n scores reach the r-th best sample, r at least
-    SEED_MIN_RANK), the
-    two levels' global histograms (zero between calls: each launch's last block re-zeroes its
-    own), the control words and the seed (device ``float32[1]``)."""
+    at most MAX_SAMPLE_CHUNKS runs, no more than a seed of rank ~SEED_SAMPLE_RANK needs), the seed
+    rank ``r`` (about ``SEED_MARGIN * k`` of the n scores reach the r-th best sample; r at least
+    SEED_MIN_RANK), the global histogram, candidate keys and control words of
+    :func:`~andromeda_nb.kernels.select.seed_kernel` (zero between calls: its last block re-zeroes
+    them) and the seed (device ``float32[1]``)."""
 
     @classmethod
     def make(cls, n: int, k: int):
-        from .kernels.select import CTL_SIZE, HIST_BINS
+        from .kernels.select import CAND_CAP, CTL_SIZE, HIST_BINS
 
         if n < SEED_MIN_N or k < 1:
             return None
@@ -284,7 +284,8 @@ class SeedWorkspace:
         cuda = launch.cuda()
         self.r, self.m, self.chunks = r, m, chunks
         self.sample_flat = cuda.device_array(m, np.float32)
-        self.ghist = cuda.to_device(np.zeros((2, HIST_BINS), np.int32))
+        self.ghist = cuda.to_device(np.zeros(HIST_BINS, np.int32))
+        self.cand = cuda.device_array(CAND_CAP, np.uint32)
         self.ctl = cuda.to_device(np.zeros(CTL_SIZE, np.int32))
         self.seeds = cuda.to_device(np.full(1, -np.inf, np.float32))
         return self
@@ -294,41 +295,34 @@ class SeedWorkspace:
         return self.seeds
 
 
-def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, elig=None, reset=None):
-    """Enqueue a seed threshold for one request's top-k (two launches,
-    :mod:`andromeda_nb.kernels.select`): gather a stratified sample of contiguous chunks (NaN, and
-    ineligible scores when ``elig``, a device uint64 bitset, is given, sampled as -inf: they never
-    seed) while counting its keys' top 12 bits, then the next 12 bits inside the bin of the
-    sample's r-th best; the seed is that 24-bit key prefix's lower edge, so at least r samples,
-    and about ``r * n / m`` scores of the array, reach it. ``reset``: a
-    :class:`FilterWorkspace` whose counters the sample launch zeroes on the way. ``block`` is
-    unused (the histogram launches run :func:`hist_block` threads). Returns device ``float32[1]``."""
-    from .kernels.select import sample_hist_kernel
+def _launch_seed_kernel(sws: SeedWorkspace, gather: bool, d_scores, n: int, elig=None, reset=None) -> None:
+    from .kernels.select import SEED_PER_THREAD, seed_kernel
 
-    hb = hist_block()
-    sample_hist_kernel(SAMPLE_CHUNK, elig is not None, reset is not None)[sws.chunks, hb](
-        d_scores, n, sws.sample_flat, elig if elig is not None else launch.dummy(np.uint64), sws.r, sws.ghist[0],
-        sws.ctl, reset.counts if reset is not None else launch.dummy2d(np.int64),
+    sb = seed_block()
+    grid = -(-sws.m // (sb * SEED_PER_THREAD))
+    seed_kernel(sb, SAMPLE_CHUNK, gather, elig is not None, reset is not None)[grid, sb](
+        d_scores, n, sws.chunks, sws.sample_flat, elig if elig is not None else launch.dummy(np.uint64), sws.r,
+        sws.ghist, sws.cand, sws.ctl, sws.seeds, reset.counts if reset is not None else launch.dummy2d(np.int64),
         reset.fill if reset is not None else launch.dummy(np.int64))
-    _launch_level(sws, 1)
+
+
+def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, elig=None, reset=None):
+    """Enqueue a seed threshold for one request's top-k, one launch
+    (:func:`~andromeda_nb.kernels.select.seed_kernel`): a stratified sample of contiguous chunks
+    (NaN, and ineligible scores when ``elig``, a device uint64 bitset, is given, sampled as -inf:
+    they never seed), and the lower edge of the 24-bit key prefix of its r-th best, so at least r
+    samples, and about ``r * n / m`` scores of the array, reach it. ``reset``: a
+    :class:`FilterWorkspace` whose counters the launch zeroes on the way. ``block`` is unused (the
+    launch runs :func:`seed_block` threads). Returns device ``float32[1]``."""
+    _launch_seed_kernel(sws, True, d_scores, n, elig, reset)
     return sws.seed()
-
-
-def _launch_level(sws: SeedWorkspace, level: int) -> None:
-    from .kernels.select import hist_kernel
-
-    hb = hist_block()
-    grid = launch.grid_for(-(-sws.m // 16), hb)  # ~16 samples a thread: the bins' zeroing and merge amortised
-    hist_kernel(level)[grid, hb](sws.sample_flat, sws.r, sws.ghist[level], sws.ctl, sws.seeds)
 
 
 def launch_seed_select(sws: SeedWorkspace, block: int | None = None):
     """Enqueue the seed of :func:`launch_seed` on a sample already in ``sws.sample_flat`` (NaN and
-    -inf never seed; fused scoring writes its sample there): both histogram levels, two
-    launches. Returns the seed, device ``float32[1]`` (-inf when fewer than r samples are real
-    scores)."""
-    _launch_level(sws, 0)
-    _launch_level(sws, 1)
+    -inf never seed; fused scoring writes its sample there), one launch. Returns the seed, device
+    ``float32[1]`` (-inf when fewer than r samples are real scores)."""
+    _launch_seed_kernel(sws, False, launch.dummy(np.float32), 0)
     return sws.seed()
 
 
@@ -362,6 +356,10 @@ class FilterWorkspace:
         self.out_s = cuda.device_array((1, self.k), np.float32)
         self.out_slot = cuda.device_array((1, self.k), np.int32)
         self.out_id = cuda.device_array((1, self.k), np.int64)
+        from .kernels import select
+
+        self.rank = cuda.to_device(np.zeros(select.RANK_CAP, np.int32))  # the rank final's, zero between calls
+        self.rank_ctl = cuda.to_device(np.zeros(1, np.int32))
 
     def reset(self) -> None:
         from .kernels.topk import reset_kernel
@@ -413,20 +411,23 @@ def launch_filter(d_scores, n: int, fws: FilterWorkspace, seed, elig=None, block
 
 
 def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = None) -> FilterWorkspace:
-    """Enqueue the top-k of ``fws``'s buffer into its outputs: one block's bitonic sort when the
-    buffer holds at most :data:`~andromeda_nb.kernels.select.SORT_CAP` entries
-    (:func:`~andromeda_nb.kernels.select.final_sort_kernel`), else one block's radix select
-    (:func:`~andromeda_nb.kernels.topk.final_radix_kernel`, launched after it either way, exits
-    when the sort answered). ``block``: both launches' threads (default :func:`radix_block`)."""
-    from .kernels.select import SORT_CAP, final_sort_kernel
+    """Enqueue the top-k of ``fws``'s buffer into its outputs: by counting each candidate's place
+    over many blocks when the buffer holds at most :data:`~andromeda_nb.kernels.select.RANK_CAP`
+    entries (:func:`~andromeda_nb.kernels.select.final_rank_kernel`), else by one block's radix
+    select (:func:`~andromeda_nb.kernels.topk.final_radix_kernel`, ``block`` threads, default
+    :func:`radix_block`; launched after the rank final either way, it exits when that answered)."""
+    from .kernels.select import RANK_BLOCK, final_rank_kernel
     from .kernels.topk import final_radix_kernel, next_pow2
 
     block = block or radix_block()
     has_ids = d_ids is not None
     ids = d_ids if has_ids else launch.dummy(np.int64)
     args = (fws.buf_s, fws.buf_i, fws.fill, fws.offsets, ids, fws.ks, fws.out_s, fws.out_slot, fws.out_id)
-    final_sort_kernel(block, has_ids)[(1, 1), block](*args)
-    final_radix_kernel(max(2, next_pow2(k)), block, has_ids, skip_upto=SORT_CAP)[(1, 1), block](*args)
+    rb = launch.default_block() if launch.backend.is_simulator() else RANK_BLOCK
+    cap = fws.rank.shape[0]
+    tiles = -(-cap // rb)
+    final_rank_kernel(rb, has_ids, cap)[launch.grid_for(tiles * tiles, 1, 2), rb](*args, fws.rank, fws.rank_ctl)
+    final_radix_kernel(max(2, next_pow2(k)), block, has_ids, skip_upto=cap)[(1, 1), block](*args)
     return fws
 
 

@@ -158,3 +158,41 @@ def test_radix_stage_words_fit_shared_memory():
         w = radix_stage_words(cap)
         assert w % 256 == 0 and w >= 2048 and 8 * cap + 4 * w + 2 * 1024 + 64 <= 48 * 1024
     assert radix_stage_words(1024) >= 8192  # the seed's 8,192 samples and a k = 1000 filter's ~4,000
+
+
+@pytest.mark.parametrize("m,k", [(0, 5), (1, 5), (37, 10), (37, 37), (300, 64), (300, 400), (70, 20)])
+@pytest.mark.parametrize("has_ids", [False, True])
+def test_final_ranks_candidates_by_counting(monkeypatch, rng, m, k, has_ids):
+    """launch_final on a crafted candidate buffer (topk.FilterWorkspace): the rank final (several
+    tiles, several blocks, the last one scattering) equals the oracle with ties, -0 / +0, +-inf
+    and ids; past RANK_CAP candidates (cap 64 here) the radix select answers instead. Poisoned
+    outputs all written; the rank array and ticket left zero for the next call (run twice)."""
+    from andromeda_nb.kernels import select
+
+    monkeypatch.setattr(select, "RANK_CAP", 64)
+    n = 1000
+    ids = rng.permutation(5 * n)[:n].astype(np.int64) if has_ids else None
+    fws = T.FilterWorkspace(n, k, cap=512)
+    for trial in range(2):
+        slots = rng.choice(n, m, replace=False).astype(np.int32)
+        vals = rng.integers(-3, 3, m).astype(np.float32) * 0.5
+        vals[rng.random(m) < 0.1] = -0.0
+        vals[rng.random(m) < 0.05] = np.inf
+        vals[rng.random(m) < 0.05] = -np.inf
+        buf_s = np.full((1, 512), 123.0, np.float32)
+        buf_i = np.full((1, 512), -5, np.int32)
+        buf_s[0, :m], buf_i[0, :m] = vals, slots
+        fws.buf_s.copy_to_device(buf_s)
+        fws.buf_i.copy_to_device(buf_i)
+        fws.fill.copy_to_device(np.array([m], np.int64))
+        for out, v in ((fws.out_s, 9.0), (fws.out_slot, 7), (fws.out_id, 7)):
+            out.copy_to_device(np.full(out.shape, v, out.dtype))
+        T.launch_final(k, fws, launch.to_device(ids) if has_ids else None)
+        scores = np.full(n, np.nan, np.float32)
+        scores[slots] = vals
+        want = oracle.topk(scores, k, ids=ids)
+        np.testing.assert_array_equal(fws.out_id.copy_to_host()[0], want.ids)
+        np.testing.assert_array_equal(fws.out_s.copy_to_host()[0], want.scores)
+        got_slot = fws.out_slot.copy_to_host()[0]  # slots map to the ids reported
+        np.testing.assert_array_equal(np.where(got_slot >= 0, ids[got_slot] if has_ids else got_slot, -1), want.ids)
+        assert not fws.rank.copy_to_host().any() and fws.rank_ctl.copy_to_host()[0] == 0
