@@ -356,11 +356,6 @@ class FilterWorkspace:
         self.out_s = cuda.device_array((1, self.k), np.float32)
         self.out_slot = cuda.device_array((1, self.k), np.int32)
         self.out_id = cuda.device_array((1, self.k), np.int64)
-        from .kernels import select
-
-        self.rank = cuda.to_device(np.zeros(select.RANK_CAP, np.int32))  # the rank final's, zero between calls
-        self.rank_ctl = cuda.to_device(np.zeros(1, np.int32))
-
     def reset(self) -> None:
         from .kernels.topk import reset_kernel
 
@@ -416,6 +411,7 @@ def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = N
     entries (:func:`~andromeda_nb.kernels.select.final_rank_kernel`), else by one block's radix
     select (:func:`~andromeda_nb.kernels.topk.final_radix_kernel`, ``block`` threads, default
     :func:`radix_block`; launched after the rank final either way, it exits when that answered)."""
+    from .kernels import select
     from .kernels.select import RANK_BLOCK, final_rank_kernel
     from .kernels.topk import final_radix_kernel, next_pow2
 
@@ -424,9 +420,8 @@ def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = N
     ids = d_ids if has_ids else launch.dummy(np.int64)
     args = (fws.buf_s, fws.buf_i, fws.fill, fws.offsets, ids, fws.ks, fws.out_s, fws.out_slot, fws.out_id)
     rb = launch.default_block() if launch.backend.is_simulator() else RANK_BLOCK
-    cap = fws.rank.shape[0]
-    tiles = -(-cap // rb)
-    final_rank_kernel(rb, has_ids, cap)[launch.grid_for(tiles * tiles, 1, 2), rb](*args, fws.rank, fws.rank_ctl)
+    cap = select.RANK_CAP
+    final_rank_kernel(rb, has_ids, cap)[launch.grid_for(cap, rb // select.RANK_SPLIT, 1 << 20), rb](*args)
     final_radix_kernel(max(2, next_pow2(k)), block, has_ids, skip_upto=cap)[(1, 1), block](*args)
     return fws
 

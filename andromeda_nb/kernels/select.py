@@ -29,7 +29,7 @@ import math
 from numba import cuda, float32, int32, int64, uint32, uint64
 
 from .bits import _f32_from_bits, test_bit
-from .intrinsics import decode_fp32, float_key
+from .intrinsics import decode_fp32, float_key, max_nan
 from .topk import NEG_INF
 
 #: key bits of the seed's histogram levels; two levels fix the top 24 of the 32 key bits
@@ -160,6 +160,18 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
         return sample_key(s)
 
     @cuda.jit(device=True, inline=True)
+    def count0(sh, key):
+        if key != 0:
+            cuda.atomic.add(sh, int32(key >> TOP), 1)
+
+    @cuda.jit(device=True, inline=True)
+    def count1(sh, cand, j, nc, top_bin):
+        if j < nc:
+            key = cand[j]
+            if int32(key >> TOP) == top_bin:
+                cuda.atomic.add(sh, int32((key >> uint32(LOW_SHIFT)) & uint32(HIST_BINS - 1)), 1)
+
+    @cuda.jit(device=True, inline=True)
     def offer(cand, ctl, key, low_bin):
         if key != 0 and int32(key >> TOP) >= low_bin:
             pos = cuda.atomic.add(ctl, CTL_CAND, 1)
@@ -185,9 +197,10 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
         k1 = take(scores, n, chunks, sample, elig, i0 + block, m)
         k2 = take(scores, n, chunks, sample, elig, i0 + 2 * block, m)
         k3 = take(scores, n, chunks, sample, elig, i0 + 3 * block, m)
-        for key in (k0, k1, k2, k3):
-            if key != 0:
-                cuda.atomic.add(sh, int32(key >> TOP), 1)
+        count0(sh, k0)  # written out: a loop over the tuple compiles to a branch tree
+        count0(sh, k1)
+        count0(sh, k2)
+        count0(sh, k3)
         cuda.syncthreads()
         # level 0, this block: bins from its own r-th best's up (all of them with fewer than r)
         pick_from_top(sh, r, part, out)
@@ -218,11 +231,12 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
         zero(sh)
         if top_bin >= 0 and nc <= cand.shape[0]:  # level 1 over the candidates in that bin
             j = tid
-            while j < nc:
-                key = cand[j]
-                if int32(key >> TOP) == top_bin:
-                    cuda.atomic.add(sh, int32((key >> uint32(LOW_SHIFT)) & uint32(HIST_BINS - 1)), 1)
-                j += block
+            while j < nc:  # 4 loads in flight
+                count1(sh, cand, j, nc, top_bin)
+                count1(sh, cand, j + block, nc, top_bin)
+                count1(sh, cand, j + 2 * block, nc, top_bin)
+                count1(sh, cand, j + 3 * block, nc, top_bin)
+                j += 4 * block
             cuda.syncthreads()
             pick_from_top(sh, need, part, out)
         if tid == 0:
@@ -255,172 +269,263 @@ def filter_kernel(block: int, has_elig: bool):
     8-byte load: ``head`` is 1 when ``scores`` starts 4 bytes past an 8-byte boundary), 8 loads in
     flight a thread; block 0 takes the odd score before and after them.
 
-    No barrier in the loop: the kept scores are few (the seed aims at a small multiple of k), so a
-    global atomic each costs less than a block-wide staging step every round (the earlier filter,
-    two barriers a round: 155 us at 10^8 scores, 0.57 of the read ceiling)."""
+    Per 8-byte word the common case is one ``max.NaN`` and one compare: both scores below the seed
+    and neither NaN (ineligible ones count as -inf); anything else takes the per-score path. The
+    eligible non-NaN count is n (or the eligible bits' population count) less the NaNs met there.
+    Unsigned indices and whole rounds without bounds checks: the first version, signed indices
+    and per-score checks, issued 28 instructions a score and ran compute-bound at 0.56 of the read
+    ceiling (157 us at 10^8 scores; Nsight Compute: SM 81 %, DRAM 42 %). No barrier in the loop:
+    the kept scores are few (the seed aims at a small multiple of k), so a global atomic each.
+    """
+    NEG = float32(-math.inf)
 
     @cuda.jit(device=True, inline=True)
-    def one(s, i, seed, elig, buf_s, buf_i, fill, cap):
-        """Returns (eligible non-NaN, kept) for score ``s`` at index ``i``."""
-        if has_elig and test_bit(elig, i) == 0:
-            return 0, 0
+    def keep(s, i, buf_s, buf_i, fill, cap):
+        pos = cuda.atomic.add(fill, 0, 1)
+        if pos < cap:
+            buf_s[0, pos] = s
+            buf_i[0, pos] = int32(i)
+
+    @cuda.jit(device=True, inline=True)
+    def pair(x, i, seed, elig, buf_s, buf_i, fill, cap):
+        """Scores ``i``, ``i + 1`` in word ``x``: returns (eligible among them, NaN among the
+        eligible, kept)."""
+        a, b = decode_fp32(x)
+        ea = int32(1)
+        eb = int32(1)
+        if has_elig:
+            bits = elig[i >> uint64(6)] >> (i & uint64(63))
+            ea = int32(bits & uint64(1))
+            eb = int32((bits >> uint64(1)) & uint64(1))
+            if (i & uint64(63)) == uint64(63):  # the pair straddles two bitset words
+                eb = int32(elig[(i + uint64(1)) >> uint64(6)] & uint64(1))
+            if ea == 0:
+                a = NEG
+            if eb == 0:
+                b = NEG
+        nan = int32(0)
+        kept = int32(0)
+        if not (max_nan(a, b) < seed):  # rare: a NaN, or a score at or above the seed
+            if math.isnan(a):
+                nan += ea
+            elif ea and a >= seed:  # an ineligible score is -inf here, and the seed may be -inf
+                keep(a, i, buf_s, buf_i, fill, cap)
+                kept += 1
+            if math.isnan(b):
+                nan += eb
+            elif eb and b >= seed:
+                keep(b, i + uint64(1), buf_s, buf_i, fill, cap)
+                kept += 1
+        return ea + eb, nan, kept
+
+    @cuda.jit(device=True, inline=True)
+    def single(scores, i, seed, elig, buf_s, buf_i, fill, cap):
+        """One score outside the words: returns (eligible, NaN among the eligible, kept)."""
+        s = scores[i]
+        if has_elig and (elig[i >> uint64(6)] >> (i & uint64(63))) & uint64(1) == uint64(0):
+            return int32(0), int32(0), int32(0)
+        if math.isnan(s):
+            return int32(1), int32(1), int32(0)
         if s >= seed:
-            pos = cuda.atomic.add(fill, 0, 1)
-            if pos < cap:
-                buf_s[0, pos] = s
-                buf_i[0, pos] = int32(i)
-            return 1, 1
-        return (0 if math.isnan(s) else 1), 0
+            keep(s, i, buf_s, buf_i, fill, cap)
+            return int32(1), int32(0), int32(1)
+        return int32(1), int32(0), int32(0)
 
     @cuda.jit
     def kernel(words, scores, n, head, elig, seeds, buf_s, buf_i, fill, counts):
-        red = cuda.shared.array(2, int32)  # block totals (32-bit shared atomics)
+        red = cuda.shared.array(3, int32)  # block totals: eligible, NaN among them, kept
         tid = cuda.threadIdx.x
-        if tid == 0:
-            red[0] = 0
-            red[1] = 0
+        if tid < 3:
+            red[tid] = 0
         cuda.syncthreads()
         seed = seeds[0]
         cap = buf_s.shape[1]
-        nw = words.shape[0]
-        mine = 0
-        kept = 0
-        per_round = block * FILTER_LOADS
-        w0 = cuda.blockIdx.x * per_round + tid
-        stride = cuda.gridDim.x * per_round
-        while w0 < nw:
+        nw = uint64(words.shape[0])
+        h = uint64(head)
+        B = uint64(block)
+        per_round = B * uint64(FILTER_LOADS)
+        stride = uint64(cuda.gridDim.x) * per_round
+        w0 = uint64(cuda.blockIdx.x) * per_round + uint64(tid)
+        el = int32(0)
+        nan = int32(0)
+        kept = int32(0)
+        while w0 + uint64(FILTER_LOADS - 1) * B < nw:  # whole rounds: no bounds checks
             x0 = words[w0]
-            # uint64(0), not 0: uint64 and int64 unify to float64 in Numba (the low bits lost)
-            x1 = words[w0 + block] if w0 + block < nw else uint64(0)
-            x2 = words[w0 + 2 * block] if w0 + 2 * block < nw else uint64(0)
-            x3 = words[w0 + 3 * block] if w0 + 3 * block < nw else uint64(0)
-            x4 = words[w0 + 4 * block] if w0 + 4 * block < nw else uint64(0)
-            x5 = words[w0 + 5 * block] if w0 + 5 * block < nw else uint64(0)
-            x6 = words[w0 + 6 * block] if w0 + 6 * block < nw else uint64(0)
-            x7 = words[w0 + 7 * block] if w0 + 7 * block < nw else uint64(0)
-            for q in range(FILTER_LOADS):
-                w = w0 + q * block
-                x = (x0 if q == 0 else x1 if q == 1 else x2 if q == 2 else x3 if q == 3 else
-                     x4 if q == 4 else x5 if q == 5 else x6 if q == 6 else x7)
-                if w < nw:
-                    a, b = decode_fp32(x)
-                    i = head + 2 * w
-                    e0, k0 = one(a, i, seed, elig, buf_s, buf_i, fill, cap)
-                    e1, k1 = one(b, i + 1, seed, elig, buf_s, buf_i, fill, cap)
-                    mine += e0 + e1
-                    kept += k0 + k1
+            x1 = words[w0 + B]
+            x2 = words[w0 + uint64(2) * B]
+            x3 = words[w0 + uint64(3) * B]
+            x4 = words[w0 + uint64(4) * B]
+            x5 = words[w0 + uint64(5) * B]
+            x6 = words[w0 + uint64(6) * B]
+            x7 = words[w0 + uint64(7) * B]
+            i = h + uint64(2) * w0
+            # written out: a loop over the tuple compiles to a branch tree on the index
+            e0, c0, k0 = pair(x0, i, seed, elig, buf_s, buf_i, fill, cap)
+            e1, c1, k1 = pair(x1, i + uint64(2) * B, seed, elig, buf_s, buf_i, fill, cap)
+            e2, c2, k2 = pair(x2, i + uint64(4) * B, seed, elig, buf_s, buf_i, fill, cap)
+            e3, c3, k3 = pair(x3, i + uint64(6) * B, seed, elig, buf_s, buf_i, fill, cap)
+            e4, c4, k4 = pair(x4, i + uint64(8) * B, seed, elig, buf_s, buf_i, fill, cap)
+            e5, c5, k5 = pair(x5, i + uint64(10) * B, seed, elig, buf_s, buf_i, fill, cap)
+            e6, c6, k6 = pair(x6, i + uint64(12) * B, seed, elig, buf_s, buf_i, fill, cap)
+            e7, c7, k7 = pair(x7, i + uint64(14) * B, seed, elig, buf_s, buf_i, fill, cap)
+            el += e0 + e1 + e2 + e3 + e4 + e5 + e6 + e7
+            nan += c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7
+            kept += k0 + k1 + k2 + k3 + k4 + k5 + k6 + k7
             w0 += stride
+        while w0 < nw:  # the last, partial round
+            e, c, kk = pair(words[w0], h + uint64(2) * w0, seed, elig, buf_s, buf_i, fill, cap)
+            el += e
+            nan += c
+            kept += kk
+            w0 += B
         if cuda.blockIdx.x == 0 and tid == 0:  # the odd scores before and after the words
             if head == 1:
-                e, kk = one(scores[0], 0, seed, elig, buf_s, buf_i, fill, cap)
-                mine += e
+                e, c, kk = single(scores, uint64(0), seed, elig, buf_s, buf_i, fill, cap)
+                el += e
+                nan += c
                 kept += kk
-            last = head + 2 * nw
-            if last < n:
-                e, kk = one(scores[last], last, seed, elig, buf_s, buf_i, fill, cap)
-                mine += e
+            last = h + uint64(2) * nw
+            if last < uint64(n):
+                e, c, kk = single(scores, last, seed, elig, buf_s, buf_i, fill, cap)
+                el += e
+                nan += c
                 kept += kk
-        if mine:
-            cuda.atomic.add(red, 0, int32(mine))
+        if el:
+            cuda.atomic.add(red, 0, el)
+        if nan:
+            cuda.atomic.add(red, 1, nan)
         if kept:
-            cuda.atomic.add(red, 1, int32(kept))
+            cuda.atomic.add(red, 2, kept)
         cuda.syncthreads()
         if tid == 0:
-            if red[0]:
-                cuda.atomic.add(counts[0], 0, int64(red[0]))
-            if red[1]:
-                cuda.atomic.add(counts[0], 1, int64(red[1]))
+            if red[0] != red[1]:
+                cuda.atomic.add(counts[0], 0, int64(red[0] - red[1]))
+            if red[2]:
+                cuda.atomic.add(counts[0], 1, int64(red[2]))
 
     return kernel
 
 
-#: candidates the rank final takes (c^2 / 2 compares spread over the GPU: 8,192 in ~3 us); more
-#: leave the request to the radix select launched after it
+#: candidates the rank final takes; more leave the request to the radix select launched after it
 RANK_CAP = 8192
-#: threads of the rank final's blocks (a tile of candidates per block)
+#: threads of the rank final's blocks, and threads sharing one candidate's comparisons (a block
+#: ranks RANK_BLOCK // RANK_SPLIT candidates; each thread compares against every RANK_SPLIT-th
+#: entry of each tile)
 RANK_BLOCK = 256
+RANK_SPLIT = 8
 
 
 @functools.lru_cache(maxsize=None)
-def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP):
-    """Launch ``[grid, block]`` (any grid; about two blocks per SM): one request's exact top-k of its
-    candidate buffer (``buf_s float32[1, cap]``, ``buf_i int32[1, cap]`` slots, ``m = min(fill[0],
-    cap)`` entries, no NaN) when ``m <= cap`` (default RANK_CAP), by counting: a candidate's place in the
-    contract's order (score descending, ties to the lower id, ``ids[start + slot]`` when
-    ``has_ids`` else the slot; -0 ties with +0) is the number of candidates before it, unique
-    because ids are. Blocks take (candidate tile, comparison tile) pairs grid-stride and add each
-    candidate's partial count to ``rank int32[cap]`` (zero on entry); the last block to
-    finish (ticket ``ctl[0]``) writes each candidate whose place is below ``min(k, m)`` there in
-    ``out_s / out_slot / out_id [1, kmax]``, pads the rest of the row (-inf, -1, -1) and leaves
-    ``rank`` and the ticket zero. More than ``cap`` candidates: every block returns at once and
-    ``topk.final_radix_kernel`` (launched after, ``skip_upto = cap``) answers.
+def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int = RANK_SPLIT):
+    """Launch ``[grid, block]`` (``split`` a power of two dividing ``block``; grid-stride over groups
+    of candidates, one pass with ``cap // (block // split)`` blocks):
+    one request's exact top-k of its candidate buffer (``buf_s float32[1, cap_b]``, ``buf_i int32[1,
+    cap_b]`` slots, ``m = min(fill[0], cap_b)`` entries, no NaN) when ``m <= cap``, by counting: a
+    candidate's place in the contract's order (score descending, ties to the lower id,
+    ``ids[start + slot]`` when ``has_ids`` else the slot; -0 ties with +0) is the number of
+    candidates before it, unique because ids are. Block b ranks candidates ``b * (block // split)``
+    onward, ``split`` threads each, over all m candidates in shared-memory tiles of ``4 * block``
+    (one load round each, 4 loads in flight a thread), and writes each one placed below
+    ``min(k, m)`` to ``out_s / out_slot / out_id [1, kmax]``; block 0 pads the rest of the row
+    (-inf, -1, -1). Without ids a candidate's key is one uint64 (score key, then the complement
+    of its slot): one 64-bit compare a pair. One launch, no global atomics. More than ``cap``
+    candidates: every block returns at once and ``topk.final_radix_kernel`` (launched after,
+    ``skip_upto = cap``) answers.
 
-    Replaces one block's bitonic sort of the candidates: 60 us for 2,798 of them on the H200,
-    issue-bound on its one SM (O(c log^2 c) compare-exchanges of ~100 instructions each)."""
+    Replaces one block's bitonic sort of the candidates (60 us for 2,798 on the H200: issue-bound
+    on its one SM) and a first counting version (tile pairs, atomics, a last block scattering:
+    41 us, latency-bound)."""
+    PER_BLOCK = block // split
+    TILE = 4 * block
 
     @cuda.jit(device=True, inline=True)
-    def id_of(buf_i, q, ids, start):
+    def score_key(s):
+        if s == float32(0.0):
+            s = float32(0.0)  # -0 ties with +0
+        return float_key(s)
+
+    @cuda.jit(device=True, inline=True)
+    def key_of(buf_s, buf_i, q, ids, start):
+        """(64-bit key, id) of candidate q: without ids the key orders completely (higher first)."""
+        sk = uint64(score_key(buf_s[0, q]))
+        slot = buf_i[0, q]
         if has_ids:
-            return ids[start + buf_i[0, q]]
-        return int64(buf_i[0, q])
+            return sk, ids[start + slot]
+        return (sk << uint64(32)) | uint64(uint32(0xFFFFFFFF) - uint32(slot)), int64(0)
+
+    @cuda.jit(device=True, inline=True)
+    def stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j):
+        if j < m:
+            kq, iq = key_of(buf_s, buf_i, j, ids, start)
+        else:
+            kq, iq = uint64(0), int64(0)  # key 0: before nobody (real keys are above 0x7FFFFF)
+        return kq, iq
 
     @cuda.jit
-    def kernel(buf_s, buf_i, fill, offsets, ids, ks, out_s, out_slot, out_id, rank, ctl):
-        tile_s = cuda.shared.array(block, float32)
-        tile_id = cuda.shared.array(block, int64)
-        flag = cuda.shared.array(1, int32)
+    def kernel(buf_s, buf_i, fill, offsets, ids, ks, out_s, out_slot, out_id):
+        tile_k = cuda.shared.array(TILE, uint64)
+        tile_id = cuda.shared.array(TILE if has_ids else 1, int64)
+        part = cuda.shared.array(PER_BLOCK, int32)
         tid = cuda.threadIdx.x
         m = min(fill[0], buf_s.shape[1])
         if m > cap:
             return  # uniform: the radix select answers
-        start = offsets[0]
-        tiles = (m + block - 1) // block
-        p = cuda.blockIdx.x
-        while p < tiles * tiles:
-            i = (p // tiles) * block + tid
-            j0 = (p % tiles) * block
-            si = NEG_INF
-            idi = int64(0)
-            if i < m:
-                si = buf_s[0, i]
-                idi = id_of(buf_i, i, ids, start)
-            if j0 + tid < m:
-                tile_s[tid] = buf_s[0, j0 + tid]
-                tile_id[tid] = id_of(buf_i, j0 + tid, ids, start)
-            cuda.syncthreads()
-            cnt = 0
-            for q in range(min(block, m - j0)):
-                sq = tile_s[q]
-                cnt += (sq > si) | ((sq == si) & (tile_id[q] < idi))
-            if i < m and cnt:
-                cuda.atomic.add(rank, i, int32(cnt))
-            cuda.syncthreads()  # the tile is overwritten next
-            p += cuda.gridDim.x
-        cuda.threadfence()
-        cuda.syncthreads()
-        if tid == 0:
-            t = cuda.atomic.add(ctl, 0, 1)
-            flag[0] = 1 if t == cuda.gridDim.x - 1 else 0
-        cuda.syncthreads()
-        if flag[0] == 0:
-            return
         kk = min(ks[0], m)
-        q = tid
-        while q < m:
-            place = rank[q]
-            rank[q] = 0
-            if place < kk:
-                out_s[0, place] = buf_s[0, q]
-                out_slot[0, place] = buf_i[0, q]
-                out_id[0, place] = id_of(buf_i, q, ids, start)
-            q += block
-        q = kk + tid
-        while q < out_s.shape[1]:
-            out_s[0, q] = NEG_INF
-            out_slot[0, q] = -1
-            out_id[0, q] = -1
-            q += block
-        if tid == 0:
-            ctl[0] = 0
+        start = offsets[0]
+        if cuda.blockIdx.x == 0:
+            q = kk + tid
+            while q < out_s.shape[1]:
+                out_s[0, q] = NEG_INF
+                out_slot[0, q] = -1
+                out_id[0, q] = -1
+                q += block
+        base = cuda.blockIdx.x * PER_BLOCK
+        while base < m:  # uniform; one pass on the GPU's grid (cap // PER_BLOCK blocks)
+            c = base + tid // split
+            sub = tid % split
+            ki = uint64(0)
+            idi = int64(0)
+            if c < m:
+                ki, idi = key_of(buf_s, buf_i, c, ids, start)
+            if tid < PER_BLOCK:
+                part[tid] = 0
+            cnt = int32(0)
+            j0 = 0
+            while j0 < m:
+                a0, b0 = stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j0 + tid)
+                a1, b1 = stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j0 + tid + block)
+                a2, b2 = stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j0 + tid + 2 * block)
+                a3, b3 = stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j0 + tid + 3 * block)
+                cuda.syncthreads()  # the previous tile (and round) is done with
+                tile_k[tid] = a0
+                tile_k[tid + block] = a1
+                tile_k[tid + 2 * block] = a2
+                tile_k[tid + 3 * block] = a3
+                if has_ids:
+                    tile_id[tid] = b0
+                    tile_id[tid + block] = b1
+                    tile_id[tid + 2 * block] = b2
+                    tile_id[tid + 3 * block] = b3
+                cuda.syncthreads()
+                u = uint32(sub)
+                while u < uint32(TILE):  # 32-bit unsigned: no 64-bit index arithmetic a compare
+                    kq = tile_k[u]
+                    if has_ids:
+                        cnt += int32((kq > ki) | ((kq == ki) & (tile_id[u] < idi)))
+                    else:
+                        cnt += int32(kq > ki)
+                    u += uint32(split)
+                j0 += TILE
+            if c < m and cnt:
+                cuda.atomic.add(part, tid // split, cnt)
+            cuda.syncthreads()
+            if sub == 0 and c < m:
+                place = part[tid // split]
+                if place < kk:
+                    out_s[0, place] = buf_s[0, c]
+                    out_slot[0, place] = buf_i[0, c]
+                    out_id[0, place] = idi if has_ids else int64(buf_i[0, c])
+            cuda.syncthreads()  # part is read above and zeroed in the next round
+            base += cuda.gridDim.x * PER_BLOCK
 
     return kernel
