@@ -124,7 +124,7 @@ def variants():
 
     for gather, elig in ((True, False), (True, True), (False, False)):
         out.append((f"select seed gather{gather} elig{elig}", SEL.seed_kernel(1024, 256, gather, elig, gather),
-                    (A(f32), i64, i64, A(f32), A(u64), i64, A(i32), A(u32), A(i32), A(f32), A(i64, 2), A(i64))))
+                    (A(f32), i64, i64, A(f32), A(u64), i64, A(u32), A(u32), A(f32), A(i64, 2), A(i64))))
     for elig in (False, True):
         out.append((f"select filter elig{elig}", SEL.filter_kernel(256, elig),
                     (A(u64), A(f32), i64, i64, A(u64), A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))

@@ -264,13 +264,13 @@ class SeedWorkspace:
     no seed pays): a sample of ``chunks`` contiguous runs of SAMPLE_CHUNK scores (at most n / 8,
     at most MAX_SAMPLE_CHUNKS runs, no more than a seed of rank ~SEED_SAMPLE_RANK needs), the seed
     rank ``r`` (about ``SEED_MARGIN * k`` of the n scores reach the r-th best sample; r at least
-    SEED_MIN_RANK), the global histogram, candidate keys and control words of
+    SEED_MIN_RANK), the candidate keys and control words of
     :func:`~andromeda_nb.kernels.select.seed_kernel` (zero between calls: its last block re-zeroes
     them) and the seed (device ``float32[1]``)."""
 
     @classmethod
     def make(cls, n: int, k: int):
-        from .kernels.select import CAND_CAP, CTL_SIZE, HIST_BINS
+        from .kernels.select import CAND_CAP, CTL_SIZE
 
         if n < SEED_MIN_N or k < 1:
             return None
@@ -284,9 +284,8 @@ class SeedWorkspace:
         cuda = launch.cuda()
         self.r, self.m, self.chunks = r, m, chunks
         self.sample_flat = cuda.device_array(m, np.float32)
-        self.ghist = cuda.to_device(np.zeros(HIST_BINS, np.int32))
         self.cand = cuda.device_array(CAND_CAP, np.uint32)
-        self.ctl = cuda.to_device(np.zeros(CTL_SIZE, np.int32))
+        self.ctl = cuda.to_device(np.zeros(CTL_SIZE, np.uint32))
         self.seeds = cuda.to_device(np.full(1, -np.inf, np.float32))
         return self
 
@@ -302,7 +301,7 @@ def _launch_seed_kernel(sws: SeedWorkspace, gather: bool, d_scores, n: int, elig
     grid = -(-sws.m // (sb * SEED_PER_THREAD))
     seed_kernel(sb, SAMPLE_CHUNK, gather, elig is not None, reset is not None)[grid, sb](
         d_scores, n, sws.chunks, sws.sample_flat, elig if elig is not None else launch.dummy(np.uint64), sws.r,
-        sws.ghist, sws.cand, sws.ctl, sws.seeds, reset.counts if reset is not None else launch.dummy2d(np.int64),
+        sws.cand, sws.ctl, sws.seeds, reset.counts if reset is not None else launch.dummy2d(np.int64),
         reset.fill if reset is not None else launch.dummy(np.int64))
 
 

@@ -36,15 +36,17 @@ from .topk import NEG_INF
 HIST_BITS = 12
 HIST_BINS = 1 << HIST_BITS
 LOW_SHIFT = 32 - 2 * HIST_BITS
-#: int32 slots of the seed's control array: the ticket of the last-block election, the candidate count
-CTL_TICKET, CTL_CAND = 0, 1
-CTL_SIZE = 2
+#: uint32 slots of the seed's control array: the ticket of the last-block election, the
+#: candidate count, the highest block threshold (the fallback seed when candidates overflow)
+CTL_TICKET, CTL_CAND, CTL_EDGE = 0, 1, 2
+CTL_SIZE = 3
 #: threads of the seed launch on a GPU, and samples a thread takes (loads in flight)
 SEED_BLOCK = 1024
 SEED_PER_THREAD = 4
-#: sample keys the seed's level 1 can take (candidates: each block's samples at or above its own
-#: r-th best's bin); more leave the seed at level 0's 12-bit bin edge (lower, still valid)
-CAND_CAP = 1 << 16
+#: candidate keys the seed's last block can take (each block's samples at or above its own r-th
+#: best's 24-bit key prefix: about r a block, more with ties); more leave the seed at the highest
+#: block threshold (lower than the r-th best of the whole sample, still valid)
+CAND_CAP = 1 << 17
 #: float_key(-inf): the lowest key of a non-NaN float
 KEY_NEG_INF = 0x007FFFFF
 
@@ -126,22 +128,24 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
     copied into ``sample`` with NaN, and ineligible scores when ``has_elig`` (``elig
     uint64[words]``), as -inf. Otherwise ``sample`` already holds it (fused scoring writes it).
 
-    Level 0: each block histograms its samples' top 12 key bits in shared memory, finds the bin of
-    its own r-th best (the global r-th best's bin can only be at or above it: the global count at
-    or above any bin is at least the block's), adds its bins from there up to the global histogram
-    ``ghist int32[HIST_BINS]`` and appends those samples' keys to ``cand uint32[cap]`` (its few
-    best, the only ones the global pick can need). Pruning the lower bins keeps the global
-    atomics few (every block adding every bin contended on the populous ones: 37 us for 10^8
-    scores' 1 M samples). The last block (ticket in ``ctl int32[CTL_SIZE]``) picks the global bin
-    holding the r-th best, then runs level 1 on the candidates in that bin (their next 12 key
-    bits, in shared memory) and writes ``seeds[0]``: the lower edge of the 24-bit key prefix of
-    the r-th best sample, so at least ``r`` samples reach it (-inf when fewer than ``r`` are
-    real; level 0's bin edge when more than ``cap`` candidates were appended). It leaves
-    ``ghist``, the candidate count and the ticket zero for the next call. With ``resets``, block
-    0 also zeroes ``counts int64[1, c]`` and ``fill int64[1]`` for the filter that follows.
-    """
+    Each block finds the 24-bit key prefix of its own r-th best sample (two 12-bit histograms in
+    shared memory) and appends its samples at or above that prefix to ``cand uint32[cap]``: the
+    whole sample's r-th best is at or above every block's (the block alone has r samples there),
+    so the candidates hold it and everything above it. The last block to finish (ticket in ``ctl
+    uint32[CTL_SIZE]``) runs the same two histograms over the candidates and writes ``seeds[0]``:
+    the lower edge of the 24-bit key prefix of the sample's r-th best real score, so at least
+    ``r`` samples reach it (-inf when fewer than ``r`` are real). More candidates than ``cap``
+    (massive ties): the highest block prefix instead (lower, still valid). It leaves ``ctl`` zero
+    for the next call. With ``resets``, block 0 also zeroes ``counts int64[1, c]`` and ``fill
+    int64[1]`` for the filter that follows.
+
+    Earlier versions merged per-block histograms into a global one (37 us at 10^8 scores'
+    1 M-sample: contended atomics on the populous bins), then pruned to each block's 12-bit bin
+    (34 us; sorted input overflowed the candidates)."""
     zero, pick_from_top = _block_funcs(block)
     TOP = uint32(32 - HIST_BITS)
+    LOW = uint32(LOW_SHIFT)
+    MASK = uint32(HIST_BINS - 1)
 
     @cuda.jit(device=True, inline=True)
     def take(scores, n, chunks, sample, elig, idx, m):
@@ -160,26 +164,63 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
         return sample_key(s)
 
     @cuda.jit(device=True, inline=True)
-    def count0(sh, key):
+    def count(sh, key, level, b0):
+        """Level 0: the key's top 12 bits; level 1: its next 12, if its top 12 are ``b0``."""
         if key != 0:
-            cuda.atomic.add(sh, int32(key >> TOP), 1)
+            if level == 0:
+                cuda.atomic.add(sh, int32(key >> TOP), 1)
+            elif int32(key >> TOP) == b0:
+                cuda.atomic.add(sh, int32((key >> LOW) & MASK), 1)
+
+    @cuda.jit(device=True)
+    def prefix_of_rth(sh, part, out, r, k0, k1, k2, k3, cand, nc, level):
+        """Whole block: the 24-bit key prefix (lower edge) of the r-th best of the keys counted by
+        ``count`` over either the four keys each thread holds (``nc < 0``) or ``cand[:nc]``;
+        0 when fewer than r keys."""
+        edge = uint32(0)
+        b0 = int32(0)
+        need = r
+        for lv in range(2):
+            zero(sh)
+            if nc < 0:
+                count(sh, k0, lv, b0)
+                count(sh, k1, lv, b0)
+                count(sh, k2, lv, b0)
+                count(sh, k3, lv, b0)
+            else:
+                j = cuda.threadIdx.x
+                while j < nc:  # 4 loads in flight
+                    c0 = cand[j]
+                    c1 = cand[j + block] if j + block < nc else uint32(0)
+                    c2 = cand[j + 2 * block] if j + 2 * block < nc else uint32(0)
+                    c3 = cand[j + 3 * block] if j + 3 * block < nc else uint32(0)
+                    count(sh, c0, lv, b0)
+                    count(sh, c1, lv, b0)
+                    count(sh, c2, lv, b0)
+                    count(sh, c3, lv, b0)
+                    j += 4 * block
+            cuda.syncthreads()
+            pick_from_top(sh, need, part, out)
+            if out[0] < 0:
+                return uint32(0)
+            if lv == 0:
+                b0 = out[0]
+                need = out[1]
+                edge = uint32(b0) << TOP
+            else:
+                edge |= uint32(out[0]) << LOW
+            cuda.syncthreads()  # out is rewritten by the next pick
+        return edge
 
     @cuda.jit(device=True, inline=True)
-    def count1(sh, cand, j, nc, top_bin):
-        if j < nc:
-            key = cand[j]
-            if int32(key >> TOP) == top_bin:
-                cuda.atomic.add(sh, int32((key >> uint32(LOW_SHIFT)) & uint32(HIST_BINS - 1)), 1)
-
-    @cuda.jit(device=True, inline=True)
-    def offer(cand, ctl, key, low_bin):
-        if key != 0 and int32(key >> TOP) >= low_bin:
-            pos = cuda.atomic.add(ctl, CTL_CAND, 1)
+    def offer(cand, ctl, key, edge):
+        if key != 0 and key >= edge:
+            pos = cuda.atomic.add(ctl, CTL_CAND, uint32(1))
             if pos < cand.shape[0]:
                 cand[pos] = key
 
     @cuda.jit
-    def kernel(scores, n, chunks, sample, elig, r, ghist, cand, ctl, seeds, counts, fill):
+    def kernel(scores, n, chunks, sample, elig, r, cand, ctl, seeds, counts, fill):
         sh = cuda.shared.array(HIST_BINS, int32)
         part = cuda.shared.array(block, int32)
         out = cuda.shared.array(2, int32)
@@ -190,64 +231,37 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
                 counts[0, tid] = 0
             if tid == 0:
                 fill[0] = 0
-        zero(sh)
         m = sample.shape[0]
         i0 = cuda.blockIdx.x * block * SEED_PER_THREAD + tid
         k0 = take(scores, n, chunks, sample, elig, i0, m)
         k1 = take(scores, n, chunks, sample, elig, i0 + block, m)
         k2 = take(scores, n, chunks, sample, elig, i0 + 2 * block, m)
         k3 = take(scores, n, chunks, sample, elig, i0 + 3 * block, m)
-        count0(sh, k0)  # written out: a loop over the tuple compiles to a branch tree
-        count0(sh, k1)
-        count0(sh, k2)
-        count0(sh, k3)
-        cuda.syncthreads()
-        # level 0, this block: bins from its own r-th best's up (all of them with fewer than r)
-        pick_from_top(sh, r, part, out)
-        low_bin = max(out[0], 0)
-        b = tid * (HIST_BINS // block)
-        for q in range(HIST_BINS // block):
-            c = sh[b + q]
-            if c and b + q >= low_bin:
-                cuda.atomic.add(ghist, b + q, c)
-        offer(cand, ctl, k0, low_bin)
-        offer(cand, ctl, k1, low_bin)
-        offer(cand, ctl, k2, low_bin)
-        offer(cand, ctl, k3, low_bin)
+        edge = prefix_of_rth(sh, part, out, r, k0, k1, k2, k3, cand, -1, 0)  # 0: all of them
+        offer(cand, ctl, k0, edge)
+        offer(cand, ctl, k1, edge)
+        offer(cand, ctl, k2, edge)
+        offer(cand, ctl, k3, edge)
+        if tid == 0 and edge != 0:
+            cuda.atomic.max(ctl, CTL_EDGE, edge)
         cuda.threadfence()
         cuda.syncthreads()
         if tid == 0:
-            t = cuda.atomic.add(ctl, CTL_TICKET, 1)
+            t = cuda.atomic.add(ctl, CTL_TICKET, uint32(1))
             flag[0] = 1 if t == cuda.gridDim.x - 1 else 0
         cuda.syncthreads()
         if flag[0] == 0:
             return
-        # --- the last block: every block's bins and candidates are in
-        pick_from_top(ghist, r, part, out)
-        top_bin = out[0]
-        need = out[1]
-        nc = ctl[CTL_CAND]
-        zero(ghist)
-        zero(sh)
-        if top_bin >= 0 and nc <= cand.shape[0]:  # level 1 over the candidates in that bin
-            j = tid
-            while j < nc:  # 4 loads in flight
-                count1(sh, cand, j, nc, top_bin)
-                count1(sh, cand, j + block, nc, top_bin)
-                count1(sh, cand, j + 2 * block, nc, top_bin)
-                count1(sh, cand, j + 3 * block, nc, top_bin)
-                j += 4 * block
-            cuda.syncthreads()
-            pick_from_top(sh, need, part, out)
+        # --- the last block: every block's candidates are in
+        nc = int64(ctl[CTL_CAND])
+        if nc <= cand.shape[0]:
+            key = prefix_of_rth(sh, part, out, r, k0, k1, k2, k3, cand, nc, 0)
+        else:
+            key = ctl[CTL_EDGE]
         if tid == 0:
-            seed = NEG_INF
-            if top_bin >= 0:
-                key = uint32(top_bin) << TOP
-                if nc <= cand.shape[0] and out[0] >= 0:
-                    key |= uint32(out[0]) << uint32(LOW_SHIFT)
-                seed = key_float(max(key, uint32(KEY_NEG_INF)))
-            seeds[0] = seed
+            seeds[0] = key_float(max(key, uint32(KEY_NEG_INF))) if key != 0 else NEG_INF
             ctl[CTL_CAND] = 0
+            ctl[CTL_EDGE] = 0
             ctl[CTL_TICKET] = 0
 
     return kernel
