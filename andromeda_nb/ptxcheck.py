@@ -123,7 +123,7 @@ def variants():
     from .kernels import select as SEL
 
     for gather, elig in ((True, False), (True, True), (False, False)):
-        out.append((f"select seed gather{gather} elig{elig}", SEL.seed_kernel(SEL.SEED_BLOCK, 256, gather, elig, gather),
+        out.append((f"select seed gather{gather} elig{elig}", SEL.seed_kernel(1024, 256, gather, elig, gather),
                     (A(f32), i64, i64, A(f32), A(u64), i64, A(u32), A(u32), A(f32), A(i64, 2), A(i64))))
     for elig in (False, True):
         out.append((f"select filter elig{elig}", SEL.filter_kernel(256, elig),

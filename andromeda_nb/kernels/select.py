@@ -40,12 +40,9 @@ LOW_SHIFT = 32 - 2 * HIST_BITS
 #: candidate count, the highest block threshold (the fallback seed when candidates overflow)
 CTL_TICKET, CTL_CAND, CTL_EDGE = 0, 1, 2
 CTL_SIZE = 3
-#: threads of the seed launch on a GPU, and samples a thread takes (loads in flight): 4,096
-#: samples a block (each block's candidates are about r, so the last block's share stays small),
-#: with 8 warps a barrier (the picks are chains of barriers: 1,024-thread blocks took 34 us at
-#: 10^8 scores, 17 us at 500,000)
-SEED_BLOCK = 256
-SEED_PER_THREAD = 16
+#: threads of the seed launch on a GPU, and samples a thread takes (loads in flight)
+SEED_BLOCK = 1024
+SEED_PER_THREAD = 4
 #: candidate keys the seed's last block can take (each block's samples at or above its own r-th
 #: best's 24-bit key prefix: about r a block, more with ties); more leave the seed at the highest
 #: block threshold (lower than the r-th best of the whole sample, still valid)
@@ -176,18 +173,20 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
                 cuda.atomic.add(sh, int32((key >> LOW) & MASK), 1)
 
     @cuda.jit(device=True)
-    def prefix_of_rth(sh, part, out, r, keys, cand, nc):
-        """Whole block: the 24-bit key prefix (lower edge) of the r-th best of either the
-        SEED_PER_THREAD keys each thread holds in ``keys`` (``nc < 0``) or ``cand[:nc]``; 0 when
-        fewer than r keys."""
+    def prefix_of_rth(sh, part, out, r, k0, k1, k2, k3, cand, nc, level):
+        """Whole block: the 24-bit key prefix (lower edge) of the r-th best of the keys counted by
+        ``count`` over either the four keys each thread holds (``nc < 0``) or ``cand[:nc]``;
+        0 when fewer than r keys."""
         edge = uint32(0)
         b0 = int32(0)
         need = r
         for lv in range(2):
             zero(sh)
             if nc < 0:
-                for q in range(SEED_PER_THREAD):
-                    count(sh, keys[q], lv, b0)
+                count(sh, k0, lv, b0)
+                count(sh, k1, lv, b0)
+                count(sh, k2, lv, b0)
+                count(sh, k3, lv, b0)
             else:
                 j = cuda.threadIdx.x
                 while j < nc:  # 4 loads in flight
@@ -234,12 +233,15 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
                 fill[0] = 0
         m = sample.shape[0]
         i0 = cuda.blockIdx.x * block * SEED_PER_THREAD + tid
-        keys = cuda.local.array(SEED_PER_THREAD, uint32)  # constant indices after unrolling: registers
-        for q in range(SEED_PER_THREAD):
-            keys[q] = take(scores, n, chunks, sample, elig, i0 + q * block, m)
-        edge = prefix_of_rth(sh, part, out, r, keys, cand, -1)  # 0: all of them
-        for q in range(SEED_PER_THREAD):
-            offer(cand, ctl, keys[q], edge)
+        k0 = take(scores, n, chunks, sample, elig, i0, m)
+        k1 = take(scores, n, chunks, sample, elig, i0 + block, m)
+        k2 = take(scores, n, chunks, sample, elig, i0 + 2 * block, m)
+        k3 = take(scores, n, chunks, sample, elig, i0 + 3 * block, m)
+        edge = prefix_of_rth(sh, part, out, r, k0, k1, k2, k3, cand, -1, 0)  # 0: all of them
+        offer(cand, ctl, k0, edge)
+        offer(cand, ctl, k1, edge)
+        offer(cand, ctl, k2, edge)
+        offer(cand, ctl, k3, edge)
         if tid == 0 and edge != 0:
             cuda.atomic.max(ctl, CTL_EDGE, edge)
         cuda.threadfence()
@@ -253,7 +255,7 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
         # --- the last block: every block's candidates are in
         nc = int64(ctl[CTL_CAND])
         if nc <= cand.shape[0]:
-            key = prefix_of_rth(sh, part, out, r, keys, cand, nc)
+            key = prefix_of_rth(sh, part, out, r, k0, k1, k2, k3, cand, nc, 0)
         else:
             key = ctl[CTL_EDGE]
         if tid == 0:
