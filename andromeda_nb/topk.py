@@ -404,6 +404,10 @@ def launch_filter(d_scores, n: int, fws: FilterWorkspace, seed, elig=None, block
         fws.fill, fws.counts)
 
 
+#: the rank final's candidate limit in the simulator (kernels.select.RANK_CAP on a GPU)
+SIM_RANK_CAP = 512
+
+
 def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = None) -> FilterWorkspace:
     """Enqueue the top-k of ``fws``'s buffer into its outputs: by counting each candidate's place
     over many blocks when the buffer holds at most :data:`~andromeda_nb.kernels.select.RANK_CAP`
@@ -418,9 +422,13 @@ def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = N
     has_ids = d_ids is not None
     ids = d_ids if has_ids else launch.dummy(np.int64)
     args = (fws.buf_s, fws.buf_i, fws.fill, fws.offsets, ids, fws.ks, fws.out_s, fws.out_slot, fws.out_id)
-    rb = launch.default_block() if launch.backend.is_simulator() else RANK_BLOCK
-    cap = select.RANK_CAP
-    final_rank_kernel(rb, has_ids, cap)[launch.grid_for(cap, rb // select.RANK_SPLIT, 1 << 20), rb](*args)
+    if launch.backend.is_simulator():
+        # a thread a candidate and at most SIM_RANK_CAP of them: the simulator runs every barrier of
+        # every tile and round in Python (2,000 candidates took seconds); the radix select above
+        rb, split, cap = launch.default_block(), 1, min(select.RANK_CAP, SIM_RANK_CAP)
+    else:
+        rb, split, cap = RANK_BLOCK, select.RANK_SPLIT, select.RANK_CAP
+    final_rank_kernel(rb, has_ids, cap, split)[launch.grid_for(cap, rb // split, 1 << 20), rb](*args)
     final_radix_kernel(max(2, next_pow2(k)), block, has_ids, skip_upto=cap)[(1, 1), block](*args)
     return fws
 

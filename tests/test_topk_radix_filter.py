@@ -195,3 +195,31 @@ def test_final_ranks_candidates_by_counting(monkeypatch, rng, m, k, has_ids):
         np.testing.assert_array_equal(fws.out_s.copy_to_host()[0], want.scores)
         got_slot = fws.out_slot.copy_to_host()[0]  # slots map to the ids reported
         np.testing.assert_array_equal(np.where(got_slot >= 0, ids[got_slot] if has_ids else got_slot, -1), want.ids)
+
+
+@pytest.mark.parametrize("has_ids", [False, True])
+def test_rank_final_threads_sharing_a_candidate(rng, has_ids):
+    """The GPU's shape of the rank final (8 threads a candidate, partial counts summed in shared
+    memory; the simulator's launch_final runs 1 a candidate) on ties and ids, several rounds."""
+    from andromeda_nb.kernels.select import final_rank_kernel
+
+    m, k, n = 90, 40, 500
+    ids = rng.permutation(4 * n)[:n].astype(np.int64) if has_ids else None
+    fws = T.FilterWorkspace(n, k, cap=128)
+    slots = rng.choice(n, m, replace=False).astype(np.int32)
+    vals = (rng.integers(-2, 3, m) * 0.5).astype(np.float32)
+    vals[:3] = [0.0, -0.0, np.inf]
+    buf_s = np.full((1, 128), 123.0, np.float32)
+    buf_i = np.full((1, 128), -5, np.int32)
+    buf_s[0, :m], buf_i[0, :m] = vals, slots
+    fws.buf_s.copy_to_device(buf_s)
+    fws.buf_i.copy_to_device(buf_i)
+    fws.fill.copy_to_device(np.array([m], np.int64))
+    d_ids = launch.to_device(ids) if has_ids else launch.dummy(np.int64)
+    final_rank_kernel(32, has_ids, 128, 8)[3, 32](fws.buf_s, fws.buf_i, fws.fill, fws.offsets, d_ids, fws.ks,
+                                                 fws.out_s, fws.out_slot, fws.out_id)
+    scores = np.full(n, np.nan, np.float32)
+    scores[slots] = vals
+    want = oracle.topk(scores, k, ids=ids)
+    np.testing.assert_array_equal(fws.out_id.copy_to_host()[0], want.ids)
+    np.testing.assert_array_equal(fws.out_s.copy_to_host()[0], want.scores)
