@@ -160,6 +160,20 @@ def test_radix_stage_words_fit_shared_memory():
     assert radix_stage_words(1024) >= 8192  # the seed's 8,192 samples and a k = 1000 filter's ~4,000
 
 
+def _load_candidates(fws, vals, slots):
+    """Fill a FilterWorkspace's candidate buffer with (vals, slots), poison the rest of it and the
+    outputs."""
+    cap, m = fws.buf_s.shape[1], vals.size
+    buf_s = np.full((1, cap), 123.0, np.float32)
+    buf_i = np.full((1, cap), -5, np.int32)
+    buf_s[0, :m], buf_i[0, :m] = vals, slots
+    fws.buf_s.copy_to_device(buf_s)
+    fws.buf_i.copy_to_device(buf_i)
+    fws.fill.copy_to_device(np.array([m], np.int64))
+    for out, v in ((fws.out_s, 9.0), (fws.out_slot, 7), (fws.out_id, 7)):
+        out.copy_to_device(np.full(out.shape, v, out.dtype))
+
+
 @pytest.mark.parametrize("m,k", [(0, 5), (1, 5), (37, 10), (37, 37), (300, 64), (300, 400), (70, 20)])
 @pytest.mark.parametrize("has_ids", [False, True])
 def test_final_ranks_candidates_by_counting(monkeypatch, rng, m, k, has_ids):
@@ -179,14 +193,7 @@ def test_final_ranks_candidates_by_counting(monkeypatch, rng, m, k, has_ids):
         vals[rng.random(m) < 0.1] = -0.0
         vals[rng.random(m) < 0.05] = np.inf
         vals[rng.random(m) < 0.05] = -np.inf
-        buf_s = np.full((1, 512), 123.0, np.float32)
-        buf_i = np.full((1, 512), -5, np.int32)
-        buf_s[0, :m], buf_i[0, :m] = vals, slots
-        fws.buf_s.copy_to_device(buf_s)
-        fws.buf_i.copy_to_device(buf_i)
-        fws.fill.copy_to_device(np.array([m], np.int64))
-        for out, v in ((fws.out_s, 9.0), (fws.out_slot, 7), (fws.out_id, 7)):
-            out.copy_to_device(np.full(out.shape, v, out.dtype))
+        _load_candidates(fws, vals, slots)
         T.launch_final(k, fws, launch.to_device(ids) if has_ids else None)
         scores = np.full(n, np.nan, np.float32)
         scores[slots] = vals
@@ -209,12 +216,7 @@ def test_rank_final_threads_sharing_a_candidate(rng, has_ids):
     slots = rng.choice(n, m, replace=False).astype(np.int32)
     vals = (rng.integers(-2, 3, m) * 0.5).astype(np.float32)
     vals[:3] = [0.0, -0.0, np.inf]
-    buf_s = np.full((1, 128), 123.0, np.float32)
-    buf_i = np.full((1, 128), -5, np.int32)
-    buf_s[0, :m], buf_i[0, :m] = vals, slots
-    fws.buf_s.copy_to_device(buf_s)
-    fws.buf_i.copy_to_device(buf_i)
-    fws.fill.copy_to_device(np.array([m], np.int64))
+    _load_candidates(fws, vals, slots)
     d_ids = launch.to_device(ids) if has_ids else launch.dummy(np.int64)
     final_rank_kernel(32, has_ids, 128, 8)[3, 32](fws.buf_s, fws.buf_i, fws.fill, fws.offsets, d_ids, fws.ks,
                                                  fws.out_s, fws.out_slot, fws.out_id)
