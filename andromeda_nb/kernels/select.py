@@ -4,23 +4,23 @@ and a final that ranks the few survivors by counting.
 One request's top-k over n scores (n >> k), as the host wrapper ``topk.launch_filtered`` chains it:
 
 1. **seed** (:func:`seed_kernel`): the r-th best of a stratified sample, to 24 key bits
-   (:func:`~andromeda_nb.kernels.intrinsics.float_key` order), in one launch: a 12-bit histogram
-   per block, merged from each block's own r-th best's bin up (the rest cannot matter), then the
-   last block to finish picks the global bin and runs the next 12 bits over the candidates in it.
-   The seed is that prefix's lower edge, so at least r samples reach it and few more than r do.
-   (The earlier seed, a block top-K of the sample, took five launches and 79 us at 10^8 scores.)
+   (:func:`~andromeda_nb.kernels.intrinsics.float_key` order), in one launch: each block finds its
+   own r-th best with two 12-bit histograms in shared memory and appends the samples at or above
+   it; the last block to finish picks the whole sample's r-th best among those. The seed is that
+   prefix's lower edge, so at least r samples reach it and few more than r do. (The earlier seed,
+   a block top-K of the sample, took five launches and 79 us at 10^8 scores; this one 34 us.)
 2. **filter** (:func:`filter_kernel`): one grid-stride pass, 8-byte loads, no block barrier: a
    score at or above the seed takes a global atomic slot in the candidate buffer (a few thousand
    in all when the seed aims at a small multiple of k).
 3. **final** (:func:`final_rank_kernel`): each candidate's place in the contract's order is the
-   number of candidates before it, counted by tiles over many blocks; the last block writes the
-   first k. More than ``RANK_CAP`` candidates leave the answer to ``topk.final_radix_kernel``,
-   launched after it, which exits when the rank final has answered.
+   number of candidates before it, counted over many blocks, each block placing its own share.
+   More than ``RANK_CAP`` candidates leave the answer to ``topk.final_radix_kernel``, launched
+   after it, which exits when the rank final has answered.
 
-Memory order of the last-block pattern (seed and final): each block's global atomics and stores
-precede its ``threadfence`` and its ticket increment; the last block then reads them with plain
-loads, which no block of the launch cached before (L1 holds nothing of an earlier launch). The
-simulator runs blocks one after another, so it exercises the same code with the last block last.
+Memory order of the seed's last-block pattern: each block's candidate stores and atomics precede
+its ``threadfence`` and its ticket increment; the last block then reads them with plain loads,
+which no block of the launch cached before (L1 holds nothing of an earlier launch). The simulator
+runs blocks one after another, so it exercises the same code with the last block last.
 """
 
 import functools
