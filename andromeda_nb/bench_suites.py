@@ -675,10 +675,12 @@ def _prefusion_access_rows(env, ceil, args, tables, rng) -> list[dict]:
 def topk(env, ceil, args) -> list[dict]:
     """Standalone block top-K against torch.topk (and cupy) on the same scores.
 
-    Phases (``--phases``, comma-separated; default all): ``large`` (10^8 scores, k = 100 / 1000 /
-    2048, random and ascending, seeded and not), ``small`` (one request of 500,000, k = 1000),
+    Phases (``--phases``, comma-separated; default: all but ``stages_large``): ``large`` (10^8
+    scores, k = 100 / 1000 / 2048 / 4096, random and ascending, seeded and not), ``small`` (one
+    request of 500,000, k = 1000),
     ``stages`` (the small request's device time per stage), ``batch`` (1,024 x 50,000, k = 100),
-    ``elig`` (10^8 scores with an eligible bitset of 50 % / 10 %, seeded and not).
+    ``elig`` (10^8 scores with an eligible bitset of 50 % / 10 %, seeded and not); and
+    ``stages_large`` (the stages of 10^8 scores, k = 1000).
     """
     import cupy as cp
     import torch
