@@ -217,6 +217,46 @@ def test_histogram_seed_is_the_rth_sample_to_24_key_bits(monkeypatch, rng, kind)
         assert sws.m // (4 * T.seed_block()) >= 4
 
 
+class _PoisonedEmpty:
+    """numpy for the simulator's kernel API, but ``empty`` (its shared arrays) filled with 0xA5
+    bytes, as uninitialised shared memory may hold on a GPU."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def empty(shape, dtype):
+        a = np.empty(shape, dtype)
+        a.view(np.uint8)[...] = 0xA5
+        return a
+
+
+@pytest.mark.parametrize("block", [1, 2, 3])
+def test_seeded_filter_path_with_tiny_blocks(monkeypatch, rng, block):
+    """The filter launch takes the caller's block (1..1024): its per-block totals are set whatever
+    the block size (a block of 1 or 2 threads once left some unset: wrong counts, a missed
+    seed_high rerun, real scores returned as pads). Shared memory is poisoned, so a total left
+    unset shows."""
+    if not launch.backend.is_simulator():
+        pytest.skip("poisons the simulator's shared arrays")
+    import numba.cuda.simulator.kernelapi as kernelapi
+
+    monkeypatch.setattr(kernelapi, "np", _PoisonedEmpty())
+    monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
+    monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
+    monkeypatch.setattr(T, "SEED_MIN_N", 1024)
+    n, k = 2048 + 1, 20
+    scores = rng.standard_normal(n).astype(np.float32)
+    scores[rng.random(n) < 0.3] = np.nan
+    res, sws = T.launch_topk(launch.to_device(scores), n, k, seeded=True, block=block)
+    assert isinstance(res, T.FilterWorkspace) and T.seeded_outcome(res, k) == "exact"
+    want = oracle.topk(scores, k)
+    seed = sws.seed().copy_to_host()[0]
+    assert res.counts.copy_to_host()[0].tolist() == [want.count, int((scores >= seed).sum())]
+    np.testing.assert_array_equal(res.out_id.copy_to_host()[0], want.ids)
+    np.testing.assert_array_equal(res.out_s.copy_to_host()[0], want.scores)
+
+
 def test_seed_sample_is_sized_for_its_rank():
     """A small array samples only what a seed of rank ~SEED_SAMPLE_RANK needs (the sample is a
     gather of its own); a large one is capped at MAX_SAMPLE_CHUNKS runs; a small k still gets a

@@ -349,8 +349,10 @@ def filter_kernel(block: int, has_elig: bool):
     def kernel(words, scores, n, head, elig, seeds, buf_s, buf_i, fill, counts):
         red = cuda.shared.array(3, int32)  # block totals: eligible, NaN among them, kept
         tid = cuda.threadIdx.x
-        if tid < 3:
-            red[tid] = 0
+        if tid == 0:  # one thread: a block may have fewer threads than totals
+            red[0] = 0
+            red[1] = 0
+            red[2] = 0
         cuda.syncthreads()
         seed = seeds[0]
         cap = buf_s.shape[1]
