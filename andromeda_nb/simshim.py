@@ -118,5 +118,41 @@ def install() -> bool:
     BlockThread.syncthreads = syncthreads
     BlockThread.run = thread_run
     BlockManager.run = manager_run
+    _patch_shared_allocation()
     _installed = True
     return True
+
+
+def _patch_shared_allocation() -> None:
+    """Make the simulator's ``cuda.shared.array`` allocation atomic. It looks the array up by the
+    calling line and creates it when missing, unlocked: two threads of a block reaching the line
+    together could each create one, and the one left out wrote to a private copy its block never
+    saw (found by poisoning uninitialised shared memory: a plain prefix sum then read garbage)."""
+    import sys
+    import traceback
+
+    from numba.cuda.simulator import kernelapi
+
+    shared = getattr(kernelapi, "FakeCUDAShared", None)
+    if shared is None or getattr(shared, "_anb_locked", False):
+        return
+    original = shared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:  # dynamic shared memory, or the original's error
+            return original(self, shape, dtype, alignment)
+        caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[0])[0:2]
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                from numba.core import types
+                from numba.np import numpy_support
+
+                dt = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else np.dtype(dtype)
+                res = kernelapi.np.empty(shape, dt)  # (tests poison it through kernelapi.np)
+                self._allocations[caller] = res
+        return res
+
+    shared.array = array
+    shared._anb_locked = True

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from andromeda_nb import backend
+from andromeda_nb import backend, launch
 
 if backend.is_simulator():  # the simulator swaps module-level `cuda` names inside kernels
     from numba import cuda, int32
@@ -55,3 +55,67 @@ def test_exited_threads_stop_counting():
     out = np.zeros(8, np.int64)
     early_exit[1, 8](out)
     np.testing.assert_array_equal(out, [0, 0, 0, 0, 4, 4, 4, 4])
+
+
+def _prefix_sum_kernel():
+    """A ping-pong prefix sum over two shared arrays (module level: the simulator swaps the
+    ``cuda`` global for its fake module while a kernel runs)."""
+    from numba import int32
+
+    @cuda.jit
+    def prefix(out):
+        a = cuda.shared.array(256, int32)
+        b = cuda.shared.array(256, int32)
+        h = cuda.threadIdx.x
+        while h < 256:
+            a[h] = 1
+            h += cuda.blockDim.x
+        cuda.syncthreads()
+        off = 1
+        while off < 256:
+            h = cuda.threadIdx.x
+            while h < 256:
+                b[h] = a[h] + (a[h + off] if h + off < 256 else 0)
+                h += cuda.blockDim.x
+            cuda.syncthreads()
+            h = cuda.threadIdx.x
+            while h < 256:
+                a[h] = b[h] + (b[h + 2 * off] if h + 2 * off < 256 else 0)
+                h += cuda.blockDim.x
+            cuda.syncthreads()
+            off *= 4
+        if cuda.threadIdx.x == 0:
+            out[0] = a[0]
+
+
+    return prefix
+
+
+def test_shared_arrays_are_one_per_block_under_racing_threads(monkeypatch):
+    """Every thread of a block gets the same shared array even when they reach the allocating
+    line together (the simulator's unlocked lookup-then-create once gave a thread a private copy:
+    with uninitialised memory poisoned, a plain ping-pong prefix sum then read garbage)."""
+    import warnings
+
+    if not launch.backend.is_simulator():
+        pytest.skip("simulator only")
+    import numba.cuda.simulator.kernelapi as kernelapi
+
+    class Poisoned:
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def empty(shape, dtype):
+            a = np.empty(shape, dtype)
+            a.view(np.uint8)[...] = 0xA5
+            return a
+
+    monkeypatch.setattr(kernelapi, "np", Poisoned())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an int32 overflow means a poisoned value was read
+        for _ in range(30):
+            out = launch.cuda().to_device(np.zeros(1, np.int32))
+            _prefix_sum_kernel()[1, 32](out)
+            assert out.copy_to_host()[0] == 256
