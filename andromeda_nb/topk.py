@@ -305,19 +305,19 @@ def _launch_seed_kernel(sws: SeedWorkspace, gather: bool, d_scores, n: int, elig
         reset.fill if reset is not None else launch.dummy(np.int64))
 
 
-def launch_seed(d_scores, n: int, sws: SeedWorkspace, block: int | None = None, elig=None, reset=None):
+def launch_seed(d_scores, n: int, sws: SeedWorkspace, elig=None, reset=None):
     """Enqueue a seed threshold for one request's top-k, one launch
     (:func:`~andromeda_nb.kernels.select.seed_kernel`): a stratified sample of contiguous chunks
     (NaN, and ineligible scores when ``elig``, a device uint64 bitset, is given, sampled as -inf:
     they never seed), and the lower edge of the 24-bit key prefix of its r-th best, so at least r
     samples, and about ``r * n / m`` scores of the array, reach it. ``reset``: a
-    :class:`FilterWorkspace` whose counters the launch zeroes on the way. ``block`` is unused (the
-    launch runs :func:`seed_block` threads). Returns device ``float32[1]``."""
+    :class:`FilterWorkspace` whose counters the launch zeroes on the way. The launch runs
+    :func:`seed_block` threads. Returns device ``float32[1]``."""
     _launch_seed_kernel(sws, True, d_scores, n, elig, reset)
     return sws.seed()
 
 
-def launch_seed_select(sws: SeedWorkspace, block: int | None = None):
+def launch_seed_select(sws: SeedWorkspace):
     """Enqueue the seed of :func:`launch_seed` on a sample already in ``sws.sample_flat`` (NaN and
     -inf never seed; fused scoring writes its sample there), one launch. Returns the seed, device
     ``float32[1]`` (-inf when fewer than r samples are real scores)."""
@@ -370,7 +370,7 @@ def launch_filtered(d_scores, n: int, k: int, fws: FilterWorkspace, sws: SeedWor
     scores reached the seed (``fws.counts[0, 1]``); see :func:`seeded_exact`. ``elig``: device
     uint64 ``[words]`` bitset or None."""
     block = block or launch.default_block()
-    seed = launch_seed(d_scores, n, sws, block, elig, reset=fws)  # its sample kernel zeroes fws's counters
+    seed = launch_seed(d_scores, n, sws, elig, reset=fws)  # its sample kernel zeroes fws's counters
     return launch_filter_final(d_scores, n, k, fws, seed, elig, d_ids, block)
 
 
@@ -482,7 +482,7 @@ def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | No
     seeds = None
     if seeded:
         if sws is not None:
-            seeds = launch_seed(d_scores, n, sws, block, elig)
+            seeds = launch_seed(d_scores, n, sws, elig)
     else:
         sws = None
     elig2 = None if elig is None else elig.reshape(1, elig.shape[0])

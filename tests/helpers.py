@@ -19,6 +19,28 @@ def check_topk_against_float64(ids, scores, ref_scores, all_ids, k, eligible=Non
     assert result.ok, result.message
 
 
+class _PoisonedNumpy:
+    """numpy, except ``empty`` fills its arrays with 0xA5 bytes."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def empty(shape, dtype):
+        a = np.empty(shape, dtype)
+        a.view(np.uint8)[...] = 0xA5
+        return a
+
+
+def poison_shared_memory(monkeypatch) -> None:
+    """Make the simulator's shared arrays start as 0xA5 bytes (it allocates them with the numpy of
+    its kernel API), as uninitialised shared memory may hold on a GPU: a kernel reading shared
+    memory it never wrote then sees garbage. Simulator only."""
+    import numba.cuda.simulator.kernelapi as kernelapi
+
+    monkeypatch.setattr(kernelapi, "np", _PoisonedNumpy())
+
+
 def random_schema():
     return TargetingSchema([
         Category("age", 7), Category("gender", 2), Category("country", 5),

@@ -5,6 +5,8 @@ import pytest
 
 from andromeda_nb import backend, launch
 
+from .helpers import poison_shared_memory
+
 if backend.is_simulator():  # the simulator swaps module-level `cuda` names inside kernels
     from numba import cuda, int32
 
@@ -99,19 +101,7 @@ def test_shared_arrays_are_one_per_block_under_racing_threads(monkeypatch):
 
     if not launch.backend.is_simulator():
         pytest.skip("simulator only")
-    import numba.cuda.simulator.kernelapi as kernelapi
-
-    class Poisoned:
-        def __getattr__(self, name):
-            return getattr(np, name)
-
-        @staticmethod
-        def empty(shape, dtype):
-            a = np.empty(shape, dtype)
-            a.view(np.uint8)[...] = 0xA5
-            return a
-
-    monkeypatch.setattr(kernelapi, "np", Poisoned())
+    poison_shared_memory(monkeypatch)
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an int32 overflow means a poisoned value was read

@@ -11,6 +11,8 @@ from andromeda_nb.kernels.topk import SCAN_ITEMS, buffer_capacity, final_kernel,
 from andromeda_nb.targeting import bits_from_mask
 from andromeda_nb.topk import MAX_K, topk_scores
 
+from .helpers import poison_shared_memory
+
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0]
 
 
@@ -217,20 +219,6 @@ def test_histogram_seed_is_the_rth_sample_to_24_key_bits(monkeypatch, rng, kind)
         assert sws.m // (4 * T.seed_block()) >= 4
 
 
-class _PoisonedEmpty:
-    """numpy for the simulator's kernel API, but ``empty`` (its shared arrays) filled with 0xA5
-    bytes, as uninitialised shared memory may hold on a GPU."""
-
-    def __getattr__(self, name):
-        return getattr(np, name)
-
-    @staticmethod
-    def empty(shape, dtype):
-        a = np.empty(shape, dtype)
-        a.view(np.uint8)[...] = 0xA5
-        return a
-
-
 @pytest.mark.parametrize("block", [1, 2, 3])
 def test_seeded_filter_path_with_tiny_blocks(monkeypatch, rng, block):
     """The filter launch takes the caller's block (1..1024): its per-block totals are set whatever
@@ -239,9 +227,7 @@ def test_seeded_filter_path_with_tiny_blocks(monkeypatch, rng, block):
     unset shows."""
     if not launch.backend.is_simulator():
         pytest.skip("poisons the simulator's shared arrays")
-    import numba.cuda.simulator.kernelapi as kernelapi
-
-    monkeypatch.setattr(kernelapi, "np", _PoisonedEmpty())
+    poison_shared_memory(monkeypatch)
     monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 8)
     monkeypatch.setattr(T, "SAMPLE_CHUNK", 32)
     monkeypatch.setattr(T, "SEED_MIN_N", 1024)

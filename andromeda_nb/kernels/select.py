@@ -30,7 +30,7 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 
 from .bits import _f32_from_bits, test_bit
 from .intrinsics import decode_fp32, float_key, max_nan
-from .topk import NEG_INF
+from .topk import NEG_INF, score_key
 
 #: key bits of the seed's histogram levels; two levels fix the top 24 of the 32 key bits
 HIST_BITS = 12
@@ -455,12 +455,6 @@ def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int
     TILE = 4 * block
 
     @cuda.jit(device=True, inline=True)
-    def score_key(s):
-        if s == float32(0.0):
-            s = float32(0.0)  # -0 ties with +0
-        return float_key(s)
-
-    @cuda.jit(device=True, inline=True)
     def key_of(buf_s, buf_i, q, ids, start):
         """(64-bit key, id) of candidate q: without ids the key orders completely (higher first)."""
         sk = uint64(score_key(buf_s[0, q]))
@@ -470,7 +464,7 @@ def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int
         return (sk << uint64(32)) | uint64(uint32(0xFFFFFFFF) - uint32(slot)), int64(0)
 
     @cuda.jit(device=True, inline=True)
-    def stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j):
+    def stage(buf_s, buf_i, ids, start, m, j):
         if j < m:
             kq, iq = key_of(buf_s, buf_i, j, ids, start)
         else:
@@ -508,10 +502,10 @@ def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int
             cnt = int32(0)
             j0 = 0
             while j0 < m:
-                a0, b0 = stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j0 + tid)
-                a1, b1 = stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j0 + tid + block)
-                a2, b2 = stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j0 + tid + 2 * block)
-                a3, b3 = stage(tile_k, tile_id, buf_s, buf_i, ids, start, m, j0 + tid + 3 * block)
+                a0, b0 = stage(buf_s, buf_i, ids, start, m, j0 + tid)
+                a1, b1 = stage(buf_s, buf_i, ids, start, m, j0 + tid + block)
+                a2, b2 = stage(buf_s, buf_i, ids, start, m, j0 + tid + 2 * block)
+                a3, b3 = stage(buf_s, buf_i, ids, start, m, j0 + tid + 3 * block)
                 cuda.syncthreads()  # the previous tile (and round) is done with
                 tile_k[tid] = a0
                 tile_k[tid + block] = a1

@@ -419,6 +419,15 @@ def final_kernel(cap: int, block: int, has_ids: bool):
     return kernel
 
 
+@cuda.jit(device=True, inline=True)
+def score_key(s):
+    """The order key of a candidate score: ``float_key`` with -0 folded onto +0 (the contract
+    compares scores with ==, so -0 ties with +0)."""
+    if s == float32(0.0):
+        s = float32(0.0)
+    return float_key(s)
+
+
 RADIX_BITS = 8
 RADIX = 1 << RADIX_BITS
 
@@ -514,12 +523,6 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | N
     pick_low = _pick_bin(block, False)
 
     @cuda.jit(device=True, inline=True)
-    def key_of(s):
-        if s == float32(0.0):
-            s = float32(0.0)  # -0 ties with +0 (the contract compares scores with ==)
-        return float_key(s)
-
-    @cuda.jit(device=True, inline=True)
     def id_of(slot, ids, start):
         if has_ids:
             return uint64(ids[start + slot])
@@ -528,7 +531,7 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | N
     @cuda.jit(device=True, inline=True)
     def key_at(stage, mode, buf_s, r, j):
         if mode == FROM_BUFFER:
-            return key_of(buf_s[r, j])
+            return score_key(buf_s[r, j])
         return stage[j]
 
     @cuda.jit(device=True, inline=True)
@@ -551,13 +554,13 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | N
             s1 = buf_s[r, j + block]
             s2 = buf_s[r, j + 2 * block]
             s3 = buf_s[r, j + 3 * block]
-            stage[j] = key_of(s0)
-            stage[j + block] = key_of(s1)
-            stage[j + 2 * block] = key_of(s2)
-            stage[j + 3 * block] = key_of(s3)
+            stage[j] = score_key(s0)
+            stage[j + block] = score_key(s1)
+            stage[j + 2 * block] = score_key(s2)
+            stage[j + 3 * block] = score_key(s3)
             j += 4 * block
         while j < m:
-            stage[j] = key_of(buf_s[r, j])
+            stage[j] = score_key(buf_s[r, j])
             j += block
         cuda.syncthreads()
 
@@ -573,10 +576,10 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | N
         j = cuda.threadIdx.x
         if mode == FROM_BUFFER:  # 4 loads in flight: the buffer is in L2, ~1 us a round trip
             while j + 3 * block < count:
-                k0 = key_of(buf_s[r, j])
-                k1 = key_of(buf_s[r, j + block])
-                k2 = key_of(buf_s[r, j + 2 * block])
-                k3 = key_of(buf_s[r, j + 3 * block])
+                k0 = score_key(buf_s[r, j])
+                k1 = score_key(buf_s[r, j + block])
+                k2 = score_key(buf_s[r, j + 2 * block])
+                k3 = score_key(buf_s[r, j + 3 * block])
                 count_digit(hist, k0, mask, prefix, shift)
                 count_digit(hist, k1, mask, prefix, shift)
                 count_digit(hist, k2, mask, prefix, shift)
@@ -593,7 +596,7 @@ def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | N
         ``prefix`` (whole block; ends synchronised)."""
         j = cuda.threadIdx.x
         while j < m:
-            key = key_of(buf_s[r, j])
+            key = score_key(buf_s[r, j])
             if (key & mask) >= prefix:
                 pos = cuda.atomic.add(cnt, 0, 1)
                 stage[pos] = key
