@@ -534,7 +534,7 @@ def topk_stages(d_scores, n: int, k: int):
 
     def reset_filter():
         fws.reset()
-        launch_filter(d_scores, n, fws, sws.seed(), block=block)
+        launch_filter(d_scores, fws, sws.seed(), block=block)
 
     stages = [
         ("seed", lambda: launch_seed(d_scores, n, sws),
@@ -585,6 +585,79 @@ def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
     c = fws.counts.copy_to_host()[0]
     rows[-1]["notes"] += (f"; {int(c[1])} scores reached the seed (filter buffer {fws.cap}); "
                           f"{int(ws.fill.copy_to_host()[0])} candidates reached the scan path's final step")
+    return rows
+
+
+def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: int = 100) -> list[dict]:
+    """The batched top-K (``batch`` requests of ``per`` scores, top-``k`` each): the seeded path
+    (:func:`andromeda_nb.topk.launch_topk_batch_seeded`) whole and stage by stage, the unseeded
+    block top-K (its fallback), and torch.topk(dim=1) on the same scores. The seeded row is verified
+    only when every request's answer was exact (no request needed a rerun) and equals torch's."""
+    import cupy as cp
+    import torch
+
+    from .kernels.select import BATCH_SAMPLE_CHUNK, batch_seed_kernel
+    from .topk import (SEED_MARGIN, SEED_MIN_RANK, FilterWorkspace, TopKWorkspace, batch_outcomes, batch_seed_shape,
+                       launch_filter, launch_final, launch_topk_batch, launch_topk_batch_seeded, scan_lists)
+
+    cuda = launch.cuda()
+    rows = []
+
+    def add(r):
+        rows.append(r)
+        bench.print_rows([r])
+
+    scores = cp.random.RandomState(7).standard_normal(batch * per, dtype=cp.float32)
+    offsets = np.arange(batch + 1, dtype=np.int64) * per
+    ks = np.full(batch, k, np.int64)
+    d_scores = cuda.as_cuda_array(scores)
+    t = torch.as_tensor(scores, device="cuda").view(batch, per)
+    want = torch.topk(t, k, dim=1).values.cpu().numpy()
+    fields = dict(n_ads=per, k=k, batch=batch, dtype="fp32", access="random")
+
+    def values_check(out_s, what):
+        ok = np.array_equal(out_s.copy_to_host(), want)
+        return checks.Check(ok, f"{batch} requests' top-{k} values equal torch.topk(dim=1){what}" if ok else
+                            f"batched values differ from torch.topk{what}")
+
+    fws = FilterWorkspace.batched(offsets, ks)
+    call = lambda: launch_topk_batch_seeded(d_scores, fws)  # noqa: E731
+    call()
+    outcomes = batch_outcomes(fws)
+    kept = fws.counts.copy_to_host()[:, 1]
+    verified = values_check(fws.out_s, "")
+    if (outcomes != "exact").any():
+        verified = checks.Check(False, f"{int((outcomes != 'exact').sum())} requests not exact on the seeded path "
+                                       f"(topk_batch would rerun them)")
+    timing = bench.time_device(call, reps=args.reps)
+    blk, per_thread = batch_seed_shape()
+    add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, str(verified),
+                  variant="block_topk_batched_seeded", **fields,
+                  notes=f"seed ({blk * per_thread} samples a request), filter, rank final: 3 launches; kept scores a "
+                        f"request: median {int(np.median(kept))}, max {int(kept.max())} (buffer {fws.cap})"))
+    seed_kern = batch_seed_kernel(blk, per_thread, BATCH_SAMPLE_CHUNK, False, int(2 * SEED_MARGIN), SEED_MIN_RANK)
+    stages = [
+        ("seed", lambda: seed_kern[batch, blk](d_scores, fws.offsets, fws.ks, launch.dummy2d(np.uint64), fws.seeds,
+                                              fws.counts, fws.fill),
+         "a block a request: the seed from a sample, counters zeroed"),
+        ("filter", lambda: (fws.reset(), launch_filter(d_scores, fws, fws.seeds)),
+         "counter reset + the filter pass over the batch"),
+        ("final", lambda: launch_final(k, fws), "the rank final of every request's kept scores"),
+    ]
+    for name, fn, note in stages:  # in order: each stage's inputs in place
+        fn()
+        timing = bench.time_device(fn, reps=args.reps)
+        verified = values_check(fws.out_s, " (after the stage)") if name == "final" else "n/a (stage timing)"
+        add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, str(verified),
+                      variant=f"block_topk_batched_seeded_stage_{name}", **fields, notes=note))
+    ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
+    timing = bench.time_device(lambda: launch_topk_batch(d_scores, ws), reps=args.reps)
+    add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, str(values_check(ws.out_s, "")),
+                  variant="block_topk_batched", **fields, notes="unseeded block top-K lists + merge (the fallback)"))
+    timing = bench.time_device(lambda: torch.topk(t, k, dim=1), reps=args.reps)
+    add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, "baseline", variant="torch.topk", **fields))
+    del t, scores
+    cp.get_default_memory_pool().free_all_blocks()
     return rows
 
 
@@ -686,7 +759,7 @@ def topk(env, ceil, args) -> list[dict]:
     import torch
 
     from .topk import (BLOCK_TOPK_MAX_K, FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_topk,
-                       launch_topk_batch, scan_lists, seeded_outcome)
+                       scan_lists, seeded_outcome)
 
     rows = []
     phases = set((args.phases or "large,elig,small,stages,batch").split(","))
@@ -779,22 +852,5 @@ def topk(env, ceil, args) -> list[dict]:
         rows.extend(_topk_stage_rows(env, ceil, args, 100_000_000, 1000))
         cp.get_default_memory_pool().free_all_blocks()
     if "batch" in phases:
-        batch, per, k = 1024, 50_000, 100
-        scores = cp.random.RandomState(7).standard_normal(batch * per, dtype=cp.float32)
-        offsets = np.arange(batch + 1, dtype=np.int64) * per
-        ks = np.full(batch, k, np.int64)
-        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
-        d_scores = cuda.as_cuda_array(scores)
-        timing = bench.time_device(lambda: launch_topk_batch(d_scores, ws), reps=args.reps)
-        t = torch.as_tensor(scores, device="cuda").view(batch, per)
-        want = torch.topk(t, k, dim=1).values.cpu().numpy()
-        got = ws.out_s.copy_to_host()
-        ok = np.array_equal(got, want)
-        verified = checks.Check(ok, f"{batch} requests' top-{k} values equal torch.topk(dim=1)" if ok else
-                                "batched values differ from torch.topk")
-        add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, str(verified), variant="block_topk_batched",
-                      n_ads=per, k=k, batch=batch, dtype="fp32", access="random"))
-        timing = bench.time_device(lambda: torch.topk(t, k, dim=1), reps=args.reps)
-        add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, "baseline", variant="torch.topk",
-                      n_ads=per, k=k, batch=batch, dtype="fp32", access="random"))
+        rows.extend(_topk_batch_rows(env, ceil, args))
     return rows

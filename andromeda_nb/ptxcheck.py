@@ -127,7 +127,9 @@ def variants():
                     (A(f32), i64, i64, A(f32), A(u64), i64, A(u32), A(u32), A(f32), A(i64, 2), A(i64))))
     for elig in (False, True):
         out.append((f"select filter elig{elig}", SEL.filter_kernel(256, elig),
-                    (A(u64), A(f32), i64, i64, A(u64), A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))
+                    (A(u64), A(f32), i64, A(i64), A(u64, 2), A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))
+        out.append((f"select batch_seed elig{elig}", SEL.batch_seed_kernel(256, 16, 32, elig, 5, 8),
+                    (A(f32), A(i64), A(i64), A(u64, 2), A(f32), A(i64, 2), A(i64))))
     for ids in (False, True):
         out.append((f"select final_rank ids{ids}", SEL.final_rank_kernel(256, ids),
                     (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))

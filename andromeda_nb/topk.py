@@ -338,27 +338,45 @@ FILTER_MIN_CAP = 4096
 
 
 class FilterWorkspace:
-    """Device buffers of the "filter" path (:func:`launch_filtered`) for n scores and top-k; results
-    in the same attributes as :class:`TopKWorkspace` (``out_id``, ``out_s``, ``out_slot``
-    ``[1, k]``; ``counts [1, 2]``)."""
+    """Device buffers of the "filter" path for one request of n scores and top-k
+    (:func:`launch_filtered`), or, built by :meth:`batched`, for a batch of requests
+    (:func:`launch_topk_batch_seeded`); results in the same attributes as :class:`TopKWorkspace`
+    (``out_id``, ``out_s``, ``out_slot`` ``[batch, kmax]``; ``counts [batch, 2]``)."""
 
     def __init__(self, n: int, k: int, cap: int | None = None):
-        cuda = launch.cuda()
+        cap = max(1, int(cap)) if cap is not None else max(FILTER_MIN_CAP, FILTER_CAP_PER_K * int(k))
+        self._alloc(np.array([0, int(n)], np.int64), np.array([int(k)], np.int64), cap)
         self.n, self.k = int(n), int(k)
-        self.cap = max(1, int(cap)) if cap is not None else max(FILTER_MIN_CAP, FILTER_CAP_PER_K * self.k)
-        self.buf_s = cuda.device_array((1, self.cap), np.float32)
-        self.buf_i = cuda.device_array((1, self.cap), np.int32)
-        self.fill = cuda.device_array(1, np.int64)
-        self.counts = cuda.device_array((1, 2), np.int64)
-        self.offsets = cuda.to_device(np.array([0, self.n], np.int64))
-        self.ks = cuda.to_device(np.array([self.k], np.int64))
-        self.out_s = cuda.device_array((1, self.k), np.float32)
-        self.out_slot = cuda.device_array((1, self.k), np.int32)
-        self.out_id = cuda.device_array((1, self.k), np.int64)
+
+    @classmethod
+    def batched(cls, offsets, ks, cap: int | None = None) -> "FilterWorkspace":
+        """Buffers for a batch (host int64 ``offsets [batch + 1]``, ``ks [batch]``): ``cap``
+        candidates a request, default :func:`batch_filter_cap`."""
+        self = cls.__new__(cls)
+        offsets, ks = np.asarray(offsets, np.int64), np.asarray(ks, np.int64)
+        self._alloc(offsets, ks, batch_filter_cap(offsets, ks) if cap is None else max(1, int(cap)))
+        return self
+
+    def _alloc(self, offsets, ks, cap: int) -> None:
+        cuda = launch.cuda()
+        self.offsets_host, self.ks_host = offsets, ks
+        self.batch, self.kmax, self.cap = len(ks), int(ks.max()), cap
+        b = self.batch
+        self.buf_s = cuda.device_array((b, cap), np.float32)
+        self.buf_i = cuda.device_array((b, cap), np.int32)
+        self.fill = cuda.device_array(b, np.int64)
+        self.counts = cuda.device_array((b, 2), np.int64)
+        self.seeds = cuda.to_device(np.full(b, -np.inf, np.float32))
+        self.offsets = cuda.to_device(offsets)
+        self.ks = cuda.to_device(ks)
+        self.out_s = cuda.device_array((b, self.kmax), np.float32)
+        self.out_slot = cuda.device_array((b, self.kmax), np.int32)
+        self.out_id = cuda.device_array((b, self.kmax), np.int64)
+
     def reset(self) -> None:
         from .kernels.topk import reset_kernel
 
-        reset_kernel()[(1, 1), 32](self.counts, self.fill)
+        reset_kernel()[(1, self.batch), 32](self.counts, self.fill)
 
 
 def launch_filtered(d_scores, n: int, k: int, fws: FilterWorkspace, sws: SeedWorkspace, elig=None, d_ids=None,
@@ -379,7 +397,7 @@ def launch_filter_final(d_scores, n: int, k: int, fws: FilterWorkspace, seed, el
     """Enqueue the filter pass at device threshold ``seed`` (``float32[1]``; -inf keeps every eligible
     score) and the top-k among the kept scores (:func:`launch_final`), into ``fws`` (counters
     reset by the caller). ``block``: the filter's threads per block."""
-    launch_filter(d_scores, n, fws, seed, elig, block)
+    launch_filter(d_scores, fws, seed, elig, block)
     return launch_final(k, fws, d_ids)
 
 
@@ -391,17 +409,32 @@ def word_view(d_scores, n: int):
     return head, d_scores[head:head + body].view(np.uint64)
 
 
-def launch_filter(d_scores, n: int, fws: FilterWorkspace, seed, elig=None, block: int | None = None) -> None:
-    """Enqueue the filter pass alone (:func:`~andromeda_nb.kernels.select.filter_kernel`): the eligible
-    scores at or above ``seed`` appended to ``fws``'s buffer."""
+#: rounds of 8-byte loads a block of the batched filter takes (grid-stride) before it exits
+BATCH_FILTER_ROUNDS = 4
+
+
+def launch_filter(d_scores, fws: FilterWorkspace, seed, elig=None, block: int | None = None,
+                  rounds: int | None = None) -> None:
+    """Enqueue the filter pass alone (:func:`~andromeda_nb.kernels.select.filter_kernel`): each
+    request's eligible scores at or above its seed (``seed`` device ``float32[batch]``) appended
+    to its row of ``fws``'s buffer. ``elig``: device uint64 ``[words]`` (one request) or ``[batch,
+    words]``, or None. One request: a grid filling the GPU (grid-stride); a batch: blocks of
+    ``rounds`` rounds each (default :data:`BATCH_FILTER_ROUNDS`) over each request's slice."""
     from .kernels.select import FILTER_LOADS, filter_kernel
 
     block = block or launch.default_block()
-    head, words = word_view(d_scores, n)
-    grid = launch.grid_for(-(-words.shape[0] // FILTER_LOADS), block, blocks_per_sm=8)
+    total = int(fws.offsets_host[-1])
+    head, words = word_view(d_scores, total)
+    if fws.batch == 1:
+        grid = (launch.grid_for(-(-words.shape[0] // FILTER_LOADS), block, blocks_per_sm=8), 1)
+    else:
+        longest = int(np.diff(fws.offsets_host).max()) // 2 + 1
+        grid = (max(1, -(-longest // (block * FILTER_LOADS * (rounds or BATCH_FILTER_ROUNDS)))), fws.batch)
+    if elig is not None and elig.ndim == 1:
+        elig = elig.reshape(1, elig.shape[0])
     filter_kernel(block, elig is not None)[grid, block](
-        words, d_scores, n, head, elig if elig is not None else launch.dummy(np.uint64), seed, fws.buf_s, fws.buf_i,
-        fws.fill, fws.counts)
+        words, d_scores, head, fws.offsets, elig if elig is not None else launch.dummy2d(np.uint64), seed,
+        fws.buf_s, fws.buf_i, fws.fill, fws.counts)
 
 
 #: the rank final's candidate limit in the simulator (kernels.select.RANK_CAP on a GPU)
@@ -409,11 +442,13 @@ SIM_RANK_CAP = 512
 
 
 def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = None) -> FilterWorkspace:
-    """Enqueue the top-k of ``fws``'s buffer into its outputs: by counting each candidate's place
-    over many blocks when the buffer holds at most :data:`~andromeda_nb.kernels.select.RANK_CAP`
-    entries (:func:`~andromeda_nb.kernels.select.final_rank_kernel`), else by one block's radix
-    select (:func:`~andromeda_nb.kernels.topk.final_radix_kernel`, ``block`` threads, default
-    :func:`radix_block`; launched after the rank final either way, it exits when that answered)."""
+    """Enqueue each request's top-k of ``fws``'s buffer into its outputs: by counting each
+    candidate's place over many blocks when the buffer holds at most
+    :data:`~andromeda_nb.kernels.select.RANK_CAP` entries
+    (:func:`~andromeda_nb.kernels.select.final_rank_kernel`), else by one block's radix select
+    (:func:`~andromeda_nb.kernels.topk.final_radix_kernel`, ``block`` threads, default
+    :func:`radix_block`; launched after the rank final only when the buffer can hold more than
+    it takes, it exits when that answered). ``k``: the largest k of the batch."""
     from .kernels import select
     from .kernels.select import RANK_BLOCK, final_rank_kernel
     from .kernels.topk import final_radix_kernel, next_pow2
@@ -428,9 +463,78 @@ def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = N
         rb, split, cap = launch.default_block(), 1, min(select.RANK_CAP, SIM_RANK_CAP)
     else:
         rb, split, cap = RANK_BLOCK, select.RANK_SPLIT, select.RANK_CAP
-    final_rank_kernel(rb, has_ids, cap, split)[launch.grid_for(cap, rb // split, 1 << 20), rb](*args)
-    final_radix_kernel(max(2, next_pow2(k)), block, has_ids, skip_upto=cap)[(1, 1), block](*args)
+    per_block = rb // split
+    if fws.batch == 1:  # one pass over the most candidates it takes
+        grid = launch.grid_for(cap, per_block, 1 << 20)
+    else:  # one pass over about twice the candidates a seed aims at; more take more rounds
+        grid = max(1, min(-(-cap // per_block), -(-int(2 * SEED_MARGIN * fws.kmax) // per_block)))
+    final_rank_kernel(rb, has_ids, cap, split)[(grid, fws.batch), rb](*args)
+    if fws.cap > cap:
+        final_radix_kernel(max(2, next_pow2(k)), block, has_ids, skip_upto=cap)[(1, fws.batch), block](*args)
     return fws
+
+
+def batch_seed_shape() -> tuple[int, int]:
+    """(threads, samples a thread) of the batched seed: kernels.select.BATCH_SEED_BLOCK x
+    BATCH_SEED_PER_THREAD on a GPU (4,096 samples a request); the simulator's default block x the
+    same samples a thread."""
+    from .kernels.select import BATCH_SEED_BLOCK, BATCH_SEED_PER_THREAD
+
+    blk = launch.default_block() if launch.backend.is_simulator() else BATCH_SEED_BLOCK
+    return blk, BATCH_SEED_PER_THREAD
+
+
+def batch_filter_cap(offsets, ks) -> int:
+    """Candidates a request the batched seeded path buffers: four times what its seed aims at
+    (``SEED_MARGIN * k``, or SEED_MIN_RANK samples' worth of the longest request), at least
+    FILTER_MIN_CAP, at most what the rank final takes (kernels.select.RANK_CAP) and what the
+    longest request holds."""
+    from .kernels.select import RANK_CAP
+
+    blk, per = batch_seed_shape()
+    longest = int(np.diff(np.asarray(offsets, np.int64)).max(initial=0))
+    aim = max(SEED_MARGIN * int(np.max(ks)), SEED_MIN_RANK * longest / (blk * per))
+    return int(max(1, min(RANK_CAP, longest, max(FILTER_MIN_CAP, 4 * aim))))
+
+
+def launch_topk_batch_seeded(d_scores, fws: FilterWorkspace, elig=None, d_ids=None, block: int | None = None,
+                             rounds: int | None = None) -> FilterWorkspace:
+    """Enqueue the seeded batched top-K (no validation, no allocation, no host copy), three launches:
+    a block a request seeds a threshold from a sample of its scores and zeroes its counters
+    (:func:`~andromeda_nb.kernels.select.batch_seed_kernel`), one filter pass over the batch keeps
+    each request's eligible scores at or above its seed (:func:`launch_filter`), and the rank
+    final orders each request's kept scores (:func:`launch_final`).
+
+    Args:
+        d_scores: device ``float32[total]``; request r owns ``scores[offsets[r]:offsets[r+1]]`` of
+            ``fws`` (:meth:`FilterWorkspace.batched`);
+        elig: device ``uint64[batch, words]`` per-request bitsets over their slices, or None;
+        d_ids: device int64 ``[total]`` ids, or None (ids = positions within the slice).
+
+    Results in ``fws.out_id [batch, kmax]``, ``fws.out_s``, ``fws.counts [batch, 2]`` (eligible
+    non-NaN scores; those at or above the seed). A request's answer is exact unless
+    :func:`batch_outcomes` says otherwise (its seed above its k-th score, or more kept scores
+    than ``fws.cap``): :func:`topk_batch` reruns those."""
+    from .kernels.select import BATCH_SAMPLE_CHUNK, batch_seed_kernel
+
+    blk, per = batch_seed_shape()
+    has_elig = elig is not None
+    batch_seed_kernel(blk, per, BATCH_SAMPLE_CHUNK, has_elig, int(2 * SEED_MARGIN), SEED_MIN_RANK)[fws.batch, blk](
+        d_scores, fws.offsets, fws.ks, elig if has_elig else launch.dummy2d(np.uint64), fws.seeds, fws.counts,
+        fws.fill)
+    launch_filter(d_scores, fws, fws.seeds, elig, block, rounds)
+    return launch_final(fws.kmax, fws, d_ids)
+
+
+def batch_outcomes(fws: FilterWorkspace, counts=None) -> np.ndarray:
+    """Per request of a seeded batch (host ``counts int64[batch, 2]``, copied from ``fws`` when not
+    given): "exact", "seed_high" (fewer than ``min(k, eligible)`` scores reached the seed) or
+    "overflow" (more than ``fws.cap`` did), as a str array ``[batch]``."""
+    c = fws.counts.copy_to_host() if counts is None else np.asarray(counts)
+    out = np.full(len(c), "exact", dtype=object)
+    out[c[:, 1] < np.minimum(fws.ks_host, c[:, 0])] = "seed_high"
+    out[c[:, 1] > fws.cap] = "overflow"
+    return out
 
 
 def _result(res, counts) -> TopK:
@@ -547,19 +651,25 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
 
 def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None = None) -> list[TopK]:
     """Exact top-k of many requests at once: request ``r`` owns ``scores[offsets[r]:offsets[r+1]]``
-    and its own ``ks[r]``; one launch set for the batch (the block top-K: per-block lists, then
-    the merge on the device), the contract of :func:`topk_scores` per request.
+    and its own ``ks[r]``; the contract of :func:`topk_scores` per request.
+
+    One launch set for the batch (:func:`launch_topk_batch_seeded`: a seed a request from a sample,
+    one filter pass, the rank final). The few requests it cannot answer exactly (a seed above the
+    k-th score, or more kept scores than the buffer holds: ties, sorted input, requests of
+    millions of scores) are rerun: one by one by :func:`topk_scores`, or, past
+    :data:`RERUN_ONE_BY_ONE` of them, the whole batch by the unseeded block top-K (k <=
+    ``BLOCK_TOPK_MAX_K``).
 
     Args:
         scores: ``float32[total]``, host or device, C-contiguous.
         offsets: int ``[B + 1]``, ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == total``;
             ``1 <= B <= MAX_BATCH``; an empty slice answers all pads.
-        ks: int ``[B]``, each ``1..MAX_K``. Requests with ``k > BLOCK_TOPK_MAX_K`` (2048) are
-            answered one at a time by :func:`topk_scores` (radix select); the others together.
+        ks: int ``[B]``, each ``1..MAX_K``.
         eligible: optional host bool mask ``[total]`` (each request's slice of it).
         ids: optional ``int64[total]`` ids, non-negative and unique within each request
             (tie-breaks and output); default the position within the request's slice.
-        block: threads per block (1..1024; default 256 on a GPU, 32 in the simulator).
+        block: threads per block of the filter pass (1..1024; default 256 on a GPU, 32 in the
+            simulator).
 
     Returns:
         one :class:`~andromeda_nb.model.TopK` per request (host arrays of length ``ks[r]``).
@@ -591,39 +701,41 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
         if not isinstance(eligible, np.ndarray):
             raise TypeError("eligible must be a host bool mask [total]")
     host_ids = None if ids is None else check_ids(ids, offsets)
-    small = np.flatnonzero(ks <= BLOCK_TOPK_MAX_K)
-    out: list = [None] * B
     d_scores = launch.to_device(scores)
-    if small.size:
-        sub = [(int(offsets[r]), int(offsets[r + 1])) for r in small]
-        if small.size == B:
-            d_sub, sub_off = d_scores, offsets.astype(np.int64)
-            sub_ids = None if ids is None else launch.to_device(ids)
-        else:  # the block top-K requests' slices, back to back
-            host = scores if isinstance(scores, np.ndarray) else scores.copy_to_host()
-            d_sub = launch.to_device(np.concatenate([host[a:b] for a, b in sub]) if sub else host[:0])
-            sub_off = np.concatenate([[0], np.cumsum([b - a for a, b in sub])]).astype(np.int64)
-            sub_ids = None if ids is None else launch.to_device(np.concatenate([host_ids[a:b] for a, b in sub]))
-        sub_ks = ks[small].astype(np.int64)
-        elig = None
-        if eligible is not None:
-            words = max(1, -(-int(np.diff(sub_off).max()) // WORD_BITS))
-            bits = np.zeros((small.size, words), np.uint64)
-            for q, (a, b) in enumerate(sub):
-                w = bits_from_mask(eligible[a:b])
-                bits[q, :w.size] = w
-            elig = launch.to_device(bits)
-        ws = TopKWorkspace(sub_off, sub_ks, scan_lists(sub_off, sub_ks, block))
-        launch_topk_batch(d_sub, ws, elig, sub_ids, block=block)
-        out_id, out_s, counts = ws.out_id.copy_to_host(), ws.out_s.copy_to_host(), ws.counts.copy_to_host()
-        for q, r in enumerate(small):
+    d_ids = None if ids is None else launch.to_device(ids)
+    elig = None
+    if eligible is not None:
+        words = max(1, -(-int(np.diff(offsets).max()) // WORD_BITS))
+        bits = np.zeros((B, words), np.uint64)
+        for r in range(B):
+            w = bits_from_mask(eligible[offsets[r]:offsets[r + 1]])
+            bits[r, :w.size] = w
+        elig = launch.to_device(bits)
+    fws = FilterWorkspace.batched(offsets, ks)
+    launch_topk_batch_seeded(d_scores, fws, elig, d_ids, block)
+    counts = fws.counts.copy_to_host()
+    out_id, out_s = fws.out_id.copy_to_host(), fws.out_s.copy_to_host()
+    out = [TopK(ids=out_id[r, :k].copy(), scores=out_s[r, :k].copy(), count=int(counts[r, 0]))
+           for r, k in enumerate(ks.tolist())]
+    redo = np.flatnonzero(batch_outcomes(fws, counts) != "exact")
+    if redo.size > RERUN_ONE_BY_ONE and ks.max() <= BLOCK_TOPK_MAX_K:
+        ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, block))
+        launch_topk_batch(d_scores, ws, elig, d_ids, block=block)
+        out_id, out_s = ws.out_id.copy_to_host(), ws.out_s.copy_to_host()
+        for r in redo:
             k = int(ks[r])
-            out[r] = TopK(ids=out_id[q, :k].copy(), scores=out_s[q, :k].copy(), count=int(counts[q, 0]))
-    for r in np.flatnonzero(ks > BLOCK_TOPK_MAX_K):
-        a, b = int(offsets[r]), int(offsets[r + 1])
-        out[r] = topk_scores(d_scores[a:b], int(ks[r]), None if eligible is None else eligible[a:b],
-                             None if ids is None else host_ids[a:b], block)
+            out[r] = TopK(ids=out_id[r, :k].copy(), scores=out_s[r, :k].copy(), count=int(counts[r, 0]))
+    else:
+        for r in redo:
+            a, b = int(offsets[r]), int(offsets[r + 1])
+            out[r] = topk_scores(d_scores[a:b], int(ks[r]), None if eligible is None else eligible[a:b],
+                                 None if ids is None else host_ids[a:b], block)
     return out
+
+
+#: a seeded batch reruns up to this many requests one by one (topk_scores); more, the whole batch at
+#: once by the unseeded block top-K
+RERUN_ONE_BY_ONE = 8
 
 
 def _topk_beyond_block(d_scores, n: int, k: int, elig, d_ids, block, seeded: bool) -> TopK:

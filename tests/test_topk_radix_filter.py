@@ -25,9 +25,10 @@ def _run_filter(scores, seed, cap, block, grid, eligible=None, offset=0):
     buf_i = launch.to_device(np.full((1, cap), -5, np.int32))
     fill = launch.to_device(np.zeros(1, np.int64))
     counts = launch.to_device(np.zeros((1, 2), np.int64))
-    elig = launch.to_device(bits_from_mask(eligible)) if eligible is not None else launch.dummy(np.uint64)
-    filter_kernel(block, eligible is not None)[grid, block](
-        words, d_scores, n, head, elig, launch.to_device(np.array([seed], np.float32)), buf_s, buf_i, fill, counts)
+    elig = launch.to_device(bits_from_mask(eligible)[None, :]) if eligible is not None else launch.dummy2d(np.uint64)
+    filter_kernel(block, eligible is not None)[(grid, 1), block](
+        words, d_scores, head, launch.to_device(np.array([0, n], np.int64)), elig,
+        launch.to_device(np.array([seed], np.float32)), buf_s, buf_i, fill, counts)
     return (int(fill.copy_to_host()[0]), counts.copy_to_host()[0].tolist(), buf_i.copy_to_host()[0],
             buf_s.copy_to_host()[0])
 

@@ -18,8 +18,9 @@ One request's top-k over n scores (n >> k), as the host wrapper ``topk.launch_fi
    after it, which exits when the rank final has answered.
 
 Memory order of the seed's last-block pattern: each block's candidate stores and atomics precede
-its ``threadfence`` and its ticket increment; the last block then reads them with plain loads,
-which no block of the launch cached before (L1 holds nothing of an earlier launch). The simulator
+a barrier, then its thread 0's ``threadfence`` and ticket increment; the last block's thread 0
+fences again, and after a barrier the block reads them with plain loads, which no block of the
+launch cached before (L1 holds nothing of an earlier launch). The simulator
 runs blocks one after another, so it exercises the same code with the last block last.
 """
 
@@ -118,6 +119,18 @@ def _block_funcs(block: int):
     return zero, pick_from_top
 
 
+@cuda.jit(device=True, inline=True)
+def count_key(sh, key, level, b0):
+    """Histogram step of a seed: level 0 counts the key's top HIST_BITS bits; level 1 its next
+    HIST_BITS, if its top bits are ``b0``. Key 0 (no sample) is never counted."""
+    if key != 0:
+        top = int32(key >> uint32(32 - HIST_BITS))
+        if level == 0:
+            cuda.atomic.add(sh, top, 1)
+        elif top == b0:
+            cuda.atomic.add(sh, int32((key >> uint32(LOW_SHIFT)) & uint32(HIST_BINS - 1)), 1)
+
+
 @functools.lru_cache(maxsize=None)
 def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, resets: bool = False):
     """Launch ``[ceil(m / (block * SEED_PER_THREAD)), block]``: the seed of one request's top-k in one
@@ -145,7 +158,6 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
     zero, pick_from_top = _block_funcs(block)
     TOP = uint32(32 - HIST_BITS)
     LOW = uint32(LOW_SHIFT)
-    MASK = uint32(HIST_BINS - 1)
 
     @cuda.jit(device=True, inline=True)
     def take(scores, n, chunks, sample, elig, idx, m):
@@ -163,15 +175,6 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
             s = sample[idx]
         return sample_key(s)
 
-    @cuda.jit(device=True, inline=True)
-    def count(sh, key, level, b0):
-        """Level 0: the key's top 12 bits; level 1: its next 12, if its top 12 are ``b0``."""
-        if key != 0:
-            if level == 0:
-                cuda.atomic.add(sh, int32(key >> TOP), 1)
-            elif int32(key >> TOP) == b0:
-                cuda.atomic.add(sh, int32((key >> LOW) & MASK), 1)
-
     @cuda.jit(device=True)
     def prefix_of_rth(sh, part, out, r, k0, k1, k2, k3, cand, nc, level):
         """Whole block: the 24-bit key prefix (lower edge) of the r-th best of the keys counted by
@@ -183,10 +186,10 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
         for lv in range(2):
             zero(sh)
             if nc < 0:
-                count(sh, k0, lv, b0)
-                count(sh, k1, lv, b0)
-                count(sh, k2, lv, b0)
-                count(sh, k3, lv, b0)
+                count_key(sh, k0, lv, b0)
+                count_key(sh, k1, lv, b0)
+                count_key(sh, k2, lv, b0)
+                count_key(sh, k3, lv, b0)
             else:
                 j = cuda.threadIdx.x
                 while j < nc:  # 4 loads in flight
@@ -194,10 +197,10 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
                     c1 = cand[j + block] if j + block < nc else uint32(0)
                     c2 = cand[j + 2 * block] if j + 2 * block < nc else uint32(0)
                     c3 = cand[j + 3 * block] if j + 3 * block < nc else uint32(0)
-                    count(sh, c0, lv, b0)
-                    count(sh, c1, lv, b0)
-                    count(sh, c2, lv, b0)
-                    count(sh, c3, lv, b0)
+                    count_key(sh, c0, lv, b0)
+                    count_key(sh, c1, lv, b0)
+                    count_key(sh, c2, lv, b0)
+                    count_key(sh, c3, lv, b0)
                     j += 4 * block
             cuda.syncthreads()
             pick_from_top(sh, need, part, out)
@@ -244,11 +247,16 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
         offer(cand, ctl, k3, edge)
         if tid == 0 and edge != 0:
             cuda.atomic.max(ctl, CTL_EDGE, edge)
-        cuda.threadfence()
         cuda.syncthreads()
+        # one fence a block, not a thread: the barrier orders the block's stores before thread 0's
+        # fence, which is cumulative (the pattern of cooperative groups' grid sync)
         if tid == 0:
+            cuda.threadfence()
             t = cuda.atomic.add(ctl, CTL_TICKET, uint32(1))
-            flag[0] = 1 if t == cuda.gridDim.x - 1 else 0
+            last = t == cuda.gridDim.x - 1
+            if last:
+                cuda.threadfence()  # the acquire side: the candidates are read after it
+            flag[0] = 1 if last else 0
         cuda.syncthreads()
         if flag[0] == 0:
             return
@@ -267,52 +275,146 @@ def seed_kernel(block: int, chunk: int, gather: bool, has_elig: bool = False, re
     return kernel
 
 
+#: the batched seed: threads a request's block, samples a thread (4,096 a request, all of a
+#: request of at most that many), contiguous scores a sampled run
+BATCH_SEED_BLOCK = 256
+BATCH_SEED_PER_THREAD = 16
+BATCH_SAMPLE_CHUNK = 32
+
+
+@functools.lru_cache(maxsize=None)
+def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, margin_x2: int, min_rank: int):
+    """Launch ``[batch, block]``: one block a request, the seed of each request's top-k from a
+    sample of ``M = block * per_thread`` of its scores, and the request's counters zeroed for the
+    filter pass that follows (``counts int64[batch, 2]``, ``fill int64[batch]``).
+
+    Request ``q`` owns ``scores[offsets[q] : offsets[q + 1]]`` (n scores), ``ks[q]`` and, when
+    ``has_elig``, ``elig[q] uint64[words]`` over its local positions. A request of at most M
+    scores is sampled whole at rank k: its seed lower-bounds its k-th best. A larger one is
+    sampled as M / chunk runs of ``chunk`` contiguous scores, run j centred in the j-th of equal
+    strata, at rank ``r = max(min_rank, ceil(margin_x2 * k * M / (2 * n)))``: about ``margin_x2 / 2
+    * k`` of its scores reach the r-th best sample; past ``r > M / 4`` the sample decides little
+    and the seed is -inf (keep every eligible score). NaN, -inf and ineligible samples never seed.
+    ``seeds[q]`` is the lower edge of the 24-bit key prefix of the r-th best real sample (two
+    12-bit shared-memory histograms, as :func:`seed_kernel`), -inf when fewer than r are real.
+    One block holds the whole sample, so there is no merge across blocks and no fence."""
+    zero, pick_from_top = _block_funcs(block)
+    M = block * per_thread
+    CHUNKS = M // chunk
+    LOW = uint32(LOW_SHIFT)
+    TOP = uint32(32 - HIST_BITS)
+
+    @cuda.jit(device=True, inline=True)
+    def key_at(scores, a, n, whole, elig, q, idx):
+        if whole:
+            if idx >= n:
+                return uint32(0)
+            i = idx
+        else:
+            j = idx // chunk
+            i = (2 * j + 1) * n // (2 * CHUNKS) - chunk // 2 + idx % chunk  # within [0, n): n > M
+        if has_elig and test_bit(elig[q], i) == 0:
+            return uint32(0)
+        return sample_key(scores[a + i])
+
+    @cuda.jit
+    def kernel(scores, offsets, ks, elig, seeds, counts, fill):
+        sh = cuda.shared.array(HIST_BINS, int32)
+        part = cuda.shared.array(block, int32)
+        out = cuda.shared.array(2, int32)
+        keys = cuda.local.array(per_thread, uint32)
+        q = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        if tid == 0:
+            counts[q, 0] = 0
+            counts[q, 1] = 0
+            fill[q] = 0
+        a = offsets[q]
+        n = offsets[q + 1] - a
+        k = ks[q]
+        whole = n <= M
+        rank = k if whole else max(min_rank, (margin_x2 * k * M + 2 * n - 1) // (2 * n))
+        if not whole and rank > M // 4:  # uniform
+            if tid == 0:
+                seeds[q] = NEG_INF
+            return
+        for j in range(per_thread):  # constant trip count: unrolled, the keys in registers
+            keys[j] = key_at(scores, a, n, whole, elig, q, j * block + tid)
+        edge = uint32(0)
+        b0 = int32(0)
+        need = rank
+        for lv in range(2):
+            zero(sh)
+            for j in range(per_thread):
+                count_key(sh, keys[j], lv, b0)
+            cuda.syncthreads()
+            pick_from_top(sh, need, part, out)
+            if out[0] < 0:  # uniform: fewer than rank real samples
+                edge = uint32(0)
+                break
+            if lv == 0:
+                b0 = out[0]
+                need = out[1]
+                edge = uint32(b0) << TOP
+            else:
+                edge |= uint32(out[0]) << LOW
+            cuda.syncthreads()  # out is rewritten by the next pick
+        if tid == 0:
+            seeds[q] = key_float(max(edge, uint32(KEY_NEG_INF))) if edge != 0 else NEG_INF
+
+    return kernel
+
+
 #: 8-byte loads per thread per round of the filter (16 scores)
 FILTER_LOADS = 8
 
 
 @functools.lru_cache(maxsize=None)
 def filter_kernel(block: int, has_elig: bool):
-    """Launch ``[grid, block]`` (grid-stride): one pass over ``scores float32[n]`` that appends every
-    eligible score at or above ``seeds[0]`` (NaN never is) to ``buf_s float32[1, cap]`` /
-    ``buf_i int32[1, cap]`` (slots) through a global atomic on ``fill int64[1]`` (past ``cap``
-    counted, not written), and adds to ``counts int64[1, 2]`` the eligible non-NaN scores and
-    those kept. ``elig uint64[words]`` is read when ``has_elig``.
+    """Launch ``[(grid, batch), block]`` (grid-stride within each request): one pass over each
+    request's scores that appends every eligible score at or above its seed (NaN never is) to
+    its row of the candidate buffer. Request ``q = blockIdx.y`` owns ``scores[offsets[q] :
+    offsets[q + 1]]`` (``offsets int64[batch + 1]``), its seed ``seeds[q]``, its eligible bitset
+    row ``elig[q] uint64[words]`` over the slice's local positions (read when ``has_elig``), and
+    ``buf_s float32[batch, cap]`` / ``buf_i int32[batch, cap]`` (local slots) through a global
+    atomic on ``fill int64[batch]`` (past ``cap`` counted, not written); it adds to ``counts
+    int64[batch, 2]`` the eligible non-NaN scores and those kept.
 
     The scores are read as ``words uint64[nw]`` = ``scores[head : head + 2 * nw]`` (two scores an
     8-byte load: ``head`` is 1 when ``scores`` starts 4 bytes past an 8-byte boundary), 8 loads in
-    flight a thread; block 0 takes the odd score before and after them.
+    flight a thread; a request's block 0 takes the odd score before and after its words.
 
     Per 8-byte word the common case is one ``max.NaN`` and one compare: both scores below the seed
     and neither NaN (ineligible ones count as -inf); anything else takes the per-score path. The
-    eligible non-NaN count is n (or the eligible bits' population count) less the NaNs met there.
+    eligible non-NaN count is the eligible scores less the NaNs met there.
     Unsigned indices and whole rounds without bounds checks: the first version, signed indices
     and per-score checks, issued 28 instructions a score and ran compute-bound at 0.56 of the read
     ceiling (157 us at 10^8 scores; Nsight Compute: SM 81 %, DRAM 42 %). No barrier in the loop:
     the kept scores are few (the seed aims at a small multiple of k), so a global atomic each.
     """
     NEG = float32(-math.inf)
+    ONE = uint64(1)
 
     @cuda.jit(device=True, inline=True)
-    def keep(s, i, buf_s, buf_i, fill, cap):
-        pos = cuda.atomic.add(fill, 0, 1)
+    def keep(s, i, q, buf_s, buf_i, fill, cap):
+        pos = cuda.atomic.add(fill, q, 1)
         if pos < cap:
-            buf_s[0, pos] = s
-            buf_i[0, pos] = int32(i)
+            buf_s[q, pos] = s
+            buf_i[q, pos] = int32(i)
 
     @cuda.jit(device=True, inline=True)
-    def pair(x, i, seed, elig, buf_s, buf_i, fill, cap):
-        """Scores ``i``, ``i + 1`` in word ``x``: returns (eligible among them, NaN among the
-        eligible, kept)."""
+    def pair(x, i, q, seed, elig, buf_s, buf_i, fill, cap):
+        """Local scores ``i``, ``i + 1`` of request ``q`` in word ``x``: returns (eligible among
+        them, NaN among the eligible, kept)."""
         a, b = decode_fp32(x)
         ea = int32(1)
         eb = int32(1)
         if has_elig:
-            bits = elig[i >> uint64(6)] >> (i & uint64(63))
-            ea = int32(bits & uint64(1))
-            eb = int32((bits >> uint64(1)) & uint64(1))
+            bits = elig[q, i >> uint64(6)] >> (i & uint64(63))
+            ea = int32(bits & ONE)
+            eb = int32((bits >> ONE) & ONE)
             if (i & uint64(63)) == uint64(63):  # the pair straddles two bitset words
-                eb = int32(elig[(i + uint64(1)) >> uint64(6)] & uint64(1))
+                eb = int32(elig[q, (i + ONE) >> uint64(6)] & ONE)
             if ea == 0:
                 a = NEG
             if eb == 0:
@@ -323,49 +425,57 @@ def filter_kernel(block: int, has_elig: bool):
             if math.isnan(a):
                 nan += ea
             elif ea and a >= seed:  # an ineligible score is -inf here, and the seed may be -inf
-                keep(a, i, buf_s, buf_i, fill, cap)
+                keep(a, i, q, buf_s, buf_i, fill, cap)
                 kept += 1
             if math.isnan(b):
                 nan += eb
             elif eb and b >= seed:
-                keep(b, i + uint64(1), buf_s, buf_i, fill, cap)
+                keep(b, i + ONE, q, buf_s, buf_i, fill, cap)
                 kept += 1
         return ea + eb, nan, kept
 
     @cuda.jit(device=True, inline=True)
-    def single(scores, i, seed, elig, buf_s, buf_i, fill, cap):
-        """One score outside the words: returns (eligible, NaN among the eligible, kept)."""
-        s = scores[i]
-        if has_elig and (elig[i >> uint64(6)] >> (i & uint64(63))) & uint64(1) == uint64(0):
+    def single(scores, g, i, q, seed, elig, buf_s, buf_i, fill, cap):
+        """Global score ``g`` (local ``i``) outside the words: returns (eligible, NaN among the
+        eligible, kept)."""
+        s = scores[g]
+        if has_elig and (elig[q, i >> uint64(6)] >> (i & uint64(63))) & ONE == uint64(0):
             return int32(0), int32(0), int32(0)
         if math.isnan(s):
             return int32(1), int32(1), int32(0)
         if s >= seed:
-            keep(s, i, buf_s, buf_i, fill, cap)
+            keep(s, i, q, buf_s, buf_i, fill, cap)
             return int32(1), int32(0), int32(1)
         return int32(1), int32(0), int32(0)
 
     @cuda.jit
-    def kernel(words, scores, n, head, elig, seeds, buf_s, buf_i, fill, counts):
+    def kernel(words, scores, head, offsets, elig, seeds, buf_s, buf_i, fill, counts):
         red = cuda.shared.array(3, int32)  # block totals: eligible, NaN among them, kept
         tid = cuda.threadIdx.x
+        q = uint64(cuda.blockIdx.y)
         if tid == 0:  # one thread: a block may have fewer threads than totals
             red[0] = 0
             red[1] = 0
             red[2] = 0
         cuda.syncthreads()
-        seed = seeds[0]
+        seed = seeds[q]
         cap = buf_s.shape[1]
-        nw = uint64(words.shape[0])
+        start = uint64(offsets[q])
+        end = uint64(offsets[q + ONE])
         h = uint64(head)
+        # the words wholly inside [start, end): global scores h + 2w and h + 2w + 1 (start >= h - 1)
+        wa = (start + ONE - h) // uint64(2)
+        wb = (end - h) // uint64(2) if end >= h else uint64(0)
+        if wb < wa:
+            wb = wa
         B = uint64(block)
         per_round = B * uint64(FILTER_LOADS)
         stride = uint64(cuda.gridDim.x) * per_round
-        w0 = uint64(cuda.blockIdx.x) * per_round + uint64(tid)
+        w0 = wa + uint64(cuda.blockIdx.x) * per_round + uint64(tid)
         el = int32(0)
         nan = int32(0)
         kept = int32(0)
-        while w0 + uint64(FILTER_LOADS - 1) * B < nw:  # whole rounds: no bounds checks
+        while w0 + uint64(FILTER_LOADS - 1) * B < wb:  # whole rounds: no bounds checks
             x0 = words[w0]
             x1 = words[w0 + B]
             x2 = words[w0 + uint64(2) * B]
@@ -374,35 +484,36 @@ def filter_kernel(block: int, has_elig: bool):
             x5 = words[w0 + uint64(5) * B]
             x6 = words[w0 + uint64(6) * B]
             x7 = words[w0 + uint64(7) * B]
-            i = h + uint64(2) * w0
+            i = h + uint64(2) * w0 - start
             # written out: a loop over the tuple compiles to a branch tree on the index
-            e0, c0, k0 = pair(x0, i, seed, elig, buf_s, buf_i, fill, cap)
-            e1, c1, k1 = pair(x1, i + uint64(2) * B, seed, elig, buf_s, buf_i, fill, cap)
-            e2, c2, k2 = pair(x2, i + uint64(4) * B, seed, elig, buf_s, buf_i, fill, cap)
-            e3, c3, k3 = pair(x3, i + uint64(6) * B, seed, elig, buf_s, buf_i, fill, cap)
-            e4, c4, k4 = pair(x4, i + uint64(8) * B, seed, elig, buf_s, buf_i, fill, cap)
-            e5, c5, k5 = pair(x5, i + uint64(10) * B, seed, elig, buf_s, buf_i, fill, cap)
-            e6, c6, k6 = pair(x6, i + uint64(12) * B, seed, elig, buf_s, buf_i, fill, cap)
-            e7, c7, k7 = pair(x7, i + uint64(14) * B, seed, elig, buf_s, buf_i, fill, cap)
+            e0, c0, k0 = pair(x0, i, q, seed, elig, buf_s, buf_i, fill, cap)
+            e1, c1, k1 = pair(x1, i + uint64(2) * B, q, seed, elig, buf_s, buf_i, fill, cap)
+            e2, c2, k2 = pair(x2, i + uint64(4) * B, q, seed, elig, buf_s, buf_i, fill, cap)
+            e3, c3, k3 = pair(x3, i + uint64(6) * B, q, seed, elig, buf_s, buf_i, fill, cap)
+            e4, c4, k4 = pair(x4, i + uint64(8) * B, q, seed, elig, buf_s, buf_i, fill, cap)
+            e5, c5, k5 = pair(x5, i + uint64(10) * B, q, seed, elig, buf_s, buf_i, fill, cap)
+            e6, c6, k6 = pair(x6, i + uint64(12) * B, q, seed, elig, buf_s, buf_i, fill, cap)
+            e7, c7, k7 = pair(x7, i + uint64(14) * B, q, seed, elig, buf_s, buf_i, fill, cap)
             el += e0 + e1 + e2 + e3 + e4 + e5 + e6 + e7
             nan += c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7
             kept += k0 + k1 + k2 + k3 + k4 + k5 + k6 + k7
             w0 += stride
-        while w0 < nw:  # the last, partial round
-            e, c, kk = pair(words[w0], h + uint64(2) * w0, seed, elig, buf_s, buf_i, fill, cap)
+        while w0 < wb:  # the last, partial round
+            e, c, kk = pair(words[w0], h + uint64(2) * w0 - start, q, seed, elig, buf_s, buf_i, fill, cap)
             el += e
             nan += c
             kept += kk
             w0 += B
-        if cuda.blockIdx.x == 0 and tid == 0:  # the odd scores before and after the words
-            if head == 1:
-                e, c, kk = single(scores, uint64(0), seed, elig, buf_s, buf_i, fill, cap)
+        if cuda.blockIdx.x == 0 and tid == 0 and start < end:  # the odd scores before and after the words
+            first = h + uint64(2) * wa
+            if first > start:  # the slice starts mid-word
+                e, c, kk = single(scores, start, uint64(0), q, seed, elig, buf_s, buf_i, fill, cap)
                 el += e
                 nan += c
                 kept += kk
-            last = h + uint64(2) * nw
-            if last < uint64(n):
-                e, c, kk = single(scores, last, seed, elig, buf_s, buf_i, fill, cap)
+            last = h + uint64(2) * wb
+            if last < end and last >= start:  # ends mid-word (or, no word at all, starts on one)
+                e, c, kk = single(scores, last, last - start, q, seed, elig, buf_s, buf_i, fill, cap)
                 el += e
                 nan += c
                 kept += kk
@@ -415,9 +526,9 @@ def filter_kernel(block: int, has_elig: bool):
         cuda.syncthreads()
         if tid == 0:
             if red[0] != red[1]:
-                cuda.atomic.add(counts[0], 0, int64(red[0] - red[1]))
+                cuda.atomic.add(counts[q], 0, int64(red[0] - red[1]))
             if red[2]:
-                cuda.atomic.add(counts[0], 1, int64(red[2]))
+                cuda.atomic.add(counts[q], 1, int64(red[2]))
 
     return kernel
 
@@ -455,18 +566,19 @@ def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int
     TILE = 4 * block
 
     @cuda.jit(device=True, inline=True)
-    def key_of(buf_s, buf_i, q, ids, start):
-        """(64-bit key, id) of candidate q: without ids the key orders completely (higher first)."""
-        sk = uint64(score_key(buf_s[0, q]))
-        slot = buf_i[0, q]
+    def key_of(buf_s, buf_i, r, q, ids, start):
+        """(64-bit key, id) of request r's candidate q: without ids the key orders completely
+        (higher first)."""
+        sk = uint64(score_key(buf_s[r, q]))
+        slot = buf_i[r, q]
         if has_ids:
             return sk, ids[start + slot]
         return (sk << uint64(32)) | uint64(uint32(0xFFFFFFFF) - uint32(slot)), int64(0)
 
     @cuda.jit(device=True, inline=True)
-    def stage(buf_s, buf_i, ids, start, m, j):
+    def stage(buf_s, buf_i, r, ids, start, m, j):
         if j < m:
-            kq, iq = key_of(buf_s, buf_i, j, ids, start)
+            kq, iq = key_of(buf_s, buf_i, r, j, ids, start)
         else:
             kq, iq = uint64(0), int64(0)  # key 0: before nobody (real keys are above 0x7FFFFF)
         return kq, iq
@@ -477,17 +589,18 @@ def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int
         tile_id = cuda.shared.array(TILE if has_ids else 1, int64)
         part = cuda.shared.array(PER_BLOCK, int32)
         tid = cuda.threadIdx.x
-        m = min(fill[0], buf_s.shape[1])
+        r = cuda.blockIdx.y
+        m = min(fill[r], buf_s.shape[1])
         if m > cap:
             return  # uniform: the radix select answers
-        kk = min(ks[0], m)
-        start = offsets[0]
+        kk = min(ks[r], m)
+        start = offsets[r]
         if cuda.blockIdx.x == 0:
             q = kk + tid
             while q < out_s.shape[1]:
-                out_s[0, q] = NEG_INF
-                out_slot[0, q] = -1
-                out_id[0, q] = -1
+                out_s[r, q] = NEG_INF
+                out_slot[r, q] = -1
+                out_id[r, q] = -1
                 q += block
         base = cuda.blockIdx.x * PER_BLOCK
         while base < m:  # uniform; one pass on the GPU's grid (cap // PER_BLOCK blocks)
@@ -496,16 +609,16 @@ def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int
             ki = uint64(0)
             idi = int64(0)
             if c < m:
-                ki, idi = key_of(buf_s, buf_i, c, ids, start)
+                ki, idi = key_of(buf_s, buf_i, r, c, ids, start)
             if tid < PER_BLOCK:
                 part[tid] = 0
             cnt = int32(0)
             j0 = 0
             while j0 < m:
-                a0, b0 = stage(buf_s, buf_i, ids, start, m, j0 + tid)
-                a1, b1 = stage(buf_s, buf_i, ids, start, m, j0 + tid + block)
-                a2, b2 = stage(buf_s, buf_i, ids, start, m, j0 + tid + 2 * block)
-                a3, b3 = stage(buf_s, buf_i, ids, start, m, j0 + tid + 3 * block)
+                a0, b0 = stage(buf_s, buf_i, r, ids, start, m, j0 + tid)
+                a1, b1 = stage(buf_s, buf_i, r, ids, start, m, j0 + tid + block)
+                a2, b2 = stage(buf_s, buf_i, r, ids, start, m, j0 + tid + 2 * block)
+                a3, b3 = stage(buf_s, buf_i, r, ids, start, m, j0 + tid + 3 * block)
                 cuda.syncthreads()  # the previous tile (and round) is done with
                 tile_k[tid] = a0
                 tile_k[tid + block] = a1
@@ -518,7 +631,8 @@ def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int
                     tile_id[tid + 3 * block] = b3
                 cuda.syncthreads()
                 u = uint32(sub)
-                while u < uint32(TILE):  # 32-bit unsigned: no 64-bit index arithmetic a compare
+                lim = uint32(min(TILE, m - j0))  # the tile's real entries: few candidates, few compares
+                while u < lim:  # 32-bit unsigned: no 64-bit index arithmetic a compare
                     kq = tile_k[u]
                     if has_ids:
                         cnt += int32((kq > ki) | ((kq == ki) & (tile_id[u] < idi)))
@@ -532,9 +646,9 @@ def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int
             if sub == 0 and c < m:
                 place = part[tid // split]
                 if place < kk:
-                    out_s[0, place] = buf_s[0, c]
-                    out_slot[0, place] = buf_i[0, c]
-                    out_id[0, place] = idi if has_ids else int64(buf_i[0, c])
+                    out_s[r, place] = buf_s[r, c]
+                    out_slot[r, place] = buf_i[r, c]
+                    out_id[r, place] = idi if has_ids else int64(buf_i[r, c])
             cuda.syncthreads()  # part is read above and zeroed in the next round
             base += cuda.gridDim.x * PER_BLOCK
 
