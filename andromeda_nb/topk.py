@@ -409,8 +409,9 @@ def word_view(d_scores, n: int):
     return head, d_scores[head:head + body].view(np.uint64)
 
 
-#: rounds of 8-byte loads a block of the batched filter takes (grid-stride) before it exits
-BATCH_FILTER_ROUNDS = 4
+#: rounds of 8-byte loads a block of the batched filter takes (grid-stride) before it exits: one
+#: block a request up to 65,536 scores (H200, 1,024 x 50,000 scores: 4 rounds 69 us, 13 65 us)
+BATCH_FILTER_ROUNDS = 16
 
 
 def launch_filter(d_scores, fws: FilterWorkspace, seed, elig=None, block: int | None = None,
@@ -437,26 +438,37 @@ def launch_filter(d_scores, fws: FilterWorkspace, seed, elig=None, block: int | 
         fws.buf_s, fws.buf_i, fws.fill, fws.counts)
 
 
+#: threads of the sort final's blocks (a request each): about half the ~2.5 k candidates padded
+#: to a power of two, a compare-exchange a thread a step
+SORT_BLOCK = 128
 #: the rank final's candidate limit in the simulator (kernels.select.RANK_CAP on a GPU)
 SIM_RANK_CAP = 512
 
 
-def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = None) -> FilterWorkspace:
+def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = None,
+                 d_scores=None) -> FilterWorkspace:
     """Enqueue each request's top-k of ``fws``'s buffer into its outputs: by counting each
     candidate's place over many blocks when the buffer holds at most
     :data:`~andromeda_nb.kernels.select.RANK_CAP` entries
     (:func:`~andromeda_nb.kernels.select.final_rank_kernel`), else by one block's radix select
     (:func:`~andromeda_nb.kernels.topk.final_radix_kernel`, ``block`` threads, default
     :func:`radix_block`; launched after the rank final only when the buffer can hold more than
-    it takes, it exits when that answered). ``k``: the largest k of the batch."""
+    it takes, it exits when that answered). ``k``: the largest k of the batch. A batch whose
+    buffer holds at most :data:`~andromeda_nb.kernels.select.SORT_CAP` candidates a request, given
+    its ``d_scores``, is answered by a block a request sorting them
+    (:func:`~andromeda_nb.kernels.select.final_sort_kernel`) instead."""
     from .kernels import select
-    from .kernels.select import RANK_BLOCK, final_rank_kernel
+    from .kernels.select import RANK_BLOCK, SORT_CAP, final_rank_kernel, final_sort_kernel
     from .kernels.topk import final_radix_kernel, next_pow2
 
     block = block or radix_block()
     has_ids = d_ids is not None
     ids = d_ids if has_ids else launch.dummy(np.int64)
     args = (fws.buf_s, fws.buf_i, fws.fill, fws.offsets, ids, fws.ks, fws.out_s, fws.out_slot, fws.out_id)
+    if d_scores is not None and fws.batch > 1 and fws.cap <= SORT_CAP:  # a block a request sorts
+        sb = launch.default_block() if launch.backend.is_simulator() else SORT_BLOCK
+        final_sort_kernel(sb, has_ids, max(2, next_pow2(fws.cap)))[(1, fws.batch), sb](d_scores, *args)
+        return fws
     if launch.backend.is_simulator():
         # a thread a candidate and at most SIM_RANK_CAP of them: the simulator runs every barrier of
         # every tile and round in Python (2,000 candidates took seconds); the radix select above
@@ -484,17 +496,21 @@ def batch_seed_shape() -> tuple[int, int]:
     return blk, BATCH_SEED_PER_THREAD
 
 
+#: the batched path's candidate buffer holds at least this many a request
+BATCH_MIN_CAP = 1024
+
+
 def batch_filter_cap(offsets, ks) -> int:
     """Candidates a request the batched seeded path buffers: four times what its seed aims at
     (``SEED_MARGIN * k``, or SEED_MIN_RANK samples' worth of the longest request), at least
-    FILTER_MIN_CAP, at most what the rank final takes (kernels.select.RANK_CAP) and what the
-    longest request holds."""
+    BATCH_MIN_CAP, at most what the rank final takes (kernels.select.RANK_CAP) and what the
+    longest request holds. Up to kernels.select.SORT_CAP (k up to ~200) the sort final answers."""
     from .kernels.select import RANK_CAP
 
     blk, per = batch_seed_shape()
     longest = int(np.diff(np.asarray(offsets, np.int64)).max(initial=0))
     aim = max(SEED_MARGIN * int(np.max(ks)), SEED_MIN_RANK * longest / (blk * per))
-    return int(max(1, min(RANK_CAP, longest, max(FILTER_MIN_CAP, 4 * aim))))
+    return int(max(1, min(RANK_CAP, longest, max(BATCH_MIN_CAP, 4 * aim))))
 
 
 def launch_topk_batch_seeded(d_scores, fws: FilterWorkspace, elig=None, d_ids=None, block: int | None = None,
@@ -523,7 +539,7 @@ def launch_topk_batch_seeded(d_scores, fws: FilterWorkspace, elig=None, d_ids=No
         d_scores, fws.offsets, fws.ks, elig if has_elig else launch.dummy2d(np.uint64), fws.seeds, fws.counts,
         fws.fill)
     launch_filter(d_scores, fws, fws.seeds, elig, block, rounds)
-    return launch_final(fws.kmax, fws, d_ids)
+    return launch_final(fws.kmax, fws, d_ids, d_scores=d_scores)
 
 
 def batch_outcomes(fws: FilterWorkspace, counts=None) -> np.ndarray:
