@@ -633,7 +633,7 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
     blk, per_thread = batch_seed_shape()
     add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, str(verified),
                   variant="block_topk_batched_seeded", **fields,
-                  notes=f"seed ({blk * per_thread} samples a request), filter, rank final: 3 launches; kept scores a "
+                  notes=f"seed ({blk * per_thread} samples a request), filter, sort final: 3 launches; kept scores a "
                         f"request: median {int(np.median(kept))}, max {int(kept.max())} (buffer {fws.cap})"))
     seed_kern = batch_seed_kernel(blk, per_thread, BATCH_SAMPLE_CHUNK, False, int(2 * SEED_MARGIN), SEED_MIN_RANK)
     stages = [
@@ -642,7 +642,7 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
          "a block a request: the seed from a sample, counters zeroed"),
         ("filter", lambda: (fws.reset(), launch_filter(d_scores, fws, fws.seeds)),
          "counter reset + the filter pass over the batch"),
-        ("final", lambda: launch_final(k, fws), "the rank final of every request's kept scores"),
+        ("final", lambda: launch_final(k, fws, d_scores=d_scores), "a block a request sorts its kept scores"),
     ]
     for name, fn, note in stages:  # in order: each stage's inputs in place
         fn()

@@ -310,6 +310,33 @@ def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, m
     thread), took 48 us for 1,024 requests of 50,000 scores on the H200: 120 registers (two
     blocks an SM, four waves) and ~2,000 dependent instructions a thread. One block holds the
     whole sample: no merge across blocks, no fence."""
+    request_seed = _batch_seed_funcs(block, per_thread, chunk, has_elig, margin_x2, min_rank)
+
+    def kernel(scores, offsets, ks, elig, seeds, counts, fill):
+        sh = cuda.shared.array(SEED_RADIX, int32)
+        part = cuda.shared.array(block, int32)
+        out = cuda.shared.array(2, int32)
+        keys = cuda.local.array(per_thread, uint32)
+        q = cuda.blockIdx.x
+        if cuda.threadIdx.x == 0:
+            counts[q, 0] = 0
+            counts[q, 1] = 0
+            fill[q] = 0
+        seed = request_seed(scores, offsets, ks, elig, q, sh, part, out, keys)
+        if cuda.threadIdx.x == 0:
+            seeds[q] = seed
+
+    if max_registers and not config.ENABLE_CUDASIM:  # the simulator has no register cap
+        return cuda.jit(kernel, max_registers=max_registers)
+    return cuda.jit(kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _batch_seed_funcs(block: int, per_thread: int, chunk: int, has_elig: bool, margin_x2: int, min_rank: int):
+    """The device function of :func:`batch_seed_kernel`: ``request_seed(scores, offsets, ks, elig, q,
+    sh, part, out, keys)`` returns request ``q``'s seed in every thread of the block (``sh
+    int32[SEED_RADIX]``, ``part int32[block]``, ``out int32[2]`` shared; ``keys uint32[per_thread]``
+    local). Whole block; ends synchronised."""
     zero, pick_from_top = _block_funcs(block, SEED_RADIX)
     M = block * per_thread
     CHUNKS = M // chunk
@@ -338,26 +365,16 @@ def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, m
         if key != 0 and (uint64(key) >> (shift + RB)) == (uint64(edge) >> (shift + RB)):
             cuda.atomic.add(sh, int32((uint64(key) >> shift) & DIGIT), 1)
 
-    def kernel(scores, offsets, ks, elig, seeds, counts, fill):
-        sh = cuda.shared.array(SEED_RADIX, int32)
-        part = cuda.shared.array(block, int32)
-        out = cuda.shared.array(2, int32)
-        keys = cuda.local.array(per_thread, uint32)
-        q = cuda.blockIdx.x
+    @cuda.jit(device=True)
+    def request_seed(scores, offsets, ks, elig, q, sh, part, out, keys):
         tid = cuda.threadIdx.x
-        if tid == 0:
-            counts[q, 0] = 0
-            counts[q, 1] = 0
-            fill[q] = 0
         a = offsets[q]
         n = offsets[q + 1] - a
         k = ks[q]
         whole = n <= M
         rank = k if whole else max(min_rank, (margin_x2 * k * M + 2 * n - 1) // (2 * n))
         if not whole and rank > M // 4:  # uniform
-            if tid == 0:
-                seeds[q] = NEG_INF
-            return
+            return NEG_INF
         step = uint32(n // CHUNKS) if not whole else uint32(0)
         for j in range(per_thread):  # constant trip count: unrolled, the keys in registers
             keys[j] = key_at(scores, a, n, step, whole, elig, q, uint32(j * block + tid))
@@ -376,12 +393,10 @@ def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, m
             edge |= uint32(out[0]) << uint32(shift)
             need = out[1]
             cuda.syncthreads()  # out is rewritten by the next pick
-        if tid == 0:
-            seeds[q] = key_float(max(edge, uint32(KEY_NEG_INF))) if edge != 0 else NEG_INF
+        cuda.syncthreads()
+        return key_float(max(edge, uint32(KEY_NEG_INF))) if edge != 0 else NEG_INF
 
-    if max_registers and not config.ENABLE_CUDASIM:  # the simulator has no register cap
-        return cuda.jit(kernel, max_registers=max_registers)
-    return cuda.jit(kernel)
+    return request_seed
 
 
 #: 8-byte loads per thread per round of the filter (16 scores)
@@ -393,28 +408,9 @@ FILTER_STAGE = 1024
 
 
 @functools.lru_cache(maxsize=None)
-def filter_kernel(block: int, has_elig: bool):
-    """Launch ``[(grid, batch), block]`` (grid-stride within each request): one pass over each
-    request's scores that appends every eligible score at or above its seed (NaN never is) to
-    its row of the candidate buffer. Request ``q = blockIdx.y`` owns ``scores[offsets[q] :
-    offsets[q + 1]]`` (``offsets int64[batch + 1]``), its seed ``seeds[q]``, its eligible bitset
-    row ``elig[q] uint64[words]`` over the slice's local positions (read when ``has_elig``), and
-    ``buf_s float32[batch, cap]`` / ``buf_i int32[batch, cap]`` (local slots) through a global
-    atomic on ``fill int64[batch]`` (past ``cap`` counted, not written); it adds to ``counts
-    int64[batch, 2]`` the eligible non-NaN scores and those kept.
-
-    The scores are read as ``words uint64[nw]`` = ``scores[head : head + 2 * nw]`` (two scores an
-    8-byte load: ``head`` is 1 when ``scores`` starts 4 bytes past an 8-byte boundary), 8 loads in
-    flight a thread; a request's block 0 takes the odd score before and after its words.
-
-    Per 8-byte word the common case is one ``max.NaN`` and one compare: both scores below the seed
-    and neither NaN (ineligible ones count as -inf); anything else takes the per-score path. The
-    eligible non-NaN count is the eligible scores less the NaNs met there.
-    Unsigned indices and whole rounds without bounds checks: the first version, signed indices
-    and per-score checks, issued 28 instructions a score and ran compute-bound at 0.56 of the read
-    ceiling (157 us at 10^8 scores; Nsight Compute: SM 81 %, DRAM 42 %). No barrier in the loop:
-    the kept scores are few (the seed aims at a small multiple of k), so a global atomic each.
-    """
+def _filter_funcs(block: int, has_elig: bool):
+    """The filter pass's device function ``stream(...)``: one block's share of one request's pass
+    (see :func:`filter_kernel`)."""
     NEG = float32(-math.inf)
     ONE = uint64(1)
 
@@ -478,25 +474,11 @@ def filter_kernel(block: int, has_elig: bool):
             return int32(1), int32(0), int32(1)
         return int32(1), int32(0), int32(0)
 
-    @cuda.jit
-    def kernel(words, scores, head, offsets, elig, seeds, buf_s, buf_i, fill, counts):
-        red = cuda.shared.array(3, int32)  # block totals: eligible, NaN among them, kept
-        st_s = cuda.shared.array(FILTER_STAGE, float32)
-        st_i = cuda.shared.array(FILTER_STAGE, int32)
-        st_n = cuda.shared.array(1, int32)  # staged count (int32: a native shared atomic)
-        st_base = cuda.shared.array(1, int64)  # the block's place in the buffer
+    @cuda.jit(device=True, inline=True)
+    def stream(words, scores, head, q, start, end, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap, bx, gxn):
+        """Block ``bx`` of ``gxn`` over request ``q``'s scores ``[start, end)`` (uint64): its share of
+        the pass; returns this thread's (eligible, NaN among them, kept)."""
         tid = cuda.threadIdx.x
-        q = uint64(cuda.blockIdx.y)
-        if tid == 0:  # one thread: a block may have fewer threads than totals
-            red[0] = 0
-            red[1] = 0
-            red[2] = 0
-            st_n[0] = 0
-        cuda.syncthreads()
-        seed = seeds[q]
-        cap = buf_s.shape[1]
-        start = uint64(offsets[q])
-        end = uint64(offsets[q + ONE])
         h = uint64(head)
         # the words wholly inside [start, end): global scores h + 2w and h + 2w + 1 (start >= h - 1)
         wa = (start + ONE - h) // uint64(2)
@@ -505,8 +487,8 @@ def filter_kernel(block: int, has_elig: bool):
             wb = wa
         B = uint64(block)
         per_round = B * uint64(FILTER_LOADS)
-        stride = uint64(cuda.gridDim.x) * per_round
-        w0 = wa + uint64(cuda.blockIdx.x) * per_round + uint64(tid)
+        stride = uint64(gxn) * per_round
+        w0 = wa + uint64(bx) * per_round + uint64(tid)
         el = int32(0)
         nan = int32(0)
         kept = int32(0)
@@ -578,7 +560,7 @@ def filter_kernel(block: int, has_elig: bool):
                 el += e
                 nan += c
                 kept += kk
-        if cuda.blockIdx.x == 0 and tid == 0 and start < end:  # the odd scores before and after the words
+        if bx == 0 and tid == 0 and start < end:  # the odd scores before and after the words
             first = h + uint64(2) * wa
             if first > start:  # the slice starts mid-word
                 e, c, kk = single(scores, start, uint64(0), q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
@@ -591,6 +573,55 @@ def filter_kernel(block: int, has_elig: bool):
                 el += e
                 nan += c
                 kept += kk
+        return el, nan, kept
+
+    return stream
+
+
+@functools.lru_cache(maxsize=None)
+def filter_kernel(block: int, has_elig: bool):
+    """Launch ``[(grid, batch), block]`` (grid-stride within each request): one pass over each
+    request's scores that appends every eligible score at or above its seed (NaN never is) to
+    its row of the candidate buffer. Request ``q = blockIdx.y`` owns ``scores[offsets[q] :
+    offsets[q + 1]]`` (``offsets int64[batch + 1]``), its seed ``seeds[q]``, its eligible bitset
+    row ``elig[q] uint64[words]`` over the slice's local positions (read when ``has_elig``), and
+    ``buf_s float32[batch, cap]`` / ``buf_i int32[batch, cap]`` (local slots) through a global
+    atomic on ``fill int64[batch]`` (past ``cap`` counted, not written); it adds to ``counts
+    int64[batch, 2]`` the eligible non-NaN scores and those kept.
+
+    The scores are read as ``words uint64[nw]`` = ``scores[head : head + 2 * nw]`` (two scores an
+    8-byte load: ``head`` is 1 when ``scores`` starts 4 bytes past an 8-byte boundary), 8 loads in
+    flight a thread; a request's block 0 takes the odd score before and after its words.
+
+    Per 8-byte word the common case is one ``max.NaN`` and one compare: both scores below the seed
+    and neither NaN (ineligible ones count as -inf); anything else takes the per-score path. The
+    eligible non-NaN count is the eligible scores less the NaNs met there.
+    Unsigned indices and whole rounds without bounds checks: the first version, signed indices
+    and per-score checks, issued 28 instructions a score and ran compute-bound at 0.56 of the read
+    ceiling (157 us at 10^8 scores; Nsight Compute: SM 81 %, DRAM 42 %). No barrier in the loop:
+    the kept scores are few (the seed aims at a small multiple of k), so a global atomic each.
+    """
+    stream = _filter_funcs(block, has_elig)
+    ONE = uint64(1)
+
+    @cuda.jit
+    def kernel(words, scores, head, offsets, elig, seeds, buf_s, buf_i, fill, counts):
+        red = cuda.shared.array(3, int32)  # block totals: eligible, NaN among them, kept
+        st_s = cuda.shared.array(FILTER_STAGE, float32)
+        st_i = cuda.shared.array(FILTER_STAGE, int32)
+        st_n = cuda.shared.array(1, int32)  # staged count (int32: a native shared atomic)
+        st_base = cuda.shared.array(1, int64)  # the block's place in the buffer
+        tid = cuda.threadIdx.x
+        q = uint64(cuda.blockIdx.y)
+        if tid == 0:  # one thread: a block may have fewer threads than totals
+            red[0] = 0
+            red[1] = 0
+            red[2] = 0
+            st_n[0] = 0
+        cuda.syncthreads()
+        cap = buf_s.shape[1]
+        el, nan, kept = stream(words, scores, head, q, uint64(offsets[q]), uint64(offsets[q + ONE]), seeds[q], elig,
+                               st_s, st_i, st_n, buf_s, buf_i, fill, cap, cuda.blockIdx.x, cuda.gridDim.x)
         if el:
             cuda.atomic.add(red, 0, el)
         if nan:
@@ -767,6 +798,7 @@ def final_sort_kernel(block: int, has_ids: bool, cap: int):
     its split, instruction-bound)."""
     KEY_CAP = cap
     ID_CAP = cap if has_ids else 1
+    sort_desc, key_of, write_top = _sort_funcs(block, has_ids)
 
     @cuda.jit
     def kernel(scores, buf_s, buf_i, fill, offsets, ids, ks, out_s, out_slot, out_id):
@@ -779,29 +811,52 @@ def final_sort_kernel(block: int, has_ids: bool, cap: int):
         if m > cap:
             return  # uniform
         mu = uint32(m)
-        kk = uint32(min(ks[r], m))
         start = offsets[r]
         P = uint32(1)
         while P < mu:
             P <<= uint32(1)
-        B = uint32(block)
         j = tid
         while j < P:
-            key = uint64(0)  # a pad: below every real key (those are above 0x7FFFFF << 32)
             if j < mu:
-                slot = buf_i[r, j]
-                key = uint64(score_key(buf_s[r, j])) << uint64(32)
-                if has_ids:
-                    sid[j] = ids[start + slot]
-                    sslot[j] = slot
-                else:  # the lower slot first: its complement is higher
-                    key |= uint64(uint32(0xFFFFFFFF) - uint32(slot))
-            elif has_ids:
+                key_of(sk, sid, sslot, j, buf_s[r, j], buf_i[r, j], ids, start)
+            else:
+                key_of(sk, sid, sslot, j, NEG_INF, int32(-1), ids, start)
+            j += uint32(block)
+        cuda.syncthreads()
+        sort_desc(sk, sid, sslot, P)
+        write_top(sk, sid, sslot, scores, start, uint32(min(ks[r], m)), r, out_s, out_slot, out_id)
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _sort_funcs(block: int, has_ids: bool):
+    """Device functions of the sort final (:func:`final_sort_kernel`):
+    ``key_of(sk, sid, sslot, j, s, slot, ids, start)`` writes entry j (slot -1: a pad, after every
+    real entry); ``sort_desc(sk, sid, sslot, P)`` sorts the first P entries (a power of two) best
+    first, whole block, entered and left synchronised; ``write_top(sk, sid, sslot, scores, start,
+    kk, r, out_s, out_slot, out_id)`` writes the best kk to row r, pads after them."""
+    B = uint32(block)
+
+    @cuda.jit(device=True, inline=True)
+    def key_of(sk, sid, sslot, j, s, slot, ids, start):
+        if slot < 0:
+            sk[j] = uint64(0)  # below every real key (those are above 0x7FFFFF << 32)
+            if has_ids:
                 sid[j] = int64(0x7FFFFFFFFFFFFFFF)
                 sslot[j] = -1
-            sk[j] = key
-            j += B
-        cuda.syncthreads()
+            return
+        key = uint64(score_key(s)) << uint64(32)
+        if has_ids:
+            sid[j] = ids[start + slot]
+            sslot[j] = slot
+        else:  # the lower slot first: its complement is higher
+            key |= uint64(uint32(0xFFFFFFFF) - uint32(slot))
+        sk[j] = key
+
+    @cuda.jit(device=True)
+    def sort_desc(sk, sid, sslot, P):
+        tid = uint32(cuda.threadIdx.x)
         half = P >> uint32(1)
         size = uint32(2)
         while size <= P:  # uniform: P is the same in every thread
@@ -833,7 +888,10 @@ def final_sort_kernel(block: int, has_ids: bool, cap: int):
                 cuda.syncthreads()
                 stride >>= uint32(1)
             size <<= uint32(1)
-        q = tid
+
+    @cuda.jit(device=True, inline=True)
+    def write_top(sk, sid, sslot, scores, start, kk, r, out_s, out_slot, out_id):
+        q = uint32(cuda.threadIdx.x)
         while q < uint32(out_s.shape[1]):
             if q < kk:
                 if has_ids:
@@ -842,7 +900,7 @@ def final_sort_kernel(block: int, has_ids: bool, cap: int):
                 else:
                     slot = int32(uint32(0xFFFFFFFF) - uint32(sk[q] & uint64(0xFFFFFFFF)))
                     out_id[r, q] = int64(slot)
-                out_s[r, q] = scores[start + slot]
+                out_s[r, q] = scores[start + slot]  # the score itself: -0 stays -0
                 out_slot[r, q] = slot
             else:
                 out_s[r, q] = NEG_INF
@@ -850,4 +908,5 @@ def final_sort_kernel(block: int, has_ids: bool, cap: int):
                 out_id[r, q] = -1
             q += B
 
-    return kernel
+    return sort_desc, key_of, write_top
+
