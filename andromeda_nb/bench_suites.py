@@ -636,20 +636,25 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
                   notes=f"seed ({blk * per_thread} samples a request), filter, sort final: 3 launches; kept scores a "
                         f"request: median {int(np.median(kept))}, max {int(kept.max())} (buffer {fws.cap})"))
     seed_kern = batch_seed_kernel(blk, per_thread, BATCH_SAMPLE_CHUNK, False, int(2 * SEED_MARGIN), SEED_MIN_RANK)
+    samples = min(per, blk * per_thread)
+    kept_bytes = float(kept.mean()) * 8 + k * (4 + 4 + 16)  # kept (score, slot); out scores read + 3 outputs
+    # bytes a score each stage moves: the seed reads its sample, the final the kept scores and writes k
     stages = [
         ("seed", lambda: seed_kern[batch, blk](d_scores, fws.offsets, fws.ks, launch.dummy2d(np.uint64), fws.seeds,
                                               fws.counts, fws.fill),
-         "a block a request: the seed from a sample, counters zeroed"),
-        ("filter", lambda: (fws.reset(), launch_filter(d_scores, fws, fws.seeds)),
+         4.0 * samples / per, f"a block a request: the seed from a {samples}-score sample, counters zeroed"),
+        ("filter", lambda: (fws.reset(), launch_filter(d_scores, fws, fws.seeds)), 4.0,
          "counter reset + the filter pass over the batch"),
-        ("final", lambda: launch_final(k, fws, d_scores=d_scores), "a block a request sorts its kept scores"),
+        ("final", lambda: launch_final(k, fws, d_scores=d_scores), kept_bytes / per,
+         "a block a request sorts its kept scores"),
     ]
-    for name, fn, note in stages:  # in order: each stage's inputs in place
+    for name, fn, bytes_per_score, note in stages:  # in order: each stage's inputs in place
         fn()
         timing = bench.time_device(fn, reps=args.reps)
         verified = values_check(fws.out_s, " (after the stage)") if name == "final" else "n/a (stage timing)"
-        add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, str(verified),
-                      variant=f"block_topk_batched_seeded_stage_{name}", **fields, notes=note))
+        add(bench.row("topk", env, ceil, timing, batch * per, bytes_per_score, None, str(verified),
+                      variant=f"block_topk_batched_seeded_stage_{name}", **fields,
+                      notes=f"{note}; bytes_per_item: what the stage moves a score"))
     ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
     timing = bench.time_device(lambda: launch_topk_batch(d_scores, ws), reps=args.reps)
     add(bench.row("topk", env, ceil, timing, batch * per, 4.0, None, str(values_check(ws.out_s, "")),

@@ -436,11 +436,11 @@ def _filter_funcs(block: int, has_elig: bool):
         ea = int32(1)
         eb = int32(1)
         if has_elig:
-            bits = elig[q, i >> uint64(6)] >> (i & uint64(63))
+            bits = elig[i >> uint64(6)] >> (i & uint64(63))
             ea = int32(bits & ONE)
             eb = int32((bits >> ONE) & ONE)
             if (i & uint64(63)) == uint64(63):  # the pair straddles two bitset words
-                eb = int32(elig[q, (i + ONE) >> uint64(6)] & ONE)
+                eb = int32(elig[(i + ONE) >> uint64(6)] & ONE)
             if ea == 0:
                 a = NEG
             if eb == 0:
@@ -465,7 +465,7 @@ def _filter_funcs(block: int, has_elig: bool):
         """Global score ``g`` (local ``i``) outside the words: returns (eligible, NaN among the
         eligible, kept)."""
         s = scores[g]
-        if has_elig and (elig[q, i >> uint64(6)] >> (i & uint64(63))) & ONE == uint64(0):
+        if has_elig and (elig[i >> uint64(6)] >> (i & uint64(63))) & ONE == uint64(0):
             return int32(0), int32(0), int32(0)
         if math.isnan(s):
             return int32(1), int32(1), int32(0)
@@ -477,8 +477,11 @@ def _filter_funcs(block: int, has_elig: bool):
     @cuda.jit(device=True, inline=True)
     def stream(words, scores, head, q, start, end, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap, bx, gxn):
         """Block ``bx`` of ``gxn`` over request ``q``'s scores ``[start, end)`` (uint64): its share of
-        the pass; returns this thread's (eligible, NaN among them, kept)."""
+        the pass; returns this thread's (eligible, NaN among them, kept). ``elig``: the batch's
+        bitsets ``[batch, words]``; the pass reads row q (a 1-D view: no 2-D index arithmetic a
+        pair)."""
         tid = cuda.threadIdx.x
+        elig = elig[q] if has_elig else elig[0]  # without a bitset, the 1 x 1 stand-in's row
         h = uint64(head)
         # the words wholly inside [start, end): global scores h + 2w and h + 2w + 1 (start >= h - 1)
         wa = (start + ONE - h) // uint64(2)
