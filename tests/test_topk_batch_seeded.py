@@ -514,7 +514,7 @@ def _forced_requests(rng, M):
     """(sizes, ks, makers): a small whole request (exact); top scores exactly on the sampled
     positions (rank 32 < k = 50: seed_high); all equal (every score kept: overflow); sorted
     ascending, 8 M scores (the 8th best sample leaves 120 kept: exact at the default cap,
-    overflow at cap 64); a normal sampled request."""
+    overflow at cap 64); a sampled request of finite normal scores."""
     n_big = 4 * M
 
     def top_in_sample(n):
@@ -526,7 +526,10 @@ def _forced_requests(rng, M):
     sizes = [500, n_big, n_big, 2 * n_big, 3 * M + 7]
     ks = np.array([5, 50, 10, 10, 6], np.int64)
     makers = ["normal", top_in_sample, lambda n: np.ones(n, np.float32),
-              lambda n: np.arange(n, dtype=np.float32), "normal"]
+              lambda n: np.arange(n, dtype=np.float32),
+              # finite normal scores: with "normal"'s 1 % of +inf the seed is +inf and every +inf is
+              # kept, ~n / 100: over the cap of 64 at the GPU's sample size (M = 4,096, n ~ 12,300)
+              lambda n: rng.standard_normal(n).astype(np.float32)]
     return sizes, ks, makers
 
 
