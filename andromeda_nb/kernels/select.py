@@ -1,5 +1,5 @@
 """Seeded top-K selection: a one-launch histogram seed over a sample, a barrier-free filter pass,
-and a final that ranks the few survivors by counting.
+and a final that ranks the few survivors (by counting, or, a request of a batch, by sorting).
 
 One request's top-k over n scores (n >> k), as the host wrapper ``topk.launch_filtered`` chains it:
 
@@ -9,13 +9,19 @@ One request's top-k over n scores (n >> k), as the host wrapper ``topk.launch_fi
    it; the last block to finish picks the whole sample's r-th best among those. The seed is that
    prefix's lower edge, so at least r samples reach it and few more than r do. (The earlier seed,
    a block top-K of the sample, took five launches and 79 us at 10^8 scores; this one 34 us.)
-2. **filter** (:func:`filter_kernel`): one grid-stride pass, 8-byte loads, no block barrier: a
-   score at or above the seed takes a global atomic slot in the candidate buffer (a few thousand
-   in all when the seed aims at a small multiple of k).
+2. **filter** (:func:`filter_kernel`): one grid-stride pass, 8-byte loads, no block barrier in
+   the loop: a score at or above the seed is staged in shared memory (a shared atomic), and each
+   block takes its slots in the candidate buffer with one global atomic at its end (a few
+   thousand candidates in all when the seed aims at a small multiple of k).
 3. **final** (:func:`final_rank_kernel`): each candidate's place in the contract's order is the
    number of candidates before it, counted over many blocks, each block placing its own share.
    More than ``RANK_CAP`` candidates leave the answer to ``topk.final_radix_kernel``, launched
    after it, which exits when the rank final has answered.
+
+A batch of requests (``topk.launch_topk_batch_seeded``) takes the same three steps, a request
+each: :func:`batch_seed_kernel` (a block a request, its sample in registers, three 8-bit radix
+levels), :func:`filter_kernel` over the batch (``blockIdx.y`` a request) and
+:func:`final_sort_kernel` (a block a request sorts its few candidates in shared memory).
 
 Memory order of the seed's last-block pattern: each block's candidate stores and atomics precede
 a barrier, then its thread 0's ``threadfence`` and ticket increment; the last block's thread 0
@@ -588,9 +594,9 @@ def filter_kernel(block: int, has_elig: bool):
     its row of the candidate buffer. Request ``q = blockIdx.y`` owns ``scores[offsets[q] :
     offsets[q + 1]]`` (``offsets int64[batch + 1]``), its seed ``seeds[q]``, its eligible bitset
     row ``elig[q] uint64[words]`` over the slice's local positions (read when ``has_elig``), and
-    ``buf_s float32[batch, cap]`` / ``buf_i int32[batch, cap]`` (local slots) through a global
-    atomic on ``fill int64[batch]`` (past ``cap`` counted, not written); it adds to ``counts
-    int64[batch, 2]`` the eligible non-NaN scores and those kept.
+    ``buf_s float32[batch, cap]`` / ``buf_i int32[batch, cap]`` (local slots) through
+    ``fill int64[batch]`` (past ``cap`` counted, not written); it adds to ``counts int64[batch, 2]``
+    the eligible non-NaN scores and those kept.
 
     The scores are read as ``words uint64[nw]`` = ``scores[head : head + 2 * nw]`` (two scores an
     8-byte load: ``head`` is 1 when ``scores`` starts 4 bytes past an 8-byte boundary), 8 loads in
@@ -602,7 +608,10 @@ def filter_kernel(block: int, has_elig: bool):
     Unsigned indices and whole rounds without bounds checks: the first version, signed indices
     and per-score checks, issued 28 instructions a score and ran compute-bound at 0.56 of the read
     ceiling (157 us at 10^8 scores; Nsight Compute: SM 81 %, DRAM 42 %). No barrier in the loop:
-    the kept scores are few (the seed aims at a small multiple of k), so a global atomic each.
+    a kept score is staged in shared memory (FILTER_STAGE entries, a shared atomic) and the block
+    takes its buffer slots with one global atomic at its end; past the stage, a global atomic a
+    kept score. A global atomic a kept score throughout was fine at 10^8 scores (~2,800 kept)
+    but halved a batch's pass (0.5 % kept: about one a warp a round, each stalling its warp).
     """
     stream = _filter_funcs(block, has_elig)
     ONE = uint64(1)
@@ -665,16 +674,17 @@ RANK_SPLIT = 8
 
 @functools.lru_cache(maxsize=None)
 def final_rank_kernel(block: int, has_ids: bool, cap: int = RANK_CAP, split: int = RANK_SPLIT):
-    """Launch ``[grid, block]`` (``split`` a power of two dividing ``block``; grid-stride over groups
-    of candidates, one pass with ``cap // (block // split)`` blocks):
-    one request's exact top-k of its candidate buffer (``buf_s float32[1, cap_b]``, ``buf_i int32[1,
-    cap_b]`` slots, ``m = min(fill[0], cap_b)`` entries, no NaN) when ``m <= cap``, by counting: a
+    """Launch ``[(grid, batch), block]`` (``split`` a power of two dividing ``block``; grid-stride
+    over groups of candidates, one pass with ``cap // (block // split)`` blocks): each request's
+    (``r = blockIdx.y``) exact top-k of its candidate buffer (``buf_s float32[batch, cap_b]``,
+    ``buf_i int32[batch, cap_b]`` slots, ``m = min(fill[r], cap_b)`` entries, no NaN) when
+    ``m <= cap``, by counting: a
     candidate's place in the contract's order (score descending, ties to the lower id,
     ``ids[start + slot]`` when ``has_ids`` else the slot; -0 ties with +0) is the number of
     candidates before it, unique because ids are. Block b ranks candidates ``b * (block // split)``
     onward, ``split`` threads each, over all m candidates in shared-memory tiles of ``4 * block``
     (one load round each, 4 loads in flight a thread), and writes each one placed below
-    ``min(k, m)`` to ``out_s / out_slot / out_id [1, kmax]``; block 0 pads the rest of the row
+    ``min(k, m)`` to ``out_s / out_slot / out_id [batch, kmax]``; block 0 pads the rest of the row
     (-inf, -1, -1). Without ids a candidate's key is one uint64 (score key, then the complement
     of its slot): one 64-bit compare a pair. One launch, no global atomics. More than ``cap``
     candidates: every block returns at once and ``topk.final_radix_kernel`` (launched after,
