@@ -569,6 +569,11 @@ def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
         fn()
     cuda.synchronize()
     rows = []
+    kept = int(fws.fill.copy_to_host()[0])
+    # bytes a score each stage reads: the seed its sample, the finals the kept scores (8 B each), the
+    # merge the block lists; the passes over the scores 4
+    moved = {"seed": 4.0 * sws.m / n, "final": 8.0 * kept / n, "final_radix": 8.0 * kept / n,
+             "merge": 8.0 * ws.lists * k / n, "merge_radix": 8.0 * ws.lists * k / n}
     for name, fn, note, res in stages:
         verified = "n/a (stage timing; the 'all' row is verified)"
         if res is not None:  # these write the answer: check it
@@ -576,7 +581,8 @@ def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
             cuda.synchronize()
             verified = str(verify_topk_torch(res.out_id[0], res.out_s[0], scores, k))
         timing = bench.time_device(fn, reps=args.reps)
-        r = bench.row("topk", env, ceil, timing, n, 4.0, None, verified,
+        note = note + ("; bytes_per_item: what the stage reads a score" if name in moved else "")
+        r = bench.row("topk", env, ceil, timing, n, moved.get(name, 4.0), None, verified,
                       variant=f"block_topk_stage_{name}", n_ads=n, k=k, batch=1, dtype="fp32", access="random",
                       notes=(f"{4 * n / 1e6:.0f} MB: L2-resident; " if 4 * n < 25e6 else
                              f"{4 * n / 1e6:.0f} MB: beyond the 50 MB L2; ") + note)

@@ -674,7 +674,7 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
     and its own ``ks[r]``; the contract of :func:`topk_scores` per request.
 
     One launch set for the batch (:func:`launch_topk_batch_seeded`: a seed a request from a sample,
-    one filter pass, the rank final). The few requests it cannot answer exactly (a seed above the
+    one filter pass, a block a request sorting its kept scores; the rank final for k above ~200). The few requests it cannot answer exactly (a seed above the
     k-th score, or more kept scores than the buffer holds: ties, sorted input, requests of
     millions of scores) are rerun: one by one by :func:`topk_scores`, or, past
     :data:`RERUN_ONE_BY_ONE` of them, the whole batch by the unseeded block top-K (k <=
