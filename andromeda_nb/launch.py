@@ -39,8 +39,9 @@ def grid_for(n_items: int, block: int, blocks_per_sm: int = GPU_BLOCKS_PER_SM) -
     return min(need, cap)
 
 
-def check_block(block) -> None:
-    """Validate a threads-per-block argument: None (the default) or an int in 1..1024.
+def check_block(block) -> int | None:
+    """Validate a threads-per-block argument: None (the default) or an int in 1..1024. Returns it as
+    a Python int (a numpy uint32 or int8 would wrap in the launch arithmetic), or None.
 
     Raises:
         ValueError: anything else (bools included).
@@ -48,6 +49,7 @@ def check_block(block) -> None:
     if block is not None and (isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer))
                               or not 1 <= block <= 1024):
         raise ValueError(f"block must be None or an int in 1..1024 (threads per block), got {block!r}")
+    return None if block is None else int(block)
 
 
 def is_device_array(x) -> bool:

@@ -62,6 +62,31 @@ def check_ids(ids, offsets):
     return host_ids
 
 
+def check_block_topk_block(block: int | None, ks) -> int | None:
+    """A caller's ``block`` also runs the block top-K (a fallback of the seeded paths) for every k up
+    to ``BLOCK_TOPK_MAX_K`` among ``ks``: its scan keeps ``next_pow2(k + 8 * block)`` entries of 8
+    bytes in shared memory, at most 4,096 within Numba's 48 KiB. Returns ``block``.
+
+    Raises:
+        ValueError: a block too large for the largest such k, naming the largest that fits.
+    """
+    from .kernels.topk import SCAN_ITEMS, buffer_capacity
+
+    small = [int(k) for k in ks if int(k) <= BLOCK_TOPK_MAX_K]
+    if block is None or not small:
+        return block
+    kmax = max(small)
+    if buffer_capacity(kmax, block, SCAN_ITEMS) > BLOCK_TOPK_BUFFER:
+        fits = (BLOCK_TOPK_BUFFER - kmax) // SCAN_ITEMS
+        raise ValueError(f"block={block} with k={kmax}: the block top-K (the fallback path) keeps k + "
+                         f"{SCAN_ITEMS} * block entries in 48 KiB of shared memory; block <= {fits} fits")
+    return block
+
+
+#: entries of the block top-K's shared buffer that fit Numba's 48 KiB (8 bytes each, a power of two)
+BLOCK_TOPK_BUFFER = 4096
+
+
 def eligible_bitset(eligible, n: int):
     """Accept an eligible set as a host bool mask ``[n]`` or a uint64 bitset ``[ceil(n/64)]`` (host
     or device) and return a device bitset. A host bitset must have no bits set past ``n`` (a
@@ -628,8 +653,9 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
         eligible: optional bool ``[n]`` mask or uint64 ``[ceil(n/64)]`` bitset.
         ids: optional ``int64[n]`` ids (unique, non-negative) reported and used for tie-breaks;
             default the index.
-        block: threads per block (default: 256 on a GPU, 32 in the simulator); the one-block radix
-            selects run :data:`RADIX_BLOCK` threads whatever it is.
+        block: threads per block (default: 256 on a GPU, 32 in the simulator; for k up to
+            ``BLOCK_TOPK_MAX_K`` at most ``(4096 - k) // 8``: see :func:`check_block_topk_block`);
+            the one-block radix selects run :data:`RADIX_BLOCK` threads whatever it is.
         seeded: for large arrays, seed a threshold from a sample of the (eligible) scores and
             answer by :data:`SEEDED_PATH` (default "filter": one pass keeps the scores at or above
             the seed, one block's radix select picks the top-k). Exact either way: a seed above
@@ -649,7 +675,7 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     n = int(scores.shape[0])
     if n > MAX_ITEMS:
         raise ValueError(f"at most {MAX_ITEMS} scores per call, got {n}")
-    launch.check_block(block)
+    block = check_block_topk_block(launch.check_block(block), [k])
     if ids is not None:
         check_ids(ids, np.array([0, n]))
     elig = None if eligible is None else eligible_bitset(eligible, n)
@@ -688,8 +714,10 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
         eligible: optional host bool mask ``[total]`` (each request's slice of it).
         ids: optional ``int64[total]`` ids, non-negative and unique within each request
             (tie-breaks and output); default the position within the request's slice.
-        block: threads per block of the filter pass (1..1024; default 256 on a GPU, 32 in the
-            simulator).
+        block: threads per block of the filter pass and of the reruns (1..1024; default 256 on a
+            GPU, 32 in the simulator; at most ``(4096 - k) // 8`` for the largest k up to
+            ``BLOCK_TOPK_MAX_K``: the block top-K a rerun may take keeps ``k + 8 * block`` entries
+            in shared memory).
 
     Returns:
         one :class:`~andromeda_nb.model.TopK` per request (host arrays of length ``ks[r]``).
@@ -702,20 +730,23 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
     total = int(scores.shape[0])
     offsets = np.asarray(offsets)
     ks = np.asarray(ks)
-    if offsets.ndim != 1 or not np.issubdtype(offsets.dtype, np.integer) or offsets.size < 2:
+    if (offsets.ndim != 1 or not np.issubdtype(offsets.dtype, np.integer) or offsets.dtype == np.bool_
+            or offsets.size < 2):
         raise ValueError(f"offsets must be a 1-D integer array of B + 1 >= 2 entries, got {offsets!r}")
     B = offsets.size - 1
     if B > MAX_BATCH:
         raise ValueError(f"at most {MAX_BATCH} requests per batch, got {B}")
-    if offsets[0] != 0 or offsets[-1] != total or np.any(np.diff(offsets) < 0):
+    # compared, not subtracted: a difference of unsigned or narrow integers wraps around
+    if offsets[0] != 0 or offsets[-1] != total or np.any(offsets[1:] < offsets[:-1]):
         raise ValueError(f"offsets must start at 0, never decrease and end at len(scores) = {total}")
+    offsets = offsets.astype(np.int64)  # every entry is in 0..total now
     if ks.shape != (B,) or not np.issubdtype(ks.dtype, np.integer) or ks.dtype == np.bool_:
-        raise ValueError(f"ks must be {B} integers (one per request), got {ks!r}")
+        raise ValueError(f"ks must hold one integer a request ({B}), got {ks!r}")
     for k in ks.tolist():
         check_k(k)
     if total > MAX_ITEMS:
         raise ValueError(f"at most {MAX_ITEMS} scores per call, got {total}")
-    launch.check_block(block)
+    block = check_block_topk_block(launch.check_block(block), ks.tolist())
     if eligible is not None:
         launch.check_array("eligible", eligible, np.bool_, shape=(total,))
         if not isinstance(eligible, np.ndarray):

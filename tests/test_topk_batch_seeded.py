@@ -663,3 +663,48 @@ def test_topk_batch_under_poisoned_shared_memory(rng, monkeypatch):
     for kw in ({}, {"eligible": mask, "ids": ids}):
         got = T.topk_batch(scores, offsets, ks, **kw)
         _check_topk_batch(got, scores, offsets, ks, kw.get("eligible"), kw.get("ids"))
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. validation found by an adversarial review
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32, np.uint16, np.uint8, np.int8])
+def test_topk_batch_refuses_decreasing_offsets_of_any_integer_type(dtype):
+    """A difference of unsigned (or overflowing narrow) offsets wraps around: the check compares
+    neighbours instead, so overlapping or negative-length requests never reach a kernel."""
+    s = np.arange(10, dtype=np.float32)
+    for offsets in ([0, 6, 5, 10], [0, 10, 3, 10]):
+        with pytest.raises(ValueError, match="never decrease"):
+            T.topk_batch(s, np.array(offsets, dtype), [2, 2, 2])
+    with pytest.raises(ValueError, match="never decrease"):
+        T.topk_batch(s, np.array([0, 6, 5, 10], dtype), [2, 2, 2], eligible=np.ones(10, bool))
+    got = T.topk_batch(s, np.array([0, 4, 10], dtype), [2, 3])  # a valid one of the same dtype
+    np.testing.assert_array_equal(got[0].ids, [3, 2])
+    np.testing.assert_array_equal(got[1].ids, [5, 4, 3])
+
+
+@pytest.mark.parametrize("block", [np.uint32(32), np.int8(32), np.int16(33)])
+def test_numpy_integer_blocks_are_plain_ints(rng, block):
+    """A numpy integer block is taken as its value (an int8 or uint32 would wrap in the launch
+    arithmetic: a hang or an overflow after the first launch)."""
+    scores = rng.standard_normal(700).astype(np.float32)
+    got = T.topk_batch(scores, [0, 300, 700], [5, 7], block=block)
+    for r, (lo, hi, k) in enumerate(((0, 300, 5), (300, 700, 7))):
+        np.testing.assert_array_equal(got[r].ids, oracle.topk(scores[lo:hi], k).ids)
+    one = T.topk_scores(scores, 9, block=block)
+    np.testing.assert_array_equal(one.ids, oracle.topk(scores, 9).ids)
+
+
+def test_block_too_large_for_the_block_topk_is_refused_up_front():
+    """A block whose block top-K buffer (next_pow2(k + 8 * block) entries of 8 bytes) passes 48 KiB
+    is refused before any launch, naming the largest block that fits; k above the block top-K's
+    limit does not run it, so any block is fine there."""
+    s = np.ones(20000, np.float32)
+    with pytest.raises(ValueError, match=r"block <= 499"):
+        T.topk_batch(s, [0, 10000, 20000], [100, 10], block=512)
+    with pytest.raises(ValueError, match=r"block <= 256"):
+        T.topk_scores(s, 2048, block=257)
+    T.check_block_topk_block(499, [100])  # next_pow2(100 + 8 * 499) = 4096 fits
+    with pytest.raises(ValueError, match="block <= 499"):
+        T.check_block_topk_block(500, [100])
+    T.check_block_topk_block(1024, [T.BLOCK_TOPK_MAX_K + 1])

@@ -405,6 +405,8 @@ def _batch_seed_funcs(block: int, per_thread: int, chunk: int, has_elig: bool, m
     return request_seed
 
 
+#: 32-bit registers of an SM (H100 / H200), the most a block's threads can share
+REGISTER_FILE = 65536
 #: 8-byte loads per thread per round of the filter (16 scores)
 FILTER_LOADS = 8
 #: kept scores a filter block stages in shared memory before its one global atomic (8 KiB): a
@@ -616,7 +618,6 @@ def filter_kernel(block: int, has_elig: bool):
     stream = _filter_funcs(block, has_elig)
     ONE = uint64(1)
 
-    @cuda.jit
     def kernel(words, scores, head, offsets, elig, seeds, buf_s, buf_i, fill, counts):
         red = cuda.shared.array(3, int32)  # block totals: eligible, NaN among them, kept
         st_s = cuda.shared.array(FILTER_STAGE, float32)
@@ -660,7 +661,12 @@ def filter_kernel(block: int, has_elig: bool):
                     buf_i[q, pos] = st_i[j]
                 j += block
 
-    return kernel
+    # a block of more than 512 threads must fit the register file: 64 registers a thread at 1,024
+    # (the bitset variant takes 78 uncapped)
+    regs = REGISTER_FILE // block // 8 * 8
+    if regs < 128 and not config.ENABLE_CUDASIM:  # the simulator has no register cap
+        return cuda.jit(kernel, max_registers=regs)
+    return cuda.jit(kernel)
 
 
 #: candidates the rank final takes; more leave the request to the radix select launched after it
