@@ -594,6 +594,33 @@ def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
     return rows
 
 
+def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int) -> None:
+    """One request through the batched seeded path (a batch of one): its seed is one block's 4,096-
+    score sample (the single-request seed samples 12,800 at n = 500,000 over 4 blocks and a last-
+    block merge, 18 us alone), then the same filter pass and rank final. A candidate for the small
+    request's path; its row says whether the answer was exact without a rerun."""
+    import cupy as cp
+
+    from .topk import FilterWorkspace, batch_outcomes, launch_topk_batch_seeded
+
+    cuda = launch.cuda()
+    scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
+    d_scores = cuda.as_cuda_array(scores)
+    fws = FilterWorkspace.batched(np.array([0, n], np.int64), np.array([k], np.int64))
+    call = lambda: launch_topk_batch_seeded(d_scores, fws)  # noqa: E731
+    call()
+    outcome = batch_outcomes(fws)[0]
+    verified = verify_topk_torch(fws.out_id[0], fws.out_s[0], scores, k)
+    if outcome != "exact":
+        verified = checks.Check(False, f"not exact on the batched path ({outcome}): topk_batch would rerun it")
+    timing = bench.time_device(call, reps=args.reps)
+    kept = int(fws.counts.copy_to_host()[0, 1])
+    add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant="block_topk_seeded_batch_path",
+                  n_ads=n, k=k, batch=1, dtype="fp32", access="random",
+                  notes=f"{4 * n / 1e6:.0f} MB: L2-resident; the batched path on one request: a one-block seed, "
+                        f"{kept} scores kept (buffer {fws.cap})"))
+
+
 def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: int = 100) -> list[dict]:
     """The batched top-K (``batch`` requests of ``per`` scores, top-``k`` each): the seeded path
     (:func:`andromeda_nb.topk.launch_topk_batch_seeded`) whole and stage by stage, the unseeded
@@ -857,6 +884,7 @@ def topk(env, ceil, args) -> list[dict]:
             one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident, as right after scoring")
         # the seeded block top-K lists + merge (the earlier default)
         one(500_000, 1000, "random", True, l2_note="2 MB: L2-resident; seeded scan + merge path", path="scan")
+        _topk_one_request_batch_path(add, env, ceil, args, 500_000, 1000)
     if "stages" in phases:
         rows.extend(_topk_stage_rows(env, ceil, args, 500_000, 1000))
     if "stages_large" in phases:  # where 10^8 scores' seeded call spends its time (not in the default set)
