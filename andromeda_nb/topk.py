@@ -371,7 +371,6 @@ class FilterWorkspace:
     def __init__(self, n: int, k: int, cap: int | None = None):
         cap = max(1, int(cap)) if cap is not None else max(FILTER_MIN_CAP, FILTER_CAP_PER_K * int(k))
         self._alloc(np.array([0, int(n)], np.int64), np.array([int(k)], np.int64), cap)
-        self.n, self.k = int(n), int(k)
 
     @classmethod
     def batched(cls, offsets, ks, cap: int | None = None) -> "FilterWorkspace":
@@ -380,6 +379,7 @@ class FilterWorkspace:
         self = cls.__new__(cls)
         offsets, ks = np.asarray(offsets, np.int64), np.asarray(ks, np.int64)
         self._alloc(offsets, ks, batch_filter_cap(offsets, ks) if cap is None else max(1, int(cap)))
+        self.seeds = launch.cuda().to_device(np.full(self.batch, -np.inf, np.float32))  # the batch seed's
         return self
 
     def _alloc(self, offsets, ks, cap: int) -> None:
@@ -391,7 +391,6 @@ class FilterWorkspace:
         self.buf_i = cuda.device_array((b, cap), np.int32)
         self.fill = cuda.device_array(b, np.int64)
         self.counts = cuda.device_array((b, 2), np.int64)
-        self.seeds = cuda.to_device(np.full(b, -np.inf, np.float32))
         self.offsets = cuda.to_device(offsets)
         self.ks = cuda.to_device(ks)
         self.out_s = cuda.device_array((b, self.kmax), np.float32)
@@ -765,17 +764,21 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
     fws = FilterWorkspace.batched(offsets, ks)
     launch_topk_batch_seeded(d_scores, fws, elig, d_ids, block)
     counts = fws.counts.copy_to_host()
-    out_id, out_s = fws.out_id.copy_to_host(), fws.out_s.copy_to_host()
-    out = [TopK(ids=out_id[r, :k].copy(), scores=out_s[r, :k].copy(), count=int(counts[r, 0]))
-           for r, k in enumerate(ks.tolist())]
+
+    def rows(res, which):
+        """Requests ``which`` of a finished workspace as TopK (the count: eligible non-NaN scores,
+        the same on every path)."""
+        out_id, out_s = res.out_id.copy_to_host(), res.out_s.copy_to_host()
+        return {r: TopK(ids=out_id[r, :ks[r]].copy(), scores=out_s[r, :ks[r]].copy(), count=int(counts[r, 0]))
+                for r in which}
+
+    out = list(rows(fws, range(B)).values())
     redo = np.flatnonzero(batch_outcomes(fws, counts) != "exact")
     if redo.size > RERUN_ONE_BY_ONE and ks.max() <= BLOCK_TOPK_MAX_K:
         ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, block))
         launch_topk_batch(d_scores, ws, elig, d_ids, block=block)
-        out_id, out_s = ws.out_id.copy_to_host(), ws.out_s.copy_to_host()
-        for r in redo:
-            k = int(ks[r])
-            out[r] = TopK(ids=out_id[r, :k].copy(), scores=out_s[r, :k].copy(), count=int(counts[r, 0]))
+        for r, res in rows(ws, redo).items():
+            out[r] = res
     else:
         for r in redo:
             a, b = int(offsets[r]), int(offsets[r + 1])

@@ -294,8 +294,7 @@ SEED_RADIX = 1 << SEED_RADIX_BITS
 
 
 @functools.lru_cache(maxsize=None)
-def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, margin_x2: int, min_rank: int,
-                      max_registers: int | None = None):
+def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, margin_x2: int, min_rank: int):
     """Launch ``[batch, block]`` (``block`` a power of two, at most 256): one block a request, the
     seed of each request's top-k from a sample of ``M = block * per_thread`` of its scores, and
     the request's counters zeroed for the filter pass that follows (``counts int64[batch, 2]``,
@@ -318,6 +317,7 @@ def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, m
     whole sample: no merge across blocks, no fence."""
     request_seed = _batch_seed_funcs(block, per_thread, chunk, has_elig, margin_x2, min_rank)
 
+    @cuda.jit
     def kernel(scores, offsets, ks, elig, seeds, counts, fill):
         sh = cuda.shared.array(SEED_RADIX, int32)
         part = cuda.shared.array(block, int32)
@@ -332,9 +332,7 @@ def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, m
         if cuda.threadIdx.x == 0:
             seeds[q] = seed
 
-    if max_registers and not config.ENABLE_CUDASIM:  # the simulator has no register cap
-        return cuda.jit(kernel, max_registers=max_registers)
-    return cuda.jit(kernel)
+    return kernel
 
 
 @functools.lru_cache(maxsize=None)
@@ -469,6 +467,13 @@ def _filter_funcs(block: int, has_elig: bool):
         return ea + eb, nan, kept
 
     @cuda.jit(device=True, inline=True)
+    def pair_if(ok, x, i, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap):
+        """:func:`pair` for a word of the partial round, nothing when ``ok`` is false (past the end)."""
+        if ok:
+            return pair(x, i, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
+        return int32(0), int32(0), int32(0)
+
+    @cuda.jit(device=True, inline=True)
     def single(scores, g, i, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap):
         """Global score ``g`` (local ``i``) outside the words: returns (eligible, NaN among the
         eligible, kept)."""
@@ -536,41 +541,23 @@ def _filter_funcs(block: int, has_elig: bool):
             x5 = words[w0 + uint64(5) * B] if w0 + uint64(5) * B < wb else z
             x6 = words[w0 + uint64(6) * B] if w0 + uint64(6) * B < wb else z
             i = h + uint64(2) * w0 - start
-            e, c, kk = pair(x0, i, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
-            el += e
-            nan += c
-            kept += kk
-            # written out, as the whole rounds; at most 7 words here (a whole round is 8)
-            if w0 + B < wb:
-                e, c, kk = pair(x1, i + uint64(2) * B, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
-                el += e
-                nan += c
-                kept += kk
-            if w0 + uint64(2) * B < wb:
-                e, c, kk = pair(x2, i + uint64(4) * B, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
-                el += e
-                nan += c
-                kept += kk
-            if w0 + uint64(3) * B < wb:
-                e, c, kk = pair(x3, i + uint64(6) * B, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
-                el += e
-                nan += c
-                kept += kk
-            if w0 + uint64(4) * B < wb:
-                e, c, kk = pair(x4, i + uint64(8) * B, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
-                el += e
-                nan += c
-                kept += kk
-            if w0 + uint64(5) * B < wb:
-                e, c, kk = pair(x5, i + uint64(10) * B, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
-                el += e
-                nan += c
-                kept += kk
-            if w0 + uint64(6) * B < wb:
-                e, c, kk = pair(x6, i + uint64(12) * B, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
-                el += e
-                nan += c
-                kept += kk
+            # at most 7 words here (a whole round is 8); written out, as the whole rounds
+            e0, c0, k0 = pair(x0, i, q, seed, elig, st_s, st_i, st_n, buf_s, buf_i, fill, cap)
+            e1, c1, k1 = pair_if(w0 + B < wb, x1, i + uint64(2) * B, q, seed, elig, st_s, st_i, st_n, buf_s,
+                                 buf_i, fill, cap)
+            e2, c2, k2 = pair_if(w0 + uint64(2) * B < wb, x2, i + uint64(4) * B, q, seed, elig, st_s, st_i, st_n,
+                                 buf_s, buf_i, fill, cap)
+            e3, c3, k3 = pair_if(w0 + uint64(3) * B < wb, x3, i + uint64(6) * B, q, seed, elig, st_s, st_i, st_n,
+                                 buf_s, buf_i, fill, cap)
+            e4, c4, k4 = pair_if(w0 + uint64(4) * B < wb, x4, i + uint64(8) * B, q, seed, elig, st_s, st_i, st_n,
+                                 buf_s, buf_i, fill, cap)
+            e5, c5, k5 = pair_if(w0 + uint64(5) * B < wb, x5, i + uint64(10) * B, q, seed, elig, st_s, st_i, st_n,
+                                 buf_s, buf_i, fill, cap)
+            e6, c6, k6 = pair_if(w0 + uint64(6) * B < wb, x6, i + uint64(12) * B, q, seed, elig, st_s, st_i, st_n,
+                                 buf_s, buf_i, fill, cap)
+            el += e0 + e1 + e2 + e3 + e4 + e5 + e6
+            nan += c0 + c1 + c2 + c3 + c4 + c5 + c6
+            kept += k0 + k1 + k2 + k3 + k4 + k5 + k6
         if bx == 0 and tid == 0 and start < end:  # the odd scores before and after the words
             first = h + uint64(2) * wa
             if first > start:  # the slice starts mid-word
