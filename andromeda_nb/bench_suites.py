@@ -325,6 +325,8 @@ def scoring(env, ceil, args) -> list[dict]:
              to memory, fused top-K, against the CUDA-core kernel and dot (not in the default set)
     defaults: the default configuration on the headline cases: gated and dot (fp16, int8; d 64 and
              128), scores to memory and the filter path; bitset filter; block top-K (not in the default set)
+    int8   : int8 against fp16, dot (d 64 and 128, scores to memory and the filter path) and gated d 64
+             scores to memory (not in the default set)
     """
     import cupy as cp
 
@@ -468,6 +470,19 @@ def scoring(env, ceil, args) -> list[dict]:
                 ("rows", "bitset", 0.1, K1000, "filter", "gated_fused_topk_filter")):
             add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, layout, access, frac, k, auto,
                            variant, path=path))
+    if "int8" in phases:  # int8 rows widened by PRMT + FADD instead of I2F (not in the default set)
+        # prediction (commit after 37e5b94): I2F runs at 16 / clock / SM, so 64 of them an ad held
+        # int8 d = 64 near 6.5e10 ads/s (measured 5.37e10 scores to memory, 0.90; 5.10e10 filter,
+        # 0.81); without them the int8 kernels turn memory-bound like fp16: ~0.92 of the ceiling,
+        # int8 / fp16 dot ~1.79 at d = 64 (the byte ratio 136 / 76) and ~1.85 at d = 128
+        auto = KernelConfig()
+        for model, dtype, d, E, K in (("dot", "fp16", 64, 1, 1), ("dot", "int8", 64, 1, 1), ("dot", "fp16", 128, 1, 1),
+                                      ("dot", "int8", 128, 1, 1), ("gated", "int8", 64, 6, 2), ("gated", "fp16", 64, 6, 2)):
+            add(_scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, "tiles", auto,
+                            f"{model}_scores_to_memory"))
+            if model == "dot":
+                add(_fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, "tiles", "pool", 1.0, K1000, auto,
+                               f"{model}_fused_topk_filter", path="filter"))
     if "bitset_auto" in phases:  # the compacted bitset paths after the "auto" fix (short run)
         for layout in ("tiles", "rows"):
             add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, layout, "bitset", 0.1, K1000,

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from andromeda_nb import oracle
 from andromeda_nb.model import AdTable, Request
@@ -299,6 +300,46 @@ def test_mma_simulator_model_is_a_matrix_product(rng):
         got = mma_tf32_warp(frags, lane)
         np.testing.assert_allclose(got, [want[g, 2 * c], want[g, 2 * c + 1], want[g + 8, 2 * c], want[g + 8, 2 * c + 1]],
                                    rtol=1e-6, atol=1e-6)
+
+
+def test_decoders_widen_every_stored_value_exactly(rng):
+    """The row decoders (one 8-byte word to fp32 values, element 0 in the low bits) against numpy's
+    own view of the bytes: every int8 value (-128 included) at every byte position, and random
+    fp16 / bf16 / fp32 words with their specials. On the GPU this checks the int8 PRMT / FADD
+    trick and the fp16 HADD2.F32 path; the simulator runs the numpy models."""
+    from andromeda_nb.kernels.intrinsics import decode_bf16, decode_fp16, decode_fp32, decode_int8
+
+    @cuda.jit
+    def widen(words, i8, f16, b16, f32):
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if i < words.shape[0]:
+            x = words[i]
+            a0, a1, a2, a3, a4, a5, a6, a7 = decode_int8(x)
+            i8[i, 0], i8[i, 1], i8[i, 2], i8[i, 3] = a0, a1, a2, a3
+            i8[i, 4], i8[i, 5], i8[i, 6], i8[i, 7] = a4, a5, a6, a7
+            h0, h1, h2, h3 = decode_fp16(x)
+            f16[i, 0], f16[i, 1], f16[i, 2], f16[i, 3] = h0, h1, h2, h3
+            g0, g1, g2, g3 = decode_bf16(x)
+            b16[i, 0], b16[i, 1], b16[i, 2], b16[i, 3] = g0, g1, g2, g3
+            s0, s1 = decode_fp32(x)
+            f32[i, 0], f32[i, 1] = s0, s1
+
+    byte_values = np.arange(256, dtype=np.uint8)
+    grid = np.stack([np.roll(byte_values, 37 * j) for j in range(8)], axis=1)  # each value at each position
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 6e-8, -1.5], np.float16)
+    halves = np.concatenate([specials, rng.standard_normal(248).astype(np.float16)]).view(np.uint8).reshape(-1, 8)
+    words = np.ascontiguousarray(np.concatenate([grid, halves, rng.integers(0, 256, (64, 8), dtype=np.uint8)]))
+    words = words.view(np.uint64).ravel()
+    n = words.shape[0]
+    outs = [np.full((n, w), 7.0, np.float32) for w in (8, 4, 4, 2)]
+    dev = [cuda.to_device(o) for o in outs]
+    widen[(n + 63) // 64, 64](cuda.to_device(words), *dev)
+    i8, f16, b16, f32 = (x.copy_to_host() for x in dev)
+    np.testing.assert_array_equal(i8, words.view(np.int8).reshape(n, 8).astype(np.float32))
+    np.testing.assert_array_equal(f16, words.view(np.float16).reshape(n, 4).astype(np.float32))
+    np.testing.assert_array_equal(b16, (words.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(n, 4))
+    np.testing.assert_array_equal(f32, words.view(np.float32).reshape(n, 2))
+    assert set(np.unique(i8)) == set(range(-128, 128))
 
 
 @pytest.mark.gpu

@@ -4,7 +4,8 @@ load, and a NaN-keeping max.
 Each decoder takes a ``uint64`` (one 8-byte load, 2 fp32 / 4 fp16 / 4 bf16 / 8 int8 elements,
 little-endian: element 0 in the low bits) and returns a tuple of float32. They are LLVM shifts and
 truncations on the 64-bit integer, so the load stays one ``LDG.E.64`` (a vector bitcast lets LLVM
-split it into two 4-byte loads) and fp16 widens with one ``HADD2.F32`` per element.
+split it into two 4-byte loads); fp16 widens with one ``HADD2.F32`` per element, int8 with one
+``PRMT`` and one ``FADD`` (not the quarter-rate ``I2F`` conversion).
 
 ``lds4(shared_array, i)`` reads elements ``i..i+3`` of a float32 shared array (``i`` a multiple of 4,
 the array 16-byte aligned) with one ``LDS.128``: Numba emits one scalar load per element, and an
@@ -118,12 +119,27 @@ else:
 
         return sig, codegen
 
+    _I32 = ir.IntType(32)
+    _PRMT = ir.InlineAsm(ir.FunctionType(_I32, [_I32, _I32, _I32]), "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r")
+
     @intrinsic
     def decode_int8(typingctx, x):
         sig = types.UniTuple(types.float32, 8)(types.uint64)
 
         def codegen(context, builder, sig, args):
-            vals = [builder.sitofp(f, ir.FloatType()) for f in _fields(builder, args[0], 8)]
+            # sitofp compiles to I2F, a conversion at 16 results / clock / SM on sm_90: 64 of them
+            # an ad at d = 64 bound the int8 kernels near 6.5e10 ads/s. Instead, per byte: one PRMT
+            # builds the fp32 bits 0x4B0000bb (= 2^23 + bb exactly) and one FADD subtracts 2^23 + 128,
+            # where bb = v + 128 (the byte with its sign bit flipped, one XOR per 4 bytes): exact for
+            # every int8 v, on the full-rate integer and fp32 pipes
+            vals = []
+            magic = ir.Constant(_I32, 0x4B000000)
+            offset = ir.Constant(ir.FloatType(), 8388736.0)
+            for word in _fields(builder, args[0], 32):
+                biased = builder.xor(word, ir.Constant(_I32, 0x80808080))
+                for k in range(4):
+                    bits = builder.call(_PRMT, [biased, magic, ir.Constant(_I32, 0x7540 + k)])
+                    vals.append(builder.fsub(builder.bitcast(bits, ir.FloatType()), offset))
             return context.make_tuple(builder, sig.return_type, vals)
 
         return sig, codegen
