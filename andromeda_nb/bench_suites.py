@@ -636,6 +636,47 @@ def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int) -> None:
                         f"{kept} scores kept (buffer {fws.cap})"))
 
 
+def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int) -> None:
+    """One request through the one-launch path (:func:`~andromeda_nb.topk.launch_onelaunch`: every
+    block seeds from the same 8,192-score sample, filters its 8,192 scores, the last block sorts
+    the kept ones), device time with the workspace preallocated, and the host wall time of the
+    public call (``topk_scores`` on device scores: allocation, launch, the copies back).
+
+    Prediction (before the first GPU run): ~8 us: ~2 us from the start event to the blocks
+    running, ~1.5 us of loads from L2, ~1.5 us of seed (about 18 bits, four block reductions
+    each), ~2 us of bitonic sort of 4,096 keys in the last block (78 barrier steps)."""
+    import time
+
+    import cupy as cp
+
+    from .topk import OneLaunchWorkspace, launch_onelaunch, seeded_outcome, topk_scores
+
+    cuda = launch.cuda()
+    scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
+    d_scores = cuda.as_cuda_array(scores)
+    olw = OneLaunchWorkspace.make(n, k)
+    call = lambda: launch_onelaunch(d_scores, n, k, olw)  # noqa: E731
+    call()
+    c = olw.counts.copy_to_host()[0]
+    outcome = seeded_outcome(olw, k, c)
+    verified = verify_topk_torch(olw.out_id[0], olw.out_s[0], scores, k)
+    if outcome != "exact":
+        verified = checks.Check(False, f"not exact in one launch ({outcome}): topk_scores would rerun it")
+    timing = bench.time_device(call, reps=args.reps)
+    walls = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        topk_scores(d_scores, k)
+        walls.append(time.perf_counter() - t0)
+    wall = float(np.median(walls[5:]))
+    add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant="block_topk_onelaunch",
+                  n_ads=n, k=k, batch=1, dtype="fp32", access="random",
+                  notes=f"{4 * n / 1e6:.0f} MB: L2-resident, as right after scoring; one launch "
+                        f"({-(-n // 8192)} blocks of 1,024 threads); sample rank {olw.r} of {olw.m}, "
+                        f"{int(c[1])} scores kept (sort cap {olw.cap}); topk_scores on device scores: "
+                        f"{wall * 1e6:.0f} us host wall time a call (median of 15)"))
+
+
 def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: int = 100) -> list[dict]:
     """The batched top-K (``batch`` requests of ``per`` scores, top-``k`` each): the seeded path
     (:func:`andromeda_nb.topk.launch_topk_batch_seeded`) whole and stage by stage, the unseeded
@@ -900,6 +941,9 @@ def topk(env, ceil, args) -> list[dict]:
         # the seeded block top-K lists + merge (the earlier default)
         one(500_000, 1000, "random", True, l2_note="2 MB: L2-resident; seeded scan + merge path", path="scan")
         _topk_one_request_batch_path(add, env, ceil, args, 500_000, 1000)
+        for n_small in (500_000, 1_000_000):
+            _topk_one_request_onelaunch(add, env, ceil, args, n_small, 1000)
+        _topk_one_request_onelaunch(add, env, ceil, args, 500_000, 100)
     if "stages" in phases:
         rows.extend(_topk_stage_rows(env, ceil, args, 500_000, 1000))
     if "stages_large" in phases:  # where 10^8 scores' seeded call spends its time (not in the default set)

@@ -135,6 +135,12 @@ def variants():
                     (A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
         out.append((f"select final_rank ids{ids}", SEL.final_rank_kernel(256, ids),
                     (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
+    from .kernels import onelaunch as OL
+
+    for elig in (False, True):
+        out.append((f"onelaunch topk elig{elig}", OL.onelaunch_topk_kernel(1024, 8, 8, elig, OL.ONELAUNCH_CAP),
+                    (A(f32), A(u64), i64, i64, A(f32), A(i32), A(i64), A(u32), A(i64, 2), A(f32, 2), A(i32, 2),
+                     A(i64, 2))))
     # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the
     # update kernel per list-pool dtype (int32 below 2^31 slots, int64 beyond), compaction per output dtype
     match_sig = (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), A(i64))

@@ -605,6 +605,65 @@ def seeded_exact(res, k: int, counts=None) -> bool:
     return seeded_outcome(res, k, counts) == "exact"
 
 
+#: one request of at most this many scores (L2-resident right after scoring) takes the one-launch
+#: path when no ids are given and k fits its sort (:class:`OneLaunchWorkspace`)
+ONELAUNCH_MAX_N = 1 << 20
+
+
+def onelaunch_shape() -> tuple[int, int, int]:
+    """(threads a block, samples a thread, scores a thread) of the one-launch path:
+    kernels.onelaunch.ONELAUNCH_BLOCK x ONELAUNCH_SAMPLES x ONELAUNCH_SCORES on a GPU (a 8,192-
+    score sample; a block covers 8,192 scores), the simulator's default block there."""
+    from .kernels.onelaunch import ONELAUNCH_BLOCK, ONELAUNCH_SAMPLES, ONELAUNCH_SCORES
+
+    blk = launch.default_block() if launch.backend.is_simulator() else ONELAUNCH_BLOCK
+    return blk, ONELAUNCH_SAMPLES, ONELAUNCH_SCORES
+
+
+class OneLaunchWorkspace(FilterWorkspace):
+    """Device buffers of the one-launch path (:func:`launch_onelaunch`) for one request of n scores
+    and top-k, or None from :meth:`make` where it does not apply: fewer than twice its sample
+    (``block * samples`` scores) or more than :data:`ONELAUNCH_MAX_N` scores, or a k whose aimed
+    candidates (``SEED_MARGIN * k``, kept to 5/8 of the sort's ``ONELAUNCH_CAP``: an overflow
+    means a rerun) do not fit. Results and counts as :class:`FilterWorkspace` (``cap`` =
+    ONELAUNCH_CAP, so :func:`seeded_outcome` applies); ``r`` is the seed's rank in the sample."""
+
+    @classmethod
+    def make(cls, n: int, k: int):
+        from .kernels.onelaunch import ACC_SIZE, ONELAUNCH_CAP
+
+        blk, samples, _ = onelaunch_shape()
+        m = blk * samples
+        if n < 2 * m or n > ONELAUNCH_MAX_N or k < 1 or SEED_MARGIN * k > ONELAUNCH_CAP * 5 // 8:
+            return None
+        r = max(SEED_MIN_RANK, int(np.ceil(SEED_MARGIN * k * m / n)))
+        if r > m // 4:
+            return None
+        self = cls(n, k, cap=ONELAUNCH_CAP)
+        cuda = launch.cuda()
+        self.r, self.m = r, m
+        self.acc = cuda.to_device(np.zeros(ACC_SIZE, np.int64))
+        self.ticket = cuda.to_device(np.zeros(1, np.uint32))
+        return self
+
+
+def launch_onelaunch(d_scores, n: int, k: int, olw: OneLaunchWorkspace, elig=None) -> OneLaunchWorkspace:
+    """Enqueue one request's top-k in one launch
+    (:func:`~andromeda_nb.kernels.onelaunch.onelaunch_topk_kernel`: every block seeds from the
+    same sample, filters its share, and the last block sorts the kept scores). No validation, no
+    allocation, no host copy. Exact unless :func:`seeded_outcome` says otherwise (a seed above
+    the k-th score, or more kept scores than ``olw.cap``). ``elig``: device uint64 ``[words]`` or
+    None. Ids are positions."""
+    from .kernels.onelaunch import onelaunch_topk_kernel
+
+    blk, samples, per = onelaunch_shape()
+    grid = -(-n // (blk * per))
+    onelaunch_topk_kernel(blk, samples, per, elig is not None, olw.cap)[grid, blk](
+        d_scores[:n], elig if elig is not None else launch.dummy(np.uint64), olw.r, k, olw.buf_s[0],
+        olw.buf_i[0], olw.acc, olw.ticket, olw.counts, olw.out_s, olw.out_slot, olw.out_id)
+    return olw
+
+
 def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | None = None,
                 seeded: bool = False, ws: TopKWorkspace | None = None, sws: SeedWorkspace | None = None,
                 fws: FilterWorkspace | None = None, path: str | None = None):
@@ -657,9 +716,11 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
             the one-block radix selects run :data:`RADIX_BLOCK` threads whatever it is.
         seeded: for large arrays, seed a threshold from a sample of the (eligible) scores and
             answer by :data:`SEEDED_PATH` (default "filter": one pass keeps the scores at or above
-            the seed, one block's radix select picks the top-k). Exact either way: a seed above
-            the k-th score, or one letting more scores through than the buffer holds, triggers
-            an unseeded rerun.
+            the seed, one block's radix select picks the top-k). Without ids, a request of up
+            to :data:`ONELAUNCH_MAX_N` scores and k up to ~1,000 takes the one-launch path first
+            (:func:`launch_onelaunch`). Exact either way: a seed above the k-th score, or one
+            letting more scores through than the buffer holds, triggers a rerun (the one-launch
+            path's on the three-launch path, that one's unseeded or on the scan path).
 
     Returns:
         :class:`~andromeda_nb.model.TopK` with host arrays and the count of eligible non-NaN scores.
@@ -682,6 +743,13 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     d_scores = launch.to_device(scores)
     if k > BLOCK_TOPK_MAX_K:
         return _topk_beyond_block(d_scores, n, k, elig, d_ids, block, seeded)
+    if seeded and d_ids is None:
+        olw = OneLaunchWorkspace.make(n, k)
+        if olw is not None:
+            launch_onelaunch(d_scores, n, k, olw, elig)
+            c = olw.counts.copy_to_host()[0]
+            if seeded_outcome(olw, k, c) == "exact":
+                return _result(olw, c)
     ws, sws = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=seeded)
     c = ws.counts.copy_to_host()[0]
     outcome = "exact" if sws is None else seeded_outcome(ws, k, c)
