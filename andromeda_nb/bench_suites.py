@@ -609,20 +609,25 @@ def _topk_stage_rows(env, ceil, args, n: int, k: int) -> list[dict]:
     return rows
 
 
-def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int) -> None:
+def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int, rounds: int | None = None,
+                                 wall: bool = False) -> None:
     """One request through the batched seeded path (a batch of one): its seed is one block's 4,096-
     score sample (the single-request seed samples 12,800 at n = 500,000 over 4 blocks and a last-
     block merge, 18 us alone), then the same filter pass and rank final. A candidate for the small
-    request's path; its row says whether the answer was exact without a rerun."""
+    request's path; its row says whether the answer was exact without a rerun. ``rounds``: the
+    filter's rounds a block (default BATCH_FILTER_ROUNDS); ``wall``: also the host wall time of
+    ``topk_scores`` on the device scores (it takes this path: allocation, three launches, copies)."""
+    import time
+
     import cupy as cp
 
-    from .topk import FilterWorkspace, batch_outcomes, launch_topk_batch_seeded
+    from .topk import BATCH_FILTER_ROUNDS, FilterWorkspace, batch_outcomes, launch_topk_batch_seeded, topk_scores
 
     cuda = launch.cuda()
     scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
     d_scores = cuda.as_cuda_array(scores)
     fws = FilterWorkspace.batched(np.array([0, n], np.int64), np.array([k], np.int64))
-    call = lambda: launch_topk_batch_seeded(d_scores, fws)  # noqa: E731
+    call = lambda: launch_topk_batch_seeded(d_scores, fws, rounds=rounds)  # noqa: E731
     call()
     outcome = batch_outcomes(fws)[0]
     verified = verify_topk_torch(fws.out_id[0], fws.out_s[0], scores, k)
@@ -630,26 +635,30 @@ def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int) -> None:
         verified = checks.Check(False, f"not exact on the batched path ({outcome}): topk_batch would rerun it")
     timing = bench.time_device(call, reps=args.reps)
     kept = int(fws.counts.copy_to_host()[0, 1])
-    add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant="block_topk_seeded_batch_path",
+    note = ""
+    if wall:
+        walls = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            topk_scores(d_scores, k)
+            walls.append(time.perf_counter() - t0)
+        note = f"; topk_scores on device scores: {np.median(walls[5:]) * 1e6:.0f} us host wall time a call (median of 15)"
+    add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant="block_topk_seeded_batch_path" + (f"_rounds{rounds}" if rounds else ""),
                   n_ads=n, k=k, batch=1, dtype="fp32", access="random",
                   notes=f"{4 * n / 1e6:.0f} MB: L2-resident; the batched path on one request: a one-block seed, "
-                        f"{kept} scores kept (buffer {fws.cap})"))
+                        f"{kept} scores kept (buffer {fws.cap}); filter {rounds or BATCH_FILTER_ROUNDS} rounds a "
+                        f"block" + note))
 
 
 def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int) -> None:
     """One request through the one-launch path (:func:`~andromeda_nb.topk.launch_onelaunch`: every
     block seeds from the same 8,192-score sample, filters its 8,192 scores, the last block sorts
-    the kept ones), device time with the workspace preallocated, and the host wall time of the
-    public call (``topk_scores`` on device scores: allocation, launch, the copies back).
-
-    Prediction (before the first GPU run): ~8 us: ~2 us from the start event to the blocks
-    running, ~1.5 us of loads from L2, ~1.5 us of seed (about 18 bits, four block reductions
-    each), ~2 us of bitonic sort of 4,096 keys in the last block (78 barrier steps)."""
-    import time
-
+    the kept ones), device time with the workspace preallocated. Not topk_scores's route: on the
+    H200 the last block's sort of ~1,000 / ~3,000 kept scores alone took 15 / 44 us
+    (data/results/topk_diagnostics.md)."""
     import cupy as cp
 
-    from .topk import OneLaunchWorkspace, launch_onelaunch, seeded_outcome, topk_scores
+    from .topk import OneLaunchWorkspace, launch_onelaunch, seeded_outcome
 
     cuda = launch.cuda()
     scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
@@ -661,27 +670,24 @@ def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int) -> None:
     outcome = seeded_outcome(olw, k, c)
     verified = verify_topk_torch(olw.out_id[0], olw.out_s[0], scores, k)
     if outcome != "exact":
-        verified = checks.Check(False, f"not exact in one launch ({outcome}): topk_scores would rerun it")
+        verified = checks.Check(False, f"not exact in one launch ({outcome}): a caller would rerun it")
     timing = bench.time_device(call, reps=args.reps)
-    walls = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        topk_scores(d_scores, k)
-        walls.append(time.perf_counter() - t0)
-    wall = float(np.median(walls[5:]))
     add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant="block_topk_onelaunch",
                   n_ads=n, k=k, batch=1, dtype="fp32", access="random",
                   notes=f"{4 * n / 1e6:.0f} MB: L2-resident, as right after scoring; one launch "
                         f"({-(-n // 8192)} blocks of 1,024 threads); sample rank {olw.r} of {olw.m}, "
-                        f"{int(c[1])} scores kept (sort cap {olw.cap}); topk_scores on device scores: "
-                        f"{wall * 1e6:.0f} us host wall time a call (median of 15)"))
+                        f"{int(c[1])} scores kept (sort cap {olw.cap})"))
 
 
 def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: int = 100) -> list[dict]:
     """The batched top-K (``batch`` requests of ``per`` scores, top-``k`` each): the seeded path
     (:func:`andromeda_nb.topk.launch_topk_batch_seeded`) whole and stage by stage, the unseeded
     block top-K (its fallback), and torch.topk(dim=1) on the same scores. The seeded row is verified
-    only when every request's answer was exact (no request needed a rerun) and equals torch's."""
+    only when every request's answer was exact (no request needed a rerun) and equals torch's.
+
+    Prediction for the seed by the threads' best keys (commit after 019d815, rank 21 <= 128 / 4):
+    the seed stage 19 us -> ~8 us, the whole call 109 us -> ~100 us (0.45 of the ceiling); the
+    filter keeps a few more scores (the seed is a looser lower bound), the sort final as before."""
     import cupy as cp
     import torch
 
@@ -940,10 +946,13 @@ def topk(env, ceil, args) -> list[dict]:
             one(500_000, 1000, "random", seeded, l2_note="2 MB: L2-resident, as right after scoring")
         # the seeded block top-K lists + merge (the earlier default)
         one(500_000, 1000, "random", True, l2_note="2 MB: L2-resident; seeded scan + merge path", path="scan")
-        _topk_one_request_batch_path(add, env, ceil, args, 500_000, 1000)
-        for n_small in (500_000, 1_000_000):
-            _topk_one_request_onelaunch(add, env, ceil, args, n_small, 1000)
-        _topk_one_request_onelaunch(add, env, ceil, args, 500_000, 100)
+        # topk_scores's route for 65,536..2^20 scores; prediction for the seed by the threads' best
+        # keys (commit after 019d815): 24 us -> ~20 us (the seed's radix levels ~5 us of it)
+        _topk_one_request_batch_path(add, env, ceil, args, 500_000, 1000, wall=True)
+        for rounds in (4, 1):  # more filter blocks for a batch of one (16 rounds: 16 blocks)
+            _topk_one_request_batch_path(add, env, ceil, args, 500_000, 1000, rounds=rounds)
+        for k_small in (1000, 100):
+            _topk_one_request_onelaunch(add, env, ceil, args, 500_000, k_small)
     if "stages" in phases:
         rows.extend(_topk_stage_rows(env, ceil, args, 500_000, 1000))
     if "stages_large" in phases:  # where 10^8 scores' seeded call spends its time (not in the default set)

@@ -605,8 +605,14 @@ def seeded_exact(res, k: int, counts=None) -> bool:
     return seeded_outcome(res, k, counts) == "exact"
 
 
-#: one request of at most this many scores (L2-resident right after scoring) takes the one-launch
-#: path when no ids are given and k fits its sort (:class:`OneLaunchWorkspace`)
+#: :func:`topk_scores` answers a request of SEED_MIN_N up to this many scores (L2-resident right
+#: after scoring) by the batched seeded path on a batch of one: its seed is one block's 4,096-score
+#: sample (the single-request seed's multi-block sample and merge took 18 us of 37 at 500,000
+#: scores, k = 1000, on the H200; the batched path 24 us in all, commit e80b90f)
+SMALL_MAX_N = 1 << 20
+#: the batched filter's rounds a block for that batch of one (BATCH_FILTER_ROUNDS for a batch)
+SMALL_FILTER_ROUNDS = BATCH_FILTER_ROUNDS
+#: the one-launch path (:func:`launch_onelaunch`) takes at most this many scores
 ONELAUNCH_MAX_N = 1 << 20
 
 
@@ -716,11 +722,12 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
             the one-block radix selects run :data:`RADIX_BLOCK` threads whatever it is.
         seeded: for large arrays, seed a threshold from a sample of the (eligible) scores and
             answer by :data:`SEEDED_PATH` (default "filter": one pass keeps the scores at or above
-            the seed, one block's radix select picks the top-k). Without ids, a request of up
-            to :data:`ONELAUNCH_MAX_N` scores and k up to ~1,000 takes the one-launch path first
-            (:func:`launch_onelaunch`). Exact either way: a seed above the k-th score, or one
-            letting more scores through than the buffer holds, triggers a rerun (the one-launch
-            path's on the three-launch path, that one's unseeded or on the scan path).
+            the seed, one block's radix select picks the top-k). A request of
+            :data:`SEED_MIN_N` to :data:`SMALL_MAX_N` scores takes the batched seeded path
+            first (:func:`launch_topk_batch_seeded` on a batch of one: a one-block seed). Exact
+            either way: a seed above the k-th score, or one letting more scores through than the
+            buffer holds, triggers a rerun (the batched path's on the single-request path, that
+            one's unseeded or on the scan path).
 
     Returns:
         :class:`~andromeda_nb.model.TopK` with host arrays and the count of eligible non-NaN scores.
@@ -743,13 +750,13 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     d_scores = launch.to_device(scores)
     if k > BLOCK_TOPK_MAX_K:
         return _topk_beyond_block(d_scores, n, k, elig, d_ids, block, seeded)
-    if seeded and d_ids is None:
-        olw = OneLaunchWorkspace.make(n, k)
-        if olw is not None:
-            launch_onelaunch(d_scores, n, k, olw, elig)
-            c = olw.counts.copy_to_host()[0]
-            if seeded_outcome(olw, k, c) == "exact":
-                return _result(olw, c)
+    if seeded and SEED_MIN_N <= n <= SMALL_MAX_N:  # the batched seeded path, a batch of one
+        fws = FilterWorkspace.batched(np.array([0, n], np.int64), np.array([k], np.int64))
+        launch_topk_batch_seeded(d_scores, fws, None if elig is None else elig.reshape(1, elig.shape[0]), d_ids,
+                                 block, SMALL_FILTER_ROUNDS)
+        c = fws.counts.copy_to_host()
+        if batch_outcomes(fws, c)[0] == "exact":
+            return _result(fws, c[0])
     ws, sws = launch_topk(d_scores, n, k, elig, d_ids, block, seeded=seeded)
     c = ws.counts.copy_to_host()[0]
     outcome = "exact" if sws is None else seeded_outcome(ws, k, c)

@@ -54,10 +54,37 @@ def seed_rank(n: int, k: int, M: int, margin_x2: int, min_rank: int):
     return seed_positions(n, M, BATCH_SAMPLE_CHUNK), r, r > M // 4
 
 
-def seed_model(s: np.ndarray, k: int, mask, M: int, margin_x2: int, min_rank: int) -> np.float32:
-    """The seed of one request: the lower edge of the 24-bit key prefix of the r-th largest key
-    among its real samples (not NaN, not -inf, eligible); -inf with fewer than r real samples or a
-    sampled request whose rank exceeds M / 4."""
+def thread_best_keys(sample_keys: np.ndarray, blk: int, M: int) -> np.ndarray:
+    """Each thread's best sample key (0: none real): sample idx sits in thread idx % blk (samples
+    ``j * blk + t``), sample keys 0 where not real, samples past the array (a whole request of
+    fewer than M scores) none."""
+    padded = np.zeros(M, np.int64)
+    padded[: sample_keys.size] = sample_keys
+    return padded.reshape(M // blk, blk).max(axis=0)
+
+
+def max_seed_model(top: np.ndarray, r: int):
+    """The threads'-best search of batch_seed_kernel: key bits from the top, a bit kept when at
+    least r threads' best reach it, stopping once at most r + r // 4 do; None when fewer than r
+    threads hold a real sample (the kernel takes the radix levels)."""
+    if (top != 0).sum() < r:
+        return None
+    edge = 0
+    for b in range(31, -1, -1):
+        c = int((top >= (edge | (1 << b))).sum())
+        if c >= r:
+            edge |= 1 << b
+            if c <= r + r // 4:
+                break
+    return key_to_f32(max(edge, KEY_NEG_INF))
+
+
+def seed_model(s: np.ndarray, k: int, mask, M: int, margin_x2: int, min_rank: int, blk: int | None = None) -> np.float32:
+    """The seed of one request: for a rank up to blk / 4 with at least that many threads holding a
+    real sample (not NaN, not -inf, eligible), :func:`max_seed_model`; else the lower edge of the
+    24-bit key prefix of the r-th largest real sample key; -inf with fewer than r real samples or
+    a sampled request whose rank exceeds M / 4."""
+    blk = blk or sim_shape()[0]
     pos, r, too_deep = seed_rank(s.size, k, M, margin_x2, min_rank)
     if too_deep:
         return np.float32(-np.inf)
@@ -65,6 +92,10 @@ def seed_model(s: np.ndarray, k: int, mask, M: int, margin_x2: int, min_rank: in
     real = ~np.isnan(sample) & (sample != -np.inf)
     if mask is not None:
         real &= mask[pos]
+    if r <= blk // 4:
+        seed = max_seed_model(thread_best_keys(np.where(real, f32_keys(sample), 0), blk, M), r)
+        if seed is not None:
+            return seed
     keys = np.sort(f32_keys(sample[real]))[::-1]
     if keys.size < r:
         return np.float32(-np.inf)
@@ -149,7 +180,7 @@ def test_batch_seed_matches_numpy_model(rng, use_elig, margin_x2, min_rank):
         launch.to_device(scores), launch.to_device(offsets), launch.to_device(ks), d_elig, seeds, counts, fill)
     got = seeds.copy_to_host()
     assert (counts.copy_to_host() == 0).all() and (fill.copy_to_host() == 0).all()
-    kinds = {"finite": 0, "rank_too_deep": 0, "few_real": 0}
+    kinds = {"finite": 0, "by_max": 0, "rank_too_deep": 0, "few_real": 0}
     for q, (n, k, kind) in enumerate(reqs):
         s, mask = parts[q], None if masks is None else masks[q]
         want = seed_model(s, k, mask, M, margin_x2, min_rank)
@@ -163,12 +194,21 @@ def test_batch_seed_matches_numpy_model(rng, use_elig, margin_x2, min_rank):
         elif real.sum() < r:
             kinds["few_real"] += 1
             assert got[q] == -np.inf
-        else:  # a property of its own: r real samples reach the seed, fewer reach the next prefix
-            kinds["finite"] += 1
+        else:  # a property of its own: r real samples reach the seed
             assert (sample[real] >= got[q]).sum() >= r
-            nxt = int(f32_keys([got[q]])[0]) + 0x100
-            if nxt <= 0xFF800000:
-                assert (f32_keys(sample[real]) >= nxt).sum() < r
+            top = thread_best_keys(np.where(real, f32_keys(sample), 0), blk, M)
+            if r <= blk // 4 and (top != 0).sum() >= r:  # the threads' best: few more reach it
+                kinds["by_max"] += 1
+                assert (top >= int(f32_keys([got[q]])[0])).sum() >= r
+                best = np.sort(top)[::-1]
+                loose = best[r + r // 4] if (top != 0).sum() > r + r // 4 else 0
+                key = int(f32_keys([got[q]])[0])
+                assert key > loose or key == max(int(best[r - 1]), KEY_NEG_INF)  # stopped early, or exact
+            else:  # the radix: fewer reach the next 24-bit prefix
+                kinds["finite"] += 1
+                nxt = int(f32_keys([got[q]])[0]) + 0x100
+                if nxt <= 0xFF800000:
+                    assert (f32_keys(sample[real]) >= nxt).sum() < r
     assert min(kinds.values()) >= 2, kinds  # each branch of the kernel met
     assert seed_rank(2 * M, k_edge, M, margin_x2, min_rank)[2] is False
     assert seed_rank(2 * M, k_edge + 1, M, margin_x2, min_rank)[2] is True

@@ -48,7 +48,8 @@ ACC_SIZE = 4
 
 
 @functools.lru_cache(maxsize=None)
-def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: bool, cap: int):
+def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: bool, cap: int,
+                          seed_by: str = "max", stop: int = 0):
     """Launch ``[grid, block]`` with ``grid = ceil(n / (block * per_thread))`` (a power-of-two
     ``block``; every block of the grid resident or not: no block waits for another).
 
@@ -64,8 +65,15 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
 
     Sample j of ``M = block * samples`` is score ``(j // RUN) * step + (step - RUN) // 2 + j % RUN``
     with ``step = n // (M / RUN)``: runs of RUN contiguous scores, each centred in its stratum.
-    NaN, -inf and ineligible samples never seed."""
+    NaN, -inf and ineligible samples never seed.
+
+    ``seed_by``: "max" (default) searches the r-th best of the threads' best sample keys, one
+    ``syncthreads_count`` a bit; "count" the r-th best sample key itself, one a bit of a thread's
+    count (four at 8 samples a thread). ``stop`` (timing diagnostics only; the answer is not
+    written): 1 returns after the seed, 2 before the last block's sort."""
     M = block * samples
+    SEED_BY_MAX = seed_by == "max"
+    STOP = int(stop)
     RUNS = M // ONELAUNCH_RUN
     B = uint32(block)
     sort_desc, key_of, write_top = _sort_funcs(block, False)
@@ -132,13 +140,25 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
             keys[j] = key
         seed = NEG_INF
         if r > 0:
-            have = count_at_least(keys, uint32(1))
+            if SEED_BY_MAX:
+                # the r-th best of the threads' best sample keys lower-bounds the r-th best sample
+                # (r threads hold a sample at or above it), and the top samples rarely share a
+                # thread: one block reduction a bit, over one value a thread
+                top = keys[0]
+                for j in range(1, samples):
+                    top = max(top, keys[j])
+                have = cuda.syncthreads_count(int32(top != 0))
+            else:
+                have = count_at_least(keys, uint32(1))
             if have >= r:  # uniform
                 edge = uint32(0)
                 bit = uint32(0x80000000)
                 while bit != 0:
                     cand = edge | bit
-                    c = count_at_least(keys, cand)
+                    if SEED_BY_MAX:
+                        c = cuda.syncthreads_count(int32(top >= cand))
+                    else:
+                        c = count_at_least(keys, cand)
                     if c >= r:
                         edge = cand
                         have = c
@@ -146,6 +166,10 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
                             break  # uniform: edge lower-bounds the r-th best, close enough
                     bit >>= uint32(1)
                 seed = key_float(max(edge, uint32(KEY_NEG_INF)))
+        if STOP == 1:
+            if tid == 0:
+                counts[0, 0] = int64(seed != NEG_INF)
+            return
         # 3. the filter
         el = int32(0)
         nan = int32(0)
@@ -187,7 +211,7 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
         if tid == 0:
             flag[1] = int64(cuda.atomic.add(ticket, 0, uint32(1)) == uint32(cuda.gridDim.x - 1))
         cuda.syncthreads()
-        if flag[1] == 0:
+        if flag[1] == 0 or STOP == 2:
             return  # uniform
         cuda.threadfence()
         m = acc[ACC_FILL]

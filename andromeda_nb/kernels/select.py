@@ -307,14 +307,21 @@ def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, m
     of ``n // (M / chunk)`` scores, at rank ``r = max(min_rank, ceil(margin_x2 * k * M / (2 * n)))``:
     about ``margin_x2 / 2 * k`` of its scores reach the r-th best sample; past ``r > M / 4`` the
     sample decides little and the seed is -inf (keep every eligible score). NaN, -inf and
-    ineligible samples never seed. ``seeds[q]`` is the lower edge of the 24-bit key prefix of the
-    r-th best real sample, as :func:`seed_kernel`'s, -inf when fewer than r are real.
+    ineligible samples never seed. ``seeds[q]`` is at most the r-th best real sample (see below),
+    -inf when fewer than r are real.
 
-    Three radix levels of 8 bits (a 256-bin shared histogram each, a bin a thread), the keys in
-    registers. The first version, two 12-bit levels as :func:`seed_kernel` (4,096 bins, 16 a
-    thread), took 48 us for 1,024 requests of 50,000 scores on the H200: 120 registers (two
-    blocks an SM, four waves) and ~2,000 dependent instructions a thread. One block holds the
-    whole sample: no merge across blocks, no fence."""
+    A rank up to ``block / 4`` (the batch of 1,024 x 50,000 at k = 100: rank 21 of 4,096) whose
+    real samples sit in at least rank threads: the seed is instead a lower bound of the r-th best
+    of the threads' best sample keys (at least r samples reach it), found key bit by key bit from
+    the top with one ``syncthreads_count`` each, stopping once at most ``r + r / 4`` threads' best
+    reach it (on the H200 the same search over 1,024 threads took 6 us where a count over 8
+    samples a thread, four reductions a bit, took 12: kernels/onelaunch.py). Otherwise three
+    radix levels of 8 bits (a 256-bin shared histogram each, a bin a thread), the keys in
+    registers: the seed is the lower edge of the r-th best sample's 24-bit key prefix. The first
+    version, two 12-bit levels as :func:`seed_kernel` (4,096 bins, 16 a thread), took 48 us for
+    1,024 requests of 50,000 scores on the H200: 120 registers (two blocks an SM, four waves) and
+    ~2,000 dependent instructions a thread; the radix levels 19 us. One block holds the whole
+    sample: no merge across blocks, no fence."""
     request_seed = _batch_seed_funcs(block, per_thread, chunk, has_elig, margin_x2, min_rank)
 
     @cuda.jit
@@ -343,6 +350,7 @@ def _batch_seed_funcs(block: int, per_thread: int, chunk: int, has_elig: bool, m
     local). Whole block; ends synchronised."""
     zero, pick_from_top = _block_funcs(block, SEED_RADIX)
     M = block * per_thread
+    MAX_RANK_BY_MAX = block // 4  # a seed rank up to this takes the threads' best keys, not the radix
     CHUNKS = M // chunk
     RB = uint64(SEED_RADIX_BITS)
     DIGIT = uint64(SEED_RADIX - 1)
@@ -382,6 +390,26 @@ def _batch_seed_funcs(block: int, per_thread: int, chunk: int, has_elig: bool, m
         step = uint32(n // CHUNKS) if not whole else uint32(0)
         for j in range(per_thread):  # constant trip count: unrolled, the keys in registers
             keys[j] = key_at(scores, a, n, step, whole, elig, q, uint32(j * block + tid))
+        if rank <= MAX_RANK_BY_MAX:  # uniform
+            # the rank-th best of the threads' best keys lower-bounds the rank-th best sample (that
+            # many threads hold a sample at or above it): one block reduction a key bit, over one
+            # value a thread, until at most rank + rank / 4 threads reach the bits found so far
+            top = keys[0]
+            for j in range(1, per_thread):
+                top = max(top, keys[j])
+            have = cuda.syncthreads_count(int32(top != 0))
+            if have >= rank:  # uniform; else fewer threads than rank hold real samples: the radix
+                edge = uint32(0)
+                bit = uint32(0x80000000)
+                while bit != 0:
+                    cand = edge | bit
+                    c = cuda.syncthreads_count(int32(top >= cand))
+                    if c >= rank:
+                        edge = cand
+                        if c <= rank + rank // 4:
+                            break
+                    bit >>= uint32(1)
+                return key_float(max(edge, uint32(KEY_NEG_INF)))
         edge = uint32(0)  # the digits found so far, in place
         need = rank
         for lv in range(3):  # digits at bits 24, 16, 8: a 24-bit prefix
