@@ -128,8 +128,9 @@ def variants():
     for elig in (False, True):
         out.append((f"select filter elig{elig}", SEL.filter_kernel(256, elig),
                     (A(u64), A(f32), i64, A(i64), A(u64, 2), A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))
-        out.append((f"select batch_seed elig{elig}", SEL.batch_seed_kernel(128, 32, 32, elig, 5, 8),
-                    (A(f32), A(i64), A(i64), A(u64, 2), A(f32), A(i64, 2), A(i64))))
+        for by_max in (False, True):
+            out.append((f"select batch_seed elig{elig} by_max{by_max}", SEL.batch_seed_kernel(128, 32, 32, elig, 5, 8, by_max),
+                        (A(f32), A(i64), A(i64), A(u64, 2), A(f32), A(i64, 2), A(i64))))
     for ids in (False, True):
         out.append((f"select final_sort ids{ids}", SEL.final_sort_kernel(128, ids, 1024),
                     (A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))

@@ -79,9 +79,10 @@ def max_seed_model(top: np.ndarray, r: int):
     return key_to_f32(max(edge, KEY_NEG_INF))
 
 
-def seed_model(s: np.ndarray, k: int, mask, M: int, margin_x2: int, min_rank: int, blk: int | None = None) -> np.float32:
-    """The seed of one request: for a rank up to blk / 4 with at least that many threads holding a
-    real sample (not NaN, not -inf, eligible), :func:`max_seed_model`; else the lower edge of the
+def seed_model(s: np.ndarray, k: int, mask, M: int, margin_x2: int, min_rank: int, by_max: bool,
+               blk: int | None = None) -> np.float32:
+    """The seed of one request: ``by_max`` and a rank up to blk / 4 with at least that many threads
+    holding a real sample (not NaN, not -inf, eligible), :func:`max_seed_model`; else the lower edge of the
     24-bit key prefix of the r-th largest real sample key; -inf with fewer than r real samples or
     a sampled request whose rank exceeds M / 4."""
     blk = blk or sim_shape()[0]
@@ -92,7 +93,7 @@ def seed_model(s: np.ndarray, k: int, mask, M: int, margin_x2: int, min_rank: in
     real = ~np.isnan(sample) & (sample != -np.inf)
     if mask is not None:
         real &= mask[pos]
-    if r <= blk // 4:
+    if by_max and r <= blk // 4:
         seed = max_seed_model(thread_best_keys(np.where(real, f32_keys(sample), 0), blk, M), r)
         if seed is not None:
             return seed
@@ -146,9 +147,10 @@ def make_scores(rng, n: int, kind: str) -> np.ndarray:
 # 1. batch_seed_kernel
 
 
+@pytest.mark.parametrize("by_max", [False, True])
 @pytest.mark.parametrize("use_elig", [False, True])
 @pytest.mark.parametrize("margin_x2,min_rank", [(5, 8), (3, 1)])
-def test_batch_seed_matches_numpy_model(rng, use_elig, margin_x2, min_rank):
+def test_batch_seed_matches_numpy_model(rng, use_elig, margin_x2, min_rank, by_max):
     """One launch, a block a request: whole requests (n <= M: 0, 1, 3, M - 1, M, k > n) and sampled
     ones (n > M: M + 1 up to ~30 M), NaN / +-inf / -0 / ties / narrow / negative / all-NaN /
     all -inf, with and without an eligible bitset, the rank just at and just past M / 4; each seed
@@ -176,14 +178,14 @@ def test_batch_seed_matches_numpy_model(rng, use_elig, margin_x2, min_rank):
     seeds = launch.to_device(np.full(B, 12345.0, np.float32))
     counts = launch.to_device(np.full((B, 2), 7, np.int64))
     fill = launch.to_device(np.full(B, 9, np.int64))
-    batch_seed_kernel(blk, per, BATCH_SAMPLE_CHUNK, use_elig, margin_x2, min_rank)[B, blk](
+    batch_seed_kernel(blk, per, BATCH_SAMPLE_CHUNK, use_elig, margin_x2, min_rank, by_max)[B, blk](
         launch.to_device(scores), launch.to_device(offsets), launch.to_device(ks), d_elig, seeds, counts, fill)
     got = seeds.copy_to_host()
     assert (counts.copy_to_host() == 0).all() and (fill.copy_to_host() == 0).all()
     kinds = {"finite": 0, "by_max": 0, "rank_too_deep": 0, "few_real": 0}
     for q, (n, k, kind) in enumerate(reqs):
         s, mask = parts[q], None if masks is None else masks[q]
-        want = seed_model(s, k, mask, M, margin_x2, min_rank)
+        want = seed_model(s, k, mask, M, margin_x2, min_rank, by_max)
         assert bits(got[q]) == bits(want), (q, n, k, kind, got[q], want)
         pos, r, too_deep = seed_rank(n, k, M, margin_x2, min_rank)
         sample = s[pos]
@@ -197,7 +199,7 @@ def test_batch_seed_matches_numpy_model(rng, use_elig, margin_x2, min_rank):
         else:  # a property of its own: r real samples reach the seed
             assert (sample[real] >= got[q]).sum() >= r
             top = thread_best_keys(np.where(real, f32_keys(sample), 0), blk, M)
-            if r <= blk // 4 and (top != 0).sum() >= r:  # the threads' best: few more reach it
+            if by_max and r <= blk // 4 and (top != 0).sum() >= r:  # the threads' best: few more reach it
                 kinds["by_max"] += 1
                 assert (top >= int(f32_keys([got[q]])[0])).sum() >= r
                 best = np.sort(top)[::-1]
@@ -209,6 +211,8 @@ def test_batch_seed_matches_numpy_model(rng, use_elig, margin_x2, min_rank):
                 nxt = int(f32_keys([got[q]])[0]) + 0x100
                 if nxt <= 0xFF800000:
                     assert (f32_keys(sample[real]) >= nxt).sum() < r
+    if not by_max:
+        assert kinds.pop("by_max") == 0
     assert min(kinds.values()) >= 2, kinds  # each branch of the kernel met
     assert seed_rank(2 * M, k_edge, M, margin_x2, min_rank)[2] is False
     assert seed_rank(2 * M, k_edge + 1, M, margin_x2, min_rank)[2] is True
@@ -510,7 +514,7 @@ def _check_seeded(fws, scores, offsets, ks, masks, ids):
     for q in range(len(ks)):
         a, b, k = offsets[q], offsets[q + 1], int(ks[q])
         s, mask = scores[a:b], None if masks is None else masks[q]
-        want_seed = seed_model(s, k, mask, M, int(2 * T.SEED_MARGIN), T.SEED_MIN_RANK)
+        want_seed = seed_model(s, k, mask, M, int(2 * T.SEED_MARGIN), T.SEED_MIN_RANK, len(ks) == 1)
         assert bits(seeds[q]) == bits(want_seed), (q, seeds[q], want_seed)
         valid = ~np.isnan(s) & (True if mask is None else mask)
         kept = int((valid & (s >= seeds[q])).sum())
@@ -748,3 +752,67 @@ def test_block_too_large_for_the_block_topk_is_refused_up_front():
     with pytest.raises(ValueError, match="block <= 499"):
         T.check_block_topk_block(500, [100])
     T.check_block_topk_block(1024, [T.BLOCK_TOPK_MAX_K + 1])
+
+
+def test_topk_scores_answers_a_small_request_as_a_batch_of_one(rng, monkeypatch):
+    """topk_scores sends a request of SEED_MIN_N..SMALL_MAX_N scores through the batched seeded path
+    (a batch of one, its seed by the threads' best keys), and reruns it on the single-request path
+    when the batch of one says it is not exact (here: the sampled positions hold the best scores,
+    so the seed lies above the k-th score)."""
+    blk, per, M = sim_shape()
+    monkeypatch.setattr(T, "SEED_MIN_N", 2 * M)
+    calls = {"batch": [], "single": 0}
+    batch_seeded, single = T.launch_topk_batch_seeded, T.launch_topk
+
+    def spy_batch(d_scores, fws, *args, **kwargs):
+        calls["batch"].append(fws.batch)
+        return batch_seeded(d_scores, fws, *args, **kwargs)
+
+    def spy_single(*args, **kwargs):
+        calls["single"] += 1
+        return single(*args, **kwargs)
+
+    monkeypatch.setattr(T, "launch_topk_batch_seeded", spy_batch)
+    monkeypatch.setattr(T, "launch_topk", spy_single)
+    n = 9 * M + 5
+    s = make_scores(rng, n, "normal")
+    mask = rng.random(n) < 0.7
+    for k, eligible in ((30, None), (7, mask)):
+        got = T.topk_scores(s, k, eligible=eligible)
+        want = oracle.topk(s, k, eligible=eligible)
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_array_equal(got.scores.view(np.uint32), want.scores.view(np.uint32))
+        assert got.count == want.count
+    assert calls == {"batch": [1, 1], "single": 0}
+    # the best scores at the sampled positions: the rank-th best sample is above the k-th score
+    s = rng.random(n).astype(np.float32)
+    s[seed_positions(n, M, BATCH_SAMPLE_CHUNK)] += 10.0
+    k = 3 * M // 4
+    got = T.topk_scores(s, k)
+    np.testing.assert_array_equal(got.ids, oracle.topk(s, k).ids)
+    assert calls["batch"] == [1, 1, 1] and calls["single"] == 1
+    monkeypatch.setattr(T, "SMALL_MAX_N", n - 1)  # past it: the single-request path alone
+    T.topk_scores(s[:n], 5)
+    assert calls["batch"] == [1, 1, 1] and calls["single"] == 2
+
+
+def test_small_workspaces_are_reused_and_bounded(rng, monkeypatch):
+    """topk_scores reuses a batch-of-one workspace for the same (n, k), whatever the previous call
+    left in it, and keeps at most SMALL_WORKSPACES of them."""
+    blk, per, M = sim_shape()
+    monkeypatch.setattr(T, "SEED_MIN_N", 2 * M)
+    monkeypatch.setattr(T, "SMALL_WORKSPACES", 2)
+    monkeypatch.setattr(T, "_small_cache", __import__("threading").local())
+    n = 3 * M + 1
+    first = T._small_workspace(n, 9)
+    for trial in range(3):
+        s = make_scores(np.random.default_rng(trial), n, "normal")
+        mask = None if trial != 1 else rng.random(n) < 0.5
+        got = T.topk_scores(s, 9, eligible=mask)
+        np.testing.assert_array_equal(got.ids, oracle.topk(s, 9, eligible=mask).ids)
+        assert got.count == oracle.topk(s, 9, eligible=mask).count
+    assert T._small_workspace(n, 9) is first
+    T._small_workspace(n, 10)
+    T._small_workspace(n, 11)  # evicts the least recently used: (n, 9)
+    assert set(T._small_cache.ws) == {(n, 10), (n, 11)}
+    assert T._small_workspace(n, 9) is not first

@@ -16,6 +16,13 @@ from .helpers import poison_shared_memory
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0]
 
 
+@pytest.fixture(autouse=True)
+def single_request_paths(monkeypatch):
+    """These tests are of the single-request paths: topk_scores answers none of their requests by
+    the batched path on a batch of one (tested in test_topk_batch_seeded.py)."""
+    monkeypatch.setattr(T, "SMALL_MAX_N", 0)
+
+
 @st.composite
 def score_cases(draw):
     n = draw(st.integers(0, 300))

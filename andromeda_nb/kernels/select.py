@@ -294,7 +294,8 @@ SEED_RADIX = 1 << SEED_RADIX_BITS
 
 
 @functools.lru_cache(maxsize=None)
-def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, margin_x2: int, min_rank: int):
+def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, margin_x2: int, min_rank: int,
+                      by_max: bool = False):
     """Launch ``[batch, block]`` (``block`` a power of two, at most 256): one block a request, the
     seed of each request's top-k from a sample of ``M = block * per_thread`` of its scores, and
     the request's counters zeroed for the filter pass that follows (``counts int64[batch, 2]``,
@@ -310,19 +311,21 @@ def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, m
     ineligible samples never seed. ``seeds[q]`` is at most the r-th best real sample (see below),
     -inf when fewer than r are real.
 
-    A rank up to ``block / 4`` (the batch of 1,024 x 50,000 at k = 100: rank 21 of 4,096) whose
-    real samples sit in at least rank threads: the seed is instead a lower bound of the r-th best
-    of the threads' best sample keys (at least r samples reach it), found key bit by key bit from
-    the top with one ``syncthreads_count`` each, stopping once at most ``r + r / 4`` threads' best
-    reach it (on the H200 the same search over 1,024 threads took 6 us where a count over 8
-    samples a thread, four reductions a bit, took 12: kernels/onelaunch.py). Otherwise three
+    ``by_max`` (a lone request, whose seed is one block on an otherwise idle GPU: latency counts):
+    a rank up to ``block / 4`` whose real samples sit in at least rank threads takes instead a
+    lower bound of the r-th best of the threads' best sample keys (at least r samples reach it),
+    found key bit by key bit from the top with one ``syncthreads_count`` each, stopping once at
+    most ``r + r / 4`` threads' best reach it. On the H200 (commit 1ec4125) it cut one 500,000-
+    score request from 24.1 to 22.6 us, but a batch of 1,024 x 50,000 (k = 100) kept more scores
+    a request (median 312 against 252), so the seed's 19.0 -> 12.5 us went to the sort final
+    (27.9 -> 36.1 us): 111 us against 109 in all; a batch takes the radix. Otherwise three
     radix levels of 8 bits (a 256-bin shared histogram each, a bin a thread), the keys in
     registers: the seed is the lower edge of the r-th best sample's 24-bit key prefix. The first
     version, two 12-bit levels as :func:`seed_kernel` (4,096 bins, 16 a thread), took 48 us for
     1,024 requests of 50,000 scores on the H200: 120 registers (two blocks an SM, four waves) and
     ~2,000 dependent instructions a thread; the radix levels 19 us. One block holds the whole
     sample: no merge across blocks, no fence."""
-    request_seed = _batch_seed_funcs(block, per_thread, chunk, has_elig, margin_x2, min_rank)
+    request_seed = _batch_seed_funcs(block, per_thread, chunk, has_elig, margin_x2, min_rank, by_max)
 
     @cuda.jit
     def kernel(scores, offsets, ks, elig, seeds, counts, fill):
@@ -343,14 +346,15 @@ def batch_seed_kernel(block: int, per_thread: int, chunk: int, has_elig: bool, m
 
 
 @functools.lru_cache(maxsize=None)
-def _batch_seed_funcs(block: int, per_thread: int, chunk: int, has_elig: bool, margin_x2: int, min_rank: int):
+def _batch_seed_funcs(block: int, per_thread: int, chunk: int, has_elig: bool, margin_x2: int, min_rank: int,
+                      by_max: bool = False):
     """The device function of :func:`batch_seed_kernel`: ``request_seed(scores, offsets, ks, elig, q,
     sh, part, out, keys)`` returns request ``q``'s seed in every thread of the block (``sh
     int32[SEED_RADIX]``, ``part int32[block]``, ``out int32[2]`` shared; ``keys uint32[per_thread]``
     local). Whole block; ends synchronised."""
     zero, pick_from_top = _block_funcs(block, SEED_RADIX)
     M = block * per_thread
-    MAX_RANK_BY_MAX = block // 4  # a seed rank up to this takes the threads' best keys, not the radix
+    MAX_RANK_BY_MAX = block // 4 if by_max else 0  # a rank up to this takes the threads' best keys
     CHUNKS = M // chunk
     RB = uint64(SEED_RADIX_BITS)
     DIGIT = uint64(SEED_RADIX - 1)
