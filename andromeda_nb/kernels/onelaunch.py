@@ -35,7 +35,7 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from .bits import test_bit
-from .select import KEY_NEG_INF, REGISTER_FILE, _sort_funcs, key_float, sample_key
+from .select import KEY_NEG_INF, REGISTER_FILE, _sort_funcs, add_totals, key_float, sample_key
 from .topk import NEG_INF
 
 #: threads of a block on a GPU (one block an SM), samples and scores a thread
@@ -190,12 +190,7 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
                 elif s >= seed:
                     kept += 1
                     stage(s, i, st_s, st_i, st_n, buf_s, buf_i, acc)
-        if el:
-            cuda.atomic.add(red, 0, el)
-        if nan:
-            cuda.atomic.add(red, 1, nan)
-        if kept:
-            cuda.atomic.add(red, 2, kept)
+        add_totals(red, el, nan, kept)
         cuda.syncthreads()
         staged = min(st_n[0], ONELAUNCH_STAGE)
         if tid == 0:

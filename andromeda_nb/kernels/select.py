@@ -608,6 +608,18 @@ def _filter_funcs(block: int, has_elig: bool):
     return stream
 
 
+@cuda.jit(device=True, inline=True)
+def add_totals(red, el, nan, kept):
+    """Add a thread's eligible scores, NaN among them and kept scores to its block's shared totals
+    ``red int32[3]`` (zero ones skipped: the atomics are rare)."""
+    if el:
+        cuda.atomic.add(red, 0, el)
+    if nan:
+        cuda.atomic.add(red, 1, nan)
+    if kept:
+        cuda.atomic.add(red, 2, kept)
+
+
 @functools.lru_cache(maxsize=None)
 def filter_kernel(block: int, has_elig: bool):
     """Launch ``[(grid, batch), block]`` (grid-stride within each request): one pass over each
@@ -654,12 +666,7 @@ def filter_kernel(block: int, has_elig: bool):
         cap = buf_s.shape[1]
         el, nan, kept = stream(words, scores, head, q, uint64(offsets[q]), uint64(offsets[q + ONE]), seeds[q], elig,
                                st_s, st_i, st_n, buf_s, buf_i, fill, cap, cuda.blockIdx.x, cuda.gridDim.x)
-        if el:
-            cuda.atomic.add(red, 0, el)
-        if nan:
-            cuda.atomic.add(red, 1, nan)
-        if kept:
-            cuda.atomic.add(red, 2, kept)
+        add_totals(red, el, nan, kept)
         cuda.syncthreads()
         staged = min(st_n[0], FILTER_STAGE)
         if tid == 0:
