@@ -651,13 +651,13 @@ class OneLaunchWorkspace(FilterWorkspace):
             return None
         self = cls(n, k, cap=ONELAUNCH_CAP)
         cuda = launch.cuda()
-        self.r, self.m = r, m
+        self.n, self.r, self.m = n, r, m
         self.acc = cuda.to_device(np.zeros(ACC_SIZE, np.int64))
         self.ticket = cuda.to_device(np.zeros(1, np.uint32))
         return self
 
 
-#: batch-of-one workspaces topk_scores keeps a thread, by (n, k): a fresh one took ~10 device
+#: batch-of-one workspaces topk_scores keeps a thread, by (n, k), for its CUDA context: a fresh one took ~10 device
 #: allocations and copies a call (H200, 500,000 scores, k = 1000: 1.35 ms host wall time a call)
 SMALL_WORKSPACES = 8
 _small_cache = threading.local()
@@ -669,12 +669,15 @@ def _small_workspace(n: int, k: int) -> FilterWorkspace:
     cache = getattr(_small_cache, "ws", None)
     if cache is None:
         cache = _small_cache.ws = {}
-    fws = cache.pop((n, k), None)
-    if fws is None:
+    # a workspace belongs to the CUDA context it was made in (the simulator has one, and hands out a
+    # new stand-in object each call)
+    ctx = None if launch.backend.is_simulator() else launch.cuda().current_context()
+    made_in, fws = cache.pop((n, k), (None, None))
+    if fws is None or made_in is not ctx:
         fws = FilterWorkspace.batched(np.array([0, n], np.int64), np.array([k], np.int64))
         while len(cache) >= SMALL_WORKSPACES:
             cache.pop(next(iter(cache)))  # the least recently used
-    cache[(n, k)] = fws
+    cache[(n, k)] = (ctx, fws)
     return fws
 
 
@@ -687,6 +690,8 @@ def launch_onelaunch(d_scores, n: int, k: int, olw: OneLaunchWorkspace, elig=Non
     None. Ids are positions."""
     from .kernels.onelaunch import onelaunch_topk_kernel
 
+    if n != olw.n or not 1 <= k <= olw.kmax:  # its sample positions and rank are n's, its outputs kmax wide
+        raise ValueError(f"a one-launch workspace for n = {olw.n}, k <= {olw.kmax}, got n = {n}, k = {k}")
     blk, samples, per = onelaunch_shape()
     grid = -(-n // (blk * per))
     onelaunch_topk_kernel(blk, samples, per, elig is not None, olw.cap)[grid, blk](

@@ -174,3 +174,29 @@ def test_where_the_path_applies():
     assert T.OneLaunchWorkspace.make(T.ONELAUNCH_MAX_N, big_k) is None
     w = T.OneLaunchWorkspace.make(4 * M, 3)
     assert w.r == max(T.SEED_MIN_RANK, int(np.ceil(T.SEED_MARGIN * 3 * M / (4 * M)))) and w.cap == ONELAUNCH_CAP
+
+
+def test_without_a_seed_every_eligible_score_is_kept(rng):
+    """r = 0 (no seed): every eligible score is a candidate; the block's counters are zeroed before
+    any thread stages one (no seed barrier comes first)."""
+    blk, samples, per, M = shape()
+    n = 2 * M + 37
+    for trial in range(4):
+        s = make_scores(rng, n, "normal")
+        k = 20
+        olw = T.OneLaunchWorkspace.make(n, k)
+        olw.r = 0
+        _, c, outcome = run(s, k, olw=olw)
+        assert c.tolist() == [int((~np.isnan(s)).sum())] * 2
+        if outcome == "exact":
+            np.testing.assert_array_equal(olw.out_id.copy_to_host()[0], oracle.topk(s, k).ids)
+
+
+def test_launch_refuses_a_workspace_of_another_shape(rng):
+    blk, samples, per, M = shape()
+    n = 3 * M
+    olw = T.OneLaunchWorkspace.make(n, 20)
+    d = launch.to_device(rng.standard_normal(n).astype(np.float32))
+    for bad_n, bad_k in ((n - 1, 20), (n, 21), (n, 0)):
+        with pytest.raises(ValueError, match="one-launch workspace"):
+            T.launch_onelaunch(d, bad_n, bad_k, olw)

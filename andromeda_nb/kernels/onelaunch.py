@@ -127,6 +127,7 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
             red[0] = 0
             red[1] = 0
             red[2] = 0
+        cuda.syncthreads()  # zeroed before any thread stages (without a seed, no barrier comes first)
         # 1. this block's scores, in flight during the seed
         mine = cuda.local.array(per_thread, float32)
         base = uint32(cuda.blockIdx.x) * B * uint32(per_thread) + tid
