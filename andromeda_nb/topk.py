@@ -734,7 +734,9 @@ def launch_topk(d_scores, n: int, k: int, elig=None, d_ids=None, block: int | No
 
 
 def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = None, seeded: bool = True) -> TopK:
-    """Exact top-k of a score array on the device (block top-K, then a merge on the device).
+    """Exact top-k of a score array on the device: a seed threshold from a sample, one pass keeping
+    the scores at or above it, and the top-k of those (or, for small or unseeded calls, the block
+    top-K and a merge on the device).
 
     Contract (DESIGN.md): score descending, ties to the lower id, NaN never selected, fewer than k
     candidates padded with id -1 and score -inf.
