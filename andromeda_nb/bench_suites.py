@@ -327,6 +327,8 @@ def scoring(env, ceil, args) -> list[dict]:
              128), scores to memory and the filter path; bitset filter; block top-K (not in the default set)
     int8   : int8 against fp16, dot (d 64 and 128, scores to memory and the filter path) and gated d 64
              scores to memory (not in the default set)
+    bitset_sweep: the gated filter path on a 10 % eligible bitset, rows layout, over register caps,
+             block sizes and blocks per SM, with the full-pool pass of the same run (not in the default set)
     """
     import cupy as cp
 
@@ -470,6 +472,19 @@ def scoring(env, ceil, args) -> list[dict]:
                 ("rows", "bitset", 0.1, K1000, "filter", "gated_fused_topk_filter")):
             add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, layout, access, frac, k, auto,
                            variant, path=path))
+    if "bitset_sweep" in phases:  # the 10 % eligible bitset on rows: launch shapes (not in the default set)
+        # prediction: the rows layout's 10 % bitset filter path took 0.27 of the fastest full-pool
+        # pass (7.5 G eligible ads/s, 1.33 ms, against 20.3 G, 76c2e8a; target 0.25: ~8 % short).
+        # Its compacted tiles gather scattered rows, so loads in flight decide: more resident warps
+        # (a lower register cap, smaller blocks, more blocks an SM) should help by up to ~10 %;
+        # the full-pool reference is timed in the same run
+        add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "tiles", "pool", 1.0, K1000,
+                       KernelConfig(), "gated_fused_topk_filter", path="filter"))
+        for cfg in (KernelConfig(), KernelConfig(max_registers=80), KernelConfig(max_registers=64),
+                    KernelConfig(block=128), KernelConfig(block=512), KernelConfig(blocks_per_sm=8),
+                    KernelConfig(blocks_per_sm=8, max_registers=80), KernelConfig(weights="shared")):
+            add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 2, "rows", "bitset", 0.1, K1000, cfg,
+                           "gated_fused_topk_filter", path="filter"))
     if "int8" in phases:  # int8 rows widened by PRMT + FADD instead of I2F (not in the default set)
         # prediction (commit after 37e5b94): I2F runs at 16 / clock / SM, so 64 of them an ad held
         # int8 d = 64 near 6.5e10 ads/s (measured 5.37e10 scores to memory, 0.90; 5.10e10 filter,
