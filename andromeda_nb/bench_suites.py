@@ -665,7 +665,7 @@ def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int, rounds: i
                         f"block" + note))
 
 
-def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int) -> None:
+def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int, warp_sync: bool = False) -> None:
     """One request through the one-launch path (:func:`~andromeda_nb.topk.launch_onelaunch`: every
     block seeds from the same 8,192-score sample, filters its 8,192 scores, the last block sorts
     the kept ones), device time with the workspace preallocated. Not topk_scores's route: on the
@@ -678,8 +678,17 @@ def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int) -> None:
     cuda = launch.cuda()
     scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
     d_scores = cuda.as_cuda_array(scores)
+    from . import topk as T
+
     olw = OneLaunchWorkspace.make(n, k)
-    call = lambda: launch_onelaunch(d_scores, n, k, olw)  # noqa: E731
+
+    def call():
+        was, T.ONELAUNCH_WARP_SYNC = T.ONELAUNCH_WARP_SYNC, warp_sync
+        try:
+            return launch_onelaunch(d_scores, n, k, olw)
+        finally:
+            T.ONELAUNCH_WARP_SYNC = was
+
     call()
     c = olw.counts.copy_to_host()[0]
     outcome = seeded_outcome(olw, k, c)
@@ -687,11 +696,23 @@ def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int) -> None:
     if outcome != "exact":
         verified = checks.Check(False, f"not exact in one launch ({outcome}): a caller would rerun it")
     timing = bench.time_device(call, reps=args.reps)
-    add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant="block_topk_onelaunch",
+    add(bench.row("topk", env, ceil, timing, n, 4.0, None, str(verified),
+                  variant="block_topk_onelaunch" + ("_warp_sync" if warp_sync else ""),
                   n_ads=n, k=k, batch=1, dtype="fp32", access="random",
                   notes=f"{4 * n / 1e6:.0f} MB: L2-resident, as right after scoring; one launch "
                         f"({-(-n // 8192)} blocks of 1,024 threads); sample rank {olw.r} of {olw.m}, "
                         f"{int(c[1])} scores kept (sort cap {olw.cap})"))
+
+
+def _with_sort_warp_sync(fn):
+    """Run ``fn`` with the sort final's warp barriers on (topk.SORT_WARP_SYNC), then restore it."""
+    from . import topk as T
+
+    was, T.SORT_WARP_SYNC = T.SORT_WARP_SYNC, True
+    try:
+        return fn()
+    finally:
+        T.SORT_WARP_SYNC = was
 
 
 def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: int = 100) -> list[dict]:
@@ -757,11 +778,16 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
          "counter reset + the filter pass over the batch"),
         ("final", lambda: launch_final(k, fws, d_scores=d_scores), kept_bytes / per,
          "a block a request sorts its kept scores"),
+        # prediction (commit after 28169f9): steps of stride <= 32 (39 of the 45 steps of a 512-entry
+        # sort) end with a warp barrier instead of a block barrier: the sort 28 us -> ~20 us
+        ("final_warp_sync", lambda: _with_sort_warp_sync(lambda: launch_final(k, fws, d_scores=d_scores)),
+         kept_bytes / per, "the same sort, its steps of stride <= 32 ending with warp barriers"),
     ]
     for name, fn, bytes_per_score, note in stages:  # in order: each stage's inputs in place
         fn()
         timing = bench.time_device(fn, reps=args.reps)
-        verified = values_check(fws.out_s, " (after the stage)") if name == "final" else "n/a (stage timing)"
+        verified = (values_check(fws.out_s, " (after the stage)") if name.startswith("final")
+                    else "n/a (stage timing)")
         add(bench.row("topk", env, ceil, timing, batch * per, bytes_per_score, None, str(verified),
                       variant=f"block_topk_batched_seeded_stage_{name}", **fields,
                       notes=f"{note}; bytes_per_item: what the stage moves a score"))
@@ -968,6 +994,9 @@ def topk(env, ceil, args) -> list[dict]:
             _topk_one_request_batch_path(add, env, ceil, args, 500_000, 1000, rounds=rounds)
         for k_small in (1000, 100):
             _topk_one_request_onelaunch(add, env, ceil, args, 500_000, k_small)
+            # prediction (commit after 28169f9): the last block's sort (4,096 entries, 1,024 threads)
+            # with warp barriers on 57 of its 78 steps: 52 us -> ~30 us at k = 1000
+            _topk_one_request_onelaunch(add, env, ceil, args, 500_000, k_small, warp_sync=True)
     if "stages" in phases:
         rows.extend(_topk_stage_rows(env, ceil, args, 500_000, 1000))
     if "stages_large" in phases:  # where 10^8 scores' seeded call spends its time (not in the default set)

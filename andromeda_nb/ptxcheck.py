@@ -132,14 +132,17 @@ def variants():
             out.append((f"select batch_seed elig{elig} by_max{by_max}", SEL.batch_seed_kernel(128, 32, 32, elig, 5, 8, by_max),
                         (A(f32), A(i64), A(i64), A(u64, 2), A(f32), A(i64, 2), A(i64))))
     for ids in (False, True):
-        out.append((f"select final_sort ids{ids}", SEL.final_sort_kernel(128, ids, 1024),
-                    (A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
+        for ws in (False, True):
+            out.append((f"select final_sort ids{ids} warp_sync{ws}", SEL.final_sort_kernel(128, ids, 1024, ws),
+                        (A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2),
+                         A(i64, 2))))
         out.append((f"select final_rank ids{ids}", SEL.final_rank_kernel(256, ids),
                     (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
     from .kernels import onelaunch as OL
 
     for elig in (False, True):
-        out.append((f"onelaunch topk elig{elig}", OL.onelaunch_topk_kernel(1024, 8, 8, elig, OL.ONELAUNCH_CAP),
+        out.append((f"onelaunch topk elig{elig} warp_sync{elig}",
+                    OL.onelaunch_topk_kernel(1024, 8, 8, elig, OL.ONELAUNCH_CAP, "max", 0, elig),
                     (A(f32), A(u64), i64, i64, A(f32), A(i32), A(i64), A(u32), A(i64, 2), A(f32, 2), A(i32, 2),
                      A(i64, 2))))
     # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the

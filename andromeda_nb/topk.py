@@ -467,6 +467,9 @@ def launch_filter(d_scores, fws: FilterWorkspace, seed, elig=None, block: int | 
 #: threads of the sort final's blocks (a request each): about half the ~2.5 k candidates padded
 #: to a power of two, a compare-exchange a thread a step
 SORT_BLOCK = 128
+#: the sort final's steps of stride <= 32 end with warp barriers (kernels.select._sort_funcs); off
+#: until timed on the GPU (bench topk, batch phase: the sort stage with and without)
+SORT_WARP_SYNC = False
 #: the rank final's candidate limit in the simulator (kernels.select.RANK_CAP on a GPU)
 SIM_RANK_CAP = 512
 
@@ -493,7 +496,7 @@ def launch_final(k: int, fws: FilterWorkspace, d_ids=None, block: int | None = N
     args = (fws.buf_s, fws.buf_i, fws.fill, fws.offsets, ids, fws.ks, fws.out_s, fws.out_slot, fws.out_id)
     if d_scores is not None and fws.batch > 1 and fws.cap <= SORT_CAP:  # a block a request sorts
         sb = launch.default_block() if launch.backend.is_simulator() else SORT_BLOCK
-        final_sort_kernel(sb, has_ids, max(2, next_pow2(fws.cap)))[(1, fws.batch), sb](d_scores, *args)
+        final_sort_kernel(sb, has_ids, max(2, next_pow2(fws.cap)), SORT_WARP_SYNC)[(1, fws.batch), sb](d_scores, *args)
         return fws
     if launch.backend.is_simulator():
         # a thread a candidate and at most SIM_RANK_CAP of them: the simulator runs every barrier of
@@ -618,6 +621,8 @@ SMALL_MAX_N = 1 << 20
 SMALL_FILTER_ROUNDS = BATCH_FILTER_ROUNDS
 #: the one-launch path (:func:`launch_onelaunch`) takes at most this many scores
 ONELAUNCH_MAX_N = 1 << 20
+#: its last block's sort ends steps of stride <= 32 with warp barriers (off until timed)
+ONELAUNCH_WARP_SYNC = False
 
 
 def onelaunch_shape() -> tuple[int, int, int]:
@@ -694,7 +699,8 @@ def launch_onelaunch(d_scores, n: int, k: int, olw: OneLaunchWorkspace, elig=Non
         raise ValueError(f"a one-launch workspace for n = {olw.n}, k <= {olw.kmax}, got n = {n}, k = {k}")
     blk, samples, per = onelaunch_shape()
     grid = -(-n // (blk * per))
-    onelaunch_topk_kernel(blk, samples, per, elig is not None, olw.cap)[grid, blk](
+    onelaunch_topk_kernel(blk, samples, per, elig is not None, olw.cap, "max", 0,
+                          ONELAUNCH_WARP_SYNC)[grid, blk](
         d_scores[:n], elig if elig is not None else launch.dummy(np.uint64), olw.r, k, olw.buf_s[0],
         olw.buf_i[0], olw.acc, olw.ticket, olw.counts, olw.out_s, olw.out_slot, olw.out_id)
     return olw

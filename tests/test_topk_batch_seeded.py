@@ -403,12 +403,14 @@ def _sort_case(rng):
     return scores, offsets, ks, slot_lists, fills, cap
 
 
+@pytest.mark.parametrize("warp_sync", [False, True])
 @pytest.mark.parametrize("with_ids", [False, True])
-def test_final_sort_kernel_on_crafted_buffers(rng, with_ids):
+def test_final_sort_kernel_on_crafted_buffers(rng, with_ids, warp_sync, monkeypatch):
     """launch_final(..., d_scores=...) on a batched workspace: each request's candidates sorted by
     score descending (-0 tied with +0, ties to the lower id or slot), the original -0 bits read
     back, +-inf in place, m = 0, 1, k > m, m a power of two and not, fill past the buffer; every
     output entry written (poisoned first), pads (-inf, -1, -1)."""
+    monkeypatch.setattr(T, "SORT_WARP_SYNC", warp_sync)
     scores, offsets, ks, slot_lists, fills, cap = _sort_case(rng)
     B, kmax = len(ks), int(ks.max())
     ids = rng.permutation(10 * scores.size)[: scores.size].astype(np.int64) if with_ids else None

@@ -55,7 +55,7 @@ ACC_SIZE = 4
 
 @functools.lru_cache(maxsize=None)
 def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: bool, cap: int,
-                          seed_by: str = "max", stop: int = 0):
+                          seed_by: str = "max", stop: int = 0, warp_sync: bool = False):
     """Launch ``[grid, block]`` with ``grid = ceil(n / (block * per_thread))`` (a power-of-two
     ``block``; every block of the grid resident or not: no block waits for another).
 
@@ -76,13 +76,14 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
     ``seed_by``: "max" (default) searches the r-th best of the threads' best sample keys, one
     ``syncthreads_count`` a bit; "count" the r-th best sample key itself, one a bit of a thread's
     count (four at 8 samples a thread). ``stop`` (timing diagnostics only; the answer is not
-    written): 1 returns after the seed, 2 before the last block's sort."""
+    written): 1 returns after the seed, 2 before the last block's sort. ``warp_sync``: the sort's
+    steps of stride <= 32 end with warp barriers (:func:`~andromeda_nb.kernels.select._sort_funcs`)."""
     M = block * samples
     SEED_BY_MAX = seed_by == "max"
     STOP = int(stop)
     RUNS = M // ONELAUNCH_RUN
     B = uint32(block)
-    sort_desc, key_of, write_top = _sort_funcs(block, False)
+    sort_desc, key_of, write_top = _sort_funcs(block, False, warp_sync)
     PAD = int32(-1)
 
     @cuda.jit(device=True, inline=True)

@@ -40,6 +40,22 @@ from .bits import _f32_from_bits, test_bit
 from .intrinsics import decode_fp32, float_key, max_nan
 from .topk import NEG_INF, score_key
 
+if config.ENABLE_CUDASIM:
+
+    @cuda.jit(device=True)
+    def sync_warp():
+        """The simulator has no warp barrier: its block barrier stands in (every thread of the block
+        reaches the call together where it is used)."""
+        cuda.syncthreads()
+
+else:
+
+    @cuda.jit(device=True, inline=True)
+    def sync_warp():
+        """``__syncwarp()`` over the whole warp."""
+        cuda.syncwarp()
+
+
 #: key bits of the seed's histogram levels; two levels fix the top 24 of the 32 key bits
 HIST_BITS = 12
 HIST_BINS = 1 << HIST_BITS
@@ -824,7 +840,7 @@ SORT_CAP = 2048
 
 
 @functools.lru_cache(maxsize=None)
-def final_sort_kernel(block: int, has_ids: bool, cap: int):
+def final_sort_kernel(block: int, has_ids: bool, cap: int, warp_sync: bool = False):
     """Launch ``[(1, batch), block]``: each request's exact top-k of its candidate buffer by one
     block's bitonic sort in shared memory, for requests of few candidates (the batched path: about
     ``SEED_MARGIN * k`` each). Request ``r = blockIdx.y``: ``m = min(fill[r], buf_s.shape[1])``
@@ -843,7 +859,7 @@ def final_sort_kernel(block: int, has_ids: bool, cap: int):
     its split, instruction-bound)."""
     KEY_CAP = cap
     ID_CAP = cap if has_ids else 1
-    sort_desc, key_of, write_top = _sort_funcs(block, has_ids)
+    sort_desc, key_of, write_top = _sort_funcs(block, has_ids, warp_sync)
 
     @cuda.jit
     def kernel(scores, buf_s, buf_i, fill, offsets, ids, ks, out_s, out_slot, out_id):
@@ -875,13 +891,23 @@ def final_sort_kernel(block: int, has_ids: bool, cap: int):
 
 
 @functools.lru_cache(maxsize=None)
-def _sort_funcs(block: int, has_ids: bool):
+def _sort_funcs(block: int, has_ids: bool, warp_sync: bool = False):
     """Device functions of the sort final (:func:`final_sort_kernel`):
     ``key_of(sk, sid, sslot, j, s, slot, ids, start)`` writes entry j (slot -1: a pad, after every
     real entry); ``sort_desc(sk, sid, sslot, P)`` sorts the first P entries (a power of two) best
     first, whole block, entered and left synchronised; ``write_top(sk, sid, sslot, scores, start,
-    kk, r, out_s, out_slot, out_id)`` writes the best kk to row r, pads after them."""
+    kk, r, out_s, out_slot, out_id)`` writes the best kk to row r, pads after them.
+
+    ``warp_sync`` (``block`` a multiple of 32): a compare-exchange step of stride at most 32 whose
+    next step's stride is at most 32 too ends with a warp barrier instead of a block barrier. Pair p of a step
+    touches entries ``i = ((p & ~(stride - 1)) << 1) | (p & (stride - 1))`` and ``i + stride``;
+    for a stride up to 32 the 32 pairs of a warp (p = 32 w .. 32 w + 31) stay inside entries
+    ``64 w .. 64 w + 63``, and thread t handles pairs t, t + block, ...: the same warp, step
+    after step. So between two such steps only the warp's own writes are read. (The simulator's
+    stand-in is its block barrier: every thread reaches it together.)"""
     B = uint32(block)
+    WARP_SYNC = bool(warp_sync)
+    WARP_STRIDE = uint32(32)
 
     @cuda.jit(device=True, inline=True)
     def key_of(sk, sid, sslot, j, s, slot, ids, start):
@@ -930,7 +956,15 @@ def _sort_funcs(block: int, has_ids: bool):
                             sslot[i] = sslot[o]
                             sslot[o] = si
                     t += B
-                cuda.syncthreads()
+                # the next step's stride: half this one, or, after stride 1, the next size's first
+                # (size itself); after the last step the sort ends, left synchronised
+                nxt = stride >> uint32(1) if stride > uint32(1) else size
+                last = stride == uint32(1) and size == P
+                # this step wrote, and the next reads, only the warp's own 64 entries: a warp barrier
+                if WARP_SYNC and stride <= WARP_STRIDE and nxt <= WARP_STRIDE and not last:  # uniform
+                    sync_warp()
+                else:
+                    cuda.syncthreads()
                 stride >>= uint32(1)
             size <<= uint32(1)
 
