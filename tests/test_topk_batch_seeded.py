@@ -818,3 +818,28 @@ def test_small_workspaces_are_reused_and_bounded(rng, monkeypatch):
     T._small_workspace(n, 11)  # evicts the least recently used: (n, 9)
     assert set(T._small_cache.ws) == {(n, 10), (n, 11)}
     assert T._small_workspace(n, 9) is not first
+
+
+def test_sort_steps_between_warp_barriers_stay_inside_each_warp():
+    """The index map of _sort_funcs.sort_desc: pair p of a step (thread p % block) touches entries
+    i = ((p & ~(stride - 1)) << 1) | (p & (stride - 1)) and i + stride. Where a step of stride <= 32
+    is followed by another of stride <= 32 (a warp barrier between them with warp_sync), every entry
+    belongs to the same warp in both steps, for every block size and sort size."""
+
+    def owner(P, stride, block):
+        p = np.arange(P // 2)
+        low = stride - 1
+        i = ((p & ~low) << 1) | (p & low)
+        own = np.empty(P, np.int64)
+        own[i] = (p % block) // 32
+        own[i + stride] = (p % block) // 32
+        return own
+
+    for block in (32, 128, 1024):
+        for P in (2, 8, 64, 128, 512, 4096):
+            steps = [(size, size >> j) for size in (1 << e for e in range(1, P.bit_length())) for j in
+                     range(1, size.bit_length())]
+            warp_local = [(a, b) for a, b in zip(steps, steps[1:]) if a[1] <= 32 and b[1] <= 32]
+            assert warp_local or P <= 2
+            for (_, s1), (_, s2) in warp_local:
+                np.testing.assert_array_equal(owner(P, s1, block), owner(P, s2, block))
