@@ -5,6 +5,8 @@ oracle, forced seed_high / overflow outcomes and both rerun paths of topk_batch.
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from andromeda_nb import launch, oracle
 import andromeda_nb.topk as T
@@ -843,3 +845,33 @@ def test_sort_steps_between_warp_barriers_stay_inside_each_warp():
             assert warp_local or P <= 2
             for (_, s1), (_, s2) in warp_local:
                 np.testing.assert_array_equal(owner(P, s1, block), owner(P, s2, block))
+
+
+@st.composite
+def small_request_cases(draw):
+    """A request in the batch-of-one route's range (SEED_MIN_N patched to twice the sample):
+    scores of one of make_scores's kinds, k from 1 to past n, an optional mask and ids."""
+    _, _, M = sim_shape()
+    n = draw(st.integers(2 * M, 3 * M + 100))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(["normal", "ties", "narrow", "negative", "posinf", "all_nan"]))
+    k = draw(st.one_of(st.integers(1, 40), st.sampled_from([n, n + 3, 600])))
+    mask = rng.random(n) < draw(st.sampled_from([0.0, 0.05, 0.5])) if draw(st.booleans()) else None
+    ids = rng.choice(4 * n, n, replace=False).astype(np.int64) if draw(st.booleans()) else None
+    return make_scores(rng, n, kind), k, mask, ids
+
+
+@settings(max_examples=12)
+@given(small_request_cases())
+def test_batch_of_one_route_matches_oracle(case):
+    """topk_scores through the batched path on a batch of one (or its rerun), against the oracle."""
+    scores, k, mask, ids = case
+    _, _, M = sim_shape()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(T, "SEED_MIN_N", 2 * M)
+        got = T.topk_scores(scores, k, eligible=mask, ids=ids)
+    want = oracle.topk(scores, k, ids=ids, eligible=mask)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores.view(np.uint32), want.scores.view(np.uint32))
+    assert got.count == want.count
