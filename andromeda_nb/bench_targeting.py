@@ -679,6 +679,17 @@ def targeting(env, ceil, args) -> list[dict]:
             rows.append(request_row(env, ceil, world, "match_U8_b256_prefetch_nobounds", main_prep, reps, U=8,
                                     block=256, bounds=0, prefetch=True,
                                     notes="benchmark world; prefetch; no launch bounds (92 registers)"))
+        # the list passes on a segment grid (match.LIST_KERNELS; prediction in stages below), verified
+        from . import match as M
+
+        default_lists, M.LIST_KERNELS = M.LIST_KERNELS, "segment"
+        try:
+            lb = MATCH_THREADS_PER_SM.get(8, 0) // 256
+            rows.append(request_row(env, ceil, world, "match_U8_b256_segment_lists", main_prep, reps, U=8, block=256,
+                                    notes="benchmark world, 1 request per launch set; the list passes on a "
+                                          f"segment grid; launch bounds (256, {lb})"))
+        finally:
+            M.LIST_KERNELS = default_lists
         for B in ([16] if quick else [8, 32, 64]):
             profs = syn.generate_profiles(world.schema, B, seed=500 + B)
             p = world.dev.prepare(profs)
@@ -733,8 +744,17 @@ def targeting(env, ceil, args) -> list[dict]:
         cuda = launch.cuda()
         out = cuda.device_array((1, max(world.index.n_words, 1)), np.uint64)
         counts = cuda.device_array(1, np.int64)
-        for name, kern in (("prep", ("prep",)), ("match", ("match",)), ("post", ("post",)),
-                           ("prep_match", ("prep", "match")), ("all", ("prep", "match", "post"))):
+        from . import match as M
+
+        # the list passes on a segment grid (match.LIST_KERNELS = "segment"), prediction (commit
+        # after 464beff): prep 3.6 -> ~2.5 us, post 9.0 -> ~4.5 us (no binary search an entry, 4
+        # list loads then 4 result loads in flight a thread), the whole request 106 -> ~100 us
+        stage_list = [(lists, name, kern) for lists in ("search", "segment")
+                      for name, kern in (("prep", ("prep",)), ("match", ("match",)), ("post", ("post",)),
+                                         ("prep_match", ("prep", "match")), ("all", ("prep", "match", "post")))
+                      if lists == "search" or name != "match"]
+        for lists, name, kern in stage_list:
+            M.LIST_KERNELS, default_lists = lists, M.LIST_KERNELS
             # one request at a time, repeated (requests share the patch rows: mixing them would
             # leave their union in the rows); buffers preallocated (an allocation in the timed
             # call stalls the stream)
@@ -751,9 +771,11 @@ def targeting(env, ceil, args) -> list[dict]:
             med = sorted(per, key=lambda x: x.median)[k // 2]
             timing = bench.Timing(sum(x.median for x in per) / k, sum(x.p20 for x in per) / k,
                                   sum(x.p80 for x in per) / k, sum(x.host_per_call for x in per) / k, med.reps)
+            M.LIST_KERNELS = default_lists
             row = bench.row("targeting", env, ceil, timing, world.index.n_ads, 0.0, None,
                             "n/a (stage timing: a partial launch set; the full set is verified in 'main')",
-                            variant=f"match_U8_stage_{name}", n_ads=world.index.n_ads, access="pool",
+                            variant=f"match_U8_stage_{name}" + ("_segment" if lists == "segment" else ""),
+                            n_ads=world.index.n_ads, access="pool",
                             categories=len(world.schema), batch=1, layout=layout_name(world.index),
                             notes=f"kernels {'+'.join(kern)} of one request's launch set, 8 times back to back; "
                                   f"mean over {k} requests of the median of {reps}")

@@ -34,6 +34,12 @@ MATCH_THREADS_PER_SM = {4: 1024, 8: 768, 16: 512}
 #: Rows the match loads together (:func:`~andromeda_nb.kernels.match.match_grouped_kernel`); 0: the
 #: plain kernel, one row at a time with per-row early exit.
 MATCH_GROUP = 0
+#: the list passes around the match: "search" (a grid-stride pass over all entries, each finding
+#: its segment by binary search: kernels.match.prep_kernel / post_kernel) or "segment" (a block
+#: row a segment, SEG_LOADS loads a thread in flight: prep_segment_kernel / post_segment_kernel).
+#: "search" until the other is timed (bench targeting, stages: post 9.0 us, prep 3.6 us of the
+#: 107 us request at 39b72d4)
+LIST_KERNELS = "search"
 #: Largest group: each thread holds group x words_per_thread loaded words in registers.
 MAX_GROUP = 64
 
@@ -137,6 +143,9 @@ class PreparedMatch:
     n_scratch: int
     version: int
     profiles: list = None
+    #: the list passes' segments: how many, and the longest (the segment-grid kernels' shape)
+    prep_segments: tuple = (0, 0)
+    post_segments: tuple = (0, 0)
 
     @property
     def batch(self) -> int:
@@ -323,7 +332,8 @@ class DeviceTargetingIndex:
         args["q_op"] = args["q_op"][:len(q_op)]
         return PreparedMatch(plans=plans, n_words=nw, n_bits=n_bits, args=args, n_prep=int(p_off[-1]),
                              n_post=int(q_off[-1]), n_scratch=scratch_base, version=self.index.version,
-                             profiles=profiles)
+                             profiles=profiles, prep_segments=(len(p_len), int(max(p_len, default=0))),
+                             post_segments=(len(q_len), int(max(q_len, default=0))))
 
     def launch(self, prepared: PreparedMatch, out=None, counts=None, words_per_thread: int | None = None,
                block: int | None = None, min_blocks_per_sm: int | None = None, prefetch: bool = False,
@@ -347,7 +357,8 @@ class DeviceTargetingIndex:
         Returns:
             ``(out, counts)``.
         """
-        from .kernels.match import match_grouped_kernel, match_kernel, post_kernel, prep_kernel
+        from .kernels.match import (SEG_LOADS, match_grouped_kernel, match_kernel, post_kernel, post_segment_kernel,
+                                    prep_kernel, prep_segment_kernel)
 
         if prepared.version != self._version:
             raise RuntimeError(f"batch prepared for index version {prepared.version}, device copy at "
@@ -373,7 +384,12 @@ class DeviceTargetingIndex:
         blk = block or (launch.SIM_BLOCK if sim else MATCH_BLOCK)
         U = words_per_thread or WORDS_PER_THREAD
         small = launch.default_block()
-        if "prep" in kernels:
+        by_segment = LIST_KERNELS == "segment"
+        if "prep" in kernels and by_segment:
+            n_seg, longest = prepared.prep_segments
+            prep_segment_kernel(small)[(max(1, -(-longest // (small * SEG_LOADS))), max(1, n_seg)), small](
+                counts, B, self.pool, a["p_start"], a["p_off"], a["p_dst"], scratch, 0)
+        elif "prep" in kernels:
             prep_kernel()[launch.grid_for(max(prepared.n_prep, B), small), small](
                 counts, B, self.pool, a["p_start"], a["p_off"], a["p_dst"], scratch, 0)
         tiles = -(-nw // (blk * U))
@@ -391,7 +407,11 @@ class DeviceTargetingIndex:
             match_kernel(blk, U, min_blocks, bool(prefetch))[(gx, B), blk](
                 self.rows, scratch, prepared.n_bits, nw, a["req_cat"], a["inc_ptr"], a["inc_rows"], a["exc_ptr"],
                 a["exc_rows"], out, counts)
-        if prepared.n_post and "post" in kernels:
+        if prepared.n_post and "post" in kernels and by_segment:
+            n_seg, longest = prepared.post_segments
+            post_segment_kernel(small)[(-(-longest // (small * SEG_LOADS)), n_seg), small](
+                out, counts, nw, self.pool, a["extra"], a["q_start"], a["q_off"], a["q_op"], a["q_arg"], scratch, 0)
+        elif prepared.n_post and "post" in kernels:
             post_kernel(small)[launch.grid_for(prepared.n_post, small), small](
                 out, counts, nw, self.pool, a["extra"], a["q_start"], a["q_off"], a["q_op"], a["q_arg"], scratch, 0)
         return out, counts

@@ -161,6 +161,10 @@ def variants():
                     (A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(u64, 2), i64)))
         out.append((f"match post pool {pool_t}", M.post_kernel(256),
                     (A(u64, 2), A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), i64)))
+        out.append((f"match prep_segment pool {pool_t}", M.prep_segment_kernel(256),
+                    (A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(u64, 2), i64)))
+        out.append((f"match post_segment pool {pool_t}", M.post_segment_kernel(256),
+                    (A(u64, 2), A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), i64)))
         out.append((f"match apply pool {pool_t}", M.apply_kernel(), (A(u64, 2), A(pool_t), A(i64), i64, i64, i64)))
     out.append(("match fill", M.fill_kernel(), (A(u64, 2), u64)))
     out.append(("match chunk_count", M.chunk_count_kernel(256), (A(u64, 2), i64, i64, i64, A(i64))))

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import andromeda_nb.match as M
 from andromeda_nb import oracle
 from andromeda_nb.match import (DeviceTargetingIndex, Eligible, compact, match_batch, match_cpu, match_eligible,
                                 read_model)
@@ -16,14 +17,15 @@ LAYOUTS = [(10**9, 10**9, 512), (1, 1, 512), (3, 2, 64), (2, 10**9, 1)]
 
 
 @pytest.mark.parametrize("n", [1, 31, 32, 33, 63, 64, 65, 127, 128, 200, 1000, 4101])
-def test_match_equals_oracle(rng, n):
+def test_match_equals_oracle(rng, n, monkeypatch):
     dense_min, xmin, gmax = LAYOUTS[n % len(LAYOUTS)]
     rules = random_rules(rng, n)
     host = TargetingIndex(rules, dense_min=dense_min, exclude_dense_min=xmin, group_max=gmax)
     index = DeviceTargetingIndex(host)
     shapes = [(1, False, 0), (2, False, 0), (4, False, 0), (8, False, 0), (16, False, 0), (1, True, 0),
               (4, True, 0), (1, False, 1), (2, False, 3), (4, False, 4), (8, False, 2), (1, False, 64)]
-    for U, prefetch, group in shapes:
+    for i, (U, prefetch, group) in enumerate(shapes):
+        monkeypatch.setattr(M, "LIST_KERNELS", ("search", "segment")[i % 2])  # both list-pass variants
         prof = random_profile(rng, rules.schema)
         want = oracle.match(rules, make_profile(rules.schema, prof))
         prepared = index.prepare([prof])
@@ -87,7 +89,9 @@ def test_padding_never_matches_after_not(rng):
                 assert int(words[-1]) >> (n % 64) == 0
 
 
-def test_exclude_slots_clear_bits_and_count(rng):
+@pytest.mark.parametrize("list_kernels", ["search", "segment"])
+def test_exclude_slots_clear_bits_and_count(rng, list_kernels, monkeypatch):
+    monkeypatch.setattr(M, "LIST_KERNELS", list_kernels)
     rules = random_rules(rng, 300, p_constrain=0.1, p_exclude=0.0, live_p=1.0)
     index = DeviceTargetingIndex(TargetingIndex(rules))
     prof = random_profile(rng, rules.schema)
@@ -102,7 +106,9 @@ def test_exclude_slots_clear_bits_and_count(rng):
         match_eligible(index, prof, exclude_slots=[300])
 
 
-def test_batch_equals_single_requests(rng):
+@pytest.mark.parametrize("list_kernels", ["search", "segment"])
+def test_batch_equals_single_requests(rng, list_kernels, monkeypatch):
+    monkeypatch.setattr(M, "LIST_KERNELS", list_kernels)
     rules = random_rules(rng, 250)
     index = DeviceTargetingIndex(TargetingIndex(rules, dense_min=2))
     profiles = [random_profile(rng, rules.schema) for _ in range(5)]

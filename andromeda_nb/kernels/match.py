@@ -25,7 +25,7 @@ is alive), plus ``n_words * 8`` written, plus the lists' entries (4 or 8 bytes e
 
 import functools
 
-from numba import cuda, int64, uint64
+from numba import cuda, int32, int64, uint64
 
 ALL = uint64(0xFFFFFFFFFFFFFFFF)
 MASK40 = (1 << 40) - 1
@@ -391,6 +391,106 @@ def post_kernel(block: int):
         for j in range(tid, MAX_BATCH, block):
             if dec[j] != 0:
                 cuda.atomic.sub(counts, j, dec[j])
+
+    return kernel
+
+
+#: entries a thread of the segment-grid list passes loads together (independent loads in flight)
+SEG_LOADS = 4
+
+
+@functools.lru_cache(maxsize=None)
+def prep_segment_kernel(block: int):
+    """:func:`prep_kernel` on a segment grid: launch ``[(gx, max(1, n_seg)), block]`` with
+    ``gx * block * SEG_LOADS`` at least the longest segment. Block ``(x, y)`` takes entries
+    ``x * block * SEG_LOADS ..`` of segment ``y`` (its ``SEG_LOADS`` loads a thread issued
+    together), so no entry needs a search for its segment; block (0, 0) zeroes the counts. Same
+    arguments and result as :func:`prep_kernel`."""
+    B = int(block)
+
+    @cuda.jit
+    def kernel(counts, n_counts, pool, seg_start, seg_off, seg_dst, scratch, slot_base):
+        tid = cuda.threadIdx.x
+        if cuda.blockIdx.x == 0 and cuda.blockIdx.y == 0:
+            for i in range(tid, n_counts, B):
+                counts[i] = 0
+        k = cuda.blockIdx.y
+        if k >= seg_dst.shape[0]:
+            return
+        length = seg_off[k + 1] - seg_off[k]
+        first = int64(cuda.blockIdx.x) * (B * SEG_LOADS) + tid
+        src = seg_start[k]
+        row = seg_dst[k]
+        width = scratch.shape[1]
+        s = cuda.local.array(SEG_LOADS, int64)
+        for u in range(SEG_LOADS):  # the loads first, in flight together
+            j = first + u * B
+            s[u] = int64(pool[src + j]) if j < length else int64(-1)
+        for u in range(SEG_LOADS):
+            if s[u] >= 0:
+                t = s[u] - slot_base
+                w = t >> 6
+                if w < width:
+                    cuda.atomic.or_(scratch, (row, w), uint64(1) << uint64(t & 63))
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def post_segment_kernel(block: int):
+    """:func:`post_kernel` on a segment grid: launch ``[(gx, n_seg), block]`` with ``gx * block *
+    SEG_LOADS`` at least the longest segment; block ``(x, y)`` takes entries ``x * block *
+    SEG_LOADS ..`` of segment ``y``: its op and argument are the block's, each thread's
+    ``SEG_LOADS`` list loads, then its result-word loads, are in flight together, and the block
+    subtracts its cleared bits from the request's count with one atomic. Same arguments and
+    result as :func:`post_kernel`."""
+    B = int(block)
+
+    @cuda.jit
+    def kernel(out, counts, n_words, pool, extra, seg_start, seg_off, seg_op, seg_arg, scratch, slot_base):
+        dec = cuda.shared.array(1, int32)
+        tid = cuda.threadIdx.x
+        if tid == 0:
+            dec[0] = 0
+        cuda.syncthreads()
+        k = cuda.blockIdx.y
+        length = seg_off[k + 1] - seg_off[k]
+        first = int64(cuda.blockIdx.x) * (B * SEG_LOADS) + tid
+        src = seg_start[k]
+        op = seg_op[k]
+        arg = seg_arg[k]
+        s = cuda.local.array(SEG_LOADS, int64)
+        x = cuda.local.array(SEG_LOADS, uint64)
+        for u in range(SEG_LOADS):  # the list loads first, in flight together
+            j = first + u * B
+            s[u] = int64(-1)
+            if j < length:
+                s[u] = int64(extra[src + j]) if op == 1 else int64(pool[src + j])
+        if op == 2:  # zero the patch row's touched words
+            for u in range(SEG_LOADS):
+                if s[u] >= 0:
+                    w = (s[u] - slot_base) >> 6
+                    if w < scratch.shape[1]:
+                        scratch[arg, w] = uint64(0)
+            return  # uniform: the op is the block's
+        for u in range(SEG_LOADS):  # then the result words, in flight together
+            x[u] = uint64(0)
+            if s[u] >= 0 and ((s[u] - slot_base) >> 6) < n_words:
+                x[u] = out[arg, (s[u] - slot_base) >> 6]
+        cleared = int32(0)
+        for u in range(SEG_LOADS):
+            if s[u] >= 0:
+                t = s[u] - slot_base
+                bit = uint64(1) << uint64(t & 63)
+                if x[u] & bit:  # most listed ads are not eligible: read first
+                    old = cuda.atomic.and_(out, (arg, t >> 6), ~bit)
+                    if old & bit:
+                        cleared += 1
+        if cleared:
+            cuda.atomic.add(dec, 0, cleared)
+        cuda.syncthreads()
+        if tid == 0 and dec[0] != 0:
+            cuda.atomic.sub(counts, arg, int64(dec[0]))
 
     return kernel
 
