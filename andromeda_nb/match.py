@@ -384,7 +384,8 @@ class DeviceTargetingIndex:
         blk = block or (launch.SIM_BLOCK if sim else MATCH_BLOCK)
         U = words_per_thread or WORDS_PER_THREAD
         small = launch.default_block()
-        by_segment = LIST_KERNELS == "segment"
+        # a block row a segment: at most 65,535 of them (the grid's y limit), else the search passes
+        by_segment = LIST_KERNELS == "segment" and max(prepared.prep_segments[0], prepared.post_segments[0]) < 65536
         if "prep" in kernels and by_segment:
             n_seg, longest = prepared.prep_segments
             prep_segment_kernel(small)[(max(1, -(-longest // (small * SEG_LOADS))), max(1, n_seg)), small](
