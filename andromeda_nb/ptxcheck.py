@@ -142,7 +142,7 @@ def variants():
 
     for elig in (False, True):
         out.append((f"onelaunch topk elig{elig} warp_sync{elig}",
-                    OL.onelaunch_topk_kernel(1024, 8, 8, elig, OL.ONELAUNCH_CAP, "max", 0, elig),
+                    OL.onelaunch_topk_kernel(1024, 8, 8, elig, OL.ONELAUNCH_CAP, elig),
                     (A(f32), A(u64), i64, i64, A(f32), A(i32), A(i64), A(u32), A(i64, 2), A(f32, 2), A(i32, 2),
                      A(i64, 2))))
     # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the

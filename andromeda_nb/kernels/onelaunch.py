@@ -6,10 +6,9 @@ right after scoring: L2-resident, where three launches' fixed costs dominate).
 1. **loads** its share of the scores (``per_thread`` a thread, coalesced) into registers first, so
    they are in flight during the seed;
 2. **seeds** a threshold from a stratified sample of the whole array, each block the same sample
-   and the same answer (no sync between blocks): the r-th best sample key, found bit by bit from
-   the top, each step one count over the block's sample keys by ``syncthreads_count`` (a
-   hardware block reduction, one barrier a bit of the count); it stops once at most ``r + r / 4``
-   samples reach the key so far, a lower bound of the r-th best, so the seed stays valid;
+   and the same answer (no sync between blocks): a lower bound of the r-th best of the threads'
+   best sample keys, found bit by bit from the top with one ``syncthreads_count`` (a hardware
+   block reduction) a bit (:func:`~andromeda_nb.kernels.select.best_key_seed`);
 3. **filters**: its eligible scores at or above the seed staged in shared memory, one global atomic
    a block for their place in the candidate buffer;
 4. the **last block** to finish (a ticket after a ``threadfence``, as the seed kernel of
@@ -35,7 +34,7 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from .bits import test_bit
-from .select import KEY_NEG_INF, REGISTER_FILE, _sort_funcs, add_totals, key_float, sample_key
+from .select import REGISTER_FILE, _sort_funcs, add_totals, best_key_seed, sample_key
 from .topk import NEG_INF
 
 #: threads of a block on a GPU (one block an SM), samples and scores a thread
@@ -55,7 +54,7 @@ ACC_SIZE = 4
 
 @functools.lru_cache(maxsize=None)
 def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: bool, cap: int,
-                          seed_by: str = "max", stop: int = 0, warp_sync: bool = False):
+                          warp_sync: bool = False):
     """Launch ``[grid, block]`` with ``grid = ceil(n / (block * per_thread))`` (a power-of-two
     ``block``; every block of the grid resident or not: no block waits for another).
 
@@ -73,32 +72,14 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
     with ``step = n // (M / RUN)``: runs of RUN contiguous scores, each centred in its stratum.
     NaN, -inf and ineligible samples never seed.
 
-    ``seed_by``: "max" (default) searches the r-th best of the threads' best sample keys, one
-    ``syncthreads_count`` a bit; "count" the r-th best sample key itself, one a bit of a thread's
-    count (four at 8 samples a thread). ``stop`` (timing diagnostics only; the answer is not
-    written): 1 returns after the seed, 2 before the last block's sort. ``warp_sync``: the sort's
-    steps of stride <= 32 end with warp barriers (:func:`~andromeda_nb.kernels.select._sort_funcs`)."""
+    The seed is :func:`~andromeda_nb.kernels.select.best_key_seed` of the threads' best sample keys
+    (commit 1ec4125 also timed the r-th best sample itself, four block reductions a key bit: 12.1
+    against 6.1 us to the seed; data/results/topk_diagnostics.md). ``warp_sync``: the sort's steps
+    of stride <= 32 end with warp barriers (:func:`~andromeda_nb.kernels.select._sort_funcs`)."""
     M = block * samples
-    SEED_BY_MAX = seed_by == "max"
-    STOP = int(stop)
     RUNS = M // ONELAUNCH_RUN
     B = uint32(block)
-    sort_desc, key_of, write_top = _sort_funcs(block, False, warp_sync)
-    PAD = int32(-1)
-
-    @cuda.jit(device=True, inline=True)
-    def count_at_least(keys, cand):
-        """Sample keys of the whole block at or above ``cand`` (every thread gets the total)."""
-        c = 0
-        for j in range(samples):
-            if keys[j] >= cand:
-                c += 1
-        total = 0
-        bit = 1
-        while bit <= samples:  # the per-thread count's bits, one block reduction each
-            total += bit * cuda.syncthreads_count(int32(c & bit))
-            bit <<= 1
-        return total
+    sort_buffer, write_top = _sort_funcs(block, False, warp_sync)
 
     @cuda.jit(device=True, inline=True)
     def stage(s, i, st_s, st_i, st_n, buf_s, buf_i, acc):
@@ -148,36 +129,12 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
             keys[j] = key
         seed = NEG_INF
         if r > 0:
-            if SEED_BY_MAX:
-                # the r-th best of the threads' best sample keys lower-bounds the r-th best sample
-                # (r threads hold a sample at or above it), and the top samples rarely share a
-                # thread: one block reduction a bit, over one value a thread
-                top = keys[0]
-                for j in range(1, samples):
-                    top = max(top, keys[j])
-                have = cuda.syncthreads_count(int32(top != 0))
-            else:
-                have = count_at_least(keys, uint32(1))
-            if have >= r:  # uniform
-                edge = uint32(0)
-                bit = uint32(0x80000000)
-                while bit != 0:
-                    cand = edge | bit
-                    if SEED_BY_MAX:
-                        c = cuda.syncthreads_count(int32(top >= cand))
-                    else:
-                        c = count_at_least(keys, cand)
-                    if c >= r:
-                        edge = cand
-                        have = c
-                        if have <= r + r // 4:
-                            break  # uniform: edge lower-bounds the r-th best, close enough
-                    bit >>= uint32(1)
-                seed = key_float(max(edge, uint32(KEY_NEG_INF)))
-        if STOP == 1:
-            if tid == 0:
-                counts[0, 0] = int64(seed != NEG_INF)
-            return
+            top = keys[0]
+            for j in range(1, samples):
+                top = max(top, keys[j])
+            seed = best_key_seed(top, r)
+            if math.isnan(seed):  # uniform: fewer than r threads hold a real sample, keep them all
+                seed = NEG_INF
         # 3. the filter
         el = int32(0)
         nan = int32(0)
@@ -214,7 +171,7 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
         if tid == 0:
             flag[1] = int64(cuda.atomic.add(ticket, 0, uint32(1)) == uint32(cuda.gridDim.x - 1))
         cuda.syncthreads()
-        if flag[1] == 0 or STOP == 2:
+        if flag[1] == 0:
             return  # uniform
         cuda.threadfence()
         m = acc[ACC_FILL]
@@ -229,19 +186,7 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
             ticket[0] = uint32(0)
         if m > cap:
             return  # uniform: the caller reruns
-        mu = uint32(m)
-        P = uint32(2)
-        while P < mu:
-            P <<= uint32(1)
-        j = tid
-        while j < P:
-            if j < mu:
-                key_of(sk, dummy_id, dummy_slot, j, buf_s[j], buf_i[j], dummy_id, 0)
-            else:
-                key_of(sk, dummy_id, dummy_slot, j, NEG_INF, PAD, dummy_id, 0)
-            j += B
-        cuda.syncthreads()
-        sort_desc(sk, dummy_id, dummy_slot, P)
+        sort_buffer(sk, dummy_id, dummy_slot, buf_s, buf_i, m, dummy_id, 0)
         write_top(sk, dummy_id, dummy_slot, scores, 0, uint32(min(int64(k), m)), 0, out_s, out_slot, out_id)
 
     # 1,024 threads fit the register file at 64 registers a thread (sm_90: 52, 60 with a bitset)

@@ -92,6 +92,29 @@ def sample_key(s):
     return float_key(s)
 
 
+@cuda.jit(device=True, inline=True)
+def best_key_seed(top, rank):
+    """A seed from each thread's best sample key ``top`` (uint32, 0: no real sample; every thread
+    of the block calls it): the rank-th best of the threads' best keys lower-bounds the rank-th
+    best sample (that many threads hold a sample at or above it), and the top samples rarely share
+    a thread. Key bits from the top, one ``syncthreads_count`` each, until at most ``rank + rank /
+    4`` threads' best reach the bits found so far. Returns the seed (float32; a lower bound of the
+    rank-th best sample), or NaN when fewer than rank threads hold a real sample."""
+    if cuda.syncthreads_count(int32(top != 0)) < rank:  # uniform
+        return float32(math.nan)
+    edge = uint32(0)
+    bit = uint32(0x80000000)
+    while bit != 0:
+        cand = edge | bit
+        c = cuda.syncthreads_count(int32(top >= cand))
+        if c >= rank:  # uniform
+            edge = cand
+            if c <= rank + rank // 4:
+                break
+        bit >>= uint32(1)
+    return key_float(max(edge, uint32(KEY_NEG_INF)))
+
+
 @functools.lru_cache(maxsize=None)
 def _block_funcs(block: int, bins: int = HIST_BINS):
     """Whole-block histogram helpers for ``block`` threads (a power of two, 32..1024, at most
@@ -411,25 +434,12 @@ def _batch_seed_funcs(block: int, per_thread: int, chunk: int, has_elig: bool, m
         for j in range(per_thread):  # constant trip count: unrolled, the keys in registers
             keys[j] = key_at(scores, a, n, step, whole, elig, q, uint32(j * block + tid))
         if rank <= MAX_RANK_BY_MAX:  # uniform
-            # the rank-th best of the threads' best keys lower-bounds the rank-th best sample (that
-            # many threads hold a sample at or above it): one block reduction a key bit, over one
-            # value a thread, until at most rank + rank / 4 threads reach the bits found so far
             top = keys[0]
             for j in range(1, per_thread):
                 top = max(top, keys[j])
-            have = cuda.syncthreads_count(int32(top != 0))
-            if have >= rank:  # uniform; else fewer threads than rank hold real samples: the radix
-                edge = uint32(0)
-                bit = uint32(0x80000000)
-                while bit != 0:
-                    cand = edge | bit
-                    c = cuda.syncthreads_count(int32(top >= cand))
-                    if c >= rank:
-                        edge = cand
-                        if c <= rank + rank // 4:
-                            break
-                    bit >>= uint32(1)
-                return key_float(max(edge, uint32(KEY_NEG_INF)))
+            seed = best_key_seed(top, rank)
+            if not math.isnan(seed):  # uniform; else fewer threads than rank hold real samples: the radix
+                return seed
         edge = uint32(0)  # the digits found so far, in place
         need = rank
         for lv in range(3):  # digits at bits 24, 16, 8: a 24-bit prefix
@@ -859,32 +869,19 @@ def final_sort_kernel(block: int, has_ids: bool, cap: int, warp_sync: bool = Fal
     its split, instruction-bound)."""
     KEY_CAP = cap
     ID_CAP = cap if has_ids else 1
-    sort_desc, key_of, write_top = _sort_funcs(block, has_ids, warp_sync)
+    sort_buffer, write_top = _sort_funcs(block, has_ids, warp_sync)
 
     @cuda.jit
     def kernel(scores, buf_s, buf_i, fill, offsets, ids, ks, out_s, out_slot, out_id):
         sk = cuda.shared.array(KEY_CAP, uint64)
         sid = cuda.shared.array(ID_CAP, int64)
         sslot = cuda.shared.array(ID_CAP, int32)
-        tid = uint32(cuda.threadIdx.x)
         r = cuda.blockIdx.y
         m = min(fill[r], buf_s.shape[1])
         if m > cap:
             return  # uniform
-        mu = uint32(m)
         start = offsets[r]
-        P = uint32(1)
-        while P < mu:
-            P <<= uint32(1)
-        j = tid
-        while j < P:
-            if j < mu:
-                key_of(sk, sid, sslot, j, buf_s[r, j], buf_i[r, j], ids, start)
-            else:
-                key_of(sk, sid, sslot, j, NEG_INF, int32(-1), ids, start)
-            j += uint32(block)
-        cuda.syncthreads()
-        sort_desc(sk, sid, sslot, P)
+        sort_buffer(sk, sid, sslot, buf_s[r], buf_i[r], m, ids, start)
         write_top(sk, sid, sslot, scores, start, uint32(min(ks[r], m)), r, out_s, out_slot, out_id)
 
     return kernel
@@ -892,11 +889,13 @@ def final_sort_kernel(block: int, has_ids: bool, cap: int, warp_sync: bool = Fal
 
 @functools.lru_cache(maxsize=None)
 def _sort_funcs(block: int, has_ids: bool, warp_sync: bool = False):
-    """Device functions of the sort final (:func:`final_sort_kernel`):
+    """Device functions of the sort final (:func:`final_sort_kernel`), returned:
+    ``sort_buffer(sk, sid, sslot, buf_s, buf_i, m, ids, start)`` writes the m candidates of a
+    buffer row as entries and sorts them, padded to a power of two, best first (whole block,
+    entered and left synchronised); ``write_top(sk, sid, sslot, scores, start,
+    kk, r, out_s, out_slot, out_id)`` writes the best kk to row r, pads after them. Inside:
     ``key_of(sk, sid, sslot, j, s, slot, ids, start)`` writes entry j (slot -1: a pad, after every
-    real entry); ``sort_desc(sk, sid, sslot, P)`` sorts the first P entries (a power of two) best
-    first, whole block, entered and left synchronised; ``write_top(sk, sid, sslot, scores, start,
-    kk, r, out_s, out_slot, out_id)`` writes the best kk to row r, pads after them.
+    real entry); ``sort_desc(sk, sid, sslot, P)`` sorts the first P entries (a power of two).
 
     ``warp_sync`` (``block`` a multiple of 32): a compare-exchange step of stride at most 32 whose
     next step's stride is at most 32 too ends with a warp barrier instead of a block barrier. Pair p of a step
@@ -969,6 +968,24 @@ def _sort_funcs(block: int, has_ids: bool, warp_sync: bool = False):
             size <<= uint32(1)
 
     @cuda.jit(device=True, inline=True)
+    def sort_buffer(sk, sid, sslot, buf_s, buf_i, m, ids, start):
+        """Entries of the ``m`` candidates ``buf_s[j]`` / ``buf_i[j]`` (a request's buffer row), pads
+        up to the next power of two, sorted best first (:func:`sort_desc`); whole block."""
+        mu = uint32(m)
+        P = uint32(1)
+        while P < mu:
+            P <<= uint32(1)
+        j = uint32(cuda.threadIdx.x)
+        while j < P:
+            if j < mu:
+                key_of(sk, sid, sslot, j, buf_s[j], buf_i[j], ids, start)
+            else:
+                key_of(sk, sid, sslot, j, NEG_INF, int32(-1), ids, start)
+            j += B
+        cuda.syncthreads()
+        sort_desc(sk, sid, sslot, P)
+
+    @cuda.jit(device=True, inline=True)
     def write_top(sk, sid, sslot, scores, start, kk, r, out_s, out_slot, out_id):
         q = uint32(cuda.threadIdx.x)
         while q < uint32(out_s.shape[1]):
@@ -987,5 +1004,5 @@ def _sort_funcs(block: int, has_ids: bool, warp_sync: bool = False):
                 out_id[r, q] = -1
             q += B
 
-    return sort_desc, key_of, write_top
+    return sort_buffer, write_top
 
