@@ -8,6 +8,7 @@ against the float64 oracle, and top-K answers against torch.topk on the same sco
 from __future__ import annotations
 
 import gc
+from unittest import mock
 
 import numpy as np
 
@@ -665,6 +666,13 @@ def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int, rounds: i
                         f"block" + note))
 
 
+def _patched(module, name: str, value, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with ``module.name`` set to ``value`` meanwhile (a kernel switch
+    read at launch: the bench times both settings)."""
+    with mock.patch.object(module, name, value):
+        return fn(*args, **kwargs)
+
+
 def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int, warp_sync: bool = False) -> None:
     """One request through the one-launch path (:func:`~andromeda_nb.topk.launch_onelaunch`: every
     block seeds from the same 8,192-score sample, filters its 8,192 scores, the last block sorts
@@ -681,14 +689,7 @@ def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int, warp_sync:
     from . import topk as T
 
     olw = OneLaunchWorkspace.make(n, k)
-
-    def call():
-        was, T.ONELAUNCH_WARP_SYNC = T.ONELAUNCH_WARP_SYNC, warp_sync
-        try:
-            return launch_onelaunch(d_scores, n, k, olw)
-        finally:
-            T.ONELAUNCH_WARP_SYNC = was
-
+    call = lambda: _patched(T, "ONELAUNCH_WARP_SYNC", warp_sync, launch_onelaunch, d_scores, n, k, olw)  # noqa: E731
     call()
     c = olw.counts.copy_to_host()[0]
     outcome = seeded_outcome(olw, k, c)
@@ -704,17 +705,6 @@ def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int, warp_sync:
                         f"{int(c[1])} scores kept (sort cap {olw.cap})"))
 
 
-def _with_sort_warp_sync(fn):
-    """Run ``fn`` with the sort final's warp barriers on (topk.SORT_WARP_SYNC), then restore it."""
-    from . import topk as T
-
-    was, T.SORT_WARP_SYNC = T.SORT_WARP_SYNC, True
-    try:
-        return fn()
-    finally:
-        T.SORT_WARP_SYNC = was
-
-
 def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: int = 100) -> list[dict]:
     """The batched top-K (``batch`` requests of ``per`` scores, top-``k`` each): the seeded path
     (:func:`andromeda_nb.topk.launch_topk_batch_seeded`) whole and stage by stage, the unseeded
@@ -727,6 +717,7 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
     import cupy as cp
     import torch
 
+    from . import topk as T
     from .kernels.select import BATCH_SAMPLE_CHUNK, batch_seed_kernel
     from .topk import (SEED_MARGIN, SEED_MIN_RANK, FilterWorkspace, TopKWorkspace, batch_outcomes, batch_seed_shape,
                        launch_filter, launch_final, launch_topk_batch, launch_topk_batch_seeded, scan_lists)
@@ -780,7 +771,7 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
          "a block a request sorts its kept scores"),
         # prediction (commit after 28169f9): steps of stride <= 32 (39 of the 45 steps of a 512-entry
         # sort) end with a warp barrier instead of a block barrier: the sort 28 us -> ~20 us
-        ("final_warp_sync", lambda: _with_sort_warp_sync(lambda: launch_final(k, fws, d_scores=d_scores)),
+        ("final_warp_sync", lambda: _patched(T, "SORT_WARP_SYNC", True, launch_final, k, fws, d_scores=d_scores),
          kept_bytes / per, "the same sort, its steps of stride <= 32 ending with warp barriers"),
     ]
     for name, fn, bytes_per_score, note in stages:  # in order: each stage's inputs in place

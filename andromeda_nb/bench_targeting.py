@@ -60,6 +60,7 @@ import os
 import platform
 import time
 import traceback
+from unittest import mock
 
 import numpy as np
 
@@ -682,14 +683,11 @@ def targeting(env, ceil, args) -> list[dict]:
         # the list passes on a segment grid (match.LIST_KERNELS; prediction in stages below), verified
         from . import match as M
 
-        default_lists, M.LIST_KERNELS = M.LIST_KERNELS, "segment"
-        try:
+        with mock.patch.object(M, "LIST_KERNELS", "segment"):
             lb = MATCH_THREADS_PER_SM.get(8, 0) // 256
             rows.append(request_row(env, ceil, world, "match_U8_b256_segment_lists", main_prep, reps, U=8, block=256,
                                     notes="benchmark world, 1 request per launch set; the list passes on a "
                                           f"segment grid; launch bounds (256, {lb})"))
-        finally:
-            M.LIST_KERNELS = default_lists
         for B in ([16] if quick else [8, 32, 64]):
             profs = syn.generate_profiles(world.schema, B, seed=500 + B)
             p = world.dev.prepare(profs)
@@ -754,24 +752,23 @@ def targeting(env, ceil, args) -> list[dict]:
                                          ("prep_match", ("prep", "match")), ("all", ("prep", "match", "post")))
                       if lists == "search" or name != "match"]
         for lists, name, kern in stage_list:
-            M.LIST_KERNELS, default_lists = lists, M.LIST_KERNELS
             # one request at a time, repeated (requests share the patch rows: mixing them would
             # leave their union in the rows); buffers preallocated (an allocation in the timed
             # call stalls the stream)
             per = []
-            for p in main_prep:
-                world.dev.launch(p, out, counts, kernels=("prep",))  # its patch rows, as the match expects
-                reps_k = 8
-                t = bench.time_device(lambda: [world.dev.launch(p, out, counts, words_per_thread=8, kernels=kern)
-                                               for _ in range(reps_k)], reps=reps, busy_ms=6.0)
-                per.append(bench.Timing(t.median / reps_k, t.p20 / reps_k, t.p80 / reps_k, t.host_per_call / reps_k,
-                                        t.reps))
-                world.dev.launch(p, out, counts, kernels=("post",))  # its patch rows zeroed again
+            with mock.patch.object(M, "LIST_KERNELS", lists):
+                for p in main_prep:
+                    world.dev.launch(p, out, counts, kernels=("prep",))  # its patch rows, as the match expects
+                    reps_k = 8
+                    t = bench.time_device(lambda: [world.dev.launch(p, out, counts, words_per_thread=8, kernels=kern)
+                                                   for _ in range(reps_k)], reps=reps, busy_ms=6.0)
+                    per.append(bench.Timing(t.median / reps_k, t.p20 / reps_k, t.p80 / reps_k,
+                                            t.host_per_call / reps_k, t.reps))
+                    world.dev.launch(p, out, counts, kernels=("post",))  # its patch rows zeroed again
             k = len(per)
             med = sorted(per, key=lambda x: x.median)[k // 2]
             timing = bench.Timing(sum(x.median for x in per) / k, sum(x.p20 for x in per) / k,
                                   sum(x.p80 for x in per) / k, sum(x.host_per_call for x in per) / k, med.reps)
-            M.LIST_KERNELS = default_lists
             row = bench.row("targeting", env, ceil, timing, world.index.n_ads, 0.0, None,
                             "n/a (stage timing: a partial launch set; the full set is verified in 'main')",
                             variant=f"match_U8_stage_{name}" + ("_segment" if lists == "segment" else ""),

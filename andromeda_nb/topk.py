@@ -617,8 +617,6 @@ def seeded_exact(res, k: int, counts=None) -> bool:
 #: sample (the single-request seed's multi-block sample and merge took 18 us of 37 at 500,000
 #: scores, k = 1000, on the H200; the batched path 24 us in all, commit e80b90f)
 SMALL_MAX_N = 1 << 20
-#: the batched filter's rounds a block for that batch of one (BATCH_FILTER_ROUNDS for a batch)
-SMALL_FILTER_ROUNDS = BATCH_FILTER_ROUNDS
 #: the one-launch path (:func:`launch_onelaunch`) takes at most this many scores
 ONELAUNCH_MAX_N = 1 << 20
 #: its last block's sort ends steps of stride <= 32 with warp barriers (off until timed)
@@ -699,8 +697,7 @@ def launch_onelaunch(d_scores, n: int, k: int, olw: OneLaunchWorkspace, elig=Non
         raise ValueError(f"a one-launch workspace for n = {olw.n}, k <= {olw.kmax}, got n = {n}, k = {k}")
     blk, samples, per = onelaunch_shape()
     grid = -(-n // (blk * per))
-    onelaunch_topk_kernel(blk, samples, per, elig is not None, olw.cap, "max", 0,
-                          ONELAUNCH_WARP_SYNC)[grid, blk](
+    onelaunch_topk_kernel(blk, samples, per, elig is not None, olw.cap, ONELAUNCH_WARP_SYNC)[grid, blk](
         d_scores[:n], elig if elig is not None else launch.dummy(np.uint64), olw.r, k, olw.buf_s[0],
         olw.buf_i[0], olw.acc, olw.ticket, olw.counts, olw.out_s, olw.out_slot, olw.out_id)
     return olw
@@ -791,7 +788,7 @@ def topk_scores(scores, k: int, eligible=None, ids=None, block: int | None = Non
     if seeded and SEED_MIN_N <= n <= SMALL_MAX_N:  # the batched seeded path, a batch of one
         fws = _small_workspace(n, k)
         launch_topk_batch_seeded(d_scores, fws, None if elig is None else elig.reshape(1, elig.shape[0]), d_ids,
-                                 block, SMALL_FILTER_ROUNDS)
+                                 block)
         c = fws.counts.copy_to_host()
         if batch_outcomes(fws, c)[0] == "exact":
             return _result(fws, c[0])
