@@ -658,13 +658,9 @@ def _rerun_inputs(rng, M, use_elig, with_ids):
     return sizes, ks, scores, offsets, mask, ids
 
 
-@pytest.mark.parametrize("use_elig,with_ids,limit", [(False, False, None), (True, True, None), (False, True, 2)])
-def test_topk_batch_reruns_few_one_by_one(rng, monkeypatch, use_elig, with_ids, limit):
-    """Up to RERUN_ONE_BY_ONE non-exact requests (a seed_high and an overflow one, forced; the
-    limit as shipped, and patched to 2: exactly as many as rerun): each rerun by topk_scores on
-    its own slice, no whole-batch rerun; the whole answer the oracle's."""
-    if limit is not None:
-        monkeypatch.setattr(T, "RERUN_ONE_BY_ONE", limit)
+def _run_rerun_case(rng, monkeypatch, use_elig, with_ids):
+    """topk_batch on _rerun_inputs with its outcomes, topk_scores calls and whole-batch launches
+    spied on; the answer checked against the oracle. Returns (sizes, outcomes, one, whole)."""
     blk, per, M = sim_shape()
     sizes, ks, scores, offsets, mask, ids = _rerun_inputs(rng, M, use_elig, with_ids)
     outcomes = _spy_outcomes(monkeypatch)
@@ -672,6 +668,17 @@ def test_topk_batch_reruns_few_one_by_one(rng, monkeypatch, use_elig, with_ids, 
     whole = _spy(monkeypatch, "launch_topk_batch")
     got = T.topk_batch(scores, offsets, ks, eligible=mask, ids=ids)
     _check_topk_batch(got, scores, offsets, ks, mask, ids)
+    return sizes, outcomes, one, whole
+
+
+@pytest.mark.parametrize("use_elig,with_ids,limit", [(False, False, None), (True, True, None), (False, True, 2)])
+def test_topk_batch_reruns_few_one_by_one(rng, monkeypatch, use_elig, with_ids, limit):
+    """Up to RERUN_ONE_BY_ONE non-exact requests (a seed_high and an overflow one, forced; the
+    limit as shipped, and patched to 2: exactly as many as rerun): each rerun by topk_scores on
+    its own slice, no whole-batch rerun; the whole answer the oracle's."""
+    if limit is not None:
+        monkeypatch.setattr(T, "RERUN_ONE_BY_ONE", limit)
+    sizes, outcomes, one, whole = _run_rerun_case(rng, monkeypatch, use_elig, with_ids)
     assert len(outcomes) == 1 and outcomes[0][1] == "seed_high" and outcomes[0][2] == "overflow"
     redo = np.flatnonzero(outcomes[0] != "exact")
     assert 2 <= redo.size <= T.RERUN_ONE_BY_ONE
@@ -685,13 +692,7 @@ def test_topk_batch_reruns_many_as_one_batch(rng, monkeypatch, use_elig, with_id
     ones): one unseeded block top-K over the whole batch answers them, no one-by-one rerun; the
     whole answer the oracle's."""
     monkeypatch.setattr(T, "RERUN_ONE_BY_ONE", 1)
-    blk, per, M = sim_shape()
-    sizes, ks, scores, offsets, mask, ids = _rerun_inputs(rng, M, use_elig, with_ids)
-    outcomes = _spy_outcomes(monkeypatch)
-    one = _spy(monkeypatch, "topk_scores")
-    whole = _spy(monkeypatch, "launch_topk_batch")
-    got = T.topk_batch(scores, offsets, ks, eligible=mask, ids=ids)
-    _check_topk_batch(got, scores, offsets, ks, mask, ids)
+    sizes, outcomes, one, whole = _run_rerun_case(rng, monkeypatch, use_elig, with_ids)
     assert len(outcomes) == 1 and (outcomes[0] != "exact").sum() >= 2 > T.RERUN_ONE_BY_ONE
     assert one == [] and len(whole) == 1
 
