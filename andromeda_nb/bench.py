@@ -133,6 +133,10 @@ class Timing:
     reps: int
 
 
+#: the fewest timed runs a result row's median may come from (DESIGN.md's measuring rules)
+MIN_REPS = 10
+
+
 def time_device(fn, reps: int = 15, warmup: int = 3, busy_ms: float = 2.0) -> Timing:
     """Time ``fn()`` (which must only enqueue device work, never synchronise) with CUDA events.
 
@@ -306,10 +310,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="data/results", help="folder for <suite>.csv (default data/results)")
     ap.add_argument("--quick", action="store_true", help="a small subset of cases")
     ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=15, help="timed runs a case, median reported (at least 10: DESIGN.md)")
     ap.add_argument("--phases", default=None, help="comma-separated phases of the suite (default: all)")
     ap.add_argument("--name", default=None, help="output file stem (default: the suite name)")
     args = ap.parse_args(argv)
+    if args.reps < MIN_REPS:
+        ap.error(f"--reps must be at least {MIN_REPS} (a median of >= {MIN_REPS} timings; DESIGN.md), got {args.reps}")
     from . import backend
 
     if backend.set_backend("auto") != "cuda":

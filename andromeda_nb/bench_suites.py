@@ -810,7 +810,7 @@ def _unfused_rows(env, ceil, args, tables, rng) -> list[dict]:
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
     bufs = PerOpBuffers(n, d, E, K)
-    timing = bench.time_device(lambda: launch_per_op(dreq, table, k, bufs, ws=ws), reps=max(5, args.reps // 2))
+    timing = bench.time_device(lambda: launch_per_op(dreq, table, k, bufs, ws=ws), reps=args.reps)
     verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], bufs.score, k)
     budget = per_op_bytes_per_ad(d, E, K, dtype)
     rows.append(bench.row("scoring", env, ceil, timing, n, sum(budget.values()), model_flops("gated", d, E, K),
@@ -825,7 +825,7 @@ def _unfused_rows(env, ceil, args, tables, rng) -> list[dict]:
     pbufs = PreFusionBuffers(n, d, dtype)
     cand = launch.cuda().as_cuda_array(cp.arange(n, dtype=cp.int32))
     timing = bench.time_device(lambda: launch_pre_fusion(dreq, table, k, pbufs, n, cand=cand, ws=ws),
-                               reps=max(5, args.reps // 2))
+                               reps=args.reps)
     full = _scores_full(dreq, table, "pool", None, None, n, None)
     verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], full, k)
     budget = pre_fusion_bytes_per_ad(d, dtype, "candidates")
@@ -950,7 +950,7 @@ def topk(env, ceil, args) -> list[dict]:
                 block_topk_row(scores, 100_000_000, k, True, path="scan", access="random",
                                notes="seeded scan + merge path")
                 one(100_000_000, k, "random", False)
-                timing = bench.time_device(lambda: cp.argpartition(scores, scores.size - k)[-k:], reps=5)
+                timing = bench.time_device(lambda: cp.argpartition(scores, scores.size - k)[-k:], reps=args.reps)
                 add(bench.row("topk", env, ceil, timing, scores.size, 4.0, None, "baseline (unsorted top-k indices)",
                               variant="cupy.argpartition", n_ads=scores.size, k=k, batch=1, dtype="fp32", access="random"))
             del scores, t

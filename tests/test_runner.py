@@ -310,3 +310,15 @@ def test_data_calls_fetch_and_prints_path(monkeypatch, capsys, tmp_path):
     assert capsys.readouterr().out.strip() == "data/ml-100k"
     assert main(["data", "--dir", str(tmp_path)]) == 0
     assert calls[-1] == str(tmp_path)
+
+
+def test_bench_refuses_fewer_than_ten_reps_before_touching_a_gpu(monkeypatch, capsys):
+    """A result row's median comes from at least bench.MIN_REPS timings: --reps 9 is an argument
+    error (exit 2) before the backend is even resolved."""
+    from andromeda_nb import backend, bench
+
+    monkeypatch.setattr(backend, "set_backend", lambda *a: pytest.fail("resolved a backend"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["scoring", "--reps", str(bench.MIN_REPS - 1)])
+    assert exc.value.code == 2
+    assert f"at least {bench.MIN_REPS}" in capsys.readouterr().err
