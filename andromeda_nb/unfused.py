@@ -54,6 +54,30 @@ def pre_fusion_bytes_per_ad(d: int, dtype: str, access: str, eligible_fraction: 
     return out
 
 
+def network_bytes_per_request(n_candidates: int, k: int, d: int = 64, dtype: str = "fp16") -> dict:
+    """Bytes one request sends over the network between retrieval and scoring, per design
+    (counted, not measured): the candidate list shipped to a scoring tier elsewhere, as 8-byte ad
+    ids (the tier holds the embedding table) or with each candidate's row and bias (it does not),
+    against the fused design's answer, ``min(k, n_candidates)`` (id, score) pairs of 8 + 4 bytes and
+    an 8-byte count. The source system fused these stages on one GPU so that only the final result
+    leaves it.
+
+    Args: ``n_candidates`` (ads passing targeting, >= 0), ``k`` (>= 1), ``d`` and ``dtype`` (the
+    table's rows: ``d * itemsize + 4`` bytes of row and bias, + 4 for an int8 row scale).
+    Returns: dict design -> bytes per request (floats).
+    Raises: ValueError for a negative count, k < 1 or an unknown dtype.
+    """
+    if n_candidates < 0 or k < 1 or dtype not in ITEMSIZE or d < 1:
+        raise ValueError(f"need n_candidates >= 0, k >= 1, d >= 1 and dtype in {sorted(ITEMSIZE)}; "
+                         f"got {n_candidates}, {k}, {d}, {dtype!r}")
+    row = d * ITEMSIZE[dtype] + 4 + (4 if dtype == "int8" else 0)
+    return {
+        "candidate ids": 8.0 * n_candidates,
+        "candidate ids + rows": float((8 + row) * n_candidates),
+        "final top-K (fused)": 12.0 * min(k, n_candidates) + 8,
+    }
+
+
 class PerOpBuffers:
     """Device intermediates of the per-op pipeline for n ads (allocated once, reused)."""
 

@@ -53,3 +53,16 @@ def test_byte_budgets():
     assert sum(per_op.values()) == 992  # vs 132 fused: the ratio the per-op baseline should show
     pre = pre_fusion_bytes_per_ad(64, "fp16", "pool")
     assert sum(pre.values()) == 2 * 132 + 136 + 4
+
+
+def test_network_bytes_count_ids_rows_and_the_final_answer():
+    from andromeda_nb.unfused import network_bytes_per_request
+
+    got = network_bytes_per_request(10**6, 1000, 64, "fp16")
+    assert got == {"candidate ids": 8e6, "candidate ids + rows": (8 + 128 + 4) * 1e6,
+                   "final top-K (fused)": 12 * 1000 + 8}
+    assert network_bytes_per_request(10, 1000, 32, "int8")["candidate ids + rows"] == 10 * (8 + 32 + 4 + 4)
+    assert network_bytes_per_request(0, 5)["final top-K (fused)"] == 8  # nothing eligible: the count alone
+    for bad in (dict(n_candidates=-1, k=5), dict(n_candidates=5, k=0), dict(n_candidates=5, k=5, dtype="fp8")):
+        with pytest.raises(ValueError):
+            network_bytes_per_request(**bad)

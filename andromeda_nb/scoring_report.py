@@ -1,0 +1,141 @@
+"""The tables behind the scoring notebook (``notebooks/02_scoring.ipynb``), from the rows of
+``data/results/scoring.csv`` as :func:`andromeda_nb.results.load` returns them.
+
+Every function returns an empty frame (or None) where the committed table holds no rows for the
+configuration asked for, so the notebook runs for any of its parameters and says what is missing
+instead of failing. Only verified rows (``ok``) without a ``REGRESSION`` flag count. Points of
+different runs are not comparable (one run's ceiling and clocks), so each comparison takes its rows
+from one commit where it can, and names it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .unfused import fused_bytes_per_ad
+
+#: a gated configuration is marked issue-bound where it scores below this fraction of the plain dot
+#: product's ads/s in the same run (same bytes per ad: the gap is instructions, not memory)
+ISSUE_BOUND_FRACTION = 0.9
+
+
+def usable(rows: pd.DataFrame) -> pd.DataFrame:
+    """The verified rows without a regression flag."""
+    return rows[rows["ok"] & ~rows["regression_flag"]]
+
+
+def fusion_speedups(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int) -> pd.DataFrame:
+    """Fused (gated, fused block top-K, ``tiles``, the best row) against each unfused baseline of
+    the same d and dtype: the ratio of bytes moved per ad, the measured speed-up and their ratio
+    (the issue's target: >= 0.8). Columns: baseline, access, byte ratio, measured speed-up of
+    fused, speed-up / byte ratio, commits. Empty where either side has no row."""
+    sel = usable(rows)
+    sel = sel[(sel["d"] == d) & (sel["dtype"] == dtype) & sel["eligible_fraction"].eq(1.0)]
+    fused = sel[(sel["variant"] == "gated_fused_topk") & (sel["experts"] == experts) & (sel["k_experts"] == k_experts)
+                & (sel["layout"] == "tiles") & sel["access"].isin(["pool", "candidates"])]
+    out = []
+    if not fused.empty:
+        best = fused.loc[fused["items_per_s"].idxmax()]
+        for variant in ("unfused_per_op", "unfused_pre_fusion"):
+            for _, r in sel[sel["variant"] == variant].iterrows():
+                ratio = r["bytes_per_item"] / fused_bytes_per_ad(d, dtype)
+                speedup = best["items_per_s"] / r["items_per_s"]
+                out.append({"baseline": variant, "access": r["access"], "byte ratio": ratio,
+                            "measured speed-up of fused": speedup, "speed-up / byte ratio": speedup / ratio,
+                            "fused commit": best["commit"], "baseline commit": r["commit"]})
+    return pd.DataFrame(out, columns=["baseline", "access", "byte ratio", "measured speed-up of fused",
+                                      "speed-up / byte ratio", "fused commit", "baseline commit"])
+
+
+def complexity_sweep(rows: pd.DataFrame, d: int, dtype: str) -> dict | None:
+    """The E / K sweep of one run (the commit with the most gated fused block top-K rows at this d
+    and dtype, pool, ``tiles``): ``points`` (best row per (E, K)), ``dot`` (the dot product's fused
+    block top-K ads/s in that run, NaN if absent), ``filter`` (the latest filter-path rows, gated and
+    dot, top-1000), ``issue_bound`` (:func:`issue_bound_points`) and ``commit``. None without rows."""
+    ok = usable(rows)
+    base = ok[(ok["d"] == d) & (ok["dtype"] == dtype) & (ok["layout"] == "tiles") & (ok["access"] == "pool")]
+    g = base[base["variant"] == "gated_fused_topk"]
+    if g.empty:
+        return None
+    commit = g["commit"].value_counts().idxmax()
+    g = g[g["commit"] == commit].sort_values("items_per_s").drop_duplicates(["experts", "k_experts"], keep="last")
+    g = g.sort_values(["k_experts", "experts"])
+    dot = base[(base["variant"] == "dot_fused_topk") & (base["commit"] == commit)]["items_per_s"].max()
+    filt = base[base["variant"].isin(["gated_fused_topk_filter", "dot_fused_topk_filter"]) & (base["k"] == 1000)]
+    filt = filt.sort_values("timestamp").drop_duplicates("variant", keep="last")
+    return {"points": g, "dot": float(dot), "filter": filt, "issue_bound": issue_bound_points(g, dot),
+            "commit": commit}
+
+
+def issue_bound_points(points: pd.DataFrame, dot: float, fraction: float = ISSUE_BOUND_FRACTION) -> pd.DataFrame:
+    """Per K, the smallest E whose ads/s is below ``fraction`` of the dot product's in the same run:
+    from there the gated kernel is bound by instructions, not bytes (both read the same row; work
+    per ad is 2d + E d + K d multiply-adds and E exps, DESIGN.md). Empty when ``dot`` is NaN."""
+    if not np.isfinite(dot):
+        return points.iloc[0:0]
+    below = points[points["items_per_s"] < fraction * dot].sort_values(["k_experts", "experts"])
+    return below.drop_duplicates("k_experts", keep="first")
+
+
+def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataFrame:
+    """Scores written to memory on the pool (``tiles``): for each model (gated with this E and K, or
+    the dot product), d and dtype, the best row of the latest run that measured it. Columns: model,
+    d, dtype, G_ads_per_s, fraction_of_read_ceiling, ceiling_G_ads_per_s (the read ceiling over the
+    row and bias bytes), commit."""
+    ok = usable(rows)
+    ok = ok[(ok["layout"] == "tiles") & (ok["access"] == "pool")]
+    gated = ok[(ok["variant"] == "gated_scores_to_memory") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
+    sel = pd.concat([gated.assign(model="gated"), ok[ok["variant"] == "dot_scores_to_memory"].assign(model="dot")])
+    out = []
+    for (model, d, dtype), grp in sel.groupby(["model", "d", "dtype"]):
+        latest = grp.sort_values("timestamp")["commit"].iloc[-1]
+        best = grp[grp["commit"] == latest].sort_values("items_per_s").iloc[-1]
+        out.append({"model": model, "d": int(d), "dtype": dtype, "G_ads_per_s": best["items_per_s"] / 1e9,
+                    "fraction_of_read_ceiling": best["fraction_of_read_ceiling"],
+                    "ceiling_G_ads_per_s": best["ceiling_read_TBps"] * 1e3 / fused_bytes_per_ad(int(d), dtype),
+                    "commit": latest})
+    return pd.DataFrame(out, columns=["model", "d", "dtype", "G_ads_per_s", "fraction_of_read_ceiling",
+                                      "ceiling_G_ads_per_s", "commit"])
+
+
+def fusion_cost(rows: pd.DataFrame, d: int, dtype: str) -> tuple[pd.DataFrame, str | None]:
+    """Scores to memory against fused top-K (block and filter paths), from the latest run that
+    measured both the gated filter path and gated scores to memory at this d and dtype (pool,
+    ``tiles``). Returns (table, commit); an empty table and None without such a run. Column
+    ``of_scoring_alone``: ads/s over the same model's scores-to-memory ads/s (the issue's target:
+    >= 0.95)."""
+    fuse = rows[rows["variant"].isin(["gated_scores_to_memory", "gated_fused_topk", "gated_fused_topk_filter",
+                                      "dot_scores_to_memory", "dot_fused_topk_filter"])
+                & (rows["d"] == d) & (rows["dtype"] == dtype) & (rows["layout"] == "tiles")
+                & (rows["access"] == "pool") & rows["ok"]]
+    both = fuse.groupby("commit")["variant"].agg(lambda v: {"gated_fused_topk_filter", "gated_scores_to_memory"} <= set(v))
+    columns = ["variant", "k", "G_ads_per_s", "fraction_of_read_ceiling", "of_scoring_alone", "commit"]
+    if not both.any():
+        return pd.DataFrame(columns=columns), None
+    latest = fuse[fuse["commit"].isin(both[both].index)].sort_values("timestamp")["commit"].iloc[-1]
+    fuse = fuse[fuse["commit"] == latest]
+    alone = fuse[fuse["variant"].str.endswith("scores_to_memory")].groupby("variant")["items_per_s"].max()
+    fuse = fuse.assign(model=fuse["variant"].str.split("_").str[0], G_ads_per_s=fuse["items_per_s"] / 1e9,
+                       k=fuse["k"].fillna(0).astype(int))
+    fuse["of_scoring_alone"] = fuse["items_per_s"] / fuse["model"].map(lambda m: alone.get(f"{m}_scores_to_memory", np.nan))
+    fuse = fuse.sort_values("timestamp").drop_duplicates(["variant", "k"], keep="last")
+    return fuse[columns], latest
+
+
+def bitset_savings(rows: pd.DataFrame, commit: str | None, experts: int, k_experts: int) -> pd.DataFrame:
+    """The gated filter path (top-1000) with an eligible bitset against the full pool of the same
+    layout in run ``commit``: ``of_full_pool_time`` (the issue's target: <= 0.25 at 10 %) and the
+    eligible ads scored per second. Empty without such rows."""
+    columns = ["layout", "eligible_fraction", "weights", "eligible_G_ads_per_s", "seconds_median", "of_full_pool_time"]
+    elig = rows[(rows["variant"] == "gated_fused_topk_filter") & (rows["commit"] == commit) & (rows["k"] == 1000)
+                & (rows["experts"] == experts) & (rows["k_experts"] == k_experts) & rows["ok"]
+                & rows["access"].isin(["pool", "bitset"])]
+    pool_time = elig[elig["access"] == "pool"].groupby("layout")["seconds_median"].min()
+    elig = elig[(elig["access"] == "bitset") & elig["layout"].isin(pool_time.index)]
+    if elig.empty:
+        return pd.DataFrame(columns=columns)
+    elig = elig.assign(of_full_pool_time=elig["seconds_median"] / elig["layout"].map(pool_time),
+                       eligible_G_ads_per_s=elig["items_per_s"] / 1e9,
+                       weights=np.where(elig["notes"].str.contains("weights=param"), "param", "shared"))
+    return elig[columns]

@@ -1,0 +1,102 @@
+"""The scoring notebook's tables (andromeda_nb.scoring_report) on small hand-made result tables,
+and the notebook itself under parameters other than its defaults."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from andromeda_nb import scoring_report as SR
+from andromeda_nb.unfused import fused_bytes_per_ad
+
+
+def _row(variant, items_per_s, commit="c1", d=64, dtype="fp16", experts=6, k_experts=2, access="pool", layout="tiles",
+         k=1000, eligible_fraction=1.0, ok=True, notes="", timestamp="2026-01-01", bytes_per_item=132.0,
+         seconds_median=None, ceiling=4.5):
+    return dict(variant=variant, items_per_s=float(items_per_s), commit=commit, d=d, dtype=dtype, experts=experts,
+                k_experts=k_experts, access=access, layout=layout, k=k, eligible_fraction=eligible_fraction, ok=ok,
+                regression_flag="REGRESSION" in notes, notes=notes, timestamp=timestamp, bytes_per_item=bytes_per_item,
+                seconds_median=seconds_median if seconds_median is not None else 1e8 / items_per_s,
+                fraction_of_read_ceiling=items_per_s * bytes_per_item / (ceiling * 1e12), ceiling_read_TBps=ceiling)
+
+
+def _frame(*rows):
+    return pd.DataFrame(list(rows))
+
+
+def test_issue_bound_marks_the_first_expert_count_below_the_dot_rate_per_k():
+    rows = _frame(*[_row("gated_fused_topk", v, experts=E, k_experts=K)
+                    for E, K, v in [(1, 1, 19.5e9), (2, 1, 18.5e9), (4, 1, 17e9), (2, 2, 17.9e9), (4, 2, 12e9),
+                                    (6, 2, 11e9)]],
+                  _row("dot_fused_topk", 20e9), _row("dot_fused_topk", 25e9, commit="other"))
+    sweep = SR.complexity_sweep(rows, 64, "fp16")
+    assert sweep["commit"] == "c1" and sweep["dot"] == 20e9  # the other run's dot row is not this run's
+    marks = sweep["issue_bound"].set_index("k_experts")["experts"].to_dict()
+    assert marks == {1: 4, 2: 2}  # 17 < 18 = 0.9 x 20 at E = 4; K = 2 is below from E = 2
+    assert SR.issue_bound_points(sweep["points"], float("nan")).empty
+
+
+def test_every_table_is_empty_not_an_error_without_rows():
+    rows = _frame(_row("dot_scores_to_memory", 30e9))
+    assert SR.complexity_sweep(rows, 128, "int8") is None
+    assert SR.fusion_speedups(rows, 64, "fp16", 6, 2).empty
+    table, commit = SR.fusion_cost(rows, 64, "fp16")
+    assert table.empty and commit is None
+    assert SR.bitset_savings(rows, commit, 6, 2).empty
+    assert list(SR.by_d_and_dtype(rows.iloc[0:0], 6, 2).columns)[:3] == ["model", "d", "dtype"]
+
+
+def test_unverified_and_regression_rows_never_count():
+    rows = _frame(_row("gated_fused_topk", 10e9), _row("gated_fused_topk", 99e9, ok=False),
+                  _row("gated_fused_topk", 98e9, notes="REGRESSION: spills"),
+                  _row("unfused_per_op", 1e9, bytes_per_item=992.0))
+    got = SR.fusion_speedups(rows, 64, "fp16", 6, 2)
+    assert len(got) == 1
+    r = got.iloc[0]
+    assert r["measured speed-up of fused"] == pytest.approx(10.0)
+    assert r["byte ratio"] == pytest.approx(992.0 / fused_bytes_per_ad(64, "fp16"))
+    assert r["speed-up / byte ratio"] == pytest.approx(10.0 / r["byte ratio"])
+
+
+def test_fusion_cost_and_bitset_savings_come_from_one_run():
+    rows = _frame(_row("gated_scores_to_memory", 20e9, k=np.nan, commit="old", timestamp="1"),
+                  _row("gated_fused_topk_filter", 19e9, commit="old", timestamp="1"),
+                  _row("gated_scores_to_memory", 21e9, k=np.nan, commit="new", timestamp="2"),
+                  _row("gated_fused_topk_filter", 20.58e9, commit="new", timestamp="2", seconds_median=4e-3),
+                  _row("gated_fused_topk_filter", 2e9, commit="new", timestamp="2", access="bitset",
+                       eligible_fraction=0.1, seconds_median=1e-3, notes="weights=param"),
+                  _row("gated_fused_topk_filter", 2e9, commit="new", timestamp="2", access="bitset",
+                       eligible_fraction=0.1, layout="rows", seconds_median=1e-3))  # no rows-layout pool row
+    table, commit = SR.fusion_cost(rows, 64, "fp16")
+    assert commit == "new"
+    got = table.set_index("variant")["of_scoring_alone"]
+    assert got["gated_fused_topk_filter"] == pytest.approx(0.98) and got["gated_scores_to_memory"] == 1.0
+    elig = SR.bitset_savings(rows, commit, 6, 2)
+    assert elig["layout"].tolist() == ["tiles"] and elig["weights"].tolist() == ["param"]
+    assert elig["of_full_pool_time"].iloc[0] == pytest.approx(0.25)
+
+
+def test_by_d_and_dtype_takes_the_latest_run_of_each_point():
+    rows = _frame(_row("gated_scores_to_memory", 30e9, commit="a", timestamp="1", k=np.nan),
+                  _row("gated_scores_to_memory", 20e9, commit="b", timestamp="2", k=np.nan),
+                  _row("gated_scores_to_memory", 21e9, commit="b", timestamp="2", k=np.nan),
+                  _row("gated_scores_to_memory", 5e9, commit="b", timestamp="2", k=np.nan, experts=8),
+                  _row("dot_scores_to_memory", 56e9, commit="b", timestamp="2", k=np.nan, dtype="int8",
+                       bytes_per_item=72.0))
+    got = SR.by_d_and_dtype(rows, 6, 2).set_index(["model", "dtype"])
+    assert got.loc[("gated", "fp16"), "G_ads_per_s"] == pytest.approx(21.0)
+    assert got.loc[("gated", "fp16"), "commit"] == "b"
+    assert got.loc[("dot", "int8"), "ceiling_G_ads_per_s"] == pytest.approx(4.5e3 / fused_bytes_per_ad(64, "int8"))
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("overrides", [{"dtype": "int8"}, {"d": 128, "dtype": "bf16"}, {"experts": 8, "k_experts": 4}])
+def test_scoring_notebook_runs_for_other_parameters(tmp_path, overrides):
+    """The notebook plots committed rows for any configuration and says where there are none
+    (it once failed on anything but its defaults)."""
+    from andromeda_nb.runner import run_series
+
+    runs = run_series(params=None, out_dir=tmp_path / "nb", figures_dir=tmp_path / "fig", only=["02_scoring"],
+                      overrides=overrides, progress=False)
+    assert [r.name for r in runs] == ["02_scoring"]
+    assert (tmp_path / "fig" / "scoring_complexity.png").exists()
+    assert (tmp_path / "fig" / "scoring_network_bytes.png").exists()
