@@ -596,7 +596,9 @@ def test_seeded_batch_forced_outcomes(rng, with_ids):
     assert got.tolist() == ["exact", "seed_high", "overflow", "exact", "exact"], got
     fws = _run_seeded(scores, offsets, ks, masks, ids, cap=64)
     got = _check_seeded(fws, scores, offsets, ks, masks, ids)
-    assert got.tolist() == ["exact", "seed_high", "overflow", "overflow", "exact"], got
+    # request 4 (3,079 normal scores, k = 6, seed rank 8) keeps ~24 on average: more than 64, a
+    # correct overflow, on ~3e-5 of draws; _check_seeded holds its outcome to the counts' either way
+    assert got[:4].tolist() == ["exact", "seed_high", "overflow", "overflow"], got
     kept_sorted = fws.counts.copy_to_host()[3, 1]
     assert ks[3] <= kept_sorted and kept_sorted > 64
 
