@@ -41,6 +41,24 @@ def poison_shared_memory(monkeypatch) -> None:
     monkeypatch.setattr(kernelapi, "np", _PoisonedNumpy())
 
 
+def poison_device_arrays(monkeypatch) -> None:
+    """Make the simulator's ``cuda.device_array`` return arrays of 0xA5 bytes instead of whatever
+    ``np.ndarray`` memory holds (often zeros, or a previous call's answer), as device memory may
+    on a GPU: an output element a kernel never writes then shows. Simulator only."""
+    import numba.cuda as nbcuda
+
+    real = nbcuda.device_array
+
+    def poisoned(*args, **kwargs):
+        a = real(*args, **kwargs)
+        host = np.empty(a.shape, a.dtype)
+        host.reshape(-1).view(np.uint8)[...] = 0xA5
+        a.copy_to_device(host)
+        return a
+
+    monkeypatch.setattr(nbcuda, "device_array", poisoned)
+
+
 def random_schema():
     return TargetingSchema([
         Category("age", 7), Category("gender", 2), Category("country", 5),

@@ -3,14 +3,25 @@ oracle top-K of the kernel's own scores, and its fallbacks."""
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from andromeda_nb import oracle
+from andromeda_nb import launch, oracle
 from andromeda_nb import scoring as S
 from andromeda_nb import topk as T
 from andromeda_nb.model import AdTable, Request
 from andromeda_nb.scoring import DeviceAdTable, score_ads, score_topk
 
+from .helpers import poison_device_arrays
+
 N = 2000  # with the sample shrunk below: 15 chunks of 16 (240 samples), a seed rank r >= 8 for k >= 17
+
+
+@pytest.fixture(autouse=True)
+def poisoned_device_memory(monkeypatch):
+    """Device arrays start as 0xA5 bytes (simulator), so an output element left unwritten shows."""
+    if launch.backend.is_simulator():
+        poison_device_arrays(monkeypatch)
 
 
 @pytest.fixture
@@ -146,3 +157,50 @@ def test_bitset_compaction_per_tile(small_seed, rng, fraction, path):
     np.testing.assert_array_equal(top.ids, want.ids)
     np.testing.assert_array_equal(top.scores, want.scores)
     assert top.count == want.count == eligible.sum()
+
+
+@st.composite
+def filter_cases(draw):
+    """Fused scoring + top-K on the filter path: a dot-product table (the simulator's cheapest
+    kernel) of any dtype and layout, repeated rows (tied scores), pool / bitset / candidates
+    access, k from 1 past the candidates, a seed below its margin or a k-entry buffer (the
+    fallbacks)."""
+    n = draw(st.integers(256, 1500))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    dtype = draw(st.sampled_from(["fp32", "fp16", "bf16", "int8"]))
+    emb = rng.standard_normal((n, 32))
+    if draw(st.booleans()):
+        emb = emb[rng.integers(0, draw(st.sampled_from([1, 5, 50])), n)]  # few distinct rows: ties
+    table = AdTable.from_float(emb, np.zeros(n), dtype=dtype, ad_ids=rng.choice(10 * n, n, replace=False))
+    access = draw(st.sampled_from(["pool", "bitset", "candidates"]))
+    kwargs = {}
+    if access == "bitset":
+        kwargs["eligible"] = rng.random(n) < draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]))
+    elif access == "candidates":
+        kwargs["candidates"] = rng.choice(n, draw(st.integers(0, n)), replace=False).astype(np.int32)
+    k = draw(st.one_of(st.integers(1, 50), st.integers(51, 400), st.just(n + 1)))
+    knobs = {}
+    if draw(st.booleans()):
+        knobs = draw(st.sampled_from([dict(SEED_MARGIN=0.25), dict(FILTER_MIN_CAP=1, FILTER_CAP_PER_K=1)]))
+    return rng.standard_normal(32), table, draw(st.sampled_from(["rows", "tiles"])), k, kwargs, knobs
+
+
+@given(filter_cases())
+def test_filter_path_matches_oracle_on_generated_cases(case):
+    """score_topk's default (filter) path, whatever its fallbacks: exactly the oracle's top-K of the
+    kernel's own scores (device outputs poisoned)."""
+    from unittest import mock
+
+    req, table, layout, k, kwargs, knobs = case
+    dt = DeviceAdTable(table, layout)
+    pool = score_ads(req, dt).copy_to_host()
+    with mock.patch.multiple(T, MAX_SAMPLE_CHUNKS=16, SAMPLE_CHUNK=16, SEED_MIN_N=256, **knobs):
+        top = score_topk(req, dt, k, **kwargs)
+    cand = kwargs.get("candidates")
+    if cand is None:
+        want = oracle.topk(pool, k, ids=table.ad_ids, eligible=kwargs.get("eligible"))
+    else:
+        want = oracle.topk(pool[cand], k, ids=table.ad_ids[cand])
+    np.testing.assert_array_equal(top.ids, want.ids)
+    np.testing.assert_array_equal(top.scores, want.scores)
+    assert top.count == want.count

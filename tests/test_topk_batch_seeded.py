@@ -14,7 +14,14 @@ from andromeda_nb.kernels import select
 from andromeda_nb.kernels.select import BATCH_SAMPLE_CHUNK, batch_seed_kernel, filter_kernel, final_sort_kernel
 from andromeda_nb.targeting import bits_from_mask
 
-from .helpers import poison_shared_memory
+from .helpers import poison_device_arrays, poison_shared_memory
+
+
+@pytest.fixture(autouse=True)
+def poisoned_device_memory(monkeypatch):
+    """Device arrays start as 0xA5 bytes (simulator), so an output element left unwritten shows."""
+    if launch.backend.is_simulator():
+        poison_device_arrays(monkeypatch)
 
 KEY_NEG_INF = 0x007FFFFF
 

@@ -11,7 +11,7 @@ from andromeda_nb.kernels.topk import SCAN_ITEMS, buffer_capacity, final_kernel,
 from andromeda_nb.targeting import bits_from_mask
 from andromeda_nb.topk import MAX_K, topk_scores
 
-from .helpers import poison_shared_memory
+from .helpers import poison_device_arrays, poison_shared_memory
 
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0]
 
@@ -19,8 +19,11 @@ SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0]
 @pytest.fixture(autouse=True)
 def single_request_paths(monkeypatch):
     """These tests are of the single-request paths: topk_scores answers none of their requests by
-    the batched path on a batch of one (tested in test_topk_batch_seeded.py)."""
+    the batched path on a batch of one (tested in test_topk_batch_seeded.py). Device arrays start
+    poisoned (simulator), so an output element left unwritten shows."""
     monkeypatch.setattr(T, "SMALL_MAX_N", 0)
+    if launch.backend.is_simulator():
+        poison_device_arrays(monkeypatch)
 
 
 @st.composite
@@ -105,6 +108,45 @@ def test_kernels_write_every_output_element():
     np.testing.assert_array_equal(out_id.copy_to_host()[0, :k], want.ids)
     np.testing.assert_array_equal(out_s.copy_to_host()[0, :k], want.scores)
     assert (out_id.copy_to_host()[0, k:] == -1).all() and np.isneginf(out_s.copy_to_host()[0, k:]).all()
+
+
+@st.composite
+def seeded_cases(draw):
+    """Arrays past the (shrunk) seeding threshold, so topk_scores takes the single-request seeded
+    path: the same value pools as score_cases (NaN, +-inf, -0, repeats), masks and ids."""
+    n = draw(st.integers(1024, 3000))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    pool_size = draw(st.sampled_from([0, 3, 50, 10_000]))
+    pool = np.concatenate([np.array(SPECIALS, np.float32), rng.standard_normal(pool_size).astype(np.float32)])
+    scores = pool[rng.integers(0, pool.size, n)]
+    if draw(st.booleans()):  # sorted ascending: the adversarial order
+        scores = np.sort(scores)
+    k = draw(st.one_of(st.integers(1, 60), st.integers(61, 400), st.sampled_from([n, n + 1])))
+    use_elig = draw(st.booleans())
+    eligible = (rng.random(n) < draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]))) if use_elig else None
+    ids = rng.choice(4 * n + 1, n, replace=False).astype(np.int64) if draw(st.booleans()) else None
+    # a seed aimed below its usual margin (often above the k-th score: the unseeded rerun) and a
+    # filter buffer of k entries (often overflowing: the seeded scan rerun)
+    knobs = dict(SEED_MARGIN=draw(st.sampled_from([2.5, 2.5, 0.25])))
+    if draw(st.booleans()):
+        knobs.update(FILTER_MIN_CAP=1, FILTER_CAP_PER_K=1)
+    return scores, k, eligible, ids, knobs
+
+
+@given(seeded_cases())
+def test_seeded_topk_matches_oracle(case):
+    """The single-request seeded path (sample, seed, filter, final; a rerun where the seed was high
+    or the buffer overflowed) on hypothesis cases, outputs poisoned: exactly the oracle's."""
+    from unittest import mock
+
+    scores, k, eligible, ids, knobs = case
+    with mock.patch.multiple(T, MAX_SAMPLE_CHUNKS=8, SAMPLE_CHUNK=32, SEED_MIN_N=1024, **knobs):
+        got = topk_scores(scores, k, eligible=eligible, ids=ids)
+    want = oracle.topk(scores, k, ids=ids, eligible=eligible)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores.view(np.uint32), want.scores.view(np.uint32))
+    assert got.count == want.count
 
 
 @st.composite
