@@ -820,7 +820,11 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
         offsets: int ``[B + 1]``, ``offsets[0] == 0``, non-decreasing, ``offsets[-1] == total``;
             ``1 <= B <= MAX_BATCH``; an empty slice answers all pads.
         ks: int ``[B]``, each ``1..MAX_K``.
-        eligible: optional host bool mask ``[total]`` (each request's slice of it).
+        eligible: optional eligible set: a bool mask ``[total]`` (each request's slice of it;
+            host or device), or a uint64 bitset ``[B, W]`` (host or device), row r request r's
+            own bits (bit j of word w: position ``offsets[r] + 64 w + j``), ``W >=
+            ceil(longest request / 64)``; a host bitset must have no bit set past its request's
+            length (a device one is trusted: such bits must be 0).
         ids: optional ``int64[total]`` ids, non-negative and unique within each request
             (tie-breaks and output); default the position within the request's slice.
         block: threads per block of the filter pass and of the reruns (1..1024; default 256 on a
@@ -856,21 +860,10 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
     if total > MAX_ITEMS:
         raise ValueError(f"at most {MAX_ITEMS} scores per call, got {total}")
     block = check_block_topk_block(launch.check_block(block), ks.tolist())
-    if eligible is not None:
-        launch.check_array("eligible", eligible, np.bool_, shape=(total,))
-        if not isinstance(eligible, np.ndarray):
-            raise TypeError("eligible must be a host bool mask [total]")
+    elig = None if eligible is None else _batch_bitset(eligible, offsets)
     host_ids = None if ids is None else check_ids(ids, offsets)
     d_scores = launch.to_device(scores)
     d_ids = None if ids is None else launch.to_device(ids)
-    elig = None
-    if eligible is not None:
-        words = max(1, -(-int(np.diff(offsets).max()) // WORD_BITS))
-        bits = np.zeros((B, words), np.uint64)
-        for r in range(B):
-            w = bits_from_mask(eligible[offsets[r]:offsets[r + 1]])
-            bits[r, :w.size] = w
-        elig = launch.to_device(bits)
     fws = FilterWorkspace.batched(offsets, ks)
     launch_topk_batch_seeded(d_scores, fws, elig, d_ids, block)
     counts = fws.counts.copy_to_host()
@@ -892,9 +885,47 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
     else:
         for r in redo:
             a, b = int(offsets[r]), int(offsets[r + 1])
-            out[r] = topk_scores(d_scores[a:b], int(ks[r]), None if eligible is None else eligible[a:b],
-                                 None if ids is None else host_ids[a:b], block)
+            own = None if elig is None else elig[r, :-(-(b - a) // WORD_BITS)]
+            out[r] = topk_scores(d_scores[a:b], int(ks[r]), own, None if ids is None else host_ids[a:b], block)
     return out
+
+
+def _batch_bitset(eligible, offsets: np.ndarray):
+    """:func:`topk_batch`'s eligible set (a bool mask [total] or a uint64 bitset [B, W], host or
+    device) as a device uint64 bitset [B, W], a row a request. Raises TypeError / ValueError for a
+    wrong dtype or shape or (host bitsets) bits set past a request's length."""
+    B, total = offsets.size - 1, int(offsets[-1])
+    lengths = np.diff(offsets)
+    need = max(1, -(-int(lengths.max()) // WORD_BITS))
+    dtype = getattr(eligible, "dtype", None)
+    dtype = None if dtype is None else np.dtype(dtype)
+    if dtype == np.bool_:
+        launch.check_array("eligible", eligible, np.bool_, shape=(total,))
+        mask = eligible if isinstance(eligible, np.ndarray) else eligible.copy_to_host()
+        bits = np.zeros((B, need), np.uint64)
+        for r in range(B):
+            w = bits_from_mask(mask[offsets[r]:offsets[r + 1]])
+            bits[r, :w.size] = w
+        return launch.to_device(bits)
+    if dtype != np.uint64 or len(getattr(eligible, "shape", ())) != 2:
+        raise TypeError(f"eligible must be a bool mask [{total}] or a uint64 bitset [{B}, >= {need}] (host or "
+                        f"device), got {type(eligible).__name__} of dtype {dtype}, shape "
+                        f"{getattr(eligible, 'shape', None)}")
+    launch.check_array("eligible", eligible, np.uint64, ndim=2)
+    if eligible.shape[0] != B or eligible.shape[1] < need:
+        raise ValueError(f"eligible bitset must be [{B}, >= {need}] (a row a request, 64 positions a word), "
+                         f"got {tuple(eligible.shape)}")
+    if isinstance(eligible, np.ndarray):
+        n_words = -(-lengths // WORD_BITS)
+        past = np.arange(eligible.shape[1])[None, :] >= n_words[:, None]  # whole words past the end
+        rows = np.flatnonzero(past.any(axis=1) & (np.where(past, eligible, 0) != 0).any(axis=1))
+        part = np.flatnonzero(lengths % WORD_BITS)  # the last word's bits past the end
+        tail = (eligible[part, n_words[part] - 1] >> (lengths[part] % WORD_BITS).astype(np.uint64)) != 0
+        bad = sorted(set(rows.tolist()) | set(part[tail].tolist()))
+        if bad:
+            raise ValueError(f"eligible bitset row {bad[0]} has bits set past its request's {lengths[bad[0]]} "
+                             "scores (padding bits must be 0)")
+    return launch.to_device(eligible)
 
 
 #: a seeded batch reruns up to this many requests one by one (topk_scores); more, the whole batch at

@@ -695,6 +695,19 @@ def test_topk_batch_reruns_few_one_by_one(rng, monkeypatch, use_elig, with_ids, 
     assert len(whole) == len(one)  # the one inside each topk_scores call, none for the batch
 
 
+def test_topk_batch_reruns_one_by_one_from_a_device_bitset(rng, monkeypatch):
+    """The eligible set as a device uint64 bitset a request: each rerun request takes its own row
+    (its first ceil(n / 64) words) to topk_scores; the answer the oracle's."""
+    from .test_topk_kernel import batch_bitset
+
+    blk, per, M = sim_shape()
+    sizes, ks, scores, offsets, mask, ids = _rerun_inputs(rng, M, True, True)
+    one = _spy(monkeypatch, "topk_scores")
+    got = T.topk_batch(scores, offsets, ks, eligible=launch.to_device(batch_bitset(mask, offsets)), ids=ids)
+    _check_topk_batch(got, scores, offsets, ks, mask, ids)
+    assert len(one) >= 2  # the forced seed_high and overflow requests
+
+
 @pytest.mark.parametrize("use_elig,with_ids", [(False, True), (True, False)])
 def test_topk_batch_reruns_many_as_one_batch(rng, monkeypatch, use_elig, with_ids):
     """More than RERUN_ONE_BY_ONE non-exact requests (RERUN_ONE_BY_ONE patched to 1, two forced

@@ -605,12 +605,28 @@ def test_filter_workspace_reuse_starts_from_zero(monkeypatch, rng):
         assert c[0] == want.count and c[1] == fws.fill.copy_to_host()[0]
 
 
-@given(batch_cases(), st.booleans())
-def test_topk_batch_matches_oracle_per_request(case, with_ids):
-    """The validated batched form: per request the contract of topk_scores, empty slices padded."""
+def batch_bitset(mask: np.ndarray, offsets, extra_words: int = 0) -> np.ndarray:
+    """A bool mask over the joined slices as topk_batch's uint64 bitset [B, W], a row a request."""
+    lengths = np.diff(offsets)
+    bits = np.zeros((lengths.size, max(1, -(-int(lengths.max()) // 64)) + extra_words), np.uint64)
+    for r in range(lengths.size):
+        w = bits_from_mask(mask[offsets[r]:offsets[r + 1]])
+        bits[r, :w.size] = w
+    return bits
+
+
+@given(batch_cases(), st.booleans(), st.sampled_from(["mask", "device mask", "bitset", "device bitset"]))
+def test_topk_batch_matches_oracle_per_request(case, with_ids, form):
+    """The validated batched form: per request the contract of topk_scores, empty slices padded;
+    the eligible set as a bool mask or a bitset a request, on the host or the device."""
     scores, offsets, ks, _, masks, ids = case
     mask = None if masks is None else np.concatenate(masks) if masks else np.zeros(0, bool)
-    got = T.topk_batch(scores, offsets, ks, eligible=mask, ids=ids if with_ids else None)
+    eligible = mask
+    if mask is not None and form.endswith("bitset"):
+        eligible = batch_bitset(mask, offsets, extra_words=1)  # wider rows than needed are fine
+    if mask is not None and form.startswith("device"):
+        eligible = launch.to_device(eligible)
+    got = T.topk_batch(scores, offsets, ks, eligible=eligible, ids=ids if with_ids else None)
     for r in range(len(ks)):
         lo, hi = offsets[r], offsets[r + 1]
         want = oracle.topk(scores[lo:hi], int(ks[r]), ids=ids[lo:hi] if with_ids else None,
@@ -661,5 +677,17 @@ def test_topk_batch_refuses_bad_input():
         T.topk_batch(s, [0, 10], [1], ids=np.arange(10) - 1)
     with pytest.raises(ValueError, match="shape"):
         T.topk_batch(s, [0, 10], [1], eligible=np.ones(9, bool))
+    with pytest.raises(TypeError, match="bool mask"):
+        T.topk_batch(s, [0, 10], [1], eligible=np.ones(10, np.float32))
+    with pytest.raises(TypeError, match="bool mask"):
+        T.topk_batch(s, [0, 10], [1], eligible=[True] * 10)
+    with pytest.raises(ValueError, match=r"\[2, >= 1\]"):  # a row a request
+        T.topk_batch(s, [0, 5, 10], [1, 1], eligible=np.zeros((1, 1), np.uint64))
+    for r, bits in ((1, [[0b11111], [0b100000]]), (0, [[1 << 5], [0]]), (1, [[0, 0], [0, 1]])):
+        with pytest.raises(ValueError, match=f"row {r} has bits set past"):  # padding bits, in or past a word
+            T.topk_batch(s, [0, 5, 10], [1, 1], eligible=np.array(bits, np.uint64))
+    got = T.topk_batch(s + np.arange(10, dtype=np.float32), [0, 5, 10], [1, 1],
+                       eligible=np.array([[0b00110], [0b10001]], np.uint64))
+    assert [g.ids.tolist() for g in got] == [[2], [4]] and [g.count for g in got] == [2, 2]
     with pytest.raises(ValueError, match="block"):
         T.topk_batch(s, [0, 10], [1], block=0)
