@@ -103,6 +103,8 @@ FOLD_MAX = 256
 DENSE_DIVISOR = 1024
 EXCLUDE_DIVISOR = 256
 DENSE_MIN_ADS = 64
+#: Inverted lists hold int32 slots (4 bytes an entry) for pools of up to this many ads, int64 beyond.
+INT32_LIST_MAX_SLOTS = int(np.iinfo(np.int32).max)
 #: Slot and row limits of the update encoding (``row << SLOT_BITS | slot`` in one int64).
 SLOT_BITS = 40
 MAX_ROWS = 1 << (63 - SLOT_BITS)
@@ -1868,7 +1870,7 @@ class TargetingIndex:
         self.bitsets[0] = bits_from_mask(live_pad)
         chunk = 256
         empty_p, empty_v = np.zeros(1, np.int64), np.zeros(0, np.int32)
-        self.list_dtype = np.int32 if cap <= np.iinfo(np.int32).max else np.int64
+        self.list_dtype = np.int32 if cap <= INT32_LIST_MAX_SLOTS else np.int64
 
         def column(csr, name):
             p, v = csr.get(name, (empty_p, empty_v))
@@ -1988,7 +1990,7 @@ class TargetingIndex:
         scale = 1.0 if at_n_ads is None else at_n_ads / max(self.n_ads, 1)
         n = self.n_ads if at_n_ads is None else int(at_n_ads)
         row_bytes = -(-n // 64) * 8
-        entry_bytes = 4 if n <= np.iinfo(np.int32).max else 8
+        entry_bytes = 4 if n <= INT32_LIST_MAX_SLOTS else 8
         out = []
         for u in self.layout.describe(self.schema):
             entries = 0

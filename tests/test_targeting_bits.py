@@ -20,8 +20,11 @@ def test_host_index_math_at_large_offsets():
     assert last_word_mask(2**33) == np.uint64(2**64 - 1)
 
 
+@pytest.mark.parametrize("lists", ["search", "segment"])
 @pytest.mark.parametrize("base", BASES)
-def test_scatter_clear_and_flip_at_large_slots(base):
+def test_scatter_clear_and_flip_at_large_slots(base, lists):
+    """The list passes (a grid-stride search for each entry's segment, or a block row a segment)
+    and the update kernel at slot bases past 2^31 and 2^32 (64-bit slot arithmetic)."""
     cuda = launch.cuda()
     block = launch.default_block()
     slots = np.array([base, base + 1, base + 63, base + 64, base + 200, base + 255, -1 - (base + 7)], np.int64)
@@ -32,7 +35,8 @@ def test_scatter_clear_and_flip_at_large_slots(base):
     seg_start = cuda.to_device(np.array([0], np.int64))
     seg_off = cuda.to_device(np.array([0, slots.size], np.int64))
     seg_dst = cuda.to_device(np.array([1], np.int64))
-    K.prep_kernel()[2, block](counts, 3, pool, seg_start, seg_off, seg_dst, scratch, np.int64(base))
+    prep = K.prep_kernel()[2, block] if lists == "search" else K.prep_segment_kernel(block)[(1, 1), block]
+    prep(counts, 3, pool, seg_start, seg_off, seg_dst, scratch, np.int64(base))
     got = scratch.copy_to_host()
     want = np.zeros((2, n_words), np.uint64)
     for s in slots[slots >= 0] - base:
@@ -48,8 +52,8 @@ def test_scatter_clear_and_flip_at_large_slots(base):
     q_off = cuda.to_device(np.array([0, 3, 3 + slots.size], np.int64))
     q_op = cuda.to_device(np.array([1, 2], np.int64))
     q_arg = cuda.to_device(np.array([0, 1], np.int64))
-    K.post_kernel(block)[2, block](out, counts, n_words, pool, extra, q_start, q_off, q_op, q_arg, scratch,
-                                   np.int64(base))
+    post = K.post_kernel(block)[2, block] if lists == "search" else K.post_segment_kernel(block)[(1, 2), block]
+    post(out, counts, n_words, pool, extra, q_start, q_off, q_op, q_arg, scratch, np.int64(base))
     res = out.copy_to_host()[0]
     assert counts.copy_to_host()[0] == 4 * 64 - 2  # the duplicate clears once
     assert res[0] == np.uint64(2**64 - 1) ^ np.uint64(1 << 3) and res[2] == np.uint64(2**64 - 1) ^ np.uint64(1 << 2)

@@ -65,13 +65,26 @@ def apply_in_chunks(dev: DeviceTargetingIndex, batch):
 
 @settings(max_examples=15)
 @given(data=st.data(), n=st.integers(1, 60), spare=st.integers(0, 12), layout=st.integers(0, 3),
-       seed=st.integers(0, 2**31))
-def test_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed):
+       seed=st.integers(0, 2**31), wide_lists=st.booleans())
+def test_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed, wide_lists):
+    """Random create / change / retire / recreate batches, applied on the device (host bits kept
+    and dropped): the index equals one rebuilt from the surviving rules after every batch. With
+    ``wide_lists`` the inverted lists hold int64 slots, as in a pool past 2^31 ads."""
+    from unittest import mock
+
+    import andromeda_nb.targeting as targeting
+
+    with mock.patch.object(targeting, "INT32_LIST_MAX_SLOTS", 0 if wide_lists else targeting.INT32_LIST_MAX_SLOTS):
+        _random_update_sequence(data, n, spare, layout, seed, wide_lists)
+
+
+def _random_update_sequence(data, n, spare, layout, seed, wide_lists):
     rng = np.random.default_rng(seed)
     rules = random_rules(rng, n, schema=SCHEMA)
     kw = [dict(dense_min=10**9, exclude_dense_min=10**9), dict(dense_min=1, exclude_dense_min=1),
           dict(dense_min=2, exclude_dense_min=3, group_max=16), dict(group_max=1)][layout]
     host = TargetingIndex(rules, capacity=n + spare, **kw)
+    assert host.list_dtype == (np.int64 if wide_lists else np.int32)
     dev = DeviceTargetingIndex(host)
     dev_only = DeviceTargetingIndex(TargetingIndex(rules, capacity=n + spare, **kw), host_bits=False)
     alive = list(rules.ad_ids.tolist())
