@@ -138,7 +138,9 @@ def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     ``scale[i] = max|x[i]| / 127`` and ``q = clip(round(x / scale), -127, 127)``, so -128 is never
     emitted and the dequantized range is symmetric. An all-zero row gets scale 0 and q = 0 (it
-    dequantizes to exactly 0).
+    dequantizes to exactly 0). The table never holds a NaN; scoring still computes in fp32 (DESIGN.md),
+    so rows near the fp32 limit (|x| ~ 1e38) can overflow the encode or the dot products to inf
+    and then NaN, as an fp32 table of the same values would, where the float64 oracle stays finite.
 
     Args:
         x: ``[n, d]`` finite float array.
