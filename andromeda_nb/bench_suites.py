@@ -819,11 +819,20 @@ def _unfused_rows(env, ceil, args, tables, rng) -> list[dict]:
                           notes="intermediates fp32 in device memory; bytes/ad " +
                                 ", ".join(f"{a} {b:g}" for a, b in budget.items())))
     bench.print_rows(rows[-1:])
+    cand = launch.cuda().as_cuda_array(cp.arange(n, dtype=cp.int32))  # every ad, as a candidate list
+    timing = bench.time_device(lambda: launch_per_op(dreq, table, k, bufs, ws=ws, cand=cand), reps=args.reps)
+    verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], bufs.score, k)
+    budget = per_op_bytes_per_ad(d, E, K, dtype, "candidates")
+    rows.append(bench.row("scoring", env, ceil, timing, n, sum(budget.values()), model_flops("gated", d, E, K),
+                          str(verified), variant="unfused_per_op", n_ads=n, d=d, dtype=dtype, experts=E, k_experts=K,
+                          access="candidates", eligible_fraction=1.0, k=k, layout="tiles",
+                          notes="every ad as a candidate list; intermediates fp32 in device memory; bytes/ad " +
+                                ", ".join(f"{a} {b:g}" for a, b in budget.items())))
+    bench.print_rows(rows[-1:])
     del bufs
     gc.collect()
     cp.get_default_memory_pool().free_all_blocks()
     pbufs = PreFusionBuffers(n, d, dtype)
-    cand = launch.cuda().as_cuda_array(cp.arange(n, dtype=cp.int32))
     timing = bench.time_device(lambda: launch_pre_fusion(dreq, table, k, pbufs, n, cand=cand, ws=ws),
                                reps=args.reps)
     full = _scores_full(dreq, table, "pool", None, None, n, None)
@@ -846,7 +855,8 @@ def _prefusion_access_rows(env, ceil, args, tables, rng) -> list[dict]:
 
     from .scoring import DeviceRequest
     from .topk import TopKWorkspace, scan_lists
-    from .unfused import PreFusionBuffers, launch_pre_fusion, pre_fusion_bytes_per_ad
+    from .unfused import (PerOpBuffers, PreFusionBuffers, launch_per_op, launch_pre_fusion, per_op_bytes_per_ad,
+                          pre_fusion_bytes_per_ad)
 
     rows = []
     d, E, K, k, dtype = 64, 6, 2, 1000, "fp16"
@@ -869,7 +879,21 @@ def _prefusion_access_rows(env, ceil, args, tables, rng) -> list[dict]:
                               notes="bitset -> slot list, gather rows, score to memory, top-K; bytes/ad " +
                                     ", ".join(f"{a} {b:.3g}" for a, b in budget.items())))
         bench.print_rows(rows[-1:])
-        del bufs, full, ws
+        del bufs
+        gc.collect()
+        cp.get_default_memory_pool().free_all_blocks()
+        obufs = PerOpBuffers(items, d, E, K)
+        timing = bench.time_device(lambda: launch_per_op(dreq, table, k, obufs, ws=ws, elig=elig, m=items),
+                                   reps=args.reps)
+        verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], full, k, eligible_mask=mask)
+        budget = per_op_bytes_per_ad(d, E, K, dtype, "bitset", frac)
+        rows.append(bench.row("scoring", env, ceil, timing, items, sum(budget.values()), model_flops("gated", d, E, K),
+                              str(verified), variant="unfused_per_op", n_ads=n, d=d, dtype=dtype, experts=E,
+                              k_experts=K, access="bitset", eligible_fraction=frac, k=k, layout="rows",
+                              notes="bitset -> slot list, one kernel per model step (fp32 intermediates), top-K; "
+                                    "bytes/ad " + ", ".join(f"{a} {b:.3g}" for a, b in budget.items())))
+        bench.print_rows(rows[-1:])
+        del obufs, full, ws
         gc.collect()
         cp.get_default_memory_pool().free_all_blocks()
     return rows

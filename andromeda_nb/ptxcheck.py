@@ -97,12 +97,15 @@ def variants():
         out.append((f"naive gated d64 E6 K2 {dtype} {layout} {access} cap2048", k, sig))
     from .kernels import unfused as U
 
-    out.append(("unfused encode fp16 tiles", U.encode_kernel(64, "fp16", "tiles"),
-                (A(u64, 2), A(f32), A(f32), A(f32), i64, A(f32, 2))))
+    for gather in (False, True):
+        out.append((f"unfused encode fp16 tiles{' gather' if gather else ''}", U.encode_kernel(64, "fp16", "tiles", gather),
+                    (A(u64, 2), A(f32), A(f32), A(f32), i64, A(f32, 2), A(i32))))
     out.append(("unfused gate", U.gate_kernel(64, 6), (A(f32, 2), A(f32), i64, A(f32, 2))))
     out.append(("unfused choose", U.choose_kernel(6, 2), (A(f32, 2), i64, A(nt.int8, 2), A(f32, 2))))
     out.append(("unfused values", U.values_kernel(64, 2), (A(f32, 2), A(f32), A(nt.int8, 2), i64, A(f32, 2))))
-    out.append(("unfused combine", U.combine_kernel(2), (A(f32, 2), A(f32, 2), A(f32), i64, A(f32))))
+    for gather in (False, True):
+        out.append((f"unfused combine{' gather' if gather else ''}", U.combine_kernel(2, gather),
+                    (A(f32, 2), A(f32, 2), A(f32), i64, A(f32), A(i32))))
     out.append(("unfused gather rows", U.gather_rows_kernel("tiles"), (A(u64, 2), A(f32), A(i32), i64, A(u64, 2), A(f32))))
     out.append(("unfused bitset to slots", U.bitset_to_slots_kernel(), (A(u64), A(i32), A(i64))))
     out.append(("unfused gather ids", U.gather_ids_kernel(), (A(i64), A(i32), i64, A(i64))))

@@ -26,26 +26,36 @@ def usable(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def fusion_speedups(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int) -> pd.DataFrame:
-    """Fused (gated, fused block top-K, ``tiles``, the best row) against each unfused baseline of
-    the same d and dtype: the ratio of bytes moved per ad, the measured speed-up and their ratio
-    (the issue's target: >= 0.8). Columns: baseline, access, byte ratio, measured speed-up of
-    fused, speed-up / byte ratio, commits. Empty where either side has no row."""
+    """Each unfused baseline row of this d and dtype against the fastest fused gated row (E, K,
+    fused top-K by either path) of the same access: the full pool for the pool and all-candidates
+    runs, the same eligible fraction for a bitset (the same layout where measured). Columns:
+    baseline, access, eligible_fraction, byte ratio (the baseline's bytes per scored ad over the
+    fused kernel's), measured speed-up of fused, speed-up / byte ratio (the issue's target: >=
+    0.8), fused variant, layouts, commits. Empty where either side has no row."""
     sel = usable(rows)
-    sel = sel[(sel["d"] == d) & (sel["dtype"] == dtype) & sel["eligible_fraction"].eq(1.0)]
-    fused = sel[(sel["variant"] == "gated_fused_topk") & (sel["experts"] == experts) & (sel["k_experts"] == k_experts)
-                & (sel["layout"] == "tiles") & sel["access"].isin(["pool", "candidates"])]
+    sel = sel[(sel["d"] == d) & (sel["dtype"] == dtype)]
+    fused = sel[sel["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter"]) & (sel["experts"] == experts)
+                & (sel["k_experts"] == k_experts)]
     out = []
-    if not fused.empty:
-        best = fused.loc[fused["items_per_s"].idxmax()]
-        for variant in ("unfused_per_op", "unfused_pre_fusion"):
-            for _, r in sel[sel["variant"] == variant].iterrows():
-                ratio = r["bytes_per_item"] / fused_bytes_per_ad(d, dtype)
-                speedup = best["items_per_s"] / r["items_per_s"]
-                out.append({"baseline": variant, "access": r["access"], "byte ratio": ratio,
-                            "measured speed-up of fused": speedup, "speed-up / byte ratio": speedup / ratio,
-                            "fused commit": best["commit"], "baseline commit": r["commit"]})
-    return pd.DataFrame(out, columns=["baseline", "access", "byte ratio", "measured speed-up of fused",
-                                      "speed-up / byte ratio", "fused commit", "baseline commit"])
+    for variant in ("unfused_per_op", "unfused_pre_fusion"):
+        for _, r in sel[sel["variant"] == variant].iterrows():
+            access = "pool" if r["access"] in ("pool", "candidates") else r["access"]
+            fraction = 1.0 if access == "pool" else r["eligible_fraction"]
+            ref = fused[(fused["access"] == access) & np.isclose(fused["eligible_fraction"], fraction)]
+            if (ref["layout"] == r["layout"]).any():
+                ref = ref[ref["layout"] == r["layout"]]
+            if ref.empty:
+                continue
+            best = ref.loc[ref["items_per_s"].idxmax()]
+            ratio = r["bytes_per_item"] / fused_bytes_per_ad(d, dtype, access, fraction)
+            speedup = best["items_per_s"] / r["items_per_s"]
+            out.append({"baseline": variant, "access": r["access"], "eligible_fraction": fraction, "byte ratio": ratio,
+                        "measured speed-up of fused": speedup, "speed-up / byte ratio": speedup / ratio,
+                        "fused variant": best["variant"], "layouts": f"{best['layout']} / {r['layout']}",
+                        "fused commit": best["commit"], "baseline commit": r["commit"]})
+    return pd.DataFrame(out, columns=["baseline", "access", "eligible_fraction", "byte ratio",
+                                      "measured speed-up of fused", "speed-up / byte ratio", "fused variant",
+                                      "layouts", "fused commit", "baseline commit"])
 
 
 def complexity_sweep(rows: pd.DataFrame, d: int, dtype: str) -> dict | None:

@@ -28,27 +28,40 @@ def fused_bytes_per_ad(d: int, dtype: str, access: str = "pool", eligible_fracti
     return b
 
 
-def per_op_bytes_per_ad(d: int, E: int, K: int, dtype: str) -> dict:
-    """Bytes per ad of each per-op kernel (reads + writes), fp32 intermediates, pool access."""
+def per_op_bytes_per_ad(d: int, E: int, K: int, dtype: str, access: str = "pool",
+                        eligible_fraction: float = 1.0) -> dict:
+    """Bytes per scored ad of each per-op kernel (reads + writes), fp32 intermediates. Off the
+    pool, the listed slots are read by encode and combine (4 bytes each) and the ad ids gathered
+    for the top-K (slot, id read, id written: 20); a bitset is first compacted into that list
+    (the bitset's share and the slot written)."""
     row = d * ITEMSIZE[dtype] + (4 if dtype == "int8" else 0)
-    return {
-        "encode": row + 4 * d,
+    slot = 0 if access == "pool" else 4
+    out = {}
+    if access == "bitset":
+        out["list"] = 1 / (8 * eligible_fraction) + 4
+    out.update({
+        "encode": row + 4 * d + slot,
         "gate": 4 * d + 4 * E,
         "choose": 4 * E + K * (1 + 4),
         "values": 4 * d + K + 4 * K,
-        "combine": 4 * K + 4 * K + 4 + 4,
-        "topk": 4,
-    }
+        "combine": 4 * K + 4 * K + 4 + 4 + slot,
+    })
+    if access != "pool":
+        out["ids"] = 20
+    out["topk"] = 4
+    return out
 
 
 def pre_fusion_bytes_per_ad(d: int, dtype: str, access: str, eligible_fraction: float = 1.0) -> dict:
     """Bytes per scored ad of the pre-fusion pipeline: list building (bitset access), gather
-    (read row + bias, write both), model (read row + bias, write score), top-K (read score)."""
+    (read row + bias, write both; the slot off the pool), the candidates' ad ids (slot, id read,
+    id written), model (read row + bias, write score), top-K (read score)."""
     row = d * ITEMSIZE[dtype] + 4 + (4 if dtype == "int8" else 0)
     out = {}
     if access == "bitset":
         out["list"] = 1 / (8 * eligible_fraction) + 4
     out["gather"] = 2 * row + (4 if access != "pool" else 0)
+    out["ids"] = 20
     out["model"] = row + 4
     out["topk"] = 4
     return out
@@ -79,35 +92,65 @@ def network_bytes_per_request(n_candidates: int, k: int, d: int = 64, dtype: str
 
 
 class PerOpBuffers:
-    """Device intermediates of the per-op pipeline for n ads (allocated once, reused)."""
+    """Device intermediates of the per-op pipeline for up to n scored ads (allocated once,
+    reused), and the slot list and ad ids of a bitset or candidate run."""
 
     def __init__(self, n: int, d: int, E: int, K: int):
         cuda = launch.cuda()
+        n = max(int(n), 1)
         self.h = cuda.device_array((d, n), np.float32)
         self.logits = cuda.device_array((E, n), np.float32)
         self.chosen = cuda.device_array((K, n), np.int8)
         self.weight = cuda.device_array((K, n), np.float32)
         self.val = cuda.device_array((K, n), np.float32)
         self.score = cuda.device_array(n, np.float32)
+        self.slots = cuda.device_array(n, np.int32)
+        self.count = cuda.device_array(1, np.int64)
+        self.ids = cuda.device_array(n, np.int64)
 
 
 def launch_per_op(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PerOpBuffers, block: int | None = None,
-                  ws=None):
-    """Enqueue the per-op pipeline over the whole pool; returns the top-K workspace (results in
-    ``ws.out_id[0]``, ``ws.out_s[0]``, ``ws.counts[0]``)."""
+                  ws=None, elig=None, cand=None, m: int | None = None):
+    """Enqueue the per-op pipeline over the whole pool, or over ``m`` candidates given as a device
+    int32 slot list ``cand`` or a device uint64 eligible bitset ``elig`` (compacted into a list
+    first; ``m`` must be its count). Returns the top-K workspace (results in ``ws.out_id[0]``,
+    ``ws.out_s[0]``, ``ws.counts[0]``; ids are the table's ad ids).
+
+    Raises:
+        ValueError: both ``elig`` and ``cand``, a bitset without ``m``, or more items than ``bufs``
+            holds (before any launch).
+    """
     from .kernels import unfused as U
 
     r = dreq.request
-    n, d, E, K = table.n_ads, table.d, r.experts, r.k_experts
+    d, E, K = table.d, r.experts, r.k_experts
+    if elig is not None and cand is not None:
+        raise ValueError("give an eligible bitset or a candidate list, not both")
+    if elig is not None and m is None:
+        raise ValueError("a bitset run needs m, its count of set bits")
+    gather = elig is not None or cand is not None
+    n = table.n_ads if not gather else int(cand.shape[0] if m is None else m)
+    if n > bufs.score.shape[0]:
+        raise ValueError(f"{n} items, but the buffers hold {bufs.score.shape[0]}")
     block = block or launch.default_block()
-    grid = launch.grid_for(n, block)
+    grid = launch.grid_for(max(n, 1), block)
     G, V, gamma, beta = dreq.naive_arrays()
-    U.encode_kernel(d, table.dtype, table.layout)[grid, block](table.words, table.scale, gamma, beta, n, bufs.h)
+    slots, ids = bufs.slots, table.ad_ids
+    if elig is not None:
+        U.zero_kernel()[1, 1](bufs.count)
+        U.bitset_to_slots_kernel()[launch.grid_for(elig.shape[0], block), block](elig, bufs.slots, bufs.count)
+    elif cand is not None:
+        slots = cand
+    if gather:
+        U.gather_ids_kernel()[grid, block](table.ad_ids, slots, n, bufs.ids)
+        ids = bufs.ids[:max(n, 1)]
+    U.encode_kernel(d, table.dtype, table.layout, gather)[grid, block](table.words, table.scale, gamma, beta, n,
+                                                                      bufs.h, slots)
     U.gate_kernel(d, E)[grid, block](bufs.h, G, n, bufs.logits)
     U.choose_kernel(E, K)[grid, block](bufs.logits, n, bufs.chosen, bufs.weight)
     U.values_kernel(d, K)[grid, block](bufs.h, V, bufs.chosen, n, bufs.val)
-    U.combine_kernel(K)[grid, block](bufs.weight, bufs.val, table.bias, n, bufs.score)
-    return launch_topk(bufs.score, n, k, None, table.ad_ids, block, ws=ws)[0]
+    U.combine_kernel(K, gather)[grid, block](bufs.weight, bufs.val, table.bias, n, bufs.score, slots)
+    return launch_topk(bufs.score[:max(n, 1)], n, k, None, ids[:max(n, 1)] if gather else ids, block, ws=ws)[0]
 
 
 class PreFusionBuffers:

@@ -100,3 +100,17 @@ def test_scoring_notebook_runs_for_other_parameters(tmp_path, overrides):
     assert [r.name for r in runs] == ["02_scoring"]
     assert (tmp_path / "fig" / "scoring_complexity.png").exists()
     assert (tmp_path / "fig" / "scoring_network_bytes.png").exists()
+
+
+def test_a_bitset_baseline_meets_the_fused_row_of_its_own_fraction():
+    rows = _frame(_row("gated_fused_topk", 14e9), _row("gated_fused_topk_filter", 20e9),
+                  _row("gated_fused_topk_filter", 3e9, access="bitset", eligible_fraction=0.1, layout="rows"),
+                  _row("gated_fused_topk_filter", 1e9, access="bitset", eligible_fraction=0.01, layout="rows"),
+                  _row("unfused_per_op", 1e9, bytes_per_item=992.0),
+                  _row("unfused_per_op", 0.5e9, access="bitset", eligible_fraction=0.1, layout="rows",
+                       bytes_per_item=1000.0))
+    got = SR.fusion_speedups(rows, 64, "fp16", 6, 2).set_index("access")
+    assert got.loc["pool", "measured speed-up of fused"] == pytest.approx(20.0)  # the filter path is fused too
+    assert got.loc["pool", "fused variant"] == "gated_fused_topk_filter"
+    assert got.loc["bitset", "measured speed-up of fused"] == pytest.approx(6.0)
+    assert got.loc["bitset", "byte ratio"] == pytest.approx(1000.0 / fused_bytes_per_ad(64, "fp16", "bitset", 0.1))

@@ -51,8 +51,43 @@ def test_pre_fusion_pipeline_equals_fused(rng, mode):
 def test_byte_budgets():
     per_op = per_op_bytes_per_ad(64, 6, 2, "fp16")
     assert sum(per_op.values()) == 992  # vs 132 fused: the ratio the per-op baseline should show
+    # off the pool: two slot reads and the ids' gather; a bitset adds its share and the list write
+    assert sum(per_op_bytes_per_ad(64, 6, 2, "fp16", "candidates").values()) == 992 + 4 + 4 + 20
+    assert per_op_bytes_per_ad(64, 6, 2, "fp16", "bitset", 0.1)["list"] == pytest.approx(1 / 0.8 + 4)
     pre = pre_fusion_bytes_per_ad(64, "fp16", "pool")
-    assert sum(pre.values()) == 2 * 132 + 136 + 4
+    assert sum(pre.values()) == 2 * 132 + 20 + 136 + 4
+
+
+@pytest.mark.parametrize("access", ["bitset", "candidates"])
+def test_per_op_pipeline_off_the_pool_equals_its_pool_run(rng, access):
+    """The per-op pipeline over a bitset or a candidate list scores each listed ad as the pool run
+    does (same kernels, gathered rows and biases) and answers the oracle's top-K of those scores;
+    no candidates at all gives pads."""
+    from andromeda_nb import launch
+
+    n, d, E, K, k = 97, 32, 4, 2, 9
+    req = Request.random(d, E, K, rng)
+    table = AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype="fp16",
+                               ad_ids=rng.permutation(1000)[:n])
+    dt, dreq = DeviceAdTable(table, "tiles"), DeviceRequest.of(req)
+    bufs = PerOpBuffers(n, d, E, K)
+    launch_per_op(dreq, dt, k, bufs)
+    pool = bufs.score.copy_to_host()
+    for fraction in (0.3, 0.0):
+        mask = rng.random(n) < fraction
+        m = int(mask.sum())
+        if access == "bitset":
+            ws = launch_per_op(dreq, dt, k, bufs, elig=launch.to_device(bits_from_mask(mask)), m=m)
+        else:
+            ws = launch_per_op(dreq, dt, k, bufs, cand=launch.to_device(rng.permutation(np.flatnonzero(mask)).astype(np.int32)))
+        want = oracle.topk(pool, k, ids=table.ad_ids, eligible=mask)
+        np.testing.assert_array_equal(ws.out_id[0].copy_to_host(), want.ids)
+        np.testing.assert_array_equal(ws.out_s[0].copy_to_host(), want.scores)
+        assert int(ws.counts.copy_to_host()[0, 0]) == want.count == m
+    with pytest.raises(ValueError, match="not both"):
+        launch_per_op(dreq, dt, k, bufs, elig=launch.to_device(bits_from_mask(mask)), cand=launch.to_device(np.zeros(1, np.int32)))
+    with pytest.raises(ValueError, match="needs m"):
+        launch_per_op(dreq, dt, k, bufs, elig=launch.to_device(bits_from_mask(mask)))
 
 
 def test_network_bytes_count_ids_rows_and_the_final_answer():

@@ -27,8 +27,9 @@ from .intrinsics import DECODE, PER_WORD, max_nan
 
 
 @functools.lru_cache(maxsize=None)
-def encode_kernel(d: int, dtype: str, layout: str):
-    """``words, scale, gamma, beta, n, h[d, n]``: h = max(gamma * a + beta, 0) (NaN kept)."""
+def encode_kernel(d: int, dtype: str, layout: str, gather: bool = False):
+    """``words, scale, gamma, beta, n, h[d, n], slots``: h = max(gamma * a + beta, 0) (NaN kept);
+    with ``gather``, item i is table slot ``slots[i]`` (int32[n]), else slot i (``slots`` unused)."""
     W = PER_WORD[dtype]
     NW = d // W
     decode = DECODE[dtype]
@@ -36,15 +37,15 @@ def encode_kernel(d: int, dtype: str, layout: str):
     tiles = layout == "tiles"
 
     @cuda.jit
-    def kernel(words, scale, gamma, beta, n, h):
+    def kernel(words, scale, gamma, beta, n, h, slots):
         for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-            ui = uint64(i)
+            ui = uint64(slots[i]) if gather else uint64(i)
             rs = scale[ui] if is_int8 else float32(1.0)
             for w in range(NW):
                 x = decode(words[w, ui] if tiles else words[ui, w])
                 for t in range(W):
                     j = w * W + t
-                    h[j, ui] = max_nan(x[t] * rs * gamma[j] + beta[j], float32(0.0))
+                    h[j, i] = max_nan(x[t] * rs * gamma[j] + beta[j], float32(0.0))
 
     return kernel
 
@@ -120,16 +121,17 @@ def values_kernel(d: int, K: int):
 
 
 @functools.lru_cache(maxsize=None)
-def combine_kernel(K: int):
-    """``weight[K, n], val[K, n], bias[n], n, score[n]``."""
+def combine_kernel(K: int, gather: bool = False):
+    """``weight[K, n], val[K, n], bias, n, score[n], slots``: score = sum_r weight * val + bias of
+    the item's slot (``slots[i]`` with ``gather``, else i)."""
 
     @cuda.jit
-    def kernel(weight, val, bias, n, score):
+    def kernel(weight, val, bias, n, score, slots):
         for i in range(cuda.grid(1), n, cuda.gridsize(1)):
             acc = float32(0.0)
             for r in range(K):
                 acc += weight[r, i] * val[r, i]
-            score[i] = acc + bias[i]
+            score[i] = acc + bias[slots[i] if gather else i]
 
     return kernel
 
