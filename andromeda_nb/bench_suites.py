@@ -311,13 +311,13 @@ def scoring(env, ceil, args) -> list[dict]:
     """Phases (``--phases``, comma-separated; default all):
 
     design : d=64 fp16 E=6 K=2 pool: kernel configurations, layouts, the naive kernel, dot, scores vs fused
-    unfused: per-op and pre-fusion pipelines against the fused kernel (pool), with byte budgets
+    unfused: per-op (pool, all candidates) and pre-fusion pipelines against the fused kernel, with byte budgets
     dtype  : fp32 / bf16 / fp16 / int8, gated and dot
     sweep  : ads/s against E, K and d (fp16)
     dense  : the dense mixture E = K = 6 (issue 6's compute column)
     sync   : the fused top-K's barrier interval (sync_every 1, 2, 4, 8), gated and dot, and scores
              to memory (not in the default set: run it with --phases=sync)
-    access : bitset (0.5, 0.1, 0.01) and candidates (0.1, 0.01), rows and tiles; pre-fusion on bitsets
+    access : bitset (0.5, 0.1, 0.01) and candidates (0.1, 0.01), rows and tiles; pre-fusion and per-op on bitsets
     filter : fused scoring + top-k by the seeded filter path (k = 1000 and 4096) against scores to
              memory and the fused block top-K, same run (not in the default set)
     weights: request weights read from shared memory or the constant bank (kernel parameters), the
@@ -330,6 +330,9 @@ def scoring(env, ceil, args) -> list[dict]:
              scores to memory (not in the default set)
     bitset_sweep: the gated filter path on a 10 % eligible bitset, rows layout, over register caps,
              block sizes and blocks per SM, with the full-pool pass of the same run (not in the default set)
+    sweep_dtypes: the E / K / d grid of ``sweep`` for fp32, bf16 and int8 tables (fused block
+             top-1000, the dot product in each), so "complexity is free" can be read per dtype (not
+             in the default set: ~40 cases more)
     """
     import cupy as cp
 
@@ -521,6 +524,15 @@ def scoring(env, ceil, args) -> list[dict]:
                     continue
                 add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", d, E, K, "tiles", "pool", 1.0, K1000,
                                DEFAULT_CONFIG, "gated_fused_topk"))
+    if "sweep_dtypes" in phases:
+        for dtype in ("fp32", "bf16", "int8"):
+            for d, eks in {64: [(1, 1), (2, 1), (2, 2), (4, 2), (6, 2), (8, 2), (8, 4)], 32: [(1, 1), (6, 2), (8, 4)],
+                           128: [(1, 1), (6, 2), (8, 4)]}.items():
+                add(_fused_row(env, ceil, args, tables, rng, "dot", dtype, d, 1, 1, "tiles", "pool", 1.0, K1000,
+                               DEFAULT_CONFIG, "dot_fused_topk"))
+                for E, K in eks:
+                    add(_fused_row(env, ceil, args, tables, rng, "gated", dtype, d, E, K, "tiles", "pool", 1.0, K1000,
+                                   DEFAULT_CONFIG, "gated_fused_topk"))
     if "dense" in phases:  # the dense mixture of issue 6 (every expert's value dot product, K = E)
         add(_fused_row(env, ceil, args, tables, rng, "gated", "fp16", 64, 6, 6, "tiles", "pool", 1.0, K1000,
                        DEFAULT_CONFIG, "gated_fused_topk"))
