@@ -920,8 +920,9 @@ def topk(env, ceil, args) -> list[dict]:
     scores, k = 100 / 1000 / 2048 / 4096, random and ascending, seeded and not), ``small`` (one
     request of 500,000, k = 1000),
     ``stages`` (the small request's device time per stage), ``batch`` (1,024 x 50,000, k = 100),
-    ``elig`` (10^8 scores with an eligible bitset of 50 % / 10 %, seeded and not); and
-    ``stages_large`` (the stages of 10^8 scores, k = 1000).
+    ``elig`` (10^8 scores with an eligible bitset of 50 % / 10 %, seeded and not), ``nsweep`` (10^5,
+    10^6 and 10^7 scores, k = 1000, with torch.topk and cupy.argpartition); and ``stages_large`` (the
+    stages of 10^8 scores, k = 1000).
     """
     import cupy as cp
     import torch
@@ -930,7 +931,7 @@ def topk(env, ceil, args) -> list[dict]:
                        scan_lists, seeded_outcome)
 
     rows = []
-    phases = set((args.phases or "large,elig,small,stages,batch").split(","))
+    phases = set((args.phases or "large,elig,small,stages,batch,nsweep").split(","))
     cuda = launch.cuda()
 
     def add(r):
@@ -993,6 +994,16 @@ def topk(env, ceil, args) -> list[dict]:
             cp.get_default_memory_pool().free_all_blocks()
         for seeded in (True, False):
             scores, t = one(100_000_000, 1000, "ascending", seeded)
+            del scores, t
+            cp.get_default_memory_pool().free_all_blocks()
+    if "nsweep" in phases:  # throughput and latency against n at k = 1000 (10^8 is in "large")
+        for n in (100_000, 1_000_000, 10_000_000):
+            note = "scores fit in L2 (n x 4 B < 50 MB): warm after the first run" if n * 4 < 50e6 else ""
+            scores, t = one(n, 1000, "random", True, l2_note=note)
+            timing = bench.time_device(lambda: cp.argpartition(scores, scores.size - 1000)[-1000:], reps=args.reps)
+            add(bench.row("topk", env, ceil, timing, n, 4.0, None, "baseline (unsorted top-k indices)",
+                          variant="cupy.argpartition", n_ads=n, k=1000, batch=1, dtype="fp32", access="random",
+                          notes=note))
             del scores, t
             cp.get_default_memory_pool().free_all_blocks()
     if "elig" in phases:  # an eligible bitset: seeding samples eligible scores only

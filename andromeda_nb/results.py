@@ -46,6 +46,16 @@ def ceilings(df: pd.DataFrame) -> dict:
     return {"read": float(df["ceiling_read_TBps"].median()), "copy": float(df["ceiling_copy_TBps"].median())}
 
 
+def newest(df: pd.DataFrame, variants, keys=("variant", "n_ads", "k"), **fixed) -> pd.DataFrame:
+    """The verified rows (and baseline rows, verified by the rows they accompany) of ``variants``
+    whose columns equal ``fixed`` (e.g. ``access="random"``), the newest row of each ``keys``
+    combination (a later run replaces an earlier one, not the best of several), sorted by ``keys``."""
+    sel = df[df["variant"].isin(list(variants)) & (df["ok"] | df["verified"].str.startswith("baseline"))]
+    for col, value in fixed.items():
+        sel = sel[sel[col] == value]
+    return sel.sort_values("timestamp").drop_duplicates(list(keys), keep="last").sort_values(list(keys))
+
+
 def roofline(ax, df: pd.DataFrame, label_col: str = "variant", peak_tflops: float = 67.0):
     """Achieved FLOP/s against arithmetic intensity (FLOPs per byte moved), with the measured read
     ceiling and the fp32 FMA peak (``peak_tflops``, H100/H200 SXM datasheet: 67 TFLOP/s) as roofs.

@@ -114,3 +114,18 @@ def test_a_bitset_baseline_meets_the_fused_row_of_its_own_fraction():
     assert got.loc["pool", "fused variant"] == "gated_fused_topk_filter"
     assert got.loc["bitset", "measured speed-up of fused"] == pytest.approx(6.0)
     assert got.loc["bitset", "byte ratio"] == pytest.approx(1000.0 / fused_bytes_per_ad(64, "fp16", "bitset", 0.1))
+
+
+def test_newest_keeps_the_latest_verified_or_baseline_row_of_each_point():
+    from andromeda_nb import results
+
+    df = pd.DataFrame([
+        dict(variant="block_topk_seeded", n_ads=1e8, k=1000, access="random", ok=True, verified="ok", timestamp="1", v=1),
+        dict(variant="block_topk_seeded", n_ads=1e8, k=1000, access="random", ok=True, verified="ok", timestamp="3", v=2),
+        dict(variant="block_topk_seeded", n_ads=1e8, k=100, access="random", ok=False, verified="FAIL x", timestamp="4", v=3),
+        dict(variant="torch.topk", n_ads=1e8, k=1000, access="random", ok=False, verified="baseline (checked)",
+             timestamp="2", v=4),
+        dict(variant="torch.topk", n_ads=1e8, k=1000, access="ascending", ok=False, verified="baseline", timestamp="5", v=5),
+    ])
+    got = results.newest(df, ["block_topk_seeded", "torch.topk"], access="random")
+    assert got["v"].tolist() == [2, 4]  # newest of the seeded point; the FAIL row and the other order dropped
