@@ -13,9 +13,10 @@ def check_scores(got, request: Request, table: AdTable):
     assert result.ok, result.message
 
 
-def check_topk_against_float64(ids, scores, ref_scores, all_ids, k, eligible=None):
-    """Assert ids differ from the float64 oracle's only among near-ties of the k-th score."""
-    result = checks.compare_topk_float64(ids, ref_scores, k, all_ids, eligible)
+def check_topk_against_float64(ids, scores, ref_scores, all_ids, k, eligible=None, swappable=None):
+    """Assert ids differ from the float64 oracle's only among near-ties of the k-th score (or at
+    ads ``swappable`` marks: near-tied gate logits, checks.near_tie_ads)."""
+    result = checks.compare_topk_float64(ids, ref_scores, k, all_ids, eligible, swappable)
     assert result.ok, result.message
 
 

@@ -48,3 +48,12 @@ def test_compare_topk_exact_and_float64():
     assert checks.compare_topk_float64(np.array([10, 13, 12]), ref, 3, ids).ok   # near-tie swap
     bad = checks.compare_topk_float64(np.array([10, 11]), ref, 2, ids)  # 11 scores 1.0, far from the 2nd
     assert not bad.ok and "not near-ties" in bad.message
+
+
+def test_compare_topk_float64_frees_only_the_swappable_ads():
+    ids = np.array([10, 11, 12, 13])
+    ref = np.array([5.0, 1.0, 4.0, 3.0])  # float64 top-2: 10, 12
+    got = np.array([10, 11])  # 11 is far below the 2nd score
+    assert not checks.compare_topk_float64(got, ref, 2, ids).ok
+    assert checks.compare_topk_float64(got, ref, 2, ids, swappable=np.array([False, True, True, False])).ok
+    assert not checks.compare_topk_float64(got, ref, 2, ids, swappable=np.array([False, False, True, True])).ok

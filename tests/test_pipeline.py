@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from andromeda_nb import oracle
+from andromeda_nb import checks, oracle
 from andromeda_nb.match import DeviceTargetingIndex
 from andromeda_nb.model import AdTable, Request
 from andromeda_nb.pipeline import retrieve
@@ -34,7 +34,8 @@ def test_batch_equals_oracle(rng):
         np.testing.assert_array_equal(out.ids, want.ids)  # exact on the kernel's own fp32 scores
         np.testing.assert_array_equal(out.scores, want.scores)
         assert out.n_eligible == elig.sum() and out.n_scored == elig.sum()
-        check_topk_against_float64(out.ids, out.scores, oracle.score(req, table), table.ad_ids, k, elig)
+        check_topk_against_float64(out.ids, out.scores, oracle.score(req, table), table.ad_ids, k, elig,
+                                   checks.near_tie_ads(req, table))
 
 
 def test_single_request_exclusions_and_no_index(rng):
