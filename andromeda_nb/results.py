@@ -50,10 +50,12 @@ def newest(df: pd.DataFrame, variants, keys=("variant", "n_ads", "k"), **fixed) 
     """The verified rows (and baseline rows, verified by the rows they accompany) of ``variants``
     whose columns equal ``fixed`` (e.g. ``access="random"``), the newest row of each ``keys``
     combination (a later run replaces an earlier one, not the best of several), sorted by ``keys``."""
-    sel = df[df["variant"].isin(list(variants)) & (df["ok"] | df["verified"].str.startswith("baseline"))]
+    variants = [variants] if isinstance(variants, str) else list(variants)
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    sel = df[df["variant"].isin(variants) & (df["ok"] | df["verified"].str.startswith("baseline"))]
     for col, value in fixed.items():
         sel = sel[sel[col] == value]
-    return sel.sort_values("timestamp").drop_duplicates(list(keys), keep="last").sort_values(list(keys))
+    return sel.sort_values("timestamp", kind="stable").drop_duplicates(keys, keep="last").sort_values(keys)
 
 
 def roofline(ax, df: pd.DataFrame, label_col: str = "variant", peak_tflops: float = 67.0):

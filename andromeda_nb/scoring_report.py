@@ -39,8 +39,9 @@ def fusion_speedups(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_expe
     out = []
     for variant in ("unfused_per_op", "unfused_pre_fusion"):
         for _, r in sel[sel["variant"] == variant].iterrows():
-            access = "pool" if r["access"] in ("pool", "candidates") else r["access"]
-            fraction = 1.0 if access == "pool" else r["eligible_fraction"]
+            everything = r["access"] == "pool" or (r["access"] == "candidates" and r["eligible_fraction"] == 1.0)
+            access = "pool" if everything else r["access"]  # every ad listed: the full pool's work
+            fraction = 1.0 if everything else r["eligible_fraction"]
             ref = fused[(fused["access"] == access) & np.isclose(fused["eligible_fraction"], fraction)]
             if (ref["layout"] == r["layout"]).any():
                 ref = ref[ref["layout"] == r["layout"]]
@@ -109,16 +110,19 @@ def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataF
                                       "ceiling_G_ads_per_s", "commit"])
 
 
-def fusion_cost(rows: pd.DataFrame, d: int, dtype: str) -> tuple[pd.DataFrame, str | None]:
+def fusion_cost(rows: pd.DataFrame, d: int, dtype: str, experts: int = 6, k_experts: int = 2
+                ) -> tuple[pd.DataFrame, str | None]:
     """Scores to memory against fused top-K (block and filter paths), from the latest run that
-    measured both the gated filter path and gated scores to memory at this d and dtype (pool,
-    ``tiles``). Returns (table, commit); an empty table and None without such a run. Column
-    ``of_scoring_alone``: ads/s over the same model's scores-to-memory ads/s (the issue's target:
-    >= 0.95)."""
-    fuse = rows[rows["variant"].isin(["gated_scores_to_memory", "gated_fused_topk", "gated_fused_topk_filter",
-                                      "dot_scores_to_memory", "dot_fused_topk_filter"])
-                & (rows["d"] == d) & (rows["dtype"] == dtype) & (rows["layout"] == "tiles")
-                & (rows["access"] == "pool") & rows["ok"]]
+    measured both the gated filter path and gated scores to memory at this d, dtype, E and K
+    (pool, ``tiles``). Returns (table, commit); an empty table and None without such a run.
+    Column ``of_scoring_alone``: ads/s over the same model's scores-to-memory ads/s (the issue's
+    target: >= 0.95)."""
+    ok = usable(rows)
+    gated = ok["variant"].str.startswith("gated") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)
+    fuse = ok[ok["variant"].isin(["gated_scores_to_memory", "gated_fused_topk", "gated_fused_topk_filter",
+                                  "dot_scores_to_memory", "dot_fused_topk_filter"])
+              & (gated | ok["variant"].str.startswith("dot"))
+              & (ok["d"] == d) & (ok["dtype"] == dtype) & (ok["layout"] == "tiles") & (ok["access"] == "pool")]
     both = fuse.groupby("commit")["variant"].agg(lambda v: {"gated_fused_topk_filter", "gated_scores_to_memory"} <= set(v))
     columns = ["variant", "k", "G_ads_per_s", "fraction_of_read_ceiling", "of_scoring_alone", "commit"]
     if not both.any():
@@ -133,14 +137,16 @@ def fusion_cost(rows: pd.DataFrame, d: int, dtype: str) -> tuple[pd.DataFrame, s
     return fuse[columns], latest
 
 
-def bitset_savings(rows: pd.DataFrame, commit: str | None, experts: int, k_experts: int) -> pd.DataFrame:
+def bitset_savings(rows: pd.DataFrame, commit: str | None, experts: int, k_experts: int, d: int = 64,
+                   dtype: str = "fp16") -> pd.DataFrame:
     """The gated filter path (top-1000) with an eligible bitset against the full pool of the same
-    layout in run ``commit``: ``of_full_pool_time`` (the issue's target: <= 0.25 at 10 %) and the
-    eligible ads scored per second. Empty without such rows."""
+    layout in run ``commit`` (this d, dtype, E and K): ``of_full_pool_time`` (the issue's target:
+    <= 0.25 at 10 %) and the eligible ads scored per second. Empty without such rows."""
     columns = ["layout", "eligible_fraction", "weights", "eligible_G_ads_per_s", "seconds_median", "of_full_pool_time"]
-    elig = rows[(rows["variant"] == "gated_fused_topk_filter") & (rows["commit"] == commit) & (rows["k"] == 1000)
-                & (rows["experts"] == experts) & (rows["k_experts"] == k_experts) & rows["ok"]
-                & rows["access"].isin(["pool", "bitset"])]
+    ok = usable(rows)
+    elig = ok[(ok["variant"] == "gated_fused_topk_filter") & (ok["commit"] == commit) & (ok["k"] == 1000)
+              & (ok["experts"] == experts) & (ok["k_experts"] == k_experts) & (ok["d"] == d) & (ok["dtype"] == dtype)
+              & ok["access"].isin(["pool", "bitset"])]
     pool_time = elig[elig["access"] == "pool"].groupby("layout")["seconds_median"].min()
     elig = elig[(elig["access"] == "bitset") & elig["layout"].isin(pool_time.index)]
     if elig.empty:

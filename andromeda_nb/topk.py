@@ -90,19 +90,20 @@ BLOCK_TOPK_BUFFER = 4096
 
 
 def eligible_bitset(eligible, n: int):
-    """Accept an eligible set as a host bool mask ``[n]`` or a uint64 bitset ``[ceil(n/64)]`` (host
-    or device) and return a device bitset. A host bitset must have no bits set past ``n`` (a
-    device one is trusted: its padding bits must be 0).
+    """Accept an eligible set as a bool mask ``[n]`` or a uint64 bitset ``[ceil(n/64)]`` (host or
+    device) and return a device bitset. A host bitset must have no bits set past ``n`` (a device
+    one is trusted: its padding bits must be 0); a device mask is copied to the host and packed.
 
     Raises:
         TypeError / ValueError: wrong dtype, shape or contiguity, or padding bits set.
     """
     n_words = (n + WORD_BITS - 1) // WORD_BITS
-    if isinstance(eligible, np.ndarray) and eligible.dtype == np.bool_:
+    if getattr(eligible, "dtype", None) is not None and np.dtype(eligible.dtype) == np.bool_:
         launch.check_array("eligible", eligible, np.bool_, shape=(n,))
-        return launch.to_device(bits_from_mask(eligible))
+        mask = eligible if isinstance(eligible, np.ndarray) else eligible.copy_to_host()
+        return launch.to_device(bits_from_mask(mask))
     if getattr(eligible, "dtype", None) is not None and np.dtype(eligible.dtype) != np.uint64:
-        raise TypeError(f"eligible must be a host bool mask [{n}] or a uint64 bitset [{n_words}] (host or "
+        raise TypeError(f"eligible must be a bool mask [{n}] or a uint64 bitset [{n_words}] (host or "
                         f"device), got dtype {np.dtype(eligible.dtype).name}"
                         + (" on the device" if not isinstance(eligible, np.ndarray) else ""))
     launch.check_array("eligible", eligible, np.uint64, shape=(n_words,))

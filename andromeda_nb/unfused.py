@@ -17,9 +17,22 @@ from .topk import launch_topk
 ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 
 
+ACCESS = ("pool", "bitset", "candidates")
+
+
+def _check_budget_args(d, dtype: str, access: str, eligible_fraction) -> None:
+    if dtype not in ITEMSIZE or access not in ACCESS or not (isinstance(d, (int, np.integer)) and d >= 1):
+        raise ValueError(f"need d >= 1 (int), dtype in {sorted(ITEMSIZE)} and access in {ACCESS}; "
+                         f"got {d!r}, {dtype!r}, {access!r}")
+    if not 0 < eligible_fraction <= 1:
+        raise ValueError(f"eligible_fraction must be in (0, 1], got {eligible_fraction!r}")
+
+
 def fused_bytes_per_ad(d: int, dtype: str, access: str = "pool", eligible_fraction: float = 1.0) -> float:
     """Bytes the fused kernel moves per scored ad: the row, the bias, the int8 scale, and the
-    bitset share (bitset access) or the candidate slot (candidates access)."""
+    bitset share (bitset access) or the candidate slot (candidates access). Raises ValueError for
+    an unknown dtype or access, d < 1 or a fraction outside (0, 1]."""
+    _check_budget_args(d, dtype, access, eligible_fraction)
     b = d * ITEMSIZE[dtype] + 4 + (4 if dtype == "int8" else 0)
     if access == "bitset":
         b += 1 / (8 * eligible_fraction)
@@ -33,7 +46,8 @@ def per_op_bytes_per_ad(d: int, E: int, K: int, dtype: str, access: str = "pool"
     """Bytes per scored ad of each per-op kernel (reads + writes), fp32 intermediates. Off the
     pool, the listed slots are read by encode and combine (4 bytes each) and the ad ids gathered
     for the top-K (slot, id read, id written: 20); a bitset is first compacted into that list
-    (the bitset's share and the slot written)."""
+    (the bitset's share and the slot written). Raises ValueError as :func:`fused_bytes_per_ad`."""
+    _check_budget_args(d, dtype, access, eligible_fraction)
     row = d * ITEMSIZE[dtype] + (4 if dtype == "int8" else 0)
     slot = 0 if access == "pool" else 4
     out = {}
@@ -54,14 +68,17 @@ def per_op_bytes_per_ad(d: int, E: int, K: int, dtype: str, access: str = "pool"
 
 def pre_fusion_bytes_per_ad(d: int, dtype: str, access: str, eligible_fraction: float = 1.0) -> dict:
     """Bytes per scored ad of the pre-fusion pipeline: list building (bitset access), gather
-    (read row + bias, write both; the slot off the pool), the candidates' ad ids (slot, id read,
-    id written), model (read row + bias, write score), top-K (read score)."""
+    (read row + bias, write both; the slot off the pool), the candidates' ad ids (id read and
+    written; the slot off the pool), model (read row + bias, write score), top-K (read score).
+    Raises ValueError as :func:`fused_bytes_per_ad`."""
+    _check_budget_args(d, dtype, access, eligible_fraction)
     row = d * ITEMSIZE[dtype] + 4 + (4 if dtype == "int8" else 0)
+    slot = 4 if access != "pool" else 0
     out = {}
     if access == "bitset":
         out["list"] = 1 / (8 * eligible_fraction) + 4
-    out["gather"] = 2 * row + (4 if access != "pool" else 0)
-    out["ids"] = 20
+    out["gather"] = 2 * row + slot
+    out["ids"] = 16 + slot
     out["model"] = row + 4
     out["topk"] = 4
     return out
@@ -80,7 +97,8 @@ def network_bytes_per_request(n_candidates: int, k: int, d: int = 64, dtype: str
     Returns: dict design -> bytes per request (floats).
     Raises: ValueError for a negative count, k < 1 or an unknown dtype.
     """
-    if n_candidates < 0 or k < 1 or dtype not in ITEMSIZE or d < 1:
+    ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (n_candidates, k, d))
+    if not ints or n_candidates < 0 or k < 1 or d < 1 or not isinstance(dtype, str) or dtype not in ITEMSIZE:
         raise ValueError(f"need n_candidates >= 0, k >= 1, d >= 1 and dtype in {sorted(ITEMSIZE)}; "
                          f"got {n_candidates}, {k}, {d}, {dtype!r}")
     row = d * ITEMSIZE[dtype] + 4 + (4 if dtype == "int8" else 0)
@@ -111,23 +129,43 @@ class PerOpBuffers:
 
 def launch_per_op(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PerOpBuffers, block: int | None = None,
                   ws=None, elig=None, cand=None, m: int | None = None):
-    """Enqueue the per-op pipeline over the whole pool, or over ``m`` candidates given as a device
-    int32 slot list ``cand`` or a device uint64 eligible bitset ``elig`` (compacted into a list
-    first; ``m`` must be its count). Returns the top-K workspace (results in ``ws.out_id[0]``,
-    ``ws.out_s[0]``, ``ws.counts[0]``; ids are the table's ad ids).
+    """Enqueue the per-op pipeline over the whole pool, or over ``m`` candidates given as an int32
+    slot list ``cand`` (distinct slots of the table) or a uint64 eligible bitset ``elig``
+    ``[ceil(n_ads / 64)]`` (compacted into a list first). ``m`` is the bitset's count of set
+    bits; it is not checked against the bitset (that would read the count back inside a timed
+    call; the benchmarks check every answer against torch.topk), but the compaction never writes
+    past the buffers. Returns the top-K workspace (results in ``ws.out_id[0]``, ``ws.out_s[0]``,
+    ``ws.counts[0]``; ids are the table's ad ids; a given ``ws`` must be sized for the items).
 
     Raises:
-        ValueError: both ``elig`` and ``cand``, a bitset without ``m``, or more items than ``bufs``
-            holds (before any launch).
+        TypeError / ValueError (before any launch): k out of range; both ``elig`` and ``cand``; a
+            bitset without ``m`` or of the wrong dtype or length; ``m`` not an int in 0..len(cand)
+            (a list) or given without a list or bitset; ``cand`` not int32 1-D; more items than
+            ``bufs`` holds or buffers of other dimensions.
     """
     from .kernels import unfused as U
+    from .topk import check_k
 
     r = dreq.request
     d, E, K = table.d, r.experts, r.k_experts
+    k = check_k(k)
     if elig is not None and cand is not None:
         raise ValueError("give an eligible bitset or a candidate list, not both")
-    if elig is not None and m is None:
-        raise ValueError("a bitset run needs m, its count of set bits")
+    if m is not None and (not isinstance(m, (int, np.integer)) or isinstance(m, bool) or m < 0):
+        raise ValueError(f"m must be a non-negative int, got {m!r}")
+    if elig is None and cand is None and m is not None:
+        raise ValueError("m counts the items of a bitset or candidate list; neither was given")
+    if elig is not None:
+        if m is None:
+            raise ValueError("a bitset run needs m, its count of set bits")
+        launch.check_array("elig", elig, np.uint64, shape=(-(-table.n_ads // 64),))
+    if cand is not None:
+        launch.check_array("cand", cand, np.int32, ndim=1)
+        if m is not None and m != cand.shape[0]:
+            raise ValueError(f"m = {m} but the candidate list holds {cand.shape[0]}")
+    if (bufs.h.shape[0], bufs.logits.shape[0], bufs.chosen.shape[0]) != (d, E, K):
+        raise ValueError(f"buffers for d, E, K = {bufs.h.shape[0], bufs.logits.shape[0], bufs.chosen.shape[0]}, "
+                         f"the request and table have {d, E, K}")
     gather = elig is not None or cand is not None
     n = table.n_ads if not gather else int(cand.shape[0] if m is None else m)
     if n > bufs.score.shape[0]:
@@ -170,10 +208,16 @@ class PreFusionBuffers:
 def launch_pre_fusion(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PreFusionBuffers, m: int,
                       elig=None, cand=None, block: int | None = None, ws=None):
     """Enqueue gather -> model (scores to memory) -> top-K over ``m`` candidates given as a slot
-    list ``cand`` or an eligible bitset ``elig`` (compacted into a list first; ``m`` must be its
-    count). Returns the top-K workspace; ids are the table's ad ids."""
+    list ``cand`` (distinct slots) or an eligible bitset ``elig`` (compacted into a list first;
+    ``m`` must be its count: not checked, as :func:`launch_per_op`). Returns the top-K workspace;
+    ids are the table's ad ids. Raises ValueError for ``m`` past the buffers or not exactly one of
+    ``elig`` / ``cand`` (before any launch)."""
     from .kernels import unfused as U
 
+    if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or not 0 <= m <= bufs.slots.shape[0]:
+        raise ValueError(f"m must be an int in 0..{bufs.slots.shape[0]} (the buffers' capacity), got {m!r}")
+    if (elig is None) == (cand is None):
+        raise ValueError("give an eligible bitset or a candidate list (exactly one)")
     block = block or launch.default_block()
     if elig is not None:
         U.zero_kernel()[1, 1](bufs.count)

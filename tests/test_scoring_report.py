@@ -129,3 +129,30 @@ def test_newest_keeps_the_latest_verified_or_baseline_row_of_each_point():
     ])
     got = results.newest(df, ["block_topk_seeded", "torch.topk"], access="random")
     assert got["v"].tolist() == [2, 4]  # newest of the seeded point; the FAIL row and the other order dropped
+
+
+def test_fusion_cost_and_bitset_savings_keep_to_their_configuration():
+    """Rows of another E / K, d or dtype, or flagged REGRESSION, in the same run never enter."""
+    rows = _frame(_row("gated_scores_to_memory", 20e9, k=np.nan, seconds_median=5e-3),
+                  _row("gated_fused_topk_filter", 19e9, seconds_median=4e-3),
+                  _row("gated_fused_topk", 5e9, experts=16, k_experts=4),
+                  _row("gated_fused_topk_filter", 2e9, notes="REGRESSION: x", timestamp="2026-02-01"),
+                  _row("gated_fused_topk_filter", 9e9, dtype="int8", seconds_median=2e-3),
+                  _row("gated_fused_topk_filter", 1e9, access="bitset", eligible_fraction=0.1, seconds_median=1e-3),
+                  _row("gated_fused_topk_filter", 1e9, access="bitset", eligible_fraction=0.1, d=128,
+                       seconds_median=9e-3))
+    table, commit = SR.fusion_cost(rows, 64, "fp16", 6, 2)
+    assert sorted(table["variant"]) == ["gated_fused_topk_filter", "gated_scores_to_memory"]
+    assert table.set_index("variant").loc["gated_fused_topk_filter", "of_scoring_alone"] == pytest.approx(0.95)
+    elig = SR.bitset_savings(rows, commit, 6, 2, 64, "fp16")
+    assert elig["of_full_pool_time"].tolist() == [pytest.approx(0.25)]
+
+
+def test_a_candidate_subset_meets_fused_candidates_of_its_fraction():
+    rows = _frame(_row("gated_fused_topk_filter", 20e9),
+                  _row("gated_fused_topk_filter", 4e9, access="candidates", eligible_fraction=0.1),
+                  _row("unfused_per_op", 1e9, access="candidates", eligible_fraction=0.1, bytes_per_item=1020.0),
+                  _row("unfused_per_op", 2e9, access="candidates", eligible_fraction=1.0, bytes_per_item=1020.0))
+    got = SR.fusion_speedups(rows, 64, "fp16", 6, 2).set_index("eligible_fraction")
+    assert got.loc[0.1, "measured speed-up of fused"] == pytest.approx(4.0)
+    assert got.loc[1.0, "measured speed-up of fused"] == pytest.approx(10.0)  # every ad listed: the pool

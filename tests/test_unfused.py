@@ -55,7 +55,15 @@ def test_byte_budgets():
     assert sum(per_op_bytes_per_ad(64, 6, 2, "fp16", "candidates").values()) == 992 + 4 + 4 + 20
     assert per_op_bytes_per_ad(64, 6, 2, "fp16", "bitset", 0.1)["list"] == pytest.approx(1 / 0.8 + 4)
     pre = pre_fusion_bytes_per_ad(64, "fp16", "pool")
-    assert sum(pre.values()) == 2 * 132 + 20 + 136 + 4
+    assert sum(pre.values()) == 2 * 132 + 16 + 136 + 4  # gather, ids, model, top-K
+    assert sum(pre_fusion_bytes_per_ad(64, "fp16", "candidates").values()) == 2 * 132 + 4 + 16 + 4 + 136 + 4
+    for bad in (dict(access="bitsets"), dict(dtype="fp8"), dict(access="bitset", eligible_fraction=0.0),
+                dict(eligible_fraction=1.5)):
+        args = dict(d=64, E=6, K=2, dtype="fp16", access="pool", eligible_fraction=1.0) | bad
+        with pytest.raises(ValueError):
+            per_op_bytes_per_ad(**args)
+        with pytest.raises(ValueError):
+            pre_fusion_bytes_per_ad(args["d"], args["dtype"], args["access"], args["eligible_fraction"])
 
 
 @pytest.mark.parametrize("access", ["bitset", "candidates"])
@@ -88,6 +96,17 @@ def test_per_op_pipeline_off_the_pool_equals_its_pool_run(rng, access):
         launch_per_op(dreq, dt, k, bufs, elig=launch.to_device(bits_from_mask(mask)), cand=launch.to_device(np.zeros(1, np.int32)))
     with pytest.raises(ValueError, match="needs m"):
         launch_per_op(dreq, dt, k, bufs, elig=launch.to_device(bits_from_mask(mask)))
+    cand = launch.to_device(np.arange(5, dtype=np.int32))
+    for kw, match in ((dict(cand=cand, m=4), "holds 5"), (dict(cand=cand, m=-1), "non-negative"),
+                      (dict(m=3), "neither"), (dict(cand=launch.to_device(np.arange(5.0))), "int32"),
+                      (dict(elig=launch.to_device(np.zeros(1, np.uint64)), m=0), "shape"),
+                      (dict(cand=launch.to_device(np.arange(n + 1, dtype=np.int32))), "buffers hold")):
+        with pytest.raises((TypeError, ValueError), match=match):
+            launch_per_op(dreq, dt, k, bufs, **kw)
+    with pytest.raises(ValueError, match="k=0"):
+        launch_per_op(dreq, dt, 0, bufs)
+    with pytest.raises(ValueError, match="d, E, K"):
+        launch_per_op(dreq, dt, k, PerOpBuffers(n, d, E + 1, K))
 
 
 def test_network_bytes_count_ids_rows_and_the_final_answer():

@@ -176,6 +176,13 @@ def test_eligible_of_the_wrong_kind_names_both_accepted_forms(rng):
     for bad in (np.ones(100, np.int8), np.ones(2, np.uint32)):
         with pytest.raises(TypeError, match="bool mask"):
             eligible_bitset(bad, 100)
+    from andromeda_nb import launch
+    from andromeda_nb.targeting import bits_from_mask
+
+    mask = rng.random(100) < 0.3  # a device mask is packed like a host one
+    np.testing.assert_array_equal(eligible_bitset(launch.to_device(mask), 100).copy_to_host(), bits_from_mask(mask))
+    with pytest.raises(ValueError, match="shape"):
+        eligible_bitset(launch.to_device(mask[:99]), 100)
 
 
 def test_new_kernel_options_fail_before_any_launch(rng, no_launch, monkeypatch):

@@ -160,10 +160,12 @@ def gather_rows_kernel(layout: str):
 @functools.lru_cache(maxsize=None)
 def bitset_to_slots_kernel():
     """``words uint64[n_words], slots int32[cap], count int64[1]``: append every set bit's slot
-    (order not preserved; top-K breaks ties by ad id, not by position)."""
+    (order not preserved; top-K breaks ties by ad id, not by position); ``count`` counts them all,
+    slots past ``cap`` are not written."""
 
     @cuda.jit
     def kernel(words, slots, count):
+        cap = slots.shape[0]
         for w in range(cuda.grid(1), words.shape[0], cuda.gridsize(1)):
             x = words[w]
             c = cuda.popc(x)
@@ -172,7 +174,8 @@ def bitset_to_slots_kernel():
                 bit = 0
                 while x:
                     if x & uint64(1):
-                        slots[pos] = w * 64 + bit
+                        if pos < cap:
+                            slots[pos] = w * 64 + bit
                         pos += 1
                     x >>= uint64(1)
                     bit += 1
