@@ -822,25 +822,17 @@ def _unfused_rows(env, ceil, args, tables, rng) -> list[dict]:
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks))
     bufs = PerOpBuffers(n, d, E, K)
-    timing = bench.time_device(lambda: launch_per_op(dreq, table, k, bufs, ws=ws), reps=args.reps)
-    verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], bufs.score, k)
-    budget = per_op_bytes_per_ad(d, E, K, dtype)
-    rows.append(bench.row("scoring", env, ceil, timing, n, sum(budget.values()), model_flops("gated", d, E, K),
-                          str(verified), variant="unfused_per_op", n_ads=n, d=d, dtype=dtype, experts=E, k_experts=K,
-                          access="pool", eligible_fraction=1.0, k=k, layout="tiles",
-                          notes="intermediates fp32 in device memory; bytes/ad " +
-                                ", ".join(f"{a} {b:g}" for a, b in budget.items())))
-    bench.print_rows(rows[-1:])
     cand = launch.cuda().as_cuda_array(cp.arange(n, dtype=cp.int32))  # every ad, as a candidate list
-    timing = bench.time_device(lambda: launch_per_op(dreq, table, k, bufs, ws=ws, cand=cand), reps=args.reps)
-    verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], bufs.score, k)
-    budget = per_op_bytes_per_ad(d, E, K, dtype, "candidates")
-    rows.append(bench.row("scoring", env, ceil, timing, n, sum(budget.values()), model_flops("gated", d, E, K),
-                          str(verified), variant="unfused_per_op", n_ads=n, d=d, dtype=dtype, experts=E, k_experts=K,
-                          access="candidates", eligible_fraction=1.0, k=k, layout="tiles",
-                          notes="every ad as a candidate list; intermediates fp32 in device memory; bytes/ad " +
-                                ", ".join(f"{a} {b:g}" for a, b in budget.items())))
-    bench.print_rows(rows[-1:])
+    for access, listed, note in (("pool", None, ""), ("candidates", cand, "every ad as a candidate list; ")):
+        timing = bench.time_device(lambda: launch_per_op(dreq, table, k, bufs, ws=ws, cand=listed), reps=args.reps)
+        verified = verify_topk_torch(ws.out_id[0], ws.out_s[0], bufs.score, k)
+        budget = per_op_bytes_per_ad(d, E, K, dtype, access)
+        rows.append(bench.row("scoring", env, ceil, timing, n, sum(budget.values()), model_flops("gated", d, E, K),
+                              str(verified), variant="unfused_per_op", n_ads=n, d=d, dtype=dtype, experts=E,
+                              k_experts=K, access=access, eligible_fraction=1.0, k=k, layout="tiles",
+                              notes=note + "intermediates fp32 in device memory; bytes/ad " +
+                                    ", ".join(f"{a} {b:g}" for a, b in budget.items())))
+        bench.print_rows(rows[-1:])
     del bufs
     gc.collect()
     cp.get_default_memory_pool().free_all_blocks()
