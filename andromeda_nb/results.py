@@ -37,7 +37,7 @@ def load(suite: str, results_dir: str | Path = "data/results") -> pd.DataFrame:
 def provenance(df: pd.DataFrame, path: str) -> str:
     """One line for a figure: device(s), commit(s) and the table the numbers come from."""
     devices = ", ".join(sorted(set(df["device"]) - {""}))
-    commits = ", ".join(sorted(set(df["commit"]) - {""}))
+    commits = ", ".join(sorted({str(c)[:7] for c in df["commit"]} - {""}))  # short hashes, one length
     return f"measured on {devices} (commit {commits}); {path}"
 
 

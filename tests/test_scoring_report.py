@@ -23,16 +23,20 @@ def _frame(*rows):
     return pd.DataFrame(list(rows))
 
 
-def test_issue_bound_marks_the_first_expert_count_below_the_dot_rate_per_k():
-    rows = _frame(*[_row("gated_fused_topk", v, experts=E, k_experts=K)
-                    for E, K, v in [(1, 1, 19.5e9), (2, 1, 18.5e9), (4, 1, 17e9), (2, 2, 17.9e9), (4, 2, 12e9),
-                                    (6, 2, 11e9)]],
+def test_issue_bound_marks_where_the_modelled_instructions_outrun_the_memory_roof():
+    """At a 4.5 TB/s ceiling a 132-byte ad leaves 132 x 4 x 1.98e9 x 32 x 132 / 4.5e12 = 981 issue
+    slots; the model needs 1211 / 640 per multiply-add: 969 at E + K = 6 (d = 64), 1,090 at 7."""
+    grid = [(E, K) for K in (1, 2, 4) for E in (1, 2, 4, 6, 8) if E >= K]
+    rows = _frame(*[_row("gated_fused_topk", 1e10, experts=E, k_experts=K) for E, K in grid],
                   _row("dot_fused_topk", 20e9), _row("dot_fused_topk", 25e9, commit="other"))
     sweep = SR.complexity_sweep(rows, 64, "fp16")
     assert sweep["commit"] == "c1" and sweep["dot"] == 20e9  # the other run's dot row is not this run's
     marks = sweep["issue_bound"].set_index("k_experts")["experts"].to_dict()
-    assert marks == {1: 4, 2: 2}  # 17 < 18 = 0.9 x 20 at E = 4; K = 2 is below from E = 2
-    assert SR.issue_bound_points(sweep["points"], float("nan")).empty
+    assert marks == {1: 6, 2: 6, 4: 4}
+    budget = SR.H200_LANE_ISSUE_PER_S * 132 / 4.5e12
+    assert SR.INSTRUCTIONS_PER_MULTIPLY_ADD * SR.gated_multiply_adds(64, 4, 2) < budget
+    assert SR.INSTRUCTIONS_PER_MULTIPLY_ADD * SR.gated_multiply_adds(64, 6, 1) > budget
+    assert SR.issue_bound_points(sweep["points"], 64, "fp16", float("nan")).empty
 
 
 def test_every_table_is_empty_not_an_error_without_rows():
@@ -70,9 +74,10 @@ def test_fusion_cost_and_bitset_savings_come_from_one_run():
     assert commit == "new"
     got = table.set_index("variant")["of_scoring_alone"]
     assert got["gated_fused_topk_filter"] == pytest.approx(0.98) and got["gated_scores_to_memory"] == 1.0
-    elig = SR.bitset_savings(rows, commit, 6, 2)
-    assert elig["layout"].tolist() == ["tiles"] and elig["weights"].tolist() == ["param"]
-    assert elig["of_full_pool_time"].iloc[0] == pytest.approx(0.25)
+    elig = SR.bitset_savings(rows, commit, 6, 2).set_index("layout")
+    assert elig.loc["tiles", "weights"] == "param" and elig.loc["tiles", "of_full_pool_time"] == pytest.approx(0.25)
+    assert np.isnan(elig.loc["rows", "of_full_pool_time"])  # no rows-layout pool row in that run
+    assert elig.loc["rows", "of_fastest_pool_time"] == pytest.approx(0.25)
 
 
 def test_by_d_and_dtype_takes_the_latest_run_of_each_point():
