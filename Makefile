@@ -5,6 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+TORCH_PIP_ARGS ?=
 
 .PHONY: main test data clean-build
 
@@ -21,9 +22,10 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "andromeda-nb needs Python 3.11 or newer; set PYTHON=/path/to/python3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# PyTorch (training notebooks) as the CPU build this pin resolves to; a looser pin can pull a
-	# multi-GB CUDA build (a GPU host keeps its own torch)
-	$(PY) -m pip install --quiet 'torch==2.13.0'
+	# PyTorch (training notebooks). Where pip finds a local CPU wheel of 2.13.0 (the development
+	# machines) that is what installs; from plain PyPI on Linux this pin is the multi-GB CUDA build:
+	# set TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" for the CPU build
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) 'torch==2.13.0'
 	$(PY) -m pip install --quiet -e '.[test,train]'
 	touch $(STAMP)
 
