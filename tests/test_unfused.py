@@ -5,7 +5,7 @@ import pytest
 
 from andromeda_nb import checks, oracle
 from andromeda_nb.model import AdTable, Request
-from andromeda_nb.scoring import DeviceAdTable, DeviceRequest, score_ads, score_topk
+from andromeda_nb.scoring import DeviceAdTable, DeviceRequest, score_topk
 from andromeda_nb.targeting import bits_from_mask
 from andromeda_nb.unfused import (PerOpBuffers, PreFusionBuffers, launch_per_op, launch_pre_fusion,
                                   per_op_bytes_per_ad, pre_fusion_bytes_per_ad)
