@@ -21,7 +21,7 @@ ACCESS = ("pool", "bitset", "candidates")
 
 
 def _check_budget_args(d, dtype: str, access: str, eligible_fraction) -> None:
-    if dtype not in ITEMSIZE or access not in ACCESS or not (isinstance(d, (int, np.integer)) and d >= 1):
+    if not isinstance(dtype, str) or dtype not in ITEMSIZE or access not in ACCESS or not (isinstance(d, (int, np.integer)) and d >= 1):
         raise ValueError(f"need d >= 1 (int), dtype in {sorted(ITEMSIZE)} and access in {ACCESS}; "
                          f"got {d!r}, {dtype!r}, {access!r}")
     if not 0 < eligible_fraction <= 1:
@@ -72,7 +72,7 @@ def pre_fusion_bytes_per_ad(d: int, dtype: str, access: str, eligible_fraction: 
     written; the slot off the pool), model (read row + bias, write score), top-K (read score).
     Raises ValueError as :func:`fused_bytes_per_ad`."""
     _check_budget_args(d, dtype, access, eligible_fraction)
-    row = d * ITEMSIZE[dtype] + 4 + (4 if dtype == "int8" else 0)
+    row = fused_bytes_per_ad(d, dtype)  # row, bias (and the int8 scale)
     slot = 4 if access != "pool" else 0
     out = {}
     if access == "bitset":
@@ -97,11 +97,10 @@ def network_bytes_per_request(n_candidates: int, k: int, d: int = 64, dtype: str
     Returns: dict design -> bytes per request (floats).
     Raises: ValueError for a negative count, k < 1 or an unknown dtype.
     """
-    ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (n_candidates, k, d))
-    if not ints or n_candidates < 0 or k < 1 or d < 1 or not isinstance(dtype, str) or dtype not in ITEMSIZE:
-        raise ValueError(f"need n_candidates >= 0, k >= 1, d >= 1 and dtype in {sorted(ITEMSIZE)}; "
-                         f"got {n_candidates}, {k}, {d}, {dtype!r}")
-    row = d * ITEMSIZE[dtype] + 4 + (4 if dtype == "int8" else 0)
+    ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (n_candidates, k))
+    if not ints or n_candidates < 0 or k < 1:
+        raise ValueError(f"need n_candidates >= 0 and k >= 1 (ints), got {n_candidates!r}, {k!r}")
+    row = fused_bytes_per_ad(d, dtype)  # row, bias (and the int8 scale); checks d and dtype
     return {
         "candidate ids": 8.0 * n_candidates,
         "candidate ids + rows": float((8 + row) * n_candidates),
@@ -175,8 +174,7 @@ def launch_per_op(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PerOp
     G, V, gamma, beta = dreq.naive_arrays()
     slots, ids = bufs.slots, table.ad_ids
     if elig is not None:
-        U.zero_kernel()[1, 1](bufs.count)
-        U.bitset_to_slots_kernel()[launch.grid_for(elig.shape[0], block), block](elig, bufs.slots, bufs.count)
+        _compact_bitset(elig, bufs.slots, bufs.count, block)
     elif cand is not None:
         slots = cand
     if gather:
@@ -188,7 +186,16 @@ def launch_per_op(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: PerOp
     U.choose_kernel(E, K)[grid, block](bufs.logits, n, bufs.chosen, bufs.weight)
     U.values_kernel(d, K)[grid, block](bufs.h, V, bufs.chosen, n, bufs.val)
     U.combine_kernel(K, gather)[grid, block](bufs.weight, bufs.val, table.bias, n, bufs.score, slots)
-    return launch_topk(bufs.score[:max(n, 1)], n, k, None, ids[:max(n, 1)] if gather else ids, block, ws=ws)[0]
+    return launch_topk(bufs.score[:max(n, 1)], n, k, None, ids, block, ws=ws)[0]
+
+
+def _compact_bitset(elig, slots, count, block: int) -> None:
+    """Enqueue the slots of an eligible bitset's set bits into ``slots`` (never past its end) and
+    their count into ``count[0]``."""
+    from .kernels import unfused as U
+
+    U.zero_kernel()[1, 1](count)
+    U.bitset_to_slots_kernel()[launch.grid_for(elig.shape[0], block), block](elig, slots, count)
 
 
 class PreFusionBuffers:
@@ -220,8 +227,7 @@ def launch_pre_fusion(dreq: DeviceRequest, table: DeviceAdTable, k: int, bufs: P
         raise ValueError("give an eligible bitset or a candidate list (exactly one)")
     block = block or launch.default_block()
     if elig is not None:
-        U.zero_kernel()[1, 1](bufs.count)
-        U.bitset_to_slots_kernel()[launch.grid_for(elig.shape[0], block), block](elig, bufs.slots, bufs.count)
+        _compact_bitset(elig, bufs.slots, bufs.count, block)
         cand = bufs.slots
     grid = launch.grid_for(m * bufs.words.shape[1], block)
     U.gather_rows_kernel(table.layout)[grid, block](table.words, table.bias, cand, m, bufs.words[:m], bufs.bias[:m])
