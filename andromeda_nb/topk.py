@@ -100,17 +100,31 @@ def eligible_bitset(eligible, n: int):
     n_words = (n + WORD_BITS - 1) // WORD_BITS
     if getattr(eligible, "dtype", None) is not None and np.dtype(eligible.dtype) == np.bool_:
         launch.check_array("eligible", eligible, np.bool_, shape=(n,))
-        mask = eligible if isinstance(eligible, np.ndarray) else eligible.copy_to_host()
-        return launch.to_device(bits_from_mask(mask))
+        return launch.to_device(bits_from_mask(_on_host(eligible)))
     if getattr(eligible, "dtype", None) is not None and np.dtype(eligible.dtype) != np.uint64:
         raise TypeError(f"eligible must be a bool mask [{n}] or a uint64 bitset [{n_words}] (host or "
                         f"device), got dtype {np.dtype(eligible.dtype).name}"
                         + (" on the device" if not isinstance(eligible, np.ndarray) else ""))
     launch.check_array("eligible", eligible, np.uint64, shape=(n_words,))
-    if isinstance(eligible, np.ndarray) and n % WORD_BITS and n_words:
-        if int(eligible[-1]) >> (n % WORD_BITS):
-            raise ValueError(f"eligible bitset has bits set past n={n} (padding bits must be 0)")
+    if isinstance(eligible, np.ndarray) and _rows_with_padding_bits(eligible[None, :], np.array([n])):
+        raise ValueError(f"eligible bitset has bits set past n={n} (padding bits must be 0)")
     return launch.to_device(eligible)
+
+
+def _on_host(x) -> np.ndarray:
+    """A host array as it is; a device array copied to the host."""
+    return x if isinstance(x, np.ndarray) else x.copy_to_host()
+
+
+def _rows_with_padding_bits(bits: np.ndarray, lengths: np.ndarray) -> list[int]:
+    """Rows r of a host uint64 bitset ``[R, W]`` with a bit set at a position ``>= lengths[r]``
+    (in the last word it covers, or in a whole word past it)."""
+    n_words = -(-lengths // WORD_BITS)
+    past = np.arange(bits.shape[1])[None, :] >= n_words[:, None]  # whole words past the end
+    whole = np.flatnonzero((np.where(past, bits, 0) != 0).any(axis=1))
+    part = np.flatnonzero(lengths % WORD_BITS)  # the last word's bits past the end
+    tail = (bits[part, n_words[part] - 1] >> (lengths[part] % WORD_BITS).astype(np.uint64)) != 0
+    return sorted(set(whole.tolist()) | set(part[tail].tolist()))
 
 
 #: Requests at most per batched call.
@@ -902,7 +916,7 @@ def _batch_bitset(eligible, offsets: np.ndarray):
     dtype = None if dtype is None else np.dtype(dtype)
     if dtype == np.bool_:
         launch.check_array("eligible", eligible, np.bool_, shape=(total,))
-        mask = eligible if isinstance(eligible, np.ndarray) else eligible.copy_to_host()
+        mask = _on_host(eligible)
         bits = np.zeros((B, need), np.uint64)
         for r in range(B):
             w = bits_from_mask(mask[offsets[r]:offsets[r + 1]])
@@ -917,12 +931,7 @@ def _batch_bitset(eligible, offsets: np.ndarray):
         raise ValueError(f"eligible bitset must be [{B}, >= {need}] (a row a request, 64 positions a word), "
                          f"got {tuple(eligible.shape)}")
     if isinstance(eligible, np.ndarray):
-        n_words = -(-lengths // WORD_BITS)
-        past = np.arange(eligible.shape[1])[None, :] >= n_words[:, None]  # whole words past the end
-        rows = np.flatnonzero(past.any(axis=1) & (np.where(past, eligible, 0) != 0).any(axis=1))
-        part = np.flatnonzero(lengths % WORD_BITS)  # the last word's bits past the end
-        tail = (eligible[part, n_words[part] - 1] >> (lengths[part] % WORD_BITS).astype(np.uint64)) != 0
-        bad = sorted(set(rows.tolist()) | set(part[tail].tolist()))
+        bad = _rows_with_padding_bits(eligible, lengths)
         if bad:
             raise ValueError(f"eligible bitset row {bad[0]} has bits set past its request's {lengths[bad[0]]} "
                              "scores (padding bits must be 0)")
