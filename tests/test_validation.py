@@ -219,3 +219,16 @@ def test_new_kernel_options_fail_before_any_launch(rng, no_launch, monkeypatch):
         KernelConfig().resolved(req)
     with pytest.raises(ValueError, match="topk_k"):
         KernelConfig().resolved(DeviceRequest.of(req), topk_k=-5)
+
+
+def test_a_host_bitset_with_padding_bits_is_refused():
+    from andromeda_nb.topk import eligible_bitset
+
+    for n, bits in ((70, [0, 1 << 6]), (64, [0])):
+        words = np.array(bits, np.uint64)
+        if n == 70:
+            with pytest.raises(ValueError, match="past n=70"):
+                eligible_bitset(words, n)
+        else:
+            assert eligible_bitset(words, n).copy_to_host().tolist() == [0]
+    assert eligible_bitset(np.array([1 << 5, 1 << 5], np.uint64), 70).copy_to_host().tolist() == [32, 32]
