@@ -311,6 +311,27 @@ def find_segment(seg_off, n_seg, i):
     return lo
 
 
+@cuda.jit(device=True, inline=True)
+def patch_set(scratch, row, s, slot_base):
+    """Set slot ``s``'s bit in patch row ``row`` (a removed entry, ``s < 0``, or a slot past the
+    row: nothing)."""
+    if s >= 0:
+        t = s - slot_base
+        w = t >> 6
+        if w < scratch.shape[1]:
+            cuda.atomic.or_(scratch, (row, w), uint64(1) << uint64(t & 63))
+
+
+@cuda.jit(device=True, inline=True)
+def patch_zero(scratch, row, s, slot_base):
+    """Zero the word of patch row ``row`` that holds slot ``s`` (as :func:`patch_set`, nothing for
+    ``s < 0`` or past the row)."""
+    if s >= 0:
+        w = (s - slot_base) >> 6
+        if w < scratch.shape[1]:
+            scratch[row, w] = uint64(0)
+
+
 @functools.lru_cache(maxsize=None)
 def prep_kernel():
     """Zero ``counts[0:n_counts]``; set in patch row ``seg_dst[k]`` of ``scratch`` the bit of every
@@ -330,16 +351,10 @@ def prep_kernel():
             counts[i] = 0
         n_seg = seg_dst.shape[0]
         total = seg_off[n_seg]
-        width = scratch.shape[1]
         i = int64(gid)
         while i < total:
             k = find_segment(seg_off, n_seg, i)
-            s = int64(pool[seg_start[k] + i - seg_off[k]])
-            if s >= 0:
-                t = s - slot_base
-                w = t >> 6
-                if w < width:
-                    cuda.atomic.or_(scratch, (seg_dst[k], w), uint64(1) << uint64(t & 63))
+            patch_set(scratch, seg_dst[k], int64(pool[seg_start[k] + i - seg_off[k]]), slot_base)
             i += gs
 
     return kernel
@@ -374,13 +389,12 @@ def post_kernel(block: int):
             op = seg_op[k]
             q = seg_start[k] + i - seg_off[k]
             s = int64(extra[q]) if op == 1 else int64(pool[q])
-            if s >= 0:
+            if op == 2:
+                patch_zero(scratch, seg_arg[k], s, slot_base)
+            elif s >= 0:
                 t = s - slot_base
                 w = t >> 6
-                if op == 2:
-                    if w < scratch.shape[1]:
-                        scratch[seg_arg[k], w] = uint64(0)
-                elif w < width:
+                if w < width:
                     bit = uint64(1) << uint64(t & 63)
                     if out[seg_arg[k], w] & bit:  # most listed ads are not eligible: read first
                         old = cuda.atomic.and_(out, (seg_arg[k], w), ~bit)
@@ -421,17 +435,12 @@ def prep_segment_kernel(block: int):
         first = int64(cuda.blockIdx.x) * (B * SEG_LOADS) + tid
         src = seg_start[k]
         row = seg_dst[k]
-        width = scratch.shape[1]
         s = cuda.local.array(SEG_LOADS, int64)
         for u in range(SEG_LOADS):  # the loads first, in flight together
             j = first + u * B
             s[u] = int64(pool[src + j]) if j < length else int64(-1)
         for u in range(SEG_LOADS):
-            if s[u] >= 0:
-                t = s[u] - slot_base
-                w = t >> 6
-                if w < width:
-                    cuda.atomic.or_(scratch, (row, w), uint64(1) << uint64(t & 63))
+            patch_set(scratch, row, s[u], slot_base)
 
     return kernel
 
@@ -468,10 +477,7 @@ def post_segment_kernel(block: int):
                 s[u] = int64(extra[src + j]) if op == 1 else int64(pool[src + j])
         if op == 2:  # zero the patch row's touched words
             for u in range(SEG_LOADS):
-                if s[u] >= 0:
-                    w = (s[u] - slot_base) >> 6
-                    if w < scratch.shape[1]:
-                        scratch[arg, w] = uint64(0)
+                patch_zero(scratch, arg, s[u], slot_base)
             return  # uniform: the op is the block's
         for u in range(SEG_LOADS):  # then the result words, in flight together
             x[u] = uint64(0)
