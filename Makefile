@@ -5,6 +5,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ARGS   ?=
+# pytest workers (pytest-xdist): the simulator is CPU-bound, one worker a core
+JOBS   ?= auto
 TORCH_PIP_ARGS ?=
 
 .PHONY: main test data clean-build
@@ -13,7 +15,7 @@ main: $(STAMP)
 	$(PY) -m andromeda_nb run $(ARGS)
 
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest $(ARGS)
+	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) $(ARGS)
 
 data: $(STAMP)
 	$(PY) -m andromeda_nb data

@@ -6,18 +6,18 @@ first use, so a notebook can call :func:`set_backend` after its parameters cell.
 
 from importlib import import_module
 
-from .backend import get_backend, set_backend
+from .device.backend import device_name, get_backend, set_backend
 from .model import AdTable, Request, TopK
 from .targeting import Category, RuleError, TargetingIndex, TargetingRules, TargetingSchema, make_profile
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "DeviceAdTable": "scoring",
-    "DeviceRequest": "scoring",
-    "score_ads": "scoring",
-    "score_topk": "scoring",
-    "KernelConfig": "scoring",
+    "DeviceAdTable": "score",
+    "DeviceRequest": "score",
+    "score_ads": "score",
+    "score_topk": "score",
+    "KernelConfig": "score",
     "topk_scores": "topk",
     "topk_batch": "topk",
     "MAX_K": "topk",
@@ -37,5 +37,5 @@ def __getattr__(name):
 
 __all__ = [
     "AdTable", "Category", "Request", "RuleError", "TargetingIndex", "TargetingRules",
-    "TargetingSchema", "TopK", "get_backend", "make_profile", "set_backend", *_LAZY,
+    "TargetingSchema", "TopK", "device_name", "get_backend", "make_profile", "set_backend", *_LAZY,
 ]

@@ -1,9 +1,9 @@
 """Command line: ``python -m andromeda_nb <command>`` (also installed as ``andromeda-nb``).
 
 Commands:
-    run     execute the notebook series with papermill (:func:`andromeda_nb.runner.run_series`)
+    run     execute the notebook series with papermill (:func:`andromeda_nb.runner.series.run_series`)
     data    download and prepare MovieLens 100K (:func:`andromeda_nb.datasets.movielens.fetch`)
-    bench   run a benchmark suite (arguments go to ``andromeda_nb.bench.main``)
+    bench   run a benchmark suite (arguments go to ``andromeda_nb.bench.harness.main``)
 
 Examples::
 
@@ -70,12 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--dir", default=None, metavar="DIR", help="target folder (default: the fetcher's, data/ml-100k)")
 
     sub.add_parser("bench", help="run a benchmark suite (see: bench --help)", add_help=False,
-                   description="Arguments after 'bench' are passed to andromeda_nb.bench.main.")
+                   description="Arguments after 'bench' are passed to andromeda_nb.bench.harness.main.")
     return parser
 
 
 def _cmd_run(args) -> int:
-    from .runner import SeriesError, plan_series, run_series
+    from .runner.series import SeriesError, plan_series, run_series
 
     overrides = {key: _parse_value(value) for key, value in args.parameter}
     kwargs = dict(notebooks_dir=args.notebooks, params=args.params, out_dir=args.out, figures_dir=args.figures,
@@ -113,16 +113,16 @@ def _cmd_data(args) -> int:
 
 def _cmd_bench(argv: list[str]) -> int:
     try:
-        bench = importlib.import_module("andromeda_nb.bench")
+        bench = importlib.import_module("andromeda_nb.bench.harness")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("andromeda_nb.bench", "andromeda_nb"):
+        if exc.name not in ("andromeda_nb.bench.harness", "andromeda_nb"):
             raise
-        print("error: the benchmark harness (andromeda_nb.bench) is not written yet; "
+        print("error: the benchmark harness (andromeda_nb.bench.harness) is not written yet; "
               "nothing to run", file=sys.stderr)
         return 2
     entry = getattr(bench, "main", None)
     if not callable(entry):
-        print("error: andromeda_nb.bench has no main(argv) entry point", file=sys.stderr)
+        print("error: andromeda_nb.bench.harness has no main(argv) entry point", file=sys.stderr)
         return 2
     rc = entry(argv)
     return int(rc or 0)

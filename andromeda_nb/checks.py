@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import oracle
+from . import reference
 from .model import AdTable, Request
 
 #: Scores: |kernel - oracle| <= SCORE_RTOL * score scale (fp32 accumulation against float64).
@@ -38,7 +38,7 @@ def score_scale(request: Request, table: AdTable) -> float:
     ``sum_e p_e * sum_j |V_ej h_j| + |b|`` (an upper bound of the magnitudes summed)."""
     a = table.dequantized()
     h = np.maximum(request.gamma * a + request.beta, 0.0)
-    g = oracle.gate(request, table)
+    g = reference.gate(request, table)
     mags = np.abs(h) @ np.abs(request.V.astype(np.float64)).T
     with np.errstate(invalid="ignore"):
         per_ad = (g.p * mags).sum(axis=1) + np.abs(table.bias)
@@ -48,7 +48,7 @@ def score_scale(request: Request, table: AdTable) -> float:
 
 def _alternative_scores(request: Request, table: AdTable) -> np.ndarray:
     """Every ad's score with the K-th and (K+1)-th experts swapped (NaN where K == E)."""
-    g = oracle.gate(request, table)
+    g = reference.gate(request, table)
     K, E = request.k_experts, request.experts
     if K == E:
         return np.full(table.n_ads, np.nan)
@@ -64,7 +64,7 @@ def _alternative_scores(request: Request, table: AdTable) -> np.ndarray:
 def near_tie_ads(request: Request, table: AdTable) -> np.ndarray:
     """bool ``[n_ads]``: ads whose K-th and (K+1)-th gate logits (float64) are within ``GATE_GAP``,
     so an fp32 kernel may choose either expert set (DESIGN.md: either choice is right)."""
-    g = oracle.gate(request, table)
+    g = reference.gate(request, table)
     K, E = request.k_experts, request.experts
     if K == E:
         return np.zeros(table.n_ads, bool)
@@ -80,7 +80,7 @@ def compare_scores(got, request: Request, table: AdTable) -> Check:
     ``GATE_GAP`` may instead match the score of the swapped expert set.
     """
     got = np.asarray(got, dtype=np.float64)
-    ref = oracle.score(request, table)
+    ref = reference.score(request, table)
     if got.shape != ref.shape:
         return Check(False, f"shape {got.shape} != oracle {ref.shape}")
     nan_ref = np.isnan(ref)
@@ -106,7 +106,7 @@ def compare_scores(got, request: Request, table: AdTable) -> Check:
 def compare_topk_exact(ids, scores, count, all_scores, k, all_ids=None, eligible=None) -> Check:
     """The answer must equal the oracle's top-k run on the kernel's own fp32 scores: same ids, same
     order, same scores (pads included) and the same count."""
-    want = oracle.topk(np.asarray(all_scores), k, ids=all_ids, eligible=eligible)
+    want = reference.topk(np.asarray(all_scores), k, ids=all_ids, eligible=eligible)
     if not np.array_equal(np.asarray(ids), want.ids):
         where = np.flatnonzero(np.asarray(ids) != want.ids)[:5].tolist()
         return Check(False, f"top-{k} ids differ from the oracle at ranks {where}")
@@ -123,7 +123,7 @@ def compare_topk_float64(ids, ref_scores, k, all_ids, eligible=None, swappable=N
     whose score may be another expert set's."""
     ids = np.asarray(ids)
     all_ids = np.asarray(all_ids)
-    want = oracle.topk(ref_scores, k, ids=all_ids, eligible=eligible)
+    want = reference.topk(ref_scores, k, ids=all_ids, eligible=eligible)
     finite = ref_scores[np.isfinite(ref_scores)]
     tol = 2 * SCORE_RTOL * max(1.0, float(np.abs(finite).max()) if finite.size else 1.0)
     real = want.ids >= 0

@@ -38,7 +38,7 @@ for step in "$@"; do
         ${QUALITY_SEEDS:+--seeds $QUALITY_SEEDS} \
         2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
     ptx)
-      NUMBA_ENABLE_CUDASIM=0 python3 -m andromeda_nb.ptxcheck 2>&1 | tail -5 || status=1 ;;
+      NUMBA_ENABLE_CUDASIM=0 python3 -m andromeda_nb.device.ptxcheck 2>&1 | tail -5 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
 done

@@ -2,14 +2,14 @@
 
 import numpy as np
 
-from andromeda_nb import checks, oracle
+from andromeda_nb import checks, reference
 from andromeda_nb.model import AdTable, Request
 
 
 def test_compare_scores_catches_errors(rng):
     req = Request.random(16, 4, 2, rng)
     table = AdTable.from_float(rng.standard_normal((60, 16)), rng.standard_normal(60))
-    ref = oracle.score(req, table).astype(np.float32)
+    ref = reference.score(req, table).astype(np.float32)
     assert checks.compare_scores(ref, req, table).ok
     off = ref.copy()
     off[7] += 1e-3 * np.abs(ref).max()
@@ -25,12 +25,12 @@ def test_compare_scores_accepts_the_other_expert_only_at_near_ties():
     V = np.array([[1.0, 0.0], [0.0, 1.0]])
     req = Request(V=V, G=np.ones((2, 2)), gamma=[1.0, 1.0], beta=[0.0, 0.0], k_experts=1)
     table = AdTable.from_float(np.array([[2.0, 5.0]]))
-    g = oracle.gate(req, table)
+    g = reference.gate(req, table)
     other = np.array([g.p[0, 1] * g.values[0, 1]])  # the expert the oracle did not choose
     assert checks.compare_scores(other, req, table).ok
     far = AdTable.from_float(np.array([[2.0, 5.0]]))
     req_far = Request(V=V, G=np.array([[1.0, 0.0], [0.0, 1.0]]), gamma=[1.0, 1.0], beta=[0.0, 0.0], k_experts=1)
-    g = oracle.gate(req_far, far)
+    g = reference.gate(req_far, far)
     wrong = np.array([g.p[0, 0] * g.values[0, 0]])  # expert 0, but expert 1's logit is clearly larger
     assert not checks.compare_scores(wrong, req_far, far).ok
 
@@ -38,7 +38,7 @@ def test_compare_scores_accepts_the_other_expert_only_at_near_ties():
 def test_compare_topk_exact_and_float64():
     scores = np.array([3.0, 1.0, 2.0, 2.0], np.float32)
     ids = np.array([10, 11, 12, 13])
-    t = oracle.topk(scores, 3, ids=ids)
+    t = reference.topk(scores, 3, ids=ids)
     assert checks.compare_topk_exact(t.ids, t.scores, t.count, scores, 3, ids).ok
     swapped = t.ids.copy()
     swapped[[1, 2]] = swapped[[2, 1]]

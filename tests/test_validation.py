@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from andromeda_nb.model import AdTable, Request
-from andromeda_nb.scoring import DeviceAdTable, score_ads, score_topk
+from andromeda_nb.score.api import DeviceAdTable, score_ads, score_topk
 
 
 def test_request_validation(rng):
@@ -80,7 +80,7 @@ def test_bf16_overflow_and_direct_tables_are_checked(rng):
 
 
 def test_candidates_checked_on_the_device_and_distinct_for_topk(rng):
-    from andromeda_nb import launch
+    from andromeda_nb.device import launch
 
     table = DeviceAdTable(AdTable.from_float(rng.standard_normal((20, 32))))
     req = Request.random(32, 2, 1, rng)
@@ -95,7 +95,7 @@ def test_candidates_checked_on_the_device_and_distinct_for_topk(rng):
 
 
 def test_topk_ids_must_not_collide_with_the_pad():
-    from andromeda_nb.topk import topk_scores
+    from andromeda_nb.topk.api import topk_scores
 
     with pytest.raises(ValueError, match="non-negative"):
         topk_scores(np.arange(4, dtype=np.float32), 2, ids=np.array([3, -1, 5, 6], np.int64))
@@ -104,7 +104,7 @@ def test_topk_ids_must_not_collide_with_the_pad():
 @pytest.fixture
 def no_launch(monkeypatch):
     """Fail the test if any scoring / top-K launch path is entered."""
-    from andromeda_nb import scoring
+    from andromeda_nb.score import api as scoring
 
     def boom(*a, **kw):
         raise AssertionError("a kernel launch path was entered")
@@ -114,7 +114,7 @@ def no_launch(monkeypatch):
 
 
 def test_kernel_config_and_path_checked_before_launch(rng, no_launch):
-    from andromeda_nb.scoring import KernelConfig
+    from andromeda_nb.score.api import KernelConfig
 
     for bad in (0, -1, 2.5, True, 1025):
         with pytest.raises(ValueError, match="block"):
@@ -147,9 +147,9 @@ def test_shared_memory_checked_before_launch(rng, monkeypatch):
     """d = 256, E = 8: the weight image is 18 KB, so a top-2048 block buffer does not fit in 48 KiB.
     path="block" refuses before any launch; the default path answers exactly anyway, by the filter
     path or scores in memory, never by the block top-K."""
-    from andromeda_nb import oracle
-    from andromeda_nb import scoring as S
-    from andromeda_nb.scoring import KernelConfig
+    from andromeda_nb import reference
+    from andromeda_nb.score import api as S
+    from andromeda_nb.score.api import KernelConfig
 
     n, d = 300, 256
     table = AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype="fp16",
@@ -164,19 +164,19 @@ def test_shared_memory_checked_before_launch(rng, monkeypatch):
             score_topk(req, dt, k, path="block", config=config)
     assert not calls
     top = score_topk(req, dt, 2048)
-    want = oracle.topk(score_ads(req, dt).copy_to_host(), 2048, ids=table.ad_ids)
+    want = reference.topk(score_ads(req, dt).copy_to_host(), 2048, ids=table.ad_ids)
     np.testing.assert_array_equal(top.ids, want.ids)
     np.testing.assert_array_equal(top.scores, want.scores)
     assert not calls, "the block top-K cannot run at this k: it must not be tried"
 
 
 def test_eligible_of_the_wrong_kind_names_both_accepted_forms(rng):
-    from andromeda_nb.topk import eligible_bitset
+    from andromeda_nb.topk.api import eligible_bitset
 
     for bad in (np.ones(100, np.int8), np.ones(2, np.uint32)):
         with pytest.raises(TypeError, match="bool mask"):
             eligible_bitset(bad, 100)
-    from andromeda_nb import launch
+    from andromeda_nb.device import launch
     from andromeda_nb.targeting import bits_from_mask
 
     mask = rng.random(100) < 0.3  # a device mask is packed like a host one
@@ -188,8 +188,8 @@ def test_eligible_of_the_wrong_kind_names_both_accepted_forms(rng):
 def test_new_kernel_options_fail_before_any_launch(rng, no_launch, monkeypatch):
     """Configurations the kernels cannot run on a request / table raise ValueError from score_ads
     and score_topk before anything launches (score_topk's workspaces launch a reset kernel)."""
-    from andromeda_nb import scoring
-    from andromeda_nb.scoring import DeviceRequest, KernelConfig
+    from andromeda_nb.score import api as scoring
+    from andromeda_nb.score.api import DeviceRequest, KernelConfig
 
     def boom(*a, **kw):
         raise AssertionError("a launch path was entered")
@@ -222,7 +222,7 @@ def test_new_kernel_options_fail_before_any_launch(rng, no_launch, monkeypatch):
 
 
 def test_a_host_bitset_with_padding_bits_is_refused():
-    from andromeda_nb.topk import eligible_bitset
+    from andromeda_nb.topk.api import eligible_bitset
 
     for n, bits in ((70, [0, 1 << 6]), (64, [0])):
         words = np.array(bits, np.uint64)

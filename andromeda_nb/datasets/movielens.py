@@ -107,8 +107,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import oracle
-from ..metrics import mean_recall
+from .. import reference
+from ..analysis.metrics import mean_recall
 from ..model import AdTable, Request
 from ..targeting import Category, TargetingRules, TargetingSchema, make_profile
 
@@ -357,7 +357,7 @@ def _group_mean(values: np.ndarray, keys: np.ndarray, member: np.ndarray) -> np.
 
 def match_columns(rules: TargetingRules, profile) -> np.ndarray:
     """Vectorised targeting match ``[n_ads]`` bool straight from the CSR columns (same semantics as
-    :func:`andromeda_nb.oracle.match`, which the tests compare it with; no Python loop per ad).
+    :func:`andromeda_nb.reference.match`, which the tests compare it with; no Python loop per ad).
 
     Args:
         rules: the pool's rules.
@@ -747,7 +747,7 @@ def eligible_fraction_of_heldout(world: MovieLensWorld, users=None, use_oracle: 
     Args:
         world: from :func:`build_world`.
         users: user ids (default ``world.users``); users without held-out items are skipped.
-        use_oracle: match with :func:`andromeda_nb.oracle.match` (the reference, a Python loop per
+        use_oracle: match with :func:`andromeda_nb.reference.match` (the reference, a Python loop per
             ad: about 20 ms a user here, 20 s for all 943); False uses :func:`match_columns`
             (the same result, vectorised: about 0.4 ms a user).
 
@@ -761,14 +761,14 @@ def eligible_fraction_of_heldout(world: MovieLensWorld, users=None, use_oracle: 
         if held.size == 0:
             continue
         prof = world.profile(uid)
-        mask = oracle.match(world.rules, prof) if use_oracle else match_columns(world.rules, prof)
+        mask = reference.match(world.rules, prof) if use_oracle else match_columns(world.rules, prof)
         out[int(uid)] = float(mask[world.table.slots_of(held)].mean())
     return pd.Series(out, name="eligible_fraction", dtype=np.float64).rename_axis("user_id")
 
 
 def retrieve_user(world: MovieLensWorld, user_id, k: int, k_experts: int | None = None,
                   targeting: bool = True, exclude_seen: bool = True):
-    """Oracle retrieval (float64 :func:`andromeda_nb.oracle.retrieve`) for one user: score every ad,
+    """Oracle retrieval (float64 :func:`andromeda_nb.reference.retrieve`) for one user: score every ad,
     keep those passing targeting (if ``targeting``) and not seen in training (if ``exclude_seen``),
     return the exact top-k (:class:`andromeda_nb.model.TopK`)."""
     if targeting:
@@ -777,12 +777,12 @@ def retrieve_user(world: MovieLensWorld, user_id, k: int, k_experts: int | None 
         mask = np.ones(world.table.n_ads, dtype=bool)
         if exclude_seen:
             mask[world.seen_slots(user_id)] = False
-    return oracle.retrieve(world.request(user_id, k_experts), world.table, k, eligible=mask)
+    return reference.retrieve(world.request(user_id, k_experts), world.table, k, eligible=mask)
 
 
 def evaluate_recall(world: MovieLensWorld, ks=(10, 50, 100), users=None, k_experts: int | None = None,
                     targeting: bool = True, exclude_seen: bool = True) -> dict[int, float]:
-    """Mean recall@k (:func:`andromeda_nb.metrics.mean_recall`) of the oracle retrieval of the
+    """Mean recall@k (:func:`andromeda_nb.analysis.metrics.mean_recall`) of the oracle retrieval of the
     world's model over ``users`` (default every evaluated user), for each k in ``ks``.
 
     Returns:

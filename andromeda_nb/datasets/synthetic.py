@@ -303,7 +303,7 @@ def _hash_kernels() -> dict:
     """
     if _HASH_KERNELS:
         return _HASH_KERNELS
-    from .. import backend
+    from ..device import backend
 
     backend.get_backend()  # Numba reads NUMBA_ENABLE_CUDASIM on first import: fix the backend first
     from numba import njit, prange, uint64
@@ -438,7 +438,7 @@ def generate_profiles(
 
     Returns:
         A list of ``{category: frozenset}`` dicts (:func:`andromeda_nb.targeting.make_profile`),
-        usable with :func:`andromeda_nb.oracle.match` and :meth:`TargetingIndex.plan`.
+        usable with :func:`andromeda_nb.reference.match` and :meth:`TargetingIndex.plan`.
     """
     if int(n_profiles) != n_profiles or n_profiles < 0:
         raise ValueError(f"n_profiles must be a non-negative int, got {n_profiles!r}")

@@ -9,7 +9,7 @@ import time
 
 
 def main(argv=None) -> int:
-    from ..quality import DATASETS, PRESETS, refresh_compute, run_all
+    from ..analysis.quality import DATASETS, PRESETS, refresh_compute, run_all
 
     ap = argparse.ArgumentParser(prog="python -m andromeda_nb.training", description=__doc__)
     ap.add_argument("--preset", default="full", choices=sorted(PRESETS))
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     if args.set:
         from dataclasses import replace
 
-        from ..quality import Preset  # noqa: F401
+        from ..analysis.quality import Preset  # noqa: F401
 
         kv = {k: int(v) if v.lstrip("-").isdigit() else float(v) for k, v in (x.split("=", 1) for x in args.set)}
         p = PRESETS[preset]

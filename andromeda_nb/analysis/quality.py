@@ -1,0 +1,642 @@
+"""Quality experiments of issue 6: expert count K (recall against compute) and storage precision,
+with trained models, as tidy frames and rows of ``data/results/quality.csv``.
+
+Rows have DESIGN.md's quality columns ``dataset, model, experts, k_experts, dtype, d, seed, metric,
+value, commit, device`` plus ``experiment`` (``expert_count``, ``precision`` or ``compute``), ``preset``
+(the size preset that produced them), ``scorer`` (how the scores were computed) and ``n_users``
+(users evaluated). Metrics:
+
+- ``recall@k``: mean over evaluated users of recall@k of the held-out clicks, retrieving from every
+  eligible ad (targeting applied, the user's training clicks excluded);
+- ``overlap@100_ranking``: mean ``|top100(model) ∩ top100(ranking)| / 100``;
+- precision rows (model ``mixture_k2``, one per dtype): ``recall@100``, ``recall@100_delta_pp``
+  (minus fp32, percentage points), ``overlap@100_fp32``, ``score_err_p50/p99/p999/max`` (absolute
+  score error against the fp32 table, divided by the user's fp32 score standard deviation over
+  eligible ads);
+- compute rows (seed empty): ``flops_per_ad`` (DESIGN.md's model: 2d + 2Ed + 2Kd + 4E + 2K; the
+  ranking model's per-pair count), ``kernel_flops_per_ad`` (the FLOPs the measured fused kernel
+  row counts: the K chosen experts' value dots only),
+  ``bytes_per_ad``, ``kernel_ads_per_s`` (from ``data/results/scoring.csv``; NaN where that
+  configuration was not measured).
+
+Scores: the full-scale evaluation scores the exported tensors with DESIGN.md's formula in float32
+torch on the table the kernel reads (dequantized storage), ``scorer = "torch_fp32_formula"``; the
+fused kernel is tested equal to the float64 oracle, and :func:`kernel_check` runs the kernel itself
+(simulator or GPU) on a few users to confirm the same top-K here.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .metrics import recall_at_k, topk_overlap
+
+COLUMNS = ["dataset", "model", "experts", "k_experts", "dtype", "d", "seed", "metric", "value",
+           "commit", "device", "experiment", "preset", "scorer", "n_users"]
+KEY = ["dataset", "model", "experts", "k_experts", "dtype", "d", "seed", "metric", "experiment", "preset"]
+RESULTS = Path("data/results/quality.csv")
+SCORING = Path("data/results/scoring.csv")
+DATASETS = ("multi_interest", "ml-100k")
+KS = {"multi_interest": (50, 100, 500), "ml-100k": (10, 50, 100)}
+RETRIEVAL_MODELS = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture")
+PRECISION_DTYPES = ("fp32", "bf16", "fp16", "int8", "int8_dimscale")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes of one run: the synthetic world, training per dataset, seeds, evaluated users."""
+
+    name: str
+    world: dict = field(default_factory=dict)          # WorldDesign overrides
+    train: dict = field(default_factory=dict)          # TrainConfig overrides per dataset, see cfg()
+    train_ml: dict = field(default_factory=dict)
+    ranking: dict = field(default_factory=dict)        # extra overrides for the ranking model
+    ranking_ml: dict = field(default_factory=dict)
+    seeds: tuple = (0, 1, 2)
+    eval_users: dict = field(default_factory=lambda: {"multi_interest": 2000, "ml-100k": None})
+    precision_users: dict = field(default_factory=lambda: {"multi_interest": 500, "ml-100k": None})
+
+    def cfg(self, dataset: str, model: str):
+        from ..training.train import TrainConfig
+
+        kw = dict(self.train_ml if dataset == "ml-100k" else self.train)
+        if model == "ranking":
+            kw.update(self.ranking_ml if dataset == "ml-100k" else self.ranking)
+        return TrainConfig(**kw)
+
+
+PRESETS = {
+    # seconds on a CPU: for tests and the smoke notebooks (tiny world, a few steps)
+    "smoke": Preset("smoke", world=dict(n_users=600, n_ads=800, topics=12),
+                    train=dict(steps=6, batch=64, negatives=64, d=16, width=16, hidden=16, warmup=2),
+                    train_ml=dict(steps=6, batch=64, negatives=64, d=16, width=16, hidden=16, warmup=2),
+                    seeds=(0,), eval_users={"multi_interest": 40, "ml-100k": 40},
+                    precision_users={"multi_interest": 20, "ml-100k": 20}),
+    # a minute or two on a CPU: the worked example of notebook 07 without a GPU (smaller world)
+    "demo": Preset("demo", world=dict(n_users=10_000, n_ads=10_000, topics=40),
+                   train=dict(steps=400, batch=256, negatives=256),
+                   train_ml=dict(steps=400, batch=256, negatives=256),
+                   seeds=(0,), eval_users={"multi_interest": 300, "ml-100k": None}),
+    # the write-up: the 50,000 x 50,000 world, about 2 epochs of it; MovieLens about 10 epochs
+    # (the ranking model: half the batch, twice the steps: the same clicks, a quarter of the pairs)
+    "full": Preset("full", train=dict(steps=1500, batch=1024, negatives=1024),
+                   ranking=dict(steps=3000, batch=512, negatives=512),
+                   train_ml=dict(steps=1000, batch=512, negatives=512)),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+def load_data(dataset: str, preset: Preset | str = "full", world_seed: int = 0, data_dir="data/ml-100k"):
+    """:class:`~andromeda_nb.training.data.InteractionData` of a dataset at a preset's size.
+
+    The synthetic world is generated once per ``world_seed`` (model seeds vary, the world does not).
+    """
+    from ..training import data as tdata
+
+    preset = PRESETS[preset] if isinstance(preset, str) else preset
+    if dataset == "multi_interest":
+        from ..datasets import multi_interest as mi
+
+        world = mi.build_world(replace(mi.WorldDesign(), **preset.world), seed=world_seed)
+        return tdata.from_multi_interest(world)
+    if dataset == "ml-100k":
+        from ..datasets import movielens
+
+        ml = movielens.load(movielens.fetch(data_dir))
+        split = movielens.split(ml)
+        world = movielens.build_world(ml, split, d=16, experts=1, k_experts=1)
+        return tdata.from_movielens(world, ml, split)
+    raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+
+
+def eval_rows(data, n_users, seed: int = 0) -> np.ndarray:
+    """A fixed sample (by ``seed``) of evaluated user rows (all when ``n_users`` is None)."""
+    rows = data.eval_rows
+    if n_users is None or n_users >= rows.size:
+        return rows
+    return np.sort(np.random.default_rng(1000 + seed).choice(rows, n_users, replace=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation
+
+
+def _topk_rows(scores: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
+    """Slots of the top-k eligible scores per row (ties: lower slot), pads -1."""
+    import torch
+
+    s = torch.as_tensor(np.where(mask, scores, -np.inf).astype(np.float32))
+    vals, idx = torch.topk(s, min(k, s.shape[1]), dim=1, sorted=True)
+    out = np.full((s.shape[0], k), -1, np.int64)
+    out[:, : idx.shape[1]] = np.where(np.isfinite(vals.numpy()), idx.numpy(), -1)
+    return out
+
+
+def model_scores(tm, rows, table=None, request_fn=None) -> np.ndarray:
+    """Scores ``[len(rows), n_ads]``: a retrieval model's exported tensors on ``table`` (default
+    its fp32 export) with DESIGN.md's formula, or the ranking model's forward pass."""
+    from ..training.train import score_exported
+
+    if not tm.is_retrieval:
+        return tm.forward_scores(rows)
+    V, G, gamma, beta = tm.request_tensors(rows) if request_fn is None else request_fn(rows)
+    table = tm.export_table("fp32") if table is None else table
+    return score_exported(V, G, gamma, beta, table, tm.k_experts, device=tm.device)
+
+
+def retrieve_top(tm, rows, k: int, table=None, request_fn=None, batch: int = 256, progress=False):
+    """``[len(rows), k]`` top-k ad slots per user over eligible, unseen ads."""
+    out = []
+    for s in tqdm(range(0, len(rows), batch), desc=f"eval {tm.name}", disable=not progress, leave=False):
+        r = rows[s: s + batch]
+        sc = model_scores(tm, r, table, request_fn)
+        out.append(_topk_rows(sc, tm.data.eligible(r), k))
+    return np.concatenate(out)
+
+
+def recalls(data, rows, top: np.ndarray, ks) -> dict:
+    return {f"recall@{k}": float(np.mean([recall_at_k(t, data.heldout[int(r)], k) for r, t in zip(rows, top)]))
+            for k in ks}
+
+
+def true_model_top(data, rows, k: int) -> np.ndarray:
+    """Top-k of the synthetic world's ground-truth click model (the ceiling)."""
+    w = data.world
+    out = np.full((len(rows), k), -1, np.int64)
+    for i, r in enumerate(rows):
+        s = w.true_scores(int(data.user_ids[r]))
+        mask = data.eligible(np.array([r]))[0]
+        out[i] = _topk_rows(s[None, :], mask[None, :], k)[0]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# environment columns
+
+
+def git_commit(root=None) -> str:
+    """The commit under test: ``$ANDROMEDA_COMMIT`` (set when the tree travels without .git), else
+    git's short hash (``-dirty`` with uncommitted changes to tracked files), else ``"unknown"``
+    (the convention of :func:`andromeda_nb.bench.harness.commit_id`)."""
+    env = os.environ.get("ANDROMEDA_COMMIT")
+    if env:
+        return env
+    root = Path(__file__).resolve().parents[1] if root is None else root
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device) -> str:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **extra) -> dict:
+    r = dict(dataset=dataset, model=model, experts=experts, k_experts=k_experts, dtype=dtype, d=d,
+             seed=seed, metric=metric, value=float(value))
+    r.update(extra)
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+# experiment 1: expert count
+
+
+def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=None, device="auto",
+                     progress: bool = True, keep_models: bool = False):
+    """Train every model for every seed on ``data`` and evaluate them.
+
+    Returns:
+        ``(frame, trained)``: tidy rows (COLUMNS) and ``{(model, seed): TrainedModel}`` (only when
+        ``keep_models``; otherwise just the ``mixture_k2`` models, which the precision experiment
+        needs).
+    """
+    from ..training.train import MODELS, pick_device, train_model
+
+    preset = PRESETS[preset] if isinstance(preset, str) else preset
+    seeds = preset.seeds if seeds is None else tuple(seeds)
+    models = tuple(MODELS) if models is None else tuple(models)
+    ks = KS[data.name]
+    dev = pick_device(device)
+    meta = dict(commit=git_commit(), device=device_name(dev), experiment="expert_count", preset=preset.name,
+                scorer="torch_fp32_formula")
+    rows_out, trained = [], {}
+    kmax = max(max(ks), 100)
+    for seed in seeds:
+        rows = eval_rows(data, preset.eval_users.get(data.name), seed=0)
+        meta["n_users"] = int(rows.size)
+        tops = {}
+        for name in models:
+            tm = train_model(name, data, preset.cfg(data.name, name), seed=seed, device=dev, progress=progress)
+            top = retrieve_top(tm, rows, kmax, progress=progress)
+            tops[name] = top
+            E, K = (tm.experts, tm.k_experts) if tm.is_retrieval else ("", "")
+            for metric, v in recalls(data, rows, top, ks).items():
+                rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, metric, v, **meta))
+            rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "train_seconds", tm.seconds, **meta))
+            rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "final_loss",
+                                 float(np.mean(tm.history[-50:])), **meta))
+            if keep_models or name == "mixture_k2":
+                trained[(name, seed)] = tm
+        if "ranking" in tops:
+            for name, top in tops.items():
+                if name == "ranking":
+                    continue
+                ov = np.mean([topk_overlap(a, b, 100) for a, b in zip(top, tops["ranking"])])
+                E, K = MODELS[name]
+                rows_out.append(_row(data.name, name, E, K, "fp32", preset.cfg(data.name, name).d, seed,
+                                     "overlap@100_ranking", ov, **meta))
+        if data.name == "multi_interest" and seed == seeds[0]:
+            top = true_model_top(data, rows, kmax)
+            for metric, v in recalls(data, rows, top, ks).items():
+                rows_out.append(_row(data.name, "true_model", "", "", "", "", "", metric, v,
+                                     **{**meta, "scorer": "ground_truth"}))
+    return pd.DataFrame(rows_out, columns=COLUMNS), trained
+
+
+# ---------------------------------------------------------------------------------------------
+# compute per ad
+
+
+def gated_flops(d: int, E: int, K: int, all_values: bool) -> int:
+    """FLOPs per ad (a multiply-add counts 2): encode 2d, gate 2Ed, values 2Kd (2Ed in the kernel,
+    which computes every expert's value), softmax ~4E, combine 2K (as bench_suites.gated_flops)."""
+    return 2 * d + 2 * E * d + 2 * (E if all_values else K) * d + 4 * E + 2 * K
+
+
+def bytes_per_ad(d: int, dtype: str) -> int:
+    """Row + fp32 bias (+ fp32 scale for int8): what the kernel reads per ad."""
+    size = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int8_dimscale": 1}[dtype]
+    return d * size + 4 + (4 if dtype.startswith("int8") else 0)
+
+
+def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
+    """The fused kernel's best ads/s per (dtype, d, experts, k_experts) over the whole pool
+    (``access == pool``, fused top-K variants), with the device it was measured on; empty when
+    the file is missing."""
+    path = Path(scoring_csv)
+    cols = ["dtype", "d", "experts", "k_experts", "items_per_s", "flops_per_item", "device"]
+    if not path.is_file():
+        return pd.DataFrame(columns=cols)
+    df = pd.read_csv(path)
+    need = {"variant", "dtype", "d", "experts", "k_experts", "access", "items_per_s"}
+    if not need <= set(df.columns):
+        return pd.DataFrame(columns=cols)
+    df = df[df["variant"].isin(["gated_fused_topk", "tower_fused_topk"]) & (df["access"] == "pool")]
+    if "verified" in df.columns:
+        df = df[df["verified"].astype(str).str.startswith("ok")]
+    if "device" not in df.columns:
+        df = df.assign(device="")
+    if "flops_per_item" not in df.columns:
+        df = df.assign(flops_per_item=np.nan)
+    df = df.dropna(subset=["d", "experts", "k_experts"])
+    df = df.astype({"d": int, "experts": int, "k_experts": int})
+    best = df.sort_values("items_per_s").groupby(["dtype", "d", "experts", "k_experts"], as_index=False).last()
+    return best[cols]
+
+
+def compute_rows(dataset: str, d: int = 64, dtypes=("fp16",), hist_len: int = 50, n_cats: int = 100,
+                 ranking_hidden: int = 128, scoring_csv=SCORING, preset: str = "full") -> pd.DataFrame:
+    """Compute-per-ad rows for every model configuration (seed empty)."""
+    from ..training.train import MODELS
+
+    thr = kernel_throughput(scoring_csv)
+    out = []
+    meta = dict(commit=git_commit(), device="", experiment="compute", preset=preset, scorer="analytic")
+    for name, (E, K) in MODELS.items():
+        for dtype in dtypes:
+            if name == "ranking":
+                fl = 2 * (2 * hist_len * d + 3 * d + n_cats + (3 * d + 2) * ranking_hidden + ranking_hidden)
+                out.append(_row(dataset, name, "", "", "fp32", d, "", "flops_per_ad", fl, **meta))
+                out.append(_row(dataset, name, "", "", "fp32", d, "", "bytes_per_ad", 4 * d + 4 + 4 * n_cats, **meta))
+                break
+            out.append(_row(dataset, name, E, K, dtype, d, "", "flops_per_ad", gated_flops(d, E, K, False), **meta))
+            hit = thr[(thr["dtype"] == dtype.replace("_dimscale", "")) & (thr["d"] == d)
+                      & (thr["experts"] == E) & (thr["k_experts"] == K)]
+            # the FLOPs of the measured kernel configuration (values="chosen": the K chosen experts'
+            # value dots only); the model's count when that configuration was not measured
+            kfl = float(hit["flops_per_item"].iloc[0]) if len(hit) and np.isfinite(hit["flops_per_item"].iloc[0]) \
+                else gated_flops(d, E, K, False)
+            out.append(_row(dataset, name, E, K, dtype, d, "", "kernel_flops_per_ad", kfl, **meta))
+            out.append(_row(dataset, name, E, K, dtype, d, "", "bytes_per_ad", bytes_per_ad(d, dtype), **meta))
+            v = float(hit["items_per_s"].iloc[0]) if len(hit) else float("nan")
+            dv = str(hit["device"].iloc[0]) if len(hit) else ""
+            out.append(_row(dataset, name, E, K, dtype, d, "", "kernel_ads_per_s", v,
+                            **{**meta, "device": dv, "scorer": f"{scoring_csv}" if len(hit) else "not measured"}))
+    return pd.DataFrame(out, columns=COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------
+# experiment 2: precision
+
+
+def dimscale(a: np.ndarray) -> np.ndarray:
+    """Per-dimension scales ``s_j = max_i |a_ij|`` (1 where a column is zero)."""
+    s = np.abs(a).max(axis=0)
+    return np.where(s > 0, s, 1.0).astype(np.float32)
+
+
+def precision_tables(tm):
+    """``{dtype: (AdTable, request_fn or None)}`` for :data:`PRECISION_DTYPES`.
+
+    ``int8_dimscale``: per-dimension scales folded into the request's ``gamma`` — store
+    ``a' = a / s`` (every column spans [-1, 1]) and send ``gamma' = gamma * s``; then
+    ``gamma' * a' = gamma * a`` exactly, so DESIGN.md's model and the kernel are unchanged and
+    int8's per-row scale no longer has to cover columns of very different ranges.
+    """
+    from ..model import AdTable
+
+    a, b = tm.ad_arrays()
+    out = {dt: (AdTable.from_float(a, b, dtype=dt, ad_ids=tm.data.ad_ids), None) for dt in ("fp32", "bf16", "fp16", "int8")}
+    s = dimscale(a)
+
+    def req(rows):
+        V, G, gamma, beta = tm.request_tensors(rows)
+        return V, G, (gamma * s[None, :]).astype(np.float32), beta
+
+    out["int8_dimscale"] = (AdTable.from_float(a / s[None, :], b, dtype="int8", ad_ids=tm.data.ad_ids), req)
+    return out
+
+
+def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progress: bool = False) -> pd.DataFrame:
+    """Precision rows of one trained retrieval model (module docstring)."""
+    data = tm.data
+    meta = dict(commit=git_commit(), device=device_name(tm.device), experiment="precision", preset=preset,
+                scorer="torch_fp32_formula", n_users=int(len(rows)))
+    tables = precision_tables(tm)
+    elig = data.eligible(rows)
+    base = model_scores(tm, rows, tables["fp32"][0])
+    base_top = _topk_rows(base, elig, 100)
+    base_rec = recalls(data, rows, base_top, (100,))["recall@100"]
+    sd = np.array([base[i, elig[i]].std() if elig[i].any() else 1.0 for i in range(len(rows))])
+    sd = np.where(sd > 0, sd, 1.0)
+    out = []
+    for dt in dtypes:
+        table, req = tables[dt]
+        sc = base if dt == "fp32" else model_scores(tm, rows, table, req)
+        top = _topk_rows(sc, elig, 100)
+        rec = recalls(data, rows, top, (100,))["recall@100"]
+        ov = float(np.mean([topk_overlap(x, y, 100) for x, y in zip(top, base_top)]))
+        err = (np.abs(sc - base) / sd[:, None])[elig]
+        E, K, d = tm.experts, tm.k_experts, tm.cfg.d
+        vals = {"recall@100": rec, "recall@100_delta_pp": 100 * (rec - base_rec), "overlap@100_fp32": ov,
+                "score_err_p50": np.quantile(err, 0.5), "score_err_p99": np.quantile(err, 0.99),
+                "score_err_p999": np.quantile(err, 0.999), "score_err_max": err.max(),
+                "bytes_per_ad": bytes_per_ad(d, dt)}
+        for metric, v in vals.items():
+            out.append(_row(data.name, tm.name, E, K, dt, d, tm.seed, metric, v, **meta))
+    return pd.DataFrame(out, columns=COLUMNS)
+
+
+def kernel_check(tm, user_ids, k: int = 20, dtype: str = "fp32", max_ads: int | None = None) -> list:
+    """Run the fused kernel (``score_topk``, simulator or GPU) on ``user_ids`` and compare its top-k
+    with the torch model's own forward pass on the same stored table (ids may differ only among
+    near-ties, as :func:`andromeda_nb.checks.compare_topk_float64`). ``max_ads`` limits the eligible
+    ads to the first slots (the simulator scores about 1,000 ads/s). Returns one Check per user."""
+    from .. import checks
+    from ..score.api import DeviceAdTable, score_topk
+
+    table = tm.export_table(dtype)
+    dt = DeviceAdTable(table)
+    out = []
+    for uid in user_ids:
+        row = tm.data.row_of(uid)
+        mask = tm.data.eligible(np.array([row]))[0]
+        if max_ads is not None:
+            mask[max_ads:] = False
+        got = score_topk(tm.export_request(uid), dt, k, eligible=mask)
+        ref = model_scores(tm, np.array([row]), table)[0].astype(np.float64)
+        out.append(checks.compare_topk_float64(got.ids, ref, k, table.ad_ids, mask))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# results files
+
+
+def write_rows(frame: pd.DataFrame, path=RESULTS) -> Path:
+    """Merge rows into a results CSV: rows with the same key (:data:`KEY`) are replaced."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame = frame.reindex(columns=COLUMNS)
+
+    def ints(df):  # "6.0" -> "6" in integer columns, so keys compare equal however they were read
+        df = df.copy()
+        for c in ("experts", "k_experts", "d", "seed", "n_users"):
+            df[c] = [str(int(float(v))) if v not in ("", "nan", "None") else "" for v in df[c].astype(str)]
+        return df
+
+    if path.is_file():
+        old = ints(pd.read_csv(path, dtype=str, keep_default_na=False).reindex(columns=COLUMNS, fill_value=""))
+        new = ints(frame.astype(object).where(frame.notna(), "").astype(str))
+        key_new = set(map(tuple, new[KEY].to_numpy()))
+        old = old[[tuple(r) not in key_new for r in old[KEY].to_numpy()]]
+        merged = pd.concat([old, new], ignore_index=True)
+    else:
+        merged = ints(frame.astype(object).where(frame.notna(), "").astype(str))
+    merged = merged.sort_values(["dataset", "metric", "model", "dtype", "seed"], kind="mergesort")
+    tmp = path.with_suffix(".csv.tmp")
+    merged.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+def load_results(path=RESULTS) -> pd.DataFrame:
+    """The quality CSV with typed columns (empty frame with COLUMNS when missing)."""
+    path = Path(path)
+    if not path.is_file():
+        return pd.DataFrame(columns=COLUMNS)
+    df = pd.read_csv(path)
+    df["value"] = pd.to_numeric(df["value"], errors="coerce")
+    if "experiment" not in df.columns or df["experiment"].isna().any():
+        df = _infer_experiment(df)
+    return df.reindex(columns=[*COLUMNS, *[c for c in df.columns if c not in COLUMNS]])
+
+
+_COMPUTE_METRICS = {"flops_per_ad", "kernel_flops_per_ad", "kernel_ads_per_s"}
+_PRECISION_METRICS = {"recall@100_delta_pp", "overlap@100_fp32", "score_err_p50", "score_err_p99",
+                      "score_err_p999", "score_err_max"}
+
+
+def _infer_experiment(df: pd.DataFrame) -> pd.DataFrame:
+    """Fill a missing ``experiment`` column (files written before it existed): compute metrics,
+    precision metrics, ``bytes_per_ad`` without a seed = compute; a non-fp32 ``recall@100`` and the
+    second of two identical-key fp32 ``recall@100`` rows = precision; the rest = expert_count."""
+    df = df.copy()
+    exp = df["experiment"] if "experiment" in df.columns else pd.Series(np.nan, index=df.index)
+    seed_empty = df["seed"].isna() | (df["seed"].astype(str) == "")
+    guess = np.where(df["metric"].isin(_COMPUTE_METRICS) | ((df["metric"] == "bytes_per_ad") & seed_empty), "compute",
+                     np.where(df["metric"].isin(_PRECISION_METRICS) | (df["metric"] == "bytes_per_ad"), "precision",
+                              "expert_count"))
+    guess = pd.Series(guess, index=df.index)
+    rec = (df["metric"] == "recall@100") & (df["model"] != "true_model")
+    guess[rec & (df["dtype"].astype(str) != "fp32")] = "precision"
+    keys = ["dataset", "model", "dtype", "seed", "metric", "preset"]
+    dup = rec & (df["dtype"].astype(str) == "fp32") & df[keys].astype(str).duplicated(keep="first")
+    guess[dup] = "precision"
+    df["experiment"] = exp.where(exp.notna(), guess)
+    return df
+
+
+def summarize(frame: pd.DataFrame, metrics=None) -> pd.DataFrame:
+    """Mean, standard deviation and count over seeds per (dataset, model, dtype, metric)."""
+    df = frame if metrics is None else frame[frame["metric"].isin(metrics)]
+    g = df.groupby(["dataset", "model", "dtype", "metric"], dropna=False)["value"]
+    return g.agg(mean="mean", std="std", seeds="count").reset_index()
+
+
+MODEL_ORDER = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture", "ranking", "true_model")
+
+
+def recall_table(frame: pd.DataFrame, dataset: str, metric: str = "recall@100") -> pd.DataFrame:
+    """``model x (mean, std, seeds)`` of one metric (fp32 tables), in :data:`MODEL_ORDER`."""
+    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & (frame["experiment"] == "expert_count")]
+    s = df.groupby("model")["value"].agg(mean="mean", std="std", seeds="count")
+    return s.reindex([m for m in MODEL_ORDER if m in s.index])
+
+
+# ---------------------------------------------------------------------------------------------
+# everything
+
+
+def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS,
+                    scoring_csv=SCORING) -> Path:
+    """Rewrite only the compute-per-ad rows of ``<out>/quality.csv`` (e.g. after a new
+    ``scoring.csv``); no training."""
+    p = PRESETS[preset]
+    n_cats = {"multi_interest": p.world.get("topics", 100), "ml-100k": 19}
+    frames = [compute_rows(ds, d=p.cfg(ds, "mixture_k2").d, dtypes=("fp32", "bf16", "fp16", "int8"),
+                           n_cats=n_cats[ds], ranking_hidden=p.cfg(ds, "ranking").hidden,
+                           scoring_csv=scoring_csv, preset=p.name) for ds in datasets]
+    return write_rows(pd.concat(frames, ignore_index=True), Path(out) / "quality.csv")
+
+
+def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
+            device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
+            scoring_csv=SCORING, models=None) -> pd.DataFrame:
+    """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset.
+
+    This is what ``python -m andromeda_nb.training`` runs.
+    """
+    p = PRESETS[preset]
+    path = Path(out) / "quality.csv"
+    frames = []
+    for ds in datasets:
+        data = load_data(ds, p, data_dir=data_dir)
+        comp = compute_rows(ds, d=p.cfg(ds, "mixture_k2").d, dtypes=("fp32", "bf16", "fp16", "int8"),
+                            n_cats=data.ad_cats.shape[1], ranking_hidden=p.cfg(ds, "ranking").hidden,
+                            scoring_csv=scoring_csv, preset=p.name)
+        write_rows(comp, path)
+        frames.append(comp)
+        prec_rows = eval_rows(data, p.precision_users.get(ds), seed=0)
+        for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
+            frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress)
+            prec = [run_precision(tm, prec_rows, preset=p.name) for (name, _), tm in sorted(trained.items())
+                    if name == "mixture_k2"]
+            done = pd.concat([frame, *prec], ignore_index=True)
+            write_rows(done, path)
+            frames.append(done)
+            if progress:
+                print(f"{ds} seed {seed}: wrote {len(done)} rows to {path}", flush=True)
+        if progress:
+            print(recall_table(load_results(path).query("preset == @p.name"), ds).to_string(), flush=True)
+    return pd.concat(frames, ignore_index=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# worked example (notebook 07)
+
+
+def two_interest_user(data, min_weight: float = 0.3) -> int:
+    """An evaluated synthetic user holding exactly two interests, each with weight >= ``min_weight``,
+    whose topics are the most different (lowest centroid cosine). Returns the user id."""
+    w = data.world
+    rows = data.eval_rows
+    t = w.interest_topics[data.user_ids[rows]]
+    wt = w.interest_weights[data.user_ids[rows]]
+    two = ((t >= 0).sum(1) == 2) & (wt[:, :2].min(1) >= min_weight)
+    if not two.any():
+        raise ValueError("no evaluated user holds two balanced interests")
+    cand = rows[two]
+    tt = t[two][:, :2]
+    mu = w.topic_centroids
+    cos = np.einsum("nd,nd->n", mu[tt[:, 0]], mu[tt[:, 1]])
+    return int(data.user_ids[cand[int(np.argmin(cos))]])
+
+
+def gate_example(tm, user_id, n_top: int = 30, table=None) -> pd.DataFrame:
+    """The user's top ads (eligible, unseen) under a trained mixture with each ad's gate: one row per
+    ad with ``rank, ad_id, score, topic`` (synthetic: which of the user's interests it belongs to),
+    ``p_<expert>`` and ``chosen`` (the expert names DESIGN's top-K picked). Scored by the oracle."""
+    from .. import reference
+    from ..training.data import GROUPS
+
+    data = tm.data
+    row = data.row_of(user_id)
+    req = tm.export_request(user_id)
+    table = tm.export_table("fp32") if table is None else table
+    mask = data.eligible(np.array([row]))[0]
+    top = reference.retrieve(req, table, n_top, eligible=mask)
+    slots = table.slots_of(top.ids[top.ids >= 0])
+    g = reference.gate(req, table.dequantized()[slots])
+    names = GROUPS[: req.experts]
+    out = pd.DataFrame({"rank": np.arange(1, slots.size + 1), "ad_id": table.ad_ids[slots],
+                        "score": top.scores[: slots.size]})
+    if hasattr(data.world, "ad_topic"):
+        w = data.world
+        topic = w.ad_topic[slots]
+        mine = w.interest_topics[int(user_id)]
+        out["topic"] = topic
+        out["interest"] = [f"interest {int(np.flatnonzero(mine == t)[0])}" if t in mine else "other" for t in topic]
+    for e, nm in enumerate(names):
+        out[f"p_{nm}"] = g.p[:, e]
+    out["chosen"] = [", ".join(names[e] for e in np.flatnonzero(c)) for c in g.chosen]
+    return out
+
+
+def gate_by_interest(tm, user_id) -> pd.DataFrame:
+    """Synthetic world: for every eligible unseen ad of each of the user's interest topics, the mean
+    gate weight ``p`` of each expert and how often each expert is among the chosen K
+    (rows: interests; columns ``p_<expert>``, ``chosen_<expert>``)."""
+    from .. import reference
+    from ..training.data import GROUPS
+
+    data, w = tm.data, tm.data.world
+    row = data.row_of(user_id)
+    req = tm.export_request(user_id)
+    table = tm.export_table("fp32")
+    mask = data.eligible(np.array([row]))[0]
+    names = GROUPS[: req.experts]
+    rows = []
+    for j, t in enumerate(w.interest_topics[int(user_id)]):
+        if t < 0:
+            continue
+        slots = np.flatnonzero(mask & (w.ad_topic == t))
+        g = reference.gate(req, table.dequantized()[slots])
+        r = {"interest": f"interest {j}", "topic": int(t), "weight": float(w.interest_weights[int(user_id), j]),
+             "ads": int(slots.size)}
+        r.update({f"p_{nm}": float(g.p[:, e].mean()) for e, nm in enumerate(names)})
+        r.update({f"chosen_{nm}": float(g.chosen[:, e].mean()) for e, nm in enumerate(names)})
+        rows.append(r)
+    return pd.DataFrame(rows).set_index("interest")

@@ -1,0 +1,342 @@
+"""Benchmark harness and suites: ``python -m andromeda_nb.bench <suite> [options]`` (GPU only).
+
+House rules (DESIGN.md, "Measuring"): the read ceiling (cupy sum over >= 4 GiB), the device copy
+and the best Numba 8-byte read kernel are measured in the same run; every case is timed with CUDA
+events after warm-up, median of >= 10 repetitions (p20 / p80 too), on data far larger than L2 and
+never zeros, with a >= 1 ms busy kernel queued ahead of the start event so the events time the GPU
+and not Numba's ~47 us launch overhead; the host wall time per call is reported separately. Every
+row checks its own output and says so in ``verified``. Rows follow DESIGN.md's results schema and
+are written to ``<out>/<suite>.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA = (
+    "suite variant device driver numba numba_cuda commit timestamp n_ads d dtype experts k_experts "
+    "access eligible_fraction categories k batch seconds_median seconds_p20 seconds_p80 items_per_s "
+    "bytes_per_item flops_per_item achieved_TBps ceiling_read_TBps ceiling_copy_TBps "
+    "fraction_of_read_ceiling verified"
+).split()
+EXTRA = ["host_seconds_per_call", "layout", "notes"]
+GIB = 1 << 30
+
+
+# ----------------------------------------------------------------------------- environment
+
+def commit_id() -> str:
+    """The commit under test: $ANDROMEDA_COMMIT (set when the tree travels without .git), else git."""
+    env = os.environ.get("ANDROMEDA_COMMIT")
+    if env:
+        return env
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             check=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        return out + ("-dirty" if dirty else "")
+    except Exception:
+        return "unknown"
+
+
+def env_info() -> dict:
+    """Device, driver, versions, commit and timestamp for every row."""
+    import numba
+    from numba import cuda
+
+    from ..device import backend
+
+    try:
+        import importlib.metadata as md
+
+        numba_cuda = md.version("numba-cuda")
+    except Exception:
+        numba_cuda = "unknown"
+    drv = cuda.cudadrv.driver.driver.get_version()
+    return {
+        "device": backend.device_name(),
+        "driver": ".".join(map(str, drv)) if isinstance(drv, tuple) else str(drv),
+        "numba": numba.__version__,
+        "numba_cuda": numba_cuda,
+        "commit": commit_id(),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# ----------------------------------------------------------------------------- timing
+
+_busy = {}
+
+
+def _busy_kernel():
+    if "k" not in _busy:
+        from numba import cuda, float32
+
+        @cuda.jit
+        def spin(out, iters):
+            x = float32(cuda.threadIdx.x) * float32(1e-7)
+            for _ in range(iters):
+                x = x * float32(0.9999999) + float32(1e-7)
+            if x == float32(-1.0):  # never true; keeps the loop alive
+                out[0] = x
+
+        _busy["k"] = spin
+        _busy["out"] = cuda.device_array(1, np.float32)
+        _busy["iters"] = 1 << 14
+    return _busy
+
+
+def busy(ms: float = 1.0) -> None:
+    """Enqueue a kernel that keeps the GPU busy for about ``ms`` milliseconds.
+
+    The spin rate (iterations per millisecond) is calibrated once, on the first call; every call
+    then scales the iteration count to its own ``ms``.
+    """
+    from numba import cuda
+
+    b = _busy_kernel()
+    if "iters_per_ms" not in b:
+        iters = b["iters"]
+        for _ in range(4):
+            s, e = cuda.event(), cuda.event()
+            s.record()
+            b["k"][264, 128](b["out"], iters)
+            e.record()
+            e.synchronize()
+            took = max(cuda.event_elapsed_time(s, e), 1e-3)
+            rate = iters / took
+            iters = max(1, int(rate * 2.0))  # calibrate on a ~2 ms run
+        b["iters_per_ms"] = rate
+    b["k"][264, 128](b["out"], max(1, int(b["iters_per_ms"] * ms)))
+
+
+@dataclass
+class Timing:
+    """Device seconds (median, p20, p80) over ``reps`` runs, and host seconds per call."""
+
+    median: float
+    p20: float
+    p80: float
+    host_per_call: float
+    reps: int
+
+
+#: the fewest timed runs a result row's median may come from (DESIGN.md's measuring rules)
+MIN_REPS = 10
+
+
+def time_device(fn, reps: int = 15, warmup: int = 3, busy_ms: float = 2.0) -> Timing:
+    """Time ``fn()`` (which must only enqueue device work, never synchronise) with CUDA events.
+
+    Before each start event a busy kernel of ``busy_ms`` is queued so the stream is never idle and
+    the event pair measures the GPU, not Python's launch overhead.
+    """
+    from numba import cuda
+
+    for _ in range(warmup):
+        fn()
+    cuda.synchronize()
+    events = []
+    host = []
+    for _ in range(reps):
+        busy(busy_ms)
+        s, e = cuda.event(), cuda.event()
+        s.record()
+        t0 = time.perf_counter()
+        fn()
+        host.append(time.perf_counter() - t0)
+        e.record()
+        events.append((s, e))
+    cuda.synchronize()
+    secs = sorted(cuda.event_elapsed_time(s, e) / 1e3 for s, e in events)
+    q = statistics.quantiles(secs, n=5) if len(secs) > 1 else [secs[0]] * 4
+    return Timing(statistics.median(secs), q[0], q[3], statistics.median(host), reps)
+
+
+# ----------------------------------------------------------------------------- ceilings
+
+@dataclass
+class Ceilings:
+    read_TBps: float
+    copy_TBps: float
+    numba_read_TBps: float
+
+
+def numba_read_kernel():
+    """The best plain Numba read: 8-byte loads, 4 independent loads in flight per thread."""
+    from numba import cuda, uint64
+
+    @cuda.jit
+    def read4(x, out):
+        n = x.shape[0]
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        acc = uint64(0)
+        while i + 3 * stride < n:
+            a = x[i]
+            b = x[i + stride]
+            c = x[i + 2 * stride]
+            d = x[i + 3 * stride]
+            acc ^= a ^ b ^ c ^ d
+            i += 4 * stride
+        while i < n:
+            acc ^= x[i]
+            i += stride
+        if acc == uint64(0x5DEECE66D):  # data-dependent, practically never true
+            out[0] = acc
+
+    return read4
+
+
+def measure_ceilings(nbytes: int = 4 * GIB, reps: int = 15) -> Ceilings:
+    """Read-only reduction (cupy sum over fp32), device-to-device copy (cupy, bytes read + written)
+    and the Numba 8-byte read kernel, on ``nbytes`` of random data."""
+    import cupy as cp
+    from numba import cuda
+
+    from ..device import launch
+
+    x = cp.random.random(nbytes // 4, dtype=cp.float32)
+    t_sum = time_device(lambda: x.sum(), reps=reps)
+    half = x[: x.size // 2]
+    y = cp.empty_like(half)
+    t_copy = time_device(lambda: cp.copyto(y, half), reps=reps)
+    del y
+    xu = cuda.as_cuda_array(x.view(cp.uint64))
+    out = cuda.device_array(1, np.uint64)
+    k = numba_read_kernel()
+    grid = launch.sm_count() * 8
+    t_numba = time_device(lambda: k[grid, 256](xu, out), reps=reps)
+    del x, xu
+    cp.get_default_memory_pool().free_all_blocks()
+    return Ceilings(nbytes / t_sum.median / 1e12, 2 * (nbytes // 2) / t_copy.median / 1e12,
+                    nbytes / t_numba.median / 1e12)
+
+
+def row(suite: str, env: dict, ceil: Ceilings, timing: Timing, items: int, bytes_per_item: float,
+        flops_per_item: float | None, verified: str, **fields) -> dict:
+    """One results row in DESIGN.md's schema (plus EXTRA columns)."""
+    ips = items / timing.median
+    achieved = ips * bytes_per_item / 1e12
+    out = {c: "" for c in SCHEMA + EXTRA}
+    out.update(env)
+    out.update(suite=suite, seconds_median=f"{timing.median:.6e}", seconds_p20=f"{timing.p20:.6e}",
+               seconds_p80=f"{timing.p80:.6e}", items_per_s=f"{ips:.6e}", bytes_per_item=f"{bytes_per_item:.4g}",
+               flops_per_item="" if flops_per_item is None else f"{flops_per_item:.6g}",
+               achieved_TBps=f"{achieved:.4f}", ceiling_read_TBps=f"{ceil.read_TBps:.4f}",
+               ceiling_copy_TBps=f"{ceil.copy_TBps:.4f}",
+               fraction_of_read_ceiling=f"{achieved / ceil.read_TBps:.4f}", verified=verified,
+               host_seconds_per_call=f"{timing.host_per_call:.3e}")
+    out.update({k: v for k, v in fields.items()})
+    return out
+
+
+def ceiling_rows(env: dict, ceil: Ceilings, suite: str) -> list[dict]:
+    """The ceilings as rows of the suite's own table (variant ``ceiling_*``)."""
+    rows = []
+    for variant, tbps in (("ceiling_read_cupy_sum", ceil.read_TBps), ("ceiling_copy_cupy", ceil.copy_TBps),
+                          ("ceiling_read_numba_8B_x4", ceil.numba_read_TBps)):
+        r = {c: "" for c in SCHEMA + EXTRA}
+        r.update(env, suite=suite, variant=variant, achieved_TBps=f"{tbps:.4f}",
+                 ceiling_read_TBps=f"{ceil.read_TBps:.4f}", ceiling_copy_TBps=f"{ceil.copy_TBps:.4f}",
+                 fraction_of_read_ceiling=f"{tbps / ceil.read_TBps:.4f}", verified="n/a (ceiling)",
+                 bytes_per_item="", notes=f"{4 * GIB} bytes of random fp32")
+        rows.append(r)
+    return rows
+
+
+def write_rows(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SCHEMA + EXTRA, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+_sink: Path | None = None  # the CSV rows are appended to as they are printed (a cut-off run keeps them)
+
+
+def print_rows(rows: list[dict]) -> None:
+    if _sink is not None:
+        new = not _sink.exists()
+        with _sink.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=SCHEMA + EXTRA, extrasaction="ignore")
+            if new:
+                w.writeheader()
+            w.writerows(rows)
+    cols = ["variant", "dtype", "layout", "d", "experts", "k_experts", "access", "eligible_fraction", "k",
+            "items_per_s", "achieved_TBps", "fraction_of_read_ceiling", "verified"]
+    print(" | ".join(cols))
+    for r in rows:
+        vals = []
+        for c in cols:
+            v = r.get(c, "")
+            if c == "items_per_s" and v:
+                v = f"{float(v) / 1e9:.2f}G"
+            vals.append(str(v))
+        print(" | ".join(vals))
+    sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------- suites
+
+
+#: suite name -> module of this package holding a function of the same name (env, ceilings, args) -> rows
+SUITE_MODULES = {"scoring": "bench_suites", "topk": "bench_suites", "targeting": "bench_targeting"}
+
+
+def suite_function(name: str):
+    import importlib
+
+    module = importlib.import_module(f".{SUITE_MODULES[name]}", __package__)
+    return getattr(module, name)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m andromeda_nb.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("suite", choices=sorted(SUITE_MODULES), help="which suite to run")
+    ap.add_argument("--out", default="data/results", help="folder for <suite>.csv (default data/results)")
+    ap.add_argument("--quick", action="store_true", help="a small subset of cases")
+    ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting")
+    ap.add_argument("--reps", type=int, default=15, help="timed runs a case, median reported (at least 10: DESIGN.md)")
+    ap.add_argument("--phases", default=None, help="comma-separated phases of the suite (default: all)")
+    ap.add_argument("--name", default=None, help="output file stem (default: the suite name)")
+    args = ap.parse_args(argv)
+    if args.reps < MIN_REPS:
+        ap.error(f"--reps must be at least {MIN_REPS} (a median of >= {MIN_REPS} timings; DESIGN.md), got {args.reps}")
+    from ..device import backend
+
+    if backend.set_backend("auto") != "cuda":
+        print("benchmarks need a CUDA GPU (backend resolved to the simulator)", file=sys.stderr)
+        return 2
+    env = env_info()
+    t0 = time.time()
+    ceil = measure_ceilings(reps=args.reps)
+    print(f"ceilings: read {ceil.read_TBps:.3f} TB/s, copy {ceil.copy_TBps:.3f} TB/s, "
+          f"numba 8B read {ceil.numba_read_TBps:.3f} TB/s ({time.time() - t0:.1f}s)")
+    global _sink
+    path = Path(args.out) / f"{args.name or args.suite}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink()
+    _sink = path
+    rows = ceiling_rows(env, ceil, args.suite)
+    print_rows(rows)
+    rows += suite_function(args.suite)(env, ceil, args)
+    _sink = None
+    write_rows(rows, path)
+    print_rows(rows)
+    print(f"wrote {len(rows)} rows to {path} in {time.time() - t0:.0f}s")
+    return 0

@@ -1,0 +1,238 @@
+"""Compile every kernel variant to PTX for a real GPU target, without a GPU.
+
+The CUDA simulator runs kernels as Python and type-checks nothing; this compiles each variant with
+NVVM for ``sm_90`` (H100 / H200), so typing and lowering errors show up in CI, and reports what the
+PTX says about each variant (local-memory traffic, global load widths). Needs the NVVM and NVRTC
+wheels (``nvidia-nvvm``, ``nvidia-cuda-nvrtc``; in the test extras) and must run in a process where
+the simulator is off: ``NUMBA_ENABLE_CUDASIM=0 python -m andromeda_nb.device.ptxcheck``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+
+def _fake_device(cc):
+    """Device functions compile for the current device; give them one without a driver."""
+    import numba.cuda.dispatcher as dispatcher
+
+    class _Device:
+        compute_capability = cc
+
+    dispatcher.get_current_device = lambda: _Device()
+
+
+def variants():
+    """(name, dispatcher, signature) for every kernel variant the host wrappers can launch."""
+    from numba import types as nt
+
+    from ..match import kernels as M
+    from ..score import naive as S
+    from ..topk import block as T
+
+    f32, i32, i64, u64, u32 = nt.float32, nt.int32, nt.int64, nt.uint64, nt.uint32
+
+    def A(t, nd=1):
+        return nt.Array(t, nd, "C")
+
+    from ..score import fused as FK
+
+    store = {"fp32": f32, "fp16": nt.float16, "bf16": nt.uint16, "int8": nt.int8}
+    out = []
+    fused_sig = (A(u64, 2), A(f32), A(f32), A(f32), A(u64), A(i32), i64, A(i64), i64, A(f32), A(f32), A(i32), A(i64))
+    # every axis of variation at least once (the full cross product takes many minutes)
+    configs = [("gated", 64, 6, 2, "chosen", dt, lay, "pool", 0) for dt in store for lay in FK.LAYOUTS]
+    configs += [("gated", 64, 6, 2, "chosen", "fp16", "tiles", acc, cap) for acc in FK.ACCESS for cap in (0, 2048)
+                if (acc, cap) != ("pool", 0)]
+    configs += [("gated", 64, 6, 2, "chosen", "int8", "rows", "candidates", 2048),
+                ("gated", 64, 6, 2, "all", "fp16", "tiles", "pool", 2048),
+                ("gated", 64, 6, 2, "all", "bf16", "rows", "bitset", 0),
+                ("dot", 64, 1, 1, "chosen", "fp16", "tiles", "pool", 2048),
+                ("dot", 128, 1, 1, "chosen", "int8", "rows", "bitset", 0),
+                ("gated", 32, 1, 1, "chosen", "fp32", "rows", "pool", 512),
+                ("gated", 128, 8, 4, "chosen", "fp16", "tiles", "pool", 0)]
+    for model, d, E, K, values, dtype, layout, access, cap in configs:
+        k = FK.fused_kernel(model, d, E, K, dtype, layout, access, 256, cap, True, values)
+        out.append((f"fused {model} d{d} E{E} K{K} {values} {dtype} {layout} {access} cap{cap}", k, fused_sig))
+    # request weights as kernel parameters (KernelConfig.weights="param"), the offset hoisting guard
+    for model, E, K, dtype in (("gated", 6, 2, "fp16"), ("dot", 1, 1, "int8")):
+        n = 64 if model == "dot" else (2 + E) * 64
+        k = FK.fused_kernel(model, 64, E, K, dtype, "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False, "param")
+        out.append((f"fused {model} d64 E{E} K{K} {dtype} tiles pool cap0 weights=param", k,
+                    fused_sig + (nt.UniTuple(f32, n),)))
+    k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False, "shared",
+                        "offset")
+    out.append(("fused gated d64 E6 K2 fp16 tiles pool cap0 guard=offset", k, fused_sig))
+    # the tensor-core kernel (KernelConfig.tensor_cores): scores, fused block top-K, each access
+    for dtype, layout, access, cap in (("fp16", "tiles", "pool", 0), ("bf16", "rows", "candidates", 2048),
+                                       ("fp16", "tiles", "bitset", 0)):
+        k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, access, 256, cap, True, "chosen", None, 1, 1, False,
+                            "shared", "fence", True)
+        out.append((f"fused gated d64 E6 K2 {dtype} {layout} {access} cap{cap} tensor_cores", k, fused_sig))
+    # the seeded filter path of fused scoring + top-k (scoring.launch_score_filter), each access
+    filter_sig = (A(u64, 2), A(f32), A(f32), A(f32), A(u64), A(i32), i64, A(i64), A(f32), A(f32, 2), A(i32, 2),
+                  A(i64), A(i64, 2))
+    for access in FK.ACCESS:
+        k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", access, 256, 0, True, "chosen", None, 1, 1, True)
+        out.append((f"fused gated d64 E6K2 fp16 tiles {access} seed_filter", k, filter_sig))
+    k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "bitset", 256, 0, True, "chosen", None, 1, 1, True,
+                        "shared", "fence", True)
+    out.append(("fused gated d64 E6K2 fp16 tiles bitset seed_filter tensor_cores", k, filter_sig))
+    out.append(("sample_prep cand", FK.sample_prep_kernel(True, False),
+                (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))
+    out.append(("sample_prep elig", FK.sample_prep_kernel(False, True),
+                (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))
+    for every in (2, 4):  # the top-K barrier only every few rounds (KernelConfig.sync_every)
+        k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "pool", 256, 2048, True, "chosen", None, 1, every)
+        out.append((f"fused gated d64 E6K2 chosen fp16 tiles pool cap2048 every{every}", k, fused_sig))
+    for dtype, layout, access in (("fp16", "tiles", "pool"), ("int8", "rows", "bitset")):
+        k = S.gated_score_kernel(64, 6, 2, dtype, layout, access, 256, 2048, True)
+        tab = A(store[dtype], 2 if layout == "rows" else 3)
+        sig = (tab, A(f32), A(f32), A(f32), A(f32), A(f32), A(f32), A(u64), A(i32), i64,
+               A(i64), i64, A(f32), A(f32), A(i32), A(i64))
+        out.append((f"naive gated d64 E6 K2 {dtype} {layout} {access} cap2048", k, sig))
+    from ..score import unfused_kernels as U
+
+    for gather in (False, True):
+        out.append((f"unfused encode fp16 tiles{' gather' if gather else ''}", U.encode_kernel(64, "fp16", "tiles", gather),
+                    (A(u64, 2), A(f32), A(f32), A(f32), i64, A(f32, 2), A(i32))))
+    out.append(("unfused gate", U.gate_kernel(64, 6), (A(f32, 2), A(f32), i64, A(f32, 2))))
+    out.append(("unfused choose", U.choose_kernel(6, 2), (A(f32, 2), i64, A(nt.int8, 2), A(f32, 2))))
+    out.append(("unfused values", U.values_kernel(64, 2), (A(f32, 2), A(f32), A(nt.int8, 2), i64, A(f32, 2))))
+    for gather in (False, True):
+        out.append((f"unfused combine{' gather' if gather else ''}", U.combine_kernel(2, gather),
+                    (A(f32, 2), A(f32, 2), A(f32), i64, A(f32), A(i32))))
+    out.append(("unfused gather rows", U.gather_rows_kernel("tiles"), (A(u64, 2), A(f32), A(i32), i64, A(u64, 2), A(f32))))
+    out.append(("unfused bitset to slots", U.bitset_to_slots_kernel(), (A(u64), A(i32), A(i64))))
+    out.append(("unfused gather ids", U.gather_ids_kernel(), (A(i64), A(i32), i64, A(i64))))
+    for cap in (512, 4096):
+        for elig in (False, True):
+            for ids in (False, True):
+                out.append((f"topk scan cap{cap} elig{elig} ids{ids}", T.scan_kernel(cap, 256, elig, ids),
+                            (A(f32), A(i64), A(u64, 2), A(i64), A(i64), i64, A(f32), A(f32, 2), A(i32, 2), A(i64, 2))))
+        out.append((f"topk final cap{cap}", T.final_kernel(cap, 256, True),
+                    (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
+        for ids in (False, True):  # at the launch's block (topk.RADIX_BLOCK: 1024, at most 64 registers)
+            out.append((f"topk final_radix cap{cap} ids{ids}", T.final_radix_kernel(cap, 1024, ids),
+                        (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
+    out.append(("topk bound", T.bound_kernel(256, True),
+                (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32))))
+    out.append(("topk select", T.select_kernel(True),
+                (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32), A(f32, 2), A(i32, 2), A(i64))))
+    from ..topk import select as SEL
+
+    for gather, elig in ((True, False), (True, True), (False, False)):
+        out.append((f"select seed gather{gather} elig{elig}", SEL.seed_kernel(1024, 256, gather, elig, gather),
+                    (A(f32), i64, i64, A(f32), A(u64), i64, A(u32), A(u32), A(f32), A(i64, 2), A(i64))))
+    for elig in (False, True):
+        out.append((f"select filter elig{elig}", SEL.filter_kernel(256, elig),
+                    (A(u64), A(f32), i64, A(i64), A(u64, 2), A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))
+        for by_max in (False, True):
+            out.append((f"select batch_seed elig{elig} by_max{by_max}", SEL.batch_seed_kernel(128, 32, 32, elig, 5, 8, by_max),
+                        (A(f32), A(i64), A(i64), A(u64, 2), A(f32), A(i64, 2), A(i64))))
+    for ids in (False, True):
+        for ws in (False, True):
+            out.append((f"select final_sort ids{ids} warp_sync{ws}", SEL.final_sort_kernel(128, ids, 1024, ws),
+                        (A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2),
+                         A(i64, 2))))
+        out.append((f"select final_rank ids{ids}", SEL.final_rank_kernel(256, ids),
+                    (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
+    from ..topk import onelaunch as OL
+
+    for elig in (False, True):
+        out.append((f"onelaunch topk elig{elig} warp_sync{elig}",
+                    OL.onelaunch_topk_kernel(1024, 8, 8, elig, OL.ONELAUNCH_CAP, elig),
+                    (A(f32), A(u64), i64, i64, A(f32), A(i32), A(i64), A(u32), A(i64, 2), A(f32, 2), A(i32, 2),
+                     A(i64, 2))))
+    # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the
+    # update kernel per list-pool dtype (int32 below 2^31 slots, int64 beyond), compaction per output dtype
+    match_sig = (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), A(i64))
+    for blk in (256, 512):
+        for U in (1, 2, 4, 8, 16):
+            out.append((f"match b{blk} U{U}", M.match_kernel(blk, U), match_sig))
+    for U in (4, 8):
+        out.append((f"match b256 U{U} prefetch", M.match_kernel(256, U, 0, True), match_sig))
+    grouped_sig = (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(u64, 2), A(i64))
+    for U, G in ((1, 8), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8), (8, 2), (8, 4)):
+        out.append((f"match grouped b256 U{U} G{G}", M.match_grouped_kernel(256, U, G), grouped_sig))
+    for pool_t in (i32, i64):
+        out.append((f"match prep pool {pool_t}", M.prep_kernel(),
+                    (A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(u64, 2), i64)))
+        out.append((f"match post pool {pool_t}", M.post_kernel(256),
+                    (A(u64, 2), A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), i64)))
+        out.append((f"match prep_segment pool {pool_t}", M.prep_segment_kernel(256),
+                    (A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(u64, 2), i64)))
+        out.append((f"match post_segment pool {pool_t}", M.post_segment_kernel(256),
+                    (A(u64, 2), A(i64), i64, A(pool_t), A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), i64)))
+        out.append((f"match apply pool {pool_t}", M.apply_kernel(), (A(u64, 2), A(pool_t), A(i64), i64, i64, i64)))
+    out.append(("match fill", M.fill_kernel(), (A(u64, 2), u64)))
+    out.append(("match chunk_count", M.chunk_count_kernel(256), (A(u64, 2), i64, i64, i64, A(i64))))
+    for cand_t in (i32, i64):
+        out.append((f"match compact {cand_t}", M.compact_kernel(256), (A(u64, 2), i64, i64, i64, A(i64), A(cand_t), i64)))
+    out.append(("clear_bits", M.clear_bits_kernel(), (A(u64), A(i64), A(i64))))
+    return out
+
+
+def inspect_ptx(ptx: str) -> dict:
+    """Counts read off PTX text: local-memory ops and global loads by width."""
+    loads = re.findall(r"ld\.global(?:\.\w+)*?\.(v[24]\.)?([busf]\d+)", ptx)
+    widths = {}
+    for vec, ty in loads:
+        nbytes = int(ty[1:]) // 8 * (int(vec[1]) if vec else 1)
+        widths[nbytes] = widths.get(nbytes, 0) + 1
+    return {
+        "local_ops": len(re.findall(r"\b(?:ld|st)\.local", ptx)),
+        "global_load_bytes": dict(sorted(widths.items())),
+        "lines": ptx.count("\n"),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cc", default="9.0", help="compute capability to compile for (default 9.0)")
+    ap.add_argument("--only", default=None, help="regex on variant names")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per variant")
+    ap.add_argument("--quick", action="store_true",
+                    help="one variant per kernel family (CI); the generated kernels take seconds each to compile")
+    args = ap.parse_args(argv)
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        print("ptxcheck needs NUMBA_ENABLE_CUDASIM=0 (it compiles for a real GPU)", file=sys.stderr)
+        return 2
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+    from numba import cuda
+
+    from . import backend
+
+    backend._chosen = "cuda"  # compile only: nothing here launches
+    cc = tuple(int(x) for x in args.cc.split("."))
+    _fake_device(cc)
+    failures = 0
+    seen_families = set()
+    for name, disp, sig in variants():
+        if args.only and not re.search(args.only, name):
+            continue
+        family = " ".join(name.split()[:2])
+        if args.quick and family in seen_families:
+            continue
+        seen_families.add(family)
+        try:
+            ptx, _ = cuda.compile_ptx(disp.py_func, sig, cc=cc)
+        except Exception as exc:  # report every failing variant, then fail
+            failures += 1
+            print(f"FAIL {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            continue
+        info = inspect_ptx(ptx)
+        if args.json:
+            print(json.dumps({"variant": name, **info}))
+        else:
+            flag = "" if info["local_ops"] == 0 else "  <-- local memory"
+            print(f"ok   {name}: local ops {info['local_ops']}, global loads {info['global_load_bytes']}{flag}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,654 @@
+"""Host wrappers of the targeting kernels (match/kernels.py): the device index, one request or a
+batch to eligible bitsets (and optionally compacted candidate slots), real-time updates on the
+device, the CPU baseline, and the byte model of a request.
+
+Ordering: every upload (request plans, update deltas) goes through pinned staging buffers with
+asynchronous copies on the default stream, and every kernel runs on that stream, so the device
+executes updates and requests in the order the host issued them: a request sees every update
+applied before it was issued and none after, and the host never waits for the device except to
+read a result (``Eligible.count``, ``to_mask``, ``candidates``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..device import launch
+from ..targeting import (WORD_BITS, MatchPlan, TargetingIndex, UpdateBatch, UpdateDelta, make_profile,
+                        mask_from_bits, table_slots)
+
+#: Words each thread of the match kernel handles (loads in flight per row), threads per block and
+#: resident blocks per SM asked for (GPU defaults; the benchmark measures the alternatives).
+WORDS_PER_THREAD = 8
+MATCH_BLOCK = 256
+MATCH_BLOCKS_PER_SM = 8
+#: Launch bounds per words-per-thread: resident threads per SM the compiler must allow (it caps
+#: registers accordingly). Unsigned word indices (no wraparound code) cut sm_90 ptxas's registers
+#: without bounds to 53 / 72 / 122 for 4 / 8 / 16 words (were 72 / 124 / 233); with these bounds
+#: none spills: 4 words 64 registers (1,024 threads, 32 KB of loads in flight per SM), 8 words
+#: 78 (768 threads, 48 KB), 16 words 124 (512 threads, 64 KB).
+MATCH_THREADS_PER_SM = {4: 1024, 8: 768, 16: 512}
+#: Rows the match loads together (:func:`~andromeda_nb.match.kernels.match_grouped_kernel`); 0: the
+#: plain kernel, one row at a time with per-row early exit.
+MATCH_GROUP = 0
+#: the list passes around the match: "search" (a grid-stride pass over all entries, each finding
+#: its segment by binary search: match.kernels.prep_kernel / post_kernel) or "segment" (a block
+#: row a segment, SEG_LOADS loads a thread in flight: prep_segment_kernel / post_segment_kernel).
+#: "search" until the other is timed (bench targeting, stages: post 9.0 us, prep 3.6 us of the
+#: 107 us request at 39b72d4)
+LIST_KERNELS = "search"
+#: Largest group: each thread holds group x words_per_thread loaded words in registers.
+MAX_GROUP = 64
+
+
+def plan_ops(inc_ptr, inc_rows, exc_ptr, exc_rows) -> tuple[np.ndarray, np.ndarray]:
+    """A match plan flattened into row ops for the grouped match kernel, in reading order: per
+    category its include rows (the first flagged OP_FIRST, the last OP_CLOSE; none: one OP_ZERO op),
+    then its exclude rows (OP_EXC). Args as :class:`~andromeda_nb.targeting.MatchPlan`'s arrays
+    (include row ids already mapped to device row ids). Returns ``(op_row, op_kind)``, int64."""
+    from .kernels import OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
+
+    rows, kinds = [], []
+    for c in range(len(inc_ptr) - 1):
+        inc = inc_rows[inc_ptr[c]:inc_ptr[c + 1]]
+        if len(inc) == 0:
+            rows.append(0)
+            kinds.append(OP_ZERO)
+            continue  # the set is empty: its excludes change nothing
+        for q, r in enumerate(inc):
+            rows.append(int(r))
+            kinds.append((OP_FIRST if q == 0 else 0) | (OP_CLOSE if q == len(inc) - 1 else 0))
+        for r in exc_rows[exc_ptr[c]:exc_ptr[c + 1]]:
+            rows.append(int(r))
+            kinds.append(OP_EXC)
+    return np.array(rows, np.int64), np.array(kinds, np.int64)
+
+
+def _max_batch() -> int:
+    from .kernels import MAX_BATCH
+
+    return MAX_BATCH
+
+
+class _Stager:
+    """Uploads small int64 arrays without blocking the host: a ring of pinned host buffers, each
+    rewritten only after the asynchronous copy out of it finished (an event). The device side is
+    either a new array the caller owns (prepared plans, launched later) or a ring of device
+    buffers (for work launched right after the copy: a later copy into the same buffer is queued
+    after every kernel that read it)."""
+
+    def __init__(self, regions: int = 4, capacity: int = 1 << 15):
+        self.cuda = launch.cuda()
+        self.stream = self.cuda.default_stream()
+        self.regions = [{"host": self.cuda.pinned_array(capacity, np.int64), "dev": None, "event": None}
+                        for _ in range(regions)]
+        self.next = 0
+        self._keep = []  # replaced device buffers stay alive (queued kernels may still read them)
+
+    def upload(self, arrays: Sequence[np.ndarray], owned: bool = True) -> list:
+        """Device int64 views of ``arrays`` (each at least one element long: an empty array gets
+        one zero, so kernels can take it as an argument)."""
+        sizes = [max(int(a.size), 1) for a in arrays]
+        total = sum(sizes)
+        reg = self.regions[self.next]
+        self.next = (self.next + 1) % len(self.regions)
+        if reg["event"] is not None:
+            reg["event"].synchronize()
+        if reg["host"].size < total:
+            reg["host"] = self.cuda.pinned_array(1 << int(np.ceil(np.log2(total))), np.int64)
+        host = reg["host"]
+        if owned:
+            dev = self.cuda.device_array(total, np.int64)
+        else:
+            if reg["dev"] is None or reg["dev"].size < total:
+                if reg["dev"] is not None:
+                    self._keep.append(reg["dev"])
+                reg["dev"] = self.cuda.device_array(host.size, np.int64)
+            dev = reg["dev"]
+        off = 0
+        for a, n in zip(arrays, sizes):
+            if a.size:
+                host[off:off + a.size] = a
+            else:
+                host[off] = 0
+            off += n
+        dev[:total].copy_to_device(host[:total], stream=self.stream)
+        ev = self.cuda.event() if launch.backend.is_simulator() else self.cuda.event(timing=False)
+        ev.record(self.stream)
+        reg["event"] = ev
+        views, off = [], 0
+        for n in sizes:
+            views.append(dev[off:off + n])
+            off += n
+        return views
+
+
+@dataclass
+class PreparedMatch:
+    """A batch of requests planned and uploaded, ready to launch (:meth:`DeviceTargetingIndex.launch`).
+
+    ``plans``: the host plans; ``n_words``, ``n_bits``: the bitset span matched (the pool or a
+    prefix); ``args``: device arrays; ``version``: the index version the plans were made for.
+    """
+
+    plans: list
+    n_words: int
+    n_bits: int
+    args: dict
+    n_prep: int
+    n_post: int
+    n_scratch: int
+    version: int
+    profiles: list = None
+    #: the list passes' segments: how many, and the longest (the segment-grid kernels' shape)
+    prep_segments: tuple = (0, 0)
+    post_segments: tuple = (0, 0)
+
+    @property
+    def batch(self) -> int:
+        return len(self.plans)
+
+
+class DeviceTargetingIndex:
+    """A :class:`~andromeda_nb.targeting.TargetingIndex` with its rows and lists on the device.
+
+    Updates go through :meth:`apply` (host index first, then one kernel on the stream); updating
+    the host index directly afterwards makes this copy stale (it then raises).
+
+    ``host_bits=False`` drops the host index's bitset rows once they are on the device
+    (:meth:`~andromeda_nb.targeting.TargetingIndex.drop_host_bits`): the rows then live here only,
+    the host saves their memory and every update's host bit flips.
+    """
+
+    def __init__(self, index: TargetingIndex, staging_regions: int = 4, host_bits: bool = True):
+        if not isinstance(index, TargetingIndex):
+            raise TypeError(f"index must be a TargetingIndex, got {type(index).__name__}")
+        self.index = index
+        self.rows = launch.to_device(index._need_bits("a device copy"))
+        if not host_bits:
+            index.drop_host_bits()
+        self.pool = launch.to_device(index.pool)
+        self._version = index.version
+        self._scratch = None
+        self._stager = _Stager(staging_regions)
+
+    n_ads = property(lambda self: self.index.n_ads)
+    n_words = property(lambda self: self.index.n_words)
+    schema = property(lambda self: self.index.schema)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.rows.nbytes + self.pool.nbytes)
+
+    @property
+    def version(self) -> int:
+        """The host index version this device copy holds (as enqueued on the stream)."""
+        return self._version
+
+    def _check_fresh(self):
+        if self.index.version != self._version:
+            raise RuntimeError("the host index holds updates this device copy has not applied (apply updates "
+                               "through DeviceTargetingIndex.apply, or apply_delta each delta in order)")
+
+    def scratch(self, rows: int):
+        """The patch rows (all zero between requests), grown to at least ``rows``."""
+        rows = max(int(rows), 1)
+        if self._scratch is None or self._scratch.shape[0] < rows:
+            from .kernels import fill_kernel
+
+            old = self._scratch
+            new = launch.cuda().device_array((rows, max(self.n_words, 1)), np.uint64)
+            fill_kernel()[launch.grid_for(new.size, launch.default_block()), launch.default_block()](new, np.uint64(0))
+            self._scratch = new
+            self._old_scratch = old
+        return self._scratch
+
+    # ------------------------------------------------------------------ updates
+
+    def apply(self, batch: UpdateBatch) -> UpdateDelta:
+        """Apply an update batch (create / change / retire) to the host index and, in one kernel
+        on the stream, to the device copy. Validation errors change nothing (host or device).
+
+        Returns the :class:`~andromeda_nb.targeting.UpdateDelta` (bits changed, list writes).
+        """
+        self._check_fresh()
+        delta = self.index.apply(batch)
+        self.apply_delta(delta)
+        return delta
+
+    def apply_delta(self, delta: UpdateDelta) -> None:
+        """Enqueue one delta returned by ``self.index.apply`` (deltas must come in order: a
+        pipeline may run the host side ahead and feed the device later)."""
+        from .kernels import apply_kernel
+
+        if delta.version != self._version + 1:
+            raise RuntimeError(f"delta for version {delta.version} but the device copy is at {self._version}")
+        cuda = launch.cuda()
+        if delta.pool_size > self.pool.shape[0]:
+            grown = cuda.device_array(delta.pool_size, self.pool.dtype)
+            grown[:self.pool.shape[0]].copy_to_device(self.pool, stream=self._stager.stream)
+            self._stager._keep.append(self.pool)
+            self.pool = grown
+        n_bits, n_pos = delta.bit_codes.size, delta.list_pos.size
+        if n_bits + n_pos:
+            (buf,) = self._stager.upload([np.concatenate([delta.bit_codes, delta.list_pos, delta.list_vals])],
+                                         owned=False)
+            block = launch.default_block()
+            apply_kernel()[launch.grid_for(max(n_bits, n_pos), block), block](
+                self.rows, self.pool, buf, n_bits, n_pos, 0)
+        self._version = delta.version
+
+    # ------------------------------------------------------------------ requests
+
+    def prepare(self, profiles: Sequence[Mapping], exclude_slots=None, n_words: int | None = None) -> PreparedMatch:
+        """Plan and upload a batch of requests (at most ``MAX_BATCH``; see :func:`match_batch`).
+
+        Args:
+            profiles: one profile per request (validated with :func:`make_profile`).
+            exclude_slots: None, or one slot list (or None) per request.
+            n_words: match only the first ``n_words`` words of the pool (pool-size sweeps).
+
+        The plans follow the host index's current state; launch them after the device copy has
+        applied the same updates (its :attr:`version`).
+
+        Raises:
+            RuleError: a malformed profile. ValueError: exclude slots out of range, too many requests.
+        """
+        idx = self.index
+        profiles = list(profiles)
+        B = len(profiles)
+        if not 1 <= B <= _max_batch():
+            raise ValueError(f"a prepared batch holds 1..{_max_batch()} requests, got {B}")
+        excl = [None] * B if exclude_slots is None else list(exclude_slots)
+        if len(excl) != B:
+            raise ValueError(f"{B} profiles but {len(excl)} exclude lists")
+        nw = idx.n_words if n_words is None else int(n_words)
+        if not (0 < nw <= idx.n_words or nw == idx.n_words == 0):  # an empty pool matches nothing
+            raise ValueError(f"n_words must be in 1..{idx.n_words}")
+        n_bits = min(idx.n_ads, nw * WORD_BITS)
+        plans = [idx.plan(make_profile(idx.schema, p)) for p in profiles]
+        excl = [None if e is None else table_slots(e, idx.n_ads) for e in excl]
+        nr = idx.n_rows
+        req_cat, inc_ptr, exc_ptr, inc_rows, exc_rows = [0], [0], [0], [], []
+        p_start, p_len, p_dst = [], [], []
+        q_start, q_len, q_op, q_arg = [], [], [], []
+        extra, n_extra, scratch_base = [], 0, 0
+        req_op, op_row, op_kind = [0], [], []
+        for b, plan in enumerate(plans):
+            req_cat.append(req_cat[-1] + plan.n_categories)
+            inc_ptr.extend((plan.inc_ptr[1:] + len(inc_rows)).tolist())
+            exc_ptr.extend((plan.exc_ptr[1:] + len(exc_rows)).tolist())
+            mapped = np.where(plan.inc_rows < 0, nr + scratch_base - 1 - plan.inc_rows, plan.inc_rows)
+            inc_rows.extend(mapped.tolist())
+            exc_rows.extend(plan.exc_rows.tolist())
+            r, kd = plan_ops(plan.inc_ptr, mapped, plan.exc_ptr, plan.exc_rows)
+            op_row.extend(r.tolist())
+            op_kind.extend(kd.tolist())
+            req_op.append(len(op_row))
+            for k, lids in enumerate(plan.patch_lists):
+                s, ln = idx.segments(lids)
+                p_start += s.tolist()
+                p_len += ln.tolist()
+                p_dst += [scratch_base + k] * s.size
+                q_start += s.tolist()
+                q_len += ln.tolist()
+                q_op += [2] * s.size
+                q_arg += [scratch_base + k] * s.size
+            s, ln = idx.segments(plan.exclude_lists)
+            q_start += s.tolist()
+            q_len += ln.tolist()
+            q_op += [0] * s.size
+            q_arg += [b] * s.size
+            if excl[b] is not None and excl[b].size:
+                q_start.append(n_extra)
+                q_len.append(int(excl[b].size))
+                q_op.append(1)
+                q_arg.append(b)
+                extra.append(excl[b])
+                n_extra += int(excl[b].size)
+            scratch_base += plan.n_patches
+
+        def off(lengths):
+            o = np.zeros(len(lengths) + 1, np.int64)
+            np.cumsum(lengths, out=o[1:])
+            return o
+
+        p_off, q_off = off(p_len), off(q_len)
+        arrays = [np.array(req_cat, np.int64), np.array(inc_ptr, np.int64), np.array(inc_rows, np.int64),
+                  np.array(exc_ptr, np.int64), np.array(exc_rows, np.int64),
+                  np.array(p_start, np.int64), p_off, np.array(p_dst, np.int64),
+                  np.array(q_start, np.int64), q_off, np.array(q_op, np.int64), np.array(q_arg, np.int64),
+                  np.concatenate(extra) if extra else np.zeros(0, np.int64),
+                  np.array(req_op, np.int64), np.array(op_row, np.int64), np.array(op_kind, np.int64)]
+        names = ["req_cat", "inc_ptr", "inc_rows", "exc_ptr", "exc_rows", "p_start", "p_off", "p_dst",
+                 "q_start", "q_off", "q_op", "q_arg", "extra", "req_op", "op_row", "op_kind"]
+        views = self._stager.upload(arrays)
+        args = dict(zip(names, views))
+        # empty segment tables: a zero-length table still needs seg_off[0] == 0 and length-0 dst
+        args["p_dst"] = args["p_dst"][:len(p_dst)]
+        args["q_op"] = args["q_op"][:len(q_op)]
+        return PreparedMatch(plans=plans, n_words=nw, n_bits=n_bits, args=args, n_prep=int(p_off[-1]),
+                             n_post=int(q_off[-1]), n_scratch=scratch_base, version=self.index.version,
+                             profiles=profiles, prep_segments=(len(p_len), int(max(p_len, default=0))),
+                             post_segments=(len(q_len), int(max(q_len, default=0))))
+
+    def launch(self, prepared: PreparedMatch, out=None, counts=None, words_per_thread: int | None = None,
+               block: int | None = None, min_blocks_per_sm: int | None = None, prefetch: bool = False,
+               group: int | None = None, kernels=("prep", "match", "post")):
+        """Enqueue a prepared batch (prep, match, post kernels; no host synchronisation).
+
+        Args:
+            out: device ``uint64[B, >= n_words]`` for the eligible bitsets (allocated if None).
+            counts: device ``int64[>= B]`` for the eligible counts (allocated if None).
+            words_per_thread, block: the match kernel's shape (defaults WORDS_PER_THREAD, MATCH_BLOCK).
+            min_blocks_per_sm: launch bounds (default from MATCH_THREADS_PER_SM; 0: none).
+            prefetch: load each category's first include row one category ahead
+                (:func:`~andromeda_nb.match.kernels.match_kernel`); off by default: on the H200 it
+                measured 7-15 % slower (data/results/targeting.csv, ``*_prefetch`` rows).
+            group: rows loaded together by the grouped match kernel
+                (:func:`~andromeda_nb.match.kernels.match_grouped_kernel`); 0: the plain kernel;
+                None: :data:`MATCH_GROUP`. Not combined with ``prefetch``.
+            kernels: which of the three kernels to enqueue (benchmark stage timing only: a subset
+                leaves the results incomplete).
+
+        Returns:
+            ``(out, counts)``.
+        """
+        from .kernels import (SEG_LOADS, match_grouped_kernel, match_kernel, post_kernel, post_segment_kernel,
+                                    prep_kernel, prep_segment_kernel)
+
+        if prepared.version != self._version:
+            raise RuntimeError(f"batch prepared for index version {prepared.version}, device copy at "
+                               f"{self._version}: prepare it again (or apply the pending deltas first)")
+        G = MATCH_GROUP if group is None else group
+        if isinstance(G, (bool, np.bool_)) or not isinstance(G, (int, np.integer)) or not 0 <= G <= MAX_GROUP:
+            raise ValueError(f"group must be an int in 0..{MAX_GROUP} (rows loaded together; 0: the plain "
+                             f"kernel), got {group!r}")
+        G = int(G)
+        if G and prefetch:
+            raise ValueError(f"group={G} and prefetch=True exclude each other (prefetch is a variant of the "
+                             "plain kernel, group=0)")
+        cuda = launch.cuda()
+        B, nw, a = prepared.batch, prepared.n_words, prepared.args
+        if out is None:
+            out = cuda.device_array((B, nw), np.uint64)
+        if counts is None:
+            counts = cuda.device_array(B, np.int64)
+        if out.shape[0] < B or out.shape[1] < nw or out.dtype != np.uint64:
+            raise ValueError(f"out must be uint64 [>= {B}, >= {nw}]")
+        scratch = self.scratch(prepared.n_scratch)
+        sim = launch.backend.is_simulator()
+        blk = block or (launch.SIM_BLOCK if sim else MATCH_BLOCK)
+        U = words_per_thread or WORDS_PER_THREAD
+        small = launch.default_block()
+        # a block row a segment: at most 65,535 of them (the grid's y limit), else the search passes
+        by_segment = LIST_KERNELS == "segment" and max(prepared.prep_segments[0], prepared.post_segments[0]) < 65536
+        if "prep" in kernels and by_segment:
+            n_seg, longest = prepared.prep_segments
+            prep_segment_kernel(small)[(max(1, -(-longest // (small * SEG_LOADS))), max(1, n_seg)), small](
+                counts, B, self.pool, a["p_start"], a["p_off"], a["p_dst"], scratch, 0)
+        elif "prep" in kernels:
+            prep_kernel()[launch.grid_for(max(prepared.n_prep, B), small), small](
+                counts, B, self.pool, a["p_start"], a["p_off"], a["p_dst"], scratch, 0)
+        tiles = -(-nw // (blk * U))
+        cap = launch.SIM_MAX_BLOCKS if sim else launch.sm_count() * MATCH_BLOCKS_PER_SM
+        gx = max(1, min(tiles, max(1, cap // B)))
+        if min_blocks_per_sm is None:
+            min_blocks_per_sm = MATCH_THREADS_PER_SM.get(U, 0) // blk
+        min_blocks = 0 if sim else int(min_blocks_per_sm)
+        if "match" not in kernels:
+            pass
+        elif G:
+            match_grouped_kernel(blk, U, G, min_blocks)[(gx, B), blk](
+                self.rows, scratch, prepared.n_bits, nw, a["req_op"], a["op_row"], a["op_kind"], out, counts)
+        else:
+            match_kernel(blk, U, min_blocks, bool(prefetch))[(gx, B), blk](
+                self.rows, scratch, prepared.n_bits, nw, a["req_cat"], a["inc_ptr"], a["inc_rows"], a["exc_ptr"],
+                a["exc_rows"], out, counts)
+        if prepared.n_post and "post" in kernels and by_segment:
+            n_seg, longest = prepared.post_segments
+            post_segment_kernel(small)[(-(-longest // (small * SEG_LOADS)), n_seg), small](
+                out, counts, nw, self.pool, a["extra"], a["q_start"], a["q_off"], a["q_op"], a["q_arg"], scratch, 0)
+        elif prepared.n_post and "post" in kernels:
+            post_kernel(small)[launch.grid_for(prepared.n_post, small), small](
+                out, counts, nw, self.pool, a["extra"], a["q_start"], a["q_off"], a["q_op"], a["q_arg"], scratch, 0)
+        return out, counts
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the device rows and list pool (tests: compare with the host index)."""
+        return self.rows.copy_to_host(), self.pool.copy_to_host()
+
+
+@dataclass
+class Eligible:
+    """A request's eligible set on the device: ``words`` (uint64 bitset) and its ``count``.
+
+    ``count`` is read from the device when asked for (one 8-byte copy)."""
+
+    words: object
+    n_ads: int
+    _count: object
+    _keep: object = None  # the prepared plan's device arrays, alive while kernels may read them
+
+    @property
+    def count(self) -> int:
+        return int(self._count.copy_to_host()[0])
+
+    def to_mask(self) -> np.ndarray:
+        """The eligible set as a host bool ``[n_ads]`` mask (copies the bitset; for checks)."""
+        return mask_from_bits(self.words.copy_to_host(), self.n_ads)
+
+    def candidates(self, dtype=np.int32):
+        """The eligible slots, ascending, as a device array (``int32``, as the scoring kernels'
+        ``candidates`` take, or ``int64``); reads the count (a synchronisation)."""
+        return compact(self.words, self.n_ads, self.count, dtype)
+
+
+@dataclass
+class EligibleBatch:
+    """Eligible sets of a batch: ``words`` device ``uint64[B, n_words]``, ``counts`` device ``int64[B]``."""
+
+    words: object
+    n_ads: int
+    _counts: object
+    _keep: object = None
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self._counts.copy_to_host()
+
+    def __len__(self):
+        return int(self.words.shape[0])
+
+    def __getitem__(self, b: int) -> Eligible:
+        return Eligible(words=self.words[b], n_ads=self.n_ads, _count=self._counts[b:b + 1], _keep=self)
+
+    def to_masks(self) -> np.ndarray:
+        host = self.words.copy_to_host()
+        return np.stack([mask_from_bits(host[b], self.n_ads) for b in range(host.shape[0])])
+
+
+def match_eligible(index: DeviceTargetingIndex, profile: Mapping, exclude_slots=None,
+                   block: int | None = None, words_per_thread: int | None = None) -> Eligible:
+    """Eligible bitset of one request: live, and every category's rule satisfied by ``profile``.
+
+    Args:
+        index: the device index.
+        profile: ``{category: value or values}`` (validated with
+            :func:`~andromeda_nb.targeting.make_profile`).
+        exclude_slots: optional int slots to remove afterwards (e.g. ads the user already
+            converted on); out-of-range slots raise.
+        block, words_per_thread: match kernel shape (defaults: MATCH_BLOCK, WORDS_PER_THREAD).
+
+    Returns:
+        :class:`Eligible` (device bitset and count).
+
+    Raises:
+        RuleError: malformed profile. ValueError: exclude slots out of range.
+    """
+    if not isinstance(index, DeviceTargetingIndex):
+        raise TypeError(f"index must be a DeviceTargetingIndex, got {type(index).__name__}")
+    index._check_fresh()
+    prepared = index.prepare([profile], None if exclude_slots is None else [exclude_slots])
+    out, counts = index.launch(prepared, block=block, words_per_thread=words_per_thread)
+    return Eligible(words=out[0], n_ads=index.n_ads, _count=counts, _keep=prepared)
+
+
+def match_batch(index: DeviceTargetingIndex, profiles: Sequence[Mapping], exclude_slots=None,
+                block: int | None = None, words_per_thread: int | None = None) -> EligibleBatch:
+    """Eligible bitsets of a batch of requests in as few launches as possible (``MAX_BATCH``
+    requests per launch of each kernel).
+
+    Returns:
+        :class:`EligibleBatch` (``words [B, n_words]``, ``counts [B]`` on the device).
+    """
+    if not isinstance(index, DeviceTargetingIndex):
+        raise TypeError(f"index must be a DeviceTargetingIndex, got {type(index).__name__}")
+    profiles = list(profiles)
+    B = len(profiles)
+    if B == 0:
+        raise ValueError("match_batch needs at least one profile")
+    excl = [None] * B if exclude_slots is None else list(exclude_slots)
+    if len(excl) != B:
+        raise ValueError(f"{B} profiles but {len(excl)} exclude lists")
+    index._check_fresh()
+    cuda = launch.cuda()
+    out = cuda.device_array((B, max(index.n_words, 1)), np.uint64)
+    counts = cuda.device_array(B, np.int64)
+    step = _max_batch()
+    prepared = [index.prepare(profiles[i:i + step], excl[i:i + step]) for i in range(0, B, step)]
+    for j, p in enumerate(prepared):
+        i = j * step
+        index.launch(p, out[i:i + p.batch], counts[i:i + p.batch], block=block, words_per_thread=words_per_thread)
+    return EligibleBatch(words=out, n_ads=index.n_ads, _counts=counts, _keep=prepared)
+
+
+def compact(words, n_ads: int, count: int, dtype=np.int32):
+    """Ascending slots of the set bits of a device bitset ``words uint64[n_words]`` (``count`` of
+    them) as a device ``int32`` or ``int64`` array."""
+    from .kernels import chunk_count_kernel, compact_kernel
+
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise TypeError(f"candidates dtype must be int32 or int64, got {dtype}")
+    if dtype == np.int32 and n_ads > np.iinfo(np.int32).max:
+        raise ValueError("pools beyond 2^31 slots need int64 candidates")
+    cuda = launch.cuda()
+    w2 = words.reshape(1, words.shape[0]) if words.ndim == 1 else words
+    n_words = int(w2.shape[1])
+    block = launch.default_block()
+    chunk = block * 4
+    n_chunks = max(1, -(-n_words // chunk))
+    counts = cuda.device_array(n_chunks, np.int64)
+    out = cuda.device_array(max(int(count), 1), dtype)
+    grid = launch.grid_for(n_chunks, 1)
+    chunk_count_kernel(block)[grid, block](w2, 0, n_words, chunk, counts)
+    compact_kernel(block)[grid, block](w2, 0, n_words, chunk, counts, out, 0)
+    return out[:int(count)]
+
+
+def match_cpu(index: TargetingIndex, profile: Mapping, exclude_slots=None) -> tuple[np.ndarray, int]:
+    """The CPU baseline: the same plan and rows, Numba-parallel over words on the host's cores.
+
+    Returns ``(words uint64[n_words], count)``.
+    """
+    if isinstance(index, DeviceTargetingIndex):
+        index = index.index
+    return index.match_cpu(profile, exclude_slots)
+
+
+# ----------------------------------------------------------------------------- byte model
+
+
+def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = None, exclude_slots=None,
+               prefetch: bool = False, group: int = 0) -> dict:
+    """Bytes one request moves, by emulating the kernels on the host (Numba-parallel).
+
+    Rows: a 32-byte sector of a row is read when one of its 4 words is still alive at that point
+    of the plan (a warp's load covers 32 consecutive words, so the sector is the unit), and an
+    include row only where the category's OR does not cover the word yet. Lists: their entries
+    are read (twice for patch lists: scatter and clear), and each distinct 32-byte sector of the
+    patch row / result they touch counts once (read; patch sectors also written back by the
+    clear). The result bitset is written once.
+
+    ``prefetch``: the match kernel variant that loads each category's first include row one
+    category ahead (:meth:`DeviceTargetingIndex.launch`). ``group`` > 0: the grouped match kernel
+    (rows loaded ``group`` at a time for the words alive before them; no OR-coverage skipping).
+
+    Returns a dict: ``row_sectors``, ``row_bytes`` (32 per row sector), ``list_bytes``,
+    ``touched_sectors`` (patch + result sectors the list passes touch), ``read_bytes``,
+    ``write_bytes``, ``bytes`` (read + written), ``bits_per_ad`` (row bits read per ad: the match
+    kernel's share), ``bytes_per_ad``, ``rows_read`` (rows the plan names),
+    ``rows_per_category`` (sectors read per category / sectors per row), ``categories``.
+    """
+    from ..targeting import host_kernels
+
+    k = host_kernels()
+    nw = index.n_words if n_words is None else int(n_words)
+    n_bits = min(index.n_ads, nw * WORD_BITS)
+    entry = index.pool.itemsize
+
+    def live_entries(lid):
+        seg = index.pool[index.l_start[lid]:index.l_start[lid] + index.l_len[lid]].astype(np.int64)
+        return seg[(seg >= 0) & (seg < n_bits)]
+
+    patches = np.zeros((max(plan.n_patches, 1), index.n_words), np.uint64)
+    sectors = np.zeros(-(-index.n_words // 4), bool)
+
+    def distinct_sectors(slots):
+        sectors[:] = False
+        sectors[slots >> 8] = True
+        return int(np.count_nonzero(sectors))
+
+    list_bytes = 0
+    touched = 0
+    for j, lids in enumerate(plan.patch_lists):
+        s0, ln = index.segments(lids)
+        k["cpu_scatter"](index.pool, s0, ln, np.full(s0.size, j, np.int64), patches, 1)
+        list_bytes += 2 * entry * int(ln.sum())
+        touched += distinct_sectors(np.concatenate([live_entries(lid) for lid in lids.tolist()]))
+    patch_touched = touched
+    for lid in plan.exclude_lists.tolist():
+        list_bytes += entry * int(index.l_len[lid])
+        touched += distinct_sectors(live_entries(lid))
+    if exclude_slots is not None:
+        ex = np.asarray(exclude_slots, np.int64)
+        list_bytes += 8 * ex.size
+        touched += distinct_sectors(ex[ex < n_bits])
+    nr = index.n_rows
+    inc = np.where(plan.inc_rows < 0, nr - 1 - plan.inc_rows, plan.inc_rows).astype(np.int64)
+    per = np.zeros(max(plan.n_categories, 1), np.int64)
+    if group:
+        op_row, op_kind = plan_ops(plan.inc_ptr, inc, plan.exc_ptr, plan.exc_rows)
+        op_cat = np.zeros(op_row.size, np.int64)
+        j = 0
+        for c in range(plan.n_categories):  # the ops plan_ops emits per category, in order
+            n_inc = int(plan.inc_ptr[c + 1] - plan.inc_ptr[c])
+            n_ops = n_inc + int(plan.exc_ptr[c + 1] - plan.exc_ptr[c]) if n_inc else 1
+            op_cat[j:j + n_ops] = c
+            j += n_ops
+        k["sector_counts_grouped"](index._need_bits("read_model"), patches, n_bits, nw, op_row, op_kind, op_cat,
+                                   per, 1024, int(group))
+    else:
+        k["sector_counts"](index._need_bits("read_model"), patches, n_bits, nw, plan.inc_ptr, inc, plan.exc_ptr,
+                           plan.exc_rows, per, 1024, bool(prefetch))
+    total = int(per[:plan.n_categories].sum())
+    n_sectors_row = max(-(-nw // 4), 1)
+    out = {
+        "row_sectors": total,
+        "row_bytes": 32 * total,
+        "list_bytes": list_bytes,
+        "touched_sectors": touched,
+        "read_bytes": 32 * total + list_bytes + 32 * touched,
+        "write_bytes": 8 * nw + 32 * patch_touched,
+        "rows_read": plan.rows_read,
+        "rows_per_category": (per[:plan.n_categories] / n_sectors_row).tolist(),
+        "categories": plan.categories,
+    }
+    out["bytes"] = out["read_bytes"] + out["write_bytes"]
+    out["bits_per_ad"] = 8 * out["row_bytes"] / max(n_bits, 1)
+    out["bytes_per_ad"] = out["bytes"] / max(n_bits, 1)
+    return out

@@ -1,0 +1,126 @@
+"""Quality drivers: tidy rows, results merging, compute per ad, precision rows, gamma folding."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+from andromeda_nb.analysis import quality  # noqa: E402
+from andromeda_nb.datasets import multi_interest as mi  # noqa: E402
+from andromeda_nb.training import data as tdata  # noqa: E402
+from andromeda_nb.training.train import score_exported, train_model  # noqa: E402
+
+PRESET = quality.PRESETS["smoke"]
+
+
+@pytest.fixture(scope="module")
+def data():
+    return tdata.from_multi_interest(mi.build_world(mi.WorldDesign(n_users=200, n_ads=300, topics=6), seed=2))
+
+
+@pytest.fixture(scope="module")
+def k2(data):
+    return train_model("mixture_k2", data, PRESET.cfg("multi_interest", "mixture_k2"), seed=0, device="cpu",
+                       progress=False)
+
+
+def test_expert_count_rows(data):
+    frame, trained = quality.run_expert_count(data, PRESET, models=["single_tower", "mixture_k2", "ranking"],
+                                              device="cpu", progress=False)
+    assert list(frame.columns) == quality.COLUMNS
+    rec = frame[frame["metric"].str.startswith("recall@")]
+    assert set(rec["metric"]) == {"recall@50", "recall@100", "recall@500"}
+    assert rec["value"].between(0, 1).all()
+    assert set(rec["model"]) == {"single_tower", "mixture_k2", "ranking", "true_model"}
+    ov = frame[frame["metric"] == "overlap@100_ranking"]
+    assert set(ov["model"]) == {"single_tower", "mixture_k2"} and ov["value"].between(0, 1).all()
+    assert ("mixture_k2", 0) in trained
+    table = quality.recall_table(frame, "multi_interest")
+    assert list(table.index) == ["single_tower", "mixture_k2", "ranking", "true_model"]
+
+
+def test_precision_rows(k2, data):
+    rows = data.eval_rows[:15]
+    frame = quality.run_precision(k2, rows, preset="smoke")
+    got = frame.set_index(["dtype", "metric"])["value"]
+    assert got[("fp32", "recall@100_delta_pp")] == 0 and got[("fp32", "overlap@100_fp32")] == 1.0
+    assert got[("fp32", "score_err_max")] == 0
+    for dt in ("bf16", "fp16", "int8", "int8_dimscale"):
+        assert 0 <= got[(dt, "overlap@100_fp32")] <= 1 and got[(dt, "score_err_p50")] >= 0
+    assert got[("int8", "bytes_per_ad")] == 16 + 8 and got[("fp16", "bytes_per_ad")] == 32 + 4
+
+
+def test_dimscale_folds_exactly_into_gamma(k2, data):
+    from andromeda_nb.model import AdTable
+
+    a, b = k2.ad_arrays()
+    s = quality.dimscale(a)
+    rows = data.eval_rows[:4]
+    V, G, gamma, beta = k2.request_tensors(rows)
+    plain = score_exported(V, G, gamma, beta, AdTable.from_float(a, b), 2)
+    folded = score_exported(V, G, gamma * s, beta, AdTable.from_float(a / s, b), 2)
+    np.testing.assert_allclose(folded, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_compute_rows_read_scoring_csv(tmp_path):
+    csv = tmp_path / "scoring.csv"
+    pd.DataFrame([
+        dict(variant="gated_fused_topk", device="NVIDIA H200", dtype="fp16", d=64, experts=6, k_experts=2,
+             access="pool", items_per_s=3e9, verified="ok: fine"),
+        dict(variant="gated_fused_topk", device="NVIDIA H200", dtype="fp16", d=64, experts=6, k_experts=2,
+             access="pool", items_per_s=5e9, verified="ok: fine"),
+        dict(variant="gated_fused_topk", device="NVIDIA H200", dtype="fp16", d=64, experts=6, k_experts=1,
+             access="pool", items_per_s=9e9, verified="FAIL: wrong"),
+    ]).to_csv(csv, index=False)
+    rows = quality.compute_rows("multi_interest", d=64, dtypes=("fp16",), scoring_csv=csv)
+    thr = rows[rows["metric"] == "kernel_ads_per_s"].set_index("model")
+    assert thr.loc["mixture_k2", "value"] == 5e9 and thr.loc["mixture_k2", "device"] == "NVIDIA H200"
+    assert np.isnan(thr.loc["mixture_k1", "value"])  # failed verification does not count
+    fl = rows[rows["metric"] == "flops_per_ad"].set_index("model")["value"]
+    assert fl["mixture_k2"] == 2 * 64 + 2 * 6 * 64 + 2 * 2 * 64 + 4 * 6 + 2 * 2
+    assert fl["ranking"] > 10 * fl["dense_mixture"]
+    missing = quality.compute_rows("multi_interest", scoring_csv=tmp_path / "none.csv")
+    assert missing[missing["metric"] == "kernel_ads_per_s"]["value"].isna().all()
+
+
+def test_write_rows_replaces_by_key(tmp_path):
+    path = tmp_path / "quality.csv"
+    base = dict(dataset="ml-100k", model="mixture_k2", experts=6, k_experts=2, dtype="fp32", d=64, seed=0,
+                commit="abc", device="cpu", preset="smoke", scorer="x", n_users=3)
+    quality.write_rows(pd.DataFrame([{**base, "metric": "recall@10", "value": 0.1},
+                                     {**base, "metric": "recall@50", "value": 0.2}]), path)
+    quality.write_rows(pd.DataFrame([{**base, "metric": "recall@10", "value": 0.3}]), path)
+    df = quality.load_results(path)
+    assert len(df) == 2
+    assert df.set_index("metric").loc["recall@10", "value"] == 0.3
+    assert list(df.columns) == quality.COLUMNS
+
+
+def test_results_without_experiment_column_are_inferred(tmp_path):
+    path = tmp_path / "old.csv"
+    base = dict(dataset="ml-100k", model="mixture_k2", experts=6, k_experts=2, d=64, preset="demo")
+    pd.DataFrame([
+        {**base, "dtype": "fp32", "seed": 0, "metric": "recall@100", "value": 0.4},   # expert count
+        {**base, "dtype": "fp32", "seed": 0, "metric": "recall@100", "value": 0.41},  # precision (second)
+        {**base, "dtype": "int8", "seed": 0, "metric": "recall@100", "value": 0.39},
+        {**base, "dtype": "int8", "seed": 0, "metric": "overlap@100_fp32", "value": 0.99},
+        {**base, "dtype": "fp16", "seed": None, "metric": "bytes_per_ad", "value": 132},
+        {**base, "dtype": "fp16", "seed": None, "metric": "kernel_ads_per_s", "value": None},
+    ]).to_csv(path, index=False)
+    df = quality.load_results(path)
+    assert df["experiment"].tolist() == ["expert_count", "precision", "precision", "precision", "compute", "compute"]
+    assert quality.recall_table(df, "ml-100k").loc["mixture_k2", "mean"] == 0.4
+
+
+def test_worked_example_helpers(k2, data):
+    user = quality.two_interest_user(data, min_weight=0.0)
+    w = data.world
+    assert (w.interest_topics[user] >= 0).sum() == 2
+    ex = quality.gate_example(k2, user, n_top=10)
+    pcols = [c for c in ex.columns if c.startswith("p_")]
+    assert len(ex) == 10 and len(pcols) == 6
+    np.testing.assert_allclose(ex[pcols].sum(axis=1), 1.0, rtol=1e-6)
+    assert all(len(c.split(", ")) == 2 for c in ex["chosen"])
+    by = quality.gate_by_interest(k2, user)
+    assert len(by) == 2 and (by[[c for c in by.columns if c.startswith("chosen_")]].sum(axis=1).round(6) == 2).all()

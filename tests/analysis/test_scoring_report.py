@@ -1,0 +1,163 @@
+"""The scoring notebook's tables (andromeda_nb.analysis.scoring_report) on small hand-made result tables,
+and the notebook itself under parameters other than its defaults."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from andromeda_nb.analysis import scoring_report as SR
+from andromeda_nb.score.unfused import fused_bytes_per_ad
+
+
+def _row(variant, items_per_s, commit="c1", d=64, dtype="fp16", experts=6, k_experts=2, access="pool", layout="tiles",
+         k=1000, eligible_fraction=1.0, ok=True, notes="", timestamp="2026-01-01", bytes_per_item=132.0,
+         seconds_median=None, ceiling=4.5):
+    return dict(variant=variant, items_per_s=float(items_per_s), commit=commit, d=d, dtype=dtype, experts=experts,
+                k_experts=k_experts, access=access, layout=layout, k=k, eligible_fraction=eligible_fraction, ok=ok,
+                regression_flag="REGRESSION" in notes, notes=notes, timestamp=timestamp, bytes_per_item=bytes_per_item,
+                seconds_median=seconds_median if seconds_median is not None else 1e8 / items_per_s,
+                fraction_of_read_ceiling=items_per_s * bytes_per_item / (ceiling * 1e12), ceiling_read_TBps=ceiling)
+
+
+def _frame(*rows):
+    return pd.DataFrame(list(rows))
+
+
+def test_issue_bound_marks_where_the_modelled_instructions_outrun_the_memory_roof():
+    """At a 4.5 TB/s ceiling a 132-byte ad leaves 132 x 4 x 1.98e9 x 32 x 132 / 4.5e12 = 981 issue
+    slots; the model needs 1211 / 640 per multiply-add: 969 at E + K = 6 (d = 64), 1,090 at 7."""
+    grid = [(E, K) for K in (1, 2, 4) for E in (1, 2, 4, 6, 8) if E >= K]
+    rows = _frame(*[_row("gated_fused_topk", 1e10, experts=E, k_experts=K) for E, K in grid],
+                  _row("dot_fused_topk", 20e9), _row("dot_fused_topk", 25e9, commit="other"))
+    sweep = SR.complexity_sweep(rows, 64, "fp16")
+    assert sweep["commit"] == "c1" and sweep["dot"] == 20e9  # the other run's dot row is not this run's
+    marks = sweep["issue_bound"].set_index("k_experts")["experts"].to_dict()
+    assert marks == {1: 6, 2: 6, 4: 4}
+    budget = SR.H200_LANE_ISSUE_PER_S * 132 / 4.5e12
+    assert SR.INSTRUCTIONS_PER_MULTIPLY_ADD * SR.gated_multiply_adds(64, 4, 2) < budget
+    assert SR.INSTRUCTIONS_PER_MULTIPLY_ADD * SR.gated_multiply_adds(64, 6, 1) > budget
+    assert SR.issue_bound_points(sweep["points"], 64, "fp16", float("nan")).empty
+
+
+def test_every_table_is_empty_not_an_error_without_rows():
+    rows = _frame(_row("dot_scores_to_memory", 30e9))
+    assert SR.complexity_sweep(rows, 128, "int8") is None
+    assert SR.fusion_speedups(rows, 64, "fp16", 6, 2).empty
+    table, commit = SR.fusion_cost(rows, 64, "fp16")
+    assert table.empty and commit is None
+    assert SR.bitset_savings(rows, commit, 6, 2).empty
+    assert list(SR.by_d_and_dtype(rows.iloc[0:0], 6, 2).columns)[:3] == ["model", "d", "dtype"]
+
+
+def test_unverified_and_regression_rows_never_count():
+    rows = _frame(_row("gated_fused_topk", 10e9), _row("gated_fused_topk", 99e9, ok=False),
+                  _row("gated_fused_topk", 98e9, notes="REGRESSION: spills"),
+                  _row("unfused_per_op", 1e9, bytes_per_item=992.0))
+    got = SR.fusion_speedups(rows, 64, "fp16", 6, 2)
+    assert len(got) == 1
+    r = got.iloc[0]
+    assert r["measured speed-up of fused"] == pytest.approx(10.0)
+    assert r["byte ratio"] == pytest.approx(992.0 / fused_bytes_per_ad(64, "fp16"))
+    assert r["speed-up / byte ratio"] == pytest.approx(10.0 / r["byte ratio"])
+
+
+def test_fusion_cost_and_bitset_savings_come_from_one_run():
+    rows = _frame(_row("gated_scores_to_memory", 20e9, k=np.nan, commit="old", timestamp="1"),
+                  _row("gated_fused_topk_filter", 19e9, commit="old", timestamp="1"),
+                  _row("gated_scores_to_memory", 21e9, k=np.nan, commit="new", timestamp="2"),
+                  _row("gated_fused_topk_filter", 20.58e9, commit="new", timestamp="2", seconds_median=4e-3),
+                  _row("gated_fused_topk_filter", 2e9, commit="new", timestamp="2", access="bitset",
+                       eligible_fraction=0.1, seconds_median=1e-3, notes="weights=param"),
+                  _row("gated_fused_topk_filter", 2e9, commit="new", timestamp="2", access="bitset",
+                       eligible_fraction=0.1, layout="rows", seconds_median=1e-3))  # no rows-layout pool row
+    table, commit = SR.fusion_cost(rows, 64, "fp16")
+    assert commit == "new"
+    got = table.set_index("variant")["of_scoring_alone"]
+    assert got["gated_fused_topk_filter"] == pytest.approx(0.98) and got["gated_scores_to_memory"] == 1.0
+    elig = SR.bitset_savings(rows, commit, 6, 2).set_index("layout")
+    assert elig.loc["tiles", "weights"] == "param" and elig.loc["tiles", "of_full_pool_time"] == pytest.approx(0.25)
+    assert np.isnan(elig.loc["rows", "of_full_pool_time"])  # no rows-layout pool row in that run
+    assert elig.loc["rows", "of_fastest_pool_time"] == pytest.approx(0.25)
+
+
+def test_by_d_and_dtype_takes_the_latest_run_of_each_point():
+    rows = _frame(_row("gated_scores_to_memory", 30e9, commit="a", timestamp="1", k=np.nan),
+                  _row("gated_scores_to_memory", 20e9, commit="b", timestamp="2", k=np.nan),
+                  _row("gated_scores_to_memory", 21e9, commit="b", timestamp="2", k=np.nan),
+                  _row("gated_scores_to_memory", 5e9, commit="b", timestamp="2", k=np.nan, experts=8),
+                  _row("dot_scores_to_memory", 56e9, commit="b", timestamp="2", k=np.nan, dtype="int8",
+                       bytes_per_item=72.0))
+    got = SR.by_d_and_dtype(rows, 6, 2).set_index(["model", "dtype"])
+    assert got.loc[("gated", "fp16"), "G_ads_per_s"] == pytest.approx(21.0)
+    assert got.loc[("gated", "fp16"), "commit"] == "b"
+    assert got.loc[("dot", "int8"), "ceiling_G_ads_per_s"] == pytest.approx(4.5e3 / fused_bytes_per_ad(64, "int8"))
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("overrides", [{"dtype": "int8"}, {"d": 128, "dtype": "bf16"}, {"experts": 8, "k_experts": 4}])
+def test_scoring_notebook_runs_for_other_parameters(tmp_path, overrides):
+    """The notebook plots committed rows for any configuration and says where there are none
+    (it once failed on anything but its defaults)."""
+    from andromeda_nb.runner.series import run_series
+
+    runs = run_series(params=None, out_dir=tmp_path / "nb", figures_dir=tmp_path / "fig", only=["02_scoring"],
+                      overrides=overrides, progress=False)
+    assert [r.name for r in runs] == ["02_scoring"]
+    assert (tmp_path / "fig" / "scoring_complexity.png").exists()
+    assert (tmp_path / "fig" / "scoring_network_bytes.png").exists()
+
+
+def test_a_bitset_baseline_meets_the_fused_row_of_its_own_fraction():
+    rows = _frame(_row("gated_fused_topk", 14e9), _row("gated_fused_topk_filter", 20e9),
+                  _row("gated_fused_topk_filter", 3e9, access="bitset", eligible_fraction=0.1, layout="rows"),
+                  _row("gated_fused_topk_filter", 1e9, access="bitset", eligible_fraction=0.01, layout="rows"),
+                  _row("unfused_per_op", 1e9, bytes_per_item=992.0),
+                  _row("unfused_per_op", 0.5e9, access="bitset", eligible_fraction=0.1, layout="rows",
+                       bytes_per_item=1000.0))
+    got = SR.fusion_speedups(rows, 64, "fp16", 6, 2).set_index("access")
+    assert got.loc["pool", "measured speed-up of fused"] == pytest.approx(20.0)  # the filter path is fused too
+    assert got.loc["pool", "fused variant"] == "gated_fused_topk_filter"
+    assert got.loc["bitset", "measured speed-up of fused"] == pytest.approx(6.0)
+    assert got.loc["bitset", "byte ratio"] == pytest.approx(1000.0 / fused_bytes_per_ad(64, "fp16", "bitset", 0.1))
+
+
+def test_newest_keeps_the_latest_verified_or_baseline_row_of_each_point():
+    from andromeda_nb.analysis import results
+
+    df = pd.DataFrame([
+        dict(variant="block_topk_seeded", n_ads=1e8, k=1000, access="random", ok=True, verified="ok", timestamp="1", v=1),
+        dict(variant="block_topk_seeded", n_ads=1e8, k=1000, access="random", ok=True, verified="ok", timestamp="3", v=2),
+        dict(variant="block_topk_seeded", n_ads=1e8, k=100, access="random", ok=False, verified="FAIL x", timestamp="4", v=3),
+        dict(variant="torch.topk", n_ads=1e8, k=1000, access="random", ok=False, verified="baseline (checked)",
+             timestamp="2", v=4),
+        dict(variant="torch.topk", n_ads=1e8, k=1000, access="ascending", ok=False, verified="baseline", timestamp="5", v=5),
+    ])
+    got = results.newest(df, ["block_topk_seeded", "torch.topk"], access="random")
+    assert got["v"].tolist() == [2, 4]  # newest of the seeded point; the FAIL row and the other order dropped
+
+
+def test_fusion_cost_and_bitset_savings_keep_to_their_configuration():
+    """Rows of another E / K, d or dtype, or flagged REGRESSION, in the same run never enter."""
+    rows = _frame(_row("gated_scores_to_memory", 20e9, k=np.nan, seconds_median=5e-3),
+                  _row("gated_fused_topk_filter", 19e9, seconds_median=4e-3),
+                  _row("gated_fused_topk", 5e9, experts=16, k_experts=4),
+                  _row("gated_fused_topk_filter", 2e9, notes="REGRESSION: x", timestamp="2026-02-01"),
+                  _row("gated_fused_topk_filter", 9e9, dtype="int8", seconds_median=2e-3),
+                  _row("gated_fused_topk_filter", 1e9, access="bitset", eligible_fraction=0.1, seconds_median=1e-3),
+                  _row("gated_fused_topk_filter", 1e9, access="bitset", eligible_fraction=0.1, d=128,
+                       seconds_median=9e-3))
+    table, commit = SR.fusion_cost(rows, 64, "fp16", 6, 2)
+    assert sorted(table["variant"]) == ["gated_fused_topk_filter", "gated_scores_to_memory"]
+    assert table.set_index("variant").loc["gated_fused_topk_filter", "of_scoring_alone"] == pytest.approx(0.95)
+    elig = SR.bitset_savings(rows, commit, 6, 2, 64, "fp16")
+    assert elig["of_full_pool_time"].tolist() == [pytest.approx(0.25)]
+
+
+def test_a_candidate_subset_meets_fused_candidates_of_its_fraction():
+    rows = _frame(_row("gated_fused_topk_filter", 20e9),
+                  _row("gated_fused_topk_filter", 4e9, access="candidates", eligible_fraction=0.1),
+                  _row("unfused_per_op", 1e9, access="candidates", eligible_fraction=0.1, bytes_per_item=1020.0),
+                  _row("unfused_per_op", 2e9, access="candidates", eligible_fraction=1.0, bytes_per_item=1020.0))
+    got = SR.fusion_speedups(rows, 64, "fp16", 6, 2).set_index("eligible_fraction")
+    assert got.loc[0.1, "measured speed-up of fused"] == pytest.approx(4.0)
+    assert got.loc[1.0, "measured speed-up of fused"] == pytest.approx(10.0)  # every ad listed: the pool

@@ -1,0 +1,325 @@
+"""The papermill series runner and the CLI, on tiny throwaway notebooks (a kernel start is ~2 s)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from andromeda_nb.runner import series as runner
+from andromeda_nb.__main__ import main
+from andromeda_nb.runner.series import ParameterError, SeriesError, plan_series, run_series
+
+REPO = Path(__file__).resolve().parents[2]
+
+GOOD_PARAMS = 'seed = 0\nks = [1]\nfigures_dir = "figures"\nmetrics_dir = None\nlabel = "default"'
+GOOD_BODY = """\
+assert isinstance(ks, list), f"ks arrived as {type(ks).__name__}: {ks!r}"
+assert isinstance(seed, int)
+out = pathlib.Path(figures_dir)
+out.mkdir(parents=True, exist_ok=True)
+(out / "good.json").write_text(json.dumps({"seed": seed, "ks": ks, "label": label, "cwd": os.getcwd()}))
+record("n_ks", len(ks), metrics_dir=metrics_dir, notebook="01_good")
+"""
+
+
+def write_notebook(path: Path, cells: list[tuple[str, str | None]]) -> Path:
+    """cells: (source, kind) with kind None (code), "parameters" (tagged code cell) or "md"."""
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    for source, kind in cells:
+        if kind == "md":
+            nb.cells.append(new_markdown_cell(source))
+            continue
+        cell = new_code_cell(source)
+        if kind == "parameters":
+            cell.metadata["tags"] = ["parameters"]
+        nb.cells.append(cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.fixture
+def series(tmp_path):
+    """A repo-like folder: notebooks/01_good, 02_bad (ValueError in its 3rd cell), 03_after."""
+    nbdir = tmp_path / "notebooks"
+    write_notebook(nbdir / "01_good.ipynb", [
+        ("import json, os, pathlib\nfrom andromeda_nb.runner.notebook import record", None),
+        (GOOD_PARAMS, "parameters"),
+        (GOOD_BODY, None),
+    ])
+    write_notebook(nbdir / "02_bad.ipynb", [
+        ("x = 1", None),
+        ("seed = 0", "parameters"),
+        ('raise ValueError("bad value")', None),
+    ])
+    write_notebook(nbdir / "03_after.ipynb", [
+        ("seed = 0", "parameters"),
+        ('open("after-ran.txt", "w").write("ran")', None),
+    ])
+    # checkpoints are never part of the series
+    write_notebook(nbdir / ".ipynb_checkpoints" / "01_good-checkpoint.ipynb", [("raise SystemError", None)])
+    return tmp_path
+
+
+def write_yaml(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def marker(root: Path, figures: str = "figs") -> dict:
+    return json.loads((root / figures / "good.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------------
+# runs that start kernels
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.notebook
+def test_successful_run_typed_yaml_params_series_json(series, monkeypatch):
+    root = series
+    monkeypatch.chdir(root)
+    params = write_yaml(root / "p.yaml", {
+        "common": {"seed": 7},  # 01_good declares seed; 03_after too, 02_bad too
+        "01_good": {"ks": [10, 50], "label": "from-yaml"},
+    })
+    out = root / "build" / "nb"
+    (out).mkdir(parents=True)
+    (out / "series.json").write_text("stale")
+    (out / "01_good.FAILED.ipynb").write_text("stale")
+    (out / "metrics").mkdir()
+    (out / "metrics" / "01_good.json").write_text('{"renamed_metric": 1}')  # from an older run
+
+    runs = run_series(notebooks_dir="notebooks", params=str(params), out_dir="build/nb", figures_dir="figs",
+                      only=["01_*"], progress=False)
+
+    assert [r.name for r in runs] == ["01_good"]  # `only` kept 02_bad (which would fail) out
+    got = marker(root)
+    assert got["ks"] == [10, 50] and got["seed"] == 7 and got["label"] == "from-yaml"
+    assert Path(got["cwd"]).resolve() == root.resolve()  # notebooks run in the repo root
+    assert runs[0].path == (out / "01_good.ipynb").resolve()
+    assert runs[0].parameters == {"seed": 7, "ks": [10, 50], "label": "from-yaml",
+                                  "figures_dir": "figs", "metrics_dir": "build/nb/metrics"}
+    executed = nbformat.read(str(out / "01_good.ipynb"), as_version=4)
+    assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
+    assert not (out / "01_good.FAILED.ipynb").exists()
+    assert not list(out.glob(".*running*"))  # temporary copies are gone
+    assert json.loads((out / "metrics" / "01_good.json").read_text()) == {"n_ks": 2}
+
+    record = json.loads((out / "series.json").read_text())
+    assert [n["name"] for n in record["notebooks"]] == ["01_good"]
+    assert record["notebooks"][0]["parameters"]["ks"] == [10, 50]
+    assert record["notebooks"][0]["seconds"] > 0
+    assert record["timestamp"] and "commit" in record
+    assert not (root / "after-ran.txt").exists()
+
+
+@pytest.mark.notebook
+def test_cli_p_values_are_yaml_typed(series, monkeypatch, capsys):
+    monkeypatch.chdir(series)
+    rc = main(["run", "--params", str(write_yaml(series / "p.yaml", {"common": {}})), "--only", "01_good",
+               "--out", "out", "--figures", "figs", "-p", "ks", "[3, 4]", "-p", "seed", "11",
+               "-p", "label", "hello", "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    got = marker(series)
+    assert got["ks"] == [3, 4] and got["seed"] == 11 and got["label"] == "hello"
+    assert "out" in captured.out and "figs" in captured.out
+    assert (series / "out" / "series.json").is_file()
+
+
+@pytest.mark.notebook
+def test_failing_notebook_exit_code_message_and_files(series, monkeypatch, capsys):
+    root = series
+    monkeypatch.chdir(root)
+    out = root / "out"
+    out.mkdir()
+    (out / "series.json").write_text("{}")  # from an earlier successful run: must go
+    (out / "02_bad.ipynb").write_text("{}")  # stale executed copy: must go
+
+    rc = main(["run", "--params", str(write_yaml(root / "p.yaml", {"common": {}})),
+               "--out", "out", "--figures", "figs", "-p", "seed", "5"])
+    err = capsys.readouterr().err
+
+    assert rc == 1
+    # cells of the executed 02_bad: 0 "x = 1", 1 parameters, 2 injected parameters, 3 the raise
+    assert "notebook 02_bad.ipynb failed in cell 3 (execution count 4): ValueError: bad value" in err
+    assert 'raise ValueError("bad value")' in err
+    assert (out / "01_good.ipynb").is_file()  # ran before the failure
+    assert (out / "02_bad.FAILED.ipynb").is_file()
+    failed = nbformat.read(str(out / "02_bad.FAILED.ipynb"), as_version=4)
+    assert any(o.get("ename") == "ValueError" for c in failed.cells for o in c.get("outputs", []))
+    assert not (out / "02_bad.ipynb").exists()
+    assert not (out / "series.json").exists()
+    assert not (root / "after-ran.txt").exists()  # the series stops at the failure
+    assert not list(out.glob(".*running*"))
+
+
+@pytest.mark.notebook
+def test_cell_timeout_is_reported_like_a_failure(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_notebook(tmp_path / "notebooks" / "01_slow.ipynb", [
+        ("seed = 0", "parameters"),
+        ("import time\ntime.sleep(60)", None),
+    ])
+    with pytest.raises(SeriesError) as info:
+        run_series(params=None, out_dir="out", progress=False, execution_timeout=1)
+    msg = str(info.value)
+    assert "notebook 01_slow.ipynb failed in cell 1" in msg and "CellTimeoutError" in msg
+    assert (tmp_path / "out" / "01_slow.FAILED.ipynb").is_file()
+    assert not (tmp_path / "out" / "01_slow.ipynb").exists()
+    assert not (tmp_path / "out" / "series.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# configuration errors: raised before anything runs (no kernel starts)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("papermill.execute_notebook must not be called")
+
+    monkeypatch.setattr(runner.papermill, "execute_notebook", fail)
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({"01_good": {"kz": [1]}}, r"01_good\.ipynb does not declare parameter\(s\) \['kz'\]"),
+    ({"04_missing": {"seed": 1}}, r"section\(s\) \['04_missing'\] name no notebook"),
+    ({"common": {"sed": 1}}, r"common key\(s\) \['sed'\] are declared by no notebook"),
+    ({"common": {"figures_dir": "x"}}, r"the runner sets these"),
+    ({"common": {"seed": 1}, "02_bad": None, "03_after": {"seed": 2, "ks": [1]}},
+     r"03_after\.ipynb does not declare parameter\(s\) \['ks'\]"),
+])
+def test_bad_parameters_file_raises_before_running(series, monkeypatch, no_kernel, data, expected):
+    monkeypatch.chdir(series)
+    params = write_yaml(series / "p.yaml", data)
+    with pytest.raises(ParameterError, match=expected):
+        run_series(params=str(params), out_dir="out", only=["01_good"], progress=False)
+    assert not (series / "out").exists()
+
+
+def test_bad_overrides_and_only_raise(series, monkeypatch, no_kernel):
+    monkeypatch.chdir(series)
+    with pytest.raises(ParameterError, match=r"override\(s\) \['ks'\] are declared by none"):
+        run_series(params=None, only=["03_after"], overrides={"ks": [1]}, progress=False)
+    with pytest.raises(ParameterError, match=r"override\(s\) \['backend'\]"):
+        run_series(params=None, backend="cudasim", progress=False)
+    with pytest.raises(ParameterError, match=r"'09_\*' matches no notebook"):
+        run_series(params=None, only=["09_*"], progress=False)
+    with pytest.raises(ParameterError, match=r"no such preset or file .*presets in"):
+        run_series(params="nosuchpreset", progress=False)
+
+
+def test_cli_config_error_exits_1(series, monkeypatch, capsys, no_kernel):
+    monkeypatch.chdir(series)
+    rc = main(["run", "--params", str(write_yaml(series / "p.yaml", {"01_good": {"kz": 1}})), "--out", "out"])
+    assert rc == 1
+    assert "does not declare parameter(s) ['kz']" in capsys.readouterr().err
+    assert not (series / "out").exists()
+
+
+def test_plan_only_precedence_and_paths(series, monkeypatch):
+    monkeypatch.chdir(series)
+    params = write_yaml(series / "p.yaml", {"common": {"seed": 1, "label": "c"}, "01_good": {"seed": 2}})
+    plan = plan_series(params=str(params), out_dir="build/x", figures_dir="figs",
+                       only=["01_good", "03_*.ipynb"], overrides={"label": "o"})
+    assert [p.name for p in plan] == ["01_good", "03_after"]
+    good, after = plan
+    # common < section < runner paths < overrides; undeclared keys are not passed
+    assert good.parameters == {"seed": 2, "label": "o", "figures_dir": "figs", "metrics_dir": "build/x/metrics"}
+    assert after.parameters == {"seed": 1}
+    outside = series.parent / "elsewhere"
+    (p,) = plan_series(params=None, only=["01_good"], figures_dir=outside)
+    assert p.parameters["figures_dir"] == str(outside.resolve())  # outside the root: absolute
+
+
+def test_cli_dry_run_prints_plan(series, monkeypatch, capsys, no_kernel):
+    monkeypatch.chdir(series)
+    rc = main(["run", "--dry-run", "--params", str(write_yaml(series / "p.yaml", {"common": {"seed": 4}})),
+               "--only", "02_bad", "-p", "seed", "9"])
+    assert rc == 0
+    assert capsys.readouterr().out.strip() == "02_bad: {'seed': 9}"
+
+
+def test_find_notebooks_sorted_without_checkpoints(series):
+    names = [p.name for p in runner.find_notebooks(series / "notebooks")]
+    assert names == ["01_good.ipynb", "02_bad.ipynb", "03_after.ipynb"]
+
+
+def test_presets_resolve_and_parse():
+    for name in ("default", "smoke", "full"):
+        path = runner.resolve_params_file(name, REPO / "notebooks")
+        assert path == REPO / "notebooks" / "params" / f"{name}.yaml"
+        sections = runner.load_params_file(path)
+        assert isinstance(sections.get("common"), dict)
+
+
+def test_presets_fit_the_repo_notebooks(tmp_path, no_kernel):
+    """Every section and key of the committed presets matches a notebook and a declared parameter."""
+    if not runner.find_notebooks(REPO / "notebooks"):
+        pytest.skip("the repository has no notebooks yet")
+    for name in ("default", "smoke", "full"):
+        plan = plan_series(notebooks_dir=REPO / "notebooks", params=name, out_dir=tmp_path / "out",
+                           figures_dir=tmp_path / "figs")
+        assert [p.name for p in plan] == [p.stem for p in runner.find_notebooks(REPO / "notebooks")]
+
+
+# ------------------------------------------------------------------------------------------------
+# the other CLI commands
+# ------------------------------------------------------------------------------------------------
+
+
+def test_no_command_prints_help_and_returns_2(capsys):
+    assert main([]) == 2
+    assert "run" in capsys.readouterr().err
+
+
+def test_bench_forwards_args_or_explains_absence(monkeypatch, capsys):
+    seen = []
+    fake = types.ModuleType("andromeda_nb.bench.harness")
+    fake.main = lambda argv: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "andromeda_nb.bench.harness", fake)
+    assert main(["bench", "--suite", "scoring", "-n", "3"]) == 0
+    assert seen == [["--suite", "scoring", "-n", "3"]]
+
+    monkeypatch.setitem(sys.modules, "andromeda_nb.bench.harness", None)  # import fails as if not written
+    assert main(["bench"]) == 2
+    assert "andromeda_nb.bench.harness" in capsys.readouterr().err
+
+
+def test_data_calls_fetch_and_prints_path(monkeypatch, capsys, tmp_path):
+    calls = []
+    fake = types.ModuleType("andromeda_nb.datasets.movielens")
+    fake.fetch = lambda data_dir="data/ml-100k": calls.append(data_dir) or Path(data_dir)
+    monkeypatch.setitem(sys.modules, "andromeda_nb.datasets.movielens", fake)
+    import andromeda_nb.datasets as datasets_pkg
+
+    monkeypatch.setattr(datasets_pkg, "movielens", fake, raising=False)
+    assert main(["data"]) == 0
+    assert calls == ["data/ml-100k"]
+    assert capsys.readouterr().out.strip() == "data/ml-100k"
+    assert main(["data", "--dir", str(tmp_path)]) == 0
+    assert calls[-1] == str(tmp_path)
+
+
+def test_bench_refuses_fewer_than_ten_reps_before_touching_a_gpu(monkeypatch, capsys):
+    """A result row's median comes from at least bench.MIN_REPS timings: --reps 9 is an argument
+    error (exit 2) before the backend is even resolved."""
+    from andromeda_nb.bench import harness as bench
+    from andromeda_nb.device import backend
+
+    monkeypatch.setattr(backend, "set_backend", lambda *a: pytest.fail("resolved a backend"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["scoring", "--reps", str(bench.MIN_REPS - 1)])
+    assert exc.value.code == 2
+    assert f"at least {bench.MIN_REPS}" in capsys.readouterr().err

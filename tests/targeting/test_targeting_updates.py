@@ -1,0 +1,249 @@
+"""Real-time index updates: after any sequence of batches the index (host and device) equals one
+rebuilt from scratch from the ad id -> (slot, rule) map, requests see exactly the updates issued
+before them, errors change nothing, and the bits written are the bits that change."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from andromeda_nb import reference
+from andromeda_nb.match.api import DeviceTargetingIndex, match_eligible
+from andromeda_nb.targeting import (RuleError, TargetingIndex, TargetingRules, UpdateBatch, make_profile,
+                                    mask_from_bits)
+
+from ..helpers import random_profile, random_rules, random_schema
+
+SCHEMA = random_schema()
+
+
+def rule_strategy():
+    cats = {c.name: c.cardinality for c in SCHEMA}
+
+    def sets(draw_max):
+        return st.dictionaries(st.sampled_from(sorted(cats)), st.lists(st.integers(0, 6), min_size=1, max_size=draw_max),
+                               max_size=3)
+
+    return st.fixed_dictionaries({"include": sets(3), "exclude": sets(1), "live": st.booleans()}).map(
+        lambda r: {"live": r["live"],
+                   "include": {c: [v % cats[c] for v in vs] for c, vs in r["include"].items()},
+                   "exclude": {c: [v % cats[c] for v in vs] for c, vs in r["exclude"].items()}})
+
+
+def check_state(host: TargetingIndex, dev: DeviceTargetingIndex, rng, dev_only: DeviceTargetingIndex | None = None):
+    ref = host.rebuild()
+    host.assert_same(ref)  # the host copy equals a rebuild from the rule map
+    rows, pool = dev.snapshot()
+    host.assert_same(ref, bitsets=rows, pool=pool)  # so does the device copy
+    prof = random_profile(rng, SCHEMA)
+    want = reference.match(host.current_rules(), make_profile(SCHEMA, prof))
+    got = match_eligible(dev, prof)
+    np.testing.assert_array_equal(got.to_mask(), want)
+    assert got.count == want.sum()
+    if dev_only is not None:  # the same updates on an index whose rows live on the device only
+        rows2, pool2 = dev_only.snapshot()
+        np.testing.assert_array_equal(rows2, ref.bitsets)
+        mine, theirs = dev_only.index._list_sets_of(pool2), ref.list_sets()
+        assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
+        np.testing.assert_array_equal(dev_only.index.row_count, ref.row_count)
+        np.testing.assert_array_equal(dev_only.index.constrained, ref.constrained)
+        np.testing.assert_array_equal(match_eligible(dev_only, prof).to_mask(), want)
+
+
+def apply_in_chunks(dev: DeviceTargetingIndex, batch):
+    """Apply with the update diff split into chunks of one slot (the parallel path that large
+    batches take), so the property test checks it against the one-call path of the other index."""
+    import andromeda_nb.targeting.index as T
+
+    old = T.DIFF_CHUNK_SLOTS
+    T.DIFF_CHUNK_SLOTS = 1
+    try:
+        return dev.apply(batch)
+    finally:
+        T.DIFF_CHUNK_SLOTS = old
+
+
+@settings(max_examples=15)
+@given(data=st.data(), n=st.integers(1, 60), spare=st.integers(0, 12), layout=st.integers(0, 3),
+       seed=st.integers(0, 2**31), wide_lists=st.booleans())
+def test_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed, wide_lists):
+    """Random create / change / retire / recreate batches, applied on the device (host bits kept
+    and dropped): the index equals one rebuilt from the surviving rules after every batch. With
+    ``wide_lists`` the inverted lists hold int64 slots, as in a pool past 2^31 ads."""
+    from unittest import mock
+
+    import andromeda_nb.targeting.index as targeting
+
+    with mock.patch.object(targeting, "INT32_LIST_MAX_SLOTS", 0 if wide_lists else targeting.INT32_LIST_MAX_SLOTS):
+        _random_update_sequence(data, n, spare, layout, seed, wide_lists)
+
+
+def _random_update_sequence(data, n, spare, layout, seed, wide_lists):
+    rng = np.random.default_rng(seed)
+    rules = random_rules(rng, n, schema=SCHEMA)
+    kw = [dict(dense_min=10**9, exclude_dense_min=10**9), dict(dense_min=1, exclude_dense_min=1),
+          dict(dense_min=2, exclude_dense_min=3, group_max=16), dict(group_max=1)][layout]
+    host = TargetingIndex(rules, capacity=n + spare, **kw)
+    assert host.list_dtype == (np.int64 if wide_lists else np.int32)
+    dev = DeviceTargetingIndex(host)
+    dev_only = DeviceTargetingIndex(TargetingIndex(rules, capacity=n + spare, **kw), host_bits=False)
+    alive = list(rules.ad_ids.tolist())
+    next_id = 10**6
+    for _ in range(data.draw(st.integers(1, 3), label="batches")):
+        recs, ids = [], list(alive)
+        for _ in range(data.draw(st.integers(1, 8), label="ops")):
+            kind = data.draw(st.sampled_from(["create", "change", "retire", "recreate"]), label="op")
+            if kind in ("change", "retire") and not ids:
+                kind = "create"
+            if kind == "create":
+                rec = dict(data.draw(rule_strategy(), label="rule"), op="create", ad_id=next_id)
+                ids.append(next_id)
+                next_id += 1
+            elif kind == "change":
+                rec = dict(data.draw(rule_strategy(), label="rule"), op="change",
+                           ad_id=data.draw(st.sampled_from(ids), label="ad"))
+            elif kind == "retire":
+                ad = data.draw(st.sampled_from(ids), label="ad")
+                ids.remove(ad)
+                rec = {"op": "retire", "ad_id": ad}
+            else:  # retire an ad and create it again (its slot is reused first)
+                if not ids:
+                    continue
+                ad = data.draw(st.sampled_from(ids), label="ad")
+                recs.append({"op": "retire", "ad_id": ad})
+                rec = dict(data.draw(rule_strategy(), label="rule"), op="create", ad_id=ad)
+            recs.append(rec)
+        if not recs:
+            continue
+        batch = UpdateBatch.from_records(SCHEMA, recs)
+        try:
+            dev.apply(batch)
+        except RuleError as exc:  # only a full index may refuse a valid sequence
+            assert "no free slot" in str(exc)
+            with pytest.raises(RuleError, match="no free slot"):
+                apply_in_chunks(dev_only, batch)
+            continue
+        apply_in_chunks(dev_only, batch)
+        alive = ids
+        check_state(host, dev, rng, dev_only)
+
+
+def test_retire_then_recreate_reuses_the_slot_and_changes_a_live_ad(rng):
+    rules = TargetingRules.from_records(SCHEMA, [{"ad_id": i, "include": {"age": [i % 7]}} for i in range(70)])
+    host = TargetingIndex(rules, dense_min=1)
+    dev = DeviceTargetingIndex(host)
+    slot = host.slot_of(13)
+    dev.apply(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": 13}]))
+    assert host.slot_of(13) is None and host.ad_ids[slot] == -1
+    dev.apply(UpdateBatch.from_records(SCHEMA, [{"op": "create", "ad_id": 999, "include": {"interest": [4]}}]))
+    assert host.slot_of(999) == slot  # the freed slot is reused first
+    dev.apply(UpdateBatch.from_records(SCHEMA, [{"op": "change", "ad_id": 999, "include": {"interest": [5]},
+                                                 "exclude": {"age": [2]}}]))
+    dev.apply(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": 999},
+                                                {"op": "create", "ad_id": 13, "live": False}]))
+    assert host.slot_of(13) == slot and not host.live[slot]
+    check_state(host, dev, rng)
+
+
+def test_errors_change_nothing(rng):
+    rules = random_rules(rng, 40, schema=SCHEMA)
+    host = TargetingIndex(rules, capacity=42, dense_min=1)
+    dev = DeviceTargetingIndex(host)
+    before_rows, before_pool = dev.snapshot()
+    ref = host.rebuild()
+    ad = int(rules.ad_ids[0])
+    bad = [
+        [{"op": "retire", "ad_id": 123456789}],                                  # unknown ad
+        [{"op": "change", "ad_id": 123456789}],
+        [{"op": "create", "ad_id": ad}],                                          # duplicate
+        [{"op": "create", "ad_id": 10**7}, {"op": "create", "ad_id": 10**7}],    # duplicate within the batch
+        [{"op": "create", "ad_id": 10**7 + i} for i in range(3)],                # only 2 free slots
+        [{"op": "create", "ad_id": 10**7}, {"op": "retire", "ad_id": ad}, {"op": "retire", "ad_id": ad}],
+    ]
+    for recs in bad:
+        with pytest.raises(RuleError):
+            dev.apply(UpdateBatch.from_records(SCHEMA, recs))
+    for recs, msg in [([{"op": "create", "ad_id": 5, "include": {"age": [7]}}], "ad 5.*'age'.*out of range"),
+                      ([{"op": "create", "ad_id": 5, "include": {"planet": [1]}}], "unknown category"),
+                      ([{"op": "bump", "ad_id": 5}], "op must be one of"),
+                      ([{"op": "retire", "ad_id": 5, "live": True}], "retire carries only")]:
+        with pytest.raises(RuleError, match=msg):
+            UpdateBatch.from_records(SCHEMA, recs)
+    assert host.version == 0 and dev.version == 0
+    host.assert_same(ref)
+    rows, pool = dev.snapshot()
+    np.testing.assert_array_equal(rows, before_rows)
+    np.testing.assert_array_equal(pool, before_pool)
+
+
+def test_requests_see_updates_issued_before_them_and_none_after(rng):
+    """A pipeline: the host runs ahead computing deltas and plans; the device applies and serves
+    them in issue order. Each request's answer is the oracle's on the rules of its own moment."""
+    rules = random_rules(rng, 80, schema=SCHEMA)
+    host = TargetingIndex(rules, capacity=120, dense_min=2)
+    dev = DeviceTargetingIndex(host)
+    prof = random_profile(rng, SCHEMA)
+    steps, next_id = [], 10**6
+    alive = list(rules.ad_ids.tolist())
+    for k in range(4):
+        recs = [{"op": "create", "ad_id": next_id, "include": {"interest": list(make_profile(SCHEMA, prof)["interest"])[:1]}}]
+        recs.append({"op": "retire", "ad_id": alive.pop(int(rng.integers(len(alive))))})
+        next_id += 1
+        delta = host.apply(UpdateBatch.from_records(SCHEMA, recs))
+        plan = dev.prepare([prof])
+        want = reference.match(host.current_rules(), make_profile(SCHEMA, prof))
+        steps.append((delta, plan, want))
+    with pytest.raises(RuntimeError):
+        dev.launch(steps[0][1])  # the device has not applied delta 1 yet
+    for delta, plan, want in steps:
+        dev.apply_delta(delta)
+        out, counts = dev.launch(plan)
+        np.testing.assert_array_equal(mask_from_bits(out.copy_to_host()[0], host.n_ads), want)
+    with pytest.raises(RuntimeError):
+        dev.apply_delta(steps[0][0])  # a delta applies once, in order
+
+
+def test_bits_written_are_the_bits_that_change():
+    rules = TargetingRules.from_records(SCHEMA, [{"ad_id": i} for i in range(200)])
+    host = TargetingIndex(rules, group_max=1, dense_min=1)
+    # one ad starts including one of age's 7 values: the other 6 allows rows and the "no value" row
+    # flip for it, no more
+    delta = host.apply(UpdateBatch.from_records(SCHEMA, [{"op": "change", "ad_id": 17, "include": {"age": [3]}}]))
+    assert delta.bits_changed == 7 and delta.list_pos.size == 0
+    # changing it back flips the same 7 bits back
+    delta = host.apply(UpdateBatch.from_records(SCHEMA, [{"op": "change", "ad_id": 17}]))
+    assert delta.bits_changed == 7
+    # a listed (sparse) value: one list entry written, the unconstrained bit flips
+    sparse = TargetingIndex(rules, dense_min=10**9)
+    delta = sparse.apply(UpdateBatch.from_records(SCHEMA, [{"op": "change", "ad_id": 5, "include": {"interest": [9]}}]))
+    assert delta.bits_changed == 1 and delta.list_pos.size == 1
+    sparse.assert_same(sparse.rebuild())
+
+
+def test_lists_compact_and_move_under_churn(rng):
+    """Many adds and removes on a few listed values: lists grow past their capacity (moved to a
+    larger region) and shrink below half live (compacted in place); they still equal a rebuild."""
+    rules = TargetingRules.from_records(SCHEMA, [{"ad_id": i, "include": {"interest": [i % 3]}} for i in range(60)])
+    host = TargetingIndex(rules, capacity=300, dense_min=10**9)
+    dev = DeviceTargetingIndex(host)
+    alive, next_id = list(range(60)), 1000
+    for k in range(6):
+        recs = [{"op": "create", "ad_id": next_id + j, "include": {"interest": [j % 2]}} for j in range(30)]
+        next_id += 30
+        for ad in rng.choice(alive, 25, replace=False).tolist():
+            recs.append({"op": "retire", "ad_id": ad})
+            alive.remove(ad)
+        alive += [r["ad_id"] for r in recs if r["op"] == "create"]
+        dev.apply(UpdateBatch.from_records(SCHEMA, recs))
+    check_state(host, dev, rng)
+
+
+def test_dropped_host_bits_refuse_host_bit_methods(rng):
+    rules = random_rules(rng, 40, schema=SCHEMA)
+    host = TargetingIndex(rules)
+    dev = DeviceTargetingIndex(host, host_bits=False)
+    assert not host.host_bits and dev.rows.shape == (host.n_rows, host.n_words)
+    for call in (lambda: host.match_cpu({}), lambda: host.assert_same(host.rebuild()),
+                 lambda: DeviceTargetingIndex(host)):
+        with pytest.raises(RuntimeError, match="drop_host_bits"):
+            call()

@@ -1,0 +1,131 @@
+"""Training: the torch score is DESIGN.md's model, features never leak, training is seeded, the gate
+learns at K = 1, and the exported weights scored by the fused kernel (simulator) give the torch
+model's own top-K."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from andromeda_nb import AdTable, Request, reference  # noqa: E402
+from andromeda_nb.datasets import multi_interest as mi  # noqa: E402
+from andromeda_nb.training import data as tdata  # noqa: E402
+from andromeda_nb.training.models import gated_scores  # noqa: E402
+from andromeda_nb.training.train import MODELS, TrainConfig, score_exported, train_model  # noqa: E402
+
+TINY = TrainConfig(d=16, width=16, hidden=16, steps=4, batch=32, negatives=32, warmup=1)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return tdata.from_multi_interest(mi.build_world(mi.WorldDesign(n_users=200, n_ads=240, topics=6), seed=1))
+
+
+@pytest.mark.parametrize("E,K", [(1, 1), (6, 1), (6, 2), (6, 6)])
+def test_torch_score_is_the_oracle(E, K, rng):
+    d, n = 16, 50
+    req = Request.random(d, E, K, rng)
+    table = AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n))
+    t = lambda x: torch.tensor(np.array(x, np.float32))[None]  # noqa: E731
+    got = gated_scores(t(req.V), t(req.G), t(req.gamma), t(req.beta), torch.tensor(np.array(table.dequantized(), np.float32)),
+                       torch.as_tensor(table.bias), K)[0].numpy()
+    want = reference.score(req, table)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_features_see_only_earlier_clicks(data):
+    rows, t = data.events()
+    pick = np.random.default_rng(0).choice(rows.size, 40, replace=False)
+    b = data.batch(rows[pick], t[pick])
+    for i, j in enumerate(pick):
+        r, tt = rows[j], t[j]
+        hist = b["hist"][i][b["hist"][i] < data.n_ads]
+        np.testing.assert_array_equal(hist, data.seq[r, max(0, tt - tdata.HIST_LEN): tt])
+    ev = data.batch(data.eval_rows[:20])
+    for i, r in enumerate(data.eval_rows[:20]):
+        hist = set(ev["hist"][i][ev["hist"][i] < data.n_ads].tolist())
+        assert not hist & set(data.heldout[int(r)].tolist())
+        np.testing.assert_array_equal(ev["ctx"][i], data.req_ctx[r])
+
+
+def test_training_is_seeded(data):
+    a = train_model("mixture_k2", data, TINY, seed=5, device="cpu", progress=False)
+    b = train_model("mixture_k2", data, TINY, seed=5, device="cpu", progress=False)
+    np.testing.assert_array_equal(a.ad_arrays()[0], b.ad_arrays()[0])
+    assert a.history == b.history and all(np.isfinite(a.history))
+
+
+def test_gate_learns_at_k1(data):
+    m = train_model("mixture_k1", data, TrainConfig(**{**TINY.__dict__, "steps": 1}), seed=0, device="cpu",
+                    progress=False)
+    net = m.net
+    rows, t = data.events()
+    b = {k: torch.as_tensor(v) for k, v in data.batch(rows[:16], t[:16]).items()}
+    cats = m._cats
+    net.zero_grad()
+    net.train()
+    s = net.score(b, torch.arange(data.n_ads), cats)
+    s.sum().backward()
+    # the gate-key half of every expert's last layer gets a gradient although only one expert is selected
+    for head in net.heads:
+        g = head[2].weight.grad[net.d:]
+        assert torch.count_nonzero(g) > 0
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_export_shapes(data, name):
+    m = train_model(name, data, TINY, seed=0, device="cpu", progress=False)
+    rows = data.eval_rows[:3]
+    sc = m.forward_scores(rows)
+    assert sc.shape == (3, data.n_ads) and np.isfinite(sc).all()
+    if name == "ranking":
+        with pytest.raises(TypeError):
+            m.export_table()
+        return
+    E, K = MODELS[name]
+    req = m.export_request(data.user_ids[rows[0]])
+    assert (req.experts, req.k_experts, req.d) == (E, K, TINY.d)
+    for dt in ("fp32", "bf16", "fp16", "int8"):
+        tab = m.export_table(dt)
+        assert tab.dtype == dt and tab.n_ads == data.n_ads
+        np.testing.assert_array_equal(tab.ad_ids, data.ad_ids)
+    # exported tensors + DESIGN's formula = the model's own forward pass
+    V, G, gamma, beta = m.request_tensors(rows)
+    np.testing.assert_allclose(score_exported(V, G, gamma, beta, m.export_table("fp32"), K), sc, rtol=1e-5, atol=1e-5)
+    # and the float64 oracle
+    np.testing.assert_allclose(reference.score(req, m.export_table("fp32")), sc[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["single_tower", "mixture_k2"])
+def test_fused_kernel_gives_the_torch_top_k(data, name):
+    from andromeda_nb.analysis import quality
+
+    m = train_model(name, data, TINY, seed=0, device="cpu", progress=False)
+    users = data.user_ids[data.eval_rows[:2]]
+    for check in quality.kernel_check(m, users, k=10):
+        assert check.ok, check.message
+
+
+def test_movielens_features_respect_the_temporal_split():
+    from pathlib import Path
+
+    from andromeda_nb.datasets import movielens
+
+    if not all((Path("data/ml-100k") / f).is_file() for f in movielens.FILES):
+        pytest.skip("MovieLens-100K files not fetched")
+    ml = movielens.load("data/ml-100k")
+    split = movielens.split(ml)
+    world = movielens.build_world(ml, split, d=16, experts=1, k_experts=1)
+    d = tdata.from_movielens(world, ml, split)
+    assert d.n_train == len(split.train) and d.n_ads == 1682
+    held_ts = split.heldout.groupby("user_id")["timestamp"].min()
+    train = split.train.sort_values(["user_id", "timestamp", "item_id"], kind="mergesort")
+    for r in d.eval_rows[:30]:
+        uid = int(d.user_ids[r])
+        seq = d.seq[r, : d.seq_len[r]]
+        np.testing.assert_array_equal(d.ad_ids[seq], train.loc[train["user_id"] == uid, "item_id"].to_numpy())
+        assert not set(d.heldout[int(r)].tolist()) & set(seq.tolist())
+        # the request context is computed at the first held-out click from training clicks only
+        ts = train.loc[train["user_id"] == uid, "timestamp"].to_numpy()
+        np.testing.assert_array_equal(d.req_ctx[r], tdata._ml_context(np.array([held_ts[uid]]), ts)[0])
+    assert (d.eligible(d.eval_rows[:3]).sum(axis=1) > 0).all()
