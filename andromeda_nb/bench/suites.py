@@ -220,7 +220,7 @@ def _scores_full(dreq, table, access, elig, cand, n_items, config):
     """All scores of the case written to memory, indexed by slot (NaN where not scored)."""
     import cupy as cp
 
-    from ..score.api import launch_score
+    from ..score.launches import launch_score
 
     out = launch.cuda().device_array(n_items, np.float32)
     launch_score(dreq, table, access, elig, cand, n_items, out, config)
@@ -236,7 +236,7 @@ def _fused_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, acce
     """Fused scoring + top-k timed, verified against torch.topk of the same kernel's scores, as a
     row. ``path``: "block" (scoring.launch_score_topk) or "filter" (scoring.launch_score_filter; a
     seeded run that is not exact, where score_topk would fall back to the block path, fails the row)."""
-    from ..score.api import (DeviceRequest, ScoreFilterWorkspace, _resolve, launch_score_filter, launch_score_topk,
+    from ..score.launches import (DeviceRequest, ScoreFilterWorkspace, _resolve, launch_score_filter, launch_score_topk,
                           topk_workspace)
     from ..topk.api import seeded_outcome
     from ..score.unfused import fused_bytes_per_ad
@@ -294,7 +294,7 @@ def _config_note(config):
 
 
 def _scores_row(env, ceil, args, tables, rng, model, dtype, d, E, K, layout, config, variant):
-    from ..score.api import DeviceRequest, _resolve, launch_score
+    from ..score.launches import DeviceRequest, _resolve, launch_score
     from ..score.unfused import fused_bytes_per_ad
 
     table = tables.get(dtype, d, layout)
@@ -810,7 +810,7 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
 def _unfused_rows(env, ceil, args, tables, rng) -> list[dict]:
     import cupy as cp
 
-    from ..score.api import DeviceRequest
+    from ..score.table import DeviceRequest
     from ..score.unfused import (PerOpBuffers, PreFusionBuffers, launch_per_op, launch_pre_fusion, per_op_bytes_per_ad,
                           pre_fusion_bytes_per_ad)
     from ..topk.api import TopKWorkspace, scan_lists
@@ -859,7 +859,7 @@ def _unfused_rows(env, ceil, args, tables, rng) -> list[dict]:
 def _prefusion_access_rows(env, ceil, args, tables, rng) -> list[dict]:
     import cupy as cp
 
-    from ..score.api import DeviceRequest
+    from ..score.table import DeviceRequest
     from ..topk.api import TopKWorkspace, scan_lists
     from ..score.unfused import (PerOpBuffers, PreFusionBuffers, launch_per_op, launch_pre_fusion, per_op_bytes_per_ad,
                           pre_fusion_bytes_per_ad)

@@ -11,7 +11,9 @@ import numpy as np
 
 from ..device import launch
 from ..model import STORAGE_DTYPES
-from .api import DEFAULT_CONFIG, DeviceAdTable, DeviceRequest, launch_score
+from .config import DEFAULT_CONFIG
+from .launches import launch_score
+from .table import DeviceAdTable, DeviceRequest
 from ..topk.api import launch_topk
 
 ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}

@@ -375,7 +375,8 @@ def test_auto_config_resolves_by_request(rng):
     """weights / max_registers "auto": kernel parameters and 96 registers for the gated d = 64,
     E = 6 scorer (512 floats fit), shared weights where the tuple would not fit or the kernel
     cannot take it; explicit settings are kept."""
-    from andromeda_nb.score.api import PARAM_FLOATS, DeviceRequest
+    from andromeda_nb.score.config import PARAM_FLOATS
+    from andromeda_nb.score.table import DeviceRequest
 
     small = DeviceRequest.of(Request.random(64, 6, 2, rng))
     big = DeviceRequest.of(Request.random(128, 6, 2, rng))

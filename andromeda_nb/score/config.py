@@ -1,0 +1,152 @@
+"""How the scoring kernels run: :class:`KernelConfig` and the limits it is checked against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..device import launch
+
+if TYPE_CHECKING:
+    from .table import DeviceRequest
+
+#: Embedding dimensions the kernels accept: multiples of 8 (whole 8-byte words for every dtype).
+MAX_D = 256
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How the scoring kernels run (every field has a default chosen by measurement on the H200,
+    recorded in data/results/scoring.csv; ``"auto"`` fields are resolved per request by
+    :meth:`resolved`).
+
+    Attributes:
+        values: ``"chosen"`` (value dots of the K chosen experts only, h kept in registers) or
+            ``"all"`` (all E value dots in one streaming pass; fewer registers, more FMAs).
+        block: threads per block (None: 256 on a GPU, 32 in the simulator).
+        max_registers: register cap per thread (None: the compiler's choice; ``"auto"``: 96 for the
+            gated model with weights in kernel parameters outside the block top-K, else 128: the
+            fastest measured).
+        items: ads each thread scores between two block top-K barrier pairs (fused block top-K).
+            1 is the default: more overlaps the round's ads, and ptxas then spills (items = 4 gave
+            255 registers and a spill stack, ~10x slower).
+        sync_every: top-K rounds between two barrier pairs of the fused block top-K (the shared
+            buffer grows to hold that many rounds of candidates); 2 to 8 measured no faster than 1.
+        blocks_per_sm: grid size of the grid-stride loop, in blocks per SM.
+        naive: use the first loop-based kernel (:mod:`.naive`) instead of the generated one.
+        weights: where the per-ad loop reads gamma, beta and the gate keys G (and the dot kernel's
+            user vector) from: ``"shared"`` (16-byte shared loads from the weight image) or
+            ``"param"`` (a tuple kernel argument: ptxas reads it from the constant bank with
+            uniform loads, no shared-memory traffic; V stays in shared memory, its rows differ
+            per ad). ``"param"`` needs the tuple within :data:`PARAM_FLOATS`. ``"auto"`` (default):
+            ``"param"`` where it fits (d = 64, E = 6: 512 floats) and the kernel is the generated
+            CUDA-core one with ``values="chosen"`` scoring one request, else ``"shared"``: the
+            128 shared loads per ad limited the shared-weight kernel, the parameter weights ran
+            about 1.2x faster on the full pool.
+        guard: how the scores-to-memory and filter kernels keep ptxas from hoisting the shared
+            weight loads out of the ad loop: ``"fence"`` (a block-scope fence per ad) or
+            ``"offset"`` (an address offset that is zero at run time but unknown to ptxas).
+        tensor_cores: the gate and value dot products on the tensor cores (``mma.sync`` m16n8k8
+            TF32, each operand split into a TF32 high and low part rounded to nearest, three
+            products summed: ~2^-22 relative error per product against fp32's 2^-24), a warp
+            scoring 32 ads at once; every expert's value dot is computed (8 per tile). Gated
+            model, fp16 or bf16 tables, d a multiple of 16, E <= 8, whole warps; the weight image
+            (192 d bytes) and the result tiles (64 bytes per thread) must fit in 48 KiB of shared
+            memory (d <= 160 at block 256). Its error against the float64 reference can exceed
+            the fp32 tolerance on rows of magnitude ~1000 (logits in the thousands); it measured
+            no faster than the CUDA-core default (L1 / shared-pipe bound), so it is off.
+    """
+
+    values: str = "chosen"
+    block: int | None = None
+    max_registers: int | None | str = "auto"
+    items: int = 1
+    sync_every: int = 1
+    blocks_per_sm: int = launch.GPU_BLOCKS_PER_SM
+    naive: bool = False
+    weights: str = "auto"
+    guard: str = "fence"
+    tensor_cores: bool = False
+
+    def __post_init__(self):
+        for name, allowed in (("weights", ("auto", "shared", "param")), ("guard", ("fence", "offset")),
+                              ("values", ("chosen", "all"))):
+            v = getattr(self, name)
+            if not isinstance(v, str) or v not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
+        if not isinstance(self.tensor_cores, (bool, np.bool_)):
+            raise ValueError(f"tensor_cores must be True or False, got {self.tensor_cores!r}")
+        if self.tensor_cores and (self.weights == "param" or self.naive):
+            raise ValueError("tensor_cores=True reads its weights from shared memory (weights='shared', naive=False)")
+        if self.weights == "param" and (self.values == "all" or self.naive):
+            raise ValueError('weights="param" runs the generated kernel with values="chosen" (not values="all", '
+                             "not naive)")
+        launch.check_block(self.block)
+        if self.tensor_cores and self.block is not None and self.block % 32:
+            raise ValueError(f"tensor_cores=True needs whole warps: block must be a multiple of 32, got {self.block}")
+        regs = self.max_registers
+        if not (regs is None or (isinstance(regs, str) and regs == "auto")
+                or (isinstance(regs, (int, np.integer)) and not isinstance(regs, (bool, np.bool_))
+                    and 16 <= regs <= 255)):
+            raise ValueError(f"max_registers must be None, 'auto' or an int in 16..255, got {regs!r}")
+        for name in ("items", "sync_every", "blocks_per_sm"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+    def threads(self) -> int:
+        return self.block or launch.default_block()
+
+    def resolved(self, dreq: "DeviceRequest", topk_k: int = 0, compact: bool = False) -> "KernelConfig":
+        """This configuration with ``weights`` and ``max_registers`` made concrete for a request
+        (``"auto"`` rules in the class docstring); ``topk_k`` > 0: the fused block top-K kernel;
+        ``compact``: an eligible bitset compacted in the kernel (a top-K over a bitset) on the
+        ``tiles`` layout, where the parameter weights measured slower than shared ones (on
+        ``rows`` faster): shared weights there.
+
+        Raises:
+            TypeError: ``dreq`` is not a :class:`DeviceRequest` (``DeviceRequest.of(request)``).
+            ValueError: ``topk_k`` not a non-negative int, ``compact`` not a bool."""
+        from .table import DeviceRequest
+
+        if not isinstance(dreq, DeviceRequest):
+            raise TypeError(f"resolved() takes a DeviceRequest (DeviceRequest.of(request)), got {type(dreq).__name__}")
+        if isinstance(topk_k, bool) or not isinstance(topk_k, (int, np.integer)) or topk_k < 0:
+            raise ValueError(f"topk_k must be a non-negative int, got {topk_k!r}")
+        if not isinstance(compact, (bool, np.bool_)):
+            raise ValueError(f"compact must be True or False, got {compact!r}")
+        weights = self.weights
+        if weights == "auto":
+            fits = dreq.param_floats <= PARAM_FLOATS
+            weights = ("param" if fits and not (self.tensor_cores or self.naive or compact) and self.values == "chosen"
+                       else "shared")
+        regs = self.max_registers
+        if isinstance(regs, str):  # "auto"
+            regs = 96 if weights == "param" and dreq.model == "gated" and not topk_k else 128
+        if (weights, regs) == (self.weights, self.max_registers):
+            return self
+        return replace(self, weights=weights, max_registers=regs)
+
+
+DEFAULT_CONFIG = KernelConfig()
+#: Most floats the ``weights="param"`` tuple may hold: kernel parameters share 4 KiB with the
+#: other arguments (each array argument is several 8-byte fields).
+PARAM_FLOATS = 640
+#: Static shared memory a block may use without an opt-in (docs/design.md: Numba has no public one).
+SHARED_BYTES = 48 * 1024
+
+
+def with_config(config: KernelConfig | None = None, **changes) -> KernelConfig:
+    """A copy of ``config`` (default :data:`DEFAULT_CONFIG`) with fields changed."""
+    return replace(config or DEFAULT_CONFIG, **changes)
+
+
+def check_config(config) -> KernelConfig:
+    """``config`` or the default; TypeError when it is not a :class:`KernelConfig`."""
+    if config is None:
+        return DEFAULT_CONFIG
+    if not isinstance(config, KernelConfig):
+        raise TypeError(f"config must be a KernelConfig, got {type(config).__name__}")
+    return config

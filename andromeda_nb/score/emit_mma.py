@@ -1,0 +1,119 @@
+"""Emitters of the tensor-core part of the generated scoring kernel (:mod:`.fused`, ``mma=True``).
+
+A warp scores 32 ads at once: two tiles of 16 rows, each ``mma.sync`` m16n8k8 TF32 step taking 8
+embedding dimensions of 16 ads against 8 experts, three products per step (3xTF32: each operand
+split in a TF32 high and a low part, ``hi*hi + hi*lo + lo*hi``), for the gate logits and the
+value dots of all experts. The per-lane weight image is :func:`.weights.mma_image`; results meet
+in shared memory (``msc[warp, ad, 0:8]`` logits, ``8:16`` values), read back by the ad's own lane.
+"""
+
+from __future__ import annotations
+
+from numba.cuda.core import config
+
+#: a warp barrier (the simulator has no syncwarp; its block barrier stands in, every thread of the
+#: block reaches it together)
+SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
+
+
+def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access: str, compact: bool,
+                   n: str = "n_items", row: str = "") -> None:
+    """Emit the loads of tile t (rows 16 t + g and 16 t + g + 8 of a warp's 32 ads, counted from
+    ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
+    row past the end or not eligible). ``n``: the name of the item count; ``row``: the candidate
+    list's row prefix (``"b, "`` in batched kernels)."""
+    for q in (2 * t, 2 * t + 1):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
+        half = q % 2
+        emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
+        if compact:
+            emit(f"{ind}okr{q} = ir{q} < n_list")
+            emit(f"{ind}sr{q} = tile0 + int64(lst[ir{q}]) if okr{q} else int64(0)")
+        else:
+            emit(f"{ind}okr{q} = ir{q} < {n}")
+            emit(f"{ind}sr{q} = ir{q}")
+            if access == "candidates":
+                emit(f"{ind}if okr{q}:")
+                emit(f"{ind}    sr{q} = int64(cand[{row}ir{q}])")
+            elif access == "bitset":
+                emit(f"{ind}if okr{q}:")
+                emit(f"{ind}    okr{q} = test_bit(elig, ir{q}) != 0")
+        emit(f"{ind}ur{q} = uint64(sr{q})")
+        for wi in range(d // 16):
+            emit(f"{ind}m{q}_{wi} = uint64(0)")
+        emit(f"{ind}if okr{q}:")
+        for wi in range(d // 16):
+            col = f"c4 + {4 * wi}"
+            idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
+            emit(f"{ind}    m{q}_{wi} = words[{idx}]")
+
+
+def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
+    """Emit tile t's encoding and mma steps: ``cg{t}_*`` (8 gate logits) and ``cv{t}_*`` (8 value
+    dots) of its 16 rows, from the words ``m{2t}_*`` and ``m{2t+1}_*``."""
+    for r in range(4):
+        emit(f"{ind}cg{t}_{r} = zero")
+        emit(f"{ind}cv{t}_{r} = zero")
+    rows = (2 * t, 2 * t + 1)
+    for j in range(d // 8):
+        wi, e0 = divmod(2 * j, 4)
+        if e0 == 0:
+            for q in rows:
+                emit(f"{ind}x{q}_0, x{q}_1, x{q}_2, x{q}_3 = decode(m{q}_{wi})")
+        for part, names in ((0, "ga, gb, ba, bb"), (1, "gh0, gh1, gl0, gl1"), (2, "vh0, vh1, vl0, vl1")):
+            emit(f"{ind}{names} = lds4(wsh, wo + {((j * 3 + part) * 32) * 4} + lane * 4)")
+        for q in rows:
+            emit(f"{ind}ha{q} = max_nan(x{q}_{e0} * ga + ba, zero)")
+            emit(f"{ind}hb{q} = max_nan(x{q}_{e0 + 1} * gb + bb, zero)")
+        # A fragment: a0 = (row g, k = c), a1 = (g + 8, c), a2 = (g, c + 4), a3 = (g + 8, c + 4)
+        frag = [f"ha{rows[0]}", f"ha{rows[1]}", f"hb{rows[0]}", f"hb{rows[1]}"]
+        for r, a in enumerate(frag):
+            emit(f"{ind}ah{r} = tf32_round({a})")
+            emit(f"{ind}al{r} = tf32_round({a} - ah{r})")
+        for acc, bh0, bh1, bl0, bl1 in ((f"cg{t}", "gh0", "gh1", "gl0", "gl1"), (f"cv{t}", "vh0", "vh1", "vl0", "vl1")):
+            # terms < 3 (diagnostics only: less accurate) keeps the last products
+            for A, B0, B1 in (("al", bh0, bh1), ("ah", bl0, bl1), ("ah", bh0, bh1))[3 - terms:]:
+                _emit_mma_call(emit, ind, acc, [f"{A}{r}" for r in range(4)], B0, B1)
+
+
+def _emit_mma_store(emit, ind: str) -> None:
+    """Emit the hand-over of both tiles' results to shared memory (``msc[wid, row, 0:8]`` logits,
+    ``8:16`` values) between two warp barriers. C fragment: c0, c1 = (row g, experts 2c, 2c + 1),
+    c2, c3 = (row g + 8, ...)."""
+    emit(f"{ind}{SYNC_WARP}")  # the previous round's readers are done with msc
+    for t in range(2):
+        for half in range(2):
+            row = f"{16 * t + 8 * half} + g8"
+            for which, off in (("cg", 0), ("cv", 8)):
+                emit(f"{ind}msc[wid, {row}, {off} + 2 * c4] = {which}{t}_{2 * half}")
+                emit(f"{ind}msc[wid, {row}, {off + 1} + 2 * c4] = {which}{t}_{2 * half + 1}")
+    emit(f"{ind}{SYNC_WARP}")
+
+
+def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
+              prefetch: bool = False, n: str = "n_items", row: str = "") -> None:
+    """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
+    needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
+    before the loop), and each tile's words for the next round (``base + stride``) are loaded as
+    soon as that tile is encoded, so loads stay in flight while the warp computes."""
+    ind = "        "
+    if not prefetch:
+        for t in range(2):
+            emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row)
+    for t in range(2):
+        _emit_mma_tile(emit, ind, t, d, terms)
+        if prefetch:
+            emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row)
+    _emit_mma_store(emit, ind)
+
+
+def _emit_mma_call(emit, ind, acc, a, b0, b1):
+    cs = [f"{acc}_{r}" for r in range(4)]
+    if config.ENABLE_CUDASIM:  # the warp's fragments meet in shared memory (mma_tf32_warp)
+        for r, v in enumerate(a + [b0, b1] + cs):
+            emit(f"{ind}scr[wid, lane, {r}] = {v}")
+        emit(f"{ind}cuda.syncthreads()")
+        emit(f"{ind}{', '.join(cs)} = mma_tf32_warp(scr[wid], lane)")
+        emit(f"{ind}cuda.syncthreads()")
+    else:
+        emit(f"{ind}{', '.join(cs)} = mma_tf32({', '.join(a + [b0, b1] + cs)})")
+

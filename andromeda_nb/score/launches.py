@@ -1,0 +1,257 @@
+"""Launching the scoring kernels: argument preparation, the shared-memory check, the kernel for
+a resolved configuration, and the enqueue functions of each path (no validation beyond what the
+kernel needs; the public functions in :mod:`.api` validate first).
+
+Paths of fused scoring + top-K (:func:`.api.score_topk` chooses):
+    "filter": score a sample of the items, take a seed threshold from it, then one fused pass
+    appends only the scores at or above the seed to a small buffer (per ad: one compare, no
+    barriers) and the top-K final answers; exact, or the caller falls back (a seed above the k-th
+    score, or more scores through than the buffer holds).
+    "block": the fused block top-K (per-block lists behind a running threshold) and a merge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..device import launch
+from ..topk.api import TopKWorkspace, eligible_bitset, launch_merge_lists
+from ..model import all_unique
+from .config import DEFAULT_CONFIG, SHARED_BYTES, KernelConfig
+from .table import DeviceAdTable, DeviceRequest
+from .weights import image_size, mma_image_size
+
+
+def _prepare(request, table: DeviceAdTable, eligible, candidates, unique: bool = False):
+    if not isinstance(table, DeviceAdTable):
+        raise TypeError(f"table must be a DeviceAdTable, got {type(table).__name__}")
+    dreq = DeviceRequest.of(request)
+    if dreq.d != table.d:
+        raise ValueError(f"request d={dreq.d} does not match table d={table.d}")
+    if eligible is not None and candidates is not None:
+        raise ValueError("give eligible or candidates, not both")
+    n = table.n_ads
+    if candidates is not None:
+        launch.check_array("candidates", candidates, np.int32, ndim=1)
+        # device candidates are copied back once to be checked (m * 4 bytes): an id out of range
+        # would read outside the table; the launch_* functions skip this for serving loops
+        host = candidates if isinstance(candidates, np.ndarray) else candidates.copy_to_host()
+        if host.size:
+            lo, hi = int(host.min()), int(host.max())
+            if lo < 0 or hi >= n:
+                raise ValueError(f"candidate slots must be in 0..{n - 1}, got range {lo}..{hi}")
+            if unique and not all_unique(host):
+                raise ValueError("candidate slots must be distinct for top-K (a repeated slot would be "
+                                 "returned several times)")
+        return dreq, "candidates", None, launch.to_device(candidates), int(candidates.shape[0])
+    if eligible is not None:
+        return dreq, "bitset", eligible_bitset(eligible, n), None, n
+    return dreq, "pool", None, None, n
+
+
+def shared_bytes(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access: str = "pool",
+                 selects: bool = True) -> int:
+    """Static shared memory per block of the generated kernel: the weight image, plus for a fused
+    block top-K (``topk_k`` > 0) its buffer of 8-byte entries, plus for a bitset feeding a
+    selection (``selects``: block top-K or filter) its per-tile list of eligible positions."""
+    from .fused import BITS_PER_THREAD
+    from ..topk.block import buffer_capacity
+
+    block = config.threads()
+    cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
+    listed = 2 * BITS_PER_THREAD * block + 4 * block if access == "bitset" and selects else 0
+    if config.tensor_cores:  # per-lane weight image and each warp's 32 x 16 result tile
+        return 4 * mma_image_size(dreq.d) + 64 * block + 8 * cap + listed + 64
+    return 4 * image_size(dreq.model, dreq.d, dreq.experts) + 8 * cap + listed + 64
+
+
+def check_shared(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access: str = "pool",
+                 selects: bool = True) -> None:
+    """Raise ValueError (before any launch) when the kernel for this request, k, access and
+    configuration needs more shared memory per block than Numba's static limit
+    (:data:`SHARED_BYTES`)."""
+    shared = shared_bytes(dreq, topk_k, config, access, selects)
+    if shared > SHARED_BYTES:
+        raise ValueError(f"this configuration needs {shared} bytes of shared memory per block (weight image of "
+                         f"d={dreq.d}, E={dreq.experts}" + (f" + a top-{topk_k} buffer for block={config.threads()}, "
+                                                           f"items={config.items}, sync_every={config.sync_every}"
+                                                           if topk_k else "")
+                         + f"); Numba allows {SHARED_BYTES}: lower k, block, items or sync_every")
+
+
+def _resolve(config: KernelConfig, dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int = 0,
+             selects: bool | None = None) -> KernelConfig:
+    """``config`` made concrete (:meth:`KernelConfig.resolved`) for the kernel that scores this
+    request and table: ``selects`` (default ``topk_k > 0``) says the kernel selects (the block
+    top-K or the filter pass), where an eligible bitset is compacted in the kernel."""
+    selects = topk_k > 0 if selects is None else selects
+    return config.resolved(dreq, topk_k, access == "bitset" and selects and table.layout == "tiles")
+
+
+def _weight_args(dreq: DeviceRequest, config: KernelConfig):
+    """(the weight image argument, the extra trailing arguments) of the generated kernel for a
+    resolved ``config``."""
+    image = dreq.mma_image() if config.tensor_cores else dreq.image
+    return image, ((dreq.param_weights(),) if config.weights == "param" else ())
+
+
+def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int, config: KernelConfig):
+    """The kernel for a resolved ``config`` (:func:`_resolve`); raises ValueError before compiling
+    anything for a configuration it cannot build."""
+    from ..topk.block import buffer_capacity
+
+    block = config.threads()
+    if config.naive:
+        cap = buffer_capacity(topk_k, block) if topk_k else 0
+        if dreq.model != "gated":
+            raise ValueError("the naive kernel implements the gated model only")
+        from .naive import gated_score_kernel
+
+        return gated_score_kernel(dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
+                                  block, cap, topk_k > 0)
+    from .fused import fused_kernel
+
+    cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
+    check_shared(dreq, topk_k, config, access, topk_k > 0)
+    return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
+                        block, cap, True, config.values, config.max_registers, config.items if topk_k else 1,
+                        config.sync_every if topk_k else 1, False, config.weights, config.guard,
+                        config.tensor_cores)
+
+
+def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
+    config = _resolve(config, dreq, table, access, topk_k)
+    kern = _kernel(dreq, table, access, topk_k, config)
+    dummy = launch.dummy
+    elig = elig if elig is not None else dummy(np.uint64)
+    cand = cand if cand is not None else dummy(np.int32)
+    out = out if out is not None else dummy(np.float32)
+    cand_s = cand_s if cand_s is not None else dummy(np.float32)
+    cand_i = cand_i if cand_i is not None else dummy(np.int32)
+    counts = counts if counts is not None else dummy(np.int64)
+    block = config.threads()
+    if config.naive:
+        G, V, gamma, beta = dreq.naive_arrays()
+        kern[grid, block](table.embeddings, table.scale, table.bias, G, V, gamma, beta, elig, cand, n_items,
+                          table.ad_ids, topk_k, out, cand_s, cand_i, counts)
+    else:
+        image, extra = _weight_args(dreq, config)
+        kern[grid, block](table.words, table.scale, table.bias, image, elig, cand, n_items, table.ad_ids,
+                          topk_k, out, cand_s, cand_i, counts, *extra)
+
+
+def launch_score(dreq: DeviceRequest, table: DeviceAdTable, access: str, elig, cand, n_items: int,
+                 out, config: KernelConfig | None = None) -> None:
+    """Enqueue the scores-to-memory kernel (no validation, no host copies; for benchmarks and
+    :func:`score_ads`). ``out``: device ``float32[n_items]``."""
+    config = config or DEFAULT_CONFIG
+    grid = launch.grid_for(n_items, config.threads(), config.blocks_per_sm)
+    _launch(dreq, table, access, elig, cand, n_items, grid, 0, out, None, None, None, config)
+
+
+def topk_workspace(table: DeviceAdTable, k: int, n_items: int, config: KernelConfig | None = None):
+    """A reusable :class:`~andromeda_nb.topk.api.TopKWorkspace` for fused scoring + top-k over n_items."""
+    config = config or DEFAULT_CONFIG
+    grid = launch.grid_for(n_items, config.threads(), config.blocks_per_sm)
+    return TopKWorkspace(np.array([0, table.n_ads], np.int64), np.array([k], np.int64), grid)
+
+
+def launch_score_topk(dreq: DeviceRequest, table: DeviceAdTable, k: int, access: str, elig, cand,
+                      n_items: int, config: KernelConfig | None = None, ws: TopKWorkspace | None = None):
+    """Enqueue fused scoring + block top-K + merge (no validation; no allocation or host copy when
+    a workspace from :func:`topk_workspace` is given).
+
+    Returns:
+        The workspace: ``ws.out_id[0]`` (int64[k] ad ids), ``ws.out_s[0]`` (float32[k]),
+        ``ws.counts[0, 0]`` (ads scored with a non-NaN score).
+    """
+    config = config or DEFAULT_CONFIG
+    ws = ws or topk_workspace(table, k, n_items, config)
+    ws.reset()
+    _launch(dreq, table, access, elig, cand, n_items, ws.lists, k, None, ws.cand_s[0], ws.cand_i[0], ws.counts[0],
+            config)
+    launch_merge_lists(ws, table.ad_ids, config.threads())
+    return ws
+
+
+class ScoreFilterWorkspace:
+    """Device buffers of the "filter" path of fused scoring + top-k (:func:`launch_score_filter`)
+    for ``n_items`` items and top-``k``: the sample positions (contiguous chunks spread over the
+    items, as :func:`~andromeda_nb.topk.api.launch_seed` samples a score array), their table slots
+    (candidates access), the seed's :class:`~andromeda_nb.topk.api.SeedWorkspace` and the filter's
+    :class:`~andromeda_nb.topk.api.FilterWorkspace`. ``make`` returns None where no seed pays (few
+    items: :meth:`SeedWorkspace.make`)."""
+
+    @classmethod
+    def make(cls, n_items: int, k: int, access: str):
+        from ..topk.api import FilterWorkspace, SeedWorkspace, sample_positions
+
+        sws = SeedWorkspace.make(n_items, k)
+        if sws is None:
+            return None
+        self = cls()
+        self.n_items, self.k, self.access, self.sws = int(n_items), int(k), access, sws
+        pos = sample_positions(n_items, sws.chunks)
+        cuda = launch.cuda()
+        self.pos = cuda.to_device(pos)
+        self.slots = cuda.device_array(pos.size, np.int32) if access == "candidates" else self.pos
+        self.fws = FilterWorkspace(n_items, k)
+        return self
+
+
+def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, access: str, elig, cand,
+                        n_items: int, config: KernelConfig | None = None, sfw: ScoreFilterWorkspace | None = None):
+    """Enqueue the "filter" path of fused scoring + top-k (:func:`~.api.score_topk`; no validation,
+    no allocation or host copy when ``sfw`` is given): score the sample (scores-to-memory kernel
+    over the sampled slots; ineligible ones set to -inf), select its seed (the r-th best), one
+    fused pass keeping the eligible scores at or above the seed, one block's radix select of the
+    top-k among them. Five launches (six for candidates access).
+
+    Returns:
+        the :class:`~andromeda_nb.topk.api.FilterWorkspace`: ``out_id[0]`` (int64[k] ad ids),
+        ``out_s[0]``, ``counts[0]`` (non-NaN scores; those at or above the seed). Exact when
+        :func:`~andromeda_nb.topk.api.seeded_outcome` says "exact".
+    """
+    from .fused import fused_kernel, sample_prep_kernel
+    from ..topk.api import launch_final, launch_seed_select
+
+    config = _resolve(config or DEFAULT_CONFIG, dreq, table, access, selects=True)
+    sfw = sfw or ScoreFilterWorkspace.make(n_items, k, access)
+    sws, fws = sfw.sws, sfw.fws
+    block = config.threads()
+    dummy = launch.dummy
+    small = launch.default_block()
+    m = sfw.pos.shape[0]
+    prep_grid = launch.grid_for(m, small)
+    if access == "candidates":  # the sampled candidates' slots
+        sample_prep_kernel(True, False)[prep_grid, small](sfw.pos, cand, sfw.slots, dummy(np.uint64),
+                                                          sws.sample_flat, True, fws.counts, fws.fill)
+    elif access == "pool":
+        fws.reset()
+    grid = launch.grid_for(m, block, config.blocks_per_sm)
+    _launch(dreq, table, "candidates", None, sfw.slots, m, grid, 0, sws.sample_flat, None, None, None, config)
+    if access == "bitset":  # an ineligible sampled ad never seeds
+        sample_prep_kernel(False, True)[prep_grid, small](sfw.pos, dummy(np.int32), dummy(np.int32), elig,
+                                                          sws.sample_flat, True, fws.counts, fws.fill)
+    seed = launch_seed_select(sws)
+    kern = fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access, block,
+                        0, True, config.values, config.max_registers, 1, 1, True, config.weights, config.guard,
+                        config.tensor_cores)
+    grid = launch.grid_for(n_items, block, config.blocks_per_sm)
+    image, extra = _weight_args(dreq, config)
+    kern[grid, block](table.words, table.scale, table.bias, image,
+                      elig if elig is not None else dummy(np.uint64), cand if cand is not None else dummy(np.int32),
+                      n_items, table.ad_ids, seed, fws.buf_s, fws.buf_i, fws.fill, fws.counts, *extra)
+    return launch_final(k, fws, table.ad_ids)
+
+
+def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, config: KernelConfig,
+                    topk_k: int = 0) -> None:
+    """Raise ValueError, before anything launches, for a configuration the kernels cannot run on
+    this request and table: kernel generation (dtype, d, E, block, shared memory), the parameter
+    weights' size, the tensor-core weight image. Generating a kernel compiles nothing."""
+    if config.naive:
+        return
+    cfg = _resolve(config, dreq, table, access, topk_k)
+    _kernel(dreq, table, access, topk_k, cfg)
+    _weight_args(dreq, cfg)

@@ -1,0 +1,249 @@
+"""The ad table and the request on the device, in the forms the scoring kernels read."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..device import launch
+from ..model import MAX_EXPERTS, STORAGE_DTYPES, AdTable, Request, all_unique
+from ..topk.api import MAX_ITEMS
+from .config import MAX_D, PARAM_FLOATS
+
+LAYOUTS = ("rows", "tiles")
+#: Elements per 8-byte word of each storage dtype (a table row is d / W words).
+PER_WORD = {"fp32": 2, "fp16": 4, "bf16": 4, "int8": 8}
+#: The slot id of a free slot (no ad): never scored, never returned.
+FREE = -1
+
+
+def resolve_layout(layout: str) -> str:
+    """``"auto"`` -> ``"tiles"`` (see :class:`DeviceAdTable`); ``"rows"`` and ``"tiles"`` as given.
+
+    Raises:
+        ValueError: any other value.
+    """
+    if layout == "auto":
+        return "tiles"
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'auto' or one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def check_slot_ids(ids: np.ndarray) -> int:
+    """Check a slot -> ad id map (``int64[n]``): each live id non-negative and unique, -1 for a
+    free slot. Returns the number of free slots.
+
+    Raises:
+        ValueError: an id below -1, or an ad id in two slots.
+    """
+    free = ids == FREE
+    n_free = int(np.count_nonzero(free))
+    live = ids[~free] if n_free else ids
+    if live.size and live.min() < 0:
+        raise ValueError(f"ad ids must be non-negative (-1 marks a free slot), got {int(live.min())}")
+    if not all_unique(live):
+        raise ValueError("ad ids must be unique among the live slots (results report ad ids)")
+    return n_free
+
+
+def check_kernel_shape(d: int, experts: int) -> None:
+    """Raise ValueError unless the kernels support this (d, E)."""
+    if d % 8 or not 8 <= d <= MAX_D:
+        raise ValueError(f"kernels need d a multiple of 8 in 8..{MAX_D}, got d={d}")
+    if not 1 <= experts <= MAX_EXPERTS:
+        raise ValueError(f"kernels need 1 <= E <= {MAX_EXPERTS}, got E={experts}")
+
+
+def _check_layout(layout: str, d: int, n_ads: int) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_kernel_shape(d, 1)
+    if n_ads > MAX_ITEMS:
+        raise ValueError(f"at most {MAX_ITEMS} ads per table, got {n_ads}")
+
+
+class DeviceAdTable:
+    """An ad table resident on the device in a kernel layout.
+
+    Build it from a host :class:`~andromeda_nb.model.AdTable` (``DeviceAdTable(table, layout)``),
+    or wrap arrays already on the device with :meth:`from_device` (benchmarks generate 100M-ad
+    tables on the GPU).
+
+    Layouts (W = elements per 8-byte word: fp32 2, fp16 / bf16 4, int8 8):
+        ``rows``:  ``[n_ads, d]``, a row contiguous: a gathered ad (a candidate list, a sparse
+        eligible set) reads whole 32-byte sectors;
+        ``tiles``: ``[d/W, n_ads, W]``: a warp's load of one word for 32 consecutive ads is 256
+        contiguous bytes, the fastest full-pool scan (about 1.6x ``rows`` for the gated kernel
+        on the H200, data/results/scoring.csv), but a gathered ad touches d/W sectors.
+        ``"auto"`` (default): ``tiles``, the layout of a scan of the pool; a table served mostly
+        through sparse eligible sets or candidate lists should use ``rows``
+        (:class:`~andromeda_nb.pipeline.Pool` chooses by its targeting index).
+
+    Slots whose ad id is -1 are free (:meth:`from_device`; a :class:`~andromeda_nb.pipeline.Pool`
+    with spare capacity): the request path never scores or returns them.
+
+    Attributes:
+        n_ads, d, dtype, layout; device arrays ``words`` (the table as uint64: ``[n_ads, d/W]`` or
+        ``[d/W, n_ads]``), ``embeddings`` (the same memory in the storage dtype), ``bias``,
+        ``scale`` (int8, else a dummy), ``ad_ids`` (int64); ``host_ad_ids`` (numpy, or None when
+        unknown); ``table`` (the host table, or None).
+
+    Raises:
+        ValueError: unsupported d or layout, or more than 2**31 - 1 ads.
+    """
+
+    def __init__(self, table: AdTable, layout: str = "auto"):
+        layout = resolve_layout(layout)
+        _check_layout(layout, table.d, table.n_ads)
+        emb = table.embeddings
+        if layout == "tiles":
+            W = PER_WORD[table.dtype]
+            emb = np.ascontiguousarray(emb.reshape(table.n_ads, table.d // W, W).transpose(1, 0, 2))
+        self._set(launch.to_device(emb), launch.to_device(table.bias), table.dtype, layout,
+                  launch.to_device(table.scale) if table.scale is not None else None,
+                  launch.to_device(table.ad_ids), table.n_ads, table.d)
+        self.table = table
+        self.host_ad_ids = table.ad_ids
+        self.n_free = 0
+
+    def _set(self, embeddings, bias, dtype, layout, scale, ad_ids, n_ads, d):
+        self.embeddings, self.bias, self.dtype, self.layout = embeddings, bias, dtype, layout
+        self.scale = scale if scale is not None else launch.dummy(np.float32)
+        self.ad_ids, self.n_ads, self.d = ad_ids, int(n_ads), int(d)
+        self.table, self.host_ad_ids, self.n_free = None, None, 0
+        W = PER_WORD[dtype]
+        if n_ads == 0:
+            self.words = launch.cuda().device_array((0, d // W) if layout == "rows" else (d // W, 0), np.uint64)
+        elif layout == "rows":
+            self.words = embeddings.view(np.uint64)
+        else:
+            self.words = embeddings.view(np.uint64).reshape(d // W, n_ads)
+
+    @classmethod
+    def from_device(cls, embeddings, bias, dtype: str, layout: str = "rows", scale=None, ad_ids=None):
+        """Wrap device arrays (Numba device arrays or anything with ``__cuda_array_interface__``).
+
+        Args:
+            embeddings: ``[n_ads, d]`` (rows) or ``[d/W, n_ads, W]`` (tiles) in the storage dtype of
+                ``dtype`` (float32, float16, uint16 bf16 bits, int8).
+            bias: ``float32[n_ads]``; scale: ``float32[n_ads]`` for int8; ad_ids: ``int64[n_ads]``
+                (None: the slots 0..n_ads-1, materialised on the device), unique among the live
+                slots, -1 for a free slot; checked once here (a copy to the host).
+
+        Raises:
+            TypeError / ValueError: dtype or shape mismatches, a repeated ad id, an id below -1.
+        """
+        cuda = launch.cuda()
+        wrap = (lambda a: a if a is None or hasattr(a, "copy_to_host") else cuda.as_cuda_array(a))
+        embeddings, bias, scale, ad_ids = map(wrap, (embeddings, bias, scale, ad_ids))
+        if dtype not in STORAGE_DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(STORAGE_DTYPES)}, got {dtype!r}")
+        if layout == "rows":
+            launch.check_array("embeddings", embeddings, STORAGE_DTYPES[dtype], ndim=2)
+            n_ads, d = embeddings.shape
+        else:
+            launch.check_array("embeddings", embeddings, STORAGE_DTYPES[dtype], ndim=3)
+            n_ads, d = embeddings.shape[1], embeddings.shape[0] * embeddings.shape[2]
+            if embeddings.shape[2] != PER_WORD[dtype]:
+                raise ValueError(f"tiles layout needs last axis {PER_WORD[dtype]} for {dtype}")
+        _check_layout(layout, d, n_ads)
+        launch.check_array("bias", bias, np.float32, shape=(n_ads,))
+        if (scale is None) != (dtype != "int8"):
+            raise ValueError("scale is required for int8 tables and only for them")
+        if scale is not None:
+            launch.check_array("scale", scale, np.float32, shape=(n_ads,))
+        if ad_ids is None:
+            host_ids = np.arange(n_ads, dtype=np.int64)
+            ad_ids = cuda.to_device(host_ids)
+        else:
+            launch.check_array("ad_ids", ad_ids, np.int64, shape=(n_ads,))
+            host_ids = ad_ids.copy_to_host()
+        n_free = check_slot_ids(host_ids)
+        self = cls.__new__(cls)
+        self._set(embeddings, bias, dtype, layout, scale, ad_ids, n_ads, d)
+        self.host_ad_ids, self.n_free = host_ids, n_free
+        return self
+
+
+class DeviceRequest:
+    """A request's tensors on the device in the kernels' form.
+
+    ``DeviceRequest.of(x)`` accepts a :class:`~andromeda_nb.model.Request` (the gated model) or a
+    1-D user vector ``u[d]`` (the two-tower ``dot(u, a) + b`` baseline).
+
+    Attributes:
+        model: ``"gated"`` or ``"dot"``; request (or None); user (or None); d, experts, k_experts;
+        image: device float32 weight image (score/fused.py).
+    """
+
+    def __init__(self, model: str, d: int, experts: int, k_experts: int, image, request=None, user=None):
+        self.model, self.d, self.experts, self.k_experts = model, d, experts, k_experts
+        self.image, self.request, self.user = image, request, user
+        self._naive = None
+        self._param = None
+        self._mma = None
+
+    @classmethod
+    def of(cls, x) -> "DeviceRequest":
+        """Raises TypeError / ValueError for anything else than a Request, a DeviceRequest or a
+        finite 1-D float user vector of a supported d."""
+        from .weights import weight_image
+
+        if isinstance(x, DeviceRequest):
+            return x
+        if isinstance(x, Request):
+            check_kernel_shape(x.d, x.experts)
+            return cls("gated", x.d, x.experts, x.k_experts, launch.to_device(weight_image("gated", request=x)),
+                       request=x)
+        u = np.asarray(x)
+        if u.ndim != 1 or u.dtype.kind not in "fiu":
+            raise TypeError(f"expected a Request or a 1-D user vector, got {type(x).__name__} {getattr(u, 'shape', '')}")
+        u = u.astype(np.float32)
+        if not np.all(np.isfinite(u)):
+            raise ValueError("user vector holds non-finite values")
+        check_kernel_shape(u.size, 1)
+        return cls("dot", u.size, 1, 1, launch.to_device(weight_image("dot", user=u)), user=u)
+
+    @property
+    def param_floats(self) -> int:
+        """Floats of the weight image the ``weights="param"`` tuple carries (gated: gamma, beta
+        and G, ``(2 + E) d``; dot: u, ``d``)."""
+        return self.d if self.model == "dot" else (2 + self.experts) * self.d
+
+    def param_weights(self) -> tuple:
+        """The weight image's prefix read per ad (gated: gamma, beta, G / sqrt(d); dot: u) as a
+        tuple of numpy float32 (Numba types it ``UniTuple(float32, n)``), for ``weights="param"``.
+
+        Raises ValueError when it holds more than :data:`PARAM_FLOATS` floats."""
+        if self._param is None:
+            n = self.param_floats
+            if n > PARAM_FLOATS:
+                raise ValueError(f'weights="param" passes {n} floats (d={self.d}, E={self.experts}); at most '
+                                 f'{PARAM_FLOATS} fit in the kernel parameters: use weights="shared"')
+            host = self.image.copy_to_host() if hasattr(self.image, "copy_to_host") else np.asarray(self.image)
+            self._param = tuple(np.float32(x) for x in host[:n])
+        return self._param
+
+    def mma_image(self):
+        """The device per-lane weight image of the tensor-core kernels (:func:`.weights.mma_image`)."""
+        if self._mma is None:
+            from .weights import mma_image
+
+            if self.model != "gated":
+                raise ValueError("tensor_cores=True implements the gated model only")
+            if self.request is None:
+                raise ValueError("tensor_cores=True builds its weights from the Request: make the DeviceRequest "
+                                 "with DeviceRequest.of(request)")
+            self._mma = launch.to_device(mma_image(self.request))
+        return self._mma
+
+    def naive_arrays(self):
+        """(G / sqrt(d), V, gamma, beta) flat device arrays for the naive kernel (gated only)."""
+        if self._naive is None:
+            if self.request is None:
+                raise ValueError("the naive kernel builds its arrays from the Request: make the DeviceRequest with "
+                                 "DeviceRequest.of(request)")
+            r = self.request
+            G = (r.G.astype(np.float64) / np.sqrt(r.d)).astype(np.float32).ravel()
+            self._naive = tuple(launch.to_device(a) for a in (G, r.V.ravel(), r.gamma, r.beta))
+        return self._naive

@@ -1,0 +1,97 @@
+"""The request's weights as the scoring kernels read them (host side, numpy only).
+
+CUDA-core kernels read one 16-byte-aligned float32 image (:func:`weight_image`)::
+
+    gated: [gamma (d) | beta (d) | G / sqrt(d) (E*d, row-major) | V (E rows of pitch d + PAD)]
+    dot:   [u (d)]
+
+V rows are padded to ``d + PAD`` floats so that 8 threads holding 8 different chosen experts read
+8 disjoint bank groups in one 16-byte load. The tensor-core kernels read a per-lane image instead
+(:func:`mma_image`): each lane's operands of every mma step, consecutive 16-byte pieces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: shared-memory row pitch of V: d + PAD floats
+PAD = 4
+
+
+def image_size(model: str, d: int, experts: int) -> int:
+    """Floats in the weight image (see the module docstring)."""
+    return d if model == "dot" else 2 * d + experts * d + experts * (d + PAD)
+
+
+def weight_image(model: str, request=None, user=None) -> np.ndarray:
+    """The float32 weight image for a request (gated) or a user vector (dot)."""
+    if model == "dot":
+        return np.ascontiguousarray(user, dtype=np.float32)
+    E, d = request.V.shape
+    G = (request.G.astype(np.float64) / np.sqrt(d)).astype(np.float32)
+    V = np.zeros((E, d + PAD), np.float32)
+    V[:, :d] = request.V
+    return np.concatenate([request.gamma, request.beta, G.ravel(), V.ravel()]).astype(np.float32)
+
+
+#: ad rows per tensor-core tile (mma m16n8k8: 16 rows, 8 experts, 8 dims per step)
+MMA_ROWS = 16
+
+
+def mma_image_size(d: int) -> int:
+    """Floats in the tensor-core weight image (see :func:`mma_image`)."""
+    return (d // 8) * 3 * 32 * 4
+
+
+def mma_dims(d: int) -> np.ndarray:
+    """``dims[c, i]``: the embedding dimension lane ``c = lane % 4`` holds as its i-th value
+    (``i < d / 4``): it loads the 8-byte words ``c, c + 4, c + 8, ...`` of a row (4 dims each), and
+    step ``j`` of the dot product feeds values ``2j`` and ``2j + 1`` to the mma as k = c and c + 4."""
+    i = np.arange(d // 4)
+    c = np.arange(4)[:, None]
+    return 4 * (c + 4 * (i // 4)) + i % 4
+
+
+def mma_image(request) -> np.ndarray:
+    """The float32 per-lane weight image of the tensor-core kernels, ``[d/8, 3, 32, 4]``:
+    for step j and lane l = 4 g + c (dims ``a, b = dims[c, 2j], dims[c, 2j+1]``)::
+
+        part 0: gamma[a], gamma[b], beta[a], beta[b]
+        part 1: hi(G'[g, a]), hi(G'[g, b]), lo(G'[g, a]), lo(G'[g, b])     G' = G / sqrt(d)
+        part 2: the same for V
+
+    with hi(x) = x rounded to TF32 and lo(x) = tf32(x - hi(x)), both to nearest (3xTF32: hi*hi +
+    hi*lo + lo*hi; |lo| <= 2^-12 |x| and the rounding of lo adds 2^-24 |x|: fp32-level accuracy;
+    truncating instead measured several times less accurate); experts g >= E are zero. Lanes read consecutive 16-byte pieces (no
+    bank conflicts)."""
+    from ..device.intrinsics import tf32_round_host
+
+    E, d = request.V.shape
+    if d % 16 or E > 8:
+        raise ValueError(f"the tensor-core kernel needs d a multiple of 16 and E <= 8, got d={d}, E={E}")
+
+    def split(x):
+        x = np.asarray(x, np.float32)
+        hi = tf32_round_host(x)
+        with np.errstate(invalid="ignore", over="ignore"):
+            lo = tf32_round_host((x - hi).astype(np.float32))
+        return hi, lo
+
+    Gs = np.zeros((8, d), np.float32)
+    Gs[:E] = (request.G.astype(np.float64) / np.sqrt(d)).astype(np.float32)
+    Vs = np.zeros((8, d), np.float32)
+    Vs[:E] = request.V
+    dims = mma_dims(d)
+    img = np.zeros((d // 8, 3, 32, 4), np.float32)
+    gamma, beta = np.asarray(request.gamma, np.float32), np.asarray(request.beta, np.float32)
+    for j in range(d // 8):
+        for lane in range(32):
+            g, c = lane // 4, lane % 4
+            a, b = dims[c, 2 * j], dims[c, 2 * j + 1]
+            img[j, 0, lane] = gamma[a], gamma[b], beta[a], beta[b]
+            for part, M in ((1, Gs), (2, Vs)):
+                hi, lo = split([M[g, a], M[g, b]])
+                img[j, part, lane] = hi[0], hi[1], lo[0], lo[1]
+    return img.ravel()
+
+

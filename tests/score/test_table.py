@@ -1,0 +1,62 @@
+"""The device ad table and the eligible bitsets the scoring calls take: layouts, the slot -> ad id
+map, padding bits of device bitsets."""
+
+import numpy as np
+import pytest
+
+import andromeda_nb as anb
+from andromeda_nb import reference
+from andromeda_nb.device import launch
+from andromeda_nb.score.table import DeviceAdTable, check_slot_ids, resolve_layout
+from andromeda_nb.targeting import bits_from_mask
+
+
+def test_auto_layout_is_the_scan_layout_and_bad_layouts_are_refused(rng):
+    table = anb.AdTable.from_float(rng.standard_normal((40, 16)), dtype="fp16")
+    assert DeviceAdTable(table).layout == resolve_layout("auto") == "tiles"
+    assert DeviceAdTable(table, "rows").layout == "rows"
+    with pytest.raises(ValueError, match="layout"):
+        DeviceAdTable(table, "columns")
+
+
+def test_slot_ids_free_slots_and_duplicates():
+    assert check_slot_ids(np.array([5, -1, 3, -1], np.int64)) == 2
+    with pytest.raises(ValueError, match="unique"):
+        check_slot_ids(np.array([5, -1, 5], np.int64))
+    with pytest.raises(ValueError, match="non-negative"):
+        check_slot_ids(np.array([5, -2, 3], np.int64))
+
+
+def test_from_device_checks_ad_ids_once(rng):
+    n, d = 32, 16
+    emb = launch.to_device(rng.standard_normal((n, d)).astype(np.float16))
+    bias = launch.to_device(np.zeros(n, np.float32))
+    ids = np.arange(n, dtype=np.int64)
+    ids[7] = ids[3]
+    with pytest.raises(ValueError, match="unique"):
+        DeviceAdTable.from_device(emb, bias, "fp16", ad_ids=launch.to_device(ids))
+    ids[7], ids[9] = -1, -1
+    dt = DeviceAdTable.from_device(emb, bias, "fp16", ad_ids=launch.to_device(ids))
+    assert dt.n_free == 2 and np.array_equal(dt.host_ad_ids, ids)
+
+
+@pytest.mark.parametrize("layout", ["rows", "tiles"])
+@pytest.mark.parametrize("path", ["auto", "block"])
+def test_device_bitset_padding_bits_are_not_positions(rng, layout, path):
+    """A caller's device bitset may have bits set past n in its last word: they name no ad, and
+    the answer is that of the bitset with them cleared (the kernels read no row past the table)."""
+    n = 100  # the last word holds 36 positions and 28 padding bits
+    table = anb.AdTable.from_float(rng.standard_normal((n, 16)), rng.standard_normal(n), dtype="fp16",
+                                   ad_ids=rng.choice(10 * n, n, replace=False))
+    req = anb.Request.random(16, 3, 2, rng)
+    mask = rng.random(n) < 0.5
+    bits = bits_from_mask(mask)
+    bits[-1] |= np.uint64(0xFFFFFFF) << np.uint64(36)
+    dt = DeviceAdTable(table, layout)
+    got = anb.score_topk(req, dt, 7, eligible=launch.to_device(bits), path=path)
+    scores = anb.score_ads(req, dt).copy_to_host()
+    want = reference.topk(scores, 7, ids=table.ad_ids, eligible=mask)
+    assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
+    assert got.count == want.count == mask.sum()
+    masked = anb.score_ads(req, dt, eligible=launch.to_device(bits)).copy_to_host()
+    assert np.array_equal(np.isnan(masked), ~mask) and np.array_equal(masked[mask], scores[mask])
