@@ -125,3 +125,59 @@ def _c_contiguous(x) -> bool:
         expected.append(step)
         step *= dim
     return tuple(reversed(expected)) == tuple(strides)
+
+
+class BoundLaunch:
+    """One kernel launch whose arguments are prepared once; each call only enqueues it.
+
+    Numba's launch path types every argument and flattens each array into its fields on every
+    call (tens of microseconds for a kernel of a dozen arrays). A serving loop launches the same
+    kernels on the same persistent buffers call after call: binding resolves the compiled kernel
+    for the arguments' types, flattens them once, and each call hands the prepared fields to the
+    driver. Arguments must stay alive and keep their addresses (the object keeps them); scalars
+    are fixed at binding (bind again to change one). In the simulator a call is Numba's ordinary
+    launch.
+
+    Args:
+        kernel: a ``cuda.jit`` dispatcher; grid, block: its launch shape; args: its arguments.
+        stream: a Numba stream or 0 (the default stream).
+    """
+
+    def __init__(self, kernel, grid, block, args, stream=0):
+        self.kernel, self.grid, self.block, self.args, self.stream = kernel, grid, block, tuple(args), stream
+        self._fast = None
+        if not backend.is_simulator():
+            self._fast = _bind(kernel, grid, block, self.args, stream)
+
+    def __call__(self) -> None:
+        if self._fast is None:
+            self.kernel[self.grid, self.block, self.stream](*self.args)
+        else:
+            self._fast()
+
+
+def _bind(kernel, grid, block, args, stream):
+    """The enqueue function of a bound launch on a GPU (Numba's own argument preparation, done once;
+    the launch through cuda.core as Numba's ``_Kernel.launch`` does it)."""
+    from cuda.core import LaunchConfig, launch as core_launch
+    from numba.cuda._compat import CUDA_CORE_GE_1_0
+    from numba.cuda.cudadrv import driver
+
+    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+    compiled = kernel.compile(argtypes)
+    flat, keep = [], []
+    for ty, val in zip(compiled.argument_types, args):
+        compiled._prepare_args(ty, val, stream, keep, flat)
+    if keep:  # host arrays would be copied in and back on every launch: not a bound launch
+        raise TypeError("a bound launch takes device arrays only")
+    grid = grid if isinstance(grid, tuple) else (grid,)
+    block = block if isinstance(block, tuple) else (block,)
+    coop = {"is_cooperative" if CUDA_CORE_GE_1_0 else "cooperative_launch": compiled.cooperative}
+    config = LaunchConfig(grid=grid, block=block, shmem_size=0, **coop)
+    func = compiled._codelibrary.get_cufunc().kernel
+    core_stream = driver._to_core_stream(stream)
+
+    def enqueue():
+        core_launch(core_stream, config, func, *flat)
+
+    return enqueue

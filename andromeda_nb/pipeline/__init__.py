@@ -1,5 +1,11 @@
-"""The request path: targeting match -> fused scoring + top-K -> ad ids, on one device."""
+"""The request path: targeting match -> fused scoring + top-K -> ad ids, on one device.
 
-from .retrieve import Retrieved, retrieve
+:class:`Pool` (:mod:`.pool`) is the serving object: built once, it keeps the table, the index and
+every buffer a request needs on the device. :func:`retrieve` (:mod:`.retrieve`) is the
+one-shot function over a device table and index.
+"""
 
-__all__ = ["Retrieved", "retrieve"]
+from .pool import Pool, Retrieved
+from .retrieve import retrieve
+
+__all__ = ["Pool", "Retrieved", "retrieve"]

@@ -1,0 +1,430 @@
+"""``Pool``: one GPU's ad pool, built once, serving requests one at a time or in batches.
+
+The request path of a batch of B requests, all on the device, in stream order::
+
+    weights (B images)  --H2D-->  match (prep, match, post: eligible bitsets [B, words])
+        -> reset -> gather candidates (each bitset to a list of its eligible slots)
+        -> score a sample of each list -> seed (the r-th best sample, r from the list's length)
+        -> filter pass (each list scored once; scores at or above the seed kept)
+        -> final (each request's exact top-k of the kept scores, by ad id)
+        --D2H-->  ids, scores and counts of every request, into pinned host buffers; one sync
+
+Everything a call touches is allocated when the pool is built (bitsets, candidate lists, the
+seed's sample, the filter's buffers, pinned host buffers) and every launch after the match is
+bound once per batch size (:class:`~andromeda_nb.device.launch.BoundLaunch`), so a call allocates
+nothing on the device and synchronises the host once. Without a targeting index a request scores
+the whole pool (:func:`~andromeda_nb.score.score_topk`'s fused filter path, its buffers kept).
+
+A request whose answer the seeded path cannot guarantee (its seed above its k-th score, more
+scores at or above the seed than the buffer holds, or more eligible ads than its candidate list
+holds: ties, dense targeting) is answered again, exactly, by :func:`~andromeda_nb.score.score_topk`
+over its eligible bitset. Free slots (ad id -1) are never eligible, so never scored or returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..device import launch
+from ..model import AdTable, Request
+from ..score.config import KernelConfig, check_config
+from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
+from ..score.weights import image_size, weight_image
+from ..targeting import WORD_BITS, TargetingIndex, bits_from_mask, table_slots
+from ..topk.api import check_k
+
+#: the seed aims at about this many kept scores per unit of k, from a rank at least SEED_MIN_RANK
+#: (the same margins as the single-request seeded top-K: a seed above the k-th score is rare)
+SEED_MARGIN_X2 = 5
+SEED_MIN_RANK = 8
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """One request's answer: ``ids [k]`` int64 ad ids (pads -1), ``scores [k]`` float32 (pads -inf),
+    best first; ``n_eligible`` ads passed targeting; ``n_scored`` of them got a non-NaN score."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    n_eligible: int
+    n_scored: int
+
+
+class Pool:
+    """An ad pool on one GPU: the ad table and the targeting index on the device, with every buffer
+    a request needs, serving :meth:`retrieve` for one request or a batch.
+
+    Args:
+        table: a host :class:`~andromeda_nb.model.AdTable` or a :class:`~andromeda_nb.score.DeviceAdTable`.
+            With an index, the pool's slots are the index's: a host table is placed slot by slot by
+            ad id (an index slot whose ad the table lacks is an error; the index's free slots become
+            free table slots), a device table must already hold the index's ad id in every slot.
+        index: a :class:`~andromeda_nb.targeting.TargetingIndex`, a
+            :class:`~andromeda_nb.match.DeviceTargetingIndex`, or None (every request scores the
+            whole pool).
+        max_batch: requests per call the buffers hold (a larger batch is served in chunks).
+        max_k: the largest k a call may ask for (1..4096).
+        layout: the device table's layout for a host table: ``"auto"`` takes ``rows`` with an index
+            (candidates are gathered: a row is 4 sectors) and ``tiles`` without (a scan).
+        candidate_fraction: the longest candidate list a request keeps, as a fraction of the
+            pool (``"auto"``: 1/8); a request with more eligible ads is answered over its bitset.
+        filter_capacity: scores a request's filter pass may keep (``"auto"``: ``max(4096, 64 *
+            max_k)``; the seed aims at about 2.5 k); more (ties at the seed) and it is answered again.
+        config: the scoring kernels' :class:`~andromeda_nb.score.KernelConfig`.
+
+    Raises:
+        TypeError / ValueError: mismatched table and index (sizes, ad ids), bad arguments.
+    """
+
+    def __init__(self, table, index=None, *, max_batch: int = 64, max_k: int = 1000, layout: str = "auto",
+                 candidate_fraction="auto", filter_capacity="auto", config: KernelConfig | None = None):
+        from ..match import DeviceTargetingIndex
+
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or not 1 <= max_batch <= 4096:
+            raise ValueError(f"max_batch must be an int in 1..4096, got {max_batch!r}")
+        self.max_k = check_k(max_k)
+        self.max_batch = int(max_batch)
+        self.config = check_config(config)
+        if isinstance(index, TargetingIndex):
+            index = DeviceTargetingIndex(index)
+        if index is not None and not isinstance(index, DeviceTargetingIndex):
+            raise TypeError(f"index must be a TargetingIndex, a DeviceTargetingIndex or None, got {type(index).__name__}")
+        self.index = index
+        if layout == "auto":
+            layout = "rows" if index is not None else "tiles"
+        self.table = _device_table(table, index, layout)
+        self.n_ads = self.table.n_ads
+        self.n_words = -(-self.n_ads // WORD_BITS)
+        frac = 1 / 8 if candidate_fraction == "auto" else candidate_fraction
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+            raise ValueError(f"candidate_fraction must be 'auto' or in (0, 1], got {candidate_fraction!r}")
+        self.candidate_capacity = max(1, min(self.n_ads, int(np.ceil(frac * self.n_ads))))
+        cap = max(4096, 64 * self.max_k) if filter_capacity == "auto" else filter_capacity
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
+            raise ValueError(f"filter_capacity must be 'auto' or a positive int, got {filter_capacity!r}")
+        self.filter_capacity = int(cap)
+        self._live = None  # the live bitset of a pool with free slots and no index
+        if index is None and self.table.n_free:
+            self._live = launch.to_device(bits_from_mask(self.table.host_ad_ids != FREE))
+        self._sim = launch.backend.is_simulator()
+        self._buffers = None  # allocated on the first targeted call (sizes known then)
+        self._groups: dict = {}  # per request shape: weight images and bound launches
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def n_free(self) -> int:
+        """Free slots (ad id -1): never scored, never returned."""
+        return self.table.n_free
+
+    def retrieve(self, requests, profiles=None, k: int = 100, exclude_slots=None):
+        """Top-k ads of one request or a batch: targeting match, fused scoring, top-K, on the device.
+
+        Args:
+            requests: a :class:`~andromeda_nb.model.Request` (the gated model), a 1-D user vector
+                (the two-tower dot product), or a sequence of them (a batch).
+            profiles: with an index, one profile ``{category: values}`` per request (one mapping for
+                one request); ignored without an index.
+            k: ``1 <= k <= max_k``.
+            exclude_slots: per request, slots to drop after matching (e.g. ads already seen), or None.
+
+        Returns:
+            :class:`Retrieved` for one request, a list for a batch (in request order).
+
+        Raises:
+            TypeError / ValueError / RuleError: bad requests, profiles, k or slots, before any launch.
+        """
+        k = check_k(k)
+        if k > self.max_k:
+            raise ValueError(f"k={k} exceeds this pool's max_k={self.max_k} (its buffers' width)")
+        single = not isinstance(requests, (list, tuple))
+        reqs = [requests] if single else list(requests)
+        if not reqs:
+            raise ValueError("retrieve needs at least one request")
+        dreqs = [self._device_request(r) for r in reqs]
+        excl = [exclude_slots] if single else ([None] * len(reqs) if exclude_slots is None else list(exclude_slots))
+        if len(excl) != len(reqs):
+            raise ValueError(f"{len(reqs)} requests but {len(excl)} exclude lists")
+        excl = [None if e is None else table_slots(e, self.n_ads) for e in excl]
+        if self.index is None:
+            out = [self._whole_pool(dr, k, ex) for dr, ex in zip(dreqs, excl)]
+            return out[0] if single else out
+        if profiles is None:
+            raise ValueError("a pool with a targeting index needs one profile per request")
+        profs = [profiles] if single else list(profiles)
+        if len(profs) != len(reqs):
+            raise ValueError(f"{len(reqs)} requests but {len(profs)} profiles")
+        out: list = [None] * len(reqs)
+        for shape, members in _group_by_shape(dreqs).items():
+            for i in range(0, len(members), self.max_batch):
+                part = members[i:i + self.max_batch]
+                answers = self._targeted([dreqs[j] for j in part], [profs[j] for j in part],
+                                         [excl[j] for j in part], k)
+                for j, a in zip(part, answers):
+                    out[j] = a
+        return out[0] if single else out
+
+    # ------------------------------------------------------------------ requests
+
+    def _device_request(self, r) -> DeviceRequest:
+        if not isinstance(r, (Request, DeviceRequest, np.ndarray, list, tuple)):
+            raise TypeError(f"a request is a Request or a 1-D user vector, got {type(r).__name__}")
+        dr = DeviceRequest.of(r) if not isinstance(r, DeviceRequest) else r
+        if dr.d != self.table.d:
+            raise ValueError(f"request d={dr.d} does not match the pool's d={self.table.d}")
+        return dr
+
+    def _whole_pool(self, dreq: DeviceRequest, k: int, excl) -> Retrieved:
+        from ..score.api import score_topk
+
+        eligible = self._live
+        if excl is not None and excl.size:
+            mask = self.table.host_ad_ids != FREE
+            mask[excl] = False
+            eligible = mask
+        top = score_topk(dreq, self.table, k, eligible=eligible, config=self.config)
+        if eligible is None:
+            n_elig = self.n_ads
+        elif isinstance(eligible, np.ndarray):
+            n_elig = int(eligible.sum())
+        else:
+            n_elig = self.n_ads - self.n_free
+        return Retrieved(ids=top.ids, scores=top.scores, n_eligible=n_elig, n_scored=top.count)
+
+    # ------------------------------------------------------------------ the targeted path
+
+    def _targeted(self, dreqs: list, profiles: list, excl: list, k: int) -> list:
+        B = len(dreqs)
+        buf = self._ensure_buffers()
+        group = self._group(dreqs[0])
+        stream = buf.stream
+        # the requests' weights: host images into pinned memory, one copy
+        for b, dr in enumerate(dreqs):
+            group.host_images[b] = _host_image(dr)
+        group.images[:B].copy_to_device(group.host_images[:B], stream=stream)
+        prepared = self.index.prepare(profiles, excl)
+        self.index.launch(prepared, out=buf.bits, counts=buf.elig_counts)
+        for step in group.steps(B, k):
+            step()
+        for dev, host in buf.outputs(B):
+            dev.copy_to_host(host, stream=stream)
+        stream.synchronize()
+        counts, elig = buf.host_counts[:B], buf.host_elig[:B]
+        answers = []
+        for b in range(B):
+            n_elig, n_scored, kept = int(elig[b]), int(counts[b, 0]), int(counts[b, 1])
+            exact = kept >= min(k, n_scored) and kept <= buf.filter_cap and n_elig <= self.candidate_capacity
+            if exact:
+                answers.append(Retrieved(ids=buf.host_ids[b, :k].copy(), scores=buf.host_scores[b, :k].copy(),
+                                         n_eligible=n_elig, n_scored=n_scored))
+            else:
+                answers.append(self._rerun(dreqs[b], b, k, n_elig))
+        del prepared  # the plan's device arrays were read by the match, which the sync waited for
+        return answers
+
+    def _rerun(self, dreq: DeviceRequest, b: int, k: int, n_elig: int) -> Retrieved:
+        """The exact answer over request b's eligible bitset (the seeded path could not promise one)."""
+        from ..score.api import score_topk
+
+        top = score_topk(dreq, self.table, k, eligible=self._buffers.bits[b], config=self.config)
+        return Retrieved(ids=top.ids, scores=top.scores, n_eligible=n_elig, n_scored=top.count)
+
+    def _ensure_buffers(self) -> "_Buffers":
+        if self._buffers is None:
+            self._buffers = _Buffers(self)
+        return self._buffers
+
+    def _group(self, dreq: DeviceRequest) -> "_Group":
+        key = (dreq.model, dreq.experts, dreq.k_experts)
+        if key not in self._groups:
+            self._groups[key] = _Group(self, dreq)
+        return self._groups[key]
+
+
+def _group_by_shape(dreqs: list) -> dict:
+    groups: dict = {}
+    for i, dr in enumerate(dreqs):
+        groups.setdefault((dr.model, dr.experts, dr.k_experts), []).append(i)
+    return groups
+
+
+def _host_image(dr: DeviceRequest) -> np.ndarray:
+    if dr.request is not None:
+        return weight_image("gated", request=dr.request)
+    if dr.user is not None:
+        return weight_image("dot", user=dr.user)
+    return dr.image.copy_to_host()
+
+
+def _device_table(table, index, layout: str) -> DeviceAdTable:
+    """The pool's device table: ``table`` as it is, or placed on the index's slots by ad id."""
+    if isinstance(table, DeviceAdTable):
+        if index is not None:
+            if table.n_ads != index.n_ads:
+                raise ValueError(f"the index has {index.n_ads} slots but the table {table.n_ads}")
+            if table.host_ad_ids is not None and not np.array_equal(index.index.ad_ids, table.host_ad_ids):
+                raise ValueError("the device table and the index disagree on the ad id of some slot (a pool built "
+                                 "from a host AdTable places it on the index's slots)")
+        return table
+    if not isinstance(table, AdTable):
+        raise TypeError(f"table must be an AdTable or a DeviceAdTable, got {type(table).__name__}")
+    if index is None:
+        return DeviceAdTable(table, layout)
+    ids = index.index.ad_ids
+    live = ids != FREE
+    try:
+        rows = table.slots_of(ids[live])
+    except KeyError as e:
+        raise ValueError(f"the index holds ads the table lacks: {e.args[0]}") from None
+    if live.all() and np.array_equal(rows, np.arange(table.n_ads)):
+        return DeviceAdTable(table, layout)
+    n = ids.size
+    emb = np.zeros((n, table.d), table.embeddings.dtype)
+    emb[live] = table.embeddings[rows]
+    bias = np.zeros(n, np.float32)
+    bias[live] = table.bias[rows]
+    scale = None
+    if table.scale is not None:
+        scale = np.zeros(n, np.float32)
+        scale[live] = table.scale[rows]
+    placed = DeviceAdTable(AdTable(embeddings=emb, bias=bias, dtype=table.dtype, scale=scale,
+                                   ad_ids=np.where(live, ids, np.arange(n) + (1 << 62))), layout)
+    placed.ad_ids = launch.to_device(ids)  # free slots: -1 on the device (never eligible, never returned)
+    placed.host_ad_ids, placed.n_free, placed.table = ids.copy(), int(np.count_nonzero(~live)), None
+    return placed
+
+
+class _Buffers:
+    """The device and pinned host buffers of the targeted path, sized by the pool."""
+
+    def __init__(self, pool: Pool):
+        from ..topk.api import FilterWorkspace
+
+        cuda = launch.cuda()
+        B, k = pool.max_batch, pool.max_k
+        self.stream = cuda.default_stream()
+        self.bits = cuda.device_array((B, max(pool.n_words, 1)), np.uint64)
+        self.elig_counts = cuda.device_array(B, np.int64)
+        self.cand = cuda.device_array((B, pool.candidate_capacity), np.int32)
+        self.cand_counts = cuda.device_array(B, np.int64)
+        self.sample_size = _seed_shape()[0] * _seed_shape()[1]
+        self.sample = cuda.device_array((B, self.sample_size), np.float32)
+        self.sample_offsets = cuda.to_device(np.arange(B + 1, dtype=np.int64) * self.sample_size)
+        self.ranks = cuda.device_array(B, np.int64)
+        self.filter_cap = pool.filter_capacity
+        self.fws = FilterWorkspace.batched(np.zeros(B + 1, np.int64), np.full(B, k, np.int64), cap=self.filter_cap)
+        self.host_ids = cuda.pinned_array((B, k), np.int64)
+        self.host_scores = cuda.pinned_array((B, k), np.float32)
+        self.host_counts = cuda.pinned_array((B, 2), np.int64)
+        self.host_elig = cuda.pinned_array(B, np.int64)
+
+    def outputs(self, B: int) -> list:
+        """(device, pinned host) pairs copied back after a call of B requests."""
+        f = self.fws
+        return [(f.out_id[:B], self.host_ids[:B]), (f.out_s[:B], self.host_scores[:B]),
+                (f.counts[:B], self.host_counts[:B]), (self.elig_counts[:B], self.host_elig[:B])]
+
+
+def _seed_shape() -> tuple[int, int]:
+    """(threads, samples a thread) of the pool's seed: the batched seed's shape on a GPU (4,096
+    samples a request); 32 x 8 in the simulator, which runs every thread as a Python thread (and
+    whose tests then reach the sampled seed with a few hundred candidates)."""
+    from ..topk.select import BATCH_SEED_BLOCK, BATCH_SEED_PER_THREAD
+
+    return (32, 8) if launch.backend.is_simulator() else (BATCH_SEED_BLOCK, BATCH_SEED_PER_THREAD)
+
+
+class _Group:
+    """Per request shape (model, E, K): the weight images and the bound launches of a batch size."""
+
+    def __init__(self, pool: Pool, dreq: DeviceRequest):
+        check_kernel_shape(dreq.d, dreq.experts)
+        cuda = launch.cuda()
+        self.pool, self.dreq = pool, dreq
+        size = image_size(dreq.model, dreq.d, dreq.experts)
+        self.images = cuda.device_array((pool.max_batch, size), np.float32)
+        self.host_images = cuda.pinned_array((pool.max_batch, size), np.float32)
+        self._steps: dict = {}
+
+    def steps(self, B: int, k: int) -> list:
+        key = (B, k)
+        if key not in self._steps:
+            self._steps[key] = self._bind(B, k)
+        return self._steps[key]
+
+    def _bind(self, B: int, k: int) -> list:
+        """The launches after the match for B requests and top-k, bound once."""
+        from ..score.fused import fused_kernel
+        from .kernels import GATHER_BLOCK, GATHER_WORDS, gather_candidates_kernel, pool_seed_kernel, reset_kernel
+
+        pool, dreq, buf = self.pool, self.dreq, self.pool._buffers
+        table, cfg = pool.table, pool.config.resolved(dreq, 0, False)
+        if cfg.weights == "param":  # a batch's weights differ by request: shared memory, a row each
+            cfg = replace(cfg, weights="shared", max_registers=128)
+        block = cfg.threads()
+        sim = launch.backend.is_simulator()
+        gblock = launch.default_block() if sim else GATHER_BLOCK
+        seed_block, per_thread = _seed_shape()
+        total = launch.SIM_MAX_BLOCKS if sim else launch.sm_count() * cfg.blocks_per_sm
+
+        def per_request(n_items: int, threads: int) -> int:
+            return max(1, min(-(-n_items // threads), max(1, total // B)))
+
+        dummy = launch.dummy
+        n_items = buf.cand_counts
+        fws = _batch_view(buf.fws, B)
+        reset = launch.BoundLaunch(reset_kernel(), 1, gblock, (buf.cand_counts, buf.fws.ks, B, k))
+        tiles = -(-pool.n_words // (gblock * GATHER_WORDS))
+        gather = launch.BoundLaunch(gather_candidates_kernel(gblock, GATHER_WORDS), (per_request(tiles, 1), B),
+                                    gblock, (buf.bits, pool.n_words, buf.cand, buf.cand_counts))
+        common = (dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, "candidates", block)
+        sample_kernel = fused_kernel(*common, 0, True, cfg.values, cfg.max_registers, 1, 1, False, "shared",
+                                     cfg.guard, False, batched=True, sample=buf.sample_size)
+        sample = launch.BoundLaunch(sample_kernel, (per_request(buf.sample_size, block), B), block,
+                                    (table.words, table.scale, table.bias, self.images, dummy(np.uint64), buf.cand,
+                                     n_items, table.ad_ids, 0, buf.sample, dummy(np.float32), dummy(np.int32),
+                                     dummy(np.int64)))
+        seed = launch.BoundLaunch(pool_seed_kernel(seed_block, per_thread, SEED_MARGIN_X2, SEED_MIN_RANK), B,
+                                  seed_block, (buf.sample.ravel(), buf.sample_offsets, n_items,
+                                               pool.candidate_capacity, k, buf.ranks, buf.fws.seeds, buf.fws.counts,
+                                               buf.fws.fill))
+        filter_kernel = fused_kernel(*common, 0, True, cfg.values, cfg.max_registers, 1, 1, True, "shared", cfg.guard,
+                                     False, batched=True)
+        filt = launch.BoundLaunch(filter_kernel, (per_request(pool.candidate_capacity, block), B), block,
+                                  (table.words, table.scale, table.bias, self.images, dummy(np.uint64), buf.cand,
+                                   n_items, table.ad_ids, buf.fws.seeds, buf.fws.buf_s, buf.fws.buf_i, buf.fws.fill,
+                                   buf.fws.counts))
+        return [reset, gather, sample, seed, filt, *_bound_final(fws, k, table.ad_ids)]
+
+
+def _bound_final(fws, k: int, ids) -> list:
+    """The top-K final's launches (:func:`~andromeda_nb.topk.api.launch_final`: the rank final, then
+    the radix final, which returns at once where the rank final answered), bound."""
+    from ..topk import select
+    from ..topk.block import final_radix_kernel, next_pow2
+
+    sim = launch.backend.is_simulator()
+    args = (fws.buf_s, fws.buf_i, fws.fill, fws.offsets, ids, fws.ks, fws.out_s, fws.out_slot, fws.out_id)
+    if sim:
+        rb, split, cap = launch.default_block(), 1, min(select.RANK_CAP, 512)
+    else:
+        rb, split, cap = select.RANK_BLOCK, select.RANK_SPLIT, select.RANK_CAP
+    per_block = rb // split
+    grid = max(1, min(-(-cap // per_block), -(-SEED_MARGIN_X2 * k // per_block)))
+    steps = [launch.BoundLaunch(select.final_rank_kernel(rb, True, cap, split), (grid, fws.batch), rb, args)]
+    if fws.cap > cap:
+        radix_block = launch.default_block() if sim else 1024
+        steps.append(launch.BoundLaunch(final_radix_kernel(max(2, next_pow2(k)), radix_block, True, skip_upto=cap),
+                                        (1, fws.batch), radix_block, args))
+    return steps
+
+
+def _batch_view(fws, B: int):
+    """The batched filter workspace seen as a batch of its first B requests (the same buffers)."""
+    view = object.__new__(type(fws))
+    view.__dict__.update(fws.__dict__)
+    view.batch = B
+    return view
+

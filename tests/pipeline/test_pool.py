@@ -1,0 +1,164 @@
+"""Pool.retrieve against the reference: match on the host rules, top-k of the kernel's own fp32 scores
+(exact: same ids, order and scores), and the float64 scores up to near-ties."""
+
+import numpy as np
+import pytest
+
+import andromeda_nb as anb
+from andromeda_nb import checks, reference
+from andromeda_nb.device import launch
+from andromeda_nb.pipeline import Pool
+from andromeda_nb.score import DeviceAdTable, score_ads
+from andromeda_nb.targeting import RuleError, TargetingIndex, make_profile
+
+from ..helpers import check_topk_against_float64, random_profile, random_rules
+
+D = 16
+
+
+def world(rng, n, dtype="fp16", capacity=None, shuffle=False, **rule_args):
+    rules = random_rules(rng, n, **rule_args)
+    ids = rules.ad_ids[rng.permutation(n)] if shuffle else rules.ad_ids
+    table = anb.AdTable.from_float(rng.standard_normal((n, D)), rng.standard_normal(n), dtype=dtype, ad_ids=ids)
+    return rules, table, TargetingIndex(rules, capacity=capacity)
+
+
+def check_pool_answer(out, req, rules, pool, prof, k, excluded=()):
+    """``out`` equals the reference's top-k over the pool's own kernel scores, and float64 up to near-ties."""
+    ids = pool.table.host_ad_ids
+    elig = np.zeros(ids.size, bool)
+    live = ids >= 0
+    elig[:rules.n_ads] = reference.match(rules, make_profile(rules.schema, prof))
+    elig &= live
+    elig[list(excluded)] = False
+    scores = score_ads(req, pool.table).copy_to_host()
+    want = reference.topk(scores, k, ids=ids, eligible=elig)
+    np.testing.assert_array_equal(out.ids, want.ids)
+    np.testing.assert_array_equal(out.scores, want.scores)
+    assert out.n_eligible == elig.sum()
+    assert out.n_scored == want.count
+    assert not np.isin(out.ids[out.ids >= 0], ids[~live]).any()
+    return elig
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_batch_equals_the_reference(rng, dtype):
+    """Requests with more eligible ads than the simulator's 256-score seed sample (the sampled seed),
+    fewer (the whole list sampled), none, and k above the eligible count (pads)."""
+    n = 900
+    rules, table, index = world(rng, n, dtype, p_constrain=0.15, p_exclude=0.05)
+    pool = Pool(table, index, max_batch=4, max_k=40)
+    reqs = [anb.Request.random(D, 4, 2, rng) for _ in range(4)]
+    profs = [random_profile(rng, rules.schema) for _ in range(4)]
+    excl = [None, None, np.arange(100, n), np.arange(n)]
+    outs = pool.retrieve(reqs, profs, k=30, exclude_slots=excl)
+    counts = []
+    order = table.slots_of(pool.table.host_ad_ids)
+    for req, prof, out, ex in zip(reqs, profs, outs, excl):
+        elig = check_pool_answer(out, req, rules, pool, prof, 30, () if ex is None else ex)
+        counts.append(int(elig.sum()))
+        check_topk_against_float64(out.ids, out.scores, reference.score(req, table)[order], pool.table.host_ad_ids, 30,
+                                   elig, checks.near_tie_ads(req, table)[order])
+    assert counts[0] > 256 and counts[1] > 256 and 0 < counts[2] < 256 and counts[3] == 0
+    assert np.all(outs[3].ids == -1) and np.all(outs[3].scores == -np.inf)
+
+
+def test_mixed_shapes_dot_requests_and_chunks(rng):
+    """Requests of several (E, K), a two-tower user vector, and more requests than max_batch: every
+    answer in request order."""
+    rules, table, index = world(rng, 300)
+    pool = Pool(table, index, max_batch=2, max_k=10)
+    reqs = [anb.Request.random(D, 2, 1, rng), rng.standard_normal(D).astype(np.float32),
+            anb.Request.random(D, 5, 3, rng), anb.Request.random(D, 2, 1, rng), anb.Request.random(D, 2, 1, rng)]
+    profs = [random_profile(rng, rules.schema) for _ in reqs]
+    outs = pool.retrieve(reqs, profs, k=7, exclude_slots=[None, [0, 1, 2], None, None, [5]])
+    for req, prof, out, ex in zip(reqs, profs, outs, [(), (0, 1, 2), (), (), (5,)]):
+        check_pool_answer(out, req, rules, pool, prof, 7, ex)
+    one = pool.retrieve(reqs[0], profs[0], k=3)
+    assert np.array_equal(one.ids, outs[0].ids[:3])
+
+
+def test_free_slots_and_a_table_in_another_order(rng):
+    """An index with spare capacity (free slots) and a host table whose rows are in another order:
+    the pool places the table on the index's slots by ad id; free slots are never returned."""
+    rules, table, index = world(rng, 200, capacity=260, shuffle=True, live_p=1.0)
+    pool = Pool(table, index, max_batch=2, max_k=20)
+    assert pool.n_free == 60 and pool.n_ads == 260
+    req = anb.Request.random(D, 3, 2, rng)
+    prof = random_profile(rng, rules.schema)
+    check_pool_answer(pool.retrieve(req, prof, k=20), req, rules, pool, prof, 20)
+    whole = Pool(pool.table, None, max_k=20)  # no index: the whole pool but its free slots
+    got = whole.retrieve(req, k=20)
+    scores = score_ads(req, pool.table).copy_to_host()
+    want = reference.topk(scores, 20, ids=pool.table.host_ad_ids, eligible=pool.table.host_ad_ids >= 0)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    assert got.n_eligible == 200
+
+
+def test_reruns_are_exact(rng):
+    """A request with more eligible ads than its candidate list, and one whose tied scores overflow
+    the filter's buffer, are answered again over their bitsets, exactly."""
+    rules, table, index = world(rng, 600, p_constrain=0.1)
+    emb = np.repeat(rng.standard_normal((1, D)), 600, axis=0)
+    tied = anb.AdTable.from_float(emb, np.zeros(600), dtype="fp16", ad_ids=table.ad_ids)
+    req = anb.Request.random(D, 3, 2, rng)
+    prof = random_profile(rng, rules.schema)
+    small = Pool(table, index, max_batch=1, max_k=10, candidate_fraction=0.05)
+    out = small.retrieve(req, prof, k=10)
+    assert out.n_eligible > small.candidate_capacity
+    check_pool_answer(out, req, rules, small, prof, 10)
+    ties = Pool(tied, index, max_batch=1, max_k=10, filter_capacity=32)
+    out = ties.retrieve(req, prof, k=10)
+    assert out.n_eligible > 32
+    check_pool_answer(out, req, rules, ties, prof, 10)
+
+
+def test_nan_scores_are_never_returned(rng):
+    rules, table, index = world(rng, 120)
+    emb = rng.standard_normal((120, D))
+    emb[::3] = np.nan
+    nan_table = anb.AdTable.from_float(emb, np.zeros(120), dtype="fp16", ad_ids=table.ad_ids, allow_nonfinite=True)
+    pool = Pool(nan_table, index, max_batch=1, max_k=120)
+    req = anb.Request.random(D, 2, 2, rng)
+    prof = {}
+    out = pool.retrieve(req, prof, k=120)
+    check_pool_answer(out, req, rules, pool, prof, 120)
+    assert out.n_scored < out.n_eligible and np.isfinite(out.scores[out.ids >= 0]).all()
+
+
+def test_bad_input_is_refused_before_any_launch(rng, monkeypatch):
+    rules, table, index = world(rng, 64)
+    pool = Pool(table, index, max_batch=2, max_k=10)
+    req = anb.Request.random(D, 2, 1, rng)
+    prof = random_profile(rng, rules.schema)
+
+    def boom(*a, **kw):
+        raise AssertionError("a launch")
+
+    monkeypatch.setattr(launch.BoundLaunch, "__call__", boom)
+    monkeypatch.setattr(pool.index, "launch", boom)
+    with pytest.raises(ValueError, match="max_k"):
+        pool.retrieve(req, prof, k=11)
+    with pytest.raises(ValueError, match="k=0"):
+        pool.retrieve(req, prof, k=0)
+    with pytest.raises(ValueError, match="d=32"):
+        pool.retrieve(anb.Request.random(32, 2, 1, rng), prof, k=3)
+    with pytest.raises(ValueError, match="2 requests but 1 profiles"):
+        pool.retrieve([req, req], [prof], k=3)
+    with pytest.raises(ValueError, match="profile"):
+        pool.retrieve(req, None, k=3)
+    with pytest.raises(RuleError):
+        pool.retrieve(req, {"no such category": 1}, k=3)
+    with pytest.raises(ValueError, match="slot"):
+        pool.retrieve(req, prof, k=3, exclude_slots=[64])
+    with pytest.raises(TypeError):
+        pool.retrieve("request", prof, k=3)
+    other = anb.AdTable.from_float(np.zeros((64, D)), dtype="fp16", ad_ids=np.arange(1000, 1064))
+    with pytest.raises(ValueError, match="lacks"):
+        Pool(other, index)
+    with pytest.raises(ValueError, match="max_batch"):
+        Pool(table, index, max_batch=0)
+    with pytest.raises(ValueError, match="candidate_fraction"):
+        Pool(table, index, candidate_fraction=0)
+    with pytest.raises(ValueError, match="disagree"):
+        Pool(DeviceAdTable(other, "rows"), index)
