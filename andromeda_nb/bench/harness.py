@@ -30,7 +30,7 @@ SCHEMA = (
     "bytes_per_item flops_per_item achieved_TBps ceiling_read_TBps ceiling_copy_TBps "
     "fraction_of_read_ceiling verified"
 ).split()
-EXTRA = ["host_seconds_per_call", "layout", "notes"]
+EXTRA = ["host_seconds_per_call", "layout", "seconds_p99", "device_seconds", "requests_per_s", "notes"]
 GIB = 1 << 30
 
 
@@ -294,7 +294,7 @@ def print_rows(rows: list[dict]) -> None:
 
 
 #: suite name -> module of this package holding a function of the same name (env, ceilings, args) -> rows
-SUITE_MODULES = {"scoring": "bench_suites", "topk": "bench_suites", "targeting": "bench_targeting"}
+SUITE_MODULES = {"scoring": "suites", "topk": "suites", "targeting": "targeting", "pipeline": "pipeline"}
 
 
 def suite_function(name: str):

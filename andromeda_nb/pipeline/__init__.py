@@ -5,7 +5,7 @@ every buffer a request needs on the device. :func:`retrieve` (:mod:`.retrieve`) 
 one-shot function over a device table and index.
 """
 
-from .pool import Pool, Retrieved
+from .pool import Pool, Retrieved, StepTimes
 from .retrieve import retrieve
 
-__all__ = ["Pool", "Retrieved", "retrieve"]
+__all__ = ["Pool", "Retrieved", "StepTimes", "retrieve"]

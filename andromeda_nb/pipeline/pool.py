@@ -111,6 +111,8 @@ class Pool:
         self._sim = launch.backend.is_simulator()
         self._buffers = None  # allocated on the first targeted call (sizes known then)
         self._groups: dict = {}  # per request shape: weight images and bound launches
+        #: a :class:`StepTimes` to time each step of the targeted path with events (benchmarks), or None
+        self.trace = None
 
     # ------------------------------------------------------------------ public
 
@@ -200,16 +202,20 @@ class Pool:
         buf = self._ensure_buffers()
         group = self._group(dreqs[0])
         stream = buf.stream
+        trace = self.trace
         # the requests' weights: host images into pinned memory, one copy
         for b, dr in enumerate(dreqs):
             group.host_images[b] = _host_image(dr)
-        group.images[:B].copy_to_device(group.host_images[:B], stream=stream)
         prepared = self.index.prepare(profiles, excl)
-        self.index.launch(prepared, out=buf.bits, counts=buf.elig_counts)
-        for step in group.steps(B, k):
-            step()
-        for dev, host in buf.outputs(B):
-            dev.copy_to_host(host, stream=stream)
+        steps = [("weights", lambda: group.images[:B].copy_to_device(group.host_images[:B], stream=stream)),
+                 ("match", lambda: self.index.launch(prepared, out=buf.bits, counts=buf.elig_counts)),
+                 *group.steps(B, k),
+                 ("answers", lambda: [dev.copy_to_host(host, stream=stream) for dev, host in buf.outputs(B)])]
+        if trace is None:
+            for _, step in steps:
+                step()
+        else:
+            trace.run(steps)
         stream.synchronize()
         counts, elig = buf.host_counts[:B], buf.host_elig[:B]
         answers = []
@@ -221,7 +227,6 @@ class Pool:
                                          n_eligible=n_elig, n_scored=n_scored))
             else:
                 answers.append(self._rerun(dreqs[b], b, k, n_elig))
-        del prepared  # the plan's device arrays were read by the match, which the sync waited for
         return answers
 
     def _rerun(self, dreq: DeviceRequest, b: int, k: int, n_elig: int) -> Retrieved:
@@ -396,7 +401,30 @@ class _Group:
                                   (table.words, table.scale, table.bias, self.images, dummy(np.uint64), buf.cand,
                                    n_items, table.ad_ids, buf.fws.seeds, buf.fws.buf_s, buf.fws.buf_i, buf.fws.fill,
                                    buf.fws.counts))
-        return [reset, gather, sample, seed, filt, *_bound_final(fws, k, table.ad_ids)]
+        finals = _bound_final(fws, k, table.ad_ids)
+        return [("reset", reset), ("gather", gather), ("sample", sample), ("seed", seed), ("filter", filt),
+                *((f"final{i}", f) for i, f in enumerate(finals))]
+
+
+class StepTimes:
+    """Device time of each step of :meth:`Pool.retrieve`'s targeted path, by CUDA events around it
+    (``pool.trace = StepTimes()``; each call appends ``{step: seconds}`` to :attr:`calls`). Idle
+    time between steps is not counted: the sum is the device time of the call's own work."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def run(self, steps) -> None:
+        cuda = launch.cuda()
+        marks = []
+        for name, step in steps:
+            start, end = cuda.event(), cuda.event()
+            start.record()
+            step()
+            end.record()
+            marks.append((name, start, end))
+        end.synchronize()
+        self.calls.append({name: cuda.event_elapsed_time(s, e) / 1e3 for name, s, e in marks})
 
 
 def _bound_final(fws, k: int, ids) -> list:

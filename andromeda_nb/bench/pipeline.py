@@ -1,0 +1,274 @@
+"""Pipeline suite: the public calls as a user makes them (``python -m andromeda_nb.bench pipeline``).
+
+Each row times one public call on the benchmark world (docs/design.md: 20 categories, ~1 %
+eligible) with the wall clock, warm, around the call, which synchronises once: median and p99 of
+at least 50 calls, beside ``device_seconds``, the summed device time of the call's own work
+(CUDA events around each step of the same calls; idle time between steps excluded). Rows:
+
+    retrieve            Pool.retrieve of a batch of ``batch`` requests (gated E6 K2 fp16 d64, k 1000)
+    score_sparse        the steps of one request after the match (gather, sample, seed, filter, final)
+    match_eligible      the match of one request (public function, its count read back)
+    score_topk          fused scoring + top-1000 over the whole pool (public function, tiles layout)
+    retrieve_open_loop  requests arriving at a set rate (Poisson), served in batches of those waiting
+                        (up to ``max_batch``); latency from arrival to answer, p50 and p99
+    launch_*            host seconds of one launch: Numba's dispatch and a bound launch
+
+Every retrieve row is checked on sampled requests against the reference: the CPU match's eligible
+set and the top-k of the kernel's own scores (exact ids, order and scores).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from . import harness
+
+K = 1000
+D, E, KE = 64, 6, 2
+BATCHES = (1, 8, 32, 64, 128, 256)
+CALLS = 60  # timed calls a row (median and p99 of them)
+DEVICE_CALLS = 12  # traced calls a row (device time)
+OPEN_LOOP_RATES = (1000, 2000, 4000, 6000, 8000, 11000)
+OPEN_LOOP_REQUESTS = 3000
+
+
+def _log(msg: str) -> None:
+    print(f"[pipeline {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _quantiles(xs) -> tuple[float, float]:
+    xs = sorted(xs)
+    return statistics.median(xs), xs[min(len(xs) - 1, int(np.ceil(0.99 * len(xs))) - 1)]
+
+
+def _row(env, ceil, variant, n, batch, wall, p99, device, items, bytes_per_item, verified, **extra):
+    t = harness.Timing(wall, wall, wall, wall, CALLS)
+    r = harness.row("pipeline", env, ceil, t, items, bytes_per_item, None, verified, variant=variant, n_ads=n, d=D,
+                    dtype="fp16", experts=E, k_experts=KE, k=K, batch=batch, **extra)
+    r.update(seconds_p20="", seconds_p80="", seconds_p99=f"{p99:.6e}", device_seconds=f"{device:.6e}",
+             requests_per_s=f"{batch / wall:.6e}")
+    return r
+
+
+def _verify(pool, world, reqs, profiles, outs, n_check: int = 3) -> str:
+    """Sampled requests against the reference: CPU match, the kernel's own scores, exact top-k."""
+    from .. import reference
+    from ..match import match_cpu
+    from ..score import score_ads
+    from ..targeting import mask_from_bits
+
+    bad = 0
+    for b in range(min(n_check, len(outs))):
+        words, count = match_cpu(world.index, profiles[b])
+        elig = mask_from_bits(words, world.n)
+        scores = score_ads(reqs[b], pool.table).copy_to_host()
+        want = reference.topk(scores, K, ids=pool.table.host_ad_ids, eligible=elig)
+        ok = (np.array_equal(outs[b].ids, want.ids) and np.array_equal(outs[b].scores, want.scores)
+              and outs[b].n_eligible == count == elig.sum())
+        bad += not ok
+    return f"{'ok' if not bad else 'FAILED'}: {min(n_check, len(outs)) - bad}/{min(n_check, len(outs))} sampled " \
+           "requests equal the reference (CPU match, top-k of the kernel's scores)"
+
+
+def _match_bytes(world, profiles) -> float:
+    """Bytes one request's match moves (the host byte model), mean over a few profiles."""
+    from ..match import read_model
+    from ..targeting import make_profile
+
+    return float(np.mean([read_model(world.index, world.index.plan(make_profile(world.schema, p)))["bytes"]
+                          for p in profiles[:4]]))
+
+
+def _timed(fn, calls: int) -> list[float]:
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n) -> list[dict]:
+    from ..pipeline import StepTimes
+
+    rows = []
+    for B in BATCHES:
+        if B > pool.max_batch:
+            continue
+        batch, profs = reqs[:B], profiles[:B]
+        outs = pool.retrieve(batch, profs, K)  # warm: binds this batch size's launches
+        verified = _verify(pool, world, batch, profs, outs) if B in (1, 32) else "not checked (same path as batch 1, 32)"
+        for _ in range(3):
+            pool.retrieve(batch, profs, K)
+        calls = max(CALLS, 1)
+        walls = _timed(lambda: pool.retrieve(batch, profs, K), calls)
+        pool.trace = StepTimes()
+        for _ in range(DEVICE_CALLS):
+            pool.retrieve(batch, profs, K)
+        steps = pool.trace.calls
+        pool.trace = None
+        device = statistics.median(sum(c.values()) for c in steps)
+        per_step = {s: statistics.median(c[s] for c in steps) for s in steps[0]}
+        elig = float(np.mean([o.n_eligible for o in outs]))
+        wall, p99 = _quantiles(walls)
+        request_bytes = match_bytes + n / 8 + elig * (4 + 4 + 128 + 4)
+        notes = ("device steps (us, median): " + ", ".join(f"{s} {v * 1e6:.1f}" for s, v in per_step.items())
+                 + f"; bytes a request: match {match_bytes / 1e6:.1f} MB (host byte model), gather {n / 8e6:.1f} MB, "
+                 f"{elig:,.0f} eligible x 140 B")
+        rows.append(_row(env, ceil, "retrieve", n, B, wall, p99, device, B * elig, request_bytes / elig, verified,
+                         access="bitset", eligible_fraction=f"{elig / n:.5f}", categories=len(world.schema),
+                         layout=pool.table.layout, notes=notes))
+        harness.print_rows(rows[-1:])
+        if B == 1:
+            sparse = [sum(v for s, v in c.items() if s not in ("weights", "match", "answers")) for c in steps]
+            dev = statistics.median(sparse)
+            rows.append(_row(env, ceil, "score_sparse", n, 1, dev, _quantiles(sparse)[1], dev, elig,
+                             4 + 4 + 128 + 4 + n / 8 / elig, verified, access="bitset",
+                             eligible_fraction=f"{elig / n:.5f}", layout=pool.table.layout,
+                             notes="device time of gather + sample + seed + filter + final (wall = device here)"))
+            mt = [c["match"] for c in steps]
+            match_dev = statistics.median(mt)
+            rows.append(_match_row(env, ceil, world, profiles, n, match_dev, match_bytes))
+    return rows
+
+
+def _match_row(env, ceil, world, profiles, n, match_dev, match_bytes) -> dict:
+    from ..match import match_eligible
+
+    i = iter(range(10 ** 9))
+    walls = _timed(lambda: match_eligible(world.dev, profiles[next(i) % len(profiles)]).count, CALLS)
+    wall, p99 = _quantiles(walls)
+    return _row(env, ceil, "match_eligible", n, 1, wall, p99, match_dev, n, match_bytes / n,
+                "checked by the retrieve rows (same kernels)", access="pool", categories=len(world.schema),
+                notes="items: pool ads; device: prep + match + post of Pool.retrieve's match step")
+
+
+def _score_topk_row(env, ceil, n, reqs, tiles) -> dict:
+    from .. import reference
+    from ..score import score_ads, score_topk
+    from ..score.launches import launch_score_filter
+    from ..score.table import DeviceRequest
+
+    req = reqs[0]
+    top = score_topk(req, tiles, K)  # warm; its workspace stays on the table
+    walls = _timed(lambda: score_topk(req, tiles, K), CALLS)
+    wall, p99 = _quantiles(walls)
+    dreq = DeviceRequest.of(req)
+    sfw = tiles._workspaces[("filter", n, K, "pool")]
+    from ..score.config import DEFAULT_CONFIG
+
+    device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, DEFAULT_CONFIG,
+                                                             sfw), reps=15).median
+    scores = score_ads(req, tiles).copy_to_host()
+    want = reference.topk(scores, K, ids=tiles.host_ad_ids)
+    ok = np.array_equal(top.ids, want.ids) and np.array_equal(top.scores, want.scores)
+    verified = ("ok: equals the reference top-k of the kernel's scores" if ok else "FAILED")
+    return _row(env, ceil, "score_topk", n, 1, wall, p99, device, n, 128 + 4, verified, access="pool",
+                eligible_fraction="1", layout="tiles",
+                notes="device: the same launches back to back behind a busy kernel (harness.time_device)")
+
+
+def _open_loop_rows(env, ceil, world, pool, reqs, profiles, n) -> list[dict]:
+    """Requests arrive at ``rate`` (exponential gaps, fixed seed); the server takes every request
+    that has arrived (up to max_batch) whenever it is free; a request's latency runs from its
+    arrival to the end of the call that answered it."""
+    rows = []
+    rng = np.random.default_rng(11)
+    for rate in OPEN_LOOP_RATES:
+        arrivals = np.cumsum(rng.exponential(1 / rate, OPEN_LOOP_REQUESTS))
+        lat, i, batches = [], 0, []
+        t0 = time.perf_counter()
+        while i < len(arrivals):
+            now = time.perf_counter() - t0
+            if arrivals[i] > now:
+                time.sleep(max(0.0, arrivals[i] - now))
+                continue
+            j = i
+            while j < len(arrivals) and arrivals[j] <= now and j - i < pool.max_batch:
+                j += 1
+            idx = [q % len(reqs) for q in range(i, j)]
+            pool.retrieve([reqs[q] for q in idx], [profiles[q] for q in idx], K)
+            done = time.perf_counter() - t0
+            lat.extend(done - arrivals[i:j])
+            batches.append(j - i)
+            i = j
+        served = len(arrivals) / (time.perf_counter() - t0)
+        p50, p99 = _quantiles(lat)
+        r = _row(env, ceil, "retrieve_open_loop", n, pool.max_batch, p50, p99, float("nan"), 1, 0,
+                 "latency only (answers checked by the retrieve rows)", access="bitset",
+                 notes=f"offered {rate} req/s, served {served:,.0f} req/s, mean batch {np.mean(batches):.1f}")
+        r.update(requests_per_s=f"{rate:.6e}", items_per_s="", achieved_TBps="", fraction_of_read_ceiling="",
+                 device_seconds="")
+        rows.append(r)
+        harness.print_rows(rows[-1:])
+    return rows
+
+
+def _launch_rows(env, ceil, pool) -> list[dict]:
+    """Host seconds of one launch of the batched filter kernel (13 arguments): Numba's dispatch
+    against a bound launch of the same kernel and arguments."""
+    from ..device import launch
+
+    group = next(iter(pool._groups.values()))
+    steps = dict(group.steps(1, K))
+    bound = steps["filter"]
+    kern, grid, block, args = bound.kernel, bound.grid, bound.block, bound.args
+    dispatch = lambda: kern[grid, block](*args)  # noqa: E731
+    rows = []
+    for name, fn in (("launch_numba_dispatch", dispatch), ("launch_bound", bound)):
+        fn()
+        launch.cuda().synchronize()
+        hosts = []
+        for _ in range(5):
+            harness.busy(20.0)  # launches queue behind it: the host time is the launch path alone
+            t0 = time.perf_counter()
+            for _ in range(50):
+                fn()
+            hosts.append((time.perf_counter() - t0) / 50)
+            launch.cuda().synchronize()
+        host = statistics.median(hosts)
+        r = {c: "" for c in harness.SCHEMA + harness.EXTRA}
+        r.update(env, suite="pipeline", variant=name, seconds_median=f"{host:.6e}", host_seconds_per_call=f"{host:.3e}",
+                 verified="n/a (launch overhead)", notes="host seconds per launch of the batched filter kernel, "
+                 "50 launches queued behind a busy kernel, median of 5")
+        rows.append(r)
+        _log(f"{name}: {host * 1e6:.1f} us a launch")
+    return rows
+
+
+def pipeline(env, ceil, args) -> list[dict]:
+    from ..model import Request
+    from ..pipeline import Pool
+    from .suites import gpu_table
+    from .targeting import World
+    from ..datasets import synthetic as syn
+
+    rows = []
+    sizes = [n for n in (10 ** 7, 10 ** 8) if n <= args.n_ads]
+    phases = set((args.phases or "retrieve,match,score_topk,open_loop,launch").split(","))
+    for n in sizes:
+        _log(f"world of {n:,} ads")
+        world = World(n)
+        profiles = syn.generate_profiles(world.schema, max(BATCHES), seed=202)
+        table = gpu_table(n, D, "fp16", "rows", seed=1)
+        pool = Pool(table, world.dev, max_batch=max(BATCHES), max_k=K)
+        rng = np.random.default_rng(5)
+        reqs = [Request.random(D, E, KE, rng) for _ in range(max(BATCHES))]
+        match_bytes = _match_bytes(world, profiles)
+        if "retrieve" in phases:
+            rows += _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n)
+        if "launch" in phases and n == sizes[-1]:
+            rows += _launch_rows(env, ceil, pool)
+        if "open_loop" in phases and n == sizes[-1]:
+            rows += _open_loop_rows(env, ceil, world, pool, reqs, profiles, n)
+        del pool, table
+        if "score_topk" in phases:
+            tiles = gpu_table(n, D, "fp16", "tiles", seed=1)
+            rows.append(_score_topk_row(env, ceil, n, reqs, tiles))
+            harness.print_rows(rows[-1:])
+            del tiles
+        world.free()
+    return rows
