@@ -181,3 +181,26 @@ def _bind(kernel, grid, block, args, stream):
         core_launch(core_stream, config, func, *flat)
 
     return enqueue
+
+
+def copy_async(dst, src, nbytes: int) -> None:
+    """Enqueue a copy of the first ``nbytes`` of ``src`` into ``dst`` on the default stream, one
+    of them a pinned host array and the other a device array (either direction), without Numba's
+    per-copy checks (a serving loop copies the same buffers every call). The simulator copies at
+    once."""
+    nbytes = int(nbytes)
+    if nbytes == 0:
+        return
+    if backend.is_simulator():
+        d = dst if isinstance(dst, np.ndarray) else dst._ary
+        s = src if isinstance(src, np.ndarray) else src._ary
+        d.reshape(-1).view(np.uint8)[:nbytes] = s.reshape(-1).view(np.uint8)[:nbytes]
+        return
+    from cuda.bindings import driver as cu
+
+    if isinstance(dst, np.ndarray):
+        (err,) = cu.cuMemcpyDtoHAsync(dst.ctypes.data, address(src), nbytes, 0)
+    else:
+        (err,) = cu.cuMemcpyHtoDAsync(address(dst), src.ctypes.data, nbytes, 0)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"asynchronous copy of {nbytes} bytes failed: {err}")

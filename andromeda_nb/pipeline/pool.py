@@ -31,7 +31,7 @@ from ..device import launch
 from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
-from ..score.weights import image_size, weight_image
+from ..score.weights import image_size
 from ..targeting import WORD_BITS, TargetingIndex, bits_from_mask, table_slots
 from ..topk.api import check_k
 
@@ -206,11 +206,11 @@ class Pool:
         # the requests' weights: host images into pinned memory, one copy
         for b, dr in enumerate(dreqs):
             group.host_images[b] = _host_image(dr)
-        prepared = self.index.prepare(profiles, excl)
-        steps = [("weights", lambda: group.images[:B].copy_to_device(group.host_images[:B], stream=stream)),
-                 ("match", lambda: self.index.launch(prepared, out=buf.bits, counts=buf.elig_counts)),
+        plans = self._prepare_match(profiles, excl)
+        steps = [("weights", lambda: launch.copy_async(group.images, group.host_images, B * group.image_bytes)),
+                 ("match", lambda: self._launch_match(plans)),
                  *group.steps(B, k),
-                 ("answers", lambda: [dev.copy_to_host(host, stream=stream) for dev, host in buf.outputs(B)])]
+                 ("answers", lambda: buf.copy_answers(B))]
         if trace is None:
             for _, step in steps:
                 step()
@@ -228,6 +228,20 @@ class Pool:
             else:
                 answers.append(self._rerun(dreqs[b], b, k, n_elig))
         return answers
+
+    def _prepare_match(self, profiles: list, excl: list) -> list:
+        """The batch's match plans, uploaded: (first request, plan) per chunk of the match kernels'
+        largest batch."""
+        from ..match.kernels import MAX_BATCH
+
+        return [(i, self.index.prepare(profiles[i:i + MAX_BATCH], excl[i:i + MAX_BATCH]))
+                for i in range(0, len(profiles), MAX_BATCH)]
+
+    def _launch_match(self, plans: list) -> None:
+        buf = self._buffers
+        for i, prepared in plans:
+            out, counts = (buf.bits, buf.elig_counts) if i == 0 else (buf.bits[i:], buf.elig_counts[i:])
+            self.index.launch(prepared, out=out, counts=counts)
 
     def _rerun(self, dreq: DeviceRequest, b: int, k: int, n_elig: int) -> Retrieved:
         """The exact answer over request b's eligible bitset (the seeded path could not promise one)."""
@@ -256,11 +270,7 @@ def _group_by_shape(dreqs: list) -> dict:
 
 
 def _host_image(dr: DeviceRequest) -> np.ndarray:
-    if dr.request is not None:
-        return weight_image("gated", request=dr.request)
-    if dr.user is not None:
-        return weight_image("dot", user=dr.user)
-    return dr.image.copy_to_host()
+    return dr.host_image if dr.host_image is not None else dr.image.copy_to_host()
 
 
 def _device_table(table, index, layout: str) -> DeviceAdTable:
@@ -325,11 +335,13 @@ class _Buffers:
         self.host_counts = cuda.pinned_array((B, 2), np.int64)
         self.host_elig = cuda.pinned_array(B, np.int64)
 
-    def outputs(self, B: int) -> list:
-        """(device, pinned host) pairs copied back after a call of B requests."""
+    def copy_answers(self, B: int) -> None:
+        """Enqueue the copies of B requests' answers and counts into the pinned host buffers (the
+        first B rows of each array are contiguous)."""
         f = self.fws
-        return [(f.out_id[:B], self.host_ids[:B]), (f.out_s[:B], self.host_scores[:B]),
-                (f.counts[:B], self.host_counts[:B]), (self.elig_counts[:B], self.host_elig[:B])]
+        for dev, host in ((f.out_id, self.host_ids), (f.out_s, self.host_scores), (f.counts, self.host_counts),
+                          (self.elig_counts, self.host_elig)):
+            launch.copy_async(host, dev, B * (dev.nbytes // dev.shape[0]))
 
 
 def _seed_shape() -> tuple[int, int]:
@@ -351,6 +363,7 @@ class _Group:
         size = image_size(dreq.model, dreq.d, dreq.experts)
         self.images = cuda.device_array((pool.max_batch, size), np.float32)
         self.host_images = cuda.pinned_array((pool.max_batch, size), np.float32)
+        self.image_bytes = 4 * size
         self._steps: dict = {}
 
     def steps(self, B: int, k: int) -> list:
@@ -408,14 +421,20 @@ class _Group:
 
 class StepTimes:
     """Device time of each step of :meth:`Pool.retrieve`'s targeted path, by CUDA events around it
-    (``pool.trace = StepTimes()``; each call appends ``{step: seconds}`` to :attr:`calls`). Idle
-    time between steps is not counted: the sum is the device time of the call's own work."""
+    (``pool.trace = StepTimes(busy)``; each call appends ``{step: seconds}`` to :attr:`calls`).
 
-    def __init__(self):
+    ``busy``: a function enqueueing a kernel that keeps the device busy longer than the host takes
+    to enqueue the call (e.g. ``bench.harness.busy``): the steps then queue up behind it and each
+    event pair times the device's work alone, not the host's gaps between launches."""
+
+    def __init__(self, busy=None):
+        self.busy = busy
         self.calls: list[dict] = []
 
     def run(self, steps) -> None:
         cuda = launch.cuda()
+        if self.busy is not None:
+            self.busy()
         marks = []
         for name, step in steps:
             start, end = cuda.event(), cuda.event()

@@ -173,15 +173,26 @@ class DeviceRequest:
 
     Attributes:
         model: ``"gated"`` or ``"dot"``; request (or None); user (or None); d, experts, k_experts;
-        image: device float32 weight image (score/fused.py).
+        host_image: the float32 weight image (:func:`.weights.weight_image`);
+        image: the same on the device (copied on first use: a batch of requests copies its images
+        itself, all at once).
     """
 
     def __init__(self, model: str, d: int, experts: int, k_experts: int, image, request=None, user=None):
         self.model, self.d, self.experts, self.k_experts = model, d, experts, k_experts
-        self.image, self.request, self.user = image, request, user
+        self.request, self.user = request, user
+        self.host_image = image if isinstance(image, np.ndarray) else None
+        self._image = None if isinstance(image, np.ndarray) else image
         self._naive = None
         self._param = None
         self._mma = None
+
+    @property
+    def image(self):
+        """The device weight image (copied from :attr:`host_image` on first use)."""
+        if self._image is None:
+            self._image = launch.to_device(self.host_image)
+        return self._image
 
     @classmethod
     def of(cls, x) -> "DeviceRequest":
@@ -193,8 +204,7 @@ class DeviceRequest:
             return x
         if isinstance(x, Request):
             check_kernel_shape(x.d, x.experts)
-            return cls("gated", x.d, x.experts, x.k_experts, launch.to_device(weight_image("gated", request=x)),
-                       request=x)
+            return cls("gated", x.d, x.experts, x.k_experts, weight_image("gated", request=x), request=x)
         u = np.asarray(x)
         if u.ndim != 1 or u.dtype.kind not in "fiu":
             raise TypeError(f"expected a Request or a 1-D user vector, got {type(x).__name__} {getattr(u, 'shape', '')}")
@@ -202,7 +212,7 @@ class DeviceRequest:
         if not np.all(np.isfinite(u)):
             raise ValueError("user vector holds non-finite values")
         check_kernel_shape(u.size, 1)
-        return cls("dot", u.size, 1, 1, launch.to_device(weight_image("dot", user=u)), user=u)
+        return cls("dot", u.size, 1, 1, weight_image("dot", user=u), user=u)
 
     @property
     def param_floats(self) -> int:
@@ -220,7 +230,7 @@ class DeviceRequest:
             if n > PARAM_FLOATS:
                 raise ValueError(f'weights="param" passes {n} floats (d={self.d}, E={self.experts}); at most '
                                  f'{PARAM_FLOATS} fit in the kernel parameters: use weights="shared"')
-            host = self.image.copy_to_host() if hasattr(self.image, "copy_to_host") else np.asarray(self.image)
+            host = self.host_image if self.host_image is not None else self.image.copy_to_host()
             self._param = tuple(np.float32(x) for x in host[:n])
         return self._param
 
