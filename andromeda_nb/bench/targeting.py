@@ -10,7 +10,7 @@ value included by >= n/1024 ads, an exclude row per value excluded by >= n/256 a
 for the rest.
 
 Sections (rows' ``variant``): ``match_U{1,2,4,8}_b256`` (words per thread; launch bounds from
-``match.MATCH_THREADS_PER_SM``), ``match_U4_b256_nobounds``, ``match_U4_b512`` (one request at a
+``match.config.THREADS_PER_SM_BOUNDS``), ``match_U4_b256_nobounds``, ``match_U4_b512`` (one request at a
 time, 8 profiles back to back), ``match_batch{8,32,64}_U4`` (requests per launch), the CPU baseline
 ``cpu_numba_parallel_*``; ``match_U4_pool_prefix`` (the first 10^6 / 10^7 / 3x10^7 slots),
 ``match_U4_user_values_{0,1,2,6,10}``; updates (``update_batch_gpu``, ``update_batch_host``,
@@ -21,7 +21,7 @@ layout (``match_U4_density_0.3``) against ``per_category_folding``,
 (``match_U4_density_{0.1,0.6}``) and the number of constrained categories
 (``match_U4_categories_{2,5,10}``). Sections after the updates are skipped past ``BUDGET_S``.
 
-Count first (host byte model :func:`andromeda_nb.match.api.read_model` on a 10^6-ad copy of the world,
+Count first (host byte model :func:`andromeda_nb.match.read_model` on a 10^6-ad copy of the world,
 20 profiles; the same model counts every row below):
 
 ================================  ===========  ========  ============================================
@@ -60,7 +60,6 @@ import os
 import platform
 import time
 import traceback
-from unittest import mock
 
 import numpy as np
 
@@ -187,9 +186,9 @@ def check_results(world: World, prepared, words_dev, counts_dev, n_words=None) -
 
 def bytes_of(world: World, prepared, n_words=None, max_requests: int = 8, prefetch: bool = False,
              group: int = 0) -> dict:
-    """Byte model summed over a prepared batch's requests (andromeda_nb.match.api.read_model; a larger
+    """Byte model summed over a prepared batch's requests (andromeda_nb.match.read_model; a larger
     batch: its first ``max_requests`` requests, scaled to the batch), cached on the batch."""
-    from ..match.api import read_model
+    from ..match import MatchConfig, read_model
 
     key = ("bytes", n_words, bool(prefetch), int(group))
     cache = prepared.__dict__.setdefault("_model", {})
@@ -200,7 +199,7 @@ def bytes_of(world: World, prepared, n_words=None, max_requests: int = 8, prefet
     plans = prepared.plans[:max_requests]
     scale = len(prepared.plans) / len(plans)
     for plan in plans:
-        r = read_model(world.index, plan, n_words, prefetch=prefetch, group=group)
+        r = read_model(world.index, plan, n_words, config=MatchConfig(prefetch=prefetch, group=group))
         tot["bytes"] += r["bytes"]
         tot["row_bytes"] += r["row_bytes"]
         tot["read_bytes"] += r["read_bytes"]
@@ -219,19 +218,28 @@ def prepare_each(world: World, profiles, n_words=None):
     return [world.dev.prepare([p], n_words=n_words) for p in profiles]
 
 
+def match_config(U=None, block=None, bounds=None, prefetch: bool = False, group: int = 0, lists: str = "auto"):
+    """The MatchConfig of a benchmark row (None: the config's default)."""
+    from ..match import MatchConfig
+
+    given = {"words_per_thread": U, "block": block, "min_blocks_per_sm": bounds}
+    return MatchConfig(prefetch=prefetch, group=group, list_kernels=lists,
+                       **{k: v for k, v in given.items() if v is not None})
+
+
 def time_requests(world: World, prepared: list, reps: int, U=None, block=None, n_words=None, bounds=None,
-                  prefetch: bool = False, group: int = 0):
+                  prefetch: bool = False, group: int = 0, lists: str = "auto"):
     """Time the prepared batches launched back to back; returns (timing per launch, out, counts)."""
     cuda = launch.cuda()
     B = max(p.batch for p in prepared)
     nw = world.index.n_words if n_words is None else n_words
     out = cuda.device_array((B, max(nw, 1)), np.uint64)
     counts = cuda.device_array(B, np.int64)
+    config = match_config(U, block, bounds, prefetch, group, lists)
 
     def fn():
         for p in prepared:
-            world.dev.launch(p, out, counts, words_per_thread=U, block=block, min_blocks_per_sm=bounds,
-                             prefetch=prefetch, group=group)
+            world.dev.launch(p, out, counts, config=config)
 
     t = harness.time_device(fn, reps=reps, busy_ms=2.0 + 0.4 * len(prepared))
     k = len(prepared)
@@ -239,7 +247,7 @@ def time_requests(world: World, prepared: list, reps: int, U=None, block=None, n
 
 
 def verify_each(world: World, prepared: list, U=None, block=None, n_words=None, bounds=None,
-                prefetch: bool = False, group: int = 0) -> tuple[str, list]:
+                prefetch: bool = False, group: int = 0, lists: str = "auto") -> tuple[str, list]:
     """Launch each prepared batch once and check it (check_results); returns (verdict, counts)."""
     cuda = launch.cuda()
     nw = world.index.n_words if n_words is None else n_words
@@ -247,8 +255,7 @@ def verify_each(world: World, prepared: list, U=None, block=None, n_words=None, 
     for p in prepared:
         out = cuda.device_array((p.batch, max(nw, 1)), np.uint64)
         counts = cuda.device_array(p.batch, np.int64)
-        world.dev.launch(p, out, counts, words_per_thread=U, block=block, min_blocks_per_sm=bounds,
-                         prefetch=prefetch, group=group)
+        world.dev.launch(p, out, counts, config=match_config(U, block, bounds, prefetch, group, lists))
         ok, msg, c = check_results(world, p, out, counts, n_words)
         if not ok:
             return "FAILED: " + msg, counts_all
@@ -268,9 +275,9 @@ def l2_note(bytes_per_request: float) -> str:
 
 def request_row(env, ceil, world: World, variant: str, prepared: list, reps: int, U=None, block=None,
                 n_words=None, notes: str = "", batch: int = 1, access: str = "pool", bounds=None,
-                prefetch: bool = False, group: int = 0, **fields) -> dict:
-    timing, _, _ = time_requests(world, prepared, reps, U, block, n_words, bounds, prefetch, group)
-    verified, counts = verify_each(world, prepared, U, block, n_words, bounds, prefetch, group)
+                prefetch: bool = False, group: int = 0, lists: str = "auto", **fields) -> dict:
+    timing, _, _ = time_requests(world, prepared, reps, U, block, n_words, bounds, prefetch, group, lists)
+    verified, counts = verify_each(world, prepared, U, block, n_words, bounds, prefetch, group, lists)
     nw = world.index.n_words if n_words is None else n_words
     n_bits = min(world.index.n_ads, nw * 64)
     b = {"bytes": 0, "row_bytes": 0, "rows": 0, "patches": 0, "list_bytes": 0, "touched": 0}
@@ -318,7 +325,7 @@ def cpu_row(env, ceil, world: World, reps: int = 5, notes: str = "") -> dict:
         got = sample_bits(words, world.sample)
         if not np.array_equal(got, reference.match(sample_rules, make_profile(idx.schema, p))):
             verified = "FAILED: CPU baseline disagrees with the oracle"
-        from ..match.api import read_model
+        from ..match import read_model
 
         total_bytes += read_model(idx, idx.plan(make_profile(idx.schema, p)))["bytes"]
     per = np.array(times).sum(axis=0)  # one "call" = all profiles
@@ -397,7 +404,7 @@ class UpdateStream:
 
 
 def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_size: int = 1000) -> list[dict]:
-    from ..match.api import _Stager
+    from ..match.staging import Stager
 
     cuda = launch.cuda()
     rows = []
@@ -416,7 +423,7 @@ def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_s
     lockstep = "ok: 3 requests after update batches = CPU baseline + oracle" if all(checks) else "FAILED: lockstep"
     # host side: the diffs (timed), then the device side (timed with events, all batches queued)
     batches = [stream.batch(batch_size) for _ in range(n_batches)]
-    dev._stager = _Stager(regions=n_batches + 8, capacity=1 << 20)
+    dev._stager = Stager(regions=n_batches + 8, capacity=1 << 20)
     host_t, deltas = [], []
     for b in batches:
         t = time.perf_counter()
@@ -663,10 +670,10 @@ def targeting(env, ceil, args) -> list[dict]:
         main_prep = prepare_each(world, world.profiles)
 
     def main():
-        from ..match.api import MATCH_THREADS_PER_SM
+        from ..match import MatchConfig
 
         for U in ([4] if quick else [1, 2, 4, 8, 16]):
-            lb = MATCH_THREADS_PER_SM.get(U, 0) // 256
+            lb = MatchConfig(words_per_thread=U, block=256).launch_bounds(simulator=False)
             rows.append(request_row(env, ceil, world, f"match_U{U}_b256", main_prep, reps, U=U, block=256,
                                     notes=f"benchmark world, 1 request per launch set (prep, match, post kernels); "
                                           f"launch bounds {'(256, %d)' % lb if lb else 'none'}"))
@@ -682,14 +689,11 @@ def targeting(env, ceil, args) -> list[dict]:
             rows.append(request_row(env, ceil, world, "match_U8_b256_prefetch_nobounds", main_prep, reps, U=8,
                                     block=256, bounds=0, prefetch=True,
                                     notes="benchmark world; prefetch; no launch bounds (92 registers)"))
-        # the list passes on a segment grid (match.LIST_KERNELS; prediction in stages below), verified
-        from ..match import api as M
-
-        with mock.patch.object(M, "LIST_KERNELS", "segment"):
-            lb = MATCH_THREADS_PER_SM.get(8, 0) // 256
-            rows.append(request_row(env, ceil, world, "match_U8_b256_segment_lists", main_prep, reps, U=8, block=256,
-                                    notes="benchmark world, 1 request per launch set; the list passes on a "
-                                          f"segment grid; launch bounds (256, {lb})"))
+        # the list passes on a segment grid (MatchConfig.list_kernels; prediction in stages below), verified
+        lb = MatchConfig(words_per_thread=8, block=256).launch_bounds(simulator=False)
+        rows.append(request_row(env, ceil, world, "match_U8_b256_segment_lists", main_prep, reps, U=8, block=256,
+                                lists="segment", notes="benchmark world, 1 request per launch set; the list passes "
+                                                       f"on a segment grid; launch bounds (256, {lb})"))
         for B in ([16] if quick else [8, 32, 64]):
             profs = syn.generate_profiles(world.schema, B, seed=500 + B)
             p = world.dev.prepare(profs)
@@ -744,10 +748,10 @@ def targeting(env, ceil, args) -> list[dict]:
         cuda = launch.cuda()
         out = cuda.device_array((1, max(world.index.n_words, 1)), np.uint64)
         counts = cuda.device_array(1, np.int64)
-        from ..match import api as M
+        from ..match import MatchConfig
 
-        # the list passes on a segment grid (match.LIST_KERNELS = "segment"), prediction (commit
-        # after 464beff): prep 3.6 -> ~2.5 us, post 9.0 -> ~4.5 us (no binary search an entry, 4
+        # the list passes on a segment grid (MatchConfig(list_kernels="segment")), prediction:
+        # prep 3.6 -> ~2.5 us, post 9.0 -> ~4.5 us (no binary search an entry, 4
         # list loads then 4 result loads in flight a thread), the whole request 106 -> ~100 us
         stage_list = [(lists, name, kern) for lists in ("search", "segment")
                       for name, kern in (("prep", ("prep",)), ("match", ("match",)), ("post", ("post",)),
@@ -758,15 +762,15 @@ def targeting(env, ceil, args) -> list[dict]:
             # leave their union in the rows); buffers preallocated (an allocation in the timed
             # call stalls the stream)
             per = []
-            with mock.patch.object(M, "LIST_KERNELS", lists):
-                for p in main_prep:
-                    world.dev.launch(p, out, counts, kernels=("prep",))  # its patch rows, as the match expects
-                    reps_k = 8
-                    t = harness.time_device(lambda: [world.dev.launch(p, out, counts, words_per_thread=8, kernels=kern)
-                                                   for _ in range(reps_k)], reps=reps, busy_ms=6.0)
-                    per.append(harness.Timing(t.median / reps_k, t.p20 / reps_k, t.p80 / reps_k,
-                                            t.host_per_call / reps_k, t.reps))
-                    world.dev.launch(p, out, counts, kernels=("post",))  # its patch rows zeroed again
+            config = MatchConfig(words_per_thread=8, list_kernels=lists)
+            for p in main_prep:
+                world.dev.launch(p, out, counts, config, kernels=("prep",))  # its patch rows, as the match expects
+                reps_k = 8
+                t = harness.time_device(lambda: [world.dev.launch(p, out, counts, config, kernels=kern)
+                                               for _ in range(reps_k)], reps=reps, busy_ms=6.0)
+                per.append(harness.Timing(t.median / reps_k, t.p20 / reps_k, t.p80 / reps_k,
+                                        t.host_per_call / reps_k, t.reps))
+                world.dev.launch(p, out, counts, config, kernels=("post",))  # its patch rows zeroed again
             k = len(per)
             med = sorted(per, key=lambda x: x.median)[k // 2]
             timing = harness.Timing(sum(x.median for x in per) / k, sum(x.p20 for x in per) / k,
@@ -905,11 +909,11 @@ def layout_kwargs(name: str, n: int, schema) -> dict:
 
 def byte_model(n_ads: int, n_profiles: int = 20, seed: int = 0, layouts=None, scale_to: int = 10**8):
     """Count first: bytes per ad of each layout on an ``n_ads`` copy of the benchmark world
-    (host only, :func:`andromeda_nb.match.api.read_model`), and the index memory scaled to
+    (host only, :func:`andromeda_nb.match.read_model`), and the index memory scaled to
     ``scale_to`` ads. Returns ``(per-layout DataFrame, per-unit memory DataFrame)``."""
     import pandas as pd
 
-    from ..match.api import read_model
+    from ..match import read_model
 
     schema = syn.benchmark_schema()
     rules = syn.generate_rules(schema, n_ads, seed=seed)

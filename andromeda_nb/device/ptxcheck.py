@@ -148,12 +148,18 @@ def variants():
                     OL.onelaunch_topk_kernel(1024, 8, 8, elig, OL.ONELAUNCH_CAP, elig),
                     (A(f32), A(u64), i64, i64, A(f32), A(i32), A(i64), A(u32), A(i64, 2), A(f32, 2), A(i32, 2),
                      A(i64, 2))))
-    # targeting (issue 4): the match kernel per words-per-thread and block, the list passes and the
-    # update kernel per list-pool dtype (int32 below 2^31 slots, int64 beyond), compaction per output dtype
+    # match (andromeda_nb.match.kernels): the match kernel per words-per-thread and block, with the
+    # launch bounds MatchConfig's "auto" rule gives on a GPU, the list passes and the update kernel
+    # per list-pool dtype (int32 below 2^31 slots, int64 beyond), compaction per output dtype
+    from ..match.config import MatchConfig
+
     match_sig = (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(i64), A(i64), A(u64, 2), A(i64))
     for blk in (256, 512):
         for U in (1, 2, 4, 8, 16):
             out.append((f"match b{blk} U{U}", M.match_kernel(blk, U), match_sig))
+            bounds = MatchConfig(words_per_thread=U, block=blk).launch_bounds(simulator=False)
+            if bounds:
+                out.append((f"match b{blk} U{U} bounds{bounds}", M.match_kernel(blk, U, bounds), match_sig))
     for U in (4, 8):
         out.append((f"match b256 U{U} prefetch", M.match_kernel(256, U, 0, True), match_sig))
     grouped_sig = (A(u64, 2), A(u64, 2), i64, i64, A(i64), A(i64), A(i64), A(u64, 2), A(i64))
@@ -220,7 +226,7 @@ def main(argv=None) -> int:
             continue
         seen_families.add(family)
         try:
-            ptx, _ = cuda.compile_ptx(disp.py_func, sig, cc=cc)
+            ptx, _ = cuda.compile_ptx(disp.py_func, sig, cc=cc, launch_bounds=disp.targetoptions.get("launch_bounds"))
         except Exception as exc:  # report every failing variant, then fail
             failures += 1
             print(f"FAIL {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")

@@ -1,6 +1,7 @@
-"""Host wrappers of the targeting kernels (match/kernels.py): the device index, one request or a
-batch to eligible bitsets (and optionally compacted candidate slots), real-time updates on the
-device, the CPU baseline, and the byte model of a request.
+"""Host wrappers of the match kernels (:mod:`andromeda_nb.match.kernels`): the device index, one
+request or a batch to eligible bitsets (and optionally compacted candidate slots), real-time
+updates on the device, and the CPU baseline. How a batch is launched is a
+:class:`~andromeda_nb.match.config.MatchConfig`; the bytes it moves, :mod:`~andromeda_nb.match.byte_model`.
 
 Ordering: every upload (request plans, update deltas) goes through pinned staging buffers with
 asynchronous copies on the default stream, and every kernel runs on that stream, so the device
@@ -17,31 +18,16 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..device import launch
-from ..targeting import (WORD_BITS, MatchPlan, TargetingIndex, UpdateBatch, UpdateDelta, make_profile,
-                        mask_from_bits, table_slots)
+from ..targeting import (WORD_BITS, TargetingIndex, UpdateBatch, UpdateDelta, make_profile, mask_from_bits,
+                         table_slots)
+from .config import MatchConfig
+from .staging import Stager
 
-#: Words each thread of the match kernel handles (loads in flight per row), threads per block and
-#: resident blocks per SM asked for (GPU defaults; the benchmark measures the alternatives).
-WORDS_PER_THREAD = 8
-MATCH_BLOCK = 256
-MATCH_BLOCKS_PER_SM = 8
-#: Launch bounds per words-per-thread: resident threads per SM the compiler must allow (it caps
-#: registers accordingly). Unsigned word indices (no wraparound code) cut sm_90 ptxas's registers
-#: without bounds to 53 / 72 / 122 for 4 / 8 / 16 words (were 72 / 124 / 233); with these bounds
-#: none spills: 4 words 64 registers (1,024 threads, 32 KB of loads in flight per SM), 8 words
-#: 78 (768 threads, 48 KB), 16 words 124 (512 threads, 64 KB).
-MATCH_THREADS_PER_SM = {4: 1024, 8: 768, 16: 512}
-#: Rows the match loads together (:func:`~andromeda_nb.match.kernels.match_grouped_kernel`); 0: the
-#: plain kernel, one row at a time with per-row early exit.
-MATCH_GROUP = 0
-#: the list passes around the match: "search" (a grid-stride pass over all entries, each finding
-#: its segment by binary search: match.kernels.prep_kernel / post_kernel) or "segment" (a block
-#: row a segment, SEG_LOADS loads a thread in flight: prep_segment_kernel / post_segment_kernel).
-#: "search" until the other is timed (bench targeting, stages: post 9.0 us, prep 3.6 us of the
-#: 107 us request at 39b72d4)
-LIST_KERNELS = "search"
-#: Largest group: each thread holds group x words_per_thread loaded words in registers.
-MAX_GROUP = 64
+#: The match kernel's default words per thread (``MatchConfig().words_per_thread``), for tables
+#: that name the default kernel shape; launches read their :class:`MatchConfig`.
+WORDS_PER_THREAD = MatchConfig().words_per_thread
+#: The kernels :meth:`DeviceTargetingIndex.launch` enqueues (a subset: benchmark stage timing).
+KERNELS = ("prep", "match", "post")
 
 
 def plan_ops(inc_ptr, inc_rows, exc_ptr, exc_rows) -> tuple[np.ndarray, np.ndarray]:
@@ -71,59 +57,6 @@ def _max_batch() -> int:
     from .kernels import MAX_BATCH
 
     return MAX_BATCH
-
-
-class _Stager:
-    """Uploads small int64 arrays without blocking the host: a ring of pinned host buffers, each
-    rewritten only after the asynchronous copy out of it finished (an event). The device side is
-    either a new array the caller owns (prepared plans, launched later) or a ring of device
-    buffers (for work launched right after the copy: a later copy into the same buffer is queued
-    after every kernel that read it)."""
-
-    def __init__(self, regions: int = 4, capacity: int = 1 << 15):
-        self.cuda = launch.cuda()
-        self.stream = self.cuda.default_stream()
-        self.regions = [{"host": self.cuda.pinned_array(capacity, np.int64), "dev": None, "event": None}
-                        for _ in range(regions)]
-        self.next = 0
-        self._keep = []  # replaced device buffers stay alive (queued kernels may still read them)
-
-    def upload(self, arrays: Sequence[np.ndarray], owned: bool = True) -> list:
-        """Device int64 views of ``arrays`` (each at least one element long: an empty array gets
-        one zero, so kernels can take it as an argument)."""
-        sizes = [max(int(a.size), 1) for a in arrays]
-        total = sum(sizes)
-        reg = self.regions[self.next]
-        self.next = (self.next + 1) % len(self.regions)
-        if reg["event"] is not None:
-            reg["event"].synchronize()
-        if reg["host"].size < total:
-            reg["host"] = self.cuda.pinned_array(1 << int(np.ceil(np.log2(total))), np.int64)
-        host = reg["host"]
-        if owned:
-            dev = self.cuda.device_array(total, np.int64)
-        else:
-            if reg["dev"] is None or reg["dev"].size < total:
-                if reg["dev"] is not None:
-                    self._keep.append(reg["dev"])
-                reg["dev"] = self.cuda.device_array(host.size, np.int64)
-            dev = reg["dev"]
-        off = 0
-        for a, n in zip(arrays, sizes):
-            if a.size:
-                host[off:off + a.size] = a
-            else:
-                host[off] = 0
-            off += n
-        dev[:total].copy_to_device(host[:total], stream=self.stream)
-        ev = self.cuda.event() if launch.backend.is_simulator() else self.cuda.event(timing=False)
-        ev.record(self.stream)
-        reg["event"] = ev
-        views, off = [], 0
-        for n in sizes:
-            views.append(dev[off:off + n])
-            off += n
-        return views
 
 
 @dataclass
@@ -173,7 +106,7 @@ class DeviceTargetingIndex:
         self.pool = launch.to_device(index.pool)
         self._version = index.version
         self._scratch = None
-        self._stager = _Stager(staging_regions)
+        self._stager = Stager(staging_regions)
 
     n_ads = property(lambda self: self.index.n_ads)
     n_words = property(lambda self: self.index.n_words)
@@ -230,7 +163,7 @@ class DeviceTargetingIndex:
         if delta.pool_size > self.pool.shape[0]:
             grown = cuda.device_array(delta.pool_size, self.pool.dtype)
             grown[:self.pool.shape[0]].copy_to_device(self.pool, stream=self._stager.stream)
-            self._stager._keep.append(self.pool)
+            self._stager.retain(self.pool)
             self.pool = grown
         n_bits, n_pos = delta.bit_codes.size, delta.list_pos.size
         if n_bits + n_pos:
@@ -335,57 +268,56 @@ class DeviceTargetingIndex:
                              profiles=profiles, prep_segments=(len(p_len), int(max(p_len, default=0))),
                              post_segments=(len(q_len), int(max(q_len, default=0))))
 
-    def launch(self, prepared: PreparedMatch, out=None, counts=None, words_per_thread: int | None = None,
-               block: int | None = None, min_blocks_per_sm: int | None = None, prefetch: bool = False,
-               group: int | None = None, kernels=("prep", "match", "post")):
+    def launch(self, prepared: PreparedMatch, out=None, counts=None, config: MatchConfig | None = None, *,
+               kernels: Sequence[str] = KERNELS):
         """Enqueue a prepared batch (prep, match, post kernels; no host synchronisation).
 
         Args:
+            prepared: from :meth:`prepare`, for this device copy's version.
             out: device ``uint64[B, >= n_words]`` for the eligible bitsets (allocated if None).
             counts: device ``int64[>= B]`` for the eligible counts (allocated if None).
-            words_per_thread, block: the match kernel's shape (defaults WORDS_PER_THREAD, MATCH_BLOCK).
-            min_blocks_per_sm: launch bounds (default from MATCH_THREADS_PER_SM; 0: none).
-            prefetch: load each category's first include row one category ahead
-                (:func:`~andromeda_nb.match.kernels.match_kernel`); off by default: on the H200 it
-                measured 7-15 % slower (data/results/targeting.csv, ``*_prefetch`` rows).
-            group: rows loaded together by the grouped match kernel
-                (:func:`~andromeda_nb.match.kernels.match_grouped_kernel`); 0: the plain kernel;
-                None: :data:`MATCH_GROUP`. Not combined with ``prefetch``.
+            config: the match kernel's shape and variant and the list passes
+                (:class:`~andromeda_nb.match.config.MatchConfig`; default ``MatchConfig()``).
+                Every config gives the same bitsets and counts.
             kernels: which of the three kernels to enqueue (benchmark stage timing only: a subset
                 leaves the results incomplete).
 
         Returns:
             ``(out, counts)``.
+
+        Raises:
+            TypeError: ``prepared`` or ``config`` of the wrong type. ValueError: ``out`` or
+            ``counts`` too small or of the wrong dtype, an unknown kernel name. RuntimeError: the
+            batch was prepared for another version of the index.
         """
         from .kernels import (SEG_LOADS, match_grouped_kernel, match_kernel, post_kernel, post_segment_kernel,
-                                    prep_kernel, prep_segment_kernel)
+                              prep_kernel, prep_segment_kernel)
 
+        if not isinstance(prepared, PreparedMatch):
+            raise TypeError(f"prepared must be a PreparedMatch (from prepare), got {type(prepared).__name__}")
+        cfg = _config(config)
+        if isinstance(kernels, str) or not set(kernels) <= set(KERNELS):
+            raise ValueError(f"kernels must be a subset of {KERNELS}, got {kernels!r}")
         if prepared.version != self._version:
             raise RuntimeError(f"batch prepared for index version {prepared.version}, device copy at "
                                f"{self._version}: prepare it again (or apply the pending deltas first)")
-        G = MATCH_GROUP if group is None else group
-        if isinstance(G, (bool, np.bool_)) or not isinstance(G, (int, np.integer)) or not 0 <= G <= MAX_GROUP:
-            raise ValueError(f"group must be an int in 0..{MAX_GROUP} (rows loaded together; 0: the plain "
-                             f"kernel), got {group!r}")
-        G = int(G)
-        if G and prefetch:
-            raise ValueError(f"group={G} and prefetch=True exclude each other (prefetch is a variant of the "
-                             "plain kernel, group=0)")
         cuda = launch.cuda()
         B, nw, a = prepared.batch, prepared.n_words, prepared.args
         if out is None:
             out = cuda.device_array((B, nw), np.uint64)
         if counts is None:
             counts = cuda.device_array(B, np.int64)
-        if out.shape[0] < B or out.shape[1] < nw or out.dtype != np.uint64:
+        if out.ndim != 2 or out.shape[0] < B or out.shape[1] < nw or out.dtype != np.uint64:
             raise ValueError(f"out must be uint64 [>= {B}, >= {nw}]")
+        if counts.ndim != 1 or counts.shape[0] < B or counts.dtype != np.int64:
+            raise ValueError(f"counts must be int64 [>= {B}]")
         scratch = self.scratch(prepared.n_scratch)
         sim = launch.backend.is_simulator()
-        blk = block or (launch.SIM_BLOCK if sim else MATCH_BLOCK)
-        U = words_per_thread or WORDS_PER_THREAD
+        blk = cfg.block_size(sim)
+        U = cfg.words_per_thread
+        G = cfg.group
         small = launch.default_block()
-        # a block row a segment: at most 65,535 of them (the grid's y limit), else the search passes
-        by_segment = LIST_KERNELS == "segment" and max(prepared.prep_segments[0], prepared.post_segments[0]) < 65536
+        by_segment = cfg.list_pass(max(prepared.prep_segments[0], prepared.post_segments[0])) == "segment"
         if "prep" in kernels and by_segment:
             n_seg, longest = prepared.prep_segments
             prep_segment_kernel(small)[(max(1, -(-longest // (small * SEG_LOADS))), max(1, n_seg)), small](
@@ -394,18 +326,16 @@ class DeviceTargetingIndex:
             prep_kernel()[launch.grid_for(max(prepared.n_prep, B), small), small](
                 counts, B, self.pool, a["p_start"], a["p_off"], a["p_dst"], scratch, 0)
         tiles = -(-nw // (blk * U))
-        cap = launch.SIM_MAX_BLOCKS if sim else launch.sm_count() * MATCH_BLOCKS_PER_SM
+        cap = launch.SIM_MAX_BLOCKS if sim else launch.sm_count() * cfg.blocks_per_sm
         gx = max(1, min(tiles, max(1, cap // B)))
-        if min_blocks_per_sm is None:
-            min_blocks_per_sm = MATCH_THREADS_PER_SM.get(U, 0) // blk
-        min_blocks = 0 if sim else int(min_blocks_per_sm)
+        min_blocks = cfg.launch_bounds(sim)
         if "match" not in kernels:
             pass
         elif G:
             match_grouped_kernel(blk, U, G, min_blocks)[(gx, B), blk](
                 self.rows, scratch, prepared.n_bits, nw, a["req_op"], a["op_row"], a["op_kind"], out, counts)
         else:
-            match_kernel(blk, U, min_blocks, bool(prefetch))[(gx, B), blk](
+            match_kernel(blk, U, min_blocks, cfg.prefetch)[(gx, B), blk](
                 self.rows, scratch, prepared.n_bits, nw, a["req_cat"], a["inc_ptr"], a["inc_rows"], a["exc_ptr"],
                 a["exc_rows"], out, counts)
         if prepared.n_post and "post" in kernels and by_segment:
@@ -471,8 +401,15 @@ class EligibleBatch:
         return np.stack([mask_from_bits(host[b], self.n_ads) for b in range(host.shape[0])])
 
 
+def _config(config) -> MatchConfig:
+    cfg = MatchConfig() if config is None else config
+    if not isinstance(cfg, MatchConfig):
+        raise TypeError(f"config must be a MatchConfig, got {type(cfg).__name__}")
+    return cfg
+
+
 def match_eligible(index: DeviceTargetingIndex, profile: Mapping, exclude_slots=None,
-                   block: int | None = None, words_per_thread: int | None = None) -> Eligible:
+                   config: MatchConfig | None = None) -> Eligible:
     """Eligible bitset of one request: live, and every category's rule satisfied by ``profile``.
 
     Args:
@@ -481,32 +418,41 @@ def match_eligible(index: DeviceTargetingIndex, profile: Mapping, exclude_slots=
             :func:`~andromeda_nb.targeting.make_profile`).
         exclude_slots: optional int slots to remove afterwards (e.g. ads the user already
             converted on); out-of-range slots raise.
-        block, words_per_thread: match kernel shape (defaults: MATCH_BLOCK, WORDS_PER_THREAD).
+        config: how the match is launched (:class:`~andromeda_nb.match.config.MatchConfig`;
+            default ``MatchConfig()``).
 
     Returns:
         :class:`Eligible` (device bitset and count).
 
     Raises:
-        RuleError: malformed profile. ValueError: exclude slots out of range.
+        RuleError: malformed profile. ValueError: exclude slots out of range. TypeError: an index
+        or config of the wrong type.
     """
     if not isinstance(index, DeviceTargetingIndex):
         raise TypeError(f"index must be a DeviceTargetingIndex, got {type(index).__name__}")
+    cfg = _config(config)
     index._check_fresh()
     prepared = index.prepare([profile], None if exclude_slots is None else [exclude_slots])
-    out, counts = index.launch(prepared, block=block, words_per_thread=words_per_thread)
+    out, counts = index.launch(prepared, config=cfg)
     return Eligible(words=out[0], n_ads=index.n_ads, _count=counts, _keep=prepared)
 
 
 def match_batch(index: DeviceTargetingIndex, profiles: Sequence[Mapping], exclude_slots=None,
-                block: int | None = None, words_per_thread: int | None = None) -> EligibleBatch:
+                config: MatchConfig | None = None) -> EligibleBatch:
     """Eligible bitsets of a batch of requests in as few launches as possible (``MAX_BATCH``
     requests per launch of each kernel).
+
+    Args:
+        index, config: as :func:`match_eligible`.
+        profiles: one profile per request (at least one).
+        exclude_slots: None, or one slot list (or None) per request.
 
     Returns:
         :class:`EligibleBatch` (``words [B, n_words]``, ``counts [B]`` on the device).
     """
     if not isinstance(index, DeviceTargetingIndex):
         raise TypeError(f"index must be a DeviceTargetingIndex, got {type(index).__name__}")
+    cfg = _config(config)
     profiles = list(profiles)
     B = len(profiles)
     if B == 0:
@@ -522,7 +468,7 @@ def match_batch(index: DeviceTargetingIndex, profiles: Sequence[Mapping], exclud
     prepared = [index.prepare(profiles[i:i + step], excl[i:i + step]) for i in range(0, B, step)]
     for j, p in enumerate(prepared):
         i = j * step
-        index.launch(p, out[i:i + p.batch], counts[i:i + p.batch], block=block, words_per_thread=words_per_thread)
+        index.launch(p, out[i:i + p.batch], counts[i:i + p.batch], config=cfg)
     return EligibleBatch(words=out, n_ads=index.n_ads, _counts=counts, _keep=prepared)
 
 
@@ -558,97 +504,3 @@ def match_cpu(index: TargetingIndex, profile: Mapping, exclude_slots=None) -> tu
     if isinstance(index, DeviceTargetingIndex):
         index = index.index
     return index.match_cpu(profile, exclude_slots)
-
-
-# ----------------------------------------------------------------------------- byte model
-
-
-def read_model(index: TargetingIndex, plan: MatchPlan, n_words: int | None = None, exclude_slots=None,
-               prefetch: bool = False, group: int = 0) -> dict:
-    """Bytes one request moves, by emulating the kernels on the host (Numba-parallel).
-
-    Rows: a 32-byte sector of a row is read when one of its 4 words is still alive at that point
-    of the plan (a warp's load covers 32 consecutive words, so the sector is the unit), and an
-    include row only where the category's OR does not cover the word yet. Lists: their entries
-    are read (twice for patch lists: scatter and clear), and each distinct 32-byte sector of the
-    patch row / result they touch counts once (read; patch sectors also written back by the
-    clear). The result bitset is written once.
-
-    ``prefetch``: the match kernel variant that loads each category's first include row one
-    category ahead (:meth:`DeviceTargetingIndex.launch`). ``group`` > 0: the grouped match kernel
-    (rows loaded ``group`` at a time for the words alive before them; no OR-coverage skipping).
-
-    Returns a dict: ``row_sectors``, ``row_bytes`` (32 per row sector), ``list_bytes``,
-    ``touched_sectors`` (patch + result sectors the list passes touch), ``read_bytes``,
-    ``write_bytes``, ``bytes`` (read + written), ``bits_per_ad`` (row bits read per ad: the match
-    kernel's share), ``bytes_per_ad``, ``rows_read`` (rows the plan names),
-    ``rows_per_category`` (sectors read per category / sectors per row), ``categories``.
-    """
-    from ..targeting import host_kernels
-
-    k = host_kernels()
-    nw = index.n_words if n_words is None else int(n_words)
-    n_bits = min(index.n_ads, nw * WORD_BITS)
-    entry = index.pool.itemsize
-
-    def live_entries(lid):
-        seg = index.pool[index.l_start[lid]:index.l_start[lid] + index.l_len[lid]].astype(np.int64)
-        return seg[(seg >= 0) & (seg < n_bits)]
-
-    patches = np.zeros((max(plan.n_patches, 1), index.n_words), np.uint64)
-    sectors = np.zeros(-(-index.n_words // 4), bool)
-
-    def distinct_sectors(slots):
-        sectors[:] = False
-        sectors[slots >> 8] = True
-        return int(np.count_nonzero(sectors))
-
-    list_bytes = 0
-    touched = 0
-    for j, lids in enumerate(plan.patch_lists):
-        s0, ln = index.segments(lids)
-        k["cpu_scatter"](index.pool, s0, ln, np.full(s0.size, j, np.int64), patches, 1)
-        list_bytes += 2 * entry * int(ln.sum())
-        touched += distinct_sectors(np.concatenate([live_entries(lid) for lid in lids.tolist()]))
-    patch_touched = touched
-    for lid in plan.exclude_lists.tolist():
-        list_bytes += entry * int(index.l_len[lid])
-        touched += distinct_sectors(live_entries(lid))
-    if exclude_slots is not None:
-        ex = np.asarray(exclude_slots, np.int64)
-        list_bytes += 8 * ex.size
-        touched += distinct_sectors(ex[ex < n_bits])
-    nr = index.n_rows
-    inc = np.where(plan.inc_rows < 0, nr - 1 - plan.inc_rows, plan.inc_rows).astype(np.int64)
-    per = np.zeros(max(plan.n_categories, 1), np.int64)
-    if group:
-        op_row, op_kind = plan_ops(plan.inc_ptr, inc, plan.exc_ptr, plan.exc_rows)
-        op_cat = np.zeros(op_row.size, np.int64)
-        j = 0
-        for c in range(plan.n_categories):  # the ops plan_ops emits per category, in order
-            n_inc = int(plan.inc_ptr[c + 1] - plan.inc_ptr[c])
-            n_ops = n_inc + int(plan.exc_ptr[c + 1] - plan.exc_ptr[c]) if n_inc else 1
-            op_cat[j:j + n_ops] = c
-            j += n_ops
-        k["sector_counts_grouped"](index._need_bits("read_model"), patches, n_bits, nw, op_row, op_kind, op_cat,
-                                   per, 1024, int(group))
-    else:
-        k["sector_counts"](index._need_bits("read_model"), patches, n_bits, nw, plan.inc_ptr, inc, plan.exc_ptr,
-                           plan.exc_rows, per, 1024, bool(prefetch))
-    total = int(per[:plan.n_categories].sum())
-    n_sectors_row = max(-(-nw // 4), 1)
-    out = {
-        "row_sectors": total,
-        "row_bytes": 32 * total,
-        "list_bytes": list_bytes,
-        "touched_sectors": touched,
-        "read_bytes": 32 * total + list_bytes + 32 * touched,
-        "write_bytes": 8 * nw + 32 * patch_touched,
-        "rows_read": plan.rows_read,
-        "rows_per_category": (per[:plan.n_categories] / n_sectors_row).tolist(),
-        "categories": plan.categories,
-    }
-    out["bytes"] = out["read_bytes"] + out["write_bytes"]
-    out["bits_per_ad"] = 8 * out["row_bytes"] / max(n_bits, 1)
-    out["bytes_per_ad"] = out["bytes"] / max(n_bits, 1)
-    return out

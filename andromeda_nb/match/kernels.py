@@ -92,8 +92,8 @@ def match_kernel(block: int, words_per_thread: int = 4, min_blocks_per_sm: int =
     first).
 
     ``min_blocks_per_sm`` > 0 sets launch bounds ``(block, min_blocks_per_sm)`` (the compiler caps
-    registers so that many blocks fit on an SM: more warps, more loads in flight; sm_90 ptxas
-    uses 44 / 56 / 72 / 124 registers for 1 / 2 / 4 / 8 words per thread without bounds).
+    registers so that many blocks fit on an SM: more warps, more loads in flight; the default
+    bounds per words per thread: :data:`andromeda_nb.match.config.THREADS_PER_SM_BOUNDS`).
 
     ``prefetch``: while a category's first include row is loading, also load the next category's
     first include row for the words still alive *before* this category (a superset of the words
@@ -208,8 +208,8 @@ def match_grouped_kernel(block: int, words_per_thread: int = 4, group: int = 4, 
     of row ops (``op_row``, ``op_kind``: OP_* flags; request ``b`` owns ops ``req_op[b]:req_op[b +
     1]``), and a thread loads the next ``group`` rows together, for every word alive before them,
     before combining them in order. The plain kernel's chain of dependent loads is one row deep
-    (about 22 rows per request on the benchmark world, and words rarely die early: 19.7 of them
-    read per ad), so it is latency-bound; here the chain is ``rows / group`` deep and ``group *
+    per row of the plan (about 20 rows per request on the benchmark world, and words rarely die
+    early), so it is latency-bound; here the chain is ``rows / group`` deep and ``group *
     words_per_thread`` loads are in flight per thread. The price: a word that dies inside a group
     still had the group's rows read, and include rows are read even where the category's OR
     already covers the word.

@@ -1,23 +1,14 @@
-"""64-bit slot arithmetic beyond 2^31 bits, without allocating 2^31 bits: the kernels work on a
-window of a virtual pool (``slot_base``, a multiple of 64, is the slot of the window's bit 0) and
-get slots near 2^31, 2^32, 2^35 and 2^39."""
+"""The match kernels' 64-bit slot arithmetic beyond 2^31 bits, without allocating 2^31 bits: the
+kernels work on a window of a virtual pool (``slot_base``, a multiple of 64, is the slot of the
+window's bit 0) and get slots near 2^31, 2^32, 2^35 and 2^39."""
 
 import numpy as np
 import pytest
 
 from andromeda_nb.device import launch
 from andromeda_nb.match import kernels as K
-from andromeda_nb.targeting import bit_of, last_word_mask, word_of
 
 BASES = [(1 << 31) - 128, 1 << 32, (1 << 35) + 64 * 7, (1 << 39) - 64 * 3]
-
-
-def test_host_index_math_at_large_offsets():
-    for s in (2**31 - 1, 2**31, 2**32 + 5, 2**40 - 1):
-        assert word_of(s) == s // 64
-        assert int(bit_of(s)) == 1 << (s % 64)
-    assert last_word_mask(2**31 + 3) == np.uint64(0b111)
-    assert last_word_mask(2**33) == np.uint64(2**64 - 1)
 
 
 @pytest.mark.parametrize("lists", ["search", "segment"])

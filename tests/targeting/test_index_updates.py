@@ -7,12 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from andromeda_nb import reference
-from andromeda_nb.match.api import DeviceTargetingIndex, match_eligible
-from andromeda_nb.targeting import (RuleError, TargetingIndex, TargetingRules, UpdateBatch, make_profile,
-                                    mask_from_bits)
+from andromeda_nb.match import DeviceTargetingIndex, MatchConfig, match_eligible
+from andromeda_nb.targeting import RuleError, TargetingIndex, TargetingRules, UpdateBatch, make_profile
 
 from ..helpers import random_profile, random_rules, random_schema
+from ..match.helpers import ALGORITHMS, check_match, config_id
 
 SCHEMA = random_schema()
 
@@ -30,16 +29,16 @@ def rule_strategy():
                    "exclude": {c: [v % cats[c] for v in vs] for c, vs in r["exclude"].items()}})
 
 
-def check_state(host: TargetingIndex, dev: DeviceTargetingIndex, rng, dev_only: DeviceTargetingIndex | None = None):
+def check_state(host: TargetingIndex, dev: DeviceTargetingIndex, rng, dev_only: DeviceTargetingIndex | None = None,
+                config: MatchConfig | None = None):
+    """Host and device copies equal a rebuild from the rule map, and a request through ``config``
+    matches the oracle on the current rules."""
     ref = host.rebuild()
     host.assert_same(ref)  # the host copy equals a rebuild from the rule map
     rows, pool = dev.snapshot()
     host.assert_same(ref, bitsets=rows, pool=pool)  # so does the device copy
     prof = random_profile(rng, SCHEMA)
-    want = reference.match(host.current_rules(), make_profile(SCHEMA, prof))
-    got = match_eligible(dev, prof)
-    np.testing.assert_array_equal(got.to_mask(), want)
-    assert got.count == want.sum()
+    check_match(dev, prof, match_eligible(dev, prof, config=config))
     if dev_only is not None:  # the same updates on an index whose rows live on the device only
         rows2, pool2 = dev_only.snapshot()
         np.testing.assert_array_equal(rows2, ref.bitsets)
@@ -47,20 +46,16 @@ def check_state(host: TargetingIndex, dev: DeviceTargetingIndex, rng, dev_only: 
         assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
         np.testing.assert_array_equal(dev_only.index.row_count, ref.row_count)
         np.testing.assert_array_equal(dev_only.index.constrained, ref.constrained)
-        np.testing.assert_array_equal(match_eligible(dev_only, prof).to_mask(), want)
+        check_match(dev_only, prof, match_eligible(dev_only, prof, config=config), rules=host.current_rules())
 
 
 def apply_in_chunks(dev: DeviceTargetingIndex, batch):
-    """Apply with the update diff split into chunks of one slot (the parallel path that large
-    batches take), so the property test checks it against the one-call path of the other index."""
-    import andromeda_nb.targeting.index as T
-
-    old = T.DIFF_CHUNK_SLOTS
-    T.DIFF_CHUNK_SLOTS = 1
-    try:
-        return dev.apply(batch)
-    finally:
-        T.DIFF_CHUNK_SLOTS = old
+    """``dev.apply(batch)`` with the update diff split into chunks of one slot (the parallel path
+    that large batches take), so the property test checks it against the one-call path of the
+    other index."""
+    delta = dev.index.apply(batch, diff_chunk_slots=1)
+    dev.apply_delta(delta)
+    return delta
 
 
 @settings(max_examples=15)
@@ -68,21 +63,15 @@ def apply_in_chunks(dev: DeviceTargetingIndex, batch):
        seed=st.integers(0, 2**31), wide_lists=st.booleans())
 def test_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed, wide_lists):
     """Random create / change / retire / recreate batches, applied on the device (host bits kept
-    and dropped): the index equals one rebuilt from the surviving rules after every batch. With
-    ``wide_lists`` the inverted lists hold int64 slots, as in a pool past 2^31 ads."""
-    from unittest import mock
-
-    import andromeda_nb.targeting.index as targeting
-
-    with mock.patch.object(targeting, "INT32_LIST_MAX_SLOTS", 0 if wide_lists else targeting.INT32_LIST_MAX_SLOTS):
-        _random_update_sequence(data, n, spare, layout, seed, wide_lists)
-
-
-def _random_update_sequence(data, n, spare, layout, seed, wide_lists):
+    and dropped): the index equals one rebuilt from the surviving rules after every batch, and
+    requests through a random match algorithm match the oracle. With ``wide_lists`` the inverted
+    lists hold int64 slots, as in a pool past 2^31 ads."""
     rng = np.random.default_rng(seed)
     rules = random_rules(rng, n, schema=SCHEMA)
     kw = [dict(dense_min=10**9, exclude_dense_min=10**9), dict(dense_min=1, exclude_dense_min=1),
           dict(dense_min=2, exclude_dense_min=3, group_max=16), dict(group_max=1)][layout]
+    kw["list_dtype"] = np.int64 if wide_lists else "auto"
+    config = data.draw(st.sampled_from(ALGORITHMS), label="config")
     host = TargetingIndex(rules, capacity=n + spare, **kw)
     assert host.list_dtype == (np.int64 if wide_lists else np.int32)
     dev = DeviceTargetingIndex(host)
@@ -125,7 +114,7 @@ def _random_update_sequence(data, n, spare, layout, seed, wide_lists):
             continue
         apply_in_chunks(dev_only, batch)
         alive = ids
-        check_state(host, dev, rng, dev_only)
+        check_state(host, dev, rng, dev_only, config)
 
 
 def test_retire_then_recreate_reuses_the_slot_and_changes_a_live_ad(rng):
@@ -176,7 +165,8 @@ def test_errors_change_nothing(rng):
     np.testing.assert_array_equal(pool, before_pool)
 
 
-def test_requests_see_updates_issued_before_them_and_none_after(rng):
+@pytest.mark.parametrize("config", ALGORITHMS, ids=config_id)
+def test_requests_see_updates_issued_before_them_and_none_after(rng, config):
     """A pipeline: the host runs ahead computing deltas and plans; the device applies and serves
     them in issue order. Each request's answer is the oracle's on the rules of its own moment."""
     rules = random_rules(rng, 80, schema=SCHEMA)
@@ -191,14 +181,13 @@ def test_requests_see_updates_issued_before_them_and_none_after(rng):
         next_id += 1
         delta = host.apply(UpdateBatch.from_records(SCHEMA, recs))
         plan = dev.prepare([prof])
-        want = reference.match(host.current_rules(), make_profile(SCHEMA, prof))
-        steps.append((delta, plan, want))
+        steps.append((delta, plan, host.current_rules()))  # the rules of this request's moment
     with pytest.raises(RuntimeError):
-        dev.launch(steps[0][1])  # the device has not applied delta 1 yet
-    for delta, plan, want in steps:
+        dev.launch(steps[0][1], config=config)  # the device has not applied delta 1 yet
+    for delta, plan, rules_then in steps:
         dev.apply_delta(delta)
-        out, counts = dev.launch(plan)
-        np.testing.assert_array_equal(mask_from_bits(out.copy_to_host()[0], host.n_ads), want)
+        out, counts = dev.launch(plan, config=config)
+        check_match(dev, prof, (out[0], counts.copy_to_host()[0]), rules=rules_then)
     with pytest.raises(RuntimeError):
         dev.apply_delta(steps[0][0])  # a delta applies once, in order
 

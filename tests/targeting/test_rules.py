@@ -1,10 +1,11 @@
-"""Rule and profile validation: malformed input raises a clear error naming the ad and category."""
+"""Rules and their I/O (records, JSON lines, DataFrame, CSR columns): malformed input raises a clear
+error naming the ad and category."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from andromeda_nb.targeting import Category, RuleError, TargetingRules, TargetingSchema, make_profile
+from andromeda_nb.targeting import Category, RuleError, TargetingRules, TargetingSchema
 
 SCHEMA = TargetingSchema([Category("age", 7), Category("interest", 30, multi_valued=True)])
 
@@ -66,17 +67,6 @@ def test_from_columns_validation():
         TargetingRules.from_columns(SCHEMA, [4, 8], exclude={"zzz": (ptr, vals)})
 
 
-def test_profiles():
-    assert make_profile(SCHEMA, {"age": 3})["age"] == frozenset({3})
-    assert make_profile(SCHEMA, {})["interest"] == frozenset()
-    with pytest.raises(RuleError, match="single-valued"):
-        make_profile(SCHEMA, {"age": [1, 2]})
-    with pytest.raises(RuleError, match="out of range"):
-        make_profile(SCHEMA, {"interest": [30]})
-    with pytest.raises(RuleError, match="unknown category"):
-        make_profile(SCHEMA, {"height": 1})
-
-
 def test_jsonl_roundtrip_and_errors(tmp_path):
     recs = [{"ad_id": 9, "live": True, "include": {"age": [3, 1]}, "exclude": {"interest": [4]}},
             {"ad_id": 2, "live": False}]
@@ -124,37 +114,6 @@ def test_free_slots_and_subsets():
     assert r.restrict(["interest"]).rule(0).include == {}
 
 
-def test_update_batch_columns_and_records():
-    from andromeda_nb.targeting import CHANGE, CREATE, RETIRE, UpdateBatch
-
-    recs = [{"op": "create", "ad_id": 3, "include": {"age": [2, 1]}, "exclude": {"interest": [7]}},
-            {"op": "change", "ad_id": 3, "live": False},
-            {"op": "retire", "ad_id": 3}]
-    b = UpdateBatch.from_records(SCHEMA, recs)
-    assert b.ops.tolist() == [CREATE, CHANGE, RETIRE] and len(b) == 3
-    assert b.records()[0] == {"op": "create", "ad_id": 3, "live": True, "include": {"age": [1, 2]},
-                              "exclude": {"interest": [7]}}
-    assert b.records()[1]["live"] is False and b.records()[2] == {"op": "retire", "ad_id": 3}
-    cols = UpdateBatch.from_columns(SCHEMA, ["create", "retire"], [1, 2],
-                                    include={"age": (np.array([0, 1, 1]), np.array([6]))})
-    assert cols.ops.tolist() == [CREATE, RETIRE] and cols.codes.size == 1
-    with pytest.raises(RuleError, match="ad 2: a retire carries no rule"):
-        UpdateBatch.from_columns(SCHEMA, ["create", "retire"], [1, 2],
-                                 include={"age": (np.array([0, 0, 1]), np.array([6]))})
-    with pytest.raises(RuleError, match="ad 2: unknown op"):
-        UpdateBatch.from_columns(SCHEMA, [0, 7], [1, 2])
-    with pytest.raises(RuleError, match="ad -4: ad_id must be non-negative"):
-        UpdateBatch.from_columns(SCHEMA, [0], [-4])
-    assert UpdateBatch.from_jsonl(SCHEMA, '{"op": "retire", "ad_id": 8}\n').ad_ids.tolist() == [8]
-
-
-def test_category_limits():
-    with pytest.raises(ValueError, match="cardinality"):
-        Category("x", 0)
-    with pytest.raises(ValueError, match="cardinality"):
-        Category("x", 1 << 31)
-
-
 def test_frame_rejects_what_records_reject():
     """A DataFrame is held to the records' rules: integer ad ids, bool live flags, no NaN values
     (pandas turns an int column with a gap into floats; the error names the row with the gap)."""
@@ -174,45 +133,3 @@ def test_frame_rejects_what_records_reject():
                                                         "kind": ["include", "include"], "value": [1, np.nan]}))
     ok = TargetingRules.from_frame(SCHEMA, pd.DataFrame({"ad_id": [1, 1], **base, "live": [False, False]}))
     assert ok.to_records() == [{"ad_id": 1, "live": False, "include": {"age": [1]}, "exclude": {"age": [2]}}]
-
-
-def test_update_batch_columns_reject_non_integer_ids():
-    from andromeda_nb.targeting import UpdateBatch
-
-    with pytest.raises(RuleError, match="ad_ids must be integers"):
-        UpdateBatch.from_columns(SCHEMA, ["create"], np.array([5.7]))
-    with pytest.raises(RuleError, match="ad_ids must be integers"):
-        UpdateBatch.from_columns(SCHEMA, ["create"], np.array(["5"]))
-    with pytest.raises(RuleError, match="ops must be a 1-D"):
-        UpdateBatch.from_columns(SCHEMA, "create", 1)
-    with pytest.raises(RuleError, match="ops must be a 1-D"):
-        UpdateBatch.from_columns(SCHEMA, ["create", [1]], np.array([1, 2]))
-    with pytest.raises(RuleError, match="not an op code or name"):
-        UpdateBatch.from_columns(SCHEMA, np.array(["create", 1.5], dtype=object), np.array([1, 2]))
-    with pytest.raises(RuleError, match=r"ad 3: unknown op -1\b"):
-        UpdateBatch.from_columns(SCHEMA, np.array([0, -1]), np.array([2, 3]))
-    with pytest.raises(RuleError, match="ad_id must be in 0..2"):
-        TargetingRules.from_columns(SCHEMA, np.array([2**63 + 5], np.uint64))
-
-
-def test_rules_do_not_alias_the_callers_buffers():
-    """The index keeps the rules as the truth for later updates: reusing the arrays passed to
-    from_columns / UpdateBatch.from_columns afterwards must not change it."""
-    from andromeda_nb.targeting import TargetingIndex, UpdateBatch
-
-    ids = np.arange(4, dtype=np.int64)
-    ptr = np.arange(5, dtype=np.int64)
-    vals = np.ones(4, np.int32)
-    live = np.ones(4, bool)
-    idx = TargetingIndex(TargetingRules.from_columns(SCHEMA, ids, live, include={"age": (ptr, vals)}))
-    vals[0], ids[1], live[2] = 2, 99, False
-    op_ids = np.array([0], np.int64)
-    batch = UpdateBatch.from_columns(SCHEMA, ["change"], op_ids, include={"age": (np.array([0, 1]), np.array([3]))})
-    op_ids[0] = 1
-    idx.apply(batch)
-    idx.apply(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": 1}]))
-    idx.assert_same(idx.rebuild())
-    assert idx.match_cpu({"age": 1})[1] == 2  # ads 2 and 3 (live, age 1); ad 1 retired; ad 0 now age 3
-    assert idx.match_cpu({"age": 3})[1] == 1
-    with pytest.raises(TypeError, match="capacity must be an int"):
-        TargetingIndex(TargetingRules.from_records(SCHEMA, []), capacity=60.9)

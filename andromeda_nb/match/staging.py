@@ -1,0 +1,71 @@
+"""Uploads of small int64 tables (request plans, update deltas) that never block the host.
+
+Every upload goes through pinned staging buffers with an asynchronous copy on the default stream,
+and every kernel runs on that stream, so the device executes updates and requests in the order
+the host issued them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..device import launch
+
+
+class Stager:
+    """Uploads small int64 arrays without blocking the host: a ring of pinned host buffers, each
+    rewritten only after the asynchronous copy out of it finished (an event). The device side is
+    either a new array the caller owns (prepared plans, launched later) or a ring of device
+    buffers (for work launched right after the copy: a later copy into the same buffer is queued
+    after every kernel that read it)."""
+
+    def __init__(self, regions: int = 4, capacity: int = 1 << 15):
+        self.cuda = launch.cuda()
+        self.stream = self.cuda.default_stream()
+        self.regions = [{"host": self.cuda.pinned_array(capacity, np.int64), "dev": None, "event": None}
+                        for _ in range(regions)]
+        self.next = 0
+        self._kept = []  # replaced device buffers stay alive (queued kernels may still read them)
+
+    def retain(self, buffer) -> None:
+        """Keep a replaced device buffer alive: kernels queued on the stream may still read it."""
+        self._kept.append(buffer)
+
+    def upload(self, arrays: Sequence[np.ndarray], owned: bool = True) -> list:
+        """Device int64 views of ``arrays`` (each at least one element long: an empty array gets
+        one zero, so kernels can take it as an argument)."""
+        sizes = [max(int(a.size), 1) for a in arrays]
+        total = sum(sizes)
+        reg = self.regions[self.next]
+        self.next = (self.next + 1) % len(self.regions)
+        if reg["event"] is not None:
+            reg["event"].synchronize()
+        if reg["host"].size < total:
+            reg["host"] = self.cuda.pinned_array(1 << int(np.ceil(np.log2(total))), np.int64)
+        host = reg["host"]
+        if owned:
+            dev = self.cuda.device_array(total, np.int64)
+        else:
+            if reg["dev"] is None or reg["dev"].size < total:
+                if reg["dev"] is not None:
+                    self.retain(reg["dev"])
+                reg["dev"] = self.cuda.device_array(host.size, np.int64)
+            dev = reg["dev"]
+        off = 0
+        for a, n in zip(arrays, sizes):
+            if a.size:
+                host[off:off + a.size] = a
+            else:
+                host[off] = 0
+            off += n
+        dev[:total].copy_to_device(host[:total], stream=self.stream)
+        ev = self.cuda.event() if launch.backend.is_simulator() else self.cuda.event(timing=False)
+        ev.record(self.stream)
+        reg["event"] = ev
+        views, off = [], 0
+        for n in sizes:
+            views.append(dev[off:off + n])
+            off += n
+        return views

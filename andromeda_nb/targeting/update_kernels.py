@@ -1,0 +1,465 @@
+"""Numba host kernels of real-time updates: the current rule codes of touched slots, their net
+bit flips and list operations (old rule -> new rule), list maintenance in the host pool, and the
+host copy's bit flips.
+
+Imported inside :meth:`~andromeda_nb.targeting.index.TargetingIndex.apply` (see :mod:`.numba_common`).
+"""
+
+import numpy as np
+
+# numba_common first: it fixes the backend before numba is imported
+from .numba_common import ONE
+from numba import njit, prange, uint64
+
+
+@njit
+def gather_codes(ptrs, vals, colhi, slots, n_base):
+    """Rule codes ``(cat << 33) | (kind << 32) | value`` of the given base slots, sorted per slot
+    (columns come in (cat, kind) order and values are sorted within a column)."""
+    k = slots.size
+    out_ptr = np.zeros(k + 1, np.int64)
+    for i in range(k):
+        s = slots[i]
+        t = 0
+        if s < n_base:
+            for j in range(len(ptrs)):
+                t += ptrs[j][s + 1] - ptrs[j][s]
+        out_ptr[i + 1] = out_ptr[i] + t
+    codes = np.empty(out_ptr[k], np.int64)
+    for i in range(k):
+        s = slots[i]
+        if s >= n_base:
+            continue
+        o = out_ptr[i]
+        for j in range(len(ptrs)):
+            p = ptrs[j]
+            v = vals[j]
+            for q in range(p[s], p[s + 1]):
+                codes[o] = colhi[j] | np.int64(v[q])
+                o += 1
+    return out_ptr, codes
+
+
+@njit
+def allows_vec(codes, lo, mid, hi, m, live, out, off):
+    """Allows vector of one single-valued category: ``out[off + v]`` for v in 0..m (m: no value)."""
+    unc = mid == lo
+    for v in range(m + 1):
+        out[off + v] = unc and live
+    for q in range(lo, mid):
+        out[off + (codes[q] & 0xFFFFFFFF)] = live
+    for q in range(mid, hi):
+        out[off + (codes[q] & 0xFFFFFFFF)] = False
+
+
+@njit
+def diff(slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_m, cat_group, unc_row,
+         dinc_ptr, dinc_vals, dinc_rows, vrow_ptr, vrow, list_ptr, group_ptr, group_members, group_base,
+         group_size, carrier, voff, va, vb, mark, out_set, out_clr, out_lists, cons_delta):
+    """Net bit flips and list operations of the touched slots (old state -> new state).
+
+    Rule codes: ``(cat << 33) | (kind << 32) | value``, sorted per slot. Output codes:
+    ``row << 40 | slot``. List ops: ``(list id, slot, +1 add / -1 remove)`` rows of out_lists.
+    Returns (n_set, n_clr, n_list_ops).
+    """
+    C = cat_m.size
+    G = group_size.size
+    sa = np.full((C, 3), -1, np.int64)
+    sb = np.full((C, 3), -1, np.int64)
+    seen = np.zeros(C, np.bool_)
+    gmark = np.zeros(max(G, 1), np.bool_)
+    cats = np.empty(C, np.int64)
+    kmax = 1
+    for g in range(G):
+        kmax = max(kmax, group_ptr[g + 1] - group_ptr[g])
+    lptr = np.zeros(kmax + 1, np.int64)
+    pos = np.zeros(kmax, np.int64)
+    lval = np.zeros(va.size, np.int64)
+    n_set = 0
+    n_clr = 0
+    n_lo = 0
+    for i in range(slots.size):
+        s = slots[i]
+        lo_o, hi_o = old_ptr[i], old_ptr[i + 1]
+        lo_n, hi_n = new_ptr[i], new_ptr[i + 1]
+        lv_changed = old_live[i] != new_live[i]
+        if lv_changed:
+            if new_live[i]:
+                out_set[n_set] = s
+                n_set += 1
+            else:
+                out_clr[n_clr] = s
+                n_clr += 1
+        # the slices of every category either rule mentions
+        nc = 0
+        for side in range(2):
+            codes = old_codes if side == 0 else new_codes
+            p = lo_o if side == 0 else lo_n
+            hi = hi_o if side == 0 else hi_n
+            st = sa if side == 0 else sb
+            while p < hi:
+                c = codes[p] >> 33
+                a0 = p
+                while p < hi and (codes[p] >> 33) == c and ((codes[p] >> 32) & 1) == 0:
+                    p += 1
+                a1 = p
+                while p < hi and (codes[p] >> 33) == c:
+                    p += 1
+                st[c, 0] = a0
+                st[c, 1] = a1
+                st[c, 2] = p
+                if not seen[c]:
+                    seen[c] = True
+                    cats[nc] = c
+                    nc += 1
+        for j in range(nc):
+            c = cats[j]
+            a0, a1, a2 = sa[c, 0], sa[c, 1], sa[c, 2]
+            b0, b1, b2 = sb[c, 0], sb[c, 1], sb[c, 2]
+            if a0 < 0:
+                a0, a1, a2 = lo_o, lo_o, lo_o
+            if b0 < 0:
+                b0, b1, b2 = lo_n, lo_n, lo_n
+            cons_delta[c] += (1 if b2 > b0 else 0) - (1 if a2 > a0 else 0)
+            if cat_group[c] >= 0:
+                gmark[cat_group[c]] = True
+                continue
+            unc_o = a1 == a0
+            unc_n = b1 == b0
+            if unc_o != unc_n:
+                code = (unc_row[c] << 40) | s
+                if unc_n:
+                    out_set[n_set] = code
+                    n_set += 1
+                else:
+                    out_clr[n_clr] = code
+                    n_clr += 1
+            for kind in range(2):
+                lo1, hi1 = (a0, a1) if kind == 0 else (a1, a2)
+                lo2, hi2 = (b0, b1) if kind == 0 else (b1, b2)
+                for q in range(lo1, hi1):
+                    mark[old_codes[q] & 0xFFFFFFFF] |= 1
+                for q in range(lo2, hi2):
+                    mark[new_codes[q] & 0xFFFFFFFF] |= 2
+                if kind == 0 and not (unc_o and unc_n):
+                    for d in range(dinc_ptr[c], dinc_ptr[c + 1]):
+                        v = dinc_vals[d]
+                        bo = unc_o or (mark[v] & 1) != 0
+                        bn = unc_n or (mark[v] & 2) != 0
+                        if bo != bn:
+                            code = (dinc_rows[d] << 40) | s
+                            if bn:
+                                out_set[n_set] = code
+                                n_set += 1
+                            else:
+                                out_clr[n_clr] = code
+                                n_clr += 1
+                for side in range(2):
+                    codes = old_codes if side == 0 else new_codes
+                    lo, hi = (lo1, hi1) if side == 0 else (lo2, hi2)
+                    only = 1 if side == 0 else 2
+                    for q in range(lo, hi):
+                        v = codes[q] & 0xFFFFFFFF
+                        if mark[v] != only:
+                            continue
+                        r = vrow[vrow_ptr[2 * c + kind] + v]
+                        if r >= 0:
+                            if kind == 1:  # a dense exclude row (include rows were handled above)
+                                if side == 1:
+                                    out_set[n_set] = (r << 40) | s
+                                    n_set += 1
+                                else:
+                                    out_clr[n_clr] = (r << 40) | s
+                                    n_clr += 1
+                        else:
+                            out_lists[n_lo, 0] = list_ptr[2 * c + kind] + v
+                            out_lists[n_lo, 1] = s
+                            out_lists[n_lo, 2] = 1 if side == 1 else -1
+                            n_lo += 1
+                for q in range(lo1, hi1):
+                    mark[old_codes[q] & 0xFFFFFFFF] = 0
+                for q in range(lo2, hi2):
+                    mark[new_codes[q] & 0xFFFFFFFF] = 0
+        if lv_changed and carrier >= 0:
+            gmark[carrier] = True
+        # folded groups: allows vectors of the members, then every combination row
+        for g in range(G):
+            if not gmark[g]:
+                continue
+            gmark[g] = False
+            lv_o = old_live[i] if g == carrier else True
+            lv_n = new_live[i] if g == carrier else True
+            same = lv_o == lv_n
+            for t in range(group_ptr[g], group_ptr[g + 1]):
+                c = group_members[t]
+                m = cat_m[c]
+                if sa[c, 0] >= 0:
+                    allows_vec(old_codes, sa[c, 0], sa[c, 1], sa[c, 2], m, True, va, voff[c])
+                else:
+                    for v in range(m + 1):
+                        va[voff[c] + v] = True
+                if sb[c, 0] >= 0:
+                    allows_vec(new_codes, sb[c, 0], sb[c, 1], sb[c, 2], m, True, vb, voff[c])
+                else:
+                    for v in range(m + 1):
+                        vb[voff[c] + v] = True
+                if same:
+                    for v in range(m + 1):
+                        if va[voff[c] + v] != vb[voff[c] + v]:
+                            same = False
+                            break
+            if same:
+                continue
+            # candidate digits per member: those allowed before or after (a combination with a
+            # digit allowed in neither state stays 0); when a single member changed (and the
+            # live bit did not), only its changed digits can flip a combination
+            k0, k1 = group_ptr[g], group_ptr[g + 1]
+            n_changed = 0
+            only = -1
+            for t in range(k0, k1):
+                c = group_members[t]
+                for v in range(cat_m[c] + 1):
+                    if va[voff[c] + v] != vb[voff[c] + v]:
+                        n_changed += 1
+                        only = t
+                        break
+            single = n_changed == 1 and lv_o == lv_n
+            n_l = 0
+            for t in range(k0, k1):
+                c = group_members[t]
+                lptr[t - k0] = n_l
+                for v in range(cat_m[c] + 1):
+                    x, y = va[voff[c] + v], vb[voff[c] + v]
+                    if (single and t == only and x != y) or ((not single or t != only) and (x or y)):
+                        lval[n_l] = v
+                        n_l += 1
+                if n_l == lptr[t - k0]:
+                    n_l = -1  # a member with no candidate digit: nothing flips
+                    break
+            if n_l >= 0:
+                k = k1 - k0
+                lptr[k] = n_l
+                for t in range(k):
+                    pos[t] = lptr[t]
+                while True:
+                    r = 0
+                    stride = 1
+                    bo = lv_o
+                    bn = lv_n
+                    for t in range(k):
+                        c = group_members[k0 + t]
+                        d = lval[pos[t]]
+                        r += d * stride
+                        stride *= cat_m[c] + 1
+                        bo = bo and va[voff[c] + d]
+                        bn = bn and vb[voff[c] + d]
+                    if bo != bn:
+                        code = ((group_base[g] + r) << 40) | s
+                        if bn:
+                            out_set[n_set] = code
+                            n_set += 1
+                        else:
+                            out_clr[n_clr] = code
+                            n_clr += 1
+                    t = 0
+                    while t < k:  # odometer over the candidate digits
+                        pos[t] += 1
+                        if pos[t] < lptr[t + 1]:
+                            break
+                        pos[t] = lptr[t]
+                        t += 1
+                    if t == k:
+                        break
+        for j in range(nc):
+            c = cats[j]
+            seen[c] = False
+            sa[c, 0] = -1
+            sb[c, 0] = -1
+    return n_set, n_clr, n_lo
+
+
+@njit(parallel=True)
+def diff_par(n_chunks, slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_m, cat_group,
+             unc_row, dinc_ptr, dinc_vals, dinc_rows, vrow_ptr, vrow, list_ptr, group_ptr, group_members,
+             group_base, group_size, carrier, voff, nv, max_m, n_rows, out_set, out_clr, out_lists, cons_delta):
+    """:func:`diff` over chunks of the slots in parallel, each chunk with its own scratch and its
+    own region of the outputs (``n_rows + 1`` codes per slot, one list op per rule code), then
+    the regions packed in chunk order: the same outputs, in the same order, as one call."""
+    n = slots.size
+    C = cat_m.size
+    bounds = np.empty(n_chunks + 1, np.int64)
+    for c in range(n_chunks + 1):
+        bounds[c] = (n * c) // n_chunks
+    counts = np.zeros((n_chunks, 3), np.int64)
+    cons = np.zeros((n_chunks, C), np.int64)
+    per = n_rows + 1
+    for c in prange(n_chunks):
+        i0, i1 = bounds[c], bounds[c + 1]
+        if i1 == i0:
+            continue
+        l0 = (old_ptr[i0] - old_ptr[0]) + (new_ptr[i0] - new_ptr[0])
+        l1 = (old_ptr[i1] - old_ptr[0]) + (new_ptr[i1] - new_ptr[0])
+        a, b, d = diff(slots[i0:i1], old_ptr[i0:i1 + 1], old_codes, old_live[i0:i1], new_ptr[i0:i1 + 1],
+                       new_codes, new_live[i0:i1], cat_m, cat_group, unc_row, dinc_ptr, dinc_vals, dinc_rows,
+                       vrow_ptr, vrow, list_ptr, group_ptr, group_members, group_base, group_size, carrier, voff,
+                       np.zeros(nv, np.bool_), np.zeros(nv, np.bool_), np.zeros(max_m + 1, np.int8),
+                       out_set[i0 * per:i1 * per], out_clr[i0 * per:i1 * per], out_lists[l0:l1 + 1], cons[c])
+        counts[c, 0] = a
+        counts[c, 1] = b
+        counts[c, 2] = d
+    n_set = 0
+    n_clr = 0
+    n_lo = 0
+    for c in range(n_chunks):  # pack: every region starts at or after the packed end
+        i0 = bounds[c]
+        l0 = (old_ptr[i0] - old_ptr[0]) + (new_ptr[i0] - new_ptr[0])
+        for q in range(counts[c, 0]):
+            out_set[n_set + q] = out_set[i0 * per + q]
+        for q in range(counts[c, 1]):
+            out_clr[n_clr + q] = out_clr[i0 * per + q]
+        for q in range(counts[c, 2]):
+            for f in range(3):
+                out_lists[n_lo + q, f] = out_lists[l0 + q, f]
+        n_set += counts[c, 0]
+        n_clr += counts[c, 1]
+        n_lo += counts[c, 2]
+        for j in range(C):
+            cons_delta[j] += cons[c, j]
+    return n_set, n_clr, n_lo
+
+
+@njit
+def decode(x):
+    return x if x >= 0 else -x - 1
+
+
+@njit
+def list_ops(ops, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty):
+    """Apply list ops (list id, slot, +1/-1) to the host list pool. ``dirty`` rows get
+    ``(start, length)`` of each pool range written. Returns the number of dirty ranges, or
+    ``-1 - i`` when op ``i`` removes an entry that is not there (an internal error)."""
+    nd = 0
+    for i in range(ops.shape[0]):
+        lid = ops[i, 0]
+        s = ops[i, 1]
+        st = l_start[lid]
+        if ops[i, 2] < 0:
+            pos = -1
+            lo = st
+            hi = st + l_sorted[lid]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if decode(pool[mid]) < s:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo < st + l_sorted[lid] and pool[lo] == s:
+                pos = lo
+            else:
+                for q in range(st + l_sorted[lid], st + l_len[lid]):
+                    if pool[q] == s:
+                        pos = q
+                        break
+            if pos < 0:
+                return -1 - i
+            pool[pos] = -s - 1
+            l_live[lid] -= 1
+            dirty[nd, 0] = pos
+            dirty[nd, 1] = 1
+            nd += 1
+            if l_len[lid] >= 32 and 2 * l_live[lid] < l_len[lid]:  # compact in place
+                k = 0
+                for q in range(st, st + l_len[lid]):
+                    if pool[q] >= 0:
+                        pool[st + k] = pool[q]
+                        k += 1
+                pool[st:st + k].sort()
+                l_len[lid] = k
+                l_sorted[lid] = k
+                dirty[nd, 0] = st
+                dirty[nd, 1] = k
+                nd += 1
+        else:
+            if l_len[lid] < l_cap[lid]:
+                q = st + l_len[lid]
+                pool[q] = s
+                if l_sorted[lid] == l_len[lid] and (l_len[lid] == 0 or decode(pool[q - 1]) < s):
+                    l_sorted[lid] += 1
+                l_len[lid] += 1
+                l_live[lid] += 1
+                dirty[nd, 0] = q
+                dirty[nd, 1] = 1
+                nd += 1
+            else:  # move to a region twice the live size at the end of the pool
+                cap = max(8, 2 * (l_live[lid] + 1))
+                ns = used[0]
+                used[0] += cap
+                k = 0
+                for q in range(st, st + l_len[lid]):
+                    if pool[q] >= 0:
+                        pool[ns + k] = pool[q]
+                        k += 1
+                pool[ns + k] = s
+                k += 1
+                pool[ns:ns + k].sort()
+                l_start[lid] = ns
+                l_len[lid] = k
+                l_cap[lid] = cap
+                l_sorted[lid] = k
+                l_live[lid] = k
+                dirty[nd, 0] = ns
+                dirty[nd, 1] = k
+                nd += 1
+    return nd
+
+
+@njit
+def partition_codes(set_codes, clr_codes, n_parts, order, starts):
+    """Counting sort of the codes by ``row % n_parts`` (sets first in each part): ``order``
+    gets signed indices (``i`` set code i, ``-1 - i`` clear code i), ``starts`` the parts' offsets."""
+    counts = np.zeros(n_parts + 1, np.int64)
+    for i in range(set_codes.size):
+        counts[(set_codes[i] >> 40) % n_parts + 1] += 1
+    for i in range(clr_codes.size):
+        counts[(clr_codes[i] >> 40) % n_parts + 1] += 1
+    for p in range(n_parts):
+        counts[p + 1] += counts[p]
+    for p in range(n_parts + 1):
+        starts[p] = counts[p]
+    for i in range(set_codes.size):
+        p = (set_codes[i] >> 40) % n_parts
+        order[counts[p]] = i
+        counts[p] += 1
+    for i in range(clr_codes.size):
+        p = (clr_codes[i] >> 40) % n_parts
+        order[counts[p]] = -1 - i
+        counts[p] += 1
+
+
+@njit(parallel=True)
+def apply_bits(rows, set_codes, clr_codes, row_count, order, starts):
+    """Flip the listed bits (each code names a bit that changes) and count them per row; each
+    part (``partition_codes``) holds whole rows, so no two threads touch one word."""
+    mask40 = (np.int64(1) << 40) - 1
+    for p in prange(starts.size - 1):
+        for j in range(starts[p], starts[p + 1]):
+            i = order[j]
+            if i >= 0:
+                code = set_codes[i]
+                delta = 1
+            else:
+                code = clr_codes[-1 - i]
+                delta = -1
+            r = code >> 40
+            s = code & mask40
+            rows[r, s >> 6] ^= ONE << uint64(s & 63)
+            row_count[r] += delta
+
+
+@njit
+def count_bits(set_codes, clr_codes, row_count):
+    """Row popcount changes of a delta's bit flips (when the host keeps no bits)."""
+    for i in range(set_codes.size):
+        row_count[set_codes[i] >> 40] += 1
+    for i in range(clr_codes.size):
+        row_count[clr_codes[i] >> 40] -= 1
