@@ -53,15 +53,17 @@ def _row(env, ceil, variant, n, batch, wall, p99, device, items, bytes_per_item,
     return r
 
 
-def _verify(pool, world, reqs, profiles, outs, n_check: int = 3) -> str:
-    """Sampled requests against the reference: CPU match, the kernel's own scores, exact top-k."""
+def _verify(pool, world, reqs, profiles, outs) -> str:
+    """Sampled requests (the first, middle and last of the batch) against the reference: CPU match,
+    the kernel's own scores, exact top-k."""
     from .. import reference
     from ..match import match_cpu
     from ..score import score_ads
     from ..targeting import mask_from_bits
 
     bad = 0
-    for b in range(min(n_check, len(outs))):
+    sampled = sorted({0, len(outs) // 2, len(outs) - 1})
+    for b in sampled:
         words, count = match_cpu(world.index, profiles[b])
         elig = mask_from_bits(words, world.n)
         scores = score_ads(reqs[b], pool.table).copy_to_host()
@@ -69,8 +71,8 @@ def _verify(pool, world, reqs, profiles, outs, n_check: int = 3) -> str:
         ok = (np.array_equal(outs[b].ids, want.ids) and np.array_equal(outs[b].scores, want.scores)
               and outs[b].n_eligible == count == elig.sum())
         bad += not ok
-    return f"{'ok' if not bad else 'FAILED'}: {min(n_check, len(outs)) - bad}/{min(n_check, len(outs))} sampled " \
-           "requests equal the reference (CPU match, top-k of the kernel's scores)"
+    return (f"{'ok' if not bad else 'FAILED'}: {len(sampled) - bad}/{len(sampled)} sampled requests equal the "
+            "reference (CPU match, top-k of the kernel's scores)")
 
 
 def _match_bytes(world, profiles) -> float:
@@ -91,7 +93,25 @@ def _timed(fn, calls: int) -> list[float]:
     return out
 
 
-def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n) -> list[dict]:
+def _host_profile(pool, batch, profs, out_dir) -> None:
+    """Where the host time of a one-request call goes (cProfile of 200 calls, cumulative), to
+    ``<out>/pipeline_host_profile_<n>.txt``."""
+    import cProfile
+    import io
+    import pstats
+    from pathlib import Path
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        pool.retrieve(batch, profs, K)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    Path(out_dir, f"pipeline_host_profile_{pool.n_ads}.txt").write_text(text.getvalue())
+
+
+def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out) -> list[dict]:
     from ..pipeline import StepTimes
 
     rows = []
@@ -100,12 +120,13 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n) -> li
             continue
         batch, profs = reqs[:B], profiles[:B]
         outs = pool.retrieve(batch, profs, K)  # warm: binds this batch size's launches
-        verified = _verify(pool, world, batch, profs, outs) if B in (1, 32) else "not checked (same path as batch 1, 32)"
+        verified = (_verify(pool, world, batch, profs, outs) if B in (1, 32, 128)
+                    else "not checked (the path of batches 1, 32, 128)")
         for _ in range(3):
             pool.retrieve(batch, profs, K)
         calls = max(CALLS, 1)
         walls = _timed(lambda: pool.retrieve(batch, profs, K), calls)
-        pool.trace = StepTimes()
+        pool.trace = StepTimes(lambda: harness.busy(3.0 + 0.2 * B))
         for _ in range(DEVICE_CALLS):
             pool.retrieve(batch, profs, K)
         steps = pool.trace.calls
@@ -132,6 +153,7 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n) -> li
             mt = [c["match"] for c in steps]
             match_dev = statistics.median(mt)
             rows.append(_match_row(env, ceil, world, profiles, n, match_dev, match_bytes))
+            _host_profile(pool, batch, profs, args_out)
     return rows
 
 
@@ -259,7 +281,7 @@ def pipeline(env, ceil, args) -> list[dict]:
         reqs = [Request.random(D, E, KE, rng) for _ in range(max(BATCHES))]
         match_bytes = _match_bytes(world, profiles)
         if "retrieve" in phases:
-            rows += _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n)
+            rows += _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args.out)
         if "launch" in phases and n == sizes[-1]:
             rows += _launch_rows(env, ceil, pool)
         if "open_loop" in phases and n == sizes[-1]:
