@@ -72,6 +72,7 @@ def save_figure(
     out_dir: str | os.PathLike = "figures",
     formats: Iterable[str] = ("png", "svg"),
     dpi: int = 200,
+    note: str | None = None,
 ) -> list[Path]:
     """Write ``fig`` as ``<out_dir>/<name>.<fmt>`` for each format, with a tight bounding box and
     no timestamps, so saving the same figure twice gives the same bytes.
@@ -82,6 +83,7 @@ def save_figure(
         out_dir: folder, created when missing.
         formats: any of ``"png"``, ``"svg"``, ``"pdf"``.
         dpi: resolution of raster output.
+        note: where the numbers come from, put under the figure first (:func:`source_note`).
 
     Returns:
         The paths written, in the order of ``formats``.
@@ -100,6 +102,8 @@ def save_figure(
         raise ValueError(f"save_figure: name must be a plain file stem, got {name!r}")
     if Path(name).suffix.lower().lstrip(".") in _STABLE_METADATA:
         raise ValueError(f"save_figure: pass the name without extension ({Path(name).stem!r}), formats= picks them")
+    if note is not None:
+        source_note(fig, note)
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -131,3 +135,12 @@ def source_note(fig, text: str):
         0.0, 0.0, text, transform=fig.transFigure + offset, ha="left", va="top",
         fontsize="x-small", color="0.45", gid=NOTE_GID,
     )
+
+
+def no_data(ax, message: str) -> None:
+    """Say in an empty panel why it is empty (e.g. no committed rows for the configuration asked
+    for), instead of drawing nothing."""
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize="small", color="0.35",
+            wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])

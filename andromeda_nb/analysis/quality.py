@@ -1,8 +1,9 @@
-"""Quality experiments of issue 6: expert count K (recall against compute) and storage precision,
-with trained models, as tidy frames and rows of ``data/results/quality.csv``.
+"""Quality experiments: expert count K (recall against compute) and storage precision, with trained
+models, as tidy frames and rows of ``data/results/quality.csv``. The notebooks' tables, figures
+and findings built on them: :mod:`.expert_count_report` and :mod:`.precision_report`.
 
-Rows have DESIGN.md's quality columns ``dataset, model, experts, k_experts, dtype, d, seed, metric,
-value, commit, device`` plus ``experiment`` (``expert_count``, ``precision`` or ``compute``), ``preset``
+Rows have the quality columns of ``docs/design.md`` (``dataset, model, experts, k_experts, dtype, d,
+seed, metric, value, commit, device``) plus ``experiment`` (``expert_count``, ``precision`` or ``compute``), ``preset``
 (the size preset that produced them), ``scorer`` (how the scores were computed) and ``n_users``
 (users evaluated). Metrics:
 
@@ -13,14 +14,14 @@ value, commit, device`` plus ``experiment`` (``expert_count``, ``precision`` or 
   (minus fp32, percentage points), ``overlap@100_fp32``, ``score_err_p50/p99/p999/max`` (absolute
   score error against the fp32 table, divided by the user's fp32 score standard deviation over
   eligible ads);
-- compute rows (seed empty): ``flops_per_ad`` (DESIGN.md's model: 2d + 2Ed + 2Kd + 4E + 2K; the
-  ranking model's per-pair count), ``kernel_flops_per_ad`` (the FLOPs the measured fused kernel
+- compute rows (seed empty): ``flops_per_ad`` (the model of ``docs/design.md``: 2d + 2Ed + 2Kd + 4E
+  + 2K; the ranking model's per-pair count), ``kernel_flops_per_ad`` (the FLOPs the measured fused kernel
   row counts: the K chosen experts' value dots only),
   ``bytes_per_ad``, ``kernel_ads_per_s`` (from ``data/results/scoring.csv``; NaN where that
   configuration was not measured).
 
-Scores: the full-scale evaluation scores the exported tensors with DESIGN.md's formula in float32
-torch on the table the kernel reads (dequantized storage), ``scorer = "torch_fp32_formula"``; the
+Scores: the full-scale evaluation scores the exported tensors with the formula of ``docs/design.md``
+in float32 torch on the table the kernel reads (dequantized storage), ``scorer = "torch_fp32_formula"``; the
 fused kernel is tested equal to the float64 oracle, and :func:`kernel_check` runs the kernel itself
 (simulator or GPU) on a few users to confirm the same top-K here.
 """
@@ -80,7 +81,7 @@ PRESETS = {
                     train_ml=dict(steps=6, batch=64, negatives=64, d=16, width=16, hidden=16, warmup=2),
                     seeds=(0,), eval_users={"multi_interest": 40, "ml-100k": 40},
                     precision_users={"multi_interest": 20, "ml-100k": 20}),
-    # a minute or two on a CPU: the worked example of notebook 07 without a GPU (smaller world)
+    # a minute or two on a CPU: the expert-count notebook's worked example without a GPU (smaller world)
     "demo": Preset("demo", world=dict(n_users=10_000, n_ads=10_000, topics=40),
                    train=dict(steps=400, batch=256, negatives=256),
                    train_ml=dict(steps=400, batch=256, negatives=256),
@@ -145,7 +146,7 @@ def _topk_rows(scores: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
 
 def model_scores(tm, rows, table=None, request_fn=None) -> np.ndarray:
     """Scores ``[len(rows), n_ads]``: a retrieval model's exported tensors on ``table`` (default
-    its fp32 export) with DESIGN.md's formula, or the ranking model's forward pass."""
+    its fp32 export) with the formula of `docs/design.md`, or the ranking model's forward pass."""
     from ..training.train import score_exported
 
     if not tm.is_retrieval:
@@ -362,7 +363,7 @@ def precision_tables(tm):
 
     ``int8_dimscale``: per-dimension scales folded into the request's ``gamma`` — store
     ``a' = a / s`` (every column spans [-1, 1]) and send ``gamma' = gamma * s``; then
-    ``gamma' * a' = gamma * a`` exactly, so DESIGN.md's model and the kernel are unchanged and
+    ``gamma' * a' = gamma * a`` exactly, so the model of `docs/design.md` and the kernel are unchanged and
     int8's per-row scale no longer has to cover columns of very different ranges.
     """
     from ..model import AdTable
@@ -564,79 +565,24 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     return pd.concat(frames, ignore_index=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# worked example (notebook 07)
+def committed(results_csv=RESULTS) -> tuple[pd.DataFrame, str, str | None]:
+    """The committed quality rows of one preset: ``full`` when the file has it, else the first
+    preset it holds. Returns ``(rows, source line, preset or None)``; an empty frame when the file
+    is missing or empty."""
+    frame = load_results(results_csv)
+    presets = set(frame["preset"].dropna()) if len(frame) else set()
+    pick = "full" if "full" in presets else (sorted(presets)[0] if presets else None)
+    if pick is None:
+        return frame, f"{results_csv} is empty or missing", None
+    return frame[frame["preset"] == pick], f"{results_csv}, preset {pick!r}", pick
 
 
-def two_interest_user(data, min_weight: float = 0.3) -> int:
-    """An evaluated synthetic user holding exactly two interests, each with weight >= ``min_weight``,
-    whose topics are the most different (lowest centroid cosine). Returns the user id."""
-    w = data.world
-    rows = data.eval_rows
-    t = w.interest_topics[data.user_ids[rows]]
-    wt = w.interest_weights[data.user_ids[rows]]
-    two = ((t >= 0).sum(1) == 2) & (wt[:, :2].min(1) >= min_weight)
-    if not two.any():
-        raise ValueError("no evaluated user holds two balanced interests")
-    cand = rows[two]
-    tt = t[two][:, :2]
-    mu = w.topic_centroids
-    cos = np.einsum("nd,nd->n", mu[tt[:, 0]], mu[tt[:, 1]])
-    return int(data.user_ids[cand[int(np.argmin(cos))]])
+def trained_here_source(preset: str) -> str:
+    """The source line of rows trained in a notebook at ``preset`` size."""
+    return f"trained in this notebook, preset {preset!r}" + (
+        " (tiny: a pipeline check, not evidence)" if preset == "smoke" else "")
 
 
-def gate_example(tm, user_id, n_top: int = 30, table=None) -> pd.DataFrame:
-    """The user's top ads (eligible, unseen) under a trained mixture with each ad's gate: one row per
-    ad with ``rank, ad_id, score, topic`` (synthetic: which of the user's interests it belongs to),
-    ``p_<expert>`` and ``chosen`` (the expert names DESIGN's top-K picked). Scored by the oracle."""
-    from .. import reference
-    from ..training.data import GROUPS
-
-    data = tm.data
-    row = data.row_of(user_id)
-    req = tm.export_request(user_id)
-    table = tm.export_table("fp32") if table is None else table
-    mask = data.eligible(np.array([row]))[0]
-    top = reference.retrieve(req, table, n_top, eligible=mask)
-    slots = table.slots_of(top.ids[top.ids >= 0])
-    g = reference.gate(req, table.dequantized()[slots])
-    names = GROUPS[: req.experts]
-    out = pd.DataFrame({"rank": np.arange(1, slots.size + 1), "ad_id": table.ad_ids[slots],
-                        "score": top.scores[: slots.size]})
-    if hasattr(data.world, "ad_topic"):
-        w = data.world
-        topic = w.ad_topic[slots]
-        mine = w.interest_topics[int(user_id)]
-        out["topic"] = topic
-        out["interest"] = [f"interest {int(np.flatnonzero(mine == t)[0])}" if t in mine else "other" for t in topic]
-    for e, nm in enumerate(names):
-        out[f"p_{nm}"] = g.p[:, e]
-    out["chosen"] = [", ".join(names[e] for e in np.flatnonzero(c)) for c in g.chosen]
-    return out
-
-
-def gate_by_interest(tm, user_id) -> pd.DataFrame:
-    """Synthetic world: for every eligible unseen ad of each of the user's interest topics, the mean
-    gate weight ``p`` of each expert and how often each expert is among the chosen K
-    (rows: interests; columns ``p_<expert>``, ``chosen_<expert>``)."""
-    from .. import reference
-    from ..training.data import GROUPS
-
-    data, w = tm.data, tm.data.world
-    row = data.row_of(user_id)
-    req = tm.export_request(user_id)
-    table = tm.export_table("fp32")
-    mask = data.eligible(np.array([row]))[0]
-    names = GROUPS[: req.experts]
-    rows = []
-    for j, t in enumerate(w.interest_topics[int(user_id)]):
-        if t < 0:
-            continue
-        slots = np.flatnonzero(mask & (w.ad_topic == t))
-        g = reference.gate(req, table.dequantized()[slots])
-        r = {"interest": f"interest {j}", "topic": int(t), "weight": float(w.interest_weights[int(user_id), j]),
-             "ads": int(slots.size)}
-        r.update({f"p_{nm}": float(g.p[:, e].mean()) for e, nm in enumerate(names)})
-        r.update({f"chosen_{nm}": float(g.chosen[:, e].mean()) for e, nm in enumerate(names)})
-        rows.append(r)
-    return pd.DataFrame(rows).set_index("interest")
+def devices(frame: pd.DataFrame, metric_prefix: str = "recall") -> list[str]:
+    """The devices the rows of metrics starting with ``metric_prefix`` were computed on."""
+    return sorted(set(frame.loc[frame["metric"].str.startswith(metric_prefix), "device"].dropna().astype(str)))

@@ -6,14 +6,15 @@ numbers came from (:func:`provenance`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-NUMERIC = ("n_ads", "d", "experts", "k_experts", "eligible_fraction", "k", "batch", "seconds_median", "seconds_p20",
-           "seconds_p80", "items_per_s", "bytes_per_item", "flops_per_item", "achieved_TBps", "ceiling_read_TBps",
-           "ceiling_copy_TBps", "fraction_of_read_ceiling", "host_seconds_per_call")
+NUMERIC = ("n_ads", "d", "experts", "k_experts", "eligible_fraction", "categories", "k", "batch", "seconds_median",
+           "seconds_p20", "seconds_p80", "items_per_s", "bytes_per_item", "flops_per_item", "achieved_TBps",
+           "ceiling_read_TBps", "ceiling_copy_TBps", "fraction_of_read_ceiling", "host_seconds_per_call")
 
 
 def load(suite: str, results_dir: str | Path = "data/results") -> pd.DataFrame:
@@ -32,6 +33,42 @@ def load(suite: str, results_dir: str | Path = "data/results") -> pd.DataFrame:
     df["ok"] = df["verified"].str.startswith("ok")
     df["regression_flag"] = df.get("notes", "").str.contains("REGRESSION")
     return df
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """One suite's committed table, split for the notebooks.
+
+    Attributes:
+        table: every row (:func:`load`), the ceiling rows included.
+        rows: the measured cases (variants not starting with ``ceiling``).
+        path: the file read.
+    """
+
+    table: pd.DataFrame
+    rows: pd.DataFrame
+    path: str
+
+    @property
+    def source(self) -> str:
+        """The provenance line of the measured rows (:func:`provenance`)."""
+        return provenance(self.rows, self.path)
+
+    @property
+    def read_TBps(self) -> float:
+        """The read ceiling measured in the table's runs (median, TB/s)."""
+        return ceilings(self.table)["read"]
+
+
+def measurements(suite: str, results_dir: str | Path = "data/results") -> Measurements:
+    """:func:`load` the suite's table and split off the ceiling rows.
+
+    Raises:
+        FileNotFoundError: no committed table for that suite.
+    """
+    table = load(suite, results_dir)
+    rows = table[~table["variant"].str.startswith("ceiling")].copy()
+    return Measurements(table, rows, f"{Path(results_dir).as_posix()}/{suite}.csv")
 
 
 def provenance(df: pd.DataFrame, path: str) -> str:

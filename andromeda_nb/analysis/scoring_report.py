@@ -1,5 +1,6 @@
-"""The tables behind the scoring notebook (``notebooks/02_scoring.ipynb``), from the rows of
-``data/results/scoring.csv`` as :func:`andromeda_nb.analysis.results.load` returns them.
+"""The tables and findings behind the scoring notebook (``notebooks/02_scoring.ipynb``), from the
+rows of ``data/results/scoring.csv`` as :func:`andromeda_nb.analysis.results.load` returns them, and
+the counted byte models of :mod:`andromeda_nb.score.unfused`. Figures: :mod:`.scoring_figures`.
 
 Every function returns an empty frame (or None) where the committed table holds no rows for the
 configuration asked for, so the notebook runs for any of its parameters and says what is missing
@@ -13,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..score.unfused import fused_bytes_per_ad
+from ..score.unfused import (fused_bytes_per_ad, network_bytes_per_request, per_op_bytes_per_ad,
+                             pre_fusion_bytes_per_ad)
 
 #: instructions the H200 can issue a second, counted in lanes: 132 SMs x 4 schedulers x 1.98 GHz x 32
 #: (the issue roof of data/results/scoring_diagnostics.md)
@@ -21,10 +23,17 @@ H200_LANE_ISSUE_PER_S = 132 * 4 * 1.98e9 * 32
 #: SASS instructions per multiply-add of the gated model: 1,211 instructions in the ad loop of the
 #: default E = 6, K = 2, d = 64 fp16 kernel (scoring_diagnostics.md) for its 640 multiply-adds
 INSTRUCTIONS_PER_MULTIPLY_ADD = 1211 / 640
+#: The goals the findings are measured against (design targets, not results): gated over dot
+#: product device time writing scores; fused top-K's rate over scoring alone; device time at 10 %
+#: eligible over the full pool's; int8 over fp16 ads/s of the dot product.
+TARGETS = {"gated_over_dot_time": 1.10, "fused_topk_of_scoring_alone": 0.95, "bitset_0.1_of_pool_time": 0.25,
+           "int8_over_fp16": 1.8}
+#: Candidate counts of the network comparison: 10^4 ads passing targeting up to the whole 10^8 pool.
+NETWORK_CANDIDATES = (10**4, 10**5, 10**6, 10**7, 10**8)
 
 
 def gated_multiply_adds(d: int, experts: int, k_experts: int) -> int:
-    """Multiply-adds per ad of the gated model (DESIGN.md: 2d encode, E d gate, K d values; the E
+    """Multiply-adds per ad of the gated model (`docs/design.md`: 2d encode, E d gate, K d values; the E
     exps apart)."""
     return 2 * d + experts * d + k_experts * d
 
@@ -111,7 +120,7 @@ def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataF
     out): for each model (gated with this E and K, or the dot product), d and dtype, the best row
     of the latest run that measured it. Columns: model,
     d, dtype, G_ads_per_s, fraction_of_read_ceiling, ceiling_G_ads_per_s (the read ceiling over the
-    row and bias bytes), commit."""
+    row and bias bytes), bytes_per_item (the row's, the score write included), commit."""
     ok = usable(rows)
     ok = ok[(ok["layout"] == "tiles") & (ok["access"] == "pool") & ~ok["notes"].str.contains("tensor_cores")]
     gated = ok[(ok["variant"] == "gated_scores_to_memory") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
@@ -123,9 +132,9 @@ def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataF
         out.append({"model": model, "d": int(d), "dtype": dtype, "G_ads_per_s": best["items_per_s"] / 1e9,
                     "fraction_of_read_ceiling": best["fraction_of_read_ceiling"],
                     "ceiling_G_ads_per_s": best["ceiling_read_TBps"] * 1e3 / fused_bytes_per_ad(int(d), dtype),
-                    "commit": latest})
+                    "bytes_per_item": best["bytes_per_item"], "commit": latest})
     return pd.DataFrame(out, columns=["model", "d", "dtype", "G_ads_per_s", "fraction_of_read_ceiling",
-                                      "ceiling_G_ads_per_s", "commit"])
+                                      "ceiling_G_ads_per_s", "bytes_per_item", "commit"])
 
 
 def fusion_cost(rows: pd.DataFrame, d: int, dtype: str, experts: int = 6, k_experts: int = 2
@@ -144,7 +153,7 @@ def fusion_cost(rows: pd.DataFrame, d: int, dtype: str, experts: int = 6, k_expe
     has = {m: fuse.groupby("commit")["variant"].agg(
         lambda v, m=m: {f"{m}_fused_topk_filter", f"{m}_scores_to_memory"} <= set(v)) for m in ("gated", "dot")}
     both = has["gated"] if has["gated"].any() else has["dot"]  # the gated pair where any run has it
-    columns = ["variant", "k", "G_ads_per_s", "fraction_of_read_ceiling", "of_scoring_alone", "commit"]
+    columns = ["variant", "k", "G_ads_per_s", "fraction_of_read_ceiling", "of_scoring_alone", "commit", "device"]
     if not both.any():
         return pd.DataFrame(columns=columns), None
     latest = fuse[fuse["commit"].isin(both[both].index)].sort_values("timestamp")["commit"].iloc[-1]
@@ -185,3 +194,209 @@ def bitset_savings(rows: pd.DataFrame, commit: str | None, experts: int, k_exper
                        eligible_G_ads_per_s=elig["items_per_s"] / 1e9,
                        weights=np.where(elig["notes"].str.contains("weights=param"), "param", "shared"))
     return elig.sort_values("timestamp", ascending=False)[columns]
+
+
+# --------------------------------------------------------------------------------------------------
+# counted, not measured
+
+
+def byte_budget(d: int, dtype: str, experts: int, k_experts: int) -> pd.DataFrame:
+    """Bytes moved per ad (reads + writes) by each design, split by step: rows are the fused kernel,
+    the pre-fusion pipeline (gather, score, top-K; whole pool) and the per-op pipeline (one kernel
+    a model step), columns the steps (:mod:`andromeda_nb.score.unfused`), zeros where a design has
+    no such step."""
+    return pd.DataFrame({
+        "fused (one kernel, scores never stored)": {"row + bias": fused_bytes_per_ad(d, dtype)},
+        "pre-fusion pipeline (gather, score, top-K)": pre_fusion_bytes_per_ad(d, dtype, "pool"),
+        "per-op (one kernel per model step)": per_op_bytes_per_ad(d, experts, k_experts, dtype),
+    }).fillna(0.0).T
+
+
+def network_bytes(d: int, dtype: str, k: int = 1000, candidates=NETWORK_CANDIDATES) -> pd.DataFrame:
+    """Bytes one request ships between retrieval and scoring for each candidate count (rows,
+    labelled ``10^n``): candidate ids, ids with their rows, and the fused design's top-k answer
+    (:func:`andromeda_nb.score.unfused.network_bytes_per_request`); column ``ids_over_answer``."""
+    net = pd.DataFrame({n: network_bytes_per_request(int(n), k, d, dtype) for n in candidates}).T
+    net.index = [f"10^{int(round(np.log10(n)))}" for n in net.index]
+    net.index.name = "candidates"
+    return net.assign(ids_over_answer=net["candidate ids"] / net["final top-K (fused)"])
+
+
+# --------------------------------------------------------------------------------------------------
+# headline metrics (recorded by the notebook)
+
+
+def speedup_metrics(speedups: pd.DataFrame) -> dict[str, float]:
+    """``fused_over_<baseline>_<access>``: the measured speed-up of fused over each baseline row
+    of :func:`fusion_speedups`."""
+    return {f"fused_over_{r['baseline']}_{r['access']}": float(r["measured speed-up of fused"])
+            for _, r in speedups.iterrows()}
+
+
+def fusion_cost_metrics(fuse: pd.DataFrame) -> dict[str, float]:
+    """From :func:`fusion_cost`'s table: ``<model>_fused_filter_k<k>_over_scoring_alone`` for each
+    filter-path row, and ``gated_over_dot_time_scores_to_memory`` where the run wrote both models'
+    scores to memory."""
+    out = {f"{r['variant'].split('_')[0]}_fused_filter_k{r['k']}_over_scoring_alone": float(r["of_scoring_alone"])
+           for _, r in fuse[fuse["variant"].str.endswith("filter")].iterrows()}
+    alone = fuse[fuse["variant"].str.endswith("scores_to_memory")].set_index("variant")["G_ads_per_s"]
+    if {"gated_scores_to_memory", "dot_scores_to_memory"} <= set(alone.index):
+        out["gated_over_dot_time_scores_to_memory"] = float(alone["dot_scores_to_memory"] / alone["gated_scores_to_memory"])
+    return out
+
+
+def bitset_metrics(savings: pd.DataFrame) -> dict[str, float]:
+    """``bitset_<fraction>_best_of_fastest_pool_time``: per eligible fraction of
+    :func:`bitset_savings`, the best run's device time over its fastest full pool."""
+    return {f"bitset_{f:g}_best_of_fastest_pool_time": float(g["of_fastest_pool_time"].min())
+            for f, g in savings.groupby("eligible_fraction")}
+
+
+# --------------------------------------------------------------------------------------------------
+# findings: the notebook's conclusions, quoting the committed rows
+
+
+def _short(commit) -> str:
+    return str(commit)[:7]
+
+
+def tensor_core_rows(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int) -> pd.DataFrame:
+    """Gated scores to memory on the pool (``tiles``): the best tensor-core row of the latest run
+    that measured one, and the best CUDA-core row of that run. Columns: kernel (``tensor cores`` /
+    ``CUDA cores``), G_ads_per_s, fraction_of_read_ceiling, commit. Empty without a tensor-core row."""
+    ok = usable(rows)
+    sel = ok[(ok["variant"] == "gated_scores_to_memory") & (ok["d"] == d) & (ok["dtype"] == dtype)
+             & (ok["experts"] == experts) & (ok["k_experts"] == k_experts) & (ok["layout"] == "tiles")
+             & (ok["access"] == "pool")]
+    tc = sel["notes"].str.contains("tensor_cores")
+    columns = ["kernel", "G_ads_per_s", "fraction_of_read_ceiling", "commit"]
+    if not tc.any():
+        return pd.DataFrame(columns=columns)
+    run = sel[tc].sort_values("timestamp")["commit"].iloc[-1]
+    out = []
+    for kernel, part in (("tensor cores", sel[tc]), ("CUDA cores", sel[~tc])):
+        part = part[part["commit"] == run]
+        if len(part):
+            best = part.loc[part["items_per_s"].idxmax()]
+            out.append({"kernel": kernel, "G_ads_per_s": best["items_per_s"] / 1e9,
+                        "fraction_of_read_ceiling": best["fraction_of_read_ceiling"], "commit": run})
+    return pd.DataFrame(out, columns=columns)
+
+
+def issue_model(d: int, dtype: str, experts: int, k_experts: int, read_TBps: float) -> dict[str, float]:
+    """The issue model of :func:`issue_bound_points` for one configuration: ``instructions`` per
+    ad it needs and ``budget``, the instructions the H200 issues while the read ceiling moves one
+    ad's bytes."""
+    need = INSTRUCTIONS_PER_MULTIPLY_ADD * gated_multiply_adds(d, experts, k_experts)
+    return {"instructions": float(need),
+            "budget": float(H200_LANE_ISSUE_PER_S * fused_bytes_per_ad(d, dtype) / (read_TBps * 1e12))}
+
+
+def _fusion_lines(rows, d, dtype, experts, k_experts) -> list[str]:
+    sp = fusion_speedups(rows, d, dtype, experts, k_experts)
+    if sp.empty:
+        return [f"**Fusion**: no committed unfused baseline at d = {d}, {dtype}, E = {experts}, K = {k_experts}."]
+    parts = [f"{r['measured speed-up of fused']:.1f}x faster than the "
+             f"{r['baseline'].replace('unfused_', '').replace('_', '-')} pipeline ({r['access']}), which moves "
+             f"{r['byte ratio']:.1f}x the bytes (fused: run {_short(r['fused commit'])}, baseline: run "
+             f"{_short(r['baseline commit'])})" for _, r in sp.iterrows()]
+    more = (sp["speed-up / byte ratio"] > 1).all()
+    return ["**Fusion pays" + (", more than the bytes alone predict" if more else "") + "**: the fused path runs "
+            + "; ".join(parts) + "."]
+
+
+def _gated_vs_dot_lines(rows, d, dtype, experts, k_experts, read_TBps) -> list[str]:
+    pts = by_d_and_dtype(rows, experts, k_experts)
+    pts = pts[(pts["d"] == d) & (pts["dtype"] == dtype)].set_index("model")
+    if not {"gated", "dot"} <= set(pts.index):
+        return [f"**Gate cost**: no committed gated and dot-product rows writing scores at d = {d}, {dtype}."]
+    g, t = pts.loc["gated"], pts.loc["dot"]
+    ratio = t["G_ads_per_s"] / g["G_ads_per_s"]
+    model = issue_model(d, dtype, experts, k_experts, read_TBps)
+    bound = model["instructions"] > model["budget"]
+    return [f"**The gate's cost** (scores to memory, pool): gated E = {experts}, K = {k_experts} reaches "
+            f"{g['G_ads_per_s']:.1f} G ads/s, {g['fraction_of_read_ceiling']:.2f} of the read ceiling (run "
+            f"{_short(g['commit'])}), the dot product {t['G_ads_per_s']:.1f} G ({t['fraction_of_read_ceiling']:.2f}, "
+            f"run {_short(t['commit'])}): gated / dot device time {ratio:.2f} (target "
+            f"{TARGETS['gated_over_dot_time']:.2f}). The issue model counts {model['instructions']:.0f} instructions "
+            f"an ad against {model['budget']:.0f} issued while the read ceiling moves one ad's bytes: "
+            + ("instruction-issue bound, not bandwidth bound" if bound else "within the issue budget")
+            + " (SASS counts and profiles: `data/results/scoring_diagnostics.md`)."]
+
+
+def _tensor_core_lines(rows, d, dtype, experts, k_experts) -> list[str]:
+    tc = tensor_core_rows(rows, d, dtype, experts, k_experts).set_index("kernel")
+    if "tensor cores" not in tc.index:
+        return []
+    t = tc.loc["tensor cores"]
+    line = (f"**Tensor cores** (`KernelConfig(tensor_cores=True)`, 3xTF32 `mma.sync`): {t['G_ads_per_s']:.1f} G ads/s "
+            f"({t['fraction_of_read_ceiling']:.2f} of the ceiling, run {_short(t['commit'])})")
+    if "CUDA cores" in tc.index:
+        c = tc.loc["CUDA cores"]
+        line += f" against {c['G_ads_per_s']:.1f} G for the CUDA-core kernel of the same run"
+        line += ": " + ("they do not help as built." if t["G_ads_per_s"] <= c["G_ads_per_s"] else "faster.")
+    return [line]
+
+
+def _fusion_cost_lines(rows, d, dtype, experts, k_experts) -> list[str]:
+    fuse, run = fusion_cost(rows, d, dtype, experts, k_experts)
+    if run is None:
+        return [f"**Fused top-K**: no committed run measured a filter path beside scores to memory (d = {d}, {dtype})."]
+    alone = fuse[fuse["variant"].str.endswith("scores_to_memory")].set_index("variant")["G_ads_per_s"]
+    parts = []
+    for _, r in fuse[~fuse["variant"].str.endswith("scores_to_memory")].iterrows():
+        model, path = r["variant"].split("_")[0], "filter path" if r["variant"].endswith("filter") else "block top-K"
+        parts.append(f"{model} {path} at k = {r['k']}: {r['G_ads_per_s']:.1f} G ads/s, {r['of_scoring_alone']:.2f} "
+                     f"of its scores-to-memory rate ({alone.get(f'{model}_scores_to_memory', np.nan):.1f} G)")
+    filt = fuse[fuse["variant"].str.endswith("filter")]["of_scoring_alone"]
+    verdict = ("costs nothing measurable" if len(filt) and filt.min() >= TARGETS["fused_topk_of_scoring_alone"]
+               else f"costs more than the target allows (>= {TARGETS['fused_topk_of_scoring_alone']:.2f})")
+    return [f"**Fused top-K {verdict}** on the filter path (run {_short(run)}): " + "; ".join(parts) + "."]
+
+
+def _int8_lines(rows, experts, k_experts) -> list[str]:
+    pts = by_d_and_dtype(rows, experts, k_experts)
+    dot = pts[pts["model"] == "dot"].set_index(["d", "dtype"])
+    parts = []
+    for d in sorted({d for d, _ in dot.index}):
+        if (d, "int8") in dot.index and (d, "fp16") in dot.index:
+            i8, f16 = dot.loc[(d, "int8")], dot.loc[(d, "fp16")]
+            parts.append(f"{i8['G_ads_per_s'] / f16['G_ads_per_s']:.2f}x at d = {d} ({i8['G_ads_per_s']:.1f} against "
+                         f"{f16['G_ads_per_s']:.1f} G ads/s, {i8['fraction_of_read_ceiling']:.2f} of the ceiling; byte "
+                         f"ratio {f16['bytes_per_item'] / i8['bytes_per_item']:.2f})")
+    if not parts:
+        return []
+    return [f"**int8 dot products over fp16**, scores to memory (target {TARGETS['int8_over_fp16']:.1f}x): "
+            + "; ".join(parts) + "."]
+
+
+def _bitset_lines(rows, d, dtype, experts, k_experts) -> list[str]:
+    elig = bitset_savings(rows, None, experts, k_experts, d, dtype)
+    ten = elig[np.isclose(elig["eligible_fraction"], 0.1)]
+    if ten.empty:
+        return []
+    best = ten.loc[ten["of_fastest_pool_time"].idxmin()]
+    by_layout = ten[ten["commit"] == best["commit"]].set_index("layout")["of_fastest_pool_time"]
+    target = TARGETS["bitset_0.1_of_pool_time"]
+    return [f"**An eligible bitset** at 10 % eligible: the best run ({_short(best['commit'])}) takes "
+            + ", ".join(f"{v:.2f} on `{lay}`" for lay, v in by_layout.items())
+            + f" of its fastest full pool's time ({best['eligible_G_ads_per_s']:.1f} G eligible ads/s at best); "
+            + f"target {target:.2f}: " + ("met." if best["of_fastest_pool_time"] <= target else "not met.")]
+
+
+def findings(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int, read_TBps: float) -> str:
+    """The notebook's conclusions as Markdown bullets, every number computed from ``rows`` (the
+    committed measurements) for this configuration: fusion against the unfused baselines, the
+    gate's cost and the issue model, tensor cores, fused top-K against scores to memory, int8
+    against fp16, the eligible bitset, and how many rows carry a ``REGRESSION`` flag (left out of
+    every figure). A point without rows is said to be missing."""
+    lines = (_fusion_lines(rows, d, dtype, experts, k_experts)
+             + _gated_vs_dot_lines(rows, d, dtype, experts, k_experts, read_TBps)
+             + _tensor_core_lines(rows, d, dtype, experts, k_experts)
+             + _fusion_cost_lines(rows, d, dtype, experts, k_experts)
+             + _int8_lines(rows, experts, k_experts)
+             + _bitset_lines(rows, d, dtype, experts, k_experts))
+    flagged = int(rows["regression_flag"].sum())
+    if flagged:
+        lines.append(f"{flagged} rows flagged `REGRESSION` in their notes are left out of every table and figure.")
+    return "\n".join(f"* {line}" for line in lines)

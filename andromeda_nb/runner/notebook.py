@@ -1,19 +1,29 @@
-"""Small helpers the notebooks call, so the notebooks stay thin.
+"""What a notebook calls around its parameters cell, so that the notebooks stay thin.
 
-Typical use, in the cell right after the ``parameters`` cell::
+A notebook declares each parameter once, in its cell tagged ``parameters``, as a literal with an
+optional annotation (``name: int | None = 12``, ``dtype: Literal["fp16", "int8"] = "fp16"``); the
+next cell checks the values it received against that declaration::
 
-    from andromeda_nb.runner.notebook import record, validate_params
-    validate_params(dict(seed=seed, ks=ks, n_ads=n_ads), defaults=dict(seed=0, ks=[10, 100], n_ads=2000))
+    from andromeda_nb.runner.notebook import check_parameters
+    nb = check_parameters(globals(), "02_scoring")
     ...
-    record("recall@100", recall, metrics_dir=metrics_dir, notebook="03_quality")
+    nb.record("recall@100", recall)          # -> <metrics_dir>/02_scoring.json
+
+The rules of a declaration (:func:`parameters_cell`): only ``name = literal`` or
+``name: annotation = literal`` statements; an annotation may name ``int``, ``float``, ``str``,
+``bool``, ``list`` (``list[int]``), ``dict``, ``None``, ``Literal[...]`` and unions of those with
+``|``. Without an annotation the default's type is the parameter's type (:func:`validate_params`);
+a ``None`` default needs an annotation (``metrics_dir: str | None = None``).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -160,3 +170,234 @@ def record(name: str, value: Any, metrics_dir: str | os.PathLike | None = None, 
     os.chmod(tmp, 0o644)  # mkstemp creates 0600; metrics are meant to be read by others
     os.replace(tmp, path)
     return value
+
+
+# --------------------------------------------------------------------------------------------------
+# the parameters cell: declared once, checked in the next cell
+# --------------------------------------------------------------------------------------------------
+
+PARAMETERS_TAG = "parameters"
+_TYPE_NAMES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict}
+
+
+class ParametersCellError(ValueError):
+    """A notebook's ``parameters`` cell is missing or holds something other than literal
+    assignments with supported annotations."""
+
+
+@dataclass(frozen=True)
+class Declared:
+    """One parameter of a ``parameters`` cell.
+
+    Attributes:
+        name: the variable.
+        default: the literal the cell assigns.
+        types: the allowed types (``type(None)`` for None), from the annotation; empty when the
+            cell gives none (then the default's type rules, see :func:`validate_params`).
+        choices: the allowed values of a ``Literal[...]`` annotation; empty otherwise.
+        item_types: element types of ``list[...]`` (empty: any element).
+        help: the comment at the end of the assignment's line, if any.
+    """
+
+    name: str
+    default: Any
+    types: tuple = ()
+    choices: tuple = ()
+    item_types: tuple = ()
+    help: str = ""
+
+    def check(self, value: Any) -> None:
+        """Raise TypeError (wrong type) or ValueError (not one of ``choices``), naming the
+        parameter; return None when ``value`` fits the declaration."""
+        if self.choices:
+            if not any(value == c and type(value) is type(c) for c in self.choices):
+                raise ValueError(f"parameter {self.name!r} must be one of {list(self.choices)}, got {value!r}")
+            return
+        _check(self.name, value, self.types if self.types else self.default)
+        if self.item_types and isinstance(value, (list, tuple)):
+            bad = [v for v in value if not _fits(v, self.item_types)]
+            if bad:
+                want = " or ".join(_type_name(t) for t in self.item_types)
+                raise TypeError(f"parameter {self.name!r} must hold {want} items, got {bad!r}")
+
+
+def _fits(value: Any, types: tuple) -> bool:
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int):
+        return int in types or float in types
+    return isinstance(value, types)
+
+
+def _annotation(node: ast.expr, where: str) -> tuple[tuple, tuple, tuple]:
+    """(types, choices, item_types) of an annotation node."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, right = _annotation(node.left, where), _annotation(node.right, where)
+        if left[1] or right[1]:  # Literal[...] | None: the choices plus None
+            others = left[0] + right[0]
+            if any(t is not type(None) for t in others):
+                raise ParametersCellError(f"{where}: a Literal may be combined with None only")
+            return (), left[1] + right[1] + ((None,) if others else ()), ()
+        return left[0] + right[0], (), left[2] + right[2]
+    if isinstance(node, ast.Constant) and node.value is None:
+        return (type(None),), (), ()
+    if isinstance(node, ast.Name) and node.id in _TYPE_NAMES:
+        return (_TYPE_NAMES[node.id],), (), ()
+    if isinstance(node, ast.Subscript):
+        base = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", None)
+        inner = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if base == "Literal":
+            try:
+                return (), tuple(ast.literal_eval(e) for e in inner), ()
+            except ValueError as exc:
+                raise ParametersCellError(f"{where}: Literal[...] must list literals") from exc
+        if base == "list" and len(inner) == 1:
+            return (list,), (), _annotation(inner[0], where)[0]
+        if base == "dict":
+            return (dict,), (), ()
+    raise ParametersCellError(
+        f"{where}: unsupported annotation {ast.unparse(node)!r} (use int, float, str, bool, list[...], dict, "
+        "None, Literal[...] and |)"
+    )
+
+
+def parse_parameters(source: str, where: str = "parameters cell") -> dict[str, Declared]:
+    """The declarations of a ``parameters`` cell's source, in order (module docstring for the rules).
+
+    Raises:
+        ParametersCellError: a statement that is not ``name = literal`` or
+            ``name: annotation = literal``, a value that is not a literal, an unsupported
+            annotation, a name assigned twice, a None default without an annotation, or a
+            default that does not fit its own annotation.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ParametersCellError(f"{where}: not valid Python: {exc}") from exc
+    lines = source.splitlines()
+    out: dict[str, Declared] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name, annotation = stmt.targets[0].id, None
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+            name, annotation = stmt.target.id, stmt.annotation
+        else:
+            raise ParametersCellError(
+                f"{where}, line {stmt.lineno}: only `name = literal` or `name: type = literal` belongs in the "
+                f"parameters cell (derived values go in the next cell), got {ast.unparse(stmt)!r}"
+            )
+        at = f"{where}, parameter {name!r}"
+        if name in out:
+            raise ParametersCellError(f"{at} is assigned twice")
+        try:
+            default = ast.literal_eval(stmt.value)
+        except ValueError as exc:
+            raise ParametersCellError(
+                f"{at}: the value must be a literal, got {ast.unparse(stmt.value)!r} (compute it in the next cell)"
+            ) from exc
+        types, choices, items = _annotation(annotation, at) if annotation is not None else ((), (), ())
+        if default is None and not (types or choices):
+            raise ParametersCellError(f"{at}: a None default needs an annotation, e.g. `{name}: str | None = None`")
+        tail = lines[stmt.end_lineno - 1][stmt.end_col_offset:]
+        help_text = tail.split("#", 1)[1].strip() if "#" in tail else ""
+        declared = Declared(name, default, types, choices, items, help_text)
+        try:
+            declared.check(default)
+        except (TypeError, ValueError) as exc:
+            raise ParametersCellError(f"{at}: the default does not fit the annotation: {exc}") from exc
+        out[name] = declared
+    return out
+
+
+def parameters_cell(notebook: str | os.PathLike) -> dict[str, Declared]:
+    """The parameters declared in the notebook's cell tagged ``parameters`` (empty when it has
+    none), as :func:`parse_parameters` reads them.
+
+    Raises:
+        ParametersCellError: more than one tagged cell, or a cell that breaks the rules.
+    """
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and PARAMETERS_TAG in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        return {}
+    if len(cells) > 1:
+        raise ParametersCellError(f"{notebook}: {len(cells)} cells are tagged {PARAMETERS_TAG!r}; tag one")
+    return parse_parameters(cells[0].source, where=f"{Path(notebook).name}, parameters cell")
+
+
+def _find_notebook(name: str, notebooks_dir: str | os.PathLike | None) -> Path:
+    stem = name[: -len(".ipynb")] if name.endswith(".ipynb") else name
+    if notebooks_dir is not None:
+        folders = [Path(notebooks_dir)]
+    else:  # the runner's working directory is the repository root; Jupyter may start in notebooks/
+        folders = [Path.cwd() / "notebooks", Path.cwd(), Path(__file__).resolve().parents[2] / "notebooks"]
+    for folder in folders:
+        if (folder / f"{stem}.ipynb").is_file():
+            return folder / f"{stem}.ipynb"
+    raise FileNotFoundError(f"notebook {stem}.ipynb not found in {', '.join(str(f) for f in folders)}")
+
+
+@dataclass(frozen=True)
+class Notebook:
+    """A notebook whose parameters passed :func:`check_parameters`: its name, the values it runs
+    with and where its metrics go.
+
+    Attributes:
+        name: the notebook stem, e.g. ``"02_scoring"``; it names the metrics file.
+        parameters: ``{name: value}`` of every declared parameter, as received.
+        metrics_dir: the ``metrics_dir`` parameter (None: :meth:`record` only prints).
+    """
+
+    name: str
+    parameters: dict = field(default_factory=dict)
+    metrics_dir: str | None = None
+
+    def record(self, metric: str, value: Any) -> Any:
+        """:func:`record` into ``<metrics_dir>/<name>.json``; returns ``value``."""
+        return record(metric, value, metrics_dir=self.metrics_dir, notebook=self.name)
+
+    def record_all(self, metrics: Mapping[str, Any]) -> dict:
+        """:meth:`record` each ``{metric: value}``, in order; returns them as a dict."""
+        for metric, value in metrics.items():
+            self.record(metric, value)
+        return dict(metrics)
+
+
+def check_parameters(namespace: Mapping[str, Any], notebook: str,
+                     notebooks_dir: str | os.PathLike | None = None) -> Notebook:
+    """Check the values a notebook received against its own ``parameters`` cell.
+
+    Call it in the cell after the parameters cell: ``nb = check_parameters(globals(), "02_scoring")``.
+    The declarations are read from the notebook file (``notebooks/<notebook>.ipynb`` under the
+    working directory, the working directory itself, or the repository's ``notebooks/``), so the
+    parameter list is written once.
+
+    Args:
+        namespace: the notebook's globals.
+        notebook: its stem, e.g. ``"02_scoring"``.
+        notebooks_dir: where the notebook file is; None searches as above.
+
+    Returns:
+        A :class:`Notebook` carrying the values and the metrics folder.
+
+    Raises:
+        FileNotFoundError: the notebook file is not found.
+        ParametersCellError: the notebook has no ``parameters`` cell or it breaks the rules.
+        NameError: a declared parameter is not defined in ``namespace``.
+        TypeError, ValueError: a value does not fit its declaration; the message names it (a
+            string where a list is expected says how to pass lists).
+    """
+    path = _find_notebook(notebook, notebooks_dir)
+    declared = parameters_cell(path)
+    if not declared:
+        raise ParametersCellError(f"{path.name} has no cell tagged {PARAMETERS_TAG!r}")
+    missing = [n for n in declared if n not in namespace]
+    if missing:
+        raise NameError(f"{path.name}: parameter(s) {missing} are declared but not defined (run the parameters cell)")
+    for name, decl in declared.items():
+        decl.check(namespace[name])
+    values = {name: namespace[name] for name in declared}
+    metrics_dir = values.get("metrics_dir")
+    return Notebook(path.stem, values, None if metrics_dir is None else os.fspath(metrics_dir))

@@ -11,8 +11,8 @@ Parameters come from a YAML file (a preset name, ``notebooks/params/<name>.yaml`
     01_quickstart:     # one section per notebook stem; every key must be declared by it
       n_ads: 2000
 
-A notebook *declares* a key by assigning it in its cell tagged ``parameters`` (read with
-``papermill.inspect_notebook``). Precedence, lowest first: the notebook's own defaults, ``common``,
+A notebook *declares* a key by assigning it a literal in its cell tagged ``parameters`` (read by
+:func:`andromeda_nb.runner.notebook.parameters_cell`, which also checks the cell's rules). Precedence, lowest first: the notebook's own defaults, ``common``,
 its section, the runner's paths (``figures_dir``, ``metrics_dir``), ``overrides``, ``backend``.
 Configuration mistakes (a key no notebook declares, a section for a notebook that does not exist,
 a pattern in ``only`` that matches nothing) raise :class:`ParameterError` before any kernel starts.
@@ -29,6 +29,7 @@ import contextlib
 import datetime as _dt
 import fnmatch
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -43,6 +44,8 @@ import papermill
 import yaml
 from papermill.exceptions import PapermillExecutionError
 from tqdm.auto import tqdm
+
+from .notebook import Declared, ParametersCellError, parameters_cell
 
 KERNEL_NAME = "python3"
 #: Keys the runner sets itself (from ``figures_dir`` and ``out_dir``); a YAML file may not set them.
@@ -170,10 +173,17 @@ def load_params_file(path: str | os.PathLike | None) -> dict[str, dict[str, Any]
     return sections
 
 
-def declared_parameters(notebook: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """The names a notebook declares in its ``parameters``-tagged cell (``papermill.inspect_notebook``):
-    ``{name: {"name", "inferred_type_name", "default", "help"}}``; empty when it has no such cell."""
-    return papermill.inspect_notebook(str(notebook))
+def declared_parameters(notebook: str | os.PathLike) -> dict[str, Declared]:
+    """The parameters a notebook declares in its ``parameters``-tagged cell
+    (:func:`andromeda_nb.runner.notebook.parameters_cell`); empty when it has no such cell.
+
+    Raises:
+        ParameterError: the cell breaks the rules of a parameters cell (literal assignments only).
+    """
+    try:
+        return parameters_cell(notebook)
+    except ParametersCellError as exc:
+        raise ParameterError(str(exc)) from exc
 
 
 def _select(notebooks: list[Path], only: Iterable[str] | None) -> list[Path]:
@@ -293,6 +303,31 @@ def plan_series(
 # --------------------------------------------------------------------------------------------------
 
 
+class _DropParameterCellWarnings(logging.Filter):
+    """papermill reads the parameters cell with its own regex and warns "Passed unknown parameter"
+    for every annotated parameter (``n: int | None = 3``) and "Unable to parse line" for a line with
+    an ``=`` in its comment. The runner has already read the cell with
+    :func:`~andromeda_nb.runner.notebook.parameters_cell` and checked each key against it
+    (:func:`plan_series`), so these warnings are noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(("Passed unknown parameter", "Unable to parse line"))
+
+
+@contextlib.contextmanager
+def _quiet_papermill_parameter_check():
+    # a logger's filters see only its own records, so both loggers that warn get the filter
+    logs = [logging.getLogger("papermill"), logging.getLogger("papermill.translators")]
+    flt = _DropParameterCellWarnings()
+    for log in logs:
+        log.addFilter(flt)
+    try:
+        yield
+    finally:
+        for log in logs:
+            log.removeFilter(flt)
+
+
 def _git(root: Path, *args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
@@ -396,16 +431,17 @@ def run_series(
         tmp = out / f".{item.name}.{uuid.uuid4().hex[:12]}.running.ipynb"  # hidden, unique, normal mode
         t0 = time.perf_counter()
         try:
-            papermill.execute_notebook(
-                str(item.source.resolve()),
-                str(tmp),
-                parameters=item.parameters,
-                kernel_name=KERNEL_NAME,
-                progress_bar={"desc": item.name, "leave": False, "position": 1} if progress else False,
-                log_output=False,
-                cwd=str(root),
-                execution_timeout=execution_timeout,
-            )
+            with _quiet_papermill_parameter_check():
+                papermill.execute_notebook(
+                    str(item.source.resolve()),
+                    str(tmp),
+                    parameters=item.parameters,
+                    kernel_name=KERNEL_NAME,
+                    progress_bar={"desc": item.name, "leave": False, "position": 1} if progress else False,
+                    log_output=False,
+                    cwd=str(root),
+                    execution_timeout=execution_timeout,
+                )
         except BaseException as exc:
             partial = tmp if tmp.exists() and tmp.stat().st_size > 0 else None
             message = _describe_failure(item.name, exc, partial)

@@ -114,13 +114,29 @@ def test_results_without_experiment_column_are_inferred(tmp_path):
 
 
 def test_worked_example_helpers(k2, data):
-    user = quality.two_interest_user(data, min_weight=0.0)
+    from andromeda_nb.analysis import expert_count_report as report
+
+    user = report.two_interest_user(data, min_weight=0.0)
     w = data.world
     assert (w.interest_topics[user] >= 0).sum() == 2
-    ex = quality.gate_example(k2, user, n_top=10)
+    ex = report.gate_example(k2, user, n_top=10)
     pcols = [c for c in ex.columns if c.startswith("p_")]
     assert len(ex) == 10 and len(pcols) == 6
     np.testing.assert_allclose(ex[pcols].sum(axis=1), 1.0, rtol=1e-6)
     assert all(len(c.split(", ")) == 2 for c in ex["chosen"])
-    by = quality.gate_by_interest(k2, user)
+    by = report.gate_by_interest(k2, user)
     assert len(by) == 2 and (by[[c for c in by.columns if c.startswith("chosen_")]].sum(axis=1).round(6) == 2).all()
+
+
+def test_committed_picks_the_full_preset_else_the_first(tmp_path):
+    path = tmp_path / "quality.csv"
+    base = dict(dataset="ml-100k", model="mixture_k2", experts=6, k_experts=2, dtype="fp32", d=64, seed=0,
+                metric="recall@10", commit="abc", device="cpu", scorer="x", n_users=3, experiment="expert_count")
+    quality.write_rows(pd.DataFrame([{**base, "preset": "smoke", "value": 0.1}, {**base, "preset": "demo", "value": 0.2}]),
+                       path)
+    frame, source, pick = quality.committed(path)
+    assert pick == "demo" and frame["value"].tolist() == [0.2] and source == f"{path}, preset 'demo'"
+    quality.write_rows(pd.DataFrame([{**base, "preset": "full", "value": 0.3}]), path)
+    assert quality.committed(path)[2] == "full"
+    frame, source, pick = quality.committed(tmp_path / "none.csv")
+    assert frame.empty and pick is None and "missing" in source

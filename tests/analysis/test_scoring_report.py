@@ -12,8 +12,9 @@ from andromeda_nb.score.unfused import fused_bytes_per_ad
 def _row(variant, items_per_s, commit="c1", d=64, dtype="fp16", experts=6, k_experts=2, access="pool", layout="tiles",
          k=1000, eligible_fraction=1.0, ok=True, notes="", timestamp="2026-01-01", bytes_per_item=132.0,
          seconds_median=None, ceiling=4.5):
-    return dict(variant=variant, items_per_s=float(items_per_s), commit=commit, d=d, dtype=dtype, experts=experts,
-                k_experts=k_experts, access=access, layout=layout, k=k, eligible_fraction=eligible_fraction, ok=ok,
+    return dict(variant=variant, items_per_s=float(items_per_s), commit=commit, device="NVIDIA H200", d=d, dtype=dtype,
+                experts=experts, k_experts=k_experts, access=access, layout=layout, k=k,
+                eligible_fraction=eligible_fraction, ok=ok,
                 regression_flag="REGRESSION" in notes, notes=notes, timestamp=timestamp, bytes_per_item=bytes_per_item,
                 seconds_median=seconds_median if seconds_median is not None else 1e8 / items_per_s,
                 fraction_of_read_ceiling=items_per_s * bytes_per_item / (ceiling * 1e12), ceiling_read_TBps=ceiling)
@@ -161,3 +162,58 @@ def test_a_candidate_subset_meets_fused_candidates_of_its_fraction():
     got = SR.fusion_speedups(rows, 64, "fp16", 6, 2).set_index("eligible_fraction")
     assert got.loc[0.1, "measured speed-up of fused"] == pytest.approx(4.0)
     assert got.loc[1.0, "measured speed-up of fused"] == pytest.approx(10.0)  # every ad listed: the pool
+
+
+def test_byte_budget_and_network_tables_are_the_counted_models():
+    from andromeda_nb.score.unfused import network_bytes_per_request, per_op_bytes_per_ad
+
+    budget = SR.byte_budget(64, "fp16", 6, 2)
+    assert budget.loc["fused (one kernel, scores never stored)"].sum() == fused_bytes_per_ad(64, "fp16")
+    assert budget.loc["per-op (one kernel per model step)"].sum() == pytest.approx(
+        sum(per_op_bytes_per_ad(64, 6, 2, "fp16").values()))
+    assert (budget >= 0).all().all() and budget.sum(axis=1).idxmin().startswith("fused")
+    net = SR.network_bytes(64, "fp16", k=1000, candidates=(10**4, 10**8))
+    assert list(net.index) == ["10^4", "10^8"]
+    assert net.loc["10^8", "candidate ids"] == network_bytes_per_request(10**8, 1000, 64, "fp16")["candidate ids"]
+    assert net.loc["10^8", "ids_over_answer"] == pytest.approx(8e8 / (12 * 1000 + 8))
+
+
+def test_metric_names_and_values_follow_the_tables():
+    rows = _frame(_row("gated_scores_to_memory", 20e9, k=np.nan, seconds_median=5e-3),
+                  _row("gated_fused_topk_filter", 19e9, seconds_median=4e-3),
+                  _row("dot_scores_to_memory", 30e9, k=np.nan, experts=np.nan, k_experts=np.nan),
+                  _row("gated_fused_topk_filter", 1e9, access="bitset", eligible_fraction=0.1, seconds_median=1e-3),
+                  _row("unfused_per_op", 1e9, bytes_per_item=992.0))
+    fuse, _ = SR.fusion_cost(rows, 64, "fp16", 6, 2)
+    got = SR.fusion_cost_metrics(fuse)
+    assert got == {"gated_fused_filter_k1000_over_scoring_alone": pytest.approx(0.95),
+                   "gated_over_dot_time_scores_to_memory": pytest.approx(1.5)}
+    assert SR.bitset_metrics(SR.bitset_savings(rows, None, 6, 2)) == {"bitset_0.1_best_of_fastest_pool_time": 0.25}
+    assert SR.speedup_metrics(SR.fusion_speedups(rows, 64, "fp16", 6, 2)) == {"fused_over_unfused_per_op_pool": 19.0}
+
+
+def test_findings_quote_the_rows_and_say_what_is_missing():
+    rows = _frame(_row("gated_scores_to_memory", 20e9, k=np.nan, seconds_median=5e-3, commit="abc1234ff"),
+                  _row("gated_fused_topk_filter", 19e9, seconds_median=4e-3, commit="abc1234ff"),
+                  _row("dot_scores_to_memory", 30e9, k=np.nan, experts=np.nan, k_experts=np.nan, commit="abc1234ff"),
+                  _row("gated_scores_to_memory", 18e9, k=np.nan, notes="tensor_cores (3xTF32 mma)", commit="abc1234ff"),
+                  _row("gated_fused_topk", 9e9, notes="REGRESSION: spills"))
+    text = SR.findings(rows, 64, "fp16", 6, 2, read_TBps=4.5)
+    assert "no committed unfused baseline" in text
+    assert "20.0 G ads/s" in text and "30.0 G" in text and "gated / dot device time 1.50" in text
+    assert "run abc1234" in text and "18.0 G ads/s" in text and "they do not help as built" in text
+    assert "0.95 of its scores-to-memory rate" in text and "Fused top-K costs nothing measurable" in text
+    assert "1 rows flagged `REGRESSION`" in text
+    model = SR.issue_model(64, "fp16", 6, 2, 4.5)
+    assert model["instructions"] == pytest.approx(1211) and model["budget"] == pytest.approx(
+        SR.H200_LANE_ISSUE_PER_S * 132 / 4.5e12)
+    assert f"{model['instructions']:.0f} instructions" in text
+
+
+def test_tensor_core_rows_pair_the_run_with_its_cuda_core_row():
+    rows = _frame(_row("gated_scores_to_memory", 20e9, k=np.nan, commit="a", timestamp="1"),
+                  _row("gated_scores_to_memory", 19e9, k=np.nan, commit="b", timestamp="2", notes="tensor_cores"),
+                  _row("gated_scores_to_memory", 21e9, k=np.nan, commit="b", timestamp="2"))
+    got = SR.tensor_core_rows(rows, 64, "fp16", 6, 2).set_index("kernel")
+    assert got.loc["tensor cores", "G_ads_per_s"] == pytest.approx(19) and got.loc["CUDA cores", "G_ads_per_s"] == 21
+    assert SR.tensor_core_rows(rows.iloc[:1], 64, "fp16", 6, 2).empty

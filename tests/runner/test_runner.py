@@ -18,7 +18,7 @@ from andromeda_nb.runner.series import ParameterError, SeriesError, plan_series,
 
 REPO = Path(__file__).resolve().parents[2]
 
-GOOD_PARAMS = 'seed = 0\nks = [1]\nfigures_dir = "figures"\nmetrics_dir = None\nlabel = "default"'
+GOOD_PARAMS = 'seed = 0\nks = [1]\nfigures_dir = "figures"\nmetrics_dir: str | None = None\nlabel = "default"'
 GOOD_BODY = """\
 assert isinstance(ks, list), f"ks arrived as {type(ks).__name__}: {ks!r}"
 assert isinstance(seed, int)
@@ -218,6 +218,19 @@ def test_bad_overrides_and_only_raise(series, monkeypatch, no_kernel):
         run_series(params=None, only=["09_*"], progress=False)
     with pytest.raises(ParameterError, match=r"no such preset or file .*presets in"):
         run_series(params="nosuchpreset", progress=False)
+
+
+@pytest.mark.parametrize("cell, expected", [
+    ("seed = 1 + 1", r"the value must be a literal"),
+    ("print('hi')", r"only `name = literal`"),
+    ("metrics_dir = None", r"a None default needs an annotation"),
+])
+def test_a_parameters_cell_that_breaks_the_rules_is_refused_before_running(series, monkeypatch, no_kernel, cell,
+                                                                           expected):
+    monkeypatch.chdir(series)
+    write_notebook(series / "notebooks" / "04_broken.ipynb", [(cell, "parameters")])
+    with pytest.raises(ParameterError, match=expected):
+        run_series(params=None, only=["01_good"], progress=False)
 
 
 def test_cli_config_error_exits_1(series, monkeypatch, capsys, no_kernel):

@@ -1,0 +1,298 @@
+"""The tables, figures and findings behind the expert-count notebook
+(``notebooks/05_expert_count.ipynb``): recall against compute for the retrieval models of
+:mod:`.quality`, trained here or read from ``data/results/quality.csv``, and a worked example of
+the gate on one synthetic user.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import plots, quality
+
+#: The retrieval models compared with the single tower in the findings.
+MIXTURES = ("mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture")
+#: The recall cut-off each dataset's findings quote besides recall@100 (the published
+#: multi-interest comparisons use recall@50; MovieLens' lists are short).
+FINDINGS_K = {"multi_interest": 50, "ml-100k": 10}
+COMPUTE_METRICS = ("flops_per_ad", "kernel_flops_per_ad", "bytes_per_ad", "kernel_ads_per_s")
+
+
+# --------------------------------------------------------------------------------------------------
+# results: trained here or committed
+
+
+def train_here(datasets, preset: str, scoring_csv) -> pd.DataFrame:
+    """Train and evaluate every model of :func:`.quality.run_expert_count` on each dataset at
+    ``preset`` size, with the compute rows (FLOPs, bytes, the kernel's measured ads/s)."""
+    frames = []
+    for ds in datasets:
+        data = quality.load_data(ds, preset)
+        frame, _ = quality.run_expert_count(data, preset, progress=False)
+        d = quality.PRESETS[preset].cfg(ds, "mixture_k2").d
+        frames.append(pd.concat([frame, quality.compute_rows(ds, d=d, scoring_csv=scoring_csv, preset=preset)]))
+    return pd.concat(frames, ignore_index=True)
+
+
+def load(run_experiments: bool, results_csv, run_preset: str, datasets, scoring_csv) -> tuple[pd.DataFrame, str]:
+    """The rows of ``datasets`` and a source line: trained here (``run_experiments``) or the
+    committed preset of ``results_csv`` (:func:`.quality.committed`, which says when it is not
+    the full preset)."""
+    if run_experiments:
+        frame, source = train_here(datasets, run_preset, scoring_csv), quality.trained_here_source(run_preset)
+    else:
+        frame, source, pick = quality.committed(results_csv)
+        if pick != "full":
+            source += " (no full-preset rows: run `python -m andromeda_nb.training --preset full`)"
+    return frame[frame["dataset"].isin(datasets)], source
+
+
+# --------------------------------------------------------------------------------------------------
+# tables
+
+
+def recall_tables(frame: pd.DataFrame, datasets) -> dict[str, dict[str, pd.DataFrame]]:
+    """Per dataset with rows, ``{"recall@<k>": model x (mean, std, seeds)}`` for each cut-off of
+    :data:`.quality.KS` (:func:`.quality.recall_table`)."""
+    out = {}
+    for ds in datasets:
+        parts = {f"recall@{k}": quality.recall_table(frame, ds, f"recall@{k}") for k in quality.KS[ds]}
+        if all(len(p) for p in parts.values()):
+            out[ds] = parts
+    return out
+
+
+def recall_display(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One dataset's recall tables as ``mean ± sd`` strings, with the number of seeds."""
+    t = pd.concat({m: p["mean"].map("{:.4f}".format) + " ± " + p["std"].fillna(0).map("{:.4f}".format)
+                   for m, p in parts.items()}, axis=1)
+    return t.assign(seeds=next(iter(parts.values()))["seeds"])
+
+
+def recall_metrics(tables) -> dict[str, float]:
+    """``<dataset>/<model>/recall@100``: the mean over seeds."""
+    return {f"{ds}/{model}/recall@100": float(r["mean"]) for ds, parts in tables.items()
+            for model, r in parts["recall@100"].iterrows()}
+
+
+def compute_table(frame: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """Per model (rows, in :data:`.quality.MODEL_ORDER`): FLOPs and bytes per ad, the kernel's
+    measured ads/s (fp16 table; NaN where that configuration was not measured), and the overlap
+    of its top-100 with the ranking model's."""
+    comp = frame[(frame["dataset"] == dataset) & frame["metric"].isin(COMPUTE_METRICS)]
+    comp = comp[(comp["dtype"] == "fp16") | (comp["model"] == "ranking")]
+    c = comp.pivot_table(index="model", columns="metric", values="value", aggfunc="first")
+    c = c.reindex([m for m in quality.MODEL_ORDER if m in c.index])
+    overlap = quality.recall_table(frame, dataset, "overlap@100_ranking")
+    return c.assign(**{"overlap@100_ranking": overlap["mean"].reindex(c.index)})
+
+
+def throughput_devices(frame: pd.DataFrame) -> list[str]:
+    """The devices the kernel throughput of the compute rows was measured on."""
+    sel = (frame["metric"] == "kernel_ads_per_s") & frame["value"].notna()
+    return sorted(set(frame.loc[sel, "device"].dropna().astype(str)))
+
+
+def recall_vs_compute_figure(frame: pd.DataFrame, tables, source: str):
+    """Per dataset: recall@100 (mean ± sd over seeds) against FLOPs per ad; the ground truth
+    (no FLOPs) as a dashed line."""
+    import matplotlib.pyplot as plt
+
+    n = max(1, len(tables))
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 3.8), squeeze=False)
+    if not tables:
+        plots.no_data(axes[0, 0], "no recall rows")
+    for ax, (ds, parts) in zip(axes[0], tables.items()):
+        flops = frame[(frame["dataset"] == ds) & (frame["metric"] == "flops_per_ad")].groupby("model")["value"].first()
+        for model, row in parts["recall@100"].iterrows():
+            if model not in flops.index:
+                ax.axhline(row["mean"], ls="--", lw=1, color="0.5")
+                ax.text(0.01, row["mean"], f"{model} (ceiling)", transform=ax.get_yaxis_transform(), va="bottom",
+                        fontsize="small", color="0.4")
+                continue
+            ax.errorbar(flops[model], row["mean"], yerr=0 if np.isnan(row["std"]) else row["std"], fmt="o",
+                        capsize=3, label=model)
+        ax.set(xscale="log", xlabel="FLOPs per ad (log)", ylabel="recall@100", title=ds)
+        ax.legend(fontsize="small", loc="lower right")  # K = 1, 2, 4 and dense sit close together
+    trained = ", ".join(quality.devices(frame)) or "n/a"
+    plots.source_note(fig, f"{source}; mean ± sd over seeds; trained on {trained}")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# worked example
+
+def two_interest_user(data, min_weight: float = 0.3) -> int:
+    """An evaluated synthetic user holding exactly two interests, each with weight >= ``min_weight``,
+    whose topics are the most different (lowest centroid cosine). Returns the user id."""
+    w = data.world
+    rows = data.eval_rows
+    t = w.interest_topics[data.user_ids[rows]]
+    wt = w.interest_weights[data.user_ids[rows]]
+    two = ((t >= 0).sum(1) == 2) & (wt[:, :2].min(1) >= min_weight)
+    if not two.any():
+        raise ValueError("no evaluated user holds two balanced interests")
+    cand = rows[two]
+    tt = t[two][:, :2]
+    mu = w.topic_centroids
+    cos = np.einsum("nd,nd->n", mu[tt[:, 0]], mu[tt[:, 1]])
+    return int(data.user_ids[cand[int(np.argmin(cos))]])
+
+
+def gate_example(tm, user_id, n_top: int = 30, table=None) -> pd.DataFrame:
+    """The user's top ads (eligible, unseen) under a trained mixture with each ad's gate: one row per
+    ad with ``rank, ad_id, score, topic`` (synthetic: which of the user's interests it belongs to),
+    ``p_<expert>`` and ``chosen`` (the expert names the design's top-K gate picked). Scored by the oracle."""
+    from .. import reference
+    from ..training.data import GROUPS
+
+    data = tm.data
+    row = data.row_of(user_id)
+    req = tm.export_request(user_id)
+    table = tm.export_table("fp32") if table is None else table
+    mask = data.eligible(np.array([row]))[0]
+    top = reference.retrieve(req, table, n_top, eligible=mask)
+    slots = table.slots_of(top.ids[top.ids >= 0])
+    g = reference.gate(req, table.dequantized()[slots])
+    names = GROUPS[: req.experts]
+    out = pd.DataFrame({"rank": np.arange(1, slots.size + 1), "ad_id": table.ad_ids[slots],
+                        "score": top.scores[: slots.size]})
+    if hasattr(data.world, "ad_topic"):
+        w = data.world
+        topic = w.ad_topic[slots]
+        mine = w.interest_topics[int(user_id)]
+        out["topic"] = topic
+        out["interest"] = [f"interest {int(np.flatnonzero(mine == t)[0])}" if t in mine else "other" for t in topic]
+    for e, nm in enumerate(names):
+        out[f"p_{nm}"] = g.p[:, e]
+    out["chosen"] = [", ".join(names[e] for e in np.flatnonzero(c)) for c in g.chosen]
+    return out
+
+
+def gate_by_interest(tm, user_id) -> pd.DataFrame:
+    """Synthetic world: for every eligible unseen ad of each of the user's interest topics, the mean
+    gate weight ``p`` of each expert and how often each expert is among the chosen K
+    (rows: interests; columns ``p_<expert>``, ``chosen_<expert>``)."""
+    from .. import reference
+    from ..training.data import GROUPS
+
+    data, w = tm.data, tm.data.world
+    row = data.row_of(user_id)
+    req = tm.export_request(user_id)
+    table = tm.export_table("fp32")
+    mask = data.eligible(np.array([row]))[0]
+    names = GROUPS[: req.experts]
+    rows = []
+    for j, t in enumerate(w.interest_topics[int(user_id)]):
+        if t < 0:
+            continue
+        slots = np.flatnonzero(mask & (w.ad_topic == t))
+        g = reference.gate(req, table.dequantized()[slots])
+        r = {"interest": f"interest {j}", "topic": int(t), "weight": float(w.interest_weights[int(user_id), j]),
+             "ads": int(slots.size)}
+        r.update({f"p_{nm}": float(g.p[:, e].mean()) for e, nm in enumerate(names)})
+        r.update({f"chosen_{nm}": float(g.chosen[:, e].mean()) for e, nm in enumerate(names)})
+        rows.append(r)
+    return pd.DataFrame(rows).set_index("interest")
+
+
+def example_figure(example: pd.DataFrame, by_interest: pd.DataFrame, user: int, note: str):
+    """Left: the gate's p over the user's top ads (● = chosen). Right: how often each expert is
+    chosen for each interest's eligible ads."""
+    import matplotlib.pyplot as plt
+
+    pcols = [c for c in example.columns if c.startswith("p_")]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    ex = example.sort_values(["interest", "rank"])
+    im = axes[0].imshow(ex[pcols].to_numpy(), aspect="auto", cmap="viridis", vmin=0)
+    axes[0].grid(False)
+    axes[0].set_xticks(range(len(pcols)), [c[2:] for c in pcols], rotation=30, ha="right")
+    axes[0].set_yticks(range(len(ex)), [f"#{r} {i}" for r, i in zip(ex["rank"], ex["interest"])], fontsize="x-small")
+    for y, chosen in enumerate(ex["chosen"]):
+        for x, c in enumerate(pcols):
+            if c[2:] in chosen.split(", "):
+                axes[0].text(x, y, "●", ha="center", va="center", color="white", fontsize="x-small")
+    k = len(ex["chosen"].iloc[0].split(", ")) if len(ex) else 0
+    axes[0].set_title(f"gate p of user {user}'s top-{len(ex)} ads (● = chosen, K = {k})")
+    fig.colorbar(im, ax=axes[0], fraction=0.04, pad=0.01, label="gate weight p")
+    chosen = by_interest[[c for c in by_interest.columns if c.startswith("chosen_")]].rename(columns=lambda c: c[7:])
+    chosen.T.plot.barh(ax=axes[1])
+    axes[1].set(xlabel="share of the interest's ads routed to the expert", title="routing per interest (all eligible ads)")
+    fig.tight_layout()
+    plots.source_note(fig, note)
+    return fig
+
+
+def example_findings(example: pd.DataFrame, by_interest: pd.DataFrame) -> str:
+    """What the worked example shows, as Markdown: how many of the top ads belong to neither
+    interest, and each interest's most chosen experts (whether the experts split by interest)."""
+    other = float((example["interest"] == "other").mean()) if "interest" in example else float("nan")
+    chosen = by_interest[[c for c in by_interest.columns if c.startswith("chosen_")]].rename(columns=lambda c: c[7:])
+    top = {i: list(r.sort_values(ascending=False).index[:2]) for i, r in chosen.iterrows()}
+    same = len({t[0] for t in top.values()}) == 1
+    lines = [f"* {other:.0%} of the user's top-{len(example)} ads belong to neither of the two interests "
+             f"(topics {', '.join(str(t) for t in by_interest['topic'])})."]
+    lines.append("* Most chosen experts per interest: " + "; ".join(
+        f"{i} (topic {by_interest.loc[i, 'topic']}): {', '.join(f'`{e}` {chosen.loc[i, e]:.0%}' for e in t)}"
+        for i, t in top.items()) + ".")
+    lines.append("* " + ("Both interests route mostly to the same expert: the experts split by *signal type* "
+                         "(demographics, history, recent clicks, ...), and the gate picks the signals that score an "
+                         "ad best, not an interest." if same else
+                         "The interests route to different experts first: in this example the gate separates them."))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# findings
+
+
+def verdict(tables, dataset: str) -> list[str]:
+    """Per mixture: recall@k relative to the single tower and recall@100 in points, with the
+    spread over seeds; the ranking model against the best retrieval model (the anchor must be
+    stronger for "close to ranking" to mean anything)."""
+    if dataset not in tables:
+        return [f"{dataset}: no results"]
+    r, k = tables[dataset], FINDINGS_K[dataset]
+    rk, r100 = r[f"recall@{k}"]["mean"], r["recall@100"]
+    seeds = int(r100["seeds"].max())
+    noise = ": no spread to judge noise by" if seeds < 2 else ""
+    lines = [f"**{dataset}** ({seeds} seed{'s' if seeds != 1 else ''}{noise}):"]
+    if "single_tower" in rk.index:
+        for m in MIXTURES:
+            if m in rk.index:
+                spread = (f" (sd {r100.loc[m, 'std']:.4f} against {r100.loc['single_tower', 'std']:.4f})"
+                          if seeds > 1 else "")
+                lines.append(f"  * {m}: recall@{k} {100 * (rk[m] / rk['single_tower'] - 1):+.1f} % against the single "
+                             f"tower, recall@100 {100 * (r100.loc[m, 'mean'] - r100.loc['single_tower', 'mean']):+.2f} pp"
+                             + spread)
+    if "ranking" in r100.index:
+        retrieval = r100.drop([m for m in ("ranking", "true_model") if m in r100.index])
+        best = retrieval["mean"].idxmax()
+        stronger = r100.loc["ranking", "mean"] > retrieval["mean"].max()
+        lines.append(f"  * ranking model recall@100 {r100.loc['ranking', 'mean']:.4f} against the best retrieval model "
+                     f"({best}) {retrieval['mean'].max():.4f}: " + ("the anchor is stronger" if stronger else
+                     "the anchor is NOT stronger: the 'close to ranking' comparison is not meaningful"))
+    return lines
+
+
+def kernel_cost_line(frame: pd.DataFrame) -> str:
+    """The fused kernel's measured ads/s for one vector (E = K = 1) and for K = 2 of E = 6 (fp16),
+    with the device; empty where either was not measured."""
+    sel = frame[(frame["metric"] == "kernel_ads_per_s") & (frame["dtype"] == "fp16") & frame["value"].notna()]
+    per_model = sel.groupby("model")[["value", "device"]].first()
+    if not {"single_tower", "mixture_k2"} <= set(per_model.index):
+        return ""
+    one, k2 = per_model.loc["single_tower"], per_model.loc["mixture_k2"]
+    return (f"the cost that matters is the kernel's measured ads/s (`kernel_ads_per_s`): {one['value'] / 1e9:.1f} G ads/s "
+            f"for one vector, {k2['value'] / 1e9:.1f} G for K = 2 ({k2['device']}), set today by instruction issue "
+            "rather than bytes (notebook 02)")
+
+
+def findings(frame: pd.DataFrame, tables, datasets) -> str:
+    """The notebook's conclusions as Markdown, every number computed from the rows."""
+    lines = [line for ds in datasets for line in verdict(tables, ds)]
+    cost = kernel_cost_line(frame)
+    if cost:
+        lines.append(f"Per ad, {cost}.")
+    return "\n".join(line if line.startswith("  ") else f"* {line}" for line in lines)

@@ -1,0 +1,184 @@
+"""The tables, figures and findings behind the precision notebook (``notebooks/06_precision.ipynb``):
+the trained E = 6, K = 2 mixture's ad table in each storage dtype of
+:data:`.quality.PRECISION_DTYPES` against fp32, trained here or read from
+``data/results/quality.csv``, labelled with the fused kernel's measured throughput.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import plots, quality
+
+#: The kernel configuration whose measured ads/s labels each dtype (the trained model's E and K;
+#: d of the measured kernel).
+KERNEL_CONFIG = {"d": 64, "experts": 6, "k_experts": 2}
+#: The goal: a dtype keeps recall@100 within this many points of fp32 ...
+TARGET_DELTA_PP = 0.5
+#: ... and top-100 overlap with fp32 at least this.
+TARGET_OVERLAP = 0.98
+#: Pool size of the memory comparison.
+POOL_ADS = 10**8
+METRICS = ("recall@100", "recall@100_delta_pp", "overlap@100_fp32", "score_err_p50", "score_err_p99",
+           "score_err_p999", "score_err_max", "bytes_per_ad")
+ERROR_QUANTILES = {"score_err_p50": "p50", "score_err_p99": "p99", "score_err_p999": "p99.9", "score_err_max": "max"}
+KERNEL_DTYPES = ("fp32", "bf16", "fp16", "int8")
+
+
+def train_here(datasets, preset: str) -> pd.DataFrame:
+    """Train the E = 6, K = 2 mixture for every seed of ``preset`` on each dataset and measure
+    every dtype (:func:`.quality.run_precision`)."""
+    from ..training import train_model
+
+    p = quality.PRESETS[preset]
+    frames = []
+    for ds in datasets:
+        data = quality.load_data(ds, preset)
+        rows = quality.eval_rows(data, p.precision_users.get(ds))
+        for seed in p.seeds:
+            tm = train_model("mixture_k2", data, p.cfg(ds, "mixture_k2"), seed=seed, progress=False)
+            frames.append(quality.run_precision(tm, rows, preset=preset))
+    return pd.concat(frames, ignore_index=True)
+
+
+def load(run_experiments: bool, results_csv, run_preset: str, datasets) -> tuple[pd.DataFrame, str]:
+    """The precision rows (model ``mixture_k2``, experiment ``precision``) of ``datasets`` and a
+    source line: trained here or the committed preset of ``results_csv``."""
+    if run_experiments:
+        frame, source = train_here(datasets, run_preset), quality.trained_here_source(run_preset)
+    else:
+        frame, source, pick = quality.committed(results_csv)
+        if pick != "full":
+            source += " (no full-preset rows: run `python -m andromeda_nb.training --preset full`)"
+    keep = (frame["metric"].isin(METRICS) & frame["dataset"].isin(datasets) & (frame["model"] == "mixture_k2")
+            & (frame["experiment"] == "precision"))
+    return frame[keep], source
+
+
+def throughput(scoring_csv) -> pd.DataFrame:
+    """The fused kernel's best measured ads/s per dtype at :data:`KERNEL_CONFIG` (index: dtype;
+    columns ``items_per_s``, ``device``); empty when not measured."""
+    thr = quality.kernel_throughput(scoring_csv)
+    for key, value in KERNEL_CONFIG.items():
+        thr = thr[thr[key] == value]
+    return thr.set_index("dtype")[["items_per_s", "device"]]
+
+
+def summaries(prec: pd.DataFrame, datasets) -> dict[str, pd.DataFrame]:
+    """Per dataset with rows: mean and sd over seeds of every metric (columns ``(mean|std, metric)``),
+    one row per dtype in :data:`.quality.PRECISION_DTYPES` order."""
+    order = [d for d in quality.PRECISION_DTYPES if d in set(prec["dtype"])]
+    out = {}
+    for ds in datasets:
+        s = prec[prec["dataset"] == ds].groupby(["dtype", "metric"])["value"].agg(["mean", "std"]).unstack("metric")
+        if len(s):
+            out[ds] = s.reindex([d for d in order if d in s.index])
+    return out
+
+
+def kernel_rate(thr: pd.DataFrame, dtype: str) -> float:
+    """Measured ads/s of the kernel that reads ``dtype`` (``int8_dimscale`` is an int8 table)."""
+    return float(thr["items_per_s"].get(dtype.replace("_dimscale", ""), np.nan)) if len(thr) else float("nan")
+
+
+def display_table(s: pd.DataFrame, thr: pd.DataFrame) -> pd.DataFrame:
+    """One dataset's summary as the notebook shows it: recall@100 mean ± sd, the loss against
+    fp32, top-100 overlap, score error quantiles, bytes per ad and the kernel's ads/s."""
+    devices = ", ".join(sorted(set(thr["device"].astype(str)))) or "not measured"
+    mean, sd = s["mean"], s["std"]
+    return pd.DataFrame({
+        "recall@100": mean["recall@100"].map("{:.4f}".format) + " ± " + sd["recall@100"].fillna(0).map("{:.4f}".format),
+        "Δ recall@100 (pp)": mean["recall@100_delta_pp"].round(3),
+        "top-100 overlap": mean["overlap@100_fp32"].round(4),
+        "score err p50": mean["score_err_p50"].map("{:.2e}".format),
+        "score err p99": mean["score_err_p99"].map("{:.2e}".format),
+        "bytes/ad": mean["bytes_per_ad"].astype(int),
+        f"ads/s ({devices})": [kernel_rate(thr, d) for d in s.index],
+    })
+
+
+def metrics(summary: dict[str, pd.DataFrame]) -> dict[str, float]:
+    """``<dataset>/<dtype>/recall@100_delta_pp`` and ``.../overlap@100_fp32`` (means over seeds)."""
+    return {f"{ds}/{d}/{m}": float(s.loc[d, ("mean", m)]) for ds, s in summary.items() for d in s.index
+            for m in ("recall@100_delta_pp", "overlap@100_fp32")}
+
+
+def figure(summary: dict[str, pd.DataFrame], thr: pd.DataFrame, note: str):
+    """Left: recall@100 lost against fp32 per dtype (mean ± sd), each dtype labelled with its bytes
+    per ad and the kernel's measured ads/s. Right: score error quantiles against fp32."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1, 1.25]})
+    order = [x for x in quality.PRECISION_DTYPES if any(x in s.index for s in summary.values())]
+    for j, (ds, s) in enumerate(summary.items()):
+        xs = np.array([order.index(x) for x in s.index]) + (j - (len(summary) - 1) / 2) * 0.15
+        axes[0].errorbar(xs, s[("mean", "recall@100_delta_pp")], yerr=s[("std", "recall@100_delta_pp")].fillna(0),
+                         fmt="o", capsize=3, label=ds)
+        q = s[[("mean", m) for m in ERROR_QUANTILES]].drop(index="fp32", errors="ignore")
+        q.columns = list(ERROR_QUANTILES.values())
+        for d, row in q.iterrows():
+            axes[1].plot(row.index, row.to_numpy(), "o-" if j == 0 else "s--", label=f"{ds} {d}")
+    any_s = next(iter(summary.values()), None)
+    labels = []
+    for x in order:
+        g, b = kernel_rate(thr, x), any_s[("mean", "bytes_per_ad")].get(x, np.nan)
+        labels.append(f"{x}\n{b:.0f} B/ad\n" + (f"{g / 1e9:.1f} G ads/s" if np.isfinite(g) else "not measured"))
+    axes[0].set_xticks(range(len(order)), labels, fontsize="small")
+    for lim in (-TARGET_DELTA_PP, TARGET_DELTA_PP):
+        axes[0].axhline(lim, color="0.5", ls=":", lw=1)
+    axes[0].text(len(order) - 0.5, TARGET_DELTA_PP, f"target ±{TARGET_DELTA_PP} pp", ha="right", va="bottom",
+                 fontsize="x-small", color="0.4")
+    axes[0].set(ylabel="Δ recall@100 vs fp32 (percentage points)", title="quality loss per dtype")
+    axes[0].legend(fontsize="small")
+    axes[1].set(yscale="log", xlabel="quantile over eligible ads", ylabel="|Δ score| / user's score sd (log)",
+                title="score error vs fp32")
+    axes[1].legend(fontsize="x-small", ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    plots.source_note(fig, note)
+    return fig
+
+
+def kernel_checks(preset: str, max_ads: int | None, seed: int = 0) -> pd.DataFrame:
+    """A small E = 6, K = 2 model (``preset``) exported in each dtype of :data:`KERNEL_DTYPES` and
+    scored by the fused kernel on the active backend, against the torch formula's top-K on the same
+    stored table (:func:`.quality.kernel_check`): one row per dtype and user, ``dtype, ok, message``."""
+    from ..training import train_model
+
+    data = quality.load_data("multi_interest", preset)
+    model = train_model("mixture_k2", data, quality.PRESETS[preset].cfg("multi_interest", "mixture_k2"), seed=seed,
+                        progress=False)
+    users = data.user_ids[data.eval_rows[:1]]
+    return pd.DataFrame([{"dtype": dt, "ok": bool(c.ok), "message": c.message} for dt in KERNEL_DTYPES
+                         for c in quality.kernel_check(model, users, k=10, dtype=dt, max_ads=max_ads)])
+
+
+def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
+    """The notebook's conclusions as Markdown: bytes and memory per dtype with the measured rates,
+    each dataset and lower-precision dtype against the target, and the score error's range."""
+    lines = []
+    any_s = next(iter(summary.values()), None)
+    if any_s is not None and {"fp16", "int8"} <= set(any_s.index):
+        b16, b8 = (any_s.loc[d, ("mean", "bytes_per_ad")] for d in ("fp16", "int8"))
+        g16, g8 = kernel_rate(thr, "fp16"), kernel_rate(thr, "int8")
+        cfg = ", ".join(f"{k} = {v}" for k, v in KERNEL_CONFIG.items())
+        speed = (f"the fused kernel ({cfg}) runs int8 at {g8 / g16:.2f}x fp16's measured ads/s" if np.isfinite(g8 / g16)
+                 else "the kernel's int8 and fp16 rates are not both measured")
+        lines.append(f"int8 stores {b8:.0f} bytes an ad against fp16's {b16:.0f} (a 10^{int(np.log10(POOL_ADS))}-ad "
+                     f"table: {b8 * POOL_ADS / 1e9:.1f} GB against {b16 * POOL_ADS / 1e9:.1f} GB); {speed}.")
+    for ds, s in summary.items():
+        for d in ("int8", "int8_dimscale", "fp16", "bf16"):
+            if d not in s.index:
+                continue
+            dpp, ov = s.loc[d, ("mean", "recall@100_delta_pp")], s.loc[d, ("mean", "overlap@100_fp32")]
+            hit = abs(dpp) <= TARGET_DELTA_PP and ov >= TARGET_OVERLAP
+            lines.append(f"{ds}, {d}: Δ recall@100 {dpp:+.3f} pp, top-100 overlap {ov:.4f}: "
+                         + ("meets the target" if hit else f"**misses** the target (|Δ| <= {TARGET_DELTA_PP} pp and "
+                                                           f"overlap >= {TARGET_OVERLAP})"))
+    half = [s.loc[[d for d in ("fp16", "bf16") if d in s.index], ("mean", "score_err_max")] for s in summary.values()]
+    half = pd.concat(half) if half else pd.Series(dtype=float)
+    if len(half):
+        lines.append(f"fp16 and bf16: the *maximum* score error is {half.min():.2g} to {half.max():.2g} score standard "
+                     "deviations, far above the median: where two experts' gate logits nearly tie, the rounding flips "
+                     "which K experts are chosen and the score jumps; those ads rarely reach the top-100.")
+    return "\n".join(f"* {line}" for line in lines)

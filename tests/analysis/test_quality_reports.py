@@ -1,0 +1,99 @@
+"""The expert-count and precision notebooks' tables and findings on hand-made quality rows
+(andromeda_nb.analysis.expert_count_report, precision_report)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from andromeda_nb.analysis import expert_count_report as EC
+from andromeda_nb.analysis import precision_report as PR
+from andromeda_nb.analysis import quality
+
+
+def _rows(dataset, model, metric, values, experiment="expert_count", dtype="fp32", **extra):
+    return [dict(dataset=dataset, model=model, experts=6, k_experts=2, dtype=dtype, d=64, seed=s, metric=metric,
+                 value=v, commit="x", device="cpu", experiment=experiment, preset="full", scorer="s", n_users=10, **extra)
+            for s, v in enumerate(values)]
+
+
+def _expert_count_frame():
+    rows = []
+    for model, base in (("single_tower", 0.10), ("mixture_k2", 0.12), ("ranking", 0.30)):
+        for k in quality.KS["multi_interest"]:
+            rows += _rows("multi_interest", model, f"recall@{k}", [base * k / 100, base * k / 100 + 0.01])
+    rows += _rows("multi_interest", "mixture_k2", "overlap@100_ranking", [0.4, 0.5])
+    for model, flops in (("single_tower", 300), ("mixture_k2", 1200)):
+        rows += _rows("multi_interest", model, "flops_per_ad", [flops], experiment="compute", dtype="fp16")
+        rows += _rows("multi_interest", model, "kernel_ads_per_s", [2e10 if model == "single_tower" else 1e10],
+                      experiment="compute", dtype="fp16")
+    return pd.DataFrame(rows)
+
+
+def test_expert_count_tables_metrics_and_verdict():
+    frame = _expert_count_frame()
+    tables = EC.recall_tables(frame, ["multi_interest", "ml-100k"])
+    assert list(tables) == ["multi_interest"]  # no ml-100k rows: no table
+    r100 = tables["multi_interest"]["recall@100"]
+    assert list(r100.index) == ["single_tower", "mixture_k2", "ranking"] and r100.loc["mixture_k2", "seeds"] == 2
+    assert EC.recall_metrics(tables)["multi_interest/mixture_k2/recall@100"] == pytest.approx(0.125)
+    shown = EC.recall_display(tables["multi_interest"])
+    assert shown.loc["mixture_k2", "recall@100"] == "0.1250 ± 0.0071" and shown["seeds"].tolist() == [2, 2, 2]
+    comp = EC.compute_table(frame, "multi_interest")
+    assert comp.loc["mixture_k2", "flops_per_ad"] == 1200 and comp.loc["mixture_k2", "overlap@100_ranking"] == 0.45
+    text = EC.findings(frame, tables, ["multi_interest", "ml-100k"])
+    assert "mixture_k2: recall@50 +18.2 % against the single tower, recall@100 +2.00 pp" in text
+    assert "the anchor is stronger" in text and "ml-100k: no results" in text
+    assert "20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu)" in text
+
+
+def test_worked_example_findings():
+    example = pd.DataFrame({"rank": [1, 2, 3, 4], "interest": ["other", "interest 0", "other", "interest 1"],
+                            "chosen": ["a, b"] * 4})
+    by = pd.DataFrame({"topic": [3, 7], "chosen_a": [0.9, 0.8], "chosen_b": [0.5, 0.2], "chosen_c": [0.6, 1.0]},
+                      index=pd.Index(["interest 0", "interest 1"], name="interest"))
+    text = EC.example_findings(example, by)
+    assert "50% of the user's top-4 ads belong to neither" in text and "topics 3, 7" in text
+    assert "interest 1 (topic 7): `c` 100%, `a` 80%" in text and "different experts first" in text
+
+
+def _precision_frame():
+    rows = []
+    for dt, dpp, ov, err in (("fp32", 0.0, 1.0, 0.0), ("fp16", 0.1, 0.995, 1.5), ("int8", -0.8, 0.97, 3.0)):
+        for metric, v in (("recall@100", 0.3 + dpp / 100), ("recall@100_delta_pp", dpp), ("overlap@100_fp32", ov),
+                          ("score_err_p50", err / 1000), ("score_err_p99", err / 100), ("score_err_p999", err / 10),
+                          ("score_err_max", err), ("bytes_per_ad", quality.bytes_per_ad(64, dt))):
+            rows += _rows("ml-100k", "mixture_k2", metric, [v, v], experiment="precision", dtype=dt)
+    rows += _rows("ml-100k", "mixture_k2", "recall@100", [0.5], experiment="expert_count")  # not a precision row
+    return pd.DataFrame(rows)
+
+
+def test_precision_summary_metrics_and_findings(tmp_path):
+    frame = _precision_frame()
+    path = tmp_path / "quality.csv"
+    quality.write_rows(frame, path)
+    prec, source = PR.load(False, path, "smoke", ["ml-100k"])
+    assert source == f"{path}, preset 'full'" and set(prec["experiment"]) == {"precision"}
+    summary = PR.summaries(prec, ["ml-100k", "multi_interest"])
+    assert list(summary) == ["ml-100k"] and list(summary["ml-100k"].index) == ["fp32", "fp16", "int8"]
+    got = PR.metrics(summary)
+    assert got["ml-100k/int8/recall@100_delta_pp"] == pytest.approx(-0.8) and got["ml-100k/fp32/overlap@100_fp32"] == 1
+    thr = pd.DataFrame({"items_per_s": [2e10, 1.8e10], "device": ["H200", "H200"]}, index=pd.Index(["fp16", "int8"]))
+    table = PR.display_table(summary["ml-100k"], thr)
+    assert table.loc["int8", "bytes/ad"] == 72 and table.loc["int8", "ads/s (H200)"] == 1.8e10
+    assert np.isnan(table.loc["fp32", "ads/s (H200)"])
+    text = PR.findings(summary, thr)
+    assert "int8 stores 72 bytes an ad against fp16's 132" in text and "7.2 GB against 13.2 GB" in text
+    assert "runs int8 at 0.90x fp16's measured ads/s" in text
+    assert "ml-100k, fp16: Δ recall@100 +0.100 pp, top-100 overlap 0.9950: meets the target" in text
+    assert "ml-100k, int8: Δ recall@100 -0.800 pp, top-100 overlap 0.9700: **misses**" in text
+    assert "maximum* score error is 1.5 to 1.5" in text
+
+
+def test_kernel_throughput_of_the_precision_configuration(tmp_path):
+    csv = tmp_path / "scoring.csv"
+    pd.DataFrame([dict(variant="gated_fused_topk", device="H200", dtype=dt, d=d, experts=6, k_experts=2, access="pool",
+                       items_per_s=v, verified="ok") for dt, d, v in (("fp16", 64, 2e10), ("int8", 64, 1.8e10),
+                                                                        ("fp16", 128, 9e9))]).to_csv(csv, index=False)
+    thr = PR.throughput(csv)
+    assert thr["items_per_s"].to_dict() == {"fp16": 2e10, "int8": 1.8e10}
+    assert PR.kernel_rate(thr, "int8_dimscale") == 1.8e10 and np.isnan(PR.kernel_rate(thr, "bf16"))
