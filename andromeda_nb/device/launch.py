@@ -133,10 +133,11 @@ class BoundLaunch:
     Numba's launch path types every argument and flattens each array into its fields on every
     call (tens of microseconds for a kernel of a dozen arrays). A serving loop launches the same
     kernels on the same persistent buffers call after call: binding resolves the compiled kernel
-    for the arguments' types, flattens them once, and each call hands the prepared fields to the
-    driver. Arguments must stay alive and keep their addresses (the object keeps them); scalars
-    are fixed at binding (bind again to change one). In the simulator a call is Numba's ordinary
-    launch.
+    for the arguments' types and flattens them once, and each call hands the prepared fields to the
+    driver. Arguments must stay alive and keep their addresses (the object keeps them). Between
+    calls, :meth:`set_array` points a 1-D array argument at a span of a persistent buffer,
+    :meth:`set_scalar` changes an integer argument, :meth:`set_grid` the grid: each rewrites a
+    prepared field, nothing is typed again. In the simulator a call is Numba's ordinary launch.
 
     Args:
         kernel: a ``cuda.jit`` dispatcher; grid, block: its launch shape; args: its arguments.
@@ -144,43 +145,78 @@ class BoundLaunch:
     """
 
     def __init__(self, kernel, grid, block, args, stream=0):
-        self.kernel, self.grid, self.block, self.args, self.stream = kernel, grid, block, tuple(args), stream
-        self._fast = None
-        if not backend.is_simulator():
-            self._fast = _bind(kernel, grid, block, self.args, stream)
+        self.kernel, self.grid, self.block, self.args, self.stream = kernel, grid, block, list(args), stream
+        self._bound = None if backend.is_simulator() else _Bound(kernel, grid, block, self.args, stream)
+
+    def set_array(self, i: int, base, start: int, n: int) -> None:
+        """Argument ``i`` (a 1-D array argument) becomes ``base[start : start + n]`` (``base`` a
+        1-D device array of the argument's dtype)."""
+        if self._bound is None:
+            self.args[i] = base[start:start + n]
+        else:
+            self._bound.set_array(i, address(base) + int(start) * base.dtype.itemsize, int(n))
+
+    def set_scalar(self, i: int, value: int) -> None:
+        """Integer argument ``i`` becomes ``value``."""
+        if self._bound is None:
+            self.args[i] = value
+        else:
+            self._bound.flat[self._bound.offsets[i]].value = int(value)
+
+    def set_grid(self, grid) -> None:
+        self.grid = grid
+        if self._bound is not None:
+            self._bound.set_grid(grid)
 
     def __call__(self) -> None:
-        if self._fast is None:
+        if self._bound is None:
             self.kernel[self.grid, self.block, self.stream](*self.args)
         else:
-            self._fast()
+            self._bound.enqueue()
 
 
-def _bind(kernel, grid, block, args, stream):
-    """The enqueue function of a bound launch on a GPU (Numba's own argument preparation, done once;
-    the launch through cuda.core as Numba's ``_Kernel.launch`` does it)."""
-    from cuda.core import LaunchConfig, launch as core_launch
-    from numba.cuda._compat import CUDA_CORE_GE_1_0
-    from numba.cuda.cudadrv import driver
+class _Bound:
+    """A bound launch on a GPU: Numba's own argument preparation, done once (each argument's fields
+    in ``flat`` from ``offsets[i]``), launched through cuda.core as Numba's ``_Kernel.launch``
+    launches."""
 
-    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
-    compiled = kernel.compile(argtypes)
-    flat, keep = [], []
-    for ty, val in zip(compiled.argument_types, args):
-        compiled._prepare_args(ty, val, stream, keep, flat)
-    if keep:  # host arrays would be copied in and back on every launch: not a bound launch
-        raise TypeError("a bound launch takes device arrays only")
-    grid = grid if isinstance(grid, tuple) else (grid,)
-    block = block if isinstance(block, tuple) else (block,)
-    coop = {"is_cooperative" if CUDA_CORE_GE_1_0 else "cooperative_launch": compiled.cooperative}
-    config = LaunchConfig(grid=grid, block=block, shmem_size=0, **coop)
-    func = compiled._codelibrary.get_cufunc().kernel
-    core_stream = driver._to_core_stream(stream)
+    def __init__(self, kernel, grid, block, args, stream):
+        from cuda.core import launch as core_launch
+        from numba.cuda._compat import CUDA_CORE_GE_1_0
+        from numba.cuda.cudadrv import driver
 
-    def enqueue():
-        core_launch(core_stream, config, func, *flat)
+        compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+        self.flat, self.offsets, keep = [], [], []
+        for ty, val in zip(compiled.argument_types, args):
+            self.offsets.append(len(self.flat))
+            compiled._prepare_args(ty, val, stream, keep, self.flat)
+        if keep:  # host arrays would be copied in and back on every launch: not a bound launch
+            raise TypeError("a bound launch takes device arrays only")
+        self._coop = {"is_cooperative" if CUDA_CORE_GE_1_0 else "cooperative_launch": compiled.cooperative}
+        self._block = block if isinstance(block, tuple) else (block,)
+        self._configs: dict = {}
+        self._launch = core_launch
+        self._func = compiled._codelibrary.get_cufunc().kernel
+        self._stream = driver._to_core_stream(stream)
+        self.set_grid(grid)
 
-    return enqueue
+    def set_grid(self, grid) -> None:
+        from cuda.core import LaunchConfig
+
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        if grid not in self._configs:
+            self._configs[grid] = LaunchConfig(grid=grid, block=self._block, shmem_size=0, **self._coop)
+        self._config = self._configs[grid]
+
+    def set_array(self, i: int, ptr: int, n: int) -> None:
+        # a 1-D array's fields: meminfo, parent, size, itemsize, data, shape[0], strides[0]
+        o = self.offsets[i]
+        self.flat[o + 2] = n
+        self.flat[o + 4] = ptr
+        self.flat[o + 5] = n
+
+    def enqueue(self) -> None:
+        self._launch(self._stream, self._config, self._func, *self.flat)
 
 
 def copy_async(dst, src, nbytes: int) -> None:

@@ -59,6 +59,33 @@ def _max_batch() -> int:
     return MAX_BATCH
 
 
+#: the flat int64 arrays a batch's plan is made of, in the order the stager uploads them
+PLAN_ARRAYS = ("req_cat", "inc_ptr", "inc_rows", "exc_ptr", "exc_rows", "p_start", "p_off", "p_dst",
+               "q_start", "q_off", "q_op", "q_arg", "extra", "req_op", "op_row", "op_kind")
+
+
+@dataclass
+class BatchPlan:
+    """A batch of requests planned on the host (:meth:`DeviceTargetingIndex.plan_batch`): ``arrays``
+    maps each of :data:`PLAN_ARRAYS` to a host int64 array; the other fields as :class:`PreparedMatch`."""
+
+    plans: list
+    n_words: int
+    n_bits: int
+    arrays: dict
+    n_prep: int
+    n_post: int
+    n_scratch: int
+    version: int
+    profiles: list
+    prep_segments: tuple
+    post_segments: tuple
+
+    @property
+    def batch(self) -> int:
+        return len(self.plans)
+
+
 @dataclass
 class PreparedMatch:
     """A batch of requests planned and uploaded, ready to launch (:meth:`DeviceTargetingIndex.launch`).
@@ -190,6 +217,20 @@ class DeviceTargetingIndex:
         Raises:
             RuleError: a malformed profile. ValueError: exclude slots out of range, too many requests.
         """
+        plan = self.plan_batch(profiles, exclude_slots, n_words)
+        views = self._stager.upload([plan.arrays[name] for name in PLAN_ARRAYS])
+        args = dict(zip(PLAN_ARRAYS, views))
+        # empty segment tables: a zero-length table still needs seg_off[0] == 0 and length-0 dst
+        args["p_dst"] = args["p_dst"][:plan.arrays["p_dst"].size]
+        args["q_op"] = args["q_op"][:plan.arrays["q_op"].size]
+        return PreparedMatch(plans=plan.plans, n_words=plan.n_words, n_bits=plan.n_bits, args=args,
+                             n_prep=plan.n_prep, n_post=plan.n_post, n_scratch=plan.n_scratch, version=plan.version,
+                             profiles=plan.profiles, prep_segments=plan.prep_segments,
+                             post_segments=plan.post_segments)
+
+    def plan_batch(self, profiles: Sequence[Mapping], exclude_slots=None, n_words: int | None = None) -> "BatchPlan":
+        """The host half of :meth:`prepare`: the batch's plans as flat int64 arrays (:data:`PLAN_ARRAYS`),
+        not uploaded (a serving loop uploads them into its own buffers). Same arguments and errors."""
         idx = self.index
         profiles = list(profiles)
         B = len(profiles)
@@ -256,17 +297,11 @@ class DeviceTargetingIndex:
                   np.array(q_start, np.int64), q_off, np.array(q_op, np.int64), np.array(q_arg, np.int64),
                   np.concatenate(extra) if extra else np.zeros(0, np.int64),
                   np.array(req_op, np.int64), np.array(op_row, np.int64), np.array(op_kind, np.int64)]
-        names = ["req_cat", "inc_ptr", "inc_rows", "exc_ptr", "exc_rows", "p_start", "p_off", "p_dst",
-                 "q_start", "q_off", "q_op", "q_arg", "extra", "req_op", "op_row", "op_kind"]
-        views = self._stager.upload(arrays)
-        args = dict(zip(names, views))
-        # empty segment tables: a zero-length table still needs seg_off[0] == 0 and length-0 dst
-        args["p_dst"] = args["p_dst"][:len(p_dst)]
-        args["q_op"] = args["q_op"][:len(q_op)]
-        return PreparedMatch(plans=plans, n_words=nw, n_bits=n_bits, args=args, n_prep=int(p_off[-1]),
-                             n_post=int(q_off[-1]), n_scratch=scratch_base, version=self.index.version,
-                             profiles=profiles, prep_segments=(len(p_len), int(max(p_len, default=0))),
-                             post_segments=(len(q_len), int(max(q_len, default=0))))
+        return BatchPlan(plans=plans, n_words=nw, n_bits=n_bits, arrays=dict(zip(PLAN_ARRAYS, arrays)),
+                         n_prep=int(p_off[-1]), n_post=int(q_off[-1]), n_scratch=scratch_base,
+                         version=self.index.version, profiles=profiles,
+                         prep_segments=(len(p_len), int(max(p_len, default=0))),
+                         post_segments=(len(q_len), int(max(q_len, default=0))))
 
     def launch(self, prepared: PreparedMatch, out=None, counts=None, config: MatchConfig | None = None, *,
                kernels: Sequence[str] = KERNELS):

@@ -111,6 +111,7 @@ class Pool:
         self._sim = launch.backend.is_simulator()
         self._buffers = None  # allocated on the first targeted call (sizes known then)
         self._groups: dict = {}  # per request shape: weight images and bound launches
+        self._matchers: dict = {}  # per chunk of a batch: the bound match (pipeline.bound_match)
         #: a :class:`StepTimes` to time each step of the targeted path with events (benchmarks), or None
         self.trace = None
 
@@ -230,18 +231,21 @@ class Pool:
         return answers
 
     def _prepare_match(self, profiles: list, excl: list) -> list:
-        """The batch's match plans, uploaded: (first request, plan) per chunk of the match kernels'
-        largest batch."""
+        """The batch's match plans on the host, a chunk of the match kernels' largest batch each."""
         from ..match.kernels import MAX_BATCH
 
-        return [(i, self.index.prepare(profiles[i:i + MAX_BATCH], excl[i:i + MAX_BATCH]))
+        return [self.index.plan_batch(profiles[i:i + MAX_BATCH], excl[i:i + MAX_BATCH])
                 for i in range(0, len(profiles), MAX_BATCH)]
 
     def _launch_match(self, plans: list) -> None:
+        from ..match.kernels import MAX_BATCH
+        from .bound_match import BoundMatch
+
         buf = self._buffers
-        for i, prepared in plans:
-            out, counts = (buf.bits, buf.elig_counts) if i == 0 else (buf.bits[i:], buf.elig_counts[i:])
-            self.index.launch(prepared, out=out, counts=counts)
+        for c, plan in enumerate(plans):
+            if c not in self._matchers:
+                self._matchers[c] = BoundMatch(self.index, buf.bits, buf.elig_counts, c * MAX_BATCH)
+            self._matchers[c].run(plan)
 
     def _rerun(self, dreq: DeviceRequest, b: int, k: int, n_elig: int) -> Retrieved:
         """The exact answer over request b's eligible bitset (the seeded path could not promise one)."""

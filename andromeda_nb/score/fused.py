@@ -180,6 +180,13 @@ class _Source:
             emit("        if ok:")
             if self.sample:  # sample j of the request's candidates (sample_position)
                 emit("            slot = int64(cand[b, p])")
+            elif self.batched:
+                # this round's slot was loaded a round ahead, and the next one is loaded now: its
+                # latency overlaps this ad's row loads and arithmetic instead of preceding them
+                emit("            slot = nxt")
+                emit("            jn = j + stride")
+                emit("            if jn < n_req:")
+                emit("                nxt = int64(cand[b, jn])")
             else:
                 emit(f"            slot = int64(cand[{self.row}j])")
         elif self.access == "bitset" and not self.compact:
@@ -211,6 +218,10 @@ class _Source:
             emit("    whole = n_req <= {}".format(self.sample))
             emit(f"    step = n_req // {self.sample // SAMPLE_RUN}")
             emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, {self.sample}, stride):")
+        elif self.batched:  # the first candidate; each round loads the next one ahead (see _loop)
+            emit(f"    jn = cuda.blockIdx.x * {per_round} + tid")
+            emit("    nxt = int64(cand[b, jn]) if jn < n_req else int64(0)")
+            emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, {self.n}, stride):")
         else:
             emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, {self.n}, stride):")
         if self.fused:
