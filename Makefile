@@ -9,13 +9,17 @@ ARGS   ?=
 JOBS   ?= auto
 TORCH_PIP_ARGS ?=
 
-.PHONY: main test data clean-build
+.PHONY: main test test-slow data clean-build
 
 main: $(STAMP)
 	$(PY) -m andromeda_nb run $(ARGS)
 
+# the default tier (under ~6 minutes on 2 cores); test-slow runs the long simulator tests (marked slow)
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) $(ARGS)
+	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -m "not slow" $(ARGS)
+
+test-slow: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -m slow $(ARGS)
 
 data: $(STAMP)
 	$(PY) -m andromeda_nb data

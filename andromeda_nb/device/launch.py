@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
 
@@ -61,6 +62,24 @@ def address(x) -> int:
     if hasattr(x, "__cuda_array_interface__"):
         return int(x.__cuda_array_interface__["data"][0])
     return int(x._ary.ctypes.data)  # simulator FakeCUDAArray
+
+
+_addresses: dict = {}
+
+
+def persistent_address(x) -> int:
+    """:func:`address` of a host or device buffer used again and again (a pool's buffers), looked
+    up once and remembered while the buffer lives (a weak reference: a freed buffer's entry is
+    never returned for another buffer)."""
+    hit = _addresses.get(id(x))
+    if hit is not None and hit[0]() is x:
+        return hit[1]
+    if len(_addresses) > 4096:  # drop the entries of freed buffers
+        for key in [k for k, (ref, _) in _addresses.items() if ref() is None]:
+            del _addresses[key]
+    addr = x.ctypes.data if isinstance(x, np.ndarray) else address(x)
+    _addresses[id(x)] = (weakref.ref(x), addr)
+    return addr
 
 
 def to_device(x: np.ndarray):
@@ -154,7 +173,7 @@ class BoundLaunch:
         if self._bound is None:
             self.args[i] = base[start:start + n]
         else:
-            self._bound.set_array(i, address(base) + int(start) * base.dtype.itemsize, int(n))
+            self._bound.set_array(i, persistent_address(base) + int(start) * base.dtype.itemsize, int(n))
 
     def set_scalar(self, i: int, value: int) -> None:
         """Integer argument ``i`` becomes ``value``."""
@@ -162,6 +181,15 @@ class BoundLaunch:
             self.args[i] = value
         else:
             self._bound.flat[self._bound.offsets[i]].value = int(value)
+
+    def set_floats(self, i: int, values) -> None:
+        """Argument ``i``, a tuple of floats (a kernel's parameter weights), takes ``values``."""
+        if self._bound is None:
+            self.args[i] = tuple(values)
+        else:
+            flat, o = self._bound.flat, self._bound.offsets[i]
+            for j, v in enumerate(values):
+                flat[o + j].value = float(v)
 
     def set_grid(self, grid) -> None:
         self.grid = grid
@@ -173,6 +201,45 @@ class BoundLaunch:
             self.kernel[self.grid, self.block, self.stream](*self.args)
         else:
             self._bound.enqueue()
+
+
+class Recorder:
+    """The kernel launches made inside a ``with Recorder() as rec:`` block, in order, as
+    ``rec.launches`` (kernel, grid, block, args); the launches still run. A call path recorded once
+    is replayed as :class:`BoundLaunch` objects (:func:`bind_all`)."""
+
+    def __enter__(self) -> "Recorder":
+        self.launches = []
+        if backend.is_simulator():
+            from numba.cuda.simulator.kernel import FakeCUDAKernel as target
+
+            original = target.__call__
+
+            def spy(kernel, *args):
+                if not kernel._device:
+                    self.launches.append((kernel, kernel.grid_dim, kernel.block_dim, args))
+                return original(kernel, *args)
+        else:
+            from numba.cuda.dispatcher import _LaunchConfiguration as target
+
+            original = target.__call__
+
+            def spy(config, *args):
+                self.launches.append((config.dispatcher, config.griddim, config.blockdim, args))
+                return original(config, *args)
+
+        self._restore = (target, original)
+        target.__call__ = spy
+        return self
+
+    def __exit__(self, *exc) -> None:
+        target, original = self._restore
+        target.__call__ = original
+
+
+def bind_all(launches) -> list:
+    """:class:`BoundLaunch` objects replaying recorded launches (:class:`Recorder`)."""
+    return [BoundLaunch(kernel, grid, block, args) for kernel, grid, block, args in launches]
 
 
 class _Bound:
@@ -221,9 +288,9 @@ class _Bound:
 
 def copy_async(dst, src, nbytes: int) -> None:
     """Enqueue a copy of the first ``nbytes`` of ``src`` into ``dst`` on the default stream, one
-    of them a pinned host array and the other a device array (either direction), without Numba's
-    per-copy checks (a serving loop copies the same buffers every call). The simulator copies at
-    once."""
+    of them a pinned host array and the other a device array (either direction), both persistent
+    buffers (:func:`persistent_address`), without Numba's per-copy checks (a serving loop copies
+    the same buffers every call). The simulator copies at once."""
     nbytes = int(nbytes)
     if nbytes == 0:
         return
@@ -235,8 +302,8 @@ def copy_async(dst, src, nbytes: int) -> None:
     from cuda.bindings import driver as cu
 
     if isinstance(dst, np.ndarray):
-        (err,) = cu.cuMemcpyDtoHAsync(dst.ctypes.data, address(src), nbytes, 0)
+        (err,) = cu.cuMemcpyDtoHAsync(persistent_address(dst), persistent_address(src), nbytes, 0)
     else:
-        (err,) = cu.cuMemcpyHtoDAsync(address(dst), src.ctypes.data, nbytes, 0)
+        (err,) = cu.cuMemcpyHtoDAsync(persistent_address(dst), persistent_address(src), nbytes, 0)
     if err != cu.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"asynchronous copy of {nbytes} bytes failed: {err}")

@@ -228,9 +228,11 @@ class DeviceTargetingIndex:
                              profiles=plan.profiles, prep_segments=plan.prep_segments,
                              post_segments=plan.post_segments)
 
-    def plan_batch(self, profiles: Sequence[Mapping], exclude_slots=None, n_words: int | None = None) -> "BatchPlan":
+    def plan_batch(self, profiles: Sequence[Mapping], exclude_slots=None, n_words: int | None = None,
+                   grouped: bool = True) -> "BatchPlan":
         """The host half of :meth:`prepare`: the batch's plans as flat int64 arrays (:data:`PLAN_ARRAYS`),
-        not uploaded (a serving loop uploads them into its own buffers). Same arguments and errors."""
+        not uploaded (a serving loop uploads them into its own buffers). Same arguments and errors;
+        ``grouped=False`` leaves the grouped match kernel's op arrays empty (``req_op`` all zero)."""
         idx = self.index
         profiles = list(profiles)
         B = len(profiles)
@@ -258,9 +260,10 @@ class DeviceTargetingIndex:
             mapped = np.where(plan.inc_rows < 0, nr + scratch_base - 1 - plan.inc_rows, plan.inc_rows)
             inc_rows.extend(mapped.tolist())
             exc_rows.extend(plan.exc_rows.tolist())
-            r, kd = plan_ops(plan.inc_ptr, mapped, plan.exc_ptr, plan.exc_rows)
-            op_row.extend(r.tolist())
-            op_kind.extend(kd.tolist())
+            if grouped:
+                r, kd = plan_ops(plan.inc_ptr, mapped, plan.exc_ptr, plan.exc_rows)
+                op_row.extend(r.tolist())
+                op_kind.extend(kd.tolist())
             req_op.append(len(op_row))
             for k, lids in enumerate(plan.patch_lists):
                 s, ln = idx.segments(lids)

@@ -234,7 +234,7 @@ class Pool:
         """The batch's match plans on the host, a chunk of the match kernels' largest batch each."""
         from ..match.kernels import MAX_BATCH
 
-        return [self.index.plan_batch(profiles[i:i + MAX_BATCH], excl[i:i + MAX_BATCH])
+        return [self.index.plan_batch(profiles[i:i + MAX_BATCH], excl[i:i + MAX_BATCH], grouped=False)
                 for i in range(0, len(profiles), MAX_BATCH)]
 
     def _launch_match(self, plans: list) -> None:

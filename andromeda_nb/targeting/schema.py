@@ -81,7 +81,9 @@ class RuleError(ValueError):
 def value_set(schema: TargetingSchema, where: str, cat: str, values) -> frozenset:
     if not schema.has(cat):
         raise RuleError(f"{where}: unknown category {cat!r}")
-    if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__"):
+    # the common containers skip the abstract-class checks (a request's profile is checked per call)
+    if type(values) not in (list, tuple, set, frozenset) and (
+            isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__")):
         raise RuleError(f"{where}, category {cat!r}: values must be a list of ints, got {values!r}")
     out = set()
     m = schema[cat].cardinality

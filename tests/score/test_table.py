@@ -60,3 +60,36 @@ def test_device_bitset_padding_bits_are_not_positions(rng, layout, path):
     assert got.count == want.count == mask.sum()
     masked = anb.score_ads(req, dt, eligible=launch.to_device(bits)).copy_to_host()
     assert np.array_equal(np.isnan(masked), ~mask) and np.array_equal(masked[mask], scores[mask])
+
+
+@pytest.mark.parametrize("access, weights", [
+    ("pool", "auto"),
+    pytest.param("bitset", "auto", marks=pytest.mark.slow),
+    pytest.param("candidates", "shared", marks=pytest.mark.slow),
+])
+def test_repeated_calls_replay_the_recorded_launches(rng, access, weights):
+    """score_topk's seeded filter path records its launches on a table's first call and replays them
+    bound on the next: each call's own request, eligible set and candidates answer (the replay
+    points those arguments at the call's, never the recording's)."""
+    n = 70_000  # the seeded path needs at least 2^16 items
+    table = anb.AdTable.from_float(rng.standard_normal((n, 8)), rng.standard_normal(n), dtype="fp16",
+                                   ad_ids=rng.choice(10 * n, n, replace=False))
+    dt = DeviceAdTable(table, "rows")
+    config = anb.KernelConfig(weights=weights)
+    for call in range(2):
+        req = anb.Request.random(8, 2, 1, rng)
+        kwargs, eligible, ids = {}, None, table.ad_ids
+        scores = anb.score_ads(req, dt).copy_to_host()
+        if access == "bitset":
+            eligible = rng.random(n) < 0.3
+            kwargs["eligible"] = launch.to_device(bits_from_mask(eligible))
+        elif access == "candidates":
+            cand = rng.choice(n, 66_000, replace=False).astype(np.int32)
+            kwargs["candidates"] = launch.to_device(cand)
+            ids, scores = table.ad_ids[cand], scores[cand]
+        got = anb.score_topk(req, dt, 9, config=config, **kwargs)
+        want = reference.topk(scores, 9, ids=ids, eligible=eligible)
+        assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores), call
+        assert got.count == want.count
+    filters = [v for key, v in dt._workspaces.items() if key[0] == "filter"]
+    assert len(filters) == 1 and len(filters[0].replays) == 1  # recorded once, replayed once
