@@ -111,11 +111,12 @@ def _host_profile(pool, batch, profs, out_dir) -> None:
     Path(out_dir, f"pipeline_host_profile_{pool.n_ads}.txt").write_text(text.getvalue())
 
 
-def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out) -> list[dict]:
+def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out, batches=BATCHES,
+                   diagnostics: bool = True) -> list[dict]:
     from ..pipeline import StepTimes
 
     rows = []
-    for B in BATCHES:
+    for B in batches:
         if B > pool.max_batch:
             continue
         batch, profs = reqs[:B], profiles[:B]
@@ -152,8 +153,9 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
                              notes="device time of gather + sample + seed + filter + final (wall = device here)"))
             mt = [c["match"] for c in steps]
             match_dev = statistics.median(mt)
-            rows.append(_match_row(env, ceil, world, profiles, n, match_dev, match_bytes))
-            _host_profile(pool, batch, profs, args_out)
+            if diagnostics:
+                rows.append(_match_row(env, ceil, world, profiles, n, match_dev, match_bytes))
+                _host_profile(pool, batch, profs, args_out)
     return rows
 
 
@@ -271,6 +273,9 @@ def pipeline(env, ceil, args) -> list[dict]:
     rows = []
     sizes = [n for n in (10 ** 7, 10 ** 8) if n <= args.n_ads]
     phases = set((args.phases or "retrieve,match,score_topk,open_loop,launch").split(","))
+    batches = BATCHES
+    if args.quick:  # the largest pool, small batches, the retrieve rows only
+        sizes, batches, phases = sizes[-1:], (1, 8, 32), {"retrieve"}
     for n in sizes:
         _log(f"world of {n:,} ads")
         world = World(n)
@@ -281,7 +286,8 @@ def pipeline(env, ceil, args) -> list[dict]:
         reqs = [Request.random(D, E, KE, rng) for _ in range(max(BATCHES))]
         match_bytes = _match_bytes(world, profiles)
         if "retrieve" in phases:
-            rows += _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args.out)
+            rows += _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args.out, batches,
+                                   not args.quick)
         if "launch" in phases and n == sizes[-1]:
             rows += _launch_rows(env, ceil, pool)
         if "open_loop" in phases and n == sizes[-1]:
