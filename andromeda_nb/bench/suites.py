@@ -650,7 +650,7 @@ def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int, rounds: i
     score sample (the single-request seed samples 12,800 at n = 500,000 over 4 blocks and a last-
     block merge, 18 us alone), then the same filter pass and rank final. A candidate for the small
     request's path; its row says whether the answer was exact without a rerun. ``rounds``: the
-    filter's rounds a block (default BATCH_FILTER_ROUNDS); ``wall``: also the host wall time of
+    filter's rounds a block (default TopKTuning.batch_filter_rounds); ``wall``: also the host wall time of
     ``topk_scores`` on the device scores (it takes this path: allocation, three launches, copies)."""
     import time
 
@@ -687,7 +687,7 @@ def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int, rounds: i
 
 
 def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int, warp_sync: bool = False) -> None:
-    """One request through the one-launch path (:func:`~andromeda_nb.topk.api.launch_onelaunch`: every
+    """One request through the one-launch path (:func:`~andromeda_nb.topk.onelaunch.launch_onelaunch`: every
     block seeds from the same 8,192-score sample, filters its 8,192 scores, the last block sorts
     the kept ones), device time with the workspace preallocated. Not topk_scores's route: on the
     H200 the last block's sort of ~1,000 / ~3,000 kept scores alone took 15 / 44 us
@@ -720,7 +720,7 @@ def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int, warp_sync:
 
 def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: int = 100) -> list[dict]:
     """The batched top-K (``batch`` requests of ``per`` scores, top-``k`` each): the seeded path
-    (:func:`andromeda_nb.topk.api.launch_topk_batch_seeded`) whole and stage by stage, the unseeded
+    (:func:`andromeda_nb.topk.batched.launch_topk_batch_seeded`) whole and stage by stage, the unseeded
     block top-K (its fallback), and torch.topk(dim=1) on the same scores. The seeded row is verified
     only when every request's answer was exact (no request needed a rerun) and equals torch's.
 

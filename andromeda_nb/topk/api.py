@@ -21,14 +21,14 @@ from .config import (BLOCK_TOPK_BUFFER, BLOCK_TOPK_MAX_K, DEFAULT_CONFIG, MAX_BA
 from .filter import FilterWorkspace
 from .final import launch_final
 from .scan import TopKWorkspace, launch_merge_lists, launch_topk_batch, scan_lists
-from .seed import SeedWorkspace, launch_seed_select, sample_positions
+from .seed import SeedWorkspace, launch_seed, launch_seed_select, sample_positions
 from .single import launch_topk, seeded_outcome, topk_one
 
 __all__ = [
     "BLOCK_TOPK_MAX_K", "DEFAULT_CONFIG", "MAX_BATCH", "MAX_ITEMS", "MAX_K", "RADIX_BLOCK", "FilterWorkspace",
     "SeedWorkspace", "TopKConfig", "TopKTuning", "TopKWorkspace", "check_block_topk_block", "check_ids", "check_k",
-    "eligible_bitset", "launch_final", "launch_merge_lists", "launch_seed_select", "launch_topk", "radix_block",
-    "sample_positions", "seeded_outcome", "topk_batch", "topk_scores",
+    "eligible_bitset", "launch_final", "launch_merge_lists", "launch_seed", "launch_seed_select", "launch_topk",
+    "radix_block", "sample_positions", "seeded_outcome", "topk_batch", "topk_scores",
 ]
 
 

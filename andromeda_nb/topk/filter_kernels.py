@@ -10,7 +10,7 @@ import functools
 import math
 
 from numba import cuda, float32, int32, int64, uint64
-from numba.cuda.core import config
+from numba.cuda.core import config as numba_config
 
 from ..device.intrinsics import decode_fp32, max_nan
 from .config import DEFAULT_CONFIG
@@ -266,6 +266,6 @@ def filter_kernel(block: int, has_elig: bool, stage: int = DEFAULT_CONFIG.tuning
     # a block of more than 512 threads must fit the register file: 64 registers a thread at 1,024
     # (the bitset variant takes 78 uncapped)
     regs = REGISTER_FILE // block // 8 * 8
-    if regs < 128 and not config.ENABLE_CUDASIM:  # the simulator has no register cap
+    if regs < 128 and not numba_config.ENABLE_CUDASIM:  # the simulator has no register cap
         return cuda.jit(kernel, max_registers=regs)
     return cuda.jit(kernel)

@@ -17,13 +17,13 @@ id, NaN never a candidate, pads of slot -1 / id -1 / score -inf.
 import functools
 
 from numba import cuda, float32, int32, int64, uint32, uint64
-from numba.cuda.core import config
+from numba.cuda.core import config as numba_config
 
 from ..device.intrinsics import float_key
 from .block import NEG_INF, block_topk
 from .config import DEFAULT_CONFIG
 
-if config.ENABLE_CUDASIM:
+if numba_config.ENABLE_CUDASIM:
 
     @cuda.jit(device=True)
     def sync_warp():

@@ -30,7 +30,7 @@ import functools
 import math
 
 from numba import cuda, float32, int32, int64, uint32, uint64
-from numba.cuda.core import config
+from numba.cuda.core import config as numba_config
 
 from ..device.bits import test_bit
 from .block import NEG_INF
@@ -191,6 +191,6 @@ def onelaunch_topk_kernel(block: int, samples: int, per_thread: int, has_elig: b
         write_top(sk, dummy_id, dummy_slot, scores, 0, uint32(min(int64(k), m)), 0, out_s, out_slot, out_id)
 
     # 1,024 threads fit the register file at 64 registers a thread (sm_90: 52, 60 with a bitset)
-    if block * 64 <= REGISTER_FILE < block * 255 and not config.ENABLE_CUDASIM:
+    if block * 64 <= REGISTER_FILE < block * 255 and not numba_config.ENABLE_CUDASIM:
         return cuda.jit(kernel, max_registers=REGISTER_FILE // block)
     return cuda.jit(kernel)

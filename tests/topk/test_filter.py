@@ -25,7 +25,7 @@ def poisoned_device_memory(monkeypatch):
 # ----------------------------------------------------------------------------- one request
 
 def _run_filter(scores, seed, cap, block, grid, eligible=None, offset=0):
-    """One filter launch (topk/select.py) on fresh, poisoned buffers over ``scores``, placed
+    """One filter launch (filter_kernels.filter_kernel) on fresh, poisoned buffers over ``scores``, placed
     ``offset`` floats into a device array (offset 1: 4 bytes past an 8-byte boundary, so the pass
     reads one score before its 8-byte words); host (fill, counts, slots, scores) back."""
     n = scores.size
@@ -182,14 +182,18 @@ def _check_filter(scores, offsets, seeds, masks, fill, counts, buf_i, buf_s, cap
     return over
 
 
-@pytest.mark.parametrize("rounds", [1, None])
+ROUNDS_1 = TopKConfig(tuning=TopKTuning(batch_filter_rounds=1))
+
+
+@pytest.mark.parametrize("rounds,config", [(1, None), (None, ROUNDS_1), (None, None)])
 @pytest.mark.parametrize("use_elig", [False, True])
 @pytest.mark.parametrize("offset", [0, 1])
-def test_batched_filter_keeps_each_score_once(rng, offset, use_elig, rounds):
+def test_batched_filter_keeps_each_score_once(rng, offset, use_elig, rounds, config):
     """Request boundaries at odd and even offsets (slices starting and ending mid-word), slices of
     0..3 scores, a device slice 4 bytes past 8-byte alignment; one block a request (default rounds)
-    or several (rounds=1, the grid-stride split); seeds -inf / +inf / 0 / a score of the slice /
-    quantiles; two requests keep more than the cap (fill counts all, cap written)."""
+    or several (one round a block, by argument or by config: the grid-stride split); seeds -inf /
+    +inf / 0 / a score of the slice / quantiles; two requests keep more than the cap (fill counts
+    all, cap written)."""
     scores, offsets, masks = _filter_case(rng, FILTER_SIZES, use_elig)
     assert len(set(offsets % 2)) == 2  # odd and even boundaries
     choices = ["-inf", "value", "zero", "+inf", "-inf", "-inf", "value", 0.3, "-inf", "value", 0.5, "value",
@@ -197,7 +201,8 @@ def test_batched_filter_keeps_each_score_once(rng, offset, use_elig, rounds):
     seeds = _seeds_for(rng, scores, offsets, choices)
     cap = 300
     ks = np.full(len(FILTER_SIZES), 5, np.int64)
-    fill, counts, buf_i, buf_s, fws = _run_batched_filter(scores, offsets, ks, seeds, cap, masks, offset, rounds)
+    fill, counts, buf_i, buf_s, fws = _run_batched_filter(scores, offsets, ks, seeds, cap, masks, offset, rounds,
+                                                          config=config)
     assert fws.cap == cap and fws.batch == len(FILTER_SIZES)
     over = _check_filter(scores, offsets, seeds, masks, fill, counts, buf_i, buf_s, cap)
     assert over >= 1  # the 1200-score request at -inf at least

@@ -39,7 +39,8 @@ def test_radix_final_kernel_on_a_crafted_buffer(rng, has_ids):
     order = rng.permutation(m)
     for k in (1, 20, 60, 333, m, m + 5):
         kmax = k
-        out = [cuda.to_device(np.full((1, kmax), fill, dt)) for fill, dt in ((9.0, np.float32), (7, np.int32), (7, np.int64))]
+        out = [cuda.to_device(np.full((1, kmax), fill, dt))
+               for fill, dt in ((9.0, np.float32), (7, np.int32), (7, np.int64))]
         final_radix_kernel(max(2, 1 << (kmax - 1).bit_length()), block, has_ids)[(1, 1), block](
             cuda.to_device(scores[order][None, :]), cuda.to_device(order.astype(np.int32)[None, :]),
             cuda.to_device(np.array([m], np.int64)), cuda.to_device(np.array([0, m], np.int64)),
@@ -299,7 +300,6 @@ def test_final_sort_kernel_skips_requests_past_its_cap(rng, with_ids):
         np.testing.assert_array_equal(got_id[q], exp_id)
         np.testing.assert_array_equal(got_slot[q], exp_slot)
         np.testing.assert_array_equal(bits(got_s[q]), bits(exp_s))
-
 
 
 def test_sort_steps_between_warp_barriers_stay_inside_each_warp():

@@ -147,6 +147,16 @@ def test_overflow_is_reported_and_rerun():
     check_topk(got, s, 5)
 
 
+def test_k_1(rng):
+    """k = 1: at least the seed's rank r >= 1 scores reach it, so the one launch answers."""
+    blk, samples, per, M = shape()
+    n = 2 * M + 5
+    s = make_scores(rng, n, "normal")
+    olw, c, outcome = run(s, 1)
+    assert outcome == "exact" and c[1] >= olw.r
+    check_topk(row(olw, count=int(c[0])), s, 1)
+
+
 def test_zero_and_negative_zero_tie_and_keep_their_sign(rng):
     blk, samples, per, M = shape()
     n = 2 * M + 9
@@ -166,6 +176,7 @@ def test_where_the_path_applies():
     assert OneLaunchWorkspace.make(4 * M, 0) is None
     big_k = int(ONELAUNCH_CAP * 5 // 8 / t.seed_margin) + 1  # aims at more candidates than fit
     assert OneLaunchWorkspace.make(ONELAUNCH_MAX_N, big_k) is None
+    assert OneLaunchWorkspace.make(4 * M, 4 * M) is None  # k = n: far more candidates than the sort holds
     w = OneLaunchWorkspace.make(4 * M, 3)
     assert w.r == max(t.seed_min_rank, int(np.ceil(t.seed_margin * 3 * M / (4 * M)))) and w.cap == ONELAUNCH_CAP
 

@@ -26,7 +26,7 @@ def poisoned_device_memory(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["normal", "narrow", "negative", "ties", "few_real", "inf", "cand_overflow"])
 def test_histogram_seed_is_the_rth_sample_to_24_key_bits(rng, kind):
-    """The seed launch (topk/select.py) gives the r-th best real sample's 24-bit key prefix, so
+    """The seed launch (seed_kernels.seed_kernel) gives the r-th best real sample's 24-bit key prefix, so
     at least r samples reach it; NaN / -inf samples never count; the candidate count, threshold
     and ticket are left zero (a second call on other data agrees too). Several blocks, so the
     per-block pruning and the last block's pick both run. More candidates than the buffer holds:
@@ -61,7 +61,6 @@ def test_histogram_seed_is_the_rth_sample_to_24_key_bits(rng, kind):
         assert sws.m // (4 * seed_block()) >= 4
 
 
-
 def test_seed_sample_is_sized_for_its_rank():
     """A small array samples only what a seed of rank ~seed_sample_rank needs (the sample is a
     gather of its own); a large one is capped at max_sample_chunks runs; a small k still gets a
@@ -75,7 +74,6 @@ def test_seed_sample_is_sized_for_its_rank():
     tiny_k = SeedWorkspace.make(10**6, 1)
     assert tiny_k.r == t.seed_min_rank and tiny_k.m == 10**6 // 8 // t.sample_chunk * t.sample_chunk
     assert SeedWorkspace.make(t.seed_min_n - 1, 10) is None
-
 
 
 # ----------------------------------------------------------------------------- the batched seed
