@@ -14,10 +14,12 @@ The paths (``TopKConfig.path``) for one request of n scores, top-k:
 - ``"filter"``: a seed from a stratified sample (:mod:`~andromeda_nb.topk.seed`), one pass keeping
   the scores at or above it (:mod:`~andromeda_nb.topk.filter`), the top-k of those
   (:mod:`~andromeda_nb.topk.final`). A seed above the k-th score reruns ``"unseeded"``; more kept
-  scores than the buffer holds reruns on ``"scan"`` with the same (valid) seed. Where no seed pays
-  (n below ``seed_min_n``, or a k the sample cannot rank) it runs ``"unseeded"``.
+  scores than the buffer holds reruns on ``"scan"`` with the same (valid) seed (above
+  :data:`BLOCK_TOPK_MAX_K`, both rerun ``"unseeded"``). Where no seed pays (n below
+  ``seed_min_n``, or a k the sample cannot rank) it runs ``"unseeded"``.
 - ``"scan"``: the same seed, then per-block top-k lists behind it and their merge
-  (:mod:`~andromeda_nb.topk.scan`); a seed above the k-th score reruns ``"unseeded"``.
+  (:mod:`~andromeda_nb.topk.scan`); a seed above the k-th score reruns ``"unseeded"``. k at most
+  :data:`BLOCK_TOPK_MAX_K`.
 - ``"unseeded"``: the block top-K lists and merge over every score; for k above
   :data:`BLOCK_TOPK_MAX_K`, one filter pass keeping every eligible score and one block's radix
   select (exact at any size, slow for large n).
@@ -26,7 +28,9 @@ The auto rule (``path="auto"``, :func:`choose_path`): ``seeded=False`` takes ``"
 above :data:`BLOCK_TOPK_MAX_K` takes ``"filter"`` (only the radix finals hold such a k); n from
 ``seed_min_n`` to ``small_max_n`` takes ``"batched"``; anything else ``"filter"``.
 :func:`~andromeda_nb.topk.api.topk_batch` always takes the batched seeded path for the whole batch
-(``"auto"`` or ``"batched"``), or ``"unseeded"`` (the block top-K over the whole batch).
+(``"auto"`` or ``"batched"``; the requests it cannot answer exactly rerun one by one under the same
+config, or all at once unseeded past ``rerun_one_by_one``), or ``"unseeded"`` (the block top-K over
+the whole batch).
 
 Importing this module does not import numba.
 """
@@ -34,6 +38,7 @@ Importing this module does not import numba.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from numbers import Integral, Real
 
 from ..device import launch
 
@@ -130,19 +135,21 @@ class TopKTuning:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "seed_margin":
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                if isinstance(v, bool) or not isinstance(v, Real) or not v > 0:
                     raise ValueError(f"TopKTuning.seed_margin must be a positive number, got {v!r}")
+                object.__setattr__(self, f.name, float(v))
                 continue
             low = 0 if f.name in ("rerun_one_by_one", "small_max_n") else 1
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            if isinstance(v, bool) or not isinstance(v, Integral) or v < low:
                 raise ValueError(f"TopKTuning.{f.name} must be an int >= {low}, got {v!r}")
+            object.__setattr__(self, f.name, int(v))  # a numpy integer too: kernel sizes are Python ints
 
 
 @dataclass(frozen=True)
 class TopKConfig:
     """The top-K algorithm: which path answers, which final step the merge takes, which barriers the
-    sorts use, and the :class:`TopKTuning` of the seeded paths. Frozen and hashable: kernels and
-    cached workspaces are keyed on it."""
+    sorts use, and the :class:`TopKTuning` of the seeded paths. Frozen and hashable: cached
+    workspaces are keyed on it."""
 
     #: Which path answers a request (:data:`PATHS`; the module docstring says what each does and
     #: the auto rule).

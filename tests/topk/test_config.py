@@ -41,6 +41,14 @@ def test_bad_tuning_is_refused(field, value):
     TopKTuning(rerun_one_by_one=0, small_max_n=0)  # zero: never rerun one by one; never the batch of one
 
 
+def test_numpy_numbers_are_plain_numbers():
+    """Kernel sizes come from the tuning: a numpy integer is taken as its Python int (and a config
+    built from numpy values is the same cache key as one built from Python values)."""
+    t = TopKTuning(rank_cap=np.int64(64), seed_margin=np.float32(0.5))
+    assert type(t.rank_cap) is int and type(t.seed_margin) is float
+    assert TopKConfig(tuning=t) == TopKConfig(tuning=TopKTuning(rank_cap=64, seed_margin=0.5))
+
+
 def test_check_config():
     assert check_config(None) is DEFAULT_CONFIG
     cfg = TopKConfig(path="scan")
