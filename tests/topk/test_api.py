@@ -101,7 +101,7 @@ def test_topk_batch_matches_oracle_per_request(case, with_ids, form):
 def test_topk_batch_paths_from_k_1_to_k_n(rng, path):
     """topk_batch's two paths (the seeded batch; the block top-K over the whole batch), requests at
     k = 1 and k = n, sizes off the block and the word, with ids and an eligible mask."""
-    sizes, ks = [1, 1, 63, 65, 300, 300, 0], [1, 4, 63, 1, 300, 7, 2]
+    sizes, ks = [1, 1, 63, 65, 130, 130, 0], [1, 4, 63, 1, 130, 7, 2]
     scores = pooled_scores(rng, sum(sizes), 40)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     mask = rng.random(scores.size) < 0.8
