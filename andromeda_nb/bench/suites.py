@@ -8,7 +8,6 @@ against the float64 oracle, and top-K answers against torch.topk on the same sco
 from __future__ import annotations
 
 import gc
-from unittest import mock
 
 import numpy as np
 
@@ -551,22 +550,27 @@ def scoring(env, ceil, args) -> list[dict]:
     return rows
 
 
-def topk_stages(d_scores, n: int, k: int):
+def topk_stages(d_scores, n: int, k: int, *, config=None):
     """The stages of one seeded :func:`andromeda_nb.topk.api.launch_topk` call as separately launchable
     steps, each on the inputs the earlier ones leave in place: ``(stages, ws, fws, sws)`` with
     ``stages`` a list of ``(name, enqueue_fn, note, result workspace or None)``; the last, ``all``,
     is the whole call (the default "filter" path). The "scan" path's stages (scan, merge) follow
     the filter path's (filter, final). Stages that append to a buffer run the counters' reset (a
     1-block kernel) first, so repeats start from the same state. Needs ``n`` large enough to be
-    seeded."""
-    from ..topk.block import final_radix_kernel, next_pow2
-    from ..topk.api import (FilterWorkspace, SeedWorkspace, TopKWorkspace, launch_filter, launch_final, launch_merge_lists,
-                       launch_scan, launch_seed, launch_topk, radix_block, scan_lists)
+    seeded under ``config`` (a :class:`~andromeda_nb.topk.config.TopKConfig`, default the measured one)."""
+    from ..topk.block import next_pow2
+    from ..topk.config import radix_block
+    from ..topk.filter import FilterWorkspace, launch_filter
+    from ..topk.final import launch_final
+    from ..topk.final_kernels import final_radix_kernel
+    from ..topk.scan import TopKWorkspace, launch_merge_lists, launch_scan, scan_lists
+    from ..topk.seed import SeedWorkspace, launch_seed
+    from ..topk.single import launch_topk
 
     offsets, ks = np.array([0, n], np.int64), np.array([k], np.int64)
     ws = TopKWorkspace(offsets, ks, scan_lists(offsets, ks, seeded=True))
-    fws = FilterWorkspace(n, k)
-    sws = SeedWorkspace.make(n, k)
+    fws = FilterWorkspace(n, k, config=config)
+    sws = SeedWorkspace.make(n, k, config=config)
     if sws is None:
         raise ValueError(f"n = {n}, k = {k} is not seeded (see SeedWorkspace.make)")
     block = launch.default_block()
@@ -579,14 +583,15 @@ def topk_stages(d_scores, n: int, k: int):
 
     def reset_filter():
         fws.reset()
-        launch_filter(d_scores, fws, sws.seed(), block=block)
+        launch_filter(d_scores, fws, sws.seed(), block=block, config=config)
 
     stages = [
         ("seed", lambda: launch_seed(d_scores, n, sws),
          f"the r = {sws.r}-th best of a {sws.m}-score sample to 24 key bits (one launch)", None),
         ("filter", reset_filter, "counter reset + one pass keeping the scores at or above the seed", None),
-        ("final", lambda: launch_final(k, fws), "the filter's buffer ranked by counting over many blocks (the "
-                                                "radix select launch after it idle when that answered)", fws),
+        ("final", lambda: launch_final(k, fws, config=config),
+         "the filter's buffer ranked by counting over many blocks (the radix select launch after it idle when "
+         "that answered)", fws),
         ("final_radix", lambda: final_radix_kernel(max(2, next_pow2(k)), radix_block(), False)[(1, 1), radix_block()](
             fws.buf_s, fws.buf_i, fws.fill, fws.offsets, launch.dummy(np.int64), fws.ks, fws.out_s, fws.out_slot,
             fws.out_id), "one block's radix select of the filter's buffer (the final above SORT_CAP candidates)", fws),
@@ -596,7 +601,7 @@ def topk_stages(d_scores, n: int, k: int):
                                              "over the buffer)", ws),
         ("merge_radix", reset_merge(ws, "radix"), "scan path: counter reset, bound, select, final by radix select",
          ws),
-        ("all", lambda: launch_topk(d_scores, n, k, seeded=True, ws=ws, sws=sws, fws=fws, path="filter"),
+        ("all", lambda: launch_topk(d_scores, n, k, seeded=True, ws=ws, sws=sws, fws=fws, path="filter", config=config),
          "the whole seeded call (filter path)", fws),
     ]
     return stages, ws, fws, sws
@@ -645,13 +650,14 @@ def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int, rounds: i
     score sample (the single-request seed samples 12,800 at n = 500,000 over 4 blocks and a last-
     block merge, 18 us alone), then the same filter pass and rank final. A candidate for the small
     request's path; its row says whether the answer was exact without a rerun. ``rounds``: the
-    filter's rounds a block (default BATCH_FILTER_ROUNDS); ``wall``: also the host wall time of
+    filter's rounds a block (default TopKTuning.batch_filter_rounds); ``wall``: also the host wall time of
     ``topk_scores`` on the device scores (it takes this path: allocation, three launches, copies)."""
     import time
 
     import cupy as cp
 
-    from ..topk.api import BATCH_FILTER_ROUNDS, FilterWorkspace, batch_outcomes, launch_topk_batch_seeded, topk_scores
+    from ..topk.api import DEFAULT_CONFIG, FilterWorkspace, topk_scores
+    from ..topk.batched import batch_outcomes, launch_topk_batch_seeded
 
     cuda = launch.cuda()
     scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
@@ -676,34 +682,27 @@ def _topk_one_request_batch_path(add, env, ceil, args, n: int, k: int, rounds: i
     add(harness.row("topk", env, ceil, timing, n, 4.0, None, str(verified), variant="block_topk_seeded_batch_path" + (f"_rounds{rounds}" if rounds else ""),
                   n_ads=n, k=k, batch=1, dtype="fp32", access="random",
                   notes=f"{4 * n / 1e6:.0f} MB: L2-resident; the batched path on one request: a one-block seed, "
-                        f"{kept} scores kept (buffer {fws.cap}); filter {rounds or BATCH_FILTER_ROUNDS} rounds a "
-                        f"block" + note))
-
-
-def _patched(module, name: str, value, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with ``module.name`` set to ``value`` meanwhile (a kernel switch
-    read at launch: the bench times both settings)."""
-    with mock.patch.object(module, name, value):
-        return fn(*args, **kwargs)
+                        f"{kept} scores kept (buffer {fws.cap}); filter "
+                        f"{rounds or DEFAULT_CONFIG.tuning.batch_filter_rounds} rounds a block" + note))
 
 
 def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int, warp_sync: bool = False) -> None:
-    """One request through the one-launch path (:func:`~andromeda_nb.topk.api.launch_onelaunch`: every
+    """One request through the one-launch path (:func:`~andromeda_nb.topk.onelaunch.launch_onelaunch`: every
     block seeds from the same 8,192-score sample, filters its 8,192 scores, the last block sorts
     the kept ones), device time with the workspace preallocated. Not topk_scores's route: on the
     H200 the last block's sort of ~1,000 / ~3,000 kept scores alone took 15 / 44 us
     (data/results/topk_diagnostics.md)."""
     import cupy as cp
 
-    from ..topk.api import OneLaunchWorkspace, launch_onelaunch, seeded_outcome
+    from ..topk.api import TopKConfig, seeded_outcome
+    from ..topk.onelaunch import OneLaunchWorkspace, launch_onelaunch
 
     cuda = launch.cuda()
     scores = cp.random.RandomState(n + k).standard_normal(n, dtype=cp.float32)
     d_scores = cuda.as_cuda_array(scores)
-    from ..topk import api as T
-
     olw = OneLaunchWorkspace.make(n, k)
-    call = lambda: _patched(T, "ONELAUNCH_WARP_SYNC", warp_sync, launch_onelaunch, d_scores, n, k, olw)  # noqa: E731
+    config = TopKConfig(onelaunch_warp_sync=warp_sync)
+    call = lambda: launch_onelaunch(d_scores, n, k, olw, config=config)  # noqa: E731
     call()
     c = olw.counts.copy_to_host()[0]
     outcome = seeded_outcome(olw, k, c)
@@ -721,7 +720,7 @@ def _topk_one_request_onelaunch(add, env, ceil, args, n: int, k: int, warp_sync:
 
 def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: int = 100) -> list[dict]:
     """The batched top-K (``batch`` requests of ``per`` scores, top-``k`` each): the seeded path
-    (:func:`andromeda_nb.topk.api.launch_topk_batch_seeded`) whole and stage by stage, the unseeded
+    (:func:`andromeda_nb.topk.batched.launch_topk_batch_seeded`) whole and stage by stage, the unseeded
     block top-K (its fallback), and torch.topk(dim=1) on the same scores. The seeded row is verified
     only when every request's answer was exact (no request needed a rerun) and equals torch's.
 
@@ -731,10 +730,12 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
     import cupy as cp
     import torch
 
-    from ..topk import api as T
-    from ..topk.select import BATCH_SAMPLE_CHUNK, batch_seed_kernel
-    from ..topk.api import (SEED_MARGIN, SEED_MIN_RANK, FilterWorkspace, TopKWorkspace, batch_outcomes, batch_seed_shape,
-                       launch_filter, launch_final, launch_topk_batch, launch_topk_batch_seeded, scan_lists)
+    from ..topk.api import DEFAULT_CONFIG, FilterWorkspace, TopKConfig, TopKWorkspace
+    from ..topk.batched import batch_outcomes, batch_seed_shape, launch_topk_batch_seeded
+    from ..topk.filter import launch_filter
+    from ..topk.final import launch_final
+    from ..topk.scan import launch_topk_batch, scan_lists
+    from ..topk.seed_kernels import BATCH_SAMPLE_CHUNK, batch_seed_kernel
 
     cuda = launch.cuda()
     rows = []
@@ -771,7 +772,8 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
                   variant="block_topk_batched_seeded", **fields,
                   notes=f"seed ({blk * per_thread} samples a request), filter, sort final: 3 launches; kept scores a "
                         f"request: median {int(np.median(kept))}, max {int(kept.max())} (buffer {fws.cap})"))
-    seed_kern = batch_seed_kernel(blk, per_thread, BATCH_SAMPLE_CHUNK, False, int(2 * SEED_MARGIN), SEED_MIN_RANK)
+    seed_kern = batch_seed_kernel(blk, per_thread, BATCH_SAMPLE_CHUNK, False, int(2 * DEFAULT_CONFIG.tuning.seed_margin),
+                                  DEFAULT_CONFIG.tuning.seed_min_rank)
     samples = min(per, blk * per_thread)
     kept_bytes = float(kept.mean()) * 8 + k * (4 + 4 + 16)  # kept (score, slot); out scores read + 3 outputs
     # bytes a score each stage moves: the seed reads its sample, the final the kept scores and writes k
@@ -785,7 +787,7 @@ def _topk_batch_rows(env, ceil, args, batch: int = 1024, per: int = 50_000, k: i
          "a block a request sorts its kept scores"),
         # prediction (commit after 28169f9): steps of stride <= 32 (39 of the 45 steps of a 512-entry
         # sort) end with a warp barrier instead of a block barrier: the sort 28 us -> ~20 us
-        ("final_warp_sync", lambda: _patched(T, "SORT_WARP_SYNC", True, launch_final, k, fws, d_scores=d_scores),
+        ("final_warp_sync", lambda: launch_final(k, fws, d_scores=d_scores, config=TopKConfig(sort_warp_sync=True)),
          kept_bytes / per, "the same sort, its steps of stride <= 32 ending with warp barriers"),
     ]
     for name, fn, bytes_per_score, note in stages:  # in order: each stage's inputs in place

@@ -205,8 +205,12 @@ class BoundLaunch:
 
 class Recorder:
     """The kernel launches made inside a ``with Recorder() as rec:`` block, in order, as
-    ``rec.launches`` (kernel, grid, block, args); the launches still run. A call path recorded once
+    ``rec.launches`` (kernel, grid, block, args); they still run unless ``run=False`` (the path is
+    only recorded: the caller must not read what it would have computed). A call path recorded once
     is replayed as :class:`BoundLaunch` objects (:func:`bind_all`)."""
+
+    def __init__(self, run: bool = True):
+        self.run = run
 
     def __enter__(self) -> "Recorder":
         self.launches = []
@@ -218,6 +222,8 @@ class Recorder:
             def spy(kernel, *args):
                 if not kernel._device:
                     self.launches.append((kernel, kernel.grid_dim, kernel.block_dim, args))
+                    if not self.run:
+                        return None
                 return original(kernel, *args)
         else:
             from numba.cuda.dispatcher import _LaunchConfiguration as target
@@ -226,7 +232,7 @@ class Recorder:
 
             def spy(config, *args):
                 self.launches.append((config.dispatcher, config.griddim, config.blockdim, args))
-                return original(config, *args)
+                return original(config, *args) if self.run else None
 
         self._restore = (target, original)
         target.__call__ = spy

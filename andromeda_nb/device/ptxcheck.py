@@ -32,7 +32,6 @@ def variants():
 
     from ..match import kernels as M
     from ..score import naive as S
-    from ..topk import block as T
 
     f32, i32, i64, u64, u32 = nt.float32, nt.int32, nt.int64, nt.uint64, nt.uint32
 
@@ -109,43 +108,50 @@ def variants():
     out.append(("unfused gather rows", U.gather_rows_kernel("tiles"), (A(u64, 2), A(f32), A(i32), i64, A(u64, 2), A(f32))))
     out.append(("unfused bitset to slots", U.bitset_to_slots_kernel(), (A(u64), A(i32), A(i64))))
     out.append(("unfused gather ids", U.gather_ids_kernel(), (A(i64), A(i32), i64, A(i64))))
+    # top-K: the block top-K (topk/block.py), the finals (topk/final_kernels.py), the seeds
+    # (topk/seed_kernels.py), the filter pass (topk/filter_kernels.py) and the one-launch path
+    from ..topk import block as TB
+    from ..topk import filter_kernels as TF
+    from ..topk import final_kernels as TL
+    from ..topk import onelaunch_kernels as TO
+    from ..topk import seed_kernels as TS
+    from ..topk.config import DEFAULT_CONFIG as TOPK
+
+    final_sig = (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))
     for cap in (512, 4096):
         for elig in (False, True):
             for ids in (False, True):
-                out.append((f"topk scan cap{cap} elig{elig} ids{ids}", T.scan_kernel(cap, 256, elig, ids),
+                out.append((f"topk scan cap{cap} elig{elig} ids{ids}", TB.scan_kernel(cap, 256, elig, ids),
                             (A(f32), A(i64), A(u64, 2), A(i64), A(i64), i64, A(f32), A(f32, 2), A(i32, 2), A(i64, 2))))
-        out.append((f"topk final cap{cap}", T.final_kernel(cap, 256, True),
-                    (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
-        for ids in (False, True):  # at the launch's block (topk.RADIX_BLOCK: 1024, at most 64 registers)
-            out.append((f"topk final_radix cap{cap} ids{ids}", T.final_radix_kernel(cap, 1024, ids),
-                        (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
-    out.append(("topk bound", T.bound_kernel(256, True),
+        out.append((f"topk final cap{cap}", TB.final_kernel(cap, 256, True), final_sig))
+        for ids in (False, True):  # at the launch's block (topk.config.RADIX_BLOCK: 1024, at most 64 registers)
+            out.append((f"topk final_radix cap{cap} ids{ids}", TL.final_radix_kernel(cap, 1024, ids), final_sig))
+    out.append(("topk bound", TB.bound_kernel(256, True),
                 (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32))))
-    out.append(("topk select", T.select_kernel(True),
+    out.append(("topk select", TB.select_kernel(True),
                 (A(f32, 2), A(i32, 2), i64, i64, A(i64), A(i64), A(i64), A(f32), A(i32), A(f32, 2), A(i32, 2), A(i64))))
-    from ..topk import select as SEL
-
     for gather, elig in ((True, False), (True, True), (False, False)):
-        out.append((f"select seed gather{gather} elig{elig}", SEL.seed_kernel(1024, 256, gather, elig, gather),
+        out.append((f"topk seed gather{gather} elig{elig}", TS.seed_kernel(1024, TOPK.tuning.sample_chunk, gather, elig,
+                                                                          gather),
                     (A(f32), i64, i64, A(f32), A(u64), i64, A(u32), A(u32), A(f32), A(i64, 2), A(i64))))
     for elig in (False, True):
-        out.append((f"select filter elig{elig}", SEL.filter_kernel(256, elig),
+        out.append((f"topk filter elig{elig}", TF.filter_kernel(256, elig, TOPK.tuning.filter_stage),
                     (A(u64), A(f32), i64, A(i64), A(u64, 2), A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))
         for by_max in (False, True):
-            out.append((f"select batch_seed elig{elig} by_max{by_max}", SEL.batch_seed_kernel(128, 32, 32, elig, 5, 8, by_max),
+            out.append((f"topk batch_seed elig{elig} by_max{by_max}",
+                        TS.batch_seed_kernel(TS.BATCH_SEED_BLOCK, TS.BATCH_SEED_PER_THREAD, TS.BATCH_SAMPLE_CHUNK, elig,
+                                             int(2 * TOPK.tuning.seed_margin), TOPK.tuning.seed_min_rank, by_max),
                         (A(f32), A(i64), A(i64), A(u64, 2), A(f32), A(i64, 2), A(i64))))
     for ids in (False, True):
         for ws in (False, True):
-            out.append((f"select final_sort ids{ids} warp_sync{ws}", SEL.final_sort_kernel(128, ids, 1024, ws),
-                        (A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2),
-                         A(i64, 2))))
-        out.append((f"select final_rank ids{ids}", SEL.final_rank_kernel(256, ids),
-                    (A(f32, 2), A(i32, 2), A(i64), A(i64), A(i64), A(i64), A(f32, 2), A(i32, 2), A(i64, 2))))
-    from ..topk import onelaunch as OL
-
+            out.append((f"topk final_sort ids{ids} warp_sync{ws}", TL.final_sort_kernel(128, ids, 1024, ws),
+                        (A(f32),) + final_sig))
+        out.append((f"topk final_rank ids{ids}", TL.final_rank_kernel(TL.RANK_BLOCK, ids, TOPK.tuning.rank_cap),
+                    final_sig))
     for elig in (False, True):
-        out.append((f"onelaunch topk elig{elig} warp_sync{elig}",
-                    OL.onelaunch_topk_kernel(1024, 8, 8, elig, OL.ONELAUNCH_CAP, elig),
+        out.append((f"topk onelaunch elig{elig} warp_sync{elig}",
+                    TO.onelaunch_topk_kernel(TO.ONELAUNCH_BLOCK, TO.ONELAUNCH_SAMPLES, TO.ONELAUNCH_SCORES, elig,
+                                             TO.ONELAUNCH_CAP, elig),
                     (A(f32), A(u64), i64, i64, A(f32), A(i32), A(i64), A(u32), A(i64, 2), A(f32, 2), A(i32, 2),
                      A(i64, 2))))
     # match (andromeda_nb.match.kernels): the match kernel per words-per-thread and block, with the

@@ -21,7 +21,7 @@ import functools
 
 from numba import cuda, int32, int64, uint32, uint64
 
-from ..topk.select import SEED_RADIX, _batch_seed_funcs
+from ..topk.seed_kernels import SEED_RADIX, _batch_seed_funcs
 
 #: threads of the candidate gather, and the bitset words each thread reads per tile
 GATHER_BLOCK = 256

@@ -355,7 +355,7 @@ def _seed_shape() -> tuple[int, int]:
     """(threads, samples a thread) of the pool's seed: the batched seed's shape on a GPU (4,096
     samples a request); 32 x 8 in the simulator, which runs every thread as a Python thread (and
     whose tests then reach the sampled seed with a few hundred candidates)."""
-    from ..topk.select import BATCH_SEED_BLOCK, BATCH_SEED_PER_THREAD
+    from ..topk.seed_kernels import BATCH_SEED_BLOCK, BATCH_SEED_PER_THREAD
 
     return (32, 8) if launch.backend.is_simulator() else (BATCH_SEED_BLOCK, BATCH_SEED_PER_THREAD)
 
@@ -460,25 +460,13 @@ class StepTimes:
 
 
 def _bound_final(fws, k: int, ids) -> list:
-    """The top-K final's launches (:func:`~andromeda_nb.topk.api.launch_final`: the rank final, then
-    the radix final, which returns at once where the rank final answered), bound."""
-    from ..topk import select
-    from ..topk.block import final_radix_kernel, next_pow2
+    """The top-K final's launches (:func:`~andromeda_nb.topk.api.launch_final`), recorded without
+    running and bound."""
+    from ..topk.api import launch_final
 
-    sim = launch.backend.is_simulator()
-    args = (fws.buf_s, fws.buf_i, fws.fill, fws.offsets, ids, fws.ks, fws.out_s, fws.out_slot, fws.out_id)
-    if sim:
-        rb, split, cap = launch.default_block(), 1, min(select.RANK_CAP, 512)
-    else:
-        rb, split, cap = select.RANK_BLOCK, select.RANK_SPLIT, select.RANK_CAP
-    per_block = rb // split
-    grid = max(1, min(-(-cap // per_block), -(-SEED_MARGIN_X2 * k // per_block)))
-    steps = [launch.BoundLaunch(select.final_rank_kernel(rb, True, cap, split), (grid, fws.batch), rb, args)]
-    if fws.cap > cap:
-        radix_block = launch.default_block() if sim else 1024
-        steps.append(launch.BoundLaunch(final_radix_kernel(max(2, next_pow2(k)), radix_block, True, skip_upto=cap),
-                                        (1, fws.batch), radix_block, args))
-    return steps
+    with launch.Recorder(run=False) as rec:
+        launch_final(k, fws, ids)
+    return launch.bind_all(rec.launches)
 
 
 def _batch_view(fws, B: int):

@@ -58,7 +58,7 @@ def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
 
 
 def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=None,
-               config: KernelConfig | None = None, path: str = "auto") -> TopK:
+               config: KernelConfig | None = None, path: str = "auto", topk_config=None) -> TopK:
     """Fused scoring + top-K: scores never reach device memory (except on the fallback for a k
     above 2048 without an exact seed); only the k ad ids, k scores and the count come back to the
     host.
@@ -75,6 +75,8 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
             "filter" falls back to "block" when its seed does not give an exact answer (to
             scores in memory and :func:`~andromeda_nb.topk.topk_scores` when k > 2048 or the
             block top-K's buffer does not fit in shared memory).
+        topk_config: the seed and filter's :class:`~andromeda_nb.topk.config.TopKConfig` (its
+            tuning; default the measured one), also that of the ``topk_scores`` fallback.
 
     Returns:
         :class:`~andromeda_nb.model.TopK` by ad id (ties to the lower ad id), count = ads scored
@@ -108,7 +110,8 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
             _check_runnable(dreq, table, access, config, k)
     sfw = None
     if path != "block" and not config.naive:
-        sfw = _workspace(table, ("filter", n_items, k, access), lambda: ScoreFilterWorkspace.make(n_items, k, access))
+        sfw = _workspace(table, ("filter", n_items, k, access, topk_config),
+                         lambda: ScoreFilterWorkspace.make(n_items, k, access, topk_config))
     if sfw is not None:
         fws = _filter_path(dreq, table, k, access, elig, cand, n_items, config, sfw)
         c = fws.counts.copy_to_host()[0]
@@ -127,7 +130,7 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
     ids = table.ad_ids
     if cand is not None:
         ids = table.ad_ids.copy_to_host()[cand.copy_to_host()]
-    return topk_scores(out, k, ids=ids)
+    return topk_scores(out, k, ids=ids, config=topk_config)
 
 
 def _filter_path(dreq, table, k, access, elig, cand, n_items, config, sfw):

@@ -179,23 +179,26 @@ class ScoreFilterWorkspace:
     for ``n_items`` items and top-``k``: the sample positions (contiguous chunks spread over the
     items, as :func:`~andromeda_nb.topk.api.launch_seed` samples a score array), their table slots
     (candidates access), the seed's :class:`~andromeda_nb.topk.api.SeedWorkspace` and the filter's
-    :class:`~andromeda_nb.topk.api.FilterWorkspace`. ``make`` returns None where no seed pays (few
-    items: :meth:`SeedWorkspace.make`)."""
+    :class:`~andromeda_nb.topk.api.FilterWorkspace`, sized by ``topk_config``
+    (:class:`~andromeda_nb.topk.config.TopKConfig`, default the measured one). ``make`` returns None
+    where no seed pays (few items: :meth:`SeedWorkspace.make`)."""
 
     @classmethod
-    def make(cls, n_items: int, k: int, access: str):
-        from ..topk.api import FilterWorkspace, SeedWorkspace, sample_positions
+    def make(cls, n_items: int, k: int, access: str, topk_config=None):
+        from ..topk.api import FilterWorkspace, SeedWorkspace, check_config
 
-        sws = SeedWorkspace.make(n_items, k)
+        topk_config = check_config(topk_config)
+        sws = SeedWorkspace.make(n_items, k, config=topk_config)
         if sws is None:
             return None
         self = cls()
         self.n_items, self.k, self.access, self.sws = int(n_items), int(k), access, sws
-        pos = sample_positions(n_items, sws.chunks)
+        self.topk_config = topk_config
+        pos = sws.positions()
         cuda = launch.cuda()
         self.pos = cuda.to_device(pos)
         self.slots = cuda.device_array(pos.size, np.int32) if access == "candidates" else self.pos
-        self.fws = FilterWorkspace(n_items, k)
+        self.fws = FilterWorkspace(n_items, k, config=topk_config)
         return self
 
 
@@ -242,7 +245,7 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     kern[grid, block](table.words, table.scale, table.bias, image,
                       elig if elig is not None else dummy(np.uint64), cand if cand is not None else dummy(np.int32),
                       n_items, table.ad_ids, seed, fws.buf_s, fws.buf_i, fws.fill, fws.counts, *extra)
-    return launch_final(k, fws, table.ad_ids)
+    return launch_final(k, fws, table.ad_ids, config=sfw.topk_config)
 
 
 def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, config: KernelConfig,

@@ -1,7 +1,7 @@
 """Block top-K: each thread block keeps its best k candidates in shared memory behind a running
 threshold; a merge launch reduces the per-block lists to the exact global answer.
 
-Contract (DESIGN.md, "Top-K semantics"): score descending, ties to the lower ad id, NaN never
+Contract (docs/design.md, "Top-K semantics"): score descending, ties to the lower ad id, NaN never
 selected, pads of slot -1 / score -inf. Candidates are ``(score float32, slot int32)``; when the
 kernel has an ``ids`` array, ties compare ``ids[slot]`` (the ad id), else the slot itself.
 
@@ -19,19 +19,19 @@ Whole-array top-K (all batched: a single request is a batch of one; request ``r`
 ``blockIdx.y``): ``scan`` (per-block lists over the request's slice, 8 scores per thread per round,
 a running threshold optionally seeded), ``bound`` (the best per-block k-th key: a lower bound of the
 request's k-th), ``select`` (entries at or above the bound, appended to a compact buffer) and
-``final`` (one block's exact top-k of the compact buffer, ids mapped). A seeded scan is exact only
-if at least k eligible scores reach the seed; ``counts[r, 1]`` says how many did, and the host
-wrapper reruns unseeded when it is short.
+``final`` (one block's exact top-k of the compact buffer, ids mapped; the default final is the
+radix select of :mod:`~andromeda_nb.topk.final_kernels`). A seeded scan is exact only if at least k
+eligible scores reach the seed; ``counts[r, 1]`` says how many did, and the host wrapper reruns
+unseeded when it is short. Host side: :mod:`~andromeda_nb.topk.scan`.
 """
 from collections import namedtuple
 
 import functools
 import math
 
-from numba import cuda, float32, int32, int64, uint32, uint64
+from numba import cuda, float32, int32, int64
 
 from ..device.bits import test_bit
-from ..device.intrinsics import float_key
 
 
 def next_pow2(x: int) -> int:
@@ -414,311 +414,6 @@ def final_kernel(cap: int, block: int, has_ids: bool):
                 out_id[r, q] = ids[start + slot]
             else:
                 out_id[r, q] = slot
-            q += block
-
-    return kernel
-
-
-@cuda.jit(device=True, inline=True)
-def score_key(s):
-    """The order key of a candidate score: ``float_key`` with -0 folded onto +0 (the contract
-    compares scores with ==, so -0 ties with +0)."""
-    if s == float32(0.0):
-        s = float32(0.0)
-    return float_key(s)
-
-
-RADIX_BITS = 8
-RADIX = 1 << RADIX_BITS
-
-
-@functools.lru_cache(maxsize=None)
-def _pick_bin(block: int, descending: bool):
-    """Device function ``pick(hist, tmp, need, sel)``: the bin holding the ``need``-th entry of a
-    ``RADIX``-bin histogram, counted from the top bin (``descending``) or the bottom one. Scans the
-    histogram into cumulative counts (Hillis-Steele, log2(RADIX) steps ping-ponging between
-    ``hist`` and ``tmp``: one barrier a step; an even number of steps ends in ``hist``), then the
-    one bin where the count first reaches ``need`` writes ``sel[0]`` = bin, ``sel[1]`` = the
-    entries still needed inside it, ``sel[3]`` = the bin's size. Whole block; ``need >= 1``."""
-
-    @cuda.jit(device=True, inline=True)
-    def step(src, dst, off):
-        h = cuda.threadIdx.x
-        while h < RADIX:
-            nb = h + off if descending else h - off
-            dst[h] = src[h] + (src[nb] if 0 <= nb < RADIX else 0)
-            h += block
-        cuda.syncthreads()
-
-    @cuda.jit(device=True)
-    def pick(hist, tmp, need, sel):
-        off = 1
-        while off < RADIX:
-            step(hist, tmp, off)
-            step(tmp, hist, 2 * off)
-            off *= 4
-        h = cuda.threadIdx.x
-        while h < RADIX:
-            nxt = h + 1 if descending else h - 1
-            before = hist[nxt] if 0 <= nxt < RADIX else 0  # entries in the bins ahead of h
-            if hist[h] >= need and before < need:
-                sel[0] = h
-                sel[1] = need - before
-                sel[3] = hist[h] - before
-            h += block
-        cuda.syncthreads()
-
-    return pick
-
-
-#: shared memory of final_radix_kernel, in all: the answer (8 bytes an entry of ``cap``), two
-#: histograms and the staged keys (the rest, under Numba's 48 KiB static limit)
-RADIX_SHARED_BYTES = 44 * 1024
-
-
-def radix_stage_words(cap: int) -> int:
-    """uint32 words of :func:`final_radix_kernel`'s staging area for an answer of ``cap`` entries
-    (a multiple of 256: 8,448 at cap 1024, 2,304 at cap 4096)."""
-    return max(0, (RADIX_SHARED_BYTES - 8 * cap - 2 * RADIX * 4 - 64) // 4 // 256 * 256)
-
-
-#: where final_radix_kernel reads an entry's key: the buffer (global), the staged keys (entry j's
-#: key at stage[j]) or staged pairs (key at stage[j], buffer index at stage[SW / 2 + j])
-FROM_BUFFER, FROM_KEYS, FROM_PAIRS = 0, 1, 2
-
-
-@functools.lru_cache(maxsize=None)
-def final_radix_kernel(cap: int, block: int, has_ids: bool, stage_words: int | None = None, skip_upto: int = -1):
-    """Launch ``[(1, batch), block]``: the same contract and arguments as :func:`final_kernel`, by
-    radix select instead of offering the buffer to a block top-K.
-
-    ``cap`` (a power of two, at least ``kmax``) entries of shared memory hold the answer. Steps, one
-    block per request, ``m`` = the request's buffer fill, ``kk = min(k, m)``:
-
-    0. stage: when the ``m`` score keys fit the staging area (:func:`radix_stage_words`), one
-       pass copies them to shared memory (4 loads in flight a thread); every later pass reads them
-       there, and the buffer only for the winners;
-    1. threshold: the kk-th largest score key (:func:`~andromeda_nb.device.intrinsics.float_key`,
-       -0 folded onto +0), 8 bits a pass (at most 4, a 256-bin shared histogram each), keeping only
-       the entries whose key matches the bits fixed so far; it stops early once the chosen bin
-       holds exactly the entries still needed. Unstaged, after each pass the entries at or above
-       the chosen bin are compacted into the staging area (key, buffer index) once they fit;
-    2. ties: if more entries hold the threshold key than places remain, the same select over their
-       tie-break ids (``ids[slot]``, else the slot; unique, non-negative) picks the lowest ones;
-    3. gather the kk winners into shared memory, sort them once (bitonic, best first), write.
-
-    ``skip_upto``: requests whose buffer holds at most this many entries are left alone (the sort
-    final of topk/select.py, launched before, answered them); -1: none.
-
-    ``stage_words``: the staging area's size (default :func:`radix_stage_words`; tests shrink it
-    to reach the unstaged and compacted modes on small buffers). Histogram and gather atomics are 32-bit increments of shared counters (ptxas aggregates
-    same-address increments of a warp; a 64-bit shared add is a compare-and-swap loop, which
-    ~1,000 winners contending on one counter made slow).
-    """
-    t = block_topk(cap, block, has_ids)
-    ID_PASSES = 8 if has_ids else 4
-    SW = max(2, radix_stage_words(cap) if stage_words is None else stage_words)
-    HALF = SW // 2
-    pick_top = _pick_bin(block, True)
-    pick_low = _pick_bin(block, False)
-
-    @cuda.jit(device=True, inline=True)
-    def id_of(slot, ids, start):
-        if has_ids:
-            return uint64(ids[start + slot])
-        return uint64(slot)
-
-    @cuda.jit(device=True, inline=True)
-    def key_at(stage, mode, buf_s, r, j):
-        if mode == FROM_BUFFER:
-            return score_key(buf_s[r, j])
-        return stage[j]
-
-    @cuda.jit(device=True, inline=True)
-    def index_at(stage, mode, j):
-        if mode == FROM_PAIRS:
-            return int64(stage[HALF + j])
-        return j
-
-    @cuda.jit(device=True, inline=True)
-    def count_digit(hist, key, mask, prefix, shift):
-        if (key & mask) == prefix:
-            cuda.atomic.add(hist, (key >> shift) & uint32(RADIX - 1), 1)
-
-    @cuda.jit(device=True)
-    def stage_keys(stage, buf_s, r, m):
-        """stage[j] = key of buffer entry j, j < m (whole block; ends synchronised)."""
-        j = cuda.threadIdx.x
-        while j + 3 * block < m:
-            s0 = buf_s[r, j]
-            s1 = buf_s[r, j + block]
-            s2 = buf_s[r, j + 2 * block]
-            s3 = buf_s[r, j + 3 * block]
-            stage[j] = score_key(s0)
-            stage[j + block] = score_key(s1)
-            stage[j + 2 * block] = score_key(s2)
-            stage[j + 3 * block] = score_key(s3)
-            j += 4 * block
-        while j < m:
-            stage[j] = score_key(buf_s[r, j])
-            j += block
-        cuda.syncthreads()
-
-    @cuda.jit(device=True)
-    def histogram(hist, stage, mode, buf_s, r, count, mask, prefix, shift):
-        """Count the digit at ``shift`` of the entries whose key matches ``prefix`` under ``mask``
-        (whole block; entered and left synchronised)."""
-        h = cuda.threadIdx.x
-        while h < RADIX:
-            hist[h] = 0
-            h += block
-        cuda.syncthreads()
-        j = cuda.threadIdx.x
-        if mode == FROM_BUFFER:  # 4 loads in flight: the buffer is in L2, ~1 us a round trip
-            while j + 3 * block < count:
-                k0 = score_key(buf_s[r, j])
-                k1 = score_key(buf_s[r, j + block])
-                k2 = score_key(buf_s[r, j + 2 * block])
-                k3 = score_key(buf_s[r, j + 3 * block])
-                count_digit(hist, k0, mask, prefix, shift)
-                count_digit(hist, k1, mask, prefix, shift)
-                count_digit(hist, k2, mask, prefix, shift)
-                count_digit(hist, k3, mask, prefix, shift)
-                j += 4 * block
-        while j < count:
-            count_digit(hist, key_at(stage, mode, buf_s, r, j), mask, prefix, shift)
-            j += block
-        cuda.syncthreads()
-
-    @cuda.jit(device=True)
-    def compact(stage, cnt, buf_s, r, m, mask, prefix):
-        """Stage (key, buffer index) of every buffer entry whose masked key is at or above
-        ``prefix`` (whole block; ends synchronised)."""
-        j = cuda.threadIdx.x
-        while j < m:
-            key = score_key(buf_s[r, j])
-            if (key & mask) >= prefix:
-                pos = cuda.atomic.add(cnt, 0, 1)
-                stage[pos] = key
-                stage[HALF + pos] = uint32(j)
-            j += block
-        cuda.syncthreads()
-
-    @cuda.jit
-    def kernel(buf_s, buf_i, fill, offsets, ids, ks, out_s, out_slot, out_id):
-        bs = cuda.shared.array(cap, float32)
-        bi = cuda.shared.array(cap, int32)
-        stage = cuda.shared.array(SW, uint32)
-        hist = cuda.shared.array(RADIX, int32)
-        tmp = cuda.shared.array(RADIX, int32)
-        sel = cuda.shared.array(4, int64)  # [0] bin found, [1] entries still needed, [3] bin size
-        cnt = cuda.shared.array(1, int32)  # entries compacted / gathered
-        r = cuda.blockIdx.y
-        tid = cuda.threadIdx.x
-        k = ks[r]
-        start = offsets[r]
-        sub = ids[start:] if has_ids else ids
-        m = min(fill[r], buf_s.shape[1])  # a filter may count past its buffer (the host then reruns)
-        if m <= skip_upto:
-            return  # uniform: answered by the sort final
-        kk = min(k, m)
-        if tid == 0:
-            cnt[0] = 0
-        mode = FROM_BUFFER
-        count = m
-        if m <= SW:
-            mode = FROM_KEYS
-            stage_keys(stage, buf_s, r, m)  # its barrier also publishes cnt[0] = 0
-        else:
-            cuda.syncthreads()
-        # --- 1. the kk-th largest score key, 8 bits at a time (most significant first)
-        prefix = uint32(0)
-        mask = uint32(0)
-        need = kk
-        ties = int64(0)  # entries whose masked key equals prefix (after the last pass run)
-        p = 4 if kk == 0 else 0  # kk == 0: nothing to select, every output is a pad
-        while p < 4:
-            shift = uint32(24 - 8 * p)
-            histogram(hist, stage, mode, buf_s, r, count, mask, prefix, shift)
-            pick_top(hist, tmp, need, sel)
-            prefix |= uint32(sel[0]) << shift
-            mask |= uint32(RADIX - 1) << shift
-            need = sel[1]
-            ties = sel[3]
-            p += 1
-            if ties <= need:
-                break  # the bin holds exactly the entries still needed: all of them win
-            keep = kk - need + ties  # entries at or above the chosen bin
-            if mode == FROM_BUFFER and keep <= HALF:
-                compact(stage, cnt, buf_s, r, m, mask, prefix)
-                mode = FROM_PAIRS
-                count = keep
-        # --- 2. among the ties (masked key == prefix), the `need` lowest ids: masked ids up to id_cut
-        id_prefix = uint64(0)
-        id_mask = uint64(0)
-        take_all_ties = ties <= need
-        if not take_all_ties and kk > 0:
-            for p in range(ID_PASSES):
-                shift = uint64(8 * (ID_PASSES - 1 - p))
-                h = tid
-                while h < RADIX:
-                    hist[h] = 0
-                    h += block
-                cuda.syncthreads()
-                j = tid
-                while j < count:
-                    if key_at(stage, mode, buf_s, r, j) == prefix:
-                        u = id_of(buf_i[r, index_at(stage, mode, j)], ids, start)
-                        if (u & id_mask) == id_prefix:
-                            cuda.atomic.add(hist, int64((u >> shift) & uint64(RADIX - 1)), 1)
-                    j += block
-                cuda.syncthreads()
-                pick_low(hist, tmp, need, sel)
-                id_prefix |= uint64(sel[0]) << shift
-                id_mask |= uint64(RADIX - 1) << shift
-                need = sel[1]
-                if sel[3] <= need:
-                    break  # every id in the chosen bin wins
-                cuda.syncthreads()  # sel is rewritten by the next pass's pick
-        # --- 3. gather the winners (at most kk: guards against repeated ids), sort, write
-        if tid == 0:
-            cnt[0] = 0
-        cuda.syncthreads()
-        j = tid
-        while j < count:
-            km = key_at(stage, mode, buf_s, r, j) & mask
-            win = km > prefix
-            idx = index_at(stage, mode, j)
-            if km == prefix:
-                win = take_all_ties or (id_of(buf_i[r, idx], ids, start) & id_mask) <= id_prefix
-            if win:
-                pos = cuda.atomic.add(cnt, 0, 1)
-                if pos < kk:
-                    bs[pos] = buf_s[r, idx]
-                    bi[pos] = buf_i[r, idx]
-            j += block
-        cuda.syncthreads()
-        P = 2
-        while P < kk:
-            P *= 2
-        q = kk + tid
-        while q < P:
-            bs[q] = NEG_INF
-            bi[q] = -1
-            q += block
-        cuda.syncthreads()
-        t.sort(bs, bi, sub, P)
-        kmax = out_s.shape[1]
-        q = tid
-        while q < kmax:
-            if q < kk:
-                out_s[r, q] = bs[q]
-                out_slot[r, q] = bi[q]
-                out_id[r, q] = ids[start + bi[q]] if has_ids else bi[q]
-            else:
-                out_s[r, q] = NEG_INF
-                out_slot[r, q] = -1
-                out_id[r, q] = -1
             q += block
 
     return kernel

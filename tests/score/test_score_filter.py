@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from andromeda_nb.device import launch
 from andromeda_nb import reference
 from andromeda_nb.score import api as S
-from andromeda_nb.topk import api as T
+from andromeda_nb.topk.config import TopKConfig, TopKTuning
 from andromeda_nb.model import AdTable, Request
 from andromeda_nb.score.api import DeviceAdTable, score_ads, score_topk
 
@@ -25,11 +25,14 @@ def poisoned_device_memory(monkeypatch):
         poison_device_arrays(monkeypatch)
 
 
+def seed_config(**tuning) -> TopKConfig:
+    """A seed on 2,000 items: 15 chunks of 16 (240 samples) from 256 items up."""
+    return TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256, **tuning))
+
+
 @pytest.fixture
-def small_seed(monkeypatch):
-    monkeypatch.setattr(T, "MAX_SAMPLE_CHUNKS", 16)
-    monkeypatch.setattr(T, "SAMPLE_CHUNK", 16)
-    monkeypatch.setattr(T, "SEED_MIN_N", 256)
+def small_seed():
+    return seed_config()
 
 
 def table_of(rng, n, d=32, dtype="fp16", ties=False):
@@ -61,10 +64,10 @@ def expected(req, table, dt, k, access, rng):
 
 
 @pytest.mark.parametrize("access", ["pool", "bitset", "candidates"])
-def test_filter_path_equals_oracle(small_seed, monkeypatch, rng, access):
+def test_filter_path_equals_oracle(monkeypatch, rng, access):
     # a seed of rank >= k: at least k sampled scores reach it, so it can never be high (at the
     # margin's rank 12 < k = 40 it was, correctly, on ~1 draw in 800: the block path answered)
-    monkeypatch.setattr(T, "SEED_MIN_RANK", 40)
+    topk_config = seed_config(seed_min_rank=40)
     req = rng.standard_normal(32)  # two-tower dot: the cheapest kernel in the simulator
     table = table_of(rng, N)
     dt = DeviceAdTable(table, "tiles")
@@ -72,7 +75,7 @@ def test_filter_path_equals_oracle(small_seed, monkeypatch, rng, access):
     kwargs, want = expected(req, table, dt, k, access, rng)
     block_calls = spy(monkeypatch, S, "launch_score_topk")
     filter_calls = spy(monkeypatch, S, "launch_score_filter")
-    top = score_topk(req, dt, k, **kwargs)
+    top = score_topk(req, dt, k, topk_config=topk_config, **kwargs)
     assert len(filter_calls) == 1 and not block_calls, "the filter path must answer on its own"
     np.testing.assert_array_equal(top.ids, want.ids)
     np.testing.assert_array_equal(top.scores, want.scores)
@@ -91,7 +94,7 @@ def test_filter_path_gated_with_ties_and_nan(small_seed, monkeypatch, rng):
     pool = score_ads(req, dt).copy_to_host()
     filter_calls = spy(monkeypatch, S, "launch_score_filter")
     block_calls = spy(monkeypatch, S, "launch_score_topk")
-    top = score_topk(req, dt, 100)  # all 100 from the tie, by ad id
+    top = score_topk(req, dt, 100, topk_config=small_seed)  # all 100 from the tie, by ad id
     assert len(filter_calls) == 1 and not block_calls
     want = reference.topk(pool, 100, ids=table.ad_ids)
     np.testing.assert_array_equal(top.ids, want.ids)
@@ -100,14 +103,13 @@ def test_filter_path_gated_with_ties_and_nan(small_seed, monkeypatch, rng):
 
 
 @pytest.mark.parametrize("how", ["seed_high", "overflow"])
-def test_filter_path_falls_back_exactly(small_seed, monkeypatch, rng, how):
+def test_filter_path_falls_back_exactly(monkeypatch, rng, how):
     if how == "seed_high":  # aim the seed at k / 4 scores: fewer than k reach it
-        monkeypatch.setattr(T, "SEED_MARGIN", 0.25)
+        topk_config = seed_config(seed_margin=0.25)
         k = 300
     else:  # a buffer of k entries: the ~4k scores at or above the seed overflow it
-        monkeypatch.setattr(T, "FILTER_MIN_CAP", 1)
-        monkeypatch.setattr(T, "FILTER_CAP_PER_K", 1)
-        monkeypatch.setattr(T, "SEED_MIN_RANK", 41)  # >= 41 sampled scores reach the seed: always past the cap
+        # >= 41 sampled scores reach the seed: always past the cap
+        topk_config = seed_config(filter_min_cap=1, filter_cap_per_k=1, seed_min_rank=41)
         k = 40
     req = rng.standard_normal(32)
     table = table_of(rng, N)
@@ -115,7 +117,7 @@ def test_filter_path_falls_back_exactly(small_seed, monkeypatch, rng, how):
     _, want = expected(req, table, dt, k, "pool", rng)
     block_calls = spy(monkeypatch, S, "launch_score_topk")
     filter_calls = spy(monkeypatch, S, "launch_score_filter")
-    top = score_topk(req, dt, k)
+    top = score_topk(req, dt, k, topk_config=topk_config)
     assert len(filter_calls) == 1 and len(block_calls) == 1
     np.testing.assert_array_equal(top.ids, want.ids)
     np.testing.assert_array_equal(top.scores, want.scores)
@@ -128,7 +130,7 @@ def test_k_above_the_block_limit(small_seed, monkeypatch, rng):
     table = table_of(rng, N)
     dt = DeviceAdTable(table)
     pool = score_ads(req, dt).copy_to_host()
-    top = score_topk(req, dt, 2100)
+    top = score_topk(req, dt, 2100, topk_config=small_seed)
     want = reference.topk(pool, 2100, ids=table.ad_ids)
     np.testing.assert_array_equal(top.ids, want.ids)
     np.testing.assert_array_equal(top.scores, want.scores)
@@ -153,7 +155,7 @@ def test_bitset_compaction_per_tile(small_seed, rng, fraction, path):
     pool = score_ads(req, dt).copy_to_host()
     eligible = rng.random(n) < fraction
     k = 40
-    top = score_topk(req, dt, k, eligible=eligible, path=path)
+    top = score_topk(req, dt, k, eligible=eligible, path=path, topk_config=small_seed)
     want = reference.topk(pool, k, ids=table.ad_ids, eligible=eligible)
     np.testing.assert_array_equal(top.ids, want.ids)
     np.testing.assert_array_equal(top.scores, want.scores)
@@ -180,23 +182,20 @@ def filter_cases(draw):
     elif access == "candidates":
         kwargs["candidates"] = rng.choice(n, draw(st.integers(0, n)), replace=False).astype(np.int32)
     k = draw(st.one_of(st.integers(1, 50), st.integers(51, 400), st.just(n + 1)))
-    knobs = {}
+    tuning = {}
     if draw(st.booleans()):
-        knobs = draw(st.sampled_from([dict(SEED_MARGIN=0.25), dict(FILTER_MIN_CAP=1, FILTER_CAP_PER_K=1)]))
-    return rng.standard_normal(32), table, draw(st.sampled_from(["rows", "tiles"])), k, kwargs, knobs
+        tuning = draw(st.sampled_from([dict(seed_margin=0.25), dict(filter_min_cap=1, filter_cap_per_k=1)]))
+    return rng.standard_normal(32), table, draw(st.sampled_from(["rows", "tiles"])), k, kwargs, seed_config(**tuning)
 
 
 @given(filter_cases())
 def test_filter_path_matches_oracle_on_generated_cases(case):
     """score_topk's default (filter) path, whatever its fallbacks: exactly the oracle's top-K of the
     kernel's own scores (device outputs poisoned)."""
-    from unittest import mock
-
-    req, table, layout, k, kwargs, knobs = case
+    req, table, layout, k, kwargs, topk_config = case
     dt = DeviceAdTable(table, layout)
     pool = score_ads(req, dt).copy_to_host()
-    with mock.patch.multiple(T, MAX_SAMPLE_CHUNKS=16, SAMPLE_CHUNK=16, SEED_MIN_N=256, **knobs):
-        top = score_topk(req, dt, k, **kwargs)
+    top = score_topk(req, dt, k, topk_config=topk_config, **kwargs)
     cand = kwargs.get("candidates")
     if cand is None:
         want = reference.topk(pool, k, ids=table.ad_ids, eligible=kwargs.get("eligible"))

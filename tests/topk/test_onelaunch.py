@@ -1,25 +1,26 @@
-"""The one-launch top-K of one request (topk/onelaunch.py; topk.py: OneLaunchWorkspace,
-launch_onelaunch, the route in topk_scores): its seed against an independent numpy model, its
-answer against the oracle on the contract's edges, its outcomes (seed above the k-th score,
-buffer overflow) and the reruns topk_scores makes of them, every output element written, the
-workspace reusable call after call."""
+"""The one-launch top-K of one request (topk/onelaunch.py, topk/onelaunch_kernels.py): its seed
+against an independent numpy model, its answer against the oracle on the contract's edges (its
+last-block sort with and without warp barriers), its outcomes (seed above the k-th score, buffer
+overflow), every output element written, the workspace reusable call after call. topk_scores,
+which does not take this path, answers the same arrays exactly."""
 
 import numpy as np
 import pytest
 
 import andromeda_nb.topk.api as T
 from andromeda_nb.device import launch
-from andromeda_nb import reference
-from andromeda_nb.topk.onelaunch import ONELAUNCH_CAP, ONELAUNCH_RUN
 from andromeda_nb.targeting import bits_from_mask
+from andromeda_nb.topk.config import DEFAULT_CONFIG, TopKConfig
+from andromeda_nb.topk.onelaunch import ONELAUNCH_MAX_N, OneLaunchWorkspace, launch_onelaunch, onelaunch_shape
+from andromeda_nb.topk.onelaunch_kernels import ONELAUNCH_CAP, ONELAUNCH_RUN
 
 from ..helpers import poison_shared_memory
-from .test_topk_batch_seeded import f32_keys, make_scores
+from .helpers import check_topk, f32_keys, make_scores, row
 
 
 def sample_positions(n: int, M: int) -> np.ndarray:
     """Sample j of M: run j // RUN (RUN contiguous scores) centred in its stratum of n // (M / RUN)
-    (topk.onelaunch.onelaunch_topk_kernel's docstring)."""
+    (onelaunch_kernels.onelaunch_topk_kernel's docstring)."""
     runs = M // ONELAUNCH_RUN
     step = n // runs
     starts = np.arange(runs, dtype=np.int64) * step + (step - ONELAUNCH_RUN) // 2
@@ -51,20 +52,20 @@ def kept_bounds(s: np.ndarray, mask, r: int, blk: int, M: int) -> tuple[int, int
     return at_least, at_most
 
 
-def run(s, k, mask=None, olw=None):
+def run(s, k, mask=None, olw=None, config=None):
     n = s.size
-    olw = olw or T.OneLaunchWorkspace.make(n, k)
+    olw = olw or OneLaunchWorkspace.make(n, k)
     assert olw is not None
     elig = None if mask is None else launch.to_device(bits_from_mask(mask))
     for a in (olw.out_s, olw.out_slot, olw.out_id):  # poisoned: every element must be written
         a.copy_to_device(np.full(a.shape, 7, a.dtype))
-    T.launch_onelaunch(launch.to_device(s), n, k, olw, elig)
+    launch_onelaunch(launch.to_device(s), n, k, olw, elig, config=config)
     c = olw.counts.copy_to_host()[0]
     return olw, c, T.seeded_outcome(olw, k, c)
 
 
 def shape():
-    blk, samples, per = T.onelaunch_shape()
+    blk, samples, per = onelaunch_shape()
     return blk, samples, per, blk * samples
 
 
@@ -72,25 +73,21 @@ def shape():
 @pytest.mark.parametrize("extra", [0, 1, 31, 257])
 def test_answer_matches_oracle(rng, kind, extra, monkeypatch):
     poison_shared_memory(monkeypatch)
-    monkeypatch.setattr(T, "ONELAUNCH_WARP_SYNC", extra % 2 == 1)  # the sort with warp barriers, half the cases
+    config = TopKConfig(onelaunch_warp_sync=extra % 2 == 1)  # the sort with warp barriers, half the cases
     blk, samples, per, M = shape()
     n = 2 * M + 3 * blk * per + extra  # not a multiple of a block's scores, of 32 or of a run
     s = make_scores(rng, n, kind)
     k = int(rng.integers(1, 40))
-    olw, c, outcome = run(s, k)
-    ref = reference.topk(s, k)
+    olw, c, outcome = run(s, k, config=config)
     assert c[0] == int((~np.isnan(s)).sum())
     lo, hi = kept_bounds(s, None, olw.r, blk, M)
     assert lo <= c[1] <= hi
     if outcome == "exact":
-        np.testing.assert_array_equal(olw.out_id.copy_to_host()[0], ref.ids)
-        np.testing.assert_array_equal(olw.out_s.copy_to_host()[0].view(np.uint32), ref.scores.view(np.uint32))
+        check_topk(row(olw), s, k)
         slots = olw.out_slot.copy_to_host()[0]
-        np.testing.assert_array_equal(slots, np.where(ref.ids >= 0, ref.ids, -1))
-    got = T.topk_scores(s, k)  # the public call: one launch, or its rerun
-    np.testing.assert_array_equal(got.ids, ref.ids)
-    np.testing.assert_array_equal(got.scores.view(np.uint32), ref.scores.view(np.uint32))
-    assert got.count == ref.count
+        ids = olw.out_id.copy_to_host()[0]
+        np.testing.assert_array_equal(slots, np.where(ids >= 0, ids, -1))
+    check_topk(T.topk_scores(s, k), s, k)  # the public call answers the same array
 
 
 def test_eligible_mask_and_few_eligible(rng):
@@ -101,19 +98,16 @@ def test_eligible_mask_and_few_eligible(rng):
         mask = rng.random(n) < frac
         k = 12
         olw, c, outcome = run(s, k, mask)
-        ref = reference.topk(s, k, eligible=mask)
         assert c[0] == int((mask & ~np.isnan(s)).sum())
         assert outcome == "exact"  # few eligible: fewer than r real samples, the seed is -inf
-        np.testing.assert_array_equal(olw.out_id.copy_to_host()[0], ref.ids)
-        np.testing.assert_array_equal(olw.out_s.copy_to_host()[0], ref.scores)
-        got = T.topk_scores(s, k, eligible=mask)
-        np.testing.assert_array_equal(got.ids, ref.ids)
+        check_topk(row(olw, count=int(c[0])), s, k, mask)
+        check_topk(T.topk_scores(s, k, eligible=mask), s, k, mask)
 
 
 def test_workspace_is_reusable_and_deterministic(rng):
     blk, samples, per, M = shape()
     n = 3 * M + 5
-    olw = T.OneLaunchWorkspace.make(n, 9)
+    olw = OneLaunchWorkspace.make(n, 9)
     answers = []
     for rep in range(3):
         s = make_scores(np.random.default_rng(rep % 2), n, "normal")
@@ -122,7 +116,7 @@ def test_workspace_is_reusable_and_deterministic(rng):
         np.testing.assert_array_equal(olw.acc.copy_to_host(), 0)  # the last block zeroed them
         assert olw.ticket.copy_to_host()[0] == 0
         answers.append(olw.out_id.copy_to_host()[0].copy())
-        np.testing.assert_array_equal(answers[-1], reference.topk(s, 9).ids)
+        check_topk(row(olw, count=int(c[0])), s, 9)
     np.testing.assert_array_equal(answers[0], answers[2])
 
 
@@ -134,13 +128,11 @@ def test_seed_above_kth_score_is_reported_and_rerun(rng):
     s = rng.random(n).astype(np.float32)
     s[sample_positions(n, M)] += 10.0
     k = 40  # r = ceil(2.5 k M / n) ~ k / 3: about 1.25 r < k scores reach the seed
-    olw = T.OneLaunchWorkspace.make(n, k)
+    olw = OneLaunchWorkspace.make(n, k)
     assert olw is not None and olw.r < k
     _, c, outcome = run(s, k, olw=olw)
     assert outcome == "seed_high" and c[1] < k
-    got = T.topk_scores(s, k)
-    ref = reference.topk(s, k)
-    np.testing.assert_array_equal(got.ids, ref.ids)
+    check_topk(T.topk_scores(s, k), s, k)
 
 
 def test_overflow_is_reported_and_rerun():
@@ -152,6 +144,17 @@ def test_overflow_is_reported_and_rerun():
     assert outcome == "overflow" and c[1] == n
     got = T.topk_scores(s, 5)
     np.testing.assert_array_equal(got.ids, np.arange(5))  # ties to the lower id
+    check_topk(got, s, 5)
+
+
+def test_k_1(rng):
+    """k = 1: at least the seed's rank r >= 1 scores reach it, so the one launch answers."""
+    blk, samples, per, M = shape()
+    n = 2 * M + 5
+    s = make_scores(rng, n, "normal")
+    olw, c, outcome = run(s, 1)
+    assert outcome == "exact" and c[1] >= olw.r
+    check_topk(row(olw, count=int(c[0])), s, 1)
 
 
 def test_zero_and_negative_zero_tie_and_keep_their_sign(rng):
@@ -162,20 +165,20 @@ def test_zero_and_negative_zero_tie_and_keep_their_sign(rng):
     s[[7, 11]] = [-0.0, 0.0]
     olw, c, outcome = run(s, 6)
     assert outcome == "exact"
-    ref = reference.topk(s, 6)
-    np.testing.assert_array_equal(olw.out_id.copy_to_host()[0], ref.ids)
-    np.testing.assert_array_equal(olw.out_s.copy_to_host()[0].view(np.uint32), ref.scores.view(np.uint32))
+    check_topk(row(olw, count=int(c[0])), s, 6)
 
 
 def test_where_the_path_applies():
     blk, samples, per, M = shape()
-    assert T.OneLaunchWorkspace.make(2 * M - 1, 5) is None  # smaller than twice its sample
-    assert T.OneLaunchWorkspace.make(T.ONELAUNCH_MAX_N + 1, 5) is None
-    assert T.OneLaunchWorkspace.make(4 * M, 0) is None
-    big_k = int(ONELAUNCH_CAP * 5 // 8 / T.SEED_MARGIN) + 1  # aims at more candidates than fit
-    assert T.OneLaunchWorkspace.make(T.ONELAUNCH_MAX_N, big_k) is None
-    w = T.OneLaunchWorkspace.make(4 * M, 3)
-    assert w.r == max(T.SEED_MIN_RANK, int(np.ceil(T.SEED_MARGIN * 3 * M / (4 * M)))) and w.cap == ONELAUNCH_CAP
+    t = DEFAULT_CONFIG.tuning
+    assert OneLaunchWorkspace.make(2 * M - 1, 5) is None  # smaller than twice its sample
+    assert OneLaunchWorkspace.make(ONELAUNCH_MAX_N + 1, 5) is None
+    assert OneLaunchWorkspace.make(4 * M, 0) is None
+    big_k = int(ONELAUNCH_CAP * 5 // 8 / t.seed_margin) + 1  # aims at more candidates than fit
+    assert OneLaunchWorkspace.make(ONELAUNCH_MAX_N, big_k) is None
+    assert OneLaunchWorkspace.make(4 * M, 4 * M) is None  # k = n: far more candidates than the sort holds
+    w = OneLaunchWorkspace.make(4 * M, 3)
+    assert w.r == max(t.seed_min_rank, int(np.ceil(t.seed_margin * 3 * M / (4 * M)))) and w.cap == ONELAUNCH_CAP
 
 
 def test_without_a_seed_every_eligible_score_is_kept(rng):
@@ -186,19 +189,19 @@ def test_without_a_seed_every_eligible_score_is_kept(rng):
     for trial in range(4):
         s = make_scores(rng, n, "normal")
         k = 20
-        olw = T.OneLaunchWorkspace.make(n, k)
+        olw = OneLaunchWorkspace.make(n, k)
         olw.r = 0
         _, c, outcome = run(s, k, olw=olw)
         assert c.tolist() == [int((~np.isnan(s)).sum())] * 2
         if outcome == "exact":
-            np.testing.assert_array_equal(olw.out_id.copy_to_host()[0], reference.topk(s, k).ids)
+            check_topk(row(olw, count=int(c[0])), s, k)
 
 
 def test_launch_refuses_a_workspace_of_another_shape(rng):
     blk, samples, per, M = shape()
     n = 3 * M
-    olw = T.OneLaunchWorkspace.make(n, 20)
+    olw = OneLaunchWorkspace.make(n, 20)
     d = launch.to_device(rng.standard_normal(n).astype(np.float32))
     for bad_n, bad_k in ((n - 1, 20), (n, 21), (n, 0)):
         with pytest.raises(ValueError, match="one-launch workspace"):
-            T.launch_onelaunch(d, bad_n, bad_k, olw)
+            launch_onelaunch(d, bad_n, bad_k, olw)
