@@ -26,6 +26,9 @@ _LAZY = {
     "match_eligible": "match",
     "retrieve": "pipeline",
     "Retrieved": "pipeline",
+    "Pool": "pipeline",
+    "TopKConfig": "topk",
+    "MatchConfig": "match",
 }
 
 

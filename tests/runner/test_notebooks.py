@@ -30,6 +30,7 @@ FIGURES = {
                      "targeting_memory", "targeting_layouts"],
     "05_expert_count": ["expert_count_recall_vs_compute", "expert_count_worked_example"],
     "06_precision": ["precision_quality_vs_throughput"],
+    "07_request_path": ["pipeline_batches", "pipeline_steps", "pipeline_load"],
 }
 
 
@@ -206,3 +207,12 @@ def test_precision_headlines(smoke):
         for dt in ("bf16", "fp16", "int8", "int8_dimscale"):
             assert 0.9 < m[f"{ds}/{dt}/overlap@100_fp32"] <= 1
             assert abs(m[f"{ds}/{dt}/recall@100_delta_pp"]) <= 100
+
+
+@pytest.mark.notebook
+def test_request_path_headlines(smoke):
+    m = metrics(smoke, "07_request_path")
+    assert m["demo_matches_reference"] is True and m["all_rows_verified"] is True
+    assert 0 < m["retrieve_1e8_device_ms"] < m["retrieve_1e8_p50_ms"] <= m["retrieve_1e8_p99_ms"]
+    assert m["retrieve_1e8_wall_over_device"] >= 1 and m["retrieve_1e8_batch32_requests_per_s"] > 0
+    assert 0 < m["score_topk_1e8_device_over_wall"] <= 1 and m["score_sparse_1e8_device_us"] > 0

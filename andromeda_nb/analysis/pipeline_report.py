@@ -1,0 +1,249 @@
+"""The tables, figures and findings behind the request-path notebook (``notebooks/07_request_path.ipynb``),
+from the rows of ``data/results/pipeline.csv`` (``python -m andromeda_nb.bench pipeline``).
+
+Variants: ``retrieve`` (:meth:`~andromeda_nb.pipeline.Pool.retrieve` of ``batch`` requests),
+``score_sparse`` (the device steps of one request after the match), ``match_eligible``,
+``score_topk`` (the whole pool), ``retrieve_open_loop`` (requests at a set rate) and the launch
+overheads ``launch_numba_dispatch`` / ``launch_bound``. Wall times are the public call's, warm;
+``device_seconds`` is the summed device time of the same calls' own work.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from . import plots
+
+#: the request-path issue's targets (H200, 10^8-ad benchmark world, k = 1000)
+TARGET_P50_S = 0.4e-3
+TARGET_WALL_OVER_DEVICE = 1.3
+TARGET_REQUESTS_PER_S_AT_32 = 5000
+TARGET_SPARSE_DEVICE_S = 55e-6
+TARGET_SCORE_TOPK_RATE = 0.85
+STEP_ORDER = ("weights", "match", "reset", "gather", "sample", "seed", "filter", "final0", "final1", "answers")
+
+
+def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
+    out = rows.copy()
+    for col, src in (("wall_ms", "seconds_median"), ("p99_ms", "seconds_p99"), ("device_ms", "device_seconds")):
+        out[col] = pd.to_numeric(out[src], errors="coerce") * 1e3 if src in out else np.nan
+    out["requests_per_s"] = pd.to_numeric(out["requests_per_s"], errors="coerce") if "requests_per_s" in out else np.nan
+    out["wall_over_device"] = out["wall_ms"] / out["device_ms"]
+    return out
+
+
+def newest(rows: pd.DataFrame) -> pd.DataFrame:
+    """The newest verified row of each (variant, pool size, batch), with ``wall_ms``, ``p99_ms``,
+    ``device_ms`` and ``wall_over_device``."""
+    ok = rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")]
+    return _with_ms(ok.sort_values("timestamp").groupby(["variant", "n_ads", "batch"], dropna=False).tail(1))
+
+
+def sweep_run(rows: pd.DataFrame, variant: str = "retrieve") -> pd.DataFrame:
+    """The newest run holding the most rows of ``variant`` (a whole sweep, not a short check)."""
+    r = rows[rows["variant"] == variant]
+    if r.empty:
+        return rows.iloc[0:0]
+    counts = r.groupby("commit").agg(n=("variant", "size"), t=("timestamp", "max"))
+    commit = counts.sort_values(["n", "t"]).index[-1]
+    return _with_ms(rows[rows["commit"] == commit])
+
+
+def batch_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """``retrieve`` against batch size and pool size (the newest whole sweep)."""
+    t = sweep_run(rows)
+    t = t[t["variant"] == "retrieve"].sort_values(["n_ads", "batch"])
+    return t[["n_ads", "batch", "wall_ms", "p99_ms", "device_ms", "wall_over_device", "requests_per_s",
+              "eligible_fraction", "commit"]].reset_index(drop=True)
+
+
+def steps(rows: pd.DataFrame) -> pd.DataFrame:
+    """Where a one-request call's device time goes (microseconds a step, from the retrieve rows'
+    notes) and the host's share (wall minus device), per pool size (the newest row of each)."""
+    t = newest(rows)
+    t = t[(t["variant"] == "retrieve") & (t["batch"] == 1)]
+    out = []
+    for _, r in t.iterrows():
+        found = dict(re.findall(r"(\w+) ([0-9.]+)", str(r["notes"]).split(";")[0].split(":", 1)[-1]))
+        row = {s: float(found.get(s, 0.0)) for s in STEP_ORDER}
+        row["host (wall - device)"] = max(0.0, (r["wall_ms"] - r["device_ms"]) * 1e3)
+        row["n_ads"] = int(r["n_ads"])
+        out.append(row)
+    return pd.DataFrame(out).set_index("n_ads") if out else pd.DataFrame()
+
+
+def load_curve(rows: pd.DataFrame) -> pd.DataFrame:
+    """Open-loop latency (p50, p99, ms) against the offered rate, and the rate served (newest run)."""
+    t = sweep_run(rows, "retrieve_open_loop")
+    t = t[t["variant"] == "retrieve_open_loop"].copy()
+    t["offered"] = pd.to_numeric(t["requests_per_s"], errors="coerce")
+    t["served"] = t["notes"].str.extract(r"served ([0-9,]+)")[0].str.replace(",", "").astype(float)
+    t["p50_ms"] = t["seconds_median"] * 1e3
+    t["p99_ms"] = pd.to_numeric(t["seconds_p99"], errors="coerce") * 1e3
+    return t[["offered", "served", "p50_ms", "p99_ms"]].sort_values("offered").reset_index(drop=True)
+
+
+def batch_figure(table: pd.DataFrame, source: str):
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, (n, g) in enumerate(table.groupby("n_ads")):
+        label, color = f"{n:.0e} ads".replace("e+0", "e"), f"C{i}"
+        a.plot(g["batch"], g["requests_per_s"], "o-", color=color, label=label)
+        b.plot(g["batch"], g["wall_ms"] / g["batch"], "o-", color=color, label=f"{label}: wall")
+        b.plot(g["batch"], g["device_ms"] / g["batch"], "s--", color=color, label=f"{label}: device")
+    a.axhline(TARGET_REQUESTS_PER_S_AT_32, color="grey", lw=0.8, ls=":", label="target at batch 32")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("requests a call (batch)")
+        ax.legend(fontsize=7)
+    b.set_yscale("log")
+    a.set_ylabel("requests / s")
+    b.set_ylabel("ms a request")
+    a.set_title("throughput")
+    b.set_title("time a request: wall against device")
+    plots.source_note(fig, source)
+    return fig
+
+
+def steps_figure(table: pd.DataFrame, source: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    if table.empty:
+        plots.no_data(ax, "no one-request retrieve rows")
+        return fig
+    left = np.zeros(len(table))
+    labels = [f"{n:.0e} ads".replace("e+0", "e") for n in table.index]
+    colors = plt.get_cmap("tab20").colors
+    for i, col in enumerate(table.columns):
+        color = "0.75" if col.startswith("host") else colors[i % len(colors)]
+        ax.barh(labels, table[col], left=left, label=col, color=color)
+        left += table[col].to_numpy()
+    ax.set_xlabel("microseconds of one request's call")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title("where one request's time goes (device steps, then the host's share)")
+    plots.source_note(fig, source)
+    return fig
+
+
+def load_figure(curve: pd.DataFrame, source: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if curve.empty:
+        plots.no_data(ax, "no open-loop rows")
+        return fig
+    ax.plot(curve["offered"], curve["p50_ms"], "o-", label="p50")
+    ax.plot(curve["offered"], curve["p99_ms"], "s--", label="p99")
+    ax.set_xlabel("offered load (requests / s)")
+    ax.set_ylabel("latency, arrival to answer (ms)")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("latency against offered load (10^8 ads)")
+    plots.source_note(fig, source)
+    return fig
+
+
+def _row(t: pd.DataFrame, variant: str, n: float, batch: float = 1):
+    r = t[(t["variant"] == variant) & np.isclose(t["n_ads"], n) & np.isclose(t["batch"], batch)]
+    return None if r.empty else r.iloc[-1]
+
+
+def _filter_share(rows: pd.DataFrame) -> float:
+    st = steps(rows)
+    if st.empty or 100_000_000 not in st.index:
+        return float("nan")
+    r = st.loc[100_000_000]
+    sparse = sum(r[s] for s in ("reset", "gather", "sample", "seed", "filter", "final0", "final1"))
+    return r["filter"] / sparse if sparse else float("nan")
+
+
+def correctness_demo(n_ads: int, k: int, seed: int = 0) -> tuple[pd.DataFrame, bool]:
+    """A small benchmark world served by a :class:`~andromeda_nb.pipeline.Pool` (a batch of three
+    requests) against the reference: the host rules' match and the top-k of the kernel's own
+    scores (exact ids, order and scores). Returns a table a request and whether all matched."""
+    from .. import reference
+    from ..datasets import synthetic
+    from ..model import AdTable, Request
+    from ..pipeline import Pool
+    from ..score import score_ads
+    from ..targeting import TargetingIndex, make_profile
+
+    rng = np.random.default_rng(seed)
+    schema = synthetic.benchmark_schema()
+    rules = synthetic.generate_rules(schema, n_ads, seed=seed)
+    table = AdTable.from_float(rng.standard_normal((n_ads, 64)), rng.standard_normal(n_ads), dtype="fp16",
+                               ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules), max_batch=4, max_k=k)
+    reqs = [Request.random(64, 6, 2, rng) for _ in range(3)]
+    profiles = synthetic.generate_profiles(schema, 3, seed=seed + 1, max_values=synthetic.MAX_USER_VALUES)
+    # a broad profile too (no values: only unconstrained categories pass), so one request holds many ads
+    profiles[2] = {}
+    outs = pool.retrieve(reqs, profiles, k=k)
+    rows = []
+    for b, (req, prof, out) in enumerate(zip(reqs, profiles, outs)):
+        elig = reference.match(rules, make_profile(schema, prof))
+        want = reference.topk(score_ads(req, pool.table).copy_to_host(), k, ids=pool.table.host_ad_ids, eligible=elig)
+        same = bool(np.array_equal(out.ids, want.ids) and np.array_equal(out.scores, want.scores)
+                    and out.n_eligible == elig.sum())
+        rows.append({"request": b, "eligible": out.n_eligible, "returned": int((out.ids >= 0).sum()),
+                     "best score": float(out.scores[0]) if out.n_eligible else float("nan"),
+                     "equals the reference": same})
+    table_out = pd.DataFrame(rows)
+    return table_out, bool(table_out["equals the reference"].all())
+
+
+def headline_metrics(rows: pd.DataFrame) -> dict:
+    """The newest verified measurement of each headline case."""
+    t = newest(rows)
+    out = {}
+    one, b32 = _row(t, "retrieve", 1e8), _row(t, "retrieve", 1e8, 32)
+    sparse, whole = _row(t, "score_sparse", 1e8), _row(t, "score_topk", 1e8)
+    if one is not None:
+        out.update(retrieve_1e8_p50_ms=one["wall_ms"], retrieve_1e8_p99_ms=one["p99_ms"],
+                   retrieve_1e8_device_ms=one["device_ms"], retrieve_1e8_wall_over_device=one["wall_over_device"])
+    if b32 is not None:
+        out["retrieve_1e8_batch32_requests_per_s"] = b32["requests_per_s"]
+    if sparse is not None:
+        out["score_sparse_1e8_device_us"] = sparse["device_ms"] * 1e3
+    if whole is not None:
+        out["score_topk_1e8_device_over_wall"] = whole["device_ms"] / whole["wall_ms"]
+    out["all_rows_verified"] = bool(t[t["variant"].isin(["retrieve", "score_topk", "score_sparse"])]["ok"].all())
+    return out
+
+
+def findings(rows: pd.DataFrame) -> str:
+    """What the newest run shows against the request path's targets, in numbers."""
+    m = headline_metrics(rows)
+    if "retrieve_1e8_p50_ms" not in m:
+        return "No 10^8-ad `retrieve` rows are committed yet: run `python -m andromeda_nb.bench pipeline` on a GPU."
+    t = newest(rows)
+    one = _row(t, "retrieve", 1e8)
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    lines = [f"The newest verified rows ({one['device']}; one request at commit `{one['commit']}`), 10^8-ad "
+             "benchmark world, gated E6 K2 fp16 d64, k = 1000.", ""]
+    p50, ratio = m["retrieve_1e8_p50_ms"], m["retrieve_1e8_wall_over_device"]
+    lines.append(f"- One request: p50 {p50:.3f} ms wall (target {TARGET_P50_S * 1e3:.1f} ms: "
+                 f"{met(p50 <= TARGET_P50_S * 1e3)}), {ratio:.2f} x its {m['retrieve_1e8_device_ms']:.3f} ms of "
+                 f"device time (target {TARGET_WALL_OVER_DEVICE}: {met(ratio <= TARGET_WALL_OVER_DEVICE)}).")
+    if "retrieve_1e8_batch32_requests_per_s" in m:
+        rps = m["retrieve_1e8_batch32_requests_per_s"]
+        lines.append(f"- Batches of 32: {rps:,.0f} requests/s (target {TARGET_REQUESTS_PER_S_AT_32:,}: "
+                     f"{met(rps >= TARGET_REQUESTS_PER_S_AT_32)}).")
+    if "score_sparse_1e8_device_us" in m:
+        us = m["score_sparse_1e8_device_us"]
+        lines.append(f"- Sparse scoring of one request (~1 % of 10^8): {us:.0f} us of device time (target "
+                     f"{TARGET_SPARSE_DEVICE_S * 1e6:.0f} us: {met(us <= TARGET_SPARSE_DEVICE_S * 1e6)}); "
+                     f"the filter pass over the gathered rows takes {_filter_share(rows):.0%} of it.")
+    if "score_topk_1e8_device_over_wall" in m:
+        f = m["score_topk_1e8_device_over_wall"]
+        lines.append(f"- `score_topk` over the whole pool: the public call runs at {f:.2f} of its kernels' rate "
+                     f"(target {TARGET_SCORE_TOPK_RATE}: {met(f >= TARGET_SCORE_TOPK_RATE)}).")
+    return "\n".join(lines)

@@ -1,0 +1,172 @@
+"""The measurement history and the README's headline table, generated from data/results/*.csv.
+
+``python -m andromeda_nb.analysis.results_doc`` writes ``docs/results.md`` (every suite's rows,
+newest run first, grouped by commit) and rewrites the README's block between
+``<!-- headline:start -->`` and ``<!-- headline:end -->``. ``--check`` exits 1 when either is stale
+(the tests run it): the numbers a reader sees are always the committed rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .results import load
+
+SUITES = ("pipeline", "scoring", "topk", "targeting")
+START, END = "<!-- headline:start -->", "<!-- headline:end -->"
+
+#: (label, suite, filters, how to show it): the README's headline rows, the newest verified row of each
+HEADLINE = (
+    ("one request through `Pool.retrieve`, 10^8 ads, ~1 % eligible", "pipeline",
+     dict(variant="retrieve", n_ads=1e8, batch=1), "latency"),
+    ("batches of 32 requests through `Pool.retrieve`, 10^8 ads", "pipeline",
+     dict(variant="retrieve", n_ads=1e8, batch=32), "throughput"),
+    ("`score_topk` over the whole pool, 10^8 ads, top-1000", "pipeline",
+     dict(variant="score_topk", n_ads=1e8), "latency"),
+    ("sparse scoring of one request's ~10^6 eligible ads (device)", "pipeline",
+     dict(variant="score_sparse", n_ads=1e8), "device"),
+    ("dot product (two-tower), scores to memory", "scoring",
+     dict(variant="dot_scores_to_memory", n_ads=1e8, dtype="fp16", d=64, layout="tiles"), "kernel"),
+    ("gated E6 K2, scores to memory", "scoring",
+     dict(variant="gated_scores_to_memory", n_ads=1e8, dtype="fp16", d=64, layout="tiles"), "kernel"),
+    ("gated E6 K2, fused top-1000 (seeded filter path)", "scoring",
+     dict(variant="gated_fused_topk_filter", n_ads=1e8, dtype="fp16", d=64, layout="tiles", access="pool", k=1000),
+     "kernel"),
+    ("top-K of 10^8 scores in random order, k = 1000", "topk",
+     dict(variant="block_topk_seeded", n_ads=1e8, k=1000, access="random"), "kernel"),
+    ("targeting match, one request, 10^8 ads, 20 categories", "targeting",
+     dict(variant="match_U8_b256", n_ads=1e8), "kernel"),
+)
+
+
+def _pick(df: pd.DataFrame, filters: dict) -> pd.Series | None:
+    rows = df[df["ok"]]
+    for col, want in filters.items():
+        if col not in rows:
+            return None
+        if isinstance(want, str):
+            rows = rows[rows[col] == want]
+        else:
+            rows = rows[np.isclose(rows[col].astype(float), want, rtol=1e-3)]  # 10^8 + spare slots
+    if rows.empty:
+        return None
+    return rows.sort_values("timestamp").iloc[-1]
+
+
+def _num(row, col) -> float:
+    v = row.get(col, "")
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _cell(row: pd.Series, how: str) -> str:
+    wall, p99, dev = _num(row, "seconds_median"), _num(row, "seconds_p99"), _num(row, "device_seconds")
+    frac = _num(row, "fraction_of_read_ceiling")
+    if how == "latency":
+        return (f"{wall * 1e3:.3f} ms p50, {p99 * 1e3:.3f} ms p99 wall; {dev * 1e3:.3f} ms device "
+                f"(wall / device {wall / dev:.2f})")
+    if how == "throughput":
+        return f"{_num(row, 'requests_per_s'):,.0f} requests/s; {wall * 1e3:.2f} ms a batch, {dev * 1e3:.2f} ms device"
+    if how == "device":
+        return f"{dev * 1e6:.0f} us, {_num(row, 'items_per_s') / 1e9:.2f} G ads/s"
+    return f"{_num(row, 'items_per_s') / 1e9:.1f} G items/s, {frac:.2f} of the read ceiling"
+
+
+def headline(results_dir: str | Path = "data/results") -> str:
+    """The README's headline table (markdown): the newest verified row of each headline case."""
+    tables = {s: load(s, results_dir) for s in SUITES if (Path(results_dir) / f"{s}.csv").exists()}
+    lines = ["| case | measured | device, date |", "| --- | --- | --- |"]
+    for label, suite, filters, how in HEADLINE:
+        row = _pick(tables[suite], filters) if suite in tables else None
+        if row is None:
+            lines.append(f"| {label} | not measured | |")
+            continue
+        lines.append(f"| {label} | {_cell(row, how)} | {row['device']}, {str(row['timestamp'])[:10]} |")
+    return "\n".join(lines)
+
+
+_COLUMNS = ("variant", "n_ads", "batch", "d", "dtype", "experts", "k_experts", "layout", "access",
+            "eligible_fraction", "k", "seconds_median", "seconds_p99", "device_seconds", "items_per_s",
+            "requests_per_s", "fraction_of_read_ceiling", "verified")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if np.isnan(v):
+            return ""
+        return f"{v:.4g}"
+    s = str(v)
+    return s.replace("|", "/")[:60]
+
+
+def history(results_dir: str | Path = "data/results") -> str:
+    """docs/results.md: every suite's rows, newest run first, a table a commit."""
+    out = ["# Measurement history", "",
+           "Generated from `data/results/*.csv` by `python -m andromeda_nb.analysis.results_doc`; do not edit.",
+           "Every row is one measured case of one run (docs/design.md, \"Results tables\"); `verified` says how",
+           "the row checked its own output. Columns left out here are in the CSV (notes, p20 / p80, versions).", ""]
+    for suite in SUITES:
+        path = Path(results_dir) / f"{suite}.csv"
+        if not path.exists():
+            continue
+        df = load(suite, results_dir)
+        out += [f"## {suite}", ""]
+        runs = (df.assign(_t=df["timestamp"]).groupby("commit", sort=False)["_t"].max()
+                .sort_values(ascending=False))
+        for commit, when in runs.items():
+            rows = df[(df["commit"] == commit) & ~df["variant"].str.startswith("ceiling")]
+            if rows.empty:
+                continue
+            device = rows["device"].iloc[0]
+            ceil = df[(df["commit"] == commit) & (df["variant"] == "ceiling_read_cupy_sum")]["achieved_TBps"]
+            ceil_txt = f", read ceiling {float(ceil.iloc[0]):.2f} TB/s" if len(ceil) else ""
+            out += [f"### {suite} at `{commit}` ({device}, {str(when)[:10]}{ceil_txt})", ""]
+            cols = [c for c in _COLUMNS if c in rows and rows[c].astype(str).str.len().gt(0).any()]
+            out.append("| " + " | ".join(cols) + " |")
+            out.append("| " + " | ".join("---" for _ in cols) + " |")
+            for _, r in rows.iterrows():
+                out.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _with_headline(readme: str, table: str) -> str:
+    if START not in readme or END not in readme:
+        raise ValueError(f"the README has no {START} ... {END} block")
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table}\n{END}{tail}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m andromeda_nb.analysis.results_doc", description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default=".", help="the repository root")
+    ap.add_argument("--check", action="store_true", help="exit 1 when docs/results.md or the README is stale")
+    args = ap.parse_args(argv)
+    root = Path(args.root)
+    results = root / "data" / "results"
+    doc, readme_path = root / "docs" / "results.md", root / "README.md"
+    want_doc = history(results)
+    want_readme = _with_headline(readme_path.read_text(), headline(results))
+    if args.check:
+        stale = [str(p) for p, want in ((doc, want_doc), (readme_path, want_readme))
+                 if not p.exists() or p.read_text() != want]
+        if stale:
+            print("stale (run python -m andromeda_nb.analysis.results_doc): " + ", ".join(stale), file=sys.stderr)
+            return 1
+        return 0
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(want_doc)
+    readme_path.write_text(want_readme)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
