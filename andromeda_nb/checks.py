@@ -1,4 +1,4 @@
-"""Comparisons against the oracle with DESIGN.md's tolerances ("Checking against the oracle").
+"""Comparisons against the oracle with docs/design.md's tolerances ("Checking against the reference").
 
 Used by the tests (which assert on the result) and by the benchmarks (which record it in each row's
 ``verified`` column).
@@ -63,7 +63,7 @@ def _alternative_scores(request: Request, table: AdTable) -> np.ndarray:
 
 def near_tie_ads(request: Request, table: AdTable) -> np.ndarray:
     """bool ``[n_ads]``: ads whose K-th and (K+1)-th gate logits (float64) are within ``GATE_GAP``,
-    so an fp32 kernel may choose either expert set (DESIGN.md: either choice is right)."""
+    so an fp32 kernel may choose either expert set (docs/design.md: either choice is right)."""
     g = reference.gate(request, table)
     K, E = request.k_experts, request.experts
     if K == E:

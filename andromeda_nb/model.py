@@ -1,6 +1,6 @@
 """Request and ad-table data classes, and ad-table quantization (host side, numpy only).
 
-The model (DESIGN.md, "The model, exactly"): per request, expert value vectors ``V[E, d]``, gate
+The model (docs/design.md, "The model"): per request, expert value vectors ``V[E, d]``, gate
 keys ``G[E, d]``, context modulation ``gamma[d]``, ``beta[d]`` and the number of active experts
 ``k_experts``; per ad, an embedding row ``a[d]`` and a bias ``b``::
 
@@ -138,7 +138,7 @@ def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     ``scale[i] = max|x[i]| / 127`` and ``q = clip(round(x / scale), -127, 127)``, so -128 is never
     emitted and the dequantized range is symmetric. An all-zero row gets scale 0 and q = 0 (it
-    dequantizes to exactly 0). The table never holds a NaN; scoring still computes in fp32 (DESIGN.md),
+    dequantizes to exactly 0). The table never holds a NaN; scoring still computes in fp32 (docs/design.md),
     so rows near the fp32 limit (|x| ~ 1e38) can overflow the encode or the dot products to inf
     and then NaN, as an fp32 table of the same values would, where the float64 oracle stays finite.
 

@@ -1,7 +1,7 @@
 """Float64 numpy reference of score, targeting match and top-K: the definition of correct.
 
 Every kernel, every storage precision and the trained model's forward pass are tested against these
-functions (DESIGN.md, "The model, exactly", "Targeting semantics", "Top-K semantics").
+functions (docs/design.md, "The model", "Targeting", "Top-K").
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _rows(table) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def gate(request: Request, table) -> GateResult:
-    """Run the encode and gate of DESIGN.md's model in float64.
+    """Run the encode and gate of the model of docs/design.md in float64.
 
     Args:
         request: the request tensors.
@@ -65,7 +65,7 @@ def gate(request: Request, table) -> GateResult:
 
 
 def score(request: Request, table, bias=None) -> np.ndarray:
-    """Float64 scores ``[n]`` of every row of ``table`` (DESIGN.md's model).
+    """Float64 scores ``[n]`` of every row of ``table`` (the model of docs/design.md).
 
     ``score = sum_{e in S} p[e] * dot(V[e], h) + b``, with ``p`` the softmax over all E experts
     (not renormalised over S). NaN in a row gives a NaN score.
@@ -97,7 +97,7 @@ def dot_score(user: np.ndarray, table, bias=None) -> np.ndarray:
 
 
 def topk(scores, k: int, ids=None, eligible=None) -> TopK:
-    """Exact top-k by DESIGN.md's contract.
+    """Exact top-k by docs/design.md's contract.
 
     Order: score descending, ties to the lower id; NaN never selected; ineligible never selected;
     fewer than k candidates are padded with id -1 and score -inf.

@@ -1,4 +1,4 @@
-"""Shared checks against the oracle (DESIGN.md, "Checking against the oracle")."""
+"""Shared checks against the oracle (docs/design.md, "Checking against the oracle")."""
 
 import numpy as np
 

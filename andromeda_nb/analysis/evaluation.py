@@ -37,7 +37,7 @@ def run_users(world, users, k: int = 100, ks=(10, 50, 100), layout: str = "tiles
     """Retrieve the top-k for each user on the device (targeting -> fused gated scoring -> block
     top-K, the user's training items excluded) and check each answer.
 
-    Checks per user (`docs/design.md`, "Checking against the oracle"): ``exact`` — the answer equals the
+    Checks per user (`docs/design.md`, "Checking against the reference"): ``exact`` — the answer equals the
     oracle's top-k run on the kernel's own fp32 scores of the eligible ads (same ids, order, scores,
     count); ``near_f64`` — against float64 oracle scores, ids differ only among near-ties of the
     k-th score; ``eligible_ok`` — the eligible count equals the oracle's match.

@@ -3,7 +3,7 @@
 Conventions shared by every function here:
 
 - A retrieved list is a 1-D integer array of ad ids, best first, as returned by top-K (`docs/design.md`,
-  "Top-K semantics"): when fewer than k ads were eligible it is padded with id ``-1``. Negative ids
+  "Top-K"): when fewer than k ads were eligible it is padded with id ``-1``. Negative ids
   are pads and never count as hits. A repeated id counts once.
 - A relevant set is any iterable of ad ids (the user's held-out positives); duplicates count once.
 - ``k`` is a positive int. When the retrieved list is shorter than ``k`` all of it is used (the

@@ -1,11 +1,11 @@
 """Benchmark harness and suites: ``python -m andromeda_nb.bench <suite> [options]`` (GPU only).
 
-House rules (DESIGN.md, "Measuring"): the read ceiling (cupy sum over >= 4 GiB), the device copy
+House rules (docs/design.md, "Measuring"): the read ceiling (cupy sum over >= 4 GiB), the device copy
 and the best Numba 8-byte read kernel are measured in the same run; every case is timed with CUDA
 events after warm-up, median of >= 10 repetitions (p20 / p80 too), on data far larger than L2 and
 never zeros, with a >= 1 ms busy kernel queued ahead of the start event so the events time the GPU
 and not Numba's ~47 us launch overhead; the host wall time per call is reported separately. Every
-row checks its own output and says so in ``verified``. Rows follow DESIGN.md's results schema and
+row checks its own output and says so in ``verified``. Rows follow docs/design.md's results schema and
 are written to ``<out>/<suite>.csv``.
 """
 
@@ -133,7 +133,7 @@ class Timing:
     reps: int
 
 
-#: the fewest timed runs a result row's median may come from (DESIGN.md's measuring rules)
+#: the fewest timed runs a result row's median may come from (docs/design.md's measuring rules)
 MIN_REPS = 10
 
 
@@ -227,7 +227,7 @@ def measure_ceilings(nbytes: int = 4 * GIB, reps: int = 15) -> Ceilings:
 
 def row(suite: str, env: dict, ceil: Ceilings, timing: Timing, items: int, bytes_per_item: float,
         flops_per_item: float | None, verified: str, **fields) -> dict:
-    """One results row in DESIGN.md's schema (plus EXTRA columns)."""
+    """One results row in docs/design.md's schema (plus EXTRA columns)."""
     ips = items / timing.median
     achieved = ips * bytes_per_item / 1e12
     out = {c: "" for c in SCHEMA + EXTRA}
@@ -310,12 +310,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="data/results", help="folder for <suite>.csv (default data/results)")
     ap.add_argument("--quick", action="store_true", help="a small subset of cases")
     ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting")
-    ap.add_argument("--reps", type=int, default=15, help="timed runs a case, median reported (at least 10: DESIGN.md)")
+    ap.add_argument("--reps", type=int, default=15, help="timed runs a case, median reported (at least 10: docs/design.md)")
     ap.add_argument("--phases", default=None, help="comma-separated phases of the suite (default: all)")
     ap.add_argument("--name", default=None, help="output file stem (default: the suite name)")
     args = ap.parse_args(argv)
     if args.reps < MIN_REPS:
-        ap.error(f"--reps must be at least {MIN_REPS} (a median of >= {MIN_REPS} timings; DESIGN.md), got {args.reps}")
+        ap.error(f"--reps must be at least {MIN_REPS} (a median of >= {MIN_REPS} timings; docs/design.md), got {args.reps}")
     from ..device import backend
 
     if backend.set_backend("auto") != "cuda":

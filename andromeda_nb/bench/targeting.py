@@ -1,6 +1,6 @@
 """Targeting benchmark suite: ``python -m andromeda_nb.bench targeting`` (GPU only, ~4 minutes).
 
-World: DESIGN.md's benchmark world (:func:`andromeda_nb.datasets.synthetic.benchmark_schema`,
+World: docs/design.md's benchmark world (:func:`andromeda_nb.datasets.synthetic.benchmark_schema`,
 ``generate_rules`` defaults: 10^8 ads, 20 categories, each constrained with probability 0.3,
 excluded with 0.05, Zipf 1.2; 4,096 spare slots for creates), user profiles from
 ``generate_profiles`` (a multi-valued category holds 0..3 values). Index layout: the default of

@@ -64,7 +64,7 @@ still approximates ``X``), where ``c`` makes the root-mean-square norm of the it
 trained items 1 (items without training viewers have ``q = 0``). Signs are fixed (each component's
 largest-magnitude item loading is positive) so the result is deterministic.
 
-The table is **exact** for DESIGN.md's model with ``gamma = 1``, ``beta = 0`` (``h = relu(a)``): ad row
+The table is **exact** for the model of docs/design.md with ``gamma = 1``, ``beta = 0`` (``h = relu(a)``): ad row
 ``a = [relu(q), relu(-q)]`` (length ``d = 2r``, non-negative, so ``h = a``) and, for a user-side
 vector ``u`` of length ``r``, the value / gate vector ``[u, -u]``, so ``dot([u, -u], h) = dot(u, q)``.
 

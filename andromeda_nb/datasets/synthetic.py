@@ -1,6 +1,6 @@
-"""The seeded synthetic benchmark world of DESIGN.md, at any scale (throughput work).
+"""The seeded synthetic benchmark world of docs/design.md, at any scale (throughput work).
 
-DESIGN.md, "Benchmark world": 10^8 ads, 20 categories (14 single-valued with 2 to 64 values, 4
+docs/design.md, "Targeting" (the benchmark world): 10^8 ads, 20 categories (14 single-valued with 2 to 64 values, 4
 multi-valued with 100 to 1,000 values, 2 multi-valued with 10,000 values; a user holds at most 3
 values of each multi-valued category), Zipf-like value popularity, each ad constraining a category
 with a stated probability.
@@ -34,7 +34,7 @@ import numpy as np
 from ..model import STORAGE_DTYPES, AdTable, Request, quantize_int8_rows, to_bf16_bits
 from ..targeting import Category, TargetingRules, TargetingSchema, make_profile
 
-#: A user holds at most this many values of a multi-valued category (DESIGN.md).
+#: A user holds at most this many values of a multi-valued category (docs/design.md).
 MAX_USER_VALUES = 3
 #: Rows per generation block of :func:`generate_table` (each block has its own random stream).
 TABLE_BLOCK = 4096
@@ -53,7 +53,7 @@ def benchmark_schema(
     n_high: int = 2,
     high_cardinality: int = 10_000,
 ) -> TargetingSchema:
-    """DESIGN.md's benchmark schema (defaults: 20 categories).
+    """docs/design.md's benchmark schema (defaults: 20 categories).
 
     Single-valued ``s00 .. s13`` with cardinalities geometrically spaced from 2 to 64 (2, 3, 3, 4,
     6, 8, 10, 13, 17, 22, 29, 37, 49, 64), multi-valued ``m00 .. m03`` geometrically from 100 to
@@ -434,7 +434,7 @@ def generate_profiles(
         n_profiles: how many (``>= 0``).
         seed: the random seed.
         zipf_a: a scalar or one exponent per category.
-        max_values: most values held per multi-valued category (DESIGN.md: 3).
+        max_values: most values held per multi-valued category (docs/design.md: 3).
 
     Returns:
         A list of ``{category: frozenset}`` dicts (:func:`andromeda_nb.targeting.make_profile`),

@@ -1,6 +1,6 @@
 """Fused gather-gate-score kernels (one thread per ad, grid-stride), optionally feeding block top-K.
 
-Per ad (DESIGN.md's model), all in registers: widen the stored row to fp32 (int8: times the row
+Per ad (the model of docs/design.md), all in registers: widen the stored row to fp32 (int8: times the row
 scale), ``h = max(gamma * a + beta, 0)`` (NaN kept), the E gate logits ``dot(G[e], h)`` (G arrives
 pre-scaled by ``1/sqrt(d)``) and the E value dots ``dot(V[e], h)`` in one pass over the row, the
 softmax over all E, the top-K experts by logit (ties: lower index) and

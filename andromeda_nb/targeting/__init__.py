@@ -1,7 +1,7 @@
 """Targeting on the host: categories and rules and their I/O, user profiles, the bitset index,
 its per-request plans and its real-time updates (the device match lives in :mod:`andromeda_nb.match`).
 
-Semantics (docs/design.md, "Targeting semantics")::
+Semantics (docs/design.md, "Targeting")::
 
     match(ad, user) = ad is live and for all categories c:
                       (I_c empty or I_c & U_c non-empty) and (X_c & U_c empty)

@@ -1,7 +1,7 @@
 """Targeting rules: one include and one exclude value set per category per ad, and their I/O.
 
 An ad's rule holds, per category, an include set ``I_c`` (empty = unconstrained) and an exclude
-set ``X_c`` (docs/design.md, "Targeting semantics")::
+set ``X_c`` (docs/design.md, "Targeting")::
 
     match(ad, user) = ad is live and for all c:
                       (I_c empty or I_c & U_c non-empty) and (X_c & U_c empty)

@@ -1,7 +1,7 @@
 """Targeting categories, the schema that orders them, user profiles, and the error every
 malformed rule, profile or update raises.
 
-Semantics (docs/design.md, "Targeting semantics"): categories ``c`` with cardinality ``m_c``,
+Semantics (docs/design.md, "Targeting"): categories ``c`` with cardinality ``m_c``,
 single- or multi-valued; a user holds a set ``U_c`` of values per category (possibly empty; at most
 one value for a single-valued category).
 """

@@ -1,7 +1,7 @@
 """Top-K, the public entries: :func:`topk_scores` (one score array) and :func:`topk_batch` (many
 requests at once), and the input checks they (and fused scoring) run before any launch.
 
-Contract (docs/design.md, "Top-K semantics"): score descending, ties to the lower id, NaN never
+Contract (docs/design.md, "Top-K"): score descending, ties to the lower id, NaN never
 selected, fewer than k candidates padded with id -1 and score -inf. Which path answers is
 ``config.path`` (:class:`~andromeda_nb.topk.config.TopKConfig`; the paths and the auto rule are in
 :mod:`~andromeda_nb.topk.config`). The launch-level pieces other packages build on are re-exported

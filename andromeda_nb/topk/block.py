@@ -1,7 +1,7 @@
 """Block top-K: each thread block keeps its best k candidates in shared memory behind a running
 threshold; a merge launch reduces the per-block lists to the exact global answer.
 
-Contract (docs/design.md, "Top-K semantics"): score descending, ties to the lower ad id, NaN never
+Contract (docs/design.md, "Top-K"): score descending, ties to the lower ad id, NaN never
 selected, pads of slot -1 / score -inf. Candidates are ``(score float32, slot int32)``; when the
 kernel has an ``ids`` array, ties compare ``ids[slot]`` (the ad id), else the slot itself.
 

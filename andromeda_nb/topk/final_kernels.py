@@ -10,7 +10,7 @@
 - :func:`final_radix_kernel`: one block's radix select over any number of candidates (the filter
   path above the rank final's cap, the merge of per-block lists, k above the block top-K's limit).
 
-Contract (docs/design.md, "Top-K semantics"): score descending, -0 tied with +0, ties to the lower
+Contract (docs/design.md, "Top-K"): score descending, -0 tied with +0, ties to the lower
 id, NaN never a candidate, pads of slot -1 / id -1 / score -inf.
 """
 

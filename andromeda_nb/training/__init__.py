@@ -1,4 +1,4 @@
-"""Training (PyTorch, optional extra ``train``) of the retrieval models of DESIGN.md and of a ranking
+"""Training (PyTorch, optional extra ``train``) of the retrieval models of docs/design.md and of a ranking
 model, on the synthetic multi-interest world and MovieLens-100K; export to Request / AdTable.
 
 Modules: :mod:`.data` (features, signal groups, request context), :mod:`.models` (towers, gated

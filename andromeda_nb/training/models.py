@@ -1,7 +1,7 @@
-"""PyTorch models: the retrieval models of DESIGN.md (single tower, gated mixtures) and a ranking
+"""PyTorch models: the retrieval models of docs/design.md (single tower, gated mixtures) and a ranking
 model with user x ad cross features (the quality anchor).
 
-Retrieval models compute exactly DESIGN.md's tensors, so what they export is what the fused kernel
+Retrieval models compute exactly docs/design.md's tensors, so what they export is what the fused kernel
 scores::
 
     per request  V[E, d], G[E, d]   from the user experts (expert e reads signal group e only)
@@ -95,7 +95,7 @@ class ContextFiLM(nn.Module):
 
 
 def gated_scores(V, G, gamma, beta, A, b, k_experts: int, return_gate: bool = False):
-    """DESIGN.md's score in torch (float32), with the hard top-K mask.
+    """docs/design.md's score in torch (float32), with the hard top-K mask.
 
     Args:
         V, G: ``[B, E, d]``; gamma, beta: ``[B, d]``; A: ``[C, d]`` (shared candidates) or

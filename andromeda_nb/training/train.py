@@ -112,7 +112,7 @@ class TrainedModel:
         return tuple(x.float().cpu().numpy() for x in self.net.request(b, self._cats))
 
     def export_request(self, user_id, k_experts: int | None = None) -> Request:
-        """The user's evaluation request as DESIGN.md's tensors (``k_experts`` default: the
+        """The user's evaluation request as docs/design.md's tensors (``k_experts`` default: the
         trained K)."""
         V, G, gamma, beta = (x[0] for x in self.request_tensors([self.data.row_of(user_id)]))
         return Request(V=V, G=G, gamma=gamma, beta=beta, k_experts=k_experts or self.k_experts)
@@ -158,7 +158,7 @@ class TrainedModel:
 
 def score_exported(V, G, gamma, beta, table: AdTable, k_experts: int, users_per_chunk: int = 8,
                    device="cpu") -> np.ndarray:
-    """DESIGN.md's score of exported tensors ``V [n, E, d]`` ... over a stored table, in float32
+    """docs/design.md's score of exported tensors ``V [n, E, d]`` ... over a stored table, in float32
     torch on the table the kernel reads (dequantized): ``[n, n_ads]``. Equal to the oracle up to
     fp32 rounding (the oracle is float64); used for full-scale evaluation on a CPU."""
     A = torch.as_tensor(np.asarray(table.dequantized(), np.float32), device=device)

@@ -27,7 +27,7 @@ SIGMAS = 5.0
 
 
 def direct_match(rules: TargetingRules, profile) -> np.ndarray:
-    """match() written straight from DESIGN.md over the JSON records (independent of the oracle)."""
+    """match() written straight from docs/design.md over the JSON records (independent of the oracle)."""
     out = []
     for rec in rules.to_records():
         ok = rec["live"]

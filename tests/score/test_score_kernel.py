@@ -257,7 +257,7 @@ def test_tensor_core_kernel_matches_oracle(rng, d, E, K, dtype, layout, n, acces
     rows = {"pool": np.arange(n), "bitset": np.arange(n), "candidates": cand}[access]
     ref = score_ads(req, dt, **kw).copy_to_host()  # the CUDA-core kernel, same rows
     assert np.array_equal(np.isnan(got), np.isnan(ref))
-    # an ad with near-tied gate logits may take either expert set in either kernel (DESIGN.md)
+    # an ad with near-tied gate logits may take either expert set in either kernel (docs/design.md)
     both = ~np.isnan(ref) & ~checks.near_tie_ads(req, table)[rows]
     scale = np.abs(ref[both]).max() if both.any() else 1.0
     assert np.all(np.abs(got[both] - ref[both]) <= 1e-5 * scale), rows[both][np.argmax(np.abs(got[both] - ref[both]))]

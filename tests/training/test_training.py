@@ -1,4 +1,4 @@
-"""Training: the torch score is DESIGN.md's model, features never leak, training is seeded, the gate
+"""Training: the torch score is the model of docs/design.md, features never leak, training is seeded, the gate
 learns at K = 1, and the exported weights scored by the fused kernel (simulator) give the torch
 model's own top-K."""
 
