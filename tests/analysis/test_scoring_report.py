@@ -95,7 +95,9 @@ def test_by_d_and_dtype_takes_the_latest_run_of_each_point():
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("overrides", [{"dtype": "int8"}, {"d": 128, "dtype": "bf16"}, {"experts": 8, "k_experts": 4}])
+@pytest.mark.parametrize("overrides", [{"dtype": "int8"},
+                                       pytest.param({"d": 128, "dtype": "bf16"}, marks=pytest.mark.slow),
+                                       pytest.param({"experts": 8, "k_experts": 4}, marks=pytest.mark.slow)])
 def test_scoring_notebook_runs_for_other_parameters(tmp_path, overrides):
     """The notebook plots committed rows for any configuration and says where there are none
     (it once failed on anything but its defaults)."""

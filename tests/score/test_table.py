@@ -62,16 +62,15 @@ def test_device_bitset_padding_bits_are_not_positions(rng, layout, path):
     assert np.array_equal(np.isnan(masked), ~mask) and np.array_equal(masked[mask], scores[mask])
 
 
-@pytest.mark.parametrize("access, weights", [
-    ("pool", "auto"),
-    pytest.param("bitset", "auto", marks=pytest.mark.slow),
-    pytest.param("candidates", "shared", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize("access, weights", [("pool", "auto"), ("bitset", "auto"), ("candidates", "shared")])
 def test_repeated_calls_replay_the_recorded_launches(rng, access, weights):
     """score_topk's seeded filter path records its launches on a table's first call and replays them
     bound on the next: each call's own request, eligible set and candidates answer (the replay
     points those arguments at the call's, never the recording's)."""
-    n = 70_000  # the seeded path needs at least 2^16 items
+    from andromeda_nb.topk import TopKConfig, TopKTuning
+
+    seeded = TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256))  # from 256 items
+    n = 3000
     table = anb.AdTable.from_float(rng.standard_normal((n, 8)), rng.standard_normal(n), dtype="fp16",
                                    ad_ids=rng.choice(10 * n, n, replace=False))
     dt = DeviceAdTable(table, "rows")
@@ -81,13 +80,13 @@ def test_repeated_calls_replay_the_recorded_launches(rng, access, weights):
         kwargs, eligible, ids = {}, None, table.ad_ids
         scores = anb.score_ads(req, dt).copy_to_host()
         if access == "bitset":
-            eligible = rng.random(n) < 0.3
+            eligible = rng.random(n) < 0.5
             kwargs["eligible"] = launch.to_device(bits_from_mask(eligible))
         elif access == "candidates":
-            cand = rng.choice(n, 66_000, replace=False).astype(np.int32)
+            cand = rng.choice(n, 2500, replace=False).astype(np.int32)
             kwargs["candidates"] = launch.to_device(cand)
             ids, scores = table.ad_ids[cand], scores[cand]
-        got = anb.score_topk(req, dt, 9, config=config, **kwargs)
+        got = anb.score_topk(req, dt, 9, config=config, topk_config=seeded, **kwargs)
         want = reference.topk(scores, 9, ids=ids, eligible=eligible)
         assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores), call
         assert got.count == want.count
