@@ -32,12 +32,19 @@ def _rows(table) -> tuple[np.ndarray, np.ndarray | None]:
     return np.asarray(table, dtype=np.float64), None
 
 
-def gate(request: Request, table) -> GateResult:
+MATHS = ("fp32", "fp16")
+
+
+def gate(request: Request, table, math: str = "fp32") -> GateResult:
     """Run the encode and gate of the model of docs/design.md in float64.
 
     Args:
         request: the request tensors.
         table: an :class:`AdTable` (its dequantized rows are used) or an ``[n, d]`` float array.
+        math: ``"fp32"``: the model as written; ``"fp16"``: the model the fp16 math mode computes
+            (docs/design.md, "Storage and math"): gamma, beta, G / sqrt(d) and V rounded to fp16
+            (:func:`~andromeda_nb.score.weights.f16_weights`), h = max(gamma * a + beta, 0) rounded
+            once to fp16, then everything in float64.
 
     Returns:
         :class:`GateResult`. Expert choice: the ``k_experts`` largest logits, ties to the lower
@@ -46,14 +53,22 @@ def gate(request: Request, table) -> GateResult:
     a, _ = _rows(table)
     if a.ndim != 2 or a.shape[1] != request.d:
         raise ValueError(f"table rows must be [n, {request.d}], got {a.shape}")
-    gamma = request.gamma.astype(np.float64)
-    beta = request.beta.astype(np.float64)
-    G = request.G.astype(np.float64)
-    V = request.V.astype(np.float64)
+    if math not in MATHS:
+        raise ValueError(f"math must be one of {MATHS}, got {math!r}")
+    if math == "fp16":
+        from .score.weights import f16_weights
+
+        w = {k: v.astype(np.float64) for k, v in f16_weights(request).items()}
+        gamma, beta, G, V, scale = w["gamma"], w["beta"], w["G"], w["V"], 1.0
+    else:
+        gamma, beta = request.gamma.astype(np.float64), request.beta.astype(np.float64)
+        G, V, scale = request.G.astype(np.float64), request.V.astype(np.float64), 1 / np.sqrt(request.d)
     with np.errstate(invalid="ignore", over="ignore"):
         h = np.maximum(gamma * a + beta, 0.0)
         # np.maximum propagates NaN, as the kernel's fmax-free max(x, 0) must too
-        logits = h @ G.T / np.sqrt(request.d)
+        if math == "fp16":
+            h = h.astype(np.float16).astype(np.float64)
+        logits = h @ G.T * scale if math == "fp16" else h @ G.T / np.sqrt(request.d)
         values = h @ V.T
         shifted = logits - logits.max(axis=1, keepdims=True) if logits.size else logits
         ex = np.exp(shifted)
@@ -64,7 +79,7 @@ def gate(request: Request, table) -> GateResult:
     return GateResult(logits=logits, p=p, values=values, chosen=chosen)
 
 
-def score(request: Request, table, bias=None) -> np.ndarray:
+def score(request: Request, table, bias=None, math: str = "fp32") -> np.ndarray:
     """Float64 scores ``[n]`` of every row of ``table`` (the model of docs/design.md).
 
     ``score = sum_{e in S} p[e] * dot(V[e], h) + b``, with ``p`` the softmax over all E experts
@@ -74,11 +89,12 @@ def score(request: Request, table, bias=None) -> np.ndarray:
         request: the request tensors.
         table: an :class:`AdTable` (dequantized rows and its bias) or an ``[n, d]`` float array.
         bias: ``[n]`` biases when ``table`` is an array (None: zeros); ignored for an AdTable.
+        math: ``"fp32"`` or ``"fp16"``, the model each math mode computes (:func:`gate`).
     """
     a, b = _rows(table)
     if b is None:
         b = np.zeros(a.shape[0]) if bias is None else np.asarray(bias, dtype=np.float64)
-    g = gate(request, a)
+    g = gate(request, a, math)
     with np.errstate(invalid="ignore", over="ignore"):
         mixed = np.where(g.chosen, g.p * g.values, 0.0).sum(axis=1)
         # a NaN logit or value anywhere in the row poisons the score, as it does in the kernel

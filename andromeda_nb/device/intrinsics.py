@@ -65,6 +65,12 @@ if config.ENABLE_CUDASIM:
     def mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         raise RuntimeError("mma_tf32 is warp-collective: the simulator runs kernels through mma_tf32_warp")
 
+    def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        raise RuntimeError("mma_f16 is warp-collective: the simulator runs kernels through mma_f16_warp")
+
+    def film_h2(x, g, b):
+        return film_h2_host(np.array([x], np.uint32), np.array([g], np.uint32), np.array([b], np.uint32))[0]
+
 else:
     from llvmlite import ir
     from numba import types
@@ -215,6 +221,79 @@ else:
             return context.make_tuple(builder, sig.return_type, vals)
 
         return sig, codegen
+
+
+    @intrinsic
+    def mma_f16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        u32, f32 = types.uint32, types.float32
+        sig = types.UniTuple(f32, 4)(*([u32] * 6 + [f32] * 4))
+
+        def codegen(context, builder, sig, args):
+            i32, f = ir.IntType(32), ir.FloatType()
+            ret = ir.LiteralStructType([f] * 4)
+            fnty = ir.FunctionType(ret, [i32] * 6 + [f] * 4)
+            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                               "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            out = builder.call(asm, list(args))
+            vals = [builder.extract_value(out, k) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def film_h2(typingctx, x, g, b):
+        sig = types.uint32(types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(i32, [i32, i32, i32])
+            # h = max.NaN(x * g + b, 0) on two halves at once, rounded once to fp16 (HFMA2, HMNMX2)
+            asm = ir.InlineAsm(fnty, "{ .reg .b32 t, z; mov.b32 z, 0; fma.rn.f16x2 t, $1, $2, $3; "
+                               "max.NaN.f16x2 $0, t, z; }", "=r,r,r,r")
+            return builder.call(asm, list(args))
+
+        return sig, codegen
+
+
+def film_h2_host(x, g, b) -> np.ndarray:
+    """``max.NaN(fma.rn.f16x2(x, g, b), 0)`` on uint32 words of two fp16 each: the product and sum
+    exact in float64, rounded once to fp16 (as the hardware's fused multiply-add), NaN kept.
+    Used by the simulator and the fp16-math reference."""
+    def halves(w):
+        return np.ascontiguousarray(np.asarray(w, np.uint32)).view(np.float16).astype(np.float64)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        h = (halves(x) * halves(g) + halves(b)).astype(np.float16)
+    h = np.where(np.isnan(h) | (h > 0), h, np.float16(0))
+    return np.ascontiguousarray(h.astype(np.float16)).view(np.uint32)
+
+
+def mma_f16_warp(frag_ab, frag_c, lane):
+    """Simulator model of one warp's ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``:
+    ``frag_ab[32, 6]`` (uint32) holds every lane's a0..a3, b0, b1 (words of two fp16, the lower
+    element in the low half) and ``frag_c[32, >= 4]`` (float32) its c0..c3 first; returns lane ``lane``'s
+    d0..d3 as float32, the products exact and summed in float64, rounded once to fp32 (the
+    hardware's fp32 accumulation may round differently). Fragment layout (PTX ISA, "Matrix
+    Fragments for mma.m16n8k16", .f16; g = lane // 4, c = lane % 4): a0 = A[g, 2c:2c+2],
+    a1 = A[g+8, 2c:2c+2], a2 = A[g, 2c+8:2c+10], a3 = A[g+8, 2c+8:2c+10]; b0 = B[2c:2c+2, g],
+    b1 = B[2c+8:2c+10, g]; c0, c1 = C[g, 2c], C[g, 2c+1]; c2, c3 = C[g+8, 2c], C[g+8, 2c+1]."""
+    u = np.ascontiguousarray(frag_ab, dtype=np.uint32)
+    h = u.view(np.float16).astype(np.float64).reshape(32, 6, 2)
+    f = np.asarray(frag_c, dtype=np.float32)
+    A = np.zeros((16, 16))
+    B = np.zeros((16, 8))
+    C = np.zeros((16, 8))
+    for ln in range(32):
+        g, c = ln // 4, ln % 4
+        A[g, 2 * c:2 * c + 2], A[g + 8, 2 * c:2 * c + 2] = h[ln, 0], h[ln, 1]
+        A[g, 2 * c + 8:2 * c + 10], A[g + 8, 2 * c + 8:2 * c + 10] = h[ln, 2], h[ln, 3]
+        B[2 * c:2 * c + 2, g], B[2 * c + 8:2 * c + 10, g] = h[ln, 4], h[ln, 5]
+        C[g, 2 * c], C[g, 2 * c + 1], C[g + 8, 2 * c], C[g + 8, 2 * c + 1] = f[ln, :4]
+    with np.errstate(invalid="ignore", over="ignore"):
+        D = (C + A @ B).astype(np.float32)
+    g, c = lane // 4, lane % 4
+    return D[g, 2 * c], D[g, 2 * c + 1], D[g + 8, 2 * c], D[g + 8, 2 * c + 1]
 
 
 def tf32_round_host(x) -> np.ndarray:

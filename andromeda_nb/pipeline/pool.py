@@ -177,9 +177,12 @@ class Pool:
     def _device_request(self, r) -> DeviceRequest:
         if not isinstance(r, (Request, DeviceRequest, np.ndarray, list, tuple)):
             raise TypeError(f"a request is a Request or a 1-D user vector, got {type(r).__name__}")
+        from ..score.launches import check_range
+
         dr = DeviceRequest.of(r) if not isinstance(r, DeviceRequest) else r
         if dr.d != self.table.d:
             raise ValueError(f"request d={dr.d} does not match the pool's d={self.table.d}")
+        check_range(dr, self.table, self.config.math)
         return dr
 
     def _whole_pool(self, dreq: DeviceRequest, k: int, excl) -> Retrieved:

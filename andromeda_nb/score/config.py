@@ -57,6 +57,14 @@ class KernelConfig:
             memory (d <= 160 at block 256). Its error against the float64 reference can exceed
             the fp32 tolerance on rows of magnitude ~1000 (logits in the thousands); it measured
             no faster than the CUDA-core default (L1 / shared-pipe bound), so it is off.
+        math: ``"fp32"`` (default: the model as written, every product and sum in fp32) or
+            ``"fp16"``: h, the gate keys and the values rounded to fp16, the gate logits and value
+            dots on the tensor cores (``mma.sync`` m16n8k16, fp32 accumulation), softmax, expert
+            choice and combination in fp32 (docs/design.md, "Storage and math"). It computes
+            :func:`~andromeda_nb.reference.score` with ``math="fp16"`` to fp32 accuracy; fp16 tables,
+            d a multiple of 16, E <= 8; a request whose weights, or whose encoded ads
+            (``|gamma| max|a| + |beta|``), could leave the fp16 range is refused. Not the default until
+            its speed and its effect on retrieval quality are measured.
     """
 
     values: str = "chosen"
@@ -69,15 +77,21 @@ class KernelConfig:
     weights: str = "auto"
     guard: str = "fence"
     tensor_cores: bool = False
+    math: str = "fp32"
 
     def __post_init__(self):
         for name, allowed in (("weights", ("auto", "shared", "param")), ("guard", ("fence", "offset")),
-                              ("values", ("chosen", "all"))):
+                              ("values", ("chosen", "all")), ("math", ("fp32", "fp16"))):
             v = getattr(self, name)
             if not isinstance(v, str) or v not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
         if not isinstance(self.tensor_cores, (bool, np.bool_)):
             raise ValueError(f"tensor_cores must be True or False, got {self.tensor_cores!r}")
+        if self.math == "fp16" and (self.tensor_cores or self.naive or self.weights == "param"):
+            raise ValueError("math='fp16' runs the generated tensor-core kernel with its own weights (not "
+                             "tensor_cores=True, not naive, not weights='param')")
+        if self.math == "fp16" and self.block is not None and self.block % 32:
+            raise ValueError(f"math='fp16' needs whole warps: block must be a multiple of 32, got {self.block}")
         if self.tensor_cores and (self.weights == "param" or self.naive):
             raise ValueError("tensor_cores=True reads its weights from shared memory (weights='shared', naive=False)")
         if self.weights == "param" and (self.values == "all" or self.naive):
@@ -120,7 +134,8 @@ class KernelConfig:
         weights = self.weights
         if weights == "auto":
             fits = dreq.param_floats <= PARAM_FLOATS
-            weights = ("param" if fits and not (self.tensor_cores or self.naive or compact) and self.values == "chosen"
+            weights = ("param" if fits and not (self.tensor_cores or self.naive or compact or self.math == "fp16")
+                       and self.values == "chosen"
                        else "shared")
         regs = self.max_registers
         if isinstance(regs, str):  # "auto"

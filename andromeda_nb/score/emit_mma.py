@@ -75,6 +75,48 @@ def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
                 _emit_mma_call(emit, ind, acc, [f"{A}{r}" for r in range(4)], B0, B1)
 
 
+def emit_f16_weights(emit, ind: str, d: int) -> None:
+    """Emit the loads of this lane's fp16 weights (:func:`.weights.mma_f16_image`) into registers,
+    once per kernel: per step j, ``wg{j}_0/1`` (gate keys), ``wv{j}_0/1`` (values), ``gm{j}_0/1``
+    (gamma), ``bt{j}_0/1`` (beta), each a word of two fp16."""
+    for j in range(d // 16):
+        for k, name in enumerate(("wg{j}_0", "wg{j}_1", "wv{j}_0", "wv{j}_1", "gm{j}_0", "gm{j}_1", "bt{j}_0",
+                                  "bt{j}_1")):
+            emit(f"{ind}{name.format(j=j)} = wimg[{(j * 32) * 8 + k} + lane * 8]")
+
+
+def _emit_mma_f16_tile(emit, ind: str, t: int, d: int) -> None:
+    """Emit tile t's fp16 encoding and mma steps (m16n8k16, fp32 accumulation): per step j, each row
+    word's two fp16 pairs through FiLM + ReLU in one half2 FMA and max each (``film_h2``, one
+    rounding to fp16), straight into the A fragment: a0 / a2 = the low / high pair of row g's word,
+    a1 / a3 those of row g + 8 (:func:`.weights.mma_f16_image` assigns dims to k-slots to match)."""
+    for r in range(4):
+        emit(f"{ind}cg{t}_{r} = zero")
+        emit(f"{ind}cv{t}_{r} = zero")
+    rows = (2 * t, 2 * t + 1)
+    for j in range(d // 16):
+        for q in rows:
+            emit(f"{ind}ha{q} = film_h2(uint32(m{q}_{j} & uint64(0xFFFFFFFF)), gm{j}_0, bt{j}_0)")
+            emit(f"{ind}hb{q} = film_h2(uint32(m{q}_{j} >> uint64(32)), gm{j}_1, bt{j}_1)")
+        frag = [f"ha{rows[0]}", f"ha{rows[1]}", f"hb{rows[0]}", f"hb{rows[1]}"]
+        _emit_mma_f16_call(emit, ind, f"cg{t}", frag, f"wg{j}_0", f"wg{j}_1")
+        _emit_mma_f16_call(emit, ind, f"cv{t}", frag, f"wv{j}_0", f"wv{j}_1")
+
+
+def _emit_mma_f16_call(emit, ind, acc, a, b0, b1):
+    cs = [f"{acc}_{r}" for r in range(4)]
+    if config.ENABLE_CUDASIM:  # the warp's fragments meet in shared memory (mma_f16_warp)
+        for r, v in enumerate(a + [b0, b1]):
+            emit(f"{ind}scu[wid, lane, {r}] = {v}")
+        for r, v in enumerate(cs):
+            emit(f"{ind}scr[wid, lane, {r}] = {v}")
+        emit(f"{ind}cuda.syncthreads()")
+        emit(f"{ind}{', '.join(cs)} = mma_f16_warp(scu[wid], scr[wid], lane)")
+        emit(f"{ind}cuda.syncthreads()")
+    else:
+        emit(f"{ind}{', '.join(cs)} = mma_f16({', '.join(a + [b0, b1] + cs)})")
+
+
 def _emit_mma_store(emit, ind: str) -> None:
     """Emit the hand-over of both tiles' results to shared memory (``msc[wid, row, 0:8]`` logits,
     ``8:16`` values) between two warp barriers. C fragment: c0, c1 = (row g, experts 2c, 2c + 1),
@@ -90,17 +132,21 @@ def _emit_mma_store(emit, ind: str) -> None:
 
 
 def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
-              prefetch: bool = False, n: str = "n_items", row: str = "") -> None:
+              prefetch: bool = False, n: str = "n_items", row: str = "", math: str = "fp32") -> None:
     """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
     needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
-    soon as that tile is encoded, so loads stay in flight while the warp computes."""
+    soon as that tile is encoded, so loads stay in flight while the warp computes. ``math``:
+    ``"fp32"`` (3xTF32 products) or ``"fp16"`` (h and the weights in fp16, fp32 accumulation)."""
     ind = "        "
     if not prefetch:
         for t in range(2):
             emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row)
     for t in range(2):
-        _emit_mma_tile(emit, ind, t, d, terms)
+        if math == "fp16":
+            _emit_mma_f16_tile(emit, ind, t, d)
+        else:
+            _emit_mma_tile(emit, ind, t, d, terms)
         if prefetch:
             emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row)
     _emit_mma_store(emit, ind)

@@ -45,16 +45,17 @@ Kernel arguments (in order)::
 from __future__ import annotations
 
 import functools
-import math
+import math as pymath
 
 import numpy as np
-from numba import cuda, float32, int16, int32, int64, uint64
+from numba import cuda, float32, int16, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from ..device.bits import test_bit
-from ..device.intrinsics import DECODE, PER_WORD, lds4, max_nan, mma_tf32, mma_tf32_warp, tf32_round
+from ..device.intrinsics import (DECODE, PER_WORD, film_h2, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32,
+                                 mma_tf32_warp, tf32_round)
 from ..topk.block import block_topk
-from .emit_mma import emit_mma, emit_mma_load
+from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load
 from .weights import PAD, image_size, mma_image_size
 
 ACCESS = ("pool", "bitset", "candidates")
@@ -81,7 +82,9 @@ class _Source:
     """The kernel source for one configuration (see :func:`fused_kernel` for the arguments)."""
 
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
-                 guard, mma, mma_terms, prefetch, batched, sample):
+                 guard, mma, mma_terms, prefetch, batched, sample, math="fp32"):
+        self.math = math
+        mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
         self.model, self.d, self.E, self.K, self.dtype, self.layout = model, d, E, K, dtype, layout
         self.access, self.fused, self.block, self.items = access, fused, block, items
         self.seed_filter, self.guard, self.mma, self.mma_terms = seed_filter, guard, mma, mma_terms
@@ -132,9 +135,14 @@ class _Source:
             emit(f"    msc = cuda.shared.array(({block // 32}, 32, 16), float32)")  # a warp: 32 ads x (8 logits, 8 values)
             if config.ENABLE_CUDASIM:
                 emit(f"    scr = cuda.shared.array(({block // 32}, 32, 10), float32)")
+                if self.math == "fp16":
+                    emit(f"    scu = cuda.shared.array(({block // 32}, 32, 6), uint32)")
         if self.batched:  # request b: its weights, its candidates (at most the list's capacity)
             emit("    b = cuda.blockIdx.y")
             emit("    n_req = min(n_items[b], cand.shape[1])")
+        if self.math == "fp16":  # each lane's weights live in registers (emit_mma.emit_f16_weights)
+            emit_f16_weights(emit, "    ", self.d)
+            return
         align = "" if config.ENABLE_CUDASIM else ", alignment=16"
         emit(f"    wsh = cuda.shared.array({size}, float32{align})")
         emit(f"    for t in range(tid, {size}, {block}):")
@@ -199,7 +207,7 @@ class _Source:
         emit("        wo = int64(j >> 62)" if offset else "        wo = 0")
         if self.mma:
             emit_mma(self.emit, self.d, self.dtype, self.layout, self.access, self.compact, self.mma_terms,
-                     self.prefetch, self.n, self.row)
+                     self.prefetch, self.n, self.row, self.math)
 
     def _fence(self) -> bool:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it would
@@ -475,9 +483,9 @@ class _Source:
 def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,
             block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False,
             weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
-            prefetch: bool = True, batched: bool = False, sample: int = 0) -> str:
+            prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32") -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
-                   mma, mma_terms, prefetch, batched, sample).text()
+                   mma, mma_terms, prefetch, batched, sample, math).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -485,7 +493,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
                  max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False,
                  weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
-                 prefetch: bool = True, batched: bool = False, sample: int = 0):
+                 prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32"):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -518,12 +526,24 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         sample: with ``batched`` and scores to memory: score the M = ``sample`` stratified sample
             of each request's candidates into ``out [B, M]`` (NaN past a request's candidates);
             a multiple of :data:`SAMPLE_RUN`.
+        math: ``"fp32"`` (every product and sum in fp32, on the CUDA cores or 3xTF32 tensor-core
+            steps) or ``"fp16"``: h, the gate keys and the values in fp16 (FiLM + ReLU in half2, one
+            rounding), the gate logits and value dots by ``mma.sync`` m16n8k16 with fp32
+            accumulation, softmax, expert choice and combination in fp32 (docs/design.md, "Storage
+            and math"); fp16 rows, d a multiple of 16, E <= 8, whole warps; ``wimg`` is then
+            :func:`.weights.mma_f16_image` (uint32), each lane's share kept in registers.
 
     Raises:
         ValueError: for a configuration the generator cannot build (before any compilation).
     """
     if values not in ("chosen", "all"):
         raise ValueError(f"values must be 'chosen' or 'all', got {values!r}")
+    if math not in ("fp32", "fp16"):
+        raise ValueError(f"math must be 'fp32' or 'fp16', got {math!r}")
+    if math == "fp16" and (model != "gated" or dtype != "fp16" or d % 16 or experts > 8 or block % 32 or mma
+                           or batched):
+        raise ValueError("math='fp16' takes the gated model, fp16 rows, d a multiple of 16, E <= 8 and whole warps; "
+                         f"got {model}, {dtype}, d={d}, E={experts}, block={block}")
     if model not in MODELS or layout not in LAYOUTS or access not in ACCESS:
         raise ValueError(f"bad kernel configuration {model, layout, access}")
     if d % PER_WORD[dtype]:
@@ -548,15 +568,16 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"sample={sample}: a batched scores-to-memory kernel's sample, a multiple of {SAMPLE_RUN} "
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
-                  seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample)
+                  seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
-           "math": math, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
+           "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
-           "mma_tf32_warp": mma_tf32_warp}
+           "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
+           "uint32": uint32}
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
-    mma_tag = f"_mma{mma_terms}{'p' if prefetch else ''}" if mma else ""
+    mma_tag = f"_mma{mma_terms}{'p' if prefetch else ''}" if mma else ("_f16" if math == "fp16" else "")
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")
@@ -591,7 +612,7 @@ def sample_prep_kernel(has_cand: bool, has_elig: bool):
             if has_cand:
                 slots[i] = cand[p]
             if has_elig and test_bit(elig, p) == 0:
-                sample[i] = float32(-math.inf)
+                sample[i] = float32(-pymath.inf)
             i += cuda.gridsize(1)
 
     return kernel

@@ -60,6 +60,8 @@ def shared_bytes(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access:
     block = config.threads()
     cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
     listed = 2 * BITS_PER_THREAD * block + 4 * block if access == "bitset" and selects else 0
+    if config.math == "fp16":  # each warp's 32 x 16 result tile (the weights live in registers)
+        return 64 * block + 8 * cap + listed + 64
     if config.tensor_cores:  # per-lane weight image and each warp's 32 x 16 result tile
         return 4 * mma_image_size(dreq.d) + 64 * block + 8 * cap + listed + 64
     return 4 * image_size(dreq.model, dreq.d, dreq.experts) + 8 * cap + listed + 64
@@ -91,7 +93,10 @@ def _resolve(config: KernelConfig, dreq: DeviceRequest, table: DeviceAdTable, ac
 def _weight_args(dreq: DeviceRequest, config: KernelConfig):
     """(the weight image argument, the extra trailing arguments) of the generated kernel for a
     resolved ``config``."""
-    image = dreq.mma_image() if config.tensor_cores else dreq.image
+    if config.math == "fp16":
+        image = dreq.mma_f16_image()
+    else:
+        image = dreq.mma_image() if config.tensor_cores else dreq.image
     return image, ((dreq.param_weights(),) if config.weights == "param" else ())
 
 
@@ -116,7 +121,7 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
     return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
                         block, cap, True, config.values, config.max_registers, config.items if topk_k else 1,
                         config.sync_every if topk_k else 1, False, config.weights, config.guard,
-                        config.tensor_cores)
+                        config.tensor_cores, math=config.math)
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
@@ -239,7 +244,7 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     seed = launch_seed_select(sws)
     kern = fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access, block,
                         0, True, config.values, config.max_registers, 1, 1, True, config.weights, config.guard,
-                        config.tensor_cores)
+                        config.tensor_cores, math=config.math)
     grid = launch.grid_for(n_items, block, config.blocks_per_sm)
     image, extra = _weight_args(dreq, config)
     kern[grid, block](table.words, table.scale, table.bias, image,
@@ -258,3 +263,36 @@ def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, conf
     cfg = _resolve(config, dreq, table, access, topk_k)
     _kernel(dreq, table, access, topk_k, cfg)
     _weight_args(dreq, cfg)
+    check_range(dreq, table, cfg.math)
+
+
+#: the largest logit, value or score bound the fp32 kernels accept (a margin under the fp32 limit,
+#: 3.4e38, for the sums of E products and the bias)
+FP32_SAFE = 1e37
+
+
+def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
+    """Raise ValueError when this request on this table could overflow the chosen math: the
+    encoded ads ``|h| <= max|gamma| max|a| + max|beta|`` beyond fp16 (``math="fp16"``), or a gate
+    logit or value dot (``|h| * max_e sum_i |W[e, i]|``) beyond :data:`FP32_SAFE` (every score would
+    be NaN, and nothing ranked, where the float64 reference ranks every ad). ``max|a|`` over the
+    table's finite values (:meth:`DeviceAdTable.max_abs`)."""
+    from .weights import FP16_MAX
+
+    a = table.max_abs()
+    img = dreq.host_image.astype(np.float64)
+    if dreq.model == "dot":
+        if a * float(np.abs(img).sum()) > FP32_SAFE:
+            raise ValueError("the user vector and the table's values could overflow fp32 in the dot product; "
+                             "rescale them")
+        return
+    d, E = dreq.d, dreq.experts
+    h = float(np.abs(img[:d]).max()) * a + float(np.abs(img[d:2 * d]).max())
+    if math == "fp16" and not h <= FP16_MAX:
+        raise ValueError(f"math='fp16': encoded ads could reach |gamma| max|a| + |beta| = {h:.4g}, beyond the "
+                         f"fp16 range ({FP16_MAX:g}); rescale the request or the table, or use math='fp32'")
+    G = np.abs(img[2 * d:2 * d + E * d].reshape(E, d)).sum(axis=1).max()
+    V = np.abs(dreq.request.V.astype(np.float64)).sum(axis=1).max() if dreq.request is not None else 0.0
+    if not h * max(G, V) <= FP32_SAFE:
+        raise ValueError(f"this request's gate logits or value dots could reach {h * max(G, V):.3g} on this table, "
+                         "beyond what fp32 holds (every score would be NaN); rescale the request or the table")

@@ -106,6 +106,19 @@ class DeviceAdTable:
         self.host_ad_ids = table.ad_ids
         self.n_free = 0
 
+    def max_abs(self) -> float:
+        """The largest finite ``|a|`` stored in the table (an int8 table: ``127 * max scale``), computed
+        once (from the host table, else by a reduction on the device)."""
+        if getattr(self, "_max_abs", None) is None:
+            if self.table is not None:
+                t = self.table
+                emb = np.abs(t.dequantized() if t.dtype in ("bf16", "int8") else t.embeddings.astype(np.float32))
+                m = float(emb[np.isfinite(emb)].max(initial=0.0))
+            else:
+                m = _device_max_abs(self)
+            self._max_abs = m
+        return self._max_abs
+
     def _set(self, embeddings, bias, dtype, layout, scale, ad_ids, n_ads, d):
         self.embeddings, self.bias, self.dtype, self.layout = embeddings, bias, dtype, layout
         self.scale = scale if scale is not None else launch.dummy(np.float32)
@@ -247,6 +260,19 @@ class DeviceRequest:
             self._mma = launch.to_device(mma_image(self.request))
         return self._mma
 
+    def mma_f16_image(self):
+        """The device per-lane weight image of the fp16 math mode (:func:`.weights.mma_f16_image`).
+
+        Raises:
+            ValueError: not the gated model, no Request behind it, or weights beyond fp16."""
+        if getattr(self, "_mma_f16", None) is None:
+            from .weights import mma_f16_image
+
+            if self.model != "gated" or self.request is None:
+                raise ValueError("math='fp16' implements the gated model, from a Request (DeviceRequest.of(request))")
+            self._mma_f16 = launch.to_device(mma_f16_image(self.request))
+        return self._mma_f16
+
     def naive_arrays(self):
         """(G / sqrt(d), V, gamma, beta) flat device arrays for the naive kernel (gated only)."""
         if self._naive is None:
@@ -257,3 +283,19 @@ class DeviceRequest:
             G = (r.G.astype(np.float64) / np.sqrt(r.d)).astype(np.float32).ravel()
             self._naive = tuple(launch.to_device(a) for a in (G, r.V.ravel(), r.gamma, r.beta))
         return self._naive
+
+
+def _device_max_abs(table: DeviceAdTable) -> float:
+    """max finite |a| over a device table's stored values (:func:`.table_kernels.max_abs_kernel`)."""
+    from .table_kernels import max_abs_kernel
+
+    if not table.words.size:
+        return 0.0
+    words = table.words.reshape(table.words.size)
+    out = launch.to_device(np.zeros(1, np.float32))
+    block = launch.default_block()
+    max_abs_kernel(table.dtype)[launch.grid_for(words.shape[0], block), block](words, out)
+    m = float(out.copy_to_host()[0])
+    if table.dtype == "int8":
+        m *= float(np.abs(table.scale.copy_to_host()).max(initial=0.0))
+    return m

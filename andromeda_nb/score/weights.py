@@ -95,3 +95,58 @@ def mma_image(request) -> np.ndarray:
     return img.ravel()
 
 
+
+
+#: largest finite fp16 value: weights and encoded ads of the fp16 math mode must stay within it
+FP16_MAX = 65504.0
+
+
+def f16_weights(request) -> dict:
+    """The request's weights as the fp16 math mode reads them (float16 arrays): ``gamma``, ``beta``,
+    ``G`` (= G / sqrt(d), rounded to fp32 as the fp32 image holds it, then to fp16) and ``V``. The
+    fp16 reference (:func:`andromeda_nb.reference.score` with ``math="fp16"``) uses the same values.
+
+    Raises:
+        ValueError: a weight beyond the fp16 range (it would become inf).
+    """
+    d = request.d
+    parts = {"gamma": request.gamma, "beta": request.beta,
+             "G": (request.G.astype(np.float64) / np.sqrt(d)).astype(np.float32), "V": request.V}
+    out = {}
+    for name, x in parts.items():
+        x = np.asarray(x, np.float32)
+        if np.abs(x).max(initial=0) > FP16_MAX:
+            raise ValueError(f"math='fp16': the request's {name} holds values beyond the fp16 range (|x| > "
+                             f"{FP16_MAX:g}); rescale the request or use math='fp32'")
+        out[name] = x.astype(np.float16)
+    return out
+
+
+def mma_f16_image(request) -> np.ndarray:
+    """The uint32 per-lane weight image of the fp16 tensor-core kernel, ``[d/16, 32, 8]``: for step
+    j and lane ``l = 4 g + c``, with ``w = c + 4 j`` the row word the lane loads (dims 4w..4w+3)::
+
+        G'[g, 4w:4w+2], G'[g, 4w+2:4w+4], V[g, 4w:4w+2], V[g, 4w+2:4w+4],
+        gamma[4w:4w+2], gamma[4w+2:4w+4], beta[4w:4w+2], beta[4w+2:4w+4]
+
+    each a word of two fp16 (the lower dim in the low half). Why this order: mma.m16n8k16's A
+    fragment gives lane c the k-columns 2c, 2c+1 and 2c+8, 2c+9, so a lane's two halves of one
+    8-byte row word (4 dims) fill its k-slots; the dot products are sums over dims, so any fixed
+    assignment of dims to k-slots shared by h and the weights is exact. Experts g >= E are zero.
+    Each lane keeps its 8 d/16 words in registers for the whole kernel."""
+    E, d = request.V.shape
+    if d % 16 or E > 8:
+        raise ValueError(f"math='fp16' needs d a multiple of 16 and E <= 8, got d={d}, E={E}")
+    w16 = f16_weights(request)
+    G = np.zeros((8, d), np.float16)
+    V = np.zeros((8, d), np.float16)
+    G[:E], V[:E] = w16["G"], w16["V"]
+    img = np.zeros((d // 16, 32, 8, 2), np.float16)
+    for j in range(d // 16):
+        for lane in range(32):
+            g, c = lane // 4, lane % 4
+            w = c + 4 * j
+            lo, hi = slice(4 * w, 4 * w + 2), slice(4 * w + 2, 4 * w + 4)
+            img[j, lane] = (G[g, lo], G[g, hi], V[g, lo], V[g, hi], w16["gamma"][lo], w16["gamma"][hi],
+                            w16["beta"][lo], w16["beta"][hi])
+    return np.ascontiguousarray(img).view(np.uint32).reshape(-1)
