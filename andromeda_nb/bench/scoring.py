@@ -61,7 +61,8 @@ AUTO = cfg()  # KernelConfig(): every field at its measured default
 
 
 def variant_name(model: str, path: str | None, naive: bool = False) -> str:
-    """Today's names: ``<model>_scores_to_memory``, ``<model>[_naive]_fused_topk[_filter]``."""
+    """The committed tables' names (docs/design.md, "Results tables"): ``<model>_scores_to_memory``,
+    ``<model>[_naive]_fused_topk[_filter]``."""
     if path is None:
         return f"{model}_scores_to_memory"
     return f"{model}_{'naive_' if naive else ''}fused_topk" + ("_filter" if path == "filter" else "")
