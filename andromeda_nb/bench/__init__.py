@@ -1,2 +1,4 @@
-"""GPU benchmarks: ``python -m andromeda_nb.bench <suite>``; ``harness`` holds the timing rules,
-ceilings and CSV rows, the other modules the suites."""
+"""GPU benchmarks: ``python -m andromeda_nb.bench <suite> [--phases ...] [--list]``. ``harness`` holds the
+timing rules, ceilings, verification, CSV rows and the loop over a suite's cases; ``scoring``,
+``topk``, ``targeting`` and ``pipeline`` declare their cases (phase -> cases, as data) and measure
+them; ``tables`` generates GPU data, ``targeting_world`` the targeting suite's world."""

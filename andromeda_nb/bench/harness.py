@@ -1,19 +1,28 @@
-"""Benchmark harness and suites: ``python -m andromeda_nb.bench <suite> [options]`` (GPU only).
+"""Benchmark harness: ``python -m andromeda_nb.bench <suite> [options]`` (GPU only; ``--list`` runs anywhere).
+
+It holds what every suite shares: the timing rules, the ceilings, the top-K check against torch,
+the CSV rows, and the one loop that runs a suite's cases. A suite (``scoring``, ``topk``,
+``targeting``, ``pipeline``, each a module of this package) declares its phases as data, a mapping
+phase -> cases, a case a frozen dataclass of one measurement's parameters (:class:`Case`), and a
+:class:`Run` that maps each kind of case to its measurement function.
 
 House rules (docs/design.md, "Measuring"): the read ceiling (cupy sum over >= 4 GiB), the device copy
 and the best Numba 8-byte read kernel are measured in the same run; every case is timed with CUDA
 events after warm-up, median of >= 10 repetitions (p20 / p80 too), on data far larger than L2 and
 never zeros, with a >= 1 ms busy kernel queued ahead of the start event so the events time the GPU
 and not Numba's ~47 us launch overhead; the host wall time per call is reported separately. Every
-row checks its own output and says so in ``verified``. Rows follow docs/design.md's results schema and
-are written to ``<out>/<suite>.csv``.
+row checks its own output and says so in ``verified``. Rows follow docs/design.md's results schema
+("Results tables") and are written to ``<out>/<suite>.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime as _dt
+import functools
+import importlib
 import os
 import statistics
 import subprocess
@@ -30,8 +39,13 @@ SCHEMA = (
     "bytes_per_item flops_per_item achieved_TBps ceiling_read_TBps ceiling_copy_TBps "
     "fraction_of_read_ceiling verified"
 ).split()
-EXTRA = ["host_seconds_per_call", "layout", "seconds_p99", "device_seconds", "requests_per_s", "notes"]
+#: Columns after docs/design.md's schema: ``path`` (the top-K path of a row: block, filter, scan,
+#: unseeded, batched, onelaunch) and ``math`` (the arithmetic of a scoring kernel: fp32) where they apply.
+EXTRA = ["host_seconds_per_call", "layout", "path", "math", "seconds_p99", "device_seconds", "requests_per_s",
+         "notes"]
 GIB = 1 << 30
+#: The suites: name -> module of this package.
+SUITES = ("scoring", "topk", "targeting", "pipeline")
 
 
 # ----------------------------------------------------------------------------- environment
@@ -209,25 +223,69 @@ def measure_ceilings(nbytes: int = 4 * GIB, reps: int = 15) -> Ceilings:
     from ..device import launch
 
     x = cp.random.random(nbytes // 4, dtype=cp.float32)
-    t_sum = time_device(lambda: x.sum(), reps=reps)
+    t_sum = time_device(x.sum, reps=reps)
     half = x[: x.size // 2]
     y = cp.empty_like(half)
-    t_copy = time_device(lambda: cp.copyto(y, half), reps=reps)
+    t_copy = time_device(functools.partial(cp.copyto, y, half), reps=reps)
     del y
     xu = cuda.as_cuda_array(x.view(cp.uint64))
     out = cuda.device_array(1, np.uint64)
-    k = numba_read_kernel()
     grid = launch.sm_count() * 8
-    t_numba = time_device(lambda: k[grid, 256](xu, out), reps=reps)
+    t_numba = time_device(functools.partial(numba_read_kernel()[grid, 256], xu, out), reps=reps)
     del x, xu
     cp.get_default_memory_pool().free_all_blocks()
     return Ceilings(nbytes / t_sum.median / 1e12, 2 * (nbytes // 2) / t_copy.median / 1e12,
                     nbytes / t_numba.median / 1e12)
 
 
+# ----------------------------------------------------------------------------- verification
+
+def verify_topk_torch(ids_dev, scores_dev, all_scores_dev, k: int, eligible_mask=None):
+    """A device top-K answer against torch.topk on the same fp32 scores: equal score multisets,
+    every returned id holds its returned score, no duplicates, and exact ties at the k-th score
+    resolved to the lowest ids. Returns a :class:`~andromeda_nb.checks.Check`."""
+    import cupy as cp
+    import torch
+
+    from ..checks import Check
+
+    s = cp.asarray(all_scores_dev).astype(cp.float32, copy=True)
+    s[cp.isnan(s)] = -cp.inf
+    valid = ~cp.isnan(cp.asarray(all_scores_dev))
+    if eligible_mask is not None:
+        valid &= cp.asarray(eligible_mask)
+        s[~cp.asarray(eligible_mask)] = -cp.inf
+    n_valid = int(valid.sum())
+    t = torch.as_tensor(s, device="cuda")
+    kk = min(k, n_valid)
+    want_vals = torch.topk(t, kk).values.cpu().numpy() if kk else np.zeros(0, np.float32)
+    ids = cp.asarray(ids_dev).get()
+    got = cp.asarray(scores_dev).get()
+    if not np.array_equal(got[:kk], want_vals):
+        return Check(False, f"top-{k} scores differ from torch.topk")
+    if kk < k and not ((ids[kk:] == -1).all() and np.isneginf(got[kk:]).all()):
+        return Check(False, "pads are not -1 / -inf")
+    real = ids[:kk]
+    if len(set(real.tolist())) != kk or (real < 0).any():
+        return Check(False, "duplicate or missing ids")
+    at = cp.asarray(all_scores_dev)[cp.asarray(real)].get()
+    if not np.array_equal(at, got[:kk]):
+        return Check(False, "a returned id does not hold its returned score")
+    if kk:
+        kth = got[kk - 1]
+        tied = cp.flatnonzero((cp.asarray(all_scores_dev) == kth) & valid).get()
+        n_tied_in = int(np.sum(got[:kk] == kth))
+        if not np.array_equal(np.sort(real[got[:kk] == kth]), np.sort(tied)[:n_tied_in]):
+            return Check(False, "ties at the k-th score not resolved to the lowest ids")
+    return Check(True, "equals torch.topk values; ids hold their scores; ties to lowest id")
+
+
+# ----------------------------------------------------------------------------- rows
+
 def row(suite: str, env: dict, ceil: Ceilings, timing: Timing, items: int, bytes_per_item: float,
         flops_per_item: float | None, verified: str, **fields) -> dict:
-    """One results row in docs/design.md's schema (plus EXTRA columns)."""
+    """One results row in docs/design.md's schema (plus EXTRA columns); ``fields`` fill the rest
+    (a case's :meth:`Case.columns`, measured values)."""
     ips = items / timing.median
     achieved = ips * bytes_per_item / 1e12
     out = {c: "" for c in SCHEMA + EXTRA}
@@ -239,7 +297,7 @@ def row(suite: str, env: dict, ceil: Ceilings, timing: Timing, items: int, bytes
                ceiling_copy_TBps=f"{ceil.copy_TBps:.4f}",
                fraction_of_read_ceiling=f"{achieved / ceil.read_TBps:.4f}", verified=verified,
                host_seconds_per_call=f"{timing.host_per_call:.3e}")
-    out.update({k: v for k, v in fields.items()})
+    out.update(fields)
     return out
 
 
@@ -255,6 +313,13 @@ def ceiling_rows(env: dict, ceil: Ceilings, suite: str) -> list[dict]:
                  bytes_per_item="", notes=f"{4 * GIB} bytes of random fp32")
         rows.append(r)
     return rows
+
+
+def failed_row(env: dict, suite: str, variant: str, exc: BaseException) -> dict:
+    """The row of a case that raised: its variant, ``verified`` FAILED with the exception."""
+    r = {c: "" for c in SCHEMA + EXTRA}
+    r.update(env, suite=suite, variant=variant, verified=f"FAILED: {type(exc).__name__}: {exc}"[:300])
+    return r
 
 
 def write_rows(rows: list[dict], path: Path) -> None:
@@ -276,7 +341,7 @@ def print_rows(rows: list[dict]) -> None:
             if new:
                 w.writeheader()
             w.writerows(rows)
-    cols = ["variant", "dtype", "layout", "d", "experts", "k_experts", "access", "eligible_fraction", "k",
+    cols = ["variant", "dtype", "layout", "path", "d", "experts", "k_experts", "access", "eligible_fraction", "k",
             "items_per_s", "achieved_TBps", "fraction_of_read_ceiling", "verified"]
     print(" | ".join(cols))
     for r in rows:
@@ -290,32 +355,184 @@ def print_rows(rows: list[dict]) -> None:
     sys.stdout.flush()
 
 
-# ----------------------------------------------------------------------------- suites
+# ----------------------------------------------------------------------------- cases
 
 
-#: suite name -> module of this package holding a function of the same name (env, ceilings, args) -> rows
-SUITE_MODULES = {"scoring": "suites", "topk": "suites", "targeting": "targeting", "pipeline": "pipeline"}
+@dataclass(frozen=True)
+class Settings:
+    """Keyword arguments of a config class (KernelConfig, TopKConfig, MatchConfig) held as data:
+    hashable, printable, built (and so validated) by :meth:`build`."""
+
+    pairs: tuple = ()
+
+    @classmethod
+    def of(cls, **kwargs) -> "Settings":
+        return cls(tuple(kwargs.items()))
+
+    def get(self, name: str, default=None):
+        return dict(self.pairs).get(name, default)
+
+    def build(self, config_class):
+        return config_class(**dict(self.pairs))
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.pairs) or "default"
 
 
-def suite_function(name: str):
-    import importlib
+class Case:
+    """What the suites' cases share. A case is a frozen dataclass of one measurement's parameters.
 
-    module = importlib.import_module(f".{SUITE_MODULES[name]}", __package__)
-    return getattr(module, name)
+    A field named like a results column (SCHEMA + EXTRA: ``variant``, ``dtype``, ``d``, ``layout``,
+    ``access``, ``k``, ``path``, ``math``, ...) is that column's value in every row the case writes
+    (None: not applicable, left empty); the other fields are settings of the measurement, listed by
+    ``--list``. A ``variant`` with ``{placeholders}`` is completed at run time from the run's own
+    measurements (the fastest shape of a sweep, the host's thread count). Plan fields a case class
+    may declare: ``run_in`` ("both", "full": not in a ``--quick`` run, "quick": only there) and
+    ``skip_with`` (a phase that measures the same case: skipped when that phase runs too).
+    """
+
+    run_in = "both"
+    skip_with = ""
+
+    def variants(self) -> tuple[str, ...]:
+        """The variant names of the rows the case writes, in order."""
+        return (self.variant,)
+
+    def columns(self) -> dict:
+        """The fields that are results columns, without the unset (None) ones."""
+        names = set(SCHEMA + EXTRA)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name in names and getattr(self, f.name) is not None}
+
+    def settings(self) -> dict:
+        """The fields that are not results columns (how the case is measured)."""
+        names = set(SCHEMA + EXTRA) | {"run_in", "skip_with"}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in names}
+
+    def configs(self) -> tuple:
+        """The config objects (KernelConfig, TopKConfig, MatchConfig) the measurement builds from
+        the case's settings, built here so a bad field fails before a GPU is touched."""
+        return ()
+
+    def fits(self, options: "Options") -> bool:
+        """Whether the case applies to a run of these options (e.g. a pool prefix below ``--n-ads``)."""
+        return True
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a run was asked for on the command line."""
+
+    n_ads: int = 100_000_000
+    reps: int = 15
+    quick: bool = False
+    out: str = "data/results"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A case in the plan of a run, with the phase that declared it."""
+
+    phase: str
+    case: Case
+
+
+def suite_module(name: str):
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+    return importlib.import_module(f".{name}", __package__)
+
+
+def plan(suite: str, phases: str | None, options: Options) -> list[Planned]:
+    """The cases a run measures, in order: the chosen phases (comma-separated, default the suite's
+    ``DEFAULT_PHASES``) of the suite's ``cases(options)`` mapping, in declaration order (the run
+    order), without the cases the options leave out (``run_in``, ``skip_with``, :meth:`Case.fits`).
+
+    Raises:
+        ValueError: an unknown suite or phase.
+    """
+    module = suite_module(suite)
+    declared = module.cases(options)
+    chosen = ([p.strip() for p in phases.split(",") if p.strip()] if phases else list(module.DEFAULT_PHASES))
+    unknown = [p for p in chosen if p not in declared]
+    if unknown:
+        raise ValueError(f"unknown {suite} phases {unknown}; known: {', '.join(declared)}")
+    mode = "quick" if options.quick else "full"
+    out = [Planned(phase, case) for phase, cases in declared.items() if phase in chosen for case in cases
+           if case.run_in in ("both", mode) and case.skip_with not in chosen and case.fits(options)]
+    order = getattr(module, "order", None)
+    return order(out) if order else out
+
+
+def describe(p: Planned) -> str:
+    """One line of ``--list``: phase, variant(s), columns, settings."""
+    c = p.case
+    names = list(dict.fromkeys(c.variants()))
+    shown = " + ".join(n + (f" x{c.variants().count(n)}" if c.variants().count(n) > 1 else "") for n in names)
+    cols = " ".join(f"{k}={v}" for k, v in c.columns().items() if k != "variant")
+    sets = " ".join(f"{k}={v}" for k, v in c.settings().items() if v not in ("", None, False) and k != "note")
+    return f"{p.phase:<13} {shown:<44} {cols}" + (f" | {sets}" if sets else "")
+
+
+class Run:
+    """One run of a suite: the state its cases share (tables, worlds, the fastest configuration of
+    a sweep, ...). ``MEASURE`` maps each case class to its measurement function ``fn(run, case)``,
+    which returns the case's rows (or one row)."""
+
+    MEASURE: dict = {}
+
+    def __init__(self, env: dict, ceil: Ceilings, options: Options):
+        self.env, self.ceil, self.options = env, ceil, options
+
+    def measure(self, planned: Planned) -> list[dict]:
+        out = self.MEASURE[type(planned.case)](self, planned.case)
+        return [out] if isinstance(out, dict) else list(out)
+
+    def close(self) -> None:
+        pass
+
+
+def run_plan(suite: str, env: dict, ceil: Ceilings, options: Options, planned: list[Planned]) -> list[dict]:
+    """The one loop: every planned case through its measurement function; rows printed (and
+    appended to the sink) case by case."""
+    run = suite_module(suite).Run(env, ceil, options)
+    rows = []
+    try:
+        for p in planned:
+            new = run.measure(p)
+            rows += new
+            print_rows(new)
+    finally:
+        run.close()
+    return rows
+
+
+# ----------------------------------------------------------------------------- command line
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m andromeda_nb.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("suite", choices=sorted(SUITE_MODULES), help="which suite to run")
+    ap.add_argument("suite", choices=SUITES, help="which suite to run")
     ap.add_argument("--out", default="data/results", help="folder for <suite>.csv (default data/results)")
-    ap.add_argument("--quick", action="store_true", help="a small subset of cases")
-    ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting")
+    ap.add_argument("--quick", action="store_true", help="a small subset of cases (targeting, pipeline)")
+    ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting/pipeline")
     ap.add_argument("--reps", type=int, default=15, help="timed runs a case, median reported (at least 10: docs/design.md)")
-    ap.add_argument("--phases", default=None, help="comma-separated phases of the suite (default: all)")
+    ap.add_argument("--phases", default=None, help="comma-separated phases of the suite (default: its default set)")
     ap.add_argument("--name", default=None, help="output file stem (default: the suite name)")
+    ap.add_argument("--list", action="store_true", help="print the cases a run would measure and exit (no GPU needed)")
     args = ap.parse_args(argv)
     if args.reps < MIN_REPS:
         ap.error(f"--reps must be at least {MIN_REPS} (a median of >= {MIN_REPS} timings; docs/design.md), got {args.reps}")
+    options = Options(n_ads=args.n_ads, reps=args.reps, quick=args.quick, out=args.out)
+    try:
+        planned = plan(args.suite, args.phases, options)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.list:
+        print(f"{args.suite}: {len(planned)} cases ({'quick' if args.quick else 'full'} run, n_ads {args.n_ads:,})")
+        for p in planned:
+            print(describe(p))
+        return 0
     from ..device import backend
 
     if backend.set_backend("auto") != "cuda":
@@ -334,8 +551,10 @@ def main(argv=None) -> int:
     _sink = path
     rows = ceiling_rows(env, ceil, args.suite)
     print_rows(rows)
-    rows += suite_function(args.suite)(env, ceil, args)
-    _sink = None
+    try:
+        rows += run_plan(args.suite, env, ceil, options, planned)
+    finally:
+        _sink = None
     write_rows(rows, path)
     print_rows(rows)
     print(f"wrote {len(rows)} rows to {path} in {time.time() - t0:.0f}s")

@@ -15,16 +15,23 @@ at least 50 calls, beside ``device_seconds``, the summed device time of the call
 
 Every retrieve row is checked on sampled requests against the reference: the CPU match's eligible
 set and the top-k of the kernel's own scores (exact ids, order and scores).
+
+Phases (``--phases``; default all): ``retrieve`` (a case a batch size), ``match`` (no case of its
+own: ``match_eligible`` comes with retrieve's batch-1 case), ``launch``, ``open_loop`` (the largest
+pool only), ``score_topk``; run pool size by pool size (10^7, 10^8, those up to ``--n-ads``).
+``--quick``: the largest pool, retrieve at batches 1, 8, 32, without the diagnostics.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from . import harness
+from .tables import gpu_table
 
 K = 1000
 D, E, KE = 64, 6, 2
@@ -143,7 +150,6 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
         rows.append(_row(env, ceil, "retrieve", n, B, wall, p99, device, B * elig, request_bytes / elig, verified,
                          access="bitset", eligible_fraction=f"{elig / n:.5f}", categories=len(world.schema),
                          layout=pool.table.layout, notes=notes))
-        harness.print_rows(rows[-1:])
         if B == 1:
             sparse = [sum(v for s, v in c.items() if s not in ("weights", "match", "answers")) for c in steps]
             dev = statistics.median(sparse)
@@ -227,7 +233,6 @@ def _open_loop_rows(env, ceil, world, pool, reqs, profiles, n) -> list[dict]:
         r.update(requests_per_s=f"{rate:.6e}", items_per_s="", achieved_TBps="", fraction_of_read_ceiling="",
                  device_seconds="")
         rows.append(r)
-        harness.print_rows(rows[-1:])
     return rows
 
 
@@ -263,40 +268,142 @@ def _launch_rows(env, ceil, pool) -> list[dict]:
     return rows
 
 
-def pipeline(env, ceil, args) -> list[dict]:
-    from ..model import Request
-    from ..pipeline import Pool
-    from .suites import gpu_table
-    from .targeting import World
-    from ..datasets import synthetic as syn
+# ----------------------------------------------------------------------------- cases
 
-    rows = []
-    sizes = [n for n in (10 ** 7, 10 ** 8) if n <= args.n_ads]
-    phases = set((args.phases or "retrieve,match,score_topk,open_loop,launch").split(","))
-    batches = BATCHES
-    if args.quick:  # the largest pool, small batches, the retrieve rows only
-        sizes, batches, phases = sizes[-1:], (1, 8, 32), {"retrieve"}
-    for n in sizes:
-        _log(f"world of {n:,} ads")
-        world = World(n)
-        profiles = syn.generate_profiles(world.schema, max(BATCHES), seed=202)
-        table = gpu_table(n, D, "fp16", "rows", seed=1)
-        pool = Pool(table, world.dev, max_batch=max(BATCHES), max_k=K)
-        rng = np.random.default_rng(5)
-        reqs = [Request.random(D, E, KE, rng) for _ in range(max(BATCHES))]
-        match_bytes = _match_bytes(world, profiles)
-        if "retrieve" in phases:
-            rows += _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args.out, batches,
-                                   not args.quick)
-        if "launch" in phases and n == sizes[-1]:
-            rows += _launch_rows(env, ceil, pool)
-        if "open_loop" in phases and n == sizes[-1]:
-            rows += _open_loop_rows(env, ceil, world, pool, reqs, profiles, n)
-        del pool, table
-        if "score_topk" in phases:
-            tiles = gpu_table(n, D, "fp16", "tiles", seed=1)
-            rows.append(_score_topk_row(env, ceil, n, reqs, tiles))
-            harness.print_rows(rows[-1:])
-            del tiles
-        world.free()
-    return rows
+
+@dataclass(frozen=True)
+class RetrieveCase(harness.Case):
+    """Pool.retrieve of ``batch`` requests (:func:`_retrieve_rows`); at batch 1 also the
+    ``score_sparse`` row and, with ``diagnostics``, ``match_eligible`` and the host profile."""
+
+    batch: int
+    diagnostics: bool = True
+    n_ads: int | None = None  # set per pool size by :func:`cases`
+    run_in: str = "both"
+
+    def variants(self) -> tuple[str, ...]:
+        return ("retrieve",) + (("score_sparse", "match_eligible") if self.batch == 1 and self.diagnostics else
+                                ("score_sparse",) if self.batch == 1 else ())
+
+
+@dataclass(frozen=True)
+class LaunchCase(harness.Case):
+    """Host seconds of one launch (:func:`_launch_rows`); the largest pool only."""
+
+    n_ads: int | None = None
+    largest_only = True
+
+    def variants(self) -> tuple[str, ...]:
+        return ("launch_numba_dispatch", "launch_bound")
+
+
+@dataclass(frozen=True)
+class OpenLoopCase(harness.Case):
+    """Requests arriving at each of ``OPEN_LOOP_RATES`` (:func:`_open_loop_rows`); the largest pool only."""
+
+    n_ads: int | None = None
+    access: str = "bitset"
+    largest_only = True
+
+    def variants(self) -> tuple[str, ...]:
+        return ("retrieve_open_loop",) * len(OPEN_LOOP_RATES)
+
+
+@dataclass(frozen=True)
+class ScoreTopkCase(harness.Case):
+    """score_topk over the whole pool, tiles layout (:func:`_score_topk_row`)."""
+
+    variant: str = "score_topk"
+    n_ads: int | None = None
+    layout: str = "tiles"
+    access: str = "pool"
+
+
+#: phase -> cases, in run order within a pool size. ``match``: the ``match_eligible`` row comes with
+#: retrieve's batch-1 case (it reports the device time of that case's traced match step).
+PHASES = {
+    "retrieve": (*(RetrieveCase(B, run_in="full") for B in BATCHES),
+                 *(RetrieveCase(B, diagnostics=False, run_in="quick") for B in (1, 8, 32))),
+    "match": (),
+    "launch": (LaunchCase(),),
+    "open_loop": (OpenLoopCase(),),
+    "score_topk": (ScoreTopkCase(),),
+}
+DEFAULT_PHASES = tuple(PHASES)
+#: the pool sizes of a run (those at most --n-ads; --quick: the largest)
+SIZES = (10 ** 7, 10 ** 8)
+
+
+def cases(options: harness.Options) -> dict:
+    """The declared cases at each pool size (:data:`SIZES` up to ``options.n_ads``; a quick run: the
+    largest, its retrieve rows only)."""
+    sizes = [n for n in SIZES if n <= options.n_ads]
+    if options.quick:
+        sizes = sizes[-1:]
+    out = {}
+    for phase, declared in PHASES.items():
+        out[phase] = tuple(replace(c, n_ads=n) for n in sizes for c in declared
+                           if not (options.quick and phase != "retrieve")
+                           and not (getattr(c, "largest_only", False) and n != sizes[-1]))
+    return out
+
+
+def order(planned: list) -> list:
+    """Pool size first (one world and pool at a time), then the phases' order."""
+    return sorted(planned, key=lambda p: p.case.n_ads)
+
+
+class Run(harness.Run):
+    """The pipeline run: the world, table, pool and requests of one pool size at a time."""
+
+    def __init__(self, env, ceil, options):
+        super().__init__(env, ceil, options)
+        self.n = None
+
+    def measure(self, planned):
+        rows = self._measure(planned.case)
+        for r in rows:  # the case's columns where its rows leave them empty (the launch rows' pool size)
+            r.update({k: v for k, v in planned.case.columns().items() if r.get(k) in ("", None)})
+        return rows
+
+    def _measure(self, case):
+        self.setup(case.n_ads, pool=not isinstance(case, ScoreTopkCase))
+        if isinstance(case, RetrieveCase):
+            batches = (case.batch,)
+            return _retrieve_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,
+                                  self.match_bytes, self.n, self.options.out, batches, case.diagnostics)
+        if isinstance(case, LaunchCase):
+            return _launch_rows(self.env, self.ceil, self.pool)
+        if isinstance(case, OpenLoopCase):
+            return _open_loop_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
+        self.pool = self.table = None  # the tiles table takes their place
+        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, gpu_table(self.n, D, "fp16", "tiles", seed=1))]
+
+    def setup(self, n: int, pool: bool = True) -> None:
+        """The world and requests of ``n`` ads (a new size frees the last one's), and with ``pool``
+        the rows table and its Pool."""
+        from ..datasets import synthetic as syn
+        from ..model import Request
+        from ..pipeline import Pool
+        from .targeting_world import World
+
+        if n != self.n:
+            self.close()
+            _log(f"world of {n:,} ads")
+            self.n = n
+            self.world = World(n)
+            self.profiles = syn.generate_profiles(self.world.schema, max(BATCHES), seed=202)
+            rng = np.random.default_rng(5)
+            self.reqs = [Request.random(D, E, KE, rng) for _ in range(max(BATCHES))]
+            self.match_bytes = _match_bytes(self.world, self.profiles)
+            self.pool = None
+        if pool and self.pool is None:
+            self.table = gpu_table(n, D, "fp16", "rows", seed=1)
+            self.pool = Pool(self.table, self.world.dev, max_batch=max(BATCHES), max_k=K)
+
+    def close(self) -> None:
+        if self.n is not None:
+            self.pool = self.table = None
+            self.world.free()
+            self.world = None
+            self.n = None

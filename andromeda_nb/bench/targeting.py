@@ -1,4 +1,4 @@
-"""Targeting benchmark suite: ``python -m andromeda_nb.bench targeting`` (GPU only, ~4 minutes).
+"""Targeting benchmark suite: ``python -m andromeda_nb.bench targeting`` (GPU only, ~4 minutes; ``--list`` anywhere).
 
 World: docs/design.md's benchmark world (:func:`andromeda_nb.datasets.synthetic.benchmark_schema`,
 ``generate_rules`` defaults: 10^8 ads, 20 categories, each constrained with probability 0.3,
@@ -9,17 +9,30 @@ excluded with 0.05, Zipf 1.2; 4,096 spare slots for creates), user profiles from
 value included by >= n/1024 ads, an exclude row per value excluded by >= n/256 ads, inverted lists
 for the rest.
 
-Sections (rows' ``variant``): ``match_U{1,2,4,8}_b256`` (words per thread; launch bounds from
-``match.config.THREADS_PER_SM_BOUNDS``), ``match_U4_b256_nobounds``, ``match_U4_b512`` (one request at a
-time, 8 profiles back to back), ``match_batch{8,32,64}_U4`` (requests per launch), the CPU baseline
-``cpu_numba_parallel_*``; ``match_U4_pool_prefix`` (the first 10^6 / 10^7 / 3x10^7 slots),
-``match_U4_user_values_{0,1,2,6,10}``; updates (``update_batch_gpu``, ``update_batch_host``,
-``update_batch_end_to_end``, ``request_after_update_batch`` vs ``request_alone_same_profiles``);
-then on a quarter-size world (2.5x10^7 ads; a request still reads far more than L2): the default
-layout (``match_U4_density_0.3``) against ``per_category_folding``,
-``high_cardinality_lists_only``, ``high_cardinality_dense_n_over_16384``, the rule density
-(``match_U4_density_{0.1,0.6}``) and the number of constrained categories
-(``match_U4_categories_{2,5,10}``). Sections after the updates are skipped past ``BUDGET_S``.
+Phases (``--phases``, comma-separated; default all), in run order; the first seven on the
+full-size world:
+
+    main        ``match_U{1,2,4,8,16}_b256`` (words per thread; launch bounds from
+                ``match.config.THREADS_PER_SM_BOUNDS``), ``match_U4_b256_nobounds``, ``match_U4_b512``,
+                prefetch variants, segment-grid list passes (one request at a time, 8 profiles back
+                to back), ``match_batch{8,32,64}_U{4,8}`` (requests per launch), the CPU baseline
+                ``cpu_numba_parallel_<threads>threads``
+    grouped     ``match_grouped_U<U>_G<G>_b256`` (rows loaded G at a time), then batches and pool
+                prefixes with the fastest verified shape of the run
+    stages      ``match_U8_stage_*``: each kernel of a request's launch set timed alone
+    pool        ``match_U4_pool_prefix`` (the first 10^6 / 10^7 / 3x10^7 slots)
+    values      ``match_U4_user_values_{0,1,2,6,10}``
+    updates     ``update_batch_gpu``, ``update_batch_host``, ``update_batch_end_to_end``,
+                ``request_after_update_batch`` vs ``request_alone_same_profiles``
+    device      ``update_batch_end_to_end_host_bits_{kept,dropped}`` (drops the world's host rows: last)
+    layouts     on a quarter-size world (2.5x10^7 ads; a request still reads far more than L2): the
+                default layout (``match_U4_density_0.3``) against ``per_category_folding``,
+                ``high_cardinality_lists_only``, ``high_cardinality_dense_n_over_16384``
+    density     the rule density (``match_U4_density_{0.1,0.6}``)
+    categories  the number of constrained categories (``match_U4_categories_{2,5,10}``)
+
+Cases of phases other than main and updates are skipped past ``BUDGET_S`` seconds of the run. A
+case that raises leaves a FAILED row under its variant and the run goes on.
 
 Count first (host byte model :func:`andromeda_nb.match.read_model` on a 10^6-ad copy of the world,
 20 profiles; the same model counts every row below):
@@ -55,130 +68,226 @@ beside ``targeting.csv``.
 from __future__ import annotations
 
 import gc
-import math
 import os
-import platform
 import time
 import traceback
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import harness
-from ..device import launch
 from .. import reference
-from ..datasets import synthetic as syn
-from ..targeting import (RETIRE, CREATE, CHANGE, TargetingIndex, TargetingRules, UpdateBatch, make_profile,
-                        mask_from_bits)
+from ..device import launch
+from ..targeting import make_profile
+from .targeting_world import (PROFILES, UpdateStream, World, byte_model, check_results, check_small_world, cpu_name,
+                              elapsed, layout_name, load_results, log, memory_rows, restart_clock, rows_equal,
+                              sample_bits, write_memory)
 
-T0 = time.time()
-PROFILES = 8  # requests launched back to back per timed call
-SAMPLE = 2048  # slots checked against the oracle per request
-BUDGET_S = 200  # optional sections are skipped past this many seconds of the suite
-# --phases of the suite (default all); the first five run on the full-size benchmark world
-PHASE_OF = {"main": "main", "grouped": "grouped", "stages": "stages", "pool size": "pool", "user values": "values", "updates": "updates",
-            "device rows only": "device", "layouts": "layouts", "rule density": "density",
-            "categories": "categories"}
-PHASES = tuple(PHASE_OF.values())
+#: the suite (cases, Run) and the notebook's helpers from :mod:`.targeting_world`
+__all__ = ["PHASES", "DEFAULT_PHASES", "cases", "Run", "byte_model", "check_small_world", "load_results"]
+
+BUDGET_S = 200  # cases of the optional phases are skipped past this many seconds of the run
+#: phases on the full-size world (built once, on the first case that needs it)
+MAIN_WORLD_PHASES = ("main", "grouped", "stages", "pool", "values", "updates", "device")
 #: the order in which the categories sweep turns categories on (a mix of kinds at every size)
 CATEGORY_ORDER = [0, 14, 18, 1, 2, 15, 3, 4, 5, 19, 16, 6, 7, 8, 17, 9, 10, 11, 12, 13]
+#: (words per thread, rows per group) of the grouped-match sweep, and their launch bounds (blocks of
+#: 256 per SM; sm_90 ptxas registers without bounds: U1G8 40, U2G4 42, U2G8 62, U4G2 54, U4G4 68,
+#: U4G8 104, U8G2 95, U8G4 128; with these bounds none spills: U4G4 at (256, 4) spilled 88 bytes)
+GROUPED_SWEEP = [(1, 8), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8), (8, 2), (8, 4)]
+GROUPED_BOUNDS = {(1, 8): 6, (2, 4): 6, (2, 8): 4, (4, 2): 4, (4, 4): 3, (4, 8): 2, (8, 2): 2, (8, 4): 2}
+#: the quarter-size world's layouts: name -> how its index is built (:func:`layout_index_kwargs`)
+QUARTER_LAYOUTS = ("default", "per_category_folding", "high_cardinality_lists_only",
+                   "high_cardinality_dense_n_over_16384")
 
 
-def log(msg: str) -> None:
-    print(f"[targeting {time.time() - T0:6.1f}s] {msg}", flush=True)
+# ----------------------------------------------------------------------------- cases
+
+#: the variant of a case measured with the fastest verified grouped shape of the run: ``{U}`` and
+#: ``{G}`` are filled from that shape
+FASTEST_GROUPED = "fastest_grouped"
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
+@dataclass(frozen=True)
+class MatchCase(harness.Case):
+    """One request row (:func:`request_row`): the main world's requests through the match kernels.
+    Requests: the world's profiles one at a time (default), ``batch`` profiles of ``profile_seed``
+    in one launch set, or 8 profiles of ``profile_seed`` holding at most ``max_values`` values;
+    ``prefix``: only the first ``prefix`` slots. ``bounds``: launch bounds, blocks per SM (0: none;
+    None: the MatchConfig rule). ``note`` may hold ``{bounds}`` (the launch bounds used)."""
+
+    variant: str
+    words_per_thread: int | None = None
+    block: int | None = None
+    bounds: int | None = None
+    prefetch: bool = False
+    group: int = 0
+    lists: str = "auto"
+    batch: int = 1
+    prefix: int | None = None
+    profile_seed: int | None = None
+    max_values: int | None = None
+    shape: str = ""  # FASTEST_GROUPED: words_per_thread, group and bounds from the run's fastest grouped case
+    contender: bool = False  # a grouped shape the FASTEST_GROUPED cases may take
+    note: str = ""
+    access: str = "pool"
+    run_in: str = "both"
+
+    def configs(self) -> tuple:
+        if self.shape:
+            return ()
+        return (match_config(self.words_per_thread, self.block, self.bounds, self.prefetch, self.group, self.lists),)
+
+    def fits(self, options) -> bool:
+        return self.prefix is None or self.prefix < options.n_ads
 
 
-def layout_name(index: TargetingIndex) -> str:
-    L = index.layout
-    n_split = sum(1 for c in range(len(index.schema)) if index.cat_group[c] < 0)
-    return (f"folded groups<={L.group_max} rows ({len(L.groups)} groups); {n_split} split: include rows for "
-            f">={L.dense_min} ads, exclude rows for >={min(L.exclude_dense_min, 1 << 40)} ads, lists")
+@dataclass(frozen=True)
+class CpuCase(harness.Case):
+    """The CPU baseline (:func:`cpu_row`); ``{threads}``: Numba's thread count on the host."""
+
+    variant: str = "cpu_numba_parallel_{threads}threads"
+    access: str = "pool"
+    batch: int = 1
 
 
-# ----------------------------------------------------------------------------- worlds
+@dataclass(frozen=True)
+class StageCase(harness.Case):
+    """Some kernels of one request's launch set (prep, match, post), timed alone (:func:`stage_row`)."""
+
+    variant: str
+    lists: str
+    kernels: tuple
+    access: str = "pool"
+    batch: int = 1
+
+    def configs(self) -> tuple:
+        return (match_config(8, lists=self.lists),)
 
 
-class World:
-    """A generated world: rules, host index, device index, profiles, oracle sample."""
+@dataclass(frozen=True)
+class UpdatesCase(harness.Case):
+    """Update batches on the device and the host, requests after them (:func:`update_rows`)."""
 
-    def __init__(self, n: int, seed: int = 0, spare: int = 0, constrain_prob=0.3, exclude_prob=0.05,
-                 index_kw=None, profiles: int = PROFILES, max_values: int = syn.MAX_USER_VALUES,
-                 rules: TargetingRules | None = None):
-        from ..match.api import DeviceTargetingIndex
+    n_batches: int
+    run_in: str = "both"
+    batch_size: int = 1000  # ops a batch (the rows' batch column; the request rows' is 1)
 
-        t = time.time()
-        self.schema = syn.benchmark_schema()
-        self.rules = rules if rules is not None else syn.generate_rules(
-            self.schema, n, constrain_prob=constrain_prob, exclude_prob=exclude_prob, seed=seed)
-        t_gen = time.time() - t
-        t = time.time()
-        self.index = TargetingIndex(self.rules, n + spare, **(index_kw or {}))
-        t_build = time.time() - t
-        t = time.time()
-        self.dev = DeviceTargetingIndex(self.index)
-        launch.cuda().synchronize()
-        t_up = time.time() - t
-        self.n = n
-        self.profiles = syn.generate_profiles(self.schema, profiles, seed=seed + 101, max_values=max_values)
-        rng = np.random.default_rng(seed + 7)
-        self.sample = np.sort(rng.choice(n, min(SAMPLE, n), replace=False))
-        log(f"world n={n:,} constrain={constrain_prob}: generated {t_gen:.1f}s, index {t_build:.1f}s "
-            f"({self.index.n_rows} rows, {self.index.nbytes / 1e9:.1f} GB), uploaded {t_up:.1f}s")
-
-    def free(self):
-        self.dev = None
-        self.index = None
-        gc.collect()
-        try:
-            launch.cuda().current_context().deallocations.clear()
-        except Exception:
-            pass
+    def variants(self) -> tuple[str, ...]:
+        return ("update_batch_gpu", "update_batch_host", "request_after_update_batch", "request_alone_same_profiles",
+                "update_batch_end_to_end")
 
 
-# ----------------------------------------------------------------------------- checks
+@dataclass(frozen=True)
+class HostBitsCase(harness.Case):
+    """End-to-end updates with the host rows kept, then dropped (:func:`device_rows_only`)."""
+
+    n_batches: int = 20
+    batch_size: int = 1000  # ops a batch (the rows' batch column)
+    access: str = "updates"
+
+    def variants(self) -> tuple[str, ...]:
+        return ("update_batch_end_to_end_host_bits_kept", "update_batch_end_to_end_host_bits_dropped")
 
 
-def sample_bits(words: np.ndarray, slots: np.ndarray) -> np.ndarray:
-    """Bits of some slots of a host bitset, without unpacking it."""
-    return ((words[slots >> 6] >> (slots & 63).astype(np.uint64)) & np.uint64(1)).astype(bool)
+@dataclass(frozen=True)
+class QuarterCase(harness.Case):
+    """A quarter-size world of its own (:func:`quarter_row`): an index layout (``sweep`` "layouts"),
+    a rule density ("density") or a number of constrained categories ("categories")."""
+
+    variant: str
+    sweep: str
+    index_layout: str = "default"
+    constrain_prob: float = 0.3
+    categories: int | None = None
+    access: str = "pool"
+    batch: int = 1
+    run_in: str = "both"
 
 
-def check_results(world: World, prepared, words_dev, counts_dev, n_words=None) -> tuple[bool, str, list]:
-    """Each request of a prepared batch: the GPU words equal the CPU baseline's (full bitset), the
-    count equals, and the oracle agrees on the sample slots (those inside the matched span).
-    Returns (ok, message, counts)."""
-    idx = world.index
-    nw = idx.n_words if n_words is None else n_words
-    n_bits = min(idx.n_ads, nw * 64)
-    words = words_dev.copy_to_host()
-    counts = counts_dev.copy_to_host()
-    sample = world.sample[world.sample < n_bits]
-    sample_rules = idx.rules_of_slots(sample)
-    for b in range(prepared.batch):
-        prof = prepared.profiles[b]
-        cpu_words, cpu_count = idx.match_cpu(prof, n_words=nw)
-        if not np.array_equal(words[b, :nw], cpu_words):
-            bad = int(np.flatnonzero(words[b, :nw] != cpu_words)[0])
-            return False, f"request {b}: GPU bitset differs from the CPU baseline at word {bad}", []
-        pop = int(np.bitwise_count(words[b, :nw]).sum())
-        if int(counts[b]) != cpu_count or pop != cpu_count:
-            return False, f"request {b}: count {int(counts[b])} (bits set {pop}) != CPU {cpu_count}", []
-        got = sample_bits(words[b, :nw], sample)
-        want = reference.match(sample_rules, make_profile(idx.schema, prof))
-        if not np.array_equal(got, want):
-            return False, f"request {b}: oracle disagrees on {int((got != want).sum())} of {sample.size} sampled ads", []
-    return True, (f"ok: {prepared.batch} requests = CPU baseline (full bitset, count) and oracle "
-                  f"({sample.size} ads)"), counts[:prepared.batch].tolist()
+def match_config(U=None, block=None, bounds=None, prefetch: bool = False, group: int = 0, lists: str = "auto"):
+    """The MatchConfig of a benchmark row (None: the config's default)."""
+    from ..match import MatchConfig
+
+    given = {"words_per_thread": U, "block": block, "min_blocks_per_sm": bounds}
+    return MatchConfig(prefetch=prefetch, group=group, list_kernels=lists,
+                       **{k: v for k, v in given.items() if v is not None})
+
+
+def layout_index_kwargs(name: str, schema, n: int) -> dict:
+    """TargetingIndex keyword arguments of a quarter-size layout (:data:`QUARTER_LAYOUTS`)."""
+    huge = 1 << 60
+    high = [c.name for c in schema if c.cardinality >= 10_000]
+    return {"default": {}, "per_category_folding": {"group_max": 1},
+            "high_cardinality_lists_only": {"dense_min": {h: huge for h in high},
+                                            "exclude_dense_min": {h: huge for h in high}},
+            "high_cardinality_dense_n_over_16384": {"dense_min": {h: max(64, n // 16384) for h in high}}}[name]
+
+
+ONE_REQUEST = "benchmark world, 1 request per launch set"
+#: (stage name, kernels) of the stages phase
+STAGE_KERNELS = (("prep", ("prep",)), ("match", ("match",)), ("post", ("post",)), ("prep_match", ("prep", "match")),
+                 ("all", ("prep", "match", "post")))
+
+#: phase -> cases, in run order
+PHASES = {
+    "main": (
+        *(MatchCase(f"match_U{U}_b256", U, 256, run_in="both" if U == 4 else "full",
+                    note=ONE_REQUEST + " (prep, match, post kernels); launch bounds {bounds}") for U in (1, 2, 4, 8, 16)),
+        MatchCase("match_U4_b256_nobounds", 4, 256, bounds=0, run_in="full",
+                  note="benchmark world; no launch bounds (72 registers, 768 threads/SM)"),
+        MatchCase("match_U4_b512", 4, 512, note="benchmark world; launch bounds (512, 2)", run_in="full"),
+        # the next category's first include row loaded one category ahead (two rows in flight)
+        MatchCase("match_U4_b256_prefetch", 4, 256, prefetch=True, run_in="full",
+                  note="benchmark world; prefetch; launch bounds (256, 4)"),
+        MatchCase("match_U8_b256_prefetch_nobounds", 8, 256, bounds=0, prefetch=True, run_in="full",
+                  note="benchmark world; prefetch; no launch bounds (92 registers)"),
+        # the list passes on a segment grid (MatchConfig.list_kernels), verified
+        MatchCase("match_U8_b256_segment_lists", 8, 256, lists="segment",
+                  note=ONE_REQUEST + "; the list passes on a segment grid; launch bounds {bounds}"),
+        *(MatchCase(f"match_batch{B}_U{U}", U, batch=B, profile_seed=500 + B, run_in=run_in,
+                    note=f"{B} requests in one launch set (grid.y = request)")
+          for B, Us, run_in in ((8, (4, 8), "full"), (32, (4, 8), "full"), (64, (4, 8), "full"), (16, (4,), "quick"))
+          for U in Us),
+        CpuCase()),
+    # rows loaded `group` at a time (match.kernels.match_grouped_kernel): the plain kernel's chain of
+    # ~22 dependent row loads per word becomes rows / group deep
+    "grouped": (
+        *(MatchCase(f"match_grouped_U{U}_G{G}_b256", U, 256, bounds=GROUPED_BOUNDS.get((U, G), 0), group=G,
+                    contender=True, note=f"benchmark world; rows loaded {G} at a time; launch bounds " + "{bounds}")
+          for U, G in GROUPED_SWEEP),
+        *(MatchCase(f"match_grouped_batch{B}" + "_U{U}_G{G}", batch=B, profile_seed=500 + B, shape=FASTEST_GROUPED,
+                    run_in=run_in, note=f"{B} requests in one launch set; the fastest grouped shape of this run")
+          for B, run_in in ((8, "full"), (32, "full"), (64, "full"), (16, "quick"))),
+        *(MatchCase("match_grouped_U{U}_G{G}_pool_prefix", prefix=m, shape=FASTEST_GROUPED,
+                    note=f"the first {m:,} slots of the benchmark world's index; fastest grouped shape")
+          for m in (10**6, 10**7))),
+    # where one request's device time goes: the list passes around the match (prep: zero the counts,
+    # scatter the sparse include lists into patch rows; post: clear sparse excludes from the result,
+    # zero the patch rows) against the match itself, with the list passes on a search and a segment grid
+    "stages": tuple(StageCase(f"match_U8_stage_{name}" + ("_segment" if lists == "segment" else ""), lists, kern)
+                    for lists in ("search", "segment") for name, kern in STAGE_KERNELS
+                    if lists == "search" or name != "match"),
+    "pool": tuple(MatchCase("match_U4_pool_prefix", prefix=m, note=f"the first {m:,} slots of the benchmark world's index")
+                  for m in (10**6, 10**7, 3 * 10**7)),
+    "values": tuple(MatchCase(f"match_U4_user_values_{mv}", profile_seed=900 + mv, max_values=mv,
+                              run_in="both" if mv in (0, 6) else "full",
+                              note=f"users hold 0..{mv} values of each multi-valued category") for mv in (0, 1, 2, 6, 10)),
+    "updates": (UpdatesCase(40, run_in="full"), UpdatesCase(20, run_in="quick")),
+    "device": (HostBitsCase(),),  # last on the main world: it drops the world's host rows
+    # the sweeps and the layout variants on a quarter-size pool (2.5 x 10^7 ads: rows of 3 MB, a
+    # request still reads far more than the 60 MB L2), each a new world or a new index
+    "layouts": tuple(QuarterCase("match_U4_" + ("density_0.3" if name == "default" else name), "layouts", name,
+                                 run_in="both" if i < 2 else "full") for i, name in enumerate(QUARTER_LAYOUTS)),
+    "density": tuple(QuarterCase(f"match_U4_density_{p}", "density", constrain_prob=p) for p in (0.1, 0.6)),
+    "categories": tuple(QuarterCase(f"match_U4_categories_{k}", "categories", categories=k,
+                                    run_in="both" if k == 5 else "full") for k in (2, 5, 10)),
+}
+DEFAULT_PHASES = tuple(PHASES)
+
+
+def cases(options: harness.Options) -> dict:
+    return PHASES
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -216,15 +325,6 @@ def bytes_of(world: World, prepared, n_words=None, max_requests: int = 8, prefet
 def prepare_each(world: World, profiles, n_words=None):
     """One prepared single-request batch per profile."""
     return [world.dev.prepare([p], n_words=n_words) for p in profiles]
-
-
-def match_config(U=None, block=None, bounds=None, prefetch: bool = False, group: int = 0, lists: str = "auto"):
-    """The MatchConfig of a benchmark row (None: the config's default)."""
-    from ..match import MatchConfig
-
-    given = {"words_per_thread": U, "block": block, "min_blocks_per_sm": bounds}
-    return MatchConfig(prefetch=prefetch, group=group, list_kernels=lists,
-                       **{k: v for k, v in given.items() if v is not None})
 
 
 def time_requests(world: World, prepared: list, reps: int, U=None, block=None, n_words=None, bounds=None,
@@ -300,12 +400,12 @@ def request_row(env, ceil, world: World, variant: str, prepared: list, reps: int
     row = harness.row("targeting", env, ceil, timing, items, bpa, None, verified, variant=variant,
                     n_ads=n_bits, access=access, eligible_fraction=f"{elig:.5f}", categories=len(world.schema),
                     batch=batch, layout=layout_name(world.index), notes=note, **fields)
-    harness.print_rows([row])
     return row
 
 
-def cpu_row(env, ceil, world: World, reps: int = 5, notes: str = "") -> dict:
-    """The CPU baseline: the same plans, Numba-parallel over words on the host's cores."""
+def cpu_row(env, ceil, world: World, variant: str, reps: int = 5, notes: str = "") -> dict:
+    """The CPU baseline: the same plans, Numba-parallel over words on the host's cores (``variant``'s
+    ``{threads}``: Numba's thread count)."""
     import numba
 
     idx = world.index
@@ -335,72 +435,14 @@ def cpu_row(env, ceil, world: World, reps: int = 5, notes: str = "") -> dict:
     if verified == "ok":
         verified = f"ok: {k} requests, oracle on {world.sample.size} ads"
     row = harness.row("targeting", env, ceil, timing, n_bits, total_bytes / (n_bits * k), None, verified,
-                    variant=f"cpu_numba_parallel_{numba.get_num_threads()}threads", n_ads=n_bits, access="pool",
+                    variant=variant.format(threads=numba.get_num_threads()), n_ads=n_bits, access="pool",
                     categories=len(world.schema), batch=1, layout=layout_name(idx),
                     notes=f"device={cpu_name()}; wall time per request (perf_counter, median of {reps}); "
                           f"same plan and rows on the host; fraction_of_read_ceiling is against the GPU's; {notes}")
     row["device"] = f"CPU: {cpu_name()} ({os.cpu_count()} cores)"
-    harness.print_rows([row])
     return row
 
 
-# ----------------------------------------------------------------------------- updates
-
-
-def batch_from_templates(schema, templates: TargetingRules, tmpl_idx, ops, ids, live) -> UpdateBatch:
-    """An UpdateBatch whose create / change ops take the rules of template ads (retires: none)."""
-    k = ops.size
-    sub = templates.subset(tmpl_idx)
-    keep = ops != RETIRE
-
-    def strip(csr):
-        out = {}
-        for name, (ptr, vals) in csr.items():
-            sizes = np.diff(ptr) * keep
-            new_ptr = np.zeros(k + 1, np.int64)
-            np.cumsum(sizes, out=new_ptr[1:])
-            mask = np.repeat(keep, np.diff(ptr))
-            out[name] = (new_ptr, vals[mask])
-        return out
-
-    return UpdateBatch.from_columns(schema, ops, ids, live & keep, strip(sub.include), strip(sub.exclude))
-
-
-class UpdateStream:
-    """Random valid update batches (1/3 creates of new ids, 1/3 changes, 1/3 retires of live ids)."""
-
-    def __init__(self, world: World, seed: int = 11, n_templates: int = 100_000, max_creates: int = 1 << 20):
-        self.world = world
-        self.rng = np.random.default_rng(seed)
-        self.templates = syn.generate_rules(world.schema, n_templates, seed=seed + 1000)
-        ids = world.rules.ad_ids
-        self.alive = np.empty(ids.size + max_creates, np.int64)  # live ids in [0, n_alive), swap-remove
-        self.alive[:ids.size] = ids
-        self.n_alive = ids.size
-        self.next_id = int(ids.max()) + 1 if ids.size else 0
-
-    def batch(self, size: int = 1000) -> UpdateBatch:
-        rng = self.rng
-        n_new = size // 3
-        n_old = size - n_new
-        pick = rng.choice(self.n_alive, n_old, replace=False)
-        old_ids = self.alive[pick]
-        n_ret = n_old // 2
-        ops = np.concatenate([np.full(n_new, CREATE), np.full(n_old - n_ret, CHANGE), np.full(n_ret, RETIRE)])
-        new_ids = np.arange(self.next_id, self.next_id + n_new)
-        ids = np.concatenate([new_ids, old_ids])
-        order = rng.permutation(size)
-        ops, ids = ops[order].astype(np.int8), ids[order].astype(np.int64)
-        live = rng.random(size) < 0.99
-        tmpl = rng.integers(0, self.templates.n_ads, size)
-        batch = batch_from_templates(self.world.schema, self.templates, tmpl, ops, ids, live)
-        for i in sorted(pick[n_old - n_ret:].tolist(), reverse=True):  # retired ids leave
-            self.n_alive -= 1
-            self.alive[i] = self.alive[self.n_alive]
-        self.alive[self.n_alive:self.n_alive + n_new] = new_ids  # created ids join
-        self.n_alive += n_new
-        self.next_id += n_new
-        return batch
 
 
 def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_size: int = 1000) -> list[dict]:
@@ -446,7 +488,7 @@ def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_s
     ops = n_batches * batch_size
     # check the touched words of every row, a few whole rows, and the lists, against the host copy
     touched = np.unique(np.concatenate([(d.bit_codes & ((1 << 40) - 1)) >> 6 for d in deltas]))
-    ok_rows = _rows_equal(world, touched)
+    ok_rows = rows_equal(world, touched)
     verified = lockstep if ok_rows else "FAILED: device rows differ from the host copy after updates"
     timing = harness.Timing(per, per, per, enqueue / n_batches, 1)
     note = (f"{n_batches} batches of {batch_size} mixed ops (1/3 create, 1/3 change, 1/3 retire) queued behind a "
@@ -516,7 +558,6 @@ def update_rows(env, ceil, world: World, reps: int, n_batches: int = 40, batch_s
                   categories=len(world.schema), layout=layout_name(idx),
                   notes="DeviceTargetingIndex.apply on 10 batches then a sync: host diff + copy + kernel, wall time")
     rows.append(r)
-    harness.print_rows(rows)
     log(f"updates: GPU {ops / gpu / 1e6:.2f} M ops/s, host {batch_size / hq[1] / 1e6:.2f} M ops/s, "
         f"end-to-end {batch_size / wall / 1e6:.2f} M ops/s; request alone {t_alone.median * 1e6:.1f} us, "
         f"with a batch before it {both * 1e6:.1f} us")
@@ -560,433 +601,193 @@ def device_rows_only(env, ceil, world: World, n_batches: int = 20, batch_size: i
             notes=f"DeviceTargetingIndex.apply on {n_batches} batches then a sync, wall time; host bitset rows "
                   + ("kept and flipped on every update" if label == "kept" else
                      "dropped (rows on the device only: no host bit flips, popcounts kept)")))
-        harness.print_rows(rows[-1:])
     return rows
 
 
-def _rows_equal(world: World, words: np.ndarray, n_full: int = 16) -> bool:
-    """Device rows equal the host copy on the given words of every row and on a few whole rows;
-    the device list pool equals the host's on every live list segment."""
-    idx = world.index
-    words = words[words < idx.n_words]
+# ----------------------------------------------------------------------------- the cases' measurements
+
+
+def match_row(run, case: MatchCase) -> list[dict]:
+    """A :class:`MatchCase` on the main world (none when it needs a grouped shape and none verified)."""
+    from ..datasets import synthetic as syn
+
+    world = run.main_world()
+    U, group, bounds, variant = case.words_per_thread, case.group, case.bounds, case.variant
+    if case.shape == FASTEST_GROUPED:
+        if run.fastest_grouped is None:
+            log(f"skipping {variant}: no grouped shape verified in this run")
+            return []
+        _, U, group, bounds = run.fastest_grouped
+        variant = variant.format(U=U, G=group)
+    n_words = -(-case.prefix // 64) if case.prefix else None
+    if case.batch > 1:
+        prepared = [world.dev.prepare(syn.generate_profiles(world.schema, case.batch, seed=case.profile_seed))]
+    elif case.profile_seed is not None:
+        kw = {} if case.max_values is None else {"max_values": case.max_values}
+        prepared = prepare_each(world, syn.generate_profiles(world.schema, PROFILES, seed=case.profile_seed, **kw))
+    elif n_words is not None:
+        prepared = prepare_each(world, world.profiles, n_words=n_words)
+    else:
+        prepared = run.main_prep
+    config = match_config(U, case.block, bounds, case.prefetch, group, case.lists)
+    lb = config.launch_bounds(simulator=False)
+    notes = case.note.format(bounds=f"({config.block_size(False)}, {lb})" if lb else "none")
+    return [request_row(run.env, run.ceil, world, variant, prepared, run.options.reps, U=U, block=case.block,
+                        n_words=n_words, notes=notes, batch=case.batch, access=case.access, bounds=bounds,
+                        prefetch=case.prefetch, group=group, lists=case.lists)]
+
+
+def cpu_case_row(run, case: CpuCase) -> dict:
+    return cpu_row(run.env, run.ceil, run.main_world(), case.variant)
+
+
+def stage_row(run, case: StageCase) -> dict:
+    """Some kernels of each main-world request's launch set, 8 times back to back, one request at a
+    time (requests share the patch rows: mixing them would leave their union in the rows); buffers
+    preallocated (an allocation in the timed call stalls the stream)."""
+    from ..device import launch
+
+    world = run.main_world()
+    cuda = launch.cuda()
+    out = cuda.device_array((1, max(world.index.n_words, 1)), np.uint64)
+    counts = cuda.device_array(1, np.int64)
+    (config,) = case.configs()
+    reps, reps_k = run.options.reps, 8
+    per = []
+    for p in run.main_prep:
+        world.dev.launch(p, out, counts, config, kernels=("prep",))  # its patch rows, as the match expects
+        t = harness.time_device(lambda: [world.dev.launch(p, out, counts, config, kernels=case.kernels)
+                                         for _ in range(reps_k)], reps=reps, busy_ms=6.0)
+        per.append(harness.Timing(t.median / reps_k, t.p20 / reps_k, t.p80 / reps_k, t.host_per_call / reps_k, t.reps))
+        world.dev.launch(p, out, counts, config, kernels=("post",))  # its patch rows zeroed again
+    k = len(per)
+    med = sorted(per, key=lambda x: x.median)[k // 2]
+    timing = harness.Timing(sum(x.median for x in per) / k, sum(x.p20 for x in per) / k,
+                            sum(x.p80 for x in per) / k, sum(x.host_per_call for x in per) / k, med.reps)
+    row = harness.row("targeting", run.env, run.ceil, timing, world.index.n_ads, 0.0, None,
+                      "n/a (stage timing: a partial launch set; the full set is verified in 'main')",
+                      **case.columns(), n_ads=world.index.n_ads, categories=len(world.schema),
+                      layout=layout_name(world.index),
+                      notes=f"kernels {'+'.join(case.kernels)} of one request's launch set, 8 times back to back; "
+                            f"mean over {k} requests of the median of {reps}")
+    row.update(bytes_per_item="", achieved_TBps="", fraction_of_read_ceiling="")  # not a byte-model row
+    return row
+
+
+def updates_rows(run, case: UpdatesCase) -> list[dict]:
+    return update_rows(run.env, run.ceil, run.main_world(), run.options.reps, n_batches=case.n_batches,
+                       batch_size=case.batch_size)
+
+
+def host_bits_rows(run, case: HostBitsCase) -> list[dict]:
+    return device_rows_only(run.env, run.ceil, run.main_world(), n_batches=case.n_batches, batch_size=case.batch_size)
+
+
+def quarter_row(run, case: QuarterCase) -> dict:
+    """A :class:`QuarterCase` on its own quarter-size world (freed after it)."""
+
+    n = run.options.n_ads
+    n_sweep = max(1, n // 4)
+    if case.sweep == "layouts":
+        rules = run.quarter_rules(n_sweep)
+        kw = layout_index_kwargs(case.index_layout, rules.schema, n_sweep)
+        w = World(n_sweep, index_kw=kw, rules=rules, seed=1)
+        if kw:  # memory scaled to the full pool (the default's is measured at full size)
+            run.memory.extend(memory_rows(run.env, w, case.index_layout, n))
+        notes = (f"{n_sweep:,}-ad world (seed 1); layout "
+                 f"{'default (also the 0.3 point of the density sweep)' if not kw else case.index_layout}")
+    elif case.sweep == "density":
+        w = World(n_sweep, constrain_prob=case.constrain_prob, seed=1)
+        notes = (f"{n_sweep:,}-ad world: each ad constrains a category with probability {case.constrain_prob} "
+                 f"(benchmark: 0.3, row match_U4_density_0.3)")
+    else:
+        k = case.categories
+        constrain, exclude = np.zeros(20), np.zeros(20)
+        constrain[CATEGORY_ORDER[:k]] = case.constrain_prob
+        exclude[CATEGORY_ORDER[:k]] = 0.05
+        w = World(n_sweep, constrain_prob=constrain, exclude_prob=exclude, seed=1)
+        names = "/".join(w.schema.categories[c].name for c in CATEGORY_ORDER[:k])
+        notes = f"{n_sweep:,}-ad world: ads constrain {k} of the 20 categories ({names}); 20: row match_U4_density_0.3"
     try:
-        import cupy as cp
-
-        dev_rows = cp.asarray(world.dev.rows)
-        got = dev_rows[:, cp.asarray(words)].get()
-        full = [(int(r), dev_rows[int(r)].get()) for r in
-                np.random.default_rng(3).choice(idx.n_rows, min(n_full, idx.n_rows), replace=False)]
-        pool = cp.asarray(world.dev.pool)[: idx.pool.size].get()
-    except ImportError:  # the simulator (tests): small pools, copy everything
-        host_rows = world.dev.rows.copy_to_host()
-        got = host_rows[:, words]
-        full = [(r, host_rows[r]) for r in range(idx.n_rows)]
-        pool = world.dev.pool.copy_to_host()[: idx.pool.size]
-    if not np.array_equal(got, idx.bitsets[:, words]):
-        return False
-    if not all(np.array_equal(row, idx.bitsets[r]) for r, row in full):
-        return False
-    mine, theirs = idx.list_sets(), idx._list_sets_of(pool)
-    return mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
-
-
-# ----------------------------------------------------------------------------- the suite
-
-
-def memory_rows(env, world: World, label: str, n_at: int) -> list[dict]:
-    """Index memory per storage unit (a folded group or a split category) at ``n_at`` ads, as
-    rows of the results schema (``variant`` = memory_<layout>_<unit>; timing columns empty)."""
-    out = []
-    for u in world.index.memory_by_category(n_at):
-        r = {c: "" for c in harness.SCHEMA + harness.EXTRA}
-        r.update(env, suite="targeting", variant=f"memory_{label}_{u['unit']}", n_ads=n_at,
-                 verified="n/a (memory accounting of the host index)", layout=label, pool_ads=n_at)
-        r.update(u)  # unit, categories, rows, storage, bytes, ...
-        out.append(r)
-    return out
-
-
-def write_memory(rows: list[dict], out_dir: str) -> None:
-    import csv
-    from pathlib import Path
-
-    if not rows:
-        return
-    path = Path(out_dir) / "targeting_memory.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys = list(dict.fromkeys([*harness.SCHEMA, *harness.EXTRA, *(k for r in rows for k in r)]))
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    log(f"wrote {len(rows)} rows to {path}")
-
-
-def failed_row(env, variant: str, exc: BaseException) -> dict:
-    r = {c: "" for c in harness.SCHEMA + harness.EXTRA}
-    r.update(env, suite="targeting", variant=variant, verified=f"FAILED: {type(exc).__name__}: {exc}"[:300])
+        r = request_row(run.env, run.ceil, w, case.variant, prepare_each(w, w.profiles), run.options.reps,
+                        notes=notes, batch=case.batch, access=case.access)
+        if case.categories is not None:
+            r["categories"] = case.categories
+    finally:
+        w.free()
+        gc.collect()
     return r
 
 
-#: (words per thread, rows per group) of the grouped-match sweep, and their launch bounds (blocks of
-#: 256 per SM; sm_90 ptxas registers without bounds: U1G8 40, U2G4 42, U2G8 62, U4G2 54, U4G4 68,
-#: U4G8 104, U8G2 95, U8G4 128; with these bounds none spills: U4G4 at (256, 4) spilled 88 bytes)
-GROUPED_SWEEP = [(1, 8), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8), (8, 2), (8, 4)]
-GROUPED_BOUNDS = {(1, 8): 6, (2, 4): 6, (2, 8): 4, (4, 2): 4, (4, 4): 3, (4, 8): 2, (8, 2): 2, (8, 4): 2}
+class Run(harness.Run):
+    """The targeting run: the full-size world (built on its first case, freed after its phases),
+    the fastest verified grouped shape, the index memory rows (``targeting_memory.csv``)."""
 
+    MEASURE = {MatchCase: match_row, CpuCase: cpu_case_row, StageCase: stage_row, UpdatesCase: updates_rows,
+               HostBitsCase: host_bits_rows, QuarterCase: quarter_row}
 
-def targeting(env, ceil, args) -> list[dict]:
-    global T0
-    T0 = time.time()
-    n = int(args.n_ads)
-    reps = int(args.reps)
-    quick = bool(getattr(args, "quick", False))
-    rows: list[dict] = []
-    mem: list[dict] = []
-    log(f"targeting suite: n={n:,}, reps={reps}, quick={quick}, CPU {cpu_name()} x{os.cpu_count()}")
+    def __init__(self, env, ceil, options):
+        super().__init__(env, ceil, options)
+        restart_clock()
+        self.world = self.main_prep = self._world_error = self._rules = None
+        self.fastest_grouped = None  # (seconds, words_per_thread, group, bounds)
+        self.memory: list[dict] = []
+        self._phase = None
+        log(f"targeting suite: n={options.n_ads:,}, reps={options.reps}, quick={options.quick}, "
+            f"CPU {cpu_name()} x{os.cpu_count()}")
 
-    phases = set(args.phases.split(",")) if getattr(args, "phases", None) else set(PHASES)
-    unknown = phases - set(PHASES)
-    if unknown:
-        raise SystemExit(f"unknown targeting phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+    def main_world(self):
+        """The full-size benchmark world with 4,096 spare slots, its requests prepared."""
+        if self.world is None:
+            if self._world_error is not None:
+                raise RuntimeError(f"the benchmark world could not be built: {self._world_error!r}")
+            try:
+                self.world = World(self.options.n_ads, spare=4096)
+            except Exception as exc:
+                self._world_error = exc
+                raise
+            self.memory.extend(memory_rows(self.env, self.world, "default", self.options.n_ads))
+            self.main_prep = prepare_each(self.world, self.world.profiles)
+        return self.world
 
-    def section(name, fn):
-        if PHASE_OF[name] not in phases:
-            return
-        if time.time() - T0 > BUDGET_S and name not in ("main", "updates"):
-            log(f"skipping {name}: past the {BUDGET_S}s budget")
-            return
-        log(f"--- {name}")
+    def quarter_rules(self, n: int):
+        """The quarter-size world's rules (seed 1), shared by the layouts."""
+        from ..datasets import synthetic as syn
+
+        if self._rules is None or self._rules.n_ads != n:
+            self._rules = syn.generate_rules(syn.benchmark_schema(), n, seed=1)
+        return self._rules
+
+    def free_main_world(self) -> None:
+        if self.world is not None:
+            self.world.free()
+        self.world = self.main_prep = None
+        gc.collect()
+
+    def measure(self, planned):
+        phase, case = planned.phase, planned.case
+        if phase != self._phase:
+            if phase not in MAIN_WORLD_PHASES:
+                self.free_main_world()
+            if phase != "layouts":
+                self._rules = None
+            log(f"--- {phase}")
+            self._phase = phase
+        if phase not in ("main", "updates") and elapsed() > BUDGET_S:
+            log(f"skipping {case.variants()[0]}: past the {BUDGET_S}s budget")
+            return []
         try:
-            fn()
-        except Exception as exc:  # keep the other sections' rows
+            rows = super().measure(planned)
+        except Exception as exc:  # keep the other cases' rows
             traceback.print_exc()
-            rows.append(failed_row(env, name, exc))
+            return [harness.failed_row(self.env, "targeting", case.variants()[0], exc)]
+        if getattr(case, "contender", False) and rows and rows[0]["verified"].startswith("ok"):
+            seconds = float(rows[0]["seconds_median"])
+            if self.fastest_grouped is None or seconds < self.fastest_grouped[0]:
+                self.fastest_grouped = (seconds, case.words_per_thread, case.group, case.bounds)
+        return rows
 
-    on_main_world = {"main", "grouped", "stages", "pool", "values", "updates", "device"}
-    world = World(n, spare=4096) if phases & on_main_world else None
-    if world is not None:
-        mem.extend(memory_rows(env, world, "default", n))
-        main_prep = prepare_each(world, world.profiles)
-
-    def main():
-        from ..match import MatchConfig
-
-        for U in ([4] if quick else [1, 2, 4, 8, 16]):
-            lb = MatchConfig(words_per_thread=U, block=256).launch_bounds(simulator=False)
-            rows.append(request_row(env, ceil, world, f"match_U{U}_b256", main_prep, reps, U=U, block=256,
-                                    notes=f"benchmark world, 1 request per launch set (prep, match, post kernels); "
-                                          f"launch bounds {'(256, %d)' % lb if lb else 'none'}"))
-        if not quick:
-            rows.append(request_row(env, ceil, world, "match_U4_b256_nobounds", main_prep, reps, U=4, block=256,
-                                    bounds=0, notes="benchmark world; no launch bounds (72 registers, 768 threads/SM)"))
-            rows.append(request_row(env, ceil, world, "match_U4_b512", main_prep, reps, U=4, block=512,
-                                    notes="benchmark world; launch bounds (512, 2)"))
-            # the next category's first include row loaded one category ahead (two rows in flight;
-            # prediction: +10-25 % over the same shape without it, for a few % more bytes)
-            rows.append(request_row(env, ceil, world, "match_U4_b256_prefetch", main_prep, reps, U=4, block=256,
-                                    prefetch=True, notes="benchmark world; prefetch; launch bounds (256, 4)"))
-            rows.append(request_row(env, ceil, world, "match_U8_b256_prefetch_nobounds", main_prep, reps, U=8,
-                                    block=256, bounds=0, prefetch=True,
-                                    notes="benchmark world; prefetch; no launch bounds (92 registers)"))
-        # the list passes on a segment grid (MatchConfig.list_kernels; prediction in stages below), verified
-        lb = MatchConfig(words_per_thread=8, block=256).launch_bounds(simulator=False)
-        rows.append(request_row(env, ceil, world, "match_U8_b256_segment_lists", main_prep, reps, U=8, block=256,
-                                lists="segment", notes="benchmark world, 1 request per launch set; the list passes "
-                                                       f"on a segment grid; launch bounds (256, {lb})"))
-        for B in ([16] if quick else [8, 32, 64]):
-            profs = syn.generate_profiles(world.schema, B, seed=500 + B)
-            p = world.dev.prepare(profs)
-            for U in ([4] if quick else [4, 8]):
-                rows.append(request_row(env, ceil, world, f"match_batch{B}_U{U}", [p], reps, U=U, batch=B,
-                                        notes=f"{B} requests in one launch set (grid.y = request)"))
-        rows.append(cpu_row(env, ceil, world))
-
-    section("main", main)
-
-    def grouped():
-        # rows loaded `group` at a time (match.kernels.match_grouped_kernel): the plain kernel's chain
-        # of ~22 dependent row loads per word becomes rows / group deep. Prediction (a latency model,
-        # time ~ waves x chain depth x load latency, which fits the U sweep): U4 G4 ~65-75 us per
-        # request, bandwidth-bound at ~0.8 of the ceiling, > 1.3 T ads/s
-        best = None
-        for U, G in GROUPED_SWEEP:
-            bounds = GROUPED_BOUNDS.get((U, G), 0)
-            row = request_row(env, ceil, world, f"match_grouped_U{U}_G{G}_b256", main_prep, reps, U=U, block=256,
-                              bounds=bounds, group=G,
-                              notes=f"benchmark world; rows loaded {G} at a time; launch bounds "
-                                    f"{'(256, %d)' % bounds if bounds else 'none'}")
-            rows.append(row)
-            if row["verified"].startswith("ok") and (best is None or float(row["seconds_median"]) < best[0]):
-                best = (float(row["seconds_median"]), U, G, bounds)
-        if best is None:
-            return
-        _, U, G, bounds = best
-        for B in ([16] if quick else [8, 32, 64]):
-            profs = syn.generate_profiles(world.schema, B, seed=500 + B)
-            p = world.dev.prepare(profs)
-            rows.append(request_row(env, ceil, world, f"match_grouped_batch{B}_U{U}_G{G}", [p], reps, U=U, batch=B,
-                                    bounds=bounds, group=G,
-                                    notes=f"{B} requests in one launch set; the fastest grouped shape of this run"))
-        for m in (10**6, 10**7):
-            if m >= n:
-                continue
-            nw = -(-m // 64)
-            prep = prepare_each(world, world.profiles, n_words=nw)
-            rows.append(request_row(env, ceil, world, f"match_grouped_U{U}_G{G}_pool_prefix", prep, reps, U=U,
-                                    n_words=nw, bounds=bounds, group=G,
-                                    notes=f"the first {m:,} slots of the benchmark world's index; fastest grouped shape"))
-
-    section("grouped", grouped)
-
-    def stages():
-        # where one request's device time goes: the list passes around the match (prep: zero the
-        # counts, scatter the sparse include lists into patch rows; post: clear sparse excludes
-        # from the result, zero the patch rows) against the match itself. The pool-prefix rows
-        # (1M ads: 40 us, 10M: 50 us, 100M: 107-115 us) suggest ~40 us per request that does
-        # not scale with the pool
-        cuda = launch.cuda()
-        out = cuda.device_array((1, max(world.index.n_words, 1)), np.uint64)
-        counts = cuda.device_array(1, np.int64)
-        from ..match import MatchConfig
-
-        # the list passes on a segment grid (MatchConfig(list_kernels="segment")), prediction:
-        # prep 3.6 -> ~2.5 us, post 9.0 -> ~4.5 us (no binary search an entry, 4
-        # list loads then 4 result loads in flight a thread), the whole request 106 -> ~100 us
-        stage_list = [(lists, name, kern) for lists in ("search", "segment")
-                      for name, kern in (("prep", ("prep",)), ("match", ("match",)), ("post", ("post",)),
-                                         ("prep_match", ("prep", "match")), ("all", ("prep", "match", "post")))
-                      if lists == "search" or name != "match"]
-        for lists, name, kern in stage_list:
-            # one request at a time, repeated (requests share the patch rows: mixing them would
-            # leave their union in the rows); buffers preallocated (an allocation in the timed
-            # call stalls the stream)
-            per = []
-            config = MatchConfig(words_per_thread=8, list_kernels=lists)
-            for p in main_prep:
-                world.dev.launch(p, out, counts, config, kernels=("prep",))  # its patch rows, as the match expects
-                reps_k = 8
-                t = harness.time_device(lambda: [world.dev.launch(p, out, counts, config, kernels=kern)
-                                               for _ in range(reps_k)], reps=reps, busy_ms=6.0)
-                per.append(harness.Timing(t.median / reps_k, t.p20 / reps_k, t.p80 / reps_k,
-                                        t.host_per_call / reps_k, t.reps))
-                world.dev.launch(p, out, counts, config, kernels=("post",))  # its patch rows zeroed again
-            k = len(per)
-            med = sorted(per, key=lambda x: x.median)[k // 2]
-            timing = harness.Timing(sum(x.median for x in per) / k, sum(x.p20 for x in per) / k,
-                                  sum(x.p80 for x in per) / k, sum(x.host_per_call for x in per) / k, med.reps)
-            row = harness.row("targeting", env, ceil, timing, world.index.n_ads, 0.0, None,
-                            "n/a (stage timing: a partial launch set; the full set is verified in 'main')",
-                            variant=f"match_U8_stage_{name}" + ("_segment" if lists == "segment" else ""),
-                            n_ads=world.index.n_ads, access="pool",
-                            categories=len(world.schema), batch=1, layout=layout_name(world.index),
-                            notes=f"kernels {'+'.join(kern)} of one request's launch set, 8 times back to back; "
-                                  f"mean over {k} requests of the median of {reps}")
-            row.update(bytes_per_item="", achieved_TBps="", fraction_of_read_ceiling="")  # not a byte-model row
-            harness.print_rows([row])
-            rows.append(row)
-
-    section("stages", stages)
-
-    def pool_sizes():
-        for m in (10**6, 10**7, 3 * 10**7):
-            if m >= n:
-                continue
-            nw = -(-m // 64)
-            prep = prepare_each(world, world.profiles, n_words=nw)
-            rows.append(request_row(env, ceil, world, "match_U4_pool_prefix", prep, reps, n_words=nw,
-                                    notes=f"the first {m:,} slots of the benchmark world's index"))
-
-    section("pool size", pool_sizes)
-
-    def user_values():
-        for mv in ([0, 6] if quick else [0, 1, 2, 6, 10]):
-            profs = syn.generate_profiles(world.schema, PROFILES, seed=900 + mv, max_values=mv)
-            rows.append(request_row(env, ceil, world, f"match_U4_user_values_{mv}", prepare_each(world, profs), reps,
-                                    notes=f"users hold 0..{mv} values of each multi-valued category"))
-
-    section("user values", user_values)
-    section("updates", lambda: rows.extend(update_rows(env, ceil, world, reps, n_batches=20 if quick else 40)))
-    # last on the main world: it drops the world's host rows
-    section("device rows only", lambda: rows.extend(device_rows_only(env, ceil, world)))
-    if world is not None:
-        world.free()
-        del main_prep
-    world = None
-    gc.collect()
-
-    # the sweeps and the layout variants on a quarter-size pool (2.5 x 10^7 ads: rows of 3 MB, a
-    # request still reads far more than the 60 MB L2), each a new world or a new index
-    n_sweep = max(1, n // 4)
-    quarter = {}
-
-    def layouts():
-        rules = syn.generate_rules(syn.benchmark_schema(), n_sweep, seed=1)
-        quarter["rules"] = rules
-        huge = 1 << 60
-        high = [c.name for c in rules.schema if c.cardinality >= 10_000]
-        variants = [("density_0.3", {}),  # the default layout: the reference of this section
-                    ("per_category_folding", {"group_max": 1}),
-                    ("high_cardinality_lists_only", {"dense_min": {h: huge for h in high},
-                                                     "exclude_dense_min": {h: huge for h in high}}),
-                    ("high_cardinality_dense_n_over_16384", {"dense_min": {h: max(64, n_sweep // 16384) for h in high}})]
-        if quick:
-            variants = variants[:2]
-        for name, kw in variants:
-            if time.time() - T0 > BUDGET_S:
-                log(f"skipping layout {name}: past the budget")
-                continue
-            w = World(n_sweep, index_kw=kw, rules=rules, seed=1)
-            if kw:  # memory scaled to the full pool (the default's is measured at full size above)
-                mem.extend(memory_rows(env, w, name, n))
-            rows.append(request_row(env, ceil, w, f"match_U4_{name}", prepare_each(w, w.profiles), reps,
-                                    notes=f"{n_sweep:,}-ad world (seed 1); layout "
-                                          f"{'default (also the 0.3 point of the density sweep)' if not kw else name}"))
-            w.free()
-            gc.collect()
-
-    section("layouts", layouts)
-    quarter.clear()
-    gc.collect()
-
-    def density():
-        for cp_ in [0.1, 0.6]:
-            if time.time() - T0 > BUDGET_S:
-                log(f"skipping density {cp_}: past the budget")
-                continue
-            w = World(n_sweep, constrain_prob=cp_, seed=1)
-            rows.append(request_row(env, ceil, w, f"match_U4_density_{cp_}", prepare_each(w, w.profiles), reps,
-                                    notes=f"{n_sweep:,}-ad world: each ad constrains a category with probability "
-                                          f"{cp_} (benchmark: 0.3, row match_U4_density_0.3)"))
-            w.free()
-
-    section("rule density", density)
-
-    def categories():
-        for k in ([5] if quick else [2, 5, 10]):
-            if time.time() - T0 > BUDGET_S:
-                log(f"skipping categories {k}: past the budget")
-                continue
-            cp_ = np.zeros(20)
-            cp_[CATEGORY_ORDER[:k]] = 0.3
-            xp_ = np.zeros(20)
-            xp_[CATEGORY_ORDER[:k]] = 0.05
-            w = World(n_sweep, constrain_prob=cp_, exclude_prob=xp_, seed=1)
-            r = request_row(env, ceil, w, f"match_U4_categories_{k}", prepare_each(w, w.profiles), reps,
-                            notes=f"{n_sweep:,}-ad world: ads constrain {k} of the 20 categories "
-                                  f"({'/'.join(w.schema.categories[c].name for c in CATEGORY_ORDER[:k])}); 20: "
-                                  f"row match_U4_density_0.3")
-            r["categories"] = k
-            rows.append(r)
-            w.free()
-
-    section("categories", categories)
-    write_memory(mem, args.out)
-    log(f"targeting suite done: {len(rows)} rows")
-    return rows
-
-
-# ----------------------------------------------------------------------------- notebook helpers
-#: Layout variants of the byte model (name -> TargetingIndex keyword arguments; None: default).
-MODEL_LAYOUTS = {
-    "default (groups <= 512 rows)": {},
-    "one folded row per category": {"group_max": 1},
-    "groups <= 1024 rows": {"group_max": 1024},
-    "high-cardinality: lists only": "high_lists",
-    "dense exclude rows (>= n/1024)": "dense_excl",
-}
-
-
-def layout_kwargs(name: str, n: int, schema) -> dict:
-    kw = MODEL_LAYOUTS[name]
-    high = [c.name for c in schema if c.cardinality >= 10_000]
-    if kw == "high_lists":
-        return {"dense_min": {h: 1 << 60 for h in high}, "exclude_dense_min": {h: 1 << 60 for h in high}}
-    if kw == "dense_excl":
-        return {"exclude_dense_min": max(64, n // 1024)}
-    return dict(kw)
-
-
-def byte_model(n_ads: int, n_profiles: int = 20, seed: int = 0, layouts=None, scale_to: int = 10**8):
-    """Count first: bytes per ad of each layout on an ``n_ads`` copy of the benchmark world
-    (host only, :func:`andromeda_nb.match.read_model`), and the index memory scaled to
-    ``scale_to`` ads. Returns ``(per-layout DataFrame, per-unit memory DataFrame)``."""
-    import pandas as pd
-
-    from ..match import read_model
-
-    schema = syn.benchmark_schema()
-    rules = syn.generate_rules(schema, n_ads, seed=seed)
-    profiles = syn.generate_profiles(schema, n_profiles, seed=seed + 101)
-    rows, mem = [], []
-    for name in (layouts or MODEL_LAYOUTS):
-        index = TargetingIndex(rules, **layout_kwargs(name, n_ads, schema))
-        models = [read_model(index, index.plan(make_profile(schema, p))) for p in profiles]
-        units = index.memory_by_category(scale_to)
-        rows.append({"layout": name, "rows": index.n_rows,
-                     "row_bits_per_ad": float(np.mean([m["bits_per_ad"] for m in models])),
-                     "bytes_per_ad": float(np.mean([m["bytes_per_ad"] for m in models])),
-                     "rows_read": float(np.mean([m["rows_read"] for m in models])),
-                     "memory_GB_at_scale": sum(u["bytes"] for u in units) / 1e9,
-                     "eligible_fraction": float(np.mean([index.match_cpu(p)[1] for p in profiles]) / n_ads)})
-        mem += [{"layout": name, **u} for u in units]
-    return pd.DataFrame(rows), pd.DataFrame(mem)
-
-
-def check_small_world(n_ads: int, n_profiles: int = 4, n_batches: int = 3, batch_size: int = 50, seed: int = 0):
-    """Correctness on whatever backend is active: a benchmark-schema world of ``n_ads`` ads; every
-    profile through ``match_eligible`` and ``match_batch`` against the oracle; then update batches
-    (creates, changes, retires), after each: device copy = host copy = a rebuild from the rule map,
-    and a request against the oracle on the current rules. Returns a DataFrame, one row per check."""
-    import pandas as pd
-
-    from ..match.api import DeviceTargetingIndex, match_batch, match_eligible
-
-    schema = syn.benchmark_schema()
-    rules = syn.generate_rules(schema, n_ads, seed=seed, constrain_prob=0.3)
-    host = TargetingIndex(rules, capacity=n_ads + 4 * batch_size, dense_min=max(2, n_ads // 200))
-    dev = DeviceTargetingIndex(host)
-    profiles = syn.generate_profiles(schema, n_profiles, seed=seed + 1)
-    out = []
-    batch = match_batch(dev, profiles)
-    current = host.current_rules()  # the pool's slots, the spare ones free (never eligible)
-    for b, p in enumerate(profiles):
-        want = reference.match(current, make_profile(schema, p))
-        got = match_eligible(dev, p)
-        out.append({"check": f"request {b}", "eligible": int(want.sum()),
-                    "ok": bool(np.array_equal(got.to_mask(), want) and got.count == want.sum()
-                               and np.array_equal(batch[b].to_mask(), want))})
-    world = type("W", (), {})()
-    world.schema, world.rules, world.dev, world.index = schema, rules, dev, host
-    stream = UpdateStream(world, seed=seed + 5, n_templates=500)
-    for k in range(n_batches):
-        delta = dev.apply(stream.batch(batch_size))
-        try:
-            ref = host.rebuild()
-            host.assert_same(ref)
-            rows, pool = dev.snapshot()
-            host.assert_same(ref, bitsets=rows, pool=pool)
-            same = True
-        except AssertionError:
-            same = False
-        p = profiles[k % len(profiles)]
-        want = reference.match(host.current_rules(), make_profile(schema, p))
-        ok = bool(np.array_equal(match_eligible(dev, p).to_mask(), want))
-        out.append({"check": f"update batch {k} ({batch_size} ops, {delta.bits_changed} bits flipped)",
-                    "eligible": int(want.sum()), "ok": same and ok})
-    return pd.DataFrame(out)
-
-
-def load_results(path="data/results/targeting.csv"):
-    """The committed targeting results (None when missing), with the ``key=value`` pairs of the
-    ``notes`` column (``bits_per_ad``, ...) as numeric columns."""
-    import pandas as pd
-    from pathlib import Path
-
-    if not Path(path).exists():
-        return None
-    df = pd.read_csv(path)
-    parsed = df["notes"].fillna("").str.findall(r"(\w+)=([-0-9.eE+]+)")
-    for key in ("bits_per_ad", "rows_per_request", "patches_per_request", "list_bytes_per_ad"):
-        df[key] = [float(dict(p).get(key, "nan")) for p in parsed]
-    return df
+    def close(self) -> None:
+        self.free_main_world()
+        write_memory(self.memory, self.options.out)
+        log("targeting suite done")

@@ -1,0 +1,399 @@
+"""The benchmark suites' case lists (andromeda_nb.bench): what ``--list`` prints, the variant names of
+the committed tables, the columns, the configs; and the runs' shared logic with fake measurements.
+No GPU: nothing here measures anything."""
+
+import ast
+import csv
+import importlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from andromeda_nb.bench import harness
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITES = harness.SUITES
+FULL, QUICK = harness.Options(), harness.Options(quick=True)
+
+#: the phases each suite had before the cases were declared as data (past sessions' notes cite them)
+PHASES_BEFORE = {
+    "scoring": {"design", "sync", "final", "filter", "weights", "tensor", "defaults", "bitset_sweep", "int8",
+                "bitset_auto", "unfused", "dtype", "sweep", "sweep_dtypes", "dense", "access"},
+    "topk": {"large", "nsweep", "elig", "small", "stages", "stages_large", "batch"},
+    "targeting": {"main", "grouped", "stages", "pool", "values", "updates", "device", "layouts", "density",
+                  "categories"},
+    "pipeline": {"retrieve", "match", "launch", "open_loop", "score_topk"},
+}
+DEFAULTS_BEFORE = {
+    "scoring": {"design", "unfused", "dtype", "sweep", "dense", "access"},
+    "topk": {"large", "elig", "small", "stages", "batch", "nsweep"},
+    "targeting": PHASES_BEFORE["targeting"],
+    "pipeline": PHASES_BEFORE["pipeline"],
+}
+#: rows a phase writes alone (full run, 10^8 ads), counted from the suites' code before the case
+#: lists: a case dropped or doubled in the declarations changes these
+ROWS_PER_PHASE = {
+    "scoring": {"design": 15, "sync": 9, "final": 8, "filter": 13, "weights": 17, "tensor": 15, "defaults": 14,
+                "bitset_sweep": 9, "int8": 10, "bitset_auto": 2, "unfused": 3, "dtype": 6, "sweep": 21,
+                "sweep_dtypes": 48, "dense": 1, "access": 14},
+    "topk": {"large": 16, "nsweep": 9, "elig": 4, "small": 13, "stages": 8, "stages_large": 8, "batch": 7},
+    "targeting": {"main": 17, "grouped": 13, "stages": 9, "pool": 3, "values": 5, "updates": 5, "device": 2,
+                  "layouts": 4, "density": 2, "categories": 3},
+    "pipeline": {"retrieve": 16, "match": 0, "launch": 2, "open_loop": 6, "score_topk": 2},
+}
+QUICK_ROWS_PER_PHASE = {
+    "targeting": {"main": 4, "grouped": 11, "values": 2, "layouts": 2, "categories": 1},
+    "pipeline": {"retrieve": 4, "launch": 0, "open_loop": 0, "score_topk": 0},
+}
+#: variants the suites write that no committed table holds yet (a new name here is a decision)
+NOT_YET_COMMITTED = {
+    "topk": {"block_topk_onelaunch_warp_sync", "block_topk_batched_seeded_stage_final_warp_sync"},
+    "targeting": {"match_U8_b256_segment_lists", "match_U8_stage_prep_segment", "match_U8_stage_post_segment",
+                  "match_U8_stage_prep_match_segment", "match_U8_stage_all_segment", "match_batch16_U4",
+                  "match_grouped_batch16_U{U}_G{G}"},
+}
+
+
+def planned(suite, phases=None, options=FULL):
+    return harness.plan(suite, phases, options)
+
+
+def all_cases(suite):
+    """Every case any phase declares, in a full and in a quick run."""
+    out = []
+    for options in (FULL, QUICK):
+        for phases in harness.suite_module(suite).cases(options).values():
+            out += phases
+    return out
+
+
+def template_regex(name: str) -> re.Pattern:
+    """A variant name with ``{placeholders}`` as a pattern (a placeholder: one word)."""
+    parts = re.split(r"\{\w+\}", name)
+    return re.compile(r"\w+".join(map(re.escape, parts)) + r"\Z")
+
+
+def committed_variants(suite) -> set:
+    with (ROOT / "data" / "results" / f"{suite}.csv").open() as f:
+        return {r["variant"] for r in csv.DictReader(f)
+                if not r["variant"].startswith("ceiling_") and not r["verified"].startswith("FAILED")}
+
+
+# ------------------------------------------------------------------------------------------------
+# --list
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_list_prints_every_phase_cases_and_exits_0(suite, capsys):
+    module = harness.suite_module(suite)
+    for options, flags in ((FULL, []), (QUICK, ["--quick"])):
+        for phase in module.cases(options):
+            assert harness.main([suite, "--list", "--phases", phase, "--out", "build/unused", *flags]) == 0
+            out = capsys.readouterr().out.splitlines()
+            cases = planned(suite, phase, options)
+            assert out[0].startswith(f"{suite}: {len(cases)} cases")
+            assert len(out) == 1 + len(cases)
+            for line, p in zip(out[1:], cases):
+                assert line.split()[0] == phase
+                assert p.case.variants()[0] in line
+    assert harness.main([suite, "--list"]) == 0  # the default phases
+    assert capsys.readouterr().out.startswith(f"{suite}: ")
+
+
+def test_list_needs_no_gpu_cupy_or_numba_cuda():
+    """``python -m andromeda_nb.bench <suite> --list`` outside the simulator: exit 0, and neither
+    cupy, torch nor numba.cuda imported (CI checks every case list on a machine without a GPU)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    code = ("import sys\nfrom andromeda_nb.bench import harness\n"
+            f"for s in {SUITES!r}:\n    assert harness.main([s, '--list', '--quick']) == 0\n"
+            f"    assert harness.main([s, '--list', '--phases', ','.join(harness.suite_module(s).cases(harness.Options()))]) == 0\n"
+            "bad = [m for m in ('cupy', 'torch', 'numba.cuda') if m in sys.modules]\nassert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "andromeda_nb.bench", "topk", "--list", "--phases", "small"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "block_topk_seeded_batch_path" in r.stdout, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_fewer_than_ten_reps_is_refused(suite, capsys):
+    with pytest.raises(SystemExit) as exc:
+        harness.main([suite, "--list", "--reps", str(harness.MIN_REPS - 1)])
+    assert exc.value.code == 2
+    assert f"at least {harness.MIN_REPS}" in capsys.readouterr().err
+    assert harness.main([suite, "--list", "--reps", str(harness.MIN_REPS)]) == 0
+
+
+def test_unknown_phase_is_refused_with_the_known_ones(capsys):
+    with pytest.raises(SystemExit) as exc:
+        harness.main(["scoring", "--list", "--phases", "design,desing"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "desing" in err and "sweep_dtypes" in err
+
+
+# ------------------------------------------------------------------------------------------------
+# phases and variant names
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_phase_names_and_defaults_are_kept(suite):
+    module = harness.suite_module(suite)
+    assert set(module.cases(FULL)) == PHASES_BEFORE[suite]
+    assert set(module.DEFAULT_PHASES) == DEFAULTS_BEFORE[suite]
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_rows_per_phase(suite):
+    for options, counts in ((FULL, ROWS_PER_PHASE[suite]), (QUICK, QUICK_ROWS_PER_PHASE.get(suite, {}))):
+        for phase, want in counts.items():
+            got = sum(len(p.case.variants()) for p in planned(suite, phase, options))
+            assert got == want, (phase, options.quick)
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_committed_variants_keep_their_names(suite):
+    """Every variant of the committed table is still written by a case of some phase."""
+    names = {v for c in all_cases(suite) for v in c.variants()}
+    patterns = [template_regex(n) for n in names]
+    lost = sorted(v for v in committed_variants(suite) if not any(p.match(v) for p in patterns))
+    assert not lost
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_written_variants_are_committed_names_or_declared_new(suite):
+    committed = committed_variants(suite)
+    new = NOT_YET_COMMITTED.get(suite, set())
+    names = {v for c in all_cases(suite) for v in c.variants()}
+    unknown = sorted(n for n in names if n not in new and not any(template_regex(n).match(v) for v in committed))
+    assert not unknown
+    assert new <= names  # the list holds no stale names
+
+
+def test_variant_names_follow_the_parameters():
+    """The name rules of the committed tables: a scoring name says the model, naive, fused or
+    scores to memory and the filter path; a top-K name seeded, scan path, eligible."""
+    from andromeda_nb.bench import scoring, topk
+
+    for c in all_cases("scoring"):
+        if isinstance(c, scoring.ScoringCase):
+            naive = c.config != scoring.BEST and c.config.get("naive")
+            want = (f"{c.model}_scores_to_memory" if c.k is None else
+                    f"{c.model}_{'naive_' if naive else ''}fused_topk{'_filter' if c.path == 'filter' else ''}")
+            assert c.variant == want and (c.path is None) == (c.k is None)
+            assert (c.experts is None) == (c.model == "dot")
+        else:
+            assert c.variant == f"unfused_{c.pipeline}"
+    for c in all_cases("topk"):
+        if isinstance(c, topk.BlockTopKCase):
+            want = ("block_topk" if c.path == "unseeded" else "block_topk_seeded") + \
+                   ("_scan_path" if c.path == "scan" else "") + ("_eligible" if c.access == "bitset" else "")
+            assert c.variant == want
+
+
+# ------------------------------------------------------------------------------------------------
+# columns and configs
+# ------------------------------------------------------------------------------------------------
+
+
+def test_path_math_layout_are_columns():
+    for c in ("path", "math", "layout"):
+        assert c in harness.EXTRA
+    assert not set(harness.EXTRA) & set(harness.SCHEMA)
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_case_columns_reach_the_csv(suite, tmp_path):
+    """A row built from a case's columns (as the measurement functions build theirs) carries every
+    column the case declares into the written CSV."""
+    timing = harness.Timing(1e-3, 1e-3, 1e-3, 1e-5, 10)
+    ceil = harness.Ceilings(4.0, 3.0, 3.5)
+    cases = [c for c in all_cases(suite)]
+    rows = [harness.row(suite, {}, ceil, timing, 1000, 4.0, None, "ok", **c.columns()) for c in cases]
+    harness.write_rows(rows, tmp_path / "t.csv")
+    with (tmp_path / "t.csv").open() as f:
+        back = list(csv.DictReader(f))
+    for c, r in zip(cases, back):
+        for k, v in c.columns().items():
+            assert r[k] == str(v), (c, k)
+
+
+def test_scoring_rows_say_path_math_layout():
+    from andromeda_nb.bench import scoring
+
+    for c in all_cases("scoring"):
+        cols = c.columns()
+        assert cols["math"] == "fp32" and cols["layout"] in ("rows", "tiles")
+        if isinstance(c, scoring.ScoringCase):
+            assert cols.get("path") == (None if c.k is None else c.path)
+            assert c.path in (None, "block", "filter")
+    for c in all_cases("topk"):
+        if c.__class__.__name__ not in ("BaselineCase", "StagesCase", "BatchedCase"):
+            assert c.columns()["path"] in ("filter", "scan", "unseeded", "batched", "onelaunch")
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_every_case_config_constructs(suite):
+    built = [cfg for c in all_cases(suite) for cfg in c.configs()]
+    if suite != "pipeline":
+        assert built  # the suites that choose configurations declare them
+    names = {type(cfg).__name__ for cfg in built}
+    assert names <= {"KernelConfig", "TopKConfig", "MatchConfig"}
+
+
+def test_a_bad_config_field_fails_before_the_gpu():
+    from andromeda_nb.bench import scoring
+
+    bad = scoring.fused("gated", config=scoring.cfg(values="some"))
+    with pytest.raises(ValueError, match="values"):
+        bad.configs()
+
+
+# ------------------------------------------------------------------------------------------------
+# planning
+# ------------------------------------------------------------------------------------------------
+
+
+def test_sweep_skips_the_design_case_only_when_design_runs():
+    def sweep_cases(phases):
+        return [p.case for p in planned("scoring", phases) if p.phase == "sweep"]
+
+    def is_design_case(c):
+        return (c.model, c.d, c.experts, c.k_experts) == ("gated", 64, 6, 2)
+
+    assert sum(map(is_design_case, sweep_cases("sweep"))) == 1
+    assert sum(map(is_design_case, sweep_cases("design,sweep"))) == 0
+
+
+def test_phases_run_in_declaration_order_whatever_the_order_asked():
+    a = planned("topk", "batch,small,large")
+    assert [p.phase for p in a] == sorted((p.phase for p in a), key=["large", "small", "batch"].index)
+
+
+def test_pool_prefixes_below_the_pool_only():
+    small = harness.Options(n_ads=5_000_000)
+    prefixes = [p.case.prefix for p in planned("targeting", "pool", small)]
+    assert prefixes == [10**6]
+    assert [p.case.prefix for p in planned("targeting", "pool")] == [10**6, 10**7, 3 * 10**7]
+
+
+def test_pipeline_runs_pool_size_by_pool_size():
+    plan = planned("pipeline")
+    sizes = [p.case.n_ads for p in plan]
+    assert sizes == sorted(sizes) and set(sizes) == {10**7, 10**8}
+    assert {p.case.n_ads for p in plan if p.phase in ("launch", "open_loop")} == {10**8}
+    assert [p.phase for p in plan if p.case.n_ads == 10**7][-1] == "score_topk"
+    quick = planned("pipeline", options=QUICK)
+    assert {p.phase for p in quick} == {"retrieve"} and {p.case.n_ads for p in quick} == {10**8}
+    assert [p.case.batch for p in quick] == [1, 8, 32] and not any(p.case.diagnostics for p in quick)
+
+
+# ------------------------------------------------------------------------------------------------
+# the runs' shared logic, with fake measurements
+# ------------------------------------------------------------------------------------------------
+
+
+def fake_row(case, seconds, ok=True):
+    r = {c: "" for c in harness.SCHEMA + harness.EXTRA}
+    r.update(case.columns(), seconds_median=f"{seconds:.6e}", items_per_s=f"{1 / seconds:.6e}",
+             verified="ok" if ok else "FAILED: x")
+    return r
+
+
+def test_scoring_best_is_the_fastest_verified_design_contender(monkeypatch):
+    from andromeda_nb.bench import scoring
+    from andromeda_nb.score.config import DEFAULT_CONFIG
+
+    speed = {c: s for c, s in zip(scoring.DESIGN_CONTENDERS, (5, 9, 7, 3, 1, 50, 8, 2, 4))}
+    fails = {scoring.DESIGN_CONTENDERS[1]}  # the fastest CUDA-core one does not verify
+    seen = []
+
+    def measure(run, case):
+        seen.append(run.config(case))
+        return fake_row(case, 1 / speed.get(case.config, 1), ok=case.config not in fails)
+
+    monkeypatch.setattr(scoring.Run, "MEASURE", {scoring.ScoringCase: measure})
+    run = scoring.Run({}, None, FULL)
+    later = [p for p in planned("scoring", "dtype")]
+    assert run.config(later[0].case) is DEFAULT_CONFIG  # no design phase yet
+    for p in planned("scoring", "design") + later:
+        run.measure(p)
+    best = scoring.DESIGN_CONTENDERS[6].build(__import__("andromeda_nb.score.config", fromlist=["x"]).KernelConfig)
+    assert run.config(later[0].case) == best  # naive (50) is not a contender, 9 failed
+    assert seen[-1] == best and seen[len(scoring.DESIGN_CONTENDERS)] != best  # explicit configs stay
+
+
+def test_targeting_fastest_grouped_budget_and_failures(monkeypatch):
+    from andromeda_nb.bench import targeting
+
+    seconds = {(1, 8): 5.0, (2, 4): 3.0, (4, 2): 1.0, (4, 4): 2.0}
+    got = []
+
+    def match(run, case):
+        if case.shape == targeting.FASTEST_GROUPED:
+            got.append((case.variant.format(U=run.fastest_grouped[1], G=run.fastest_grouped[2]),
+                        run.fastest_grouped[3]))
+            return []
+        key = (case.words_per_thread, case.group)
+        if key == (2, 8):
+            raise RuntimeError("boom")
+        return [fake_row(case, seconds.get(key, 9.0), ok=key != (4, 2))]  # the fastest does not verify
+
+    monkeypatch.setattr(targeting.Run, "MEASURE", {targeting.MatchCase: match})
+    run = targeting.Run({"device": "test"}, None, FULL)
+    rows = [r for p in planned("targeting", "grouped") for r in run.measure(p)]
+    assert run.fastest_grouped[1:] == (4, 4, targeting.GROUPED_BOUNDS[4, 4])
+    assert got[0] == ("match_grouped_batch8_U4_G4", 3) and len(got) == 5
+    failed = [r for r in rows if r["verified"].startswith("FAILED: RuntimeError")]
+    assert [r["variant"] for r in failed] == ["match_grouped_U2_G8_b256"]
+    monkeypatch.setattr(targeting, "elapsed", lambda: targeting.BUDGET_S + 1)
+    assert run.measure(planned("targeting", "values")[0]) == []  # past the budget
+    run.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# the measurement code against the package it calls
+# ------------------------------------------------------------------------------------------------
+
+
+def _relative_imports(path: Path):
+    pkg = "andromeda_nb.bench"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = pkg.rsplit(".", node.level - 1)[0] if node.level > 1 else pkg
+            yield (f"{base}.{node.module}" if node.module else base), [a.name for a in node.names], node.lineno
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in (ROOT / "andromeda_nb" / "bench").glob("*.py")))
+def test_every_relative_import_resolves(module):
+    """The measurement functions import the package's kernels when they run (on a GPU only): every
+    such import, at any depth of the module, names a module and attribute that exist."""
+    for mod, names, line in _relative_imports(ROOT / "andromeda_nb" / "bench" / module):
+        m = importlib.import_module(mod)
+        for name in names:
+            found = hasattr(m, name) or (hasattr(m, "__path__") and importlib.util.find_spec(f"{mod}.{name}"))
+            assert found, f"{module}:{line}: {mod}.{name}"
+
+
+def test_topk_stages_are_the_declared_ones():
+    import numpy as np
+
+    from andromeda_nb.bench import topk
+    from andromeda_nb.device import launch
+
+    n, k = 1_000_000, 1000
+    stages, *_ = topk.topk_stages(launch.to_device(np.zeros(n, np.float32)), n, k)
+    assert tuple(s[0] for s in stages) == topk.STAGES
+
+
+def test_gpu_session_calls_the_bench_module_with_out_and_phases():
+    text = (ROOT / "data" / "gpu_session.sh").read_text()
+    assert 'python3 -m andromeda_nb.bench "$suite" --out "$OUT" $extra' in text
+    assert harness.main(["topk", "--out", "build/x", "--phases", "small,stages", "--reps", "12", "--list"]) == 0
