@@ -32,7 +32,7 @@ from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
 from ..score.weights import image_size
-from ..targeting import WORD_BITS, TargetingIndex, bits_from_mask, table_slots
+from ..targeting import WORD_BITS, TargetingIndex, table_slots
 from ..topk.api import check_k
 
 #: the seed is the r-th best of a 4,096-score sample of a request's candidates, r chosen so that
@@ -87,30 +87,37 @@ class Pool:
 
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or not 1 <= max_batch <= 4096:
             raise ValueError(f"max_batch must be an int in 1..4096, got {max_batch!r}")
-        self.max_k = check_k(max_k)
+        if isinstance(max_k, bool) or not isinstance(max_k, (int, np.integer)) or not 1 <= max_k <= 4096:
+            raise ValueError(f"max_k must be an int in 1..4096 (the largest k a call may ask for), got {max_k!r}")
+        self.max_k = int(max_k)
         self.max_batch = int(max_batch)
         self.config = check_config(config)
+        if self.config.naive or self.config.tensor_cores or self.config.math != "fp32":
+            raise ValueError("a Pool serves with the generated CUDA-core kernels in fp32 math: naive, "
+                             "tensor_cores=True and math='fp16' are score_topk options (not yet in the batched "
+                             "request path)")
         if isinstance(index, TargetingIndex):
             index = DeviceTargetingIndex(index)
         if index is not None and not isinstance(index, DeviceTargetingIndex):
             raise TypeError(f"index must be a TargetingIndex, a DeviceTargetingIndex or None, got {type(index).__name__}")
         self.index = index
+        # the pool's table and bound launches follow the index as it is now: an update applied to
+        # the index afterwards (slots reused, lists moved) makes the pool stale (retrieve refuses)
+        self._index_version = None if index is None else index.version
         if layout == "auto":
             layout = "rows" if index is not None else "tiles"
         self.table = _device_table(table, index, layout)
         self.n_ads = self.table.n_ads
         self.n_words = -(-self.n_ads // WORD_BITS)
         frac = 1 / 8 if candidate_fraction == "auto" else candidate_fraction
-        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+        if isinstance(frac, (bool, np.bool_)) or not isinstance(frac, (int, float, np.integer, np.floating)) or not (
+                0 < frac <= 1):
             raise ValueError(f"candidate_fraction must be 'auto' or in (0, 1], got {candidate_fraction!r}")
         self.candidate_capacity = max(1, min(self.n_ads, int(np.ceil(frac * self.n_ads))))
         cap = max(4096, 64 * self.max_k) if filter_capacity == "auto" else filter_capacity
         if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
             raise ValueError(f"filter_capacity must be 'auto' or a positive int, got {filter_capacity!r}")
-        self.filter_capacity = int(cap)
-        self._live = None  # the live bitset of a pool with free slots and no index
-        if index is None and self.table.n_free:
-            self._live = launch.to_device(bits_from_mask(self.table.host_ad_ids != FREE))
+        self.filter_capacity = min(int(cap), max(self.n_ads, 1))  # more than the pool could never fill
         self._sim = launch.backend.is_simulator()
         self._buffers = None  # allocated on the first targeted call (sizes known then)
         self._groups: dict = {}  # per request shape: weight images and bound launches
@@ -157,11 +164,18 @@ class Pool:
         if self.index is None:
             out = [self._whole_pool(dr, k, ex) for dr, ex in zip(dreqs, excl)]
             return out[0] if single else out
+        if self.index.version != self._index_version:
+            raise RuntimeError("the targeting index was updated after this pool was built (its table would not "
+                               "follow the new slots): build a new Pool")
         if profiles is None:
             raise ValueError("a pool with a targeting index needs one profile per request")
         profs = [profiles] if single else list(profiles)
         if len(profs) != len(reqs):
             raise ValueError(f"{len(reqs)} requests but {len(profs)} profiles")
+        if self.n_ads == 0:  # nothing to match or score: every answer is pads
+            pad = Retrieved(ids=np.full(k, -1, np.int64), scores=np.full(k, -np.inf, np.float32), n_eligible=0,
+                            n_scored=0)
+            return pad if single else [pad] * len(reqs)
         out: list = [None] * len(reqs)
         for shape, members in _group_by_shape(dreqs).items():
             for i in range(0, len(members), self.max_batch):
@@ -188,18 +202,13 @@ class Pool:
     def _whole_pool(self, dreq: DeviceRequest, k: int, excl) -> Retrieved:
         from ..score.api import score_topk
 
-        eligible = self._live
+        eligible = None  # score_topk never scores a free slot
         if excl is not None and excl.size:
             mask = self.table.host_ad_ids != FREE
             mask[excl] = False
             eligible = mask
         top = score_topk(dreq, self.table, k, eligible=eligible, config=self.config)
-        if eligible is None:
-            n_elig = self.n_ads
-        elif isinstance(eligible, np.ndarray):
-            n_elig = int(eligible.sum())
-        else:
-            n_elig = self.n_ads - self.n_free
+        n_elig = self.n_ads - self.n_free if eligible is None else int(eligible.sum())
         return Retrieved(ids=top.ids, scores=top.scores, n_eligible=n_elig, n_scored=top.count)
 
     # ------------------------------------------------------------------ the targeted path
@@ -303,6 +312,9 @@ def _device_table(table, index, layout: str) -> DeviceAdTable:
         rows = table.slots_of(ids[live])
     except KeyError as e:
         raise ValueError(f"the index holds ads the table lacks: {e.args[0]}") from None
+    if rows.size != table.n_ads:
+        missing = np.setdiff1d(table.ad_ids, ids[live])[:10].tolist()
+        raise ValueError(f"the table holds ads the index does not (they could never be served): {missing}")
     if live.all() and np.array_equal(rows, np.arange(table.n_ads)):
         return DeviceAdTable(table, layout)
     n = ids.size
@@ -314,11 +326,22 @@ def _device_table(table, index, layout: str) -> DeviceAdTable:
     if table.scale is not None:
         scale = np.zeros(n, np.float32)
         scale[live] = table.scale[rows]
-    placed = DeviceAdTable(AdTable(embeddings=emb, bias=bias, dtype=table.dtype, scale=scale,
-                                   ad_ids=np.where(live, ids, np.arange(n) + (1 << 62))), layout)
-    placed.ad_ids = launch.to_device(ids)  # free slots: -1 on the device (never eligible, never returned)
-    placed.host_ad_ids, placed.n_free, placed.table = ids.copy(), int(np.count_nonzero(~live)), None
+    if layout == "tiles":
+        from ..score.table import PER_WORD
+
+        W = PER_WORD[table.dtype]
+        emb = np.ascontiguousarray(emb.reshape(n, table.d // W, W).transpose(1, 0, 2))
+    # free slots hold a zero row and ad id -1: never eligible, never returned
+    placed = DeviceAdTable.from_device(launch.to_device(emb), launch.to_device(bias), table.dtype, layout,
+                                       scale=None if scale is None else launch.to_device(scale),
+                                       ad_ids=launch.to_device(ids.copy()))
+    placed._max_abs = _host_max_abs(table)  # its finite |a| (check_range), without a device pass
     return placed
+
+
+def _host_max_abs(table: AdTable) -> float:
+    vals = np.abs(table.dequantized())
+    return float(vals[np.isfinite(vals)].max(initial=0.0))
 
 
 class _Buffers:

@@ -48,14 +48,15 @@ def retrieve(requests: Request | Sequence[Request], table: DeviceAdTable,
         raise TypeError(f"table must be a DeviceAdTable, got {type(table).__name__}")
     if index is not None and not isinstance(index, DeviceTargetingIndex):
         raise TypeError(f"index must be a DeviceTargetingIndex or None, got {type(index).__name__}")
-    single = isinstance(requests, Request)
+    single = not isinstance(requests, (list, tuple))  # a Request, a DeviceRequest or a user vector
     n = 1 if single else len(requests)
     pools = table.__dict__.setdefault("_pools", {})
     key = None if index is None else id(index)
     pool = pools.get(key)
-    if pool is None or pool.index is not index or k > pool.max_k:
+    stale = pool is not None and index is not None and pool._index_version != index.version
+    if pool is None or pool.index is not index or k > pool.max_k or stale:
         pool = Pool(table, index, max_batch=max(BATCH, min(n, 64)), max_k=max(K, k))
         pools[key] = pool
     if index is not None and profiles is None:
         raise ValueError("retrieve with a targeting index needs one profile per request")
-    return pool.retrieve(requests if single else list(requests), profiles, k, exclude_slots)
+    return pool.retrieve(requests, profiles, k, exclude_slots)

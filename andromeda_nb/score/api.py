@@ -89,8 +89,11 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
     """
     from ..topk.api import seeded_outcome, topk_scores
 
+    from ..topk.config import check_config as check_topk_config
+
     k = check_k(k)
     config = check_config(config)
+    topk_config = check_topk_config(topk_config)
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if k > BLOCK_TOPK_MAX_K and (path == "block" or config.naive):

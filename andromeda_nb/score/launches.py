@@ -18,7 +18,8 @@ from ..device import launch
 from ..topk.api import TopKWorkspace, eligible_bitset, launch_merge_lists
 from ..model import all_unique
 from .config import DEFAULT_CONFIG, SHARED_BYTES, KernelConfig
-from .table import DeviceAdTable, DeviceRequest
+from ..targeting import bits_from_mask
+from .table import FREE, DeviceAdTable, DeviceRequest
 from .weights import image_size, mma_image_size
 
 
@@ -43,10 +44,25 @@ def _prepare(request, table: DeviceAdTable, eligible, candidates, unique: bool =
             if unique and not all_unique(host):
                 raise ValueError("candidate slots must be distinct for top-K (a repeated slot would be "
                                  "returned several times)")
+            if table.n_free and (table.host_ad_ids[host] == FREE).any():
+                raise ValueError("candidate slots must hold ads: some are free slots (ad id -1)")
         return dreq, "candidates", None, launch.to_device(candidates), int(candidates.shape[0])
+    if table.n_free:  # free slots (ad id -1) are never eligible: the caller's set AND the live slots
+        live = table.host_ad_ids != FREE
+        if eligible is None:
+            return dreq, "bitset", _live_bitset(table), None, n
+        bits = eligible_bitset(eligible, n)
+        return dreq, "bitset", launch.to_device(bits.copy_to_host() & bits_from_mask(live)), None, n
     if eligible is not None:
         return dreq, "bitset", eligible_bitset(eligible, n), None, n
     return dreq, "pool", None, None, n
+
+
+def _live_bitset(table: DeviceAdTable):
+    """The device bitset of a table's live slots (ad id >= 0), made once."""
+    if getattr(table, "_live_bits", None) is None:
+        table._live_bits = launch.to_device(bits_from_mask(table.host_ad_ids != FREE))
+    return table._live_bits
 
 
 def shared_bytes(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access: str = "pool",

@@ -147,6 +147,12 @@ class DeviceAdTable:
             TypeError / ValueError: dtype or shape mismatches, a repeated ad id, an id below -1.
         """
         cuda = launch.cuda()
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        for name, a in (("embeddings", embeddings), ("bias", bias), ("scale", scale), ("ad_ids", ad_ids)):
+            if isinstance(a, np.ndarray):
+                raise TypeError(f"from_device takes device arrays; {name} is a host numpy array (build a host "
+                                "AdTable and DeviceAdTable(table) instead)")
         wrap = (lambda a: a if a is None or hasattr(a, "copy_to_host") else cuda.as_cuda_array(a))
         embeddings, bias, scale, ad_ids = map(wrap, (embeddings, bias, scale, ad_ids))
         if dtype not in STORAGE_DTYPES:
@@ -165,6 +171,9 @@ class DeviceAdTable:
             raise ValueError("scale is required for int8 tables and only for them")
         if scale is not None:
             launch.check_array("scale", scale, np.float32, shape=(n_ads,))
+            host_scale = scale.copy_to_host()
+            if n_ads and not (np.all(np.isfinite(host_scale)) and host_scale.min() >= 0):
+                raise ValueError("int8 row scales must be finite and non-negative")
         if ad_ids is None:
             host_ids = np.arange(n_ads, dtype=np.int64)
             ad_ids = cuda.to_device(host_ids)

@@ -162,3 +162,68 @@ def test_bad_input_is_refused_before_any_launch(rng, monkeypatch):
         Pool(table, index, candidate_fraction=0)
     with pytest.raises(ValueError, match="disagree"):
         Pool(DeviceAdTable(other, "rows"), index)
+
+
+def test_a_pool_refuses_to_serve_after_its_index_changed(rng):
+    """Updates applied to the index after the pool was built move slots the pool's table does not
+    follow: retrieve refuses rather than return a retired ad."""
+    from andromeda_nb.match import DeviceTargetingIndex
+    from andromeda_nb.targeting import UpdateBatch
+
+    rules, table, index = world(rng, 60, capacity=70, live_p=1.0)
+    dev = DeviceTargetingIndex(index)
+    pool = Pool(table, dev, max_batch=1, max_k=5)
+    req = anb.Request.random(D, 2, 1, rng)
+    pool.retrieve(req, {}, k=3)
+    dev.apply(UpdateBatch.from_records(rules.schema, [{"op": "retire", "ad_id": int(table.ad_ids[0])}]))
+    with pytest.raises(RuntimeError, match="updated"):
+        pool.retrieve(req, {}, k=3)
+
+
+def test_pool_edge_tables(rng):
+    """Ad ids anywhere in int64 (no placeholder can collide), an empty pool (pads), a table holding
+    ads the index lacks (refused: they could never be served)."""
+    from andromeda_nb.targeting import TargetingRules
+
+    rules, table, index = world(rng, 50, capacity=60, live_p=1.0)
+    ids = table.ad_ids.copy()
+    ids[0] = (1 << 62) + 55  # what a free slot's placeholder would once have been
+    rules2 = TargetingRules.from_columns(rules.schema, ids, rules.live, rules.include, rules.exclude)
+    table2 = anb.AdTable(embeddings=table.embeddings, bias=table.bias, dtype="fp16", scale=None, ad_ids=ids)
+    pool = Pool(table2, TargetingIndex(rules2, capacity=60), max_batch=1, max_k=5)
+    req = anb.Request.random(D, 2, 1, rng)
+    check_pool_answer(pool.retrieve(req, {}, k=5), req, rules2, pool, {}, 5)
+    empty_rules = TargetingRules.from_columns(rules.schema, np.zeros(0, np.int64))
+    empty = Pool(anb.AdTable.from_float(np.zeros((0, D)), dtype="fp16"), TargetingIndex(empty_rules), max_k=5)
+    out = empty.retrieve(req, {}, k=5)
+    assert np.all(out.ids == -1) and out.n_eligible == 0
+    extra = anb.AdTable.from_float(rng.standard_normal((51, D)), dtype="fp16", ad_ids=np.append(table.ad_ids, 10 ** 9))
+    with pytest.raises(ValueError, match="index does not"):
+        Pool(extra, index)
+
+
+def test_pool_options_are_checked_when_it_is_built(rng):
+    rules, table, index = world(rng, 40)
+    for config in (anb.KernelConfig(naive=True), anb.KernelConfig(math="fp16")):
+        with pytest.raises(ValueError, match="Pool"):
+            Pool(table, index, config=config)
+    with pytest.raises(ValueError, match="max_k"):
+        Pool(table, index, max_k=0)
+    assert Pool(table, index, filter_capacity=1 << 40).filter_capacity == 40
+
+
+def test_retrieve_takes_one_request_of_any_form(rng):
+    from andromeda_nb.pipeline import retrieve
+    from andromeda_nb.score import DeviceRequest
+
+    rules, table, index = world(rng, 80)
+    pool = Pool(table, index, max_k=5)
+    req = anb.Request.random(D, 2, 1, rng)
+    prof = random_profile(rng, rules.schema)
+    want = pool.retrieve(req, prof, k=5)
+    for one in (DeviceRequest.of(req),):
+        got = retrieve(one, pool.table, pool.index, prof, 5)
+        assert np.array_equal(got.ids, want.ids)
+    user = rng.standard_normal(D).astype(np.float32)
+    got = retrieve(user, pool.table, pool.index, prof, 5)
+    check_pool_answer(got, user, rules, pool, prof, 5)

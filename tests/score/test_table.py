@@ -92,3 +92,43 @@ def test_repeated_calls_replay_the_recorded_launches(rng, access, weights):
         assert got.count == want.count
     filters = [v for key, v in dt._workspaces.items() if key[0] == "filter"]
     assert len(filters) == 1 and len(filters[0].replays) == 1  # recorded once, replayed once
+
+
+def _free_slot_table(rng, n=64, d=16):
+    ids = rng.choice(10 * n, n, replace=False).astype(np.int64)
+    ids[::4] = -1
+    emb = launch.to_device(rng.standard_normal((n, d)).astype(np.float16))
+    bias = launch.to_device(rng.standard_normal(n).astype(np.float32))
+    return ids, DeviceAdTable.from_device(emb, bias, "fp16", ad_ids=launch.to_device(ids))
+
+
+@pytest.mark.parametrize("path", ["auto", "block"])
+def test_free_slots_are_never_scored_or_returned(rng, path):
+    ids, dt = _free_slot_table(rng)
+    req = anb.Request.random(16, 3, 2, rng)
+    scores = anb.score_ads(req, dt).copy_to_host()
+    assert np.isnan(scores[ids == -1]).all() and not np.isnan(scores[ids >= 0]).any()
+    mask = rng.random(64) < 0.7
+    for eligible in (None, mask, launch.to_device(bits_from_mask(mask))):
+        got = anb.score_topk(req, dt, 64, eligible=eligible, path=path)
+        live = (ids >= 0) & (True if eligible is None else mask)
+        want = reference.topk(scores, 64, ids=ids, eligible=live)
+        assert np.array_equal(got.ids, want.ids) and got.count == live.sum()
+    with pytest.raises(ValueError, match="free"):
+        anb.score_topk(req, dt, 5, candidates=np.array([0, 1, 2], np.int32))  # slot 0 is free
+
+
+def test_from_device_refuses_host_arrays_bad_layouts_and_bad_scales(rng):
+    emb = rng.standard_normal((8, 16)).astype(np.float16)
+    with pytest.raises(TypeError, match="device arrays"):
+        DeviceAdTable.from_device(emb, np.zeros(8, np.float32), "fp16")
+    dev = launch.to_device(emb)
+    with pytest.raises(ValueError, match="layout"):
+        DeviceAdTable.from_device(dev, launch.to_device(np.zeros(8, np.float32)), "fp16", layout="cols")
+    q = launch.to_device(np.ones((8, 16), np.int8))
+    for bad in (np.nan, -1.0, np.inf):
+        scale = np.ones(8, np.float32)
+        scale[3] = bad
+        with pytest.raises(ValueError, match="scales"):
+            DeviceAdTable.from_device(q, launch.to_device(np.zeros(8, np.float32)), "int8",
+                                      scale=launch.to_device(scale))

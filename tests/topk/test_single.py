@@ -147,10 +147,10 @@ def test_filter_overflow_reruns_exactly(monkeypatch):
 
 
 def test_bench_topk_stages_run_in_order_and_answer(rng):
-    """The benchmark's per-stage split (bench.suites.topk_stages) on a small seeded case: run in
+    """The benchmark's per-stage split (bench.topk.topk_stages) on a small seeded case: run in
     order, every stage that writes an answer equals the oracle (GPU time is scarce: a broken stage
     list should fail here, not on the GPU host)."""
-    from andromeda_nb.bench.suites import topk_stages
+    from andromeda_nb.bench.topk import topk_stages
 
     config = small_seed()
     n, k = 2048 + 19, 20

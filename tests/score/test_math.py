@@ -1,0 +1,71 @@
+"""The fp16 math mode (KernelConfig(math="fp16")) against the model it computes
+(reference.score(math="fp16")), and the range checks that refuse requests a math would overflow."""
+
+import numpy as np
+import pytest
+
+import andromeda_nb as anb
+from andromeda_nb import checks, reference
+from andromeda_nb.score import DeviceAdTable
+
+F16 = anb.KernelConfig(math="fp16")
+
+
+def table_of(rng, n, d, layout):
+    t = anb.AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype="fp16",
+                               ad_ids=rng.choice(10 * n, n, replace=False))
+    return t, DeviceAdTable(t, layout)
+
+
+@pytest.mark.parametrize("layout", ["rows", "tiles"])
+@pytest.mark.parametrize("d, E, K", [(16, 1, 1), (32, 5, 2), (64, 8, 3)])
+def test_fp16_scores_equal_the_fp16_model(rng, layout, d, E, K):
+    """fp32 accuracy against the fp16 model (h, weights rounded to fp16; products exact, sums in
+    fp32), fp16-rounding distance from the fp32 model; n off the warp and block size."""
+    n = 77
+    t, dt = table_of(rng, n, d, layout)
+    req = anb.Request.random(d, E, K, rng)
+    got = anb.score_ads(req, dt, config=F16).copy_to_host()
+    ref16, ref32 = reference.score(req, t, math="fp16"), reference.score(req, t)
+    scale = checks.score_scale(req, t)
+    swappable = checks.near_tie_ads(req, t)  # an ad whose K-th and (K+1)-th logits nearly tie
+    bad = ~swappable & (np.abs(got - ref16) > checks.SCORE_RTOL * scale)
+    assert not bad.any(), np.abs(got - ref16)[bad].max() / scale
+    assert np.abs(got - ref32).max() < 1e-2 * scale  # fp16 rounding of h and the weights, no more
+
+
+@pytest.mark.parametrize("path", ["auto", "block"])
+def test_fp16_top_k_is_exact_on_its_own_scores(rng, path):
+    t, dt = table_of(rng, 300, 32, "rows")
+    req = anb.Request.random(32, 6, 2, rng)
+    scores = anb.score_ads(req, dt, config=F16).copy_to_host()
+    mask = rng.random(300) < 0.4
+    for eligible in (None, mask):
+        got = anb.score_topk(req, dt, 10, eligible=eligible, config=F16, path=path)
+        want = reference.topk(scores, 10, ids=t.ad_ids, eligible=eligible)
+        assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
+
+
+def test_requests_the_math_would_overflow_are_refused(rng, monkeypatch):
+    from andromeda_nb.score import api
+
+    def boom(*a, **kw):
+        raise AssertionError("a launch")
+
+    for name in ("launch_score", "launch_score_topk", "_filter_path"):
+        monkeypatch.setattr(api, name, boom)
+    t, dt = table_of(rng, 64, 32, "rows")
+    req = anb.Request.random(32, 4, 2, rng)
+    wide = anb.Request(V=req.V, G=req.G, gamma=req.gamma * 3e4, beta=req.beta, k_experts=2)
+    with pytest.raises(ValueError, match="fp16 range"):
+        anb.score_ads(wide, dt, config=F16)  # |gamma| max|a| + |beta| past 65504
+    big = anb.Request(V=req.V, G=req.G * 1e6, gamma=req.gamma, beta=req.beta, k_experts=2)
+    with pytest.raises(ValueError, match="fp16 range"):
+        anb.score_topk(big, dt, 5, config=F16)  # gate keys past fp16
+    huge = anb.Request(V=req.V, G=np.full_like(req.G, 3e38), gamma=req.gamma, beta=req.beta, k_experts=2)
+    with pytest.raises(ValueError, match="fp32"):
+        anb.score_topk(huge, dt, 5)  # finite keys, but every logit would overflow fp32
+    with pytest.raises(ValueError, match="math"):
+        anb.KernelConfig(math="fp8")
+    with pytest.raises(ValueError, match="fp16"):
+        anb.score_ads(req, DeviceAdTable(anb.AdTable.from_float(np.ones((8, 32)), dtype="fp32"), "rows"), config=F16)
