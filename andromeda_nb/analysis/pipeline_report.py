@@ -95,17 +95,26 @@ def batch_figure(table: pd.DataFrame, source: str):
         a.plot(g["batch"], g["requests_per_s"], "o-", color=color, label=label)
         b.plot(g["batch"], g["wall_ms"] / g["batch"], "o-", color=color, label=f"{label}: wall")
         b.plot(g["batch"], g["device_ms"] / g["batch"], "s--", color=color, label=f"{label}: device")
-    a.axhline(TARGET_REQUESTS_PER_S_AT_32, color="grey", lw=0.8, ls=":", label="target at batch 32")
+    a.axhline(TARGET_REQUESTS_PER_S_AT_32, color="grey", lw=0.8, ls=":", label="target (10^8 ads, batch 32)")
     for ax in (a, b):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("requests a call (batch)")
         ax.legend(fontsize=7)
     b.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    from matplotlib.ticker import LogLocator
+
+    b.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    b.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    b.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     a.set_ylabel("requests / s")
     b.set_ylabel("ms a request")
     a.set_title("throughput")
     b.set_title("time a request: wall against device")
-    plots.source_note(fig, source)
+    fig.tight_layout()
+    sweep = f"; this sweep: commit {table['commit'].iloc[0]}" if len(table) else ""
+    plots.source_note(fig, source + sweep)
     return fig
 
 
@@ -126,12 +135,14 @@ def steps_figure(table: pd.DataFrame, source: str):
     ax.set_xlabel("microseconds of one request's call")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title("where one request's time goes (device steps, then the host's share)")
+    fig.tight_layout()
     plots.source_note(fig, source)
     return fig
 
 
 def load_figure(curve: pd.DataFrame, source: str):
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     if curve.empty:
@@ -144,6 +155,8 @@ def load_figure(curve: pd.DataFrame, source: str):
     ax.set_yscale("log")
     ax.legend()
     ax.set_title("latency against offered load (10^8 ads)")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    fig.tight_layout()
     plots.source_note(fig, source)
     return fig
 

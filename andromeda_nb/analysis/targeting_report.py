@@ -195,7 +195,9 @@ def gpu_vs_cpu_figure(shapes: pd.DataFrame, source: str):
     ax.axvline(TARGET_ADS_PER_S / 1e9, color="0.3", ls="--", lw=1)
     ax.invert_yaxis()
     fig.tight_layout()
-    plots.source_note(fig, source + (f"; CPU: {shapes.loc[cpu, 'device'].iloc[0]}" if cpu.any() else ""))
+    cpu_name = str(shapes.loc[cpu, "device"].iloc[0]) if cpu.any() else ""
+    plots.source_note(fig, source + (f"; {cpu_name if cpu_name.startswith('CPU') else 'CPU: ' + cpu_name}"
+                                     if cpu.any() else ""))
     return fig
 
 
@@ -396,5 +398,5 @@ def findings(model: pd.DataFrame, rows: pd.DataFrame | None, read_TBps: float, c
     passed = int(checks["ok"].sum())
     out.append(f"{passed} of {len(checks)} device checks equal the oracle, before and after real-time updates, and the "
                "updated index equals one rebuilt from scratch (the property test in "
-               "`tests/targeting/test_targeting_updates.py` checks random update sequences the same way).")
+               "`tests/targeting/test_index_updates.py` checks random update sequences the same way).")
     return "\n".join(f"* {line}" for line in out)
