@@ -72,6 +72,12 @@ def variants():
         k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, access, 256, cap, True, "chosen", None, 1, 1, False,
                             "shared", "fence", True)
         out.append((f"fused gated d64 E6 K2 {dtype} {layout} {access} cap{cap} tensor_cores", k, fused_sig))
+    # the fp16 math mode (KernelConfig(math="fp16"): mma.sync m16n8k16, weights in registers as uint32)
+    f16_sig = (A(u64, 2),) + fused_sig[1:3] + (A(u32),) + fused_sig[4:]
+    for layout, access, cap in (("rows", "pool", 0), ("tiles", "bitset", 0), ("rows", "candidates", 2048)):
+        k = FK.fused_kernel("gated", 64, 6, 2, "fp16", layout, access, 256, cap, True, "chosen", None, 1, 1, False,
+                            math="fp16")
+        out.append((f"fused gated d64 E6 K2 fp16 {layout} {access} cap{cap} math=fp16", k, f16_sig))
     # the seeded filter path of fused scoring + top-k (scoring.launch_score_filter), each access
     filter_sig = (A(u64, 2), A(f32), A(f32), A(f32), A(u64), A(i32), i64, A(i64), A(f32), A(f32, 2), A(i32, 2),
                   A(i64), A(i64, 2))
@@ -81,6 +87,25 @@ def variants():
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "bitset", 256, 0, True, "chosen", None, 1, 1, True,
                         "shared", "fence", True)
     out.append(("fused gated d64 E6K2 fp16 tiles bitset seed_filter tensor_cores", k, filter_sig))
+    f16_filter = (A(u64, 2), A(f32), A(f32), A(u32)) + filter_sig[4:]
+    k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "pool", 256, 0, True, "chosen", None, 1, 1, True,
+                        math="fp16")
+    out.append(("fused gated d64 E6K2 fp16 rows pool seed_filter math=fp16", k, f16_filter))
+    # the request path's batched kernels (pipeline.Pool): the sample and the filter over candidate lists
+    batched = (A(u64, 2), A(f32), A(f32), A(f32, 2), A(u64), A(i32, 2), A(i64), A(i64))
+    k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "candidates", 256, 0, True, "chosen", None, 1, 1, False,
+                        batched=True, sample=4096)
+    out.append(("fused gated d64 E6K2 fp16 rows batched sample", k, batched + (i64, A(f32, 2), A(f32), A(i32), A(i64))))
+    k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "candidates", 256, 0, True, "chosen", None, 1, 1, True,
+                        batched=True)
+    out.append(("fused gated d64 E6K2 fp16 rows batched seed_filter", k,
+                batched + (A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))
+    from ..pipeline import kernels as P
+
+    out.append(("pipeline gather_candidates", P.gather_candidates_kernel(256), (A(u64, 2), i64, A(i32, 2), A(i64))))
+    out.append(("pipeline pool_seed", P.pool_seed_kernel(128, 32, 6, 16),
+                (A(f32), A(i64), A(i64), i64, i64, A(i64), A(f32), A(i64, 2), A(i64))))
+    out.append(("pipeline reset", P.reset_kernel(), (A(i64), A(i64), i64, i64)))
     out.append(("sample_prep cand", FK.sample_prep_kernel(True, False),
                 (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))
     out.append(("sample_prep elig", FK.sample_prep_kernel(False, True),
@@ -210,6 +235,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object per variant")
     ap.add_argument("--quick", action="store_true",
                     help="one variant per kernel family (CI); the generated kernels take seconds each to compile")
+    ap.add_argument("--ptxas", action="store_true",
+                    help="also assemble each variant with ptxas (CUDA's assembler, when on PATH): inline PTX "
+                         "(mma, f16x2) is checked there, not by NVVM; prints registers and spills")
     args = ap.parse_args(argv)
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         print("ptxcheck needs NUMBA_ENABLE_CUDASIM=0 (it compiles for a real GPU)", file=sys.stderr)
@@ -238,12 +266,47 @@ def main(argv=None) -> int:
             print(f"FAIL {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
             continue
         info = inspect_ptx(ptx)
+        if args.ptxas:
+            ok, note = _assemble(ptx, args.cc.replace(".", ""))
+            info["ptxas"] = note
+            if not ok:
+                failures += 1
+                print(f"FAIL {name}: ptxas: {note}")
+                continue
         if args.json:
             print(json.dumps({"variant": name, **info}))
         else:
             flag = "" if info["local_ops"] == 0 else "  <-- local memory"
-            print(f"ok   {name}: local ops {info['local_ops']}, global loads {info['global_load_bytes']}{flag}")
+            extra = f"; {info['ptxas']}" if args.ptxas else ""
+            print(f"ok   {name}: local ops {info['local_ops']}, global loads {info['global_load_bytes']}{flag}{extra}")
     return 1 if failures else 0
+
+
+def _assemble(ptx: str, sm: str) -> tuple[bool, str]:
+    """ptxas on one PTX module for sm_<sm>: (assembled, its resource line or its error)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = shutil.which("ptxas")
+    if exe is None:
+        return True, "ptxas not on PATH (not assembled)"
+    def run(text):
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "k.ptx")
+            with open(src, "w") as f:
+                f.write(text)
+            return subprocess.run([exe, f"-arch=sm_{sm}", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                                  capture_output=True, text=True)
+
+    r = run(ptx)
+    older = re.search(r"current version is '([0-9.]+)'", r.stderr)
+    if r.returncode and older:  # NVVM newer than the assembler: the ISA version the assembler knows
+        r = run(re.sub(r"^\.version [0-9.]+", f".version {older.group(1)}", ptx, count=1, flags=re.M))
+    lines = [ln.split("info    : ")[-1] for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln]
+    if r.returncode:
+        return False, " ".join(r.stderr.split())[-300:]
+    return True, "; ".join(lines[-2:])
 
 
 if __name__ == "__main__":

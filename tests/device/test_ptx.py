@@ -20,6 +20,7 @@ def _nvvm_available() -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _nvvm_available(), reason="NVVM wheels not installed (pip install -e '.[test]')")
 def test_all_kernels_compile_for_sm90_without_local_memory():
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}

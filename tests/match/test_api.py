@@ -22,7 +22,8 @@ SHAPES = [(1, False, 0), (2, False, 0), (4, False, 0), (8, False, 0), (16, False
 by_algorithm = pytest.mark.parametrize("config", ALGORITHMS, ids=config_id)
 
 
-@pytest.mark.parametrize("n", [1, 31, 32, 33, 63, 64, 65, 127, 128, 200, 1000, 4101])
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 63, 64, 65, 127, 128, 200, 1000,
+                               pytest.param(4101, marks=pytest.mark.slow)])
 def test_match_equals_oracle(rng, n):
     """Pool sizes around the word and tile sizes, every layout, every kernel shape and variant
     (each list pass with each variant), through prepare / launch."""

@@ -188,6 +188,7 @@ def filter_cases(draw):
     return rng.standard_normal(32), table, draw(st.sampled_from(["rows", "tiles"])), k, kwargs, seed_config(**tuning)
 
 
+@pytest.mark.slow
 @given(filter_cases())
 def test_filter_path_matches_oracle_on_generated_cases(case):
     """score_topk's default (filter) path, whatever its fallbacks: exactly the oracle's top-K of the

@@ -201,7 +201,7 @@ def test_dot_two_tower_baseline(rng, dtype, layout):
         score_ads(np.ones(16), dt)
 
 
-@pytest.mark.parametrize("every", [2, 4])
+@pytest.mark.parametrize("every", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_fused_topk_with_fewer_barriers_matches_oracle(rng, every):
     """sync_every > 1: the block top-K checks its buffer every few rounds only (threads run ahead in
     between); the answer must not change, on pools several rounds long, with NaN rows and ties."""
@@ -407,6 +407,7 @@ def test_tf32_rounding_is_to_nearest_ties_away():
     assert not np.any(got[np.isfinite(got)].view(np.uint32) & np.uint32(0x1FFF))
 
 
+@pytest.mark.slow
 def test_tensor_core_accuracy_on_large_rows():
     """Rows of magnitude ~1000 put logits in the thousands, where the softmax turns small logit
     errors into weight errors. The CUDA-core kernel stays within the oracle tolerance on these

@@ -96,7 +96,7 @@ def test_offer_final_matches_oracle(case):
     check_topk(T.topk_scores(scores, k, eligible=eligible, ids=ids, config=OFFER), scores, k, eligible, ids)
 
 
-@pytest.mark.parametrize("n", [4 * 32 * SCAN_ITEMS * 3 + 17, 5000])
+@pytest.mark.parametrize("n", [4 * 32 * SCAN_ITEMS * 3 + 17, pytest.param(5000, marks=pytest.mark.slow)])
 def test_radix_final_many_candidates_and_ties(rng, n):
     """Many entries reach the merge's final step (small k per list, many lists) and the k-th score
     is shared by many ads: the id passes pick the lowest ids; with custom ids as well."""
