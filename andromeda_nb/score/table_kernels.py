@@ -3,9 +3,12 @@ range checks of :func:`~andromeda_nb.score.launches.check_range` read it)."""
 
 import functools
 
+import numpy as np
 from numba import cuda, float32
 
 from ..device.intrinsics import DECODE
+
+FLOAT32_MAX = float32(np.finfo(np.float32).max)
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,7 +25,7 @@ def max_abs_kernel(dtype: str):
         i = cuda.grid(1)
         while i < words.shape[0]:
             for v in decode(words[i]):
-                if abs(v) < float32(3.5e38):  # finite only: NaN and inf compare false
+                if abs(v) <= FLOAT32_MAX:  # finite only: NaN and inf compare false
                     best = max(best, abs(v))
             i += cuda.gridsize(1)
         cuda.atomic.max(out, 0, best)
