@@ -28,6 +28,7 @@ STEP_ORDER = ("weights", "match", "reset", "gather", "sample", "seed", "filter",
 
 def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
     out = rows.copy()
+    out["math"] = out["math"].replace("", "fp32") if "math" in out else "fp32"  # older rows: fp32
     for col, src in (("wall_ms", "seconds_median"), ("p99_ms", "seconds_p99"), ("device_ms", "device_seconds")):
         out[col] = pd.to_numeric(out[src], errors="coerce") * 1e3 if src in out else np.nan
     out["requests_per_s"] = pd.to_numeric(out["requests_per_s"], errors="coerce") if "requests_per_s" in out else np.nan
@@ -38,8 +39,8 @@ def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
 def newest(rows: pd.DataFrame) -> pd.DataFrame:
     """The newest verified row of each (variant, pool size, batch), with ``wall_ms``, ``p99_ms``,
     ``device_ms`` and ``wall_over_device``."""
-    ok = rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")]
-    return _with_ms(ok.sort_values("timestamp").groupby(["variant", "n_ads", "batch"], dropna=False).tail(1))
+    ok = _with_ms(rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")])
+    return ok.sort_values("timestamp").groupby(["variant", "n_ads", "batch", "math"], dropna=False).tail(1)
 
 
 def sweep_run(rows: pd.DataFrame, variant: str = "retrieve") -> pd.DataFrame:
@@ -55,7 +56,7 @@ def sweep_run(rows: pd.DataFrame, variant: str = "retrieve") -> pd.DataFrame:
 def batch_table(rows: pd.DataFrame) -> pd.DataFrame:
     """``retrieve`` against batch size and pool size (the newest whole sweep)."""
     t = sweep_run(rows)
-    t = t[t["variant"] == "retrieve"].sort_values(["n_ads", "batch"])
+    t = t[(t["variant"] == "retrieve") & (t["math"] == "fp32")].sort_values(["n_ads", "batch"])
     return t[["n_ads", "batch", "wall_ms", "p99_ms", "device_ms", "wall_over_device", "requests_per_s",
               "eligible_fraction", "commit"]].reset_index(drop=True)
 
@@ -64,7 +65,7 @@ def steps(rows: pd.DataFrame) -> pd.DataFrame:
     """Where a one-request call's device time goes (microseconds a step, from the retrieve rows'
     notes) and the host's share (wall minus device), per pool size (the newest row of each)."""
     t = newest(rows)
-    t = t[(t["variant"] == "retrieve") & (t["batch"] == 1)]
+    t = t[(t["variant"] == "retrieve") & (t["batch"] == 1) & (t["math"] == "fp32")]
     out = []
     for _, r in t.iterrows():
         found = dict(re.findall(r"(\w+) ([0-9.]+)", str(r["notes"]).split(";")[0].split(":", 1)[-1]))
@@ -161,8 +162,8 @@ def load_figure(curve: pd.DataFrame, source: str):
     return fig
 
 
-def _row(t: pd.DataFrame, variant: str, n: float, batch: float = 1):
-    r = t[(t["variant"] == variant) & np.isclose(t["n_ads"], n) & np.isclose(t["batch"], batch)]
+def _row(t: pd.DataFrame, variant: str, n: float, batch: float = 1, math: str = "fp32"):
+    r = t[(t["variant"] == variant) & np.isclose(t["n_ads"], n) & np.isclose(t["batch"], batch) & (t["math"] == math)]
     return None if r.empty else r.iloc[-1]
 
 

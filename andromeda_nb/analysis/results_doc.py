@@ -23,13 +23,13 @@ START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 #: (label, suite, filters, how to show it): the README's headline rows, the newest verified row of each
 HEADLINE = (
     ("one request through `Pool.retrieve`, 10^8 ads, ~1 % eligible", "pipeline",
-     dict(variant="retrieve", n_ads=1e8, batch=1), "latency"),
+     dict(variant="retrieve", n_ads=1e8, batch=1, math="fp32"), "latency"),
     ("batches of 32 requests through `Pool.retrieve`, 10^8 ads", "pipeline",
-     dict(variant="retrieve", n_ads=1e8, batch=32), "throughput"),
+     dict(variant="retrieve", n_ads=1e8, batch=32, math="fp32"), "throughput"),
     ("`score_topk` over the whole pool, 10^8 ads, top-1000", "pipeline",
-     dict(variant="score_topk", n_ads=1e8), "latency"),
+     dict(variant="score_topk", n_ads=1e8, math="fp32"), "latency"),
     ("sparse scoring of one request's ~10^6 eligible ads (device)", "pipeline",
-     dict(variant="score_sparse", n_ads=1e8), "device"),
+     dict(variant="score_sparse", n_ads=1e8, math="fp32"), "device"),
     ("dot product (two-tower), scores to memory", "scoring",
      dict(variant="dot_scores_to_memory", n_ads=1e8, dtype="fp16", d=64, layout="tiles"), "kernel"),
     ("gated E6 K2, scores to memory", "scoring",
@@ -47,6 +47,9 @@ HEADLINE = (
 def _pick(df: pd.DataFrame, filters: dict) -> pd.Series | None:
     rows = df[df["ok"]]
     for col, want in filters.items():
+        if col == "math":  # rows from before the math column are fp32
+            rows = rows[rows[col].isin(["", want])] if col in rows else (rows if want == "fp32" else rows.iloc[0:0])
+            continue
         if col not in rows:
             return None
         if isinstance(want, str):

@@ -176,23 +176,22 @@ def _match_row(env, ceil, world, profiles, n, match_dev, match_bytes) -> dict:
                 notes="items: pool ads; device: prep + match + post of Pool.retrieve's match step")
 
 
-def _score_topk_row(env, ceil, n, reqs, tiles) -> dict:
+def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32") -> dict:
     from .. import reference
-    from ..score import score_ads, score_topk
+    from ..score import KernelConfig, score_ads, score_topk
     from ..score.launches import launch_score_filter
     from ..score.table import DeviceRequest
 
     req = reqs[0]
-    top = score_topk(req, tiles, K)  # warm; its workspace stays on the table
-    walls = _timed(lambda: score_topk(req, tiles, K), CALLS)
+    config = KernelConfig(math=math)
+    top = score_topk(req, tiles, K, config=config)  # warm; its workspace stays on the table
+    walls = _timed(lambda: score_topk(req, tiles, K, config=config), CALLS)
     wall, p99 = _quantiles(walls)
     dreq = DeviceRequest.of(req)
-    sfw = tiles._workspaces[("filter", n, K, "pool")]
-    from ..score.config import DEFAULT_CONFIG
-
-    device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, DEFAULT_CONFIG,
-                                                             sfw), reps=15).median
-    scores = score_ads(req, tiles).copy_to_host()
+    sfw = next(ws for key, ws in tiles._workspaces.items() if key[:4] == ("filter", n, K, "pool"))
+    device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, config, sfw),
+                                 reps=15).median
+    scores = score_ads(req, tiles, config=config).copy_to_host()
     want = reference.topk(scores, K, ids=tiles.host_ad_ids)
     ok = np.array_equal(top.ids, want.ids) and np.array_equal(top.scores, want.scores)
     verified = ("ok: equals the reference top-k of the kernel's scores" if ok else "FAILED")
@@ -279,6 +278,7 @@ class RetrieveCase(harness.Case):
     batch: int
     diagnostics: bool = True
     n_ads: int | None = None  # set per pool size by :func:`cases`
+    math: str = "fp32"
     run_in: str = "both"
 
     def variants(self) -> tuple[str, ...]:
@@ -317,6 +317,7 @@ class ScoreTopkCase(harness.Case):
     n_ads: int | None = None
     layout: str = "tiles"
     access: str = "pool"
+    math: str = "fp32"
 
 
 #: phase -> cases, in run order within a pool size. ``match``: the ``match_eligible`` row comes with
@@ -328,6 +329,8 @@ PHASES = {
     "launch": (LaunchCase(),),
     "open_loop": (OpenLoopCase(),),
     "score_topk": (ScoreTopkCase(),),
+    # the fp16 math mode (KernelConfig(math="fp16"): the gate on the tensor cores) on the same calls
+    "fp16": (*(RetrieveCase(B, diagnostics=False, math="fp16") for B in (1, 32)), ScoreTopkCase(math="fp16")),
 }
 DEFAULT_PHASES = tuple(PHASES)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)
@@ -343,7 +346,7 @@ def cases(options: harness.Options) -> dict:
     out = {}
     for phase, declared in PHASES.items():
         out[phase] = tuple(replace(c, n_ads=n) for n in sizes for c in declared
-                           if not (options.quick and phase != "retrieve")
+                           if not (options.quick and phase not in ("retrieve", "fp16"))
                            and not (getattr(c, "largest_only", False) and n != sizes[-1]))
     return out
 
@@ -359,6 +362,7 @@ class Run(harness.Run):
     def __init__(self, env, ceil, options):
         super().__init__(env, ceil, options)
         self.n = None
+        self.pool = self.table = self.tiles = None
 
     def measure(self, planned):
         rows = self._measure(planned.case)
@@ -367,7 +371,7 @@ class Run(harness.Run):
         return rows
 
     def _measure(self, case):
-        self.setup(case.n_ads, pool=not isinstance(case, ScoreTopkCase))
+        self.setup(case.n_ads, pool=not isinstance(case, ScoreTopkCase), math=getattr(case, "math", "fp32"))
         if isinstance(case, RetrieveCase):
             batches = (case.batch,)
             return _retrieve_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,
@@ -377,11 +381,13 @@ class Run(harness.Run):
         if isinstance(case, OpenLoopCase):
             return _open_loop_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
         self.pool = self.table = None  # the tiles table takes their place
-        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, gpu_table(self.n, D, "fp16", "tiles", seed=1))]
+        if self.tiles is None:
+            self.tiles = gpu_table(self.n, D, "fp16", "tiles", seed=1)
+        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, case.math)]
 
-    def setup(self, n: int, pool: bool = True) -> None:
+    def setup(self, n: int, pool: bool = True, math: str = "fp32") -> None:
         """The world and requests of ``n`` ads (a new size frees the last one's), and with ``pool``
-        the rows table and its Pool."""
+        the rows table and its Pool in ``math``."""
         from ..datasets import synthetic as syn
         from ..model import Request
         from ..pipeline import Pool
@@ -396,14 +402,20 @@ class Run(harness.Run):
             rng = np.random.default_rng(5)
             self.reqs = [Request.random(D, E, KE, rng) for _ in range(max(BATCHES))]
             self.match_bytes = _match_bytes(self.world, self.profiles)
-            self.pool = None
-        if pool and self.pool is None:
-            self.table = gpu_table(n, D, "fp16", "rows", seed=1)
-            self.pool = Pool(self.table, self.world.dev, max_batch=max(BATCHES), max_k=K)
+            self.pool = self.tiles = None
+        if pool and (self.pool is None or self.pool.config.math != math):
+            from ..score import KernelConfig
+
+            self.tiles = None
+            if self.table is None:
+                self.table = gpu_table(n, D, "fp16", "rows", seed=1)
+            self.pool = None  # its buffers go before the next pool's come
+            self.pool = Pool(self.table, self.world.dev, max_batch=max(BATCHES), max_k=K,
+                             config=KernelConfig(math=math))
 
     def close(self) -> None:
         if self.n is not None:
-            self.pool = self.table = None
+            self.pool = self.table = self.tiles = None
             self.world.free()
             self.world = None
             self.n = None

@@ -100,6 +100,11 @@ def variants():
                         batched=True)
     out.append(("fused gated d64 E6K2 fp16 rows batched seed_filter", k,
                 batched + (A(f32), A(f32, 2), A(i32, 2), A(i64), A(i64, 2))))
+    k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "candidates", 256, 0, True, "chosen", None, 1, 1, True,
+                        batched=True, math="fp16")
+    out.append(("fused gated d64 E6K2 fp16 rows batched seed_filter math=fp16", k,
+                (A(u64, 2), A(f32), A(f32), A(u32, 2)) + batched[4:] + (A(f32), A(f32, 2), A(i32, 2), A(i64),
+                                                                        A(i64, 2))))
     from ..pipeline import kernels as P
 
     out.append(("pipeline gather_candidates", P.gather_candidates_kernel(256), (A(u64, 2), i64, A(i32, 2), A(i64))))

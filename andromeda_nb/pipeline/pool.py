@@ -31,7 +31,7 @@ from ..device import launch
 from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
-from ..score.weights import image_size
+from ..score.weights import image_size, mma_f16_image
 from ..targeting import WORD_BITS, TargetingIndex, table_slots
 from ..topk.api import check_k
 
@@ -92,10 +92,9 @@ class Pool:
         self.max_k = int(max_k)
         self.max_batch = int(max_batch)
         self.config = check_config(config)
-        if self.config.naive or self.config.tensor_cores or self.config.math != "fp32":
-            raise ValueError("a Pool serves with the generated CUDA-core kernels in fp32 math: naive, "
-                             "tensor_cores=True and math='fp16' are score_topk options (not yet in the batched "
-                             "request path)")
+        if self.config.naive or self.config.tensor_cores:
+            raise ValueError("a Pool serves with the generated kernels (fp32 math on the CUDA cores, or "
+                             "math='fp16' on the tensor cores): naive and tensor_cores=True are score_topk options")
         if isinstance(index, TargetingIndex):
             index = DeviceTargetingIndex(index)
         if index is not None and not isinstance(index, DeviceTargetingIndex):
@@ -107,6 +106,8 @@ class Pool:
         if layout == "auto":
             layout = "rows" if index is not None else "tiles"
         self.table = _device_table(table, index, layout)
+        if self.config.math == "fp16" and self.table.dtype != "fp16":
+            raise ValueError(f"math='fp16' scores fp16 tables, this one is {self.table.dtype}")
         self.n_ads = self.table.n_ads
         self.n_words = -(-self.n_ads // WORD_BITS)
         frac = 1 / 8 if candidate_fraction == "auto" else candidate_fraction
@@ -222,8 +223,10 @@ class Pool:
         # the requests' weights: host images into pinned memory, one copy
         for b, dr in enumerate(dreqs):
             group.host_images[b] = _host_image(dr)
+            if group.f16 is not None:
+                group.f16.host[b] = mma_f16_image(dr.request)
         plans = self._prepare_match(profiles, excl)
-        steps = [("weights", lambda: launch.copy_async(group.images, group.host_images, B * group.image_bytes)),
+        steps = [("weights", lambda: group.copy_weights(B)),
                  ("match", lambda: self._launch_match(plans)),
                  *group.steps(B, k),
                  ("answers", lambda: buf.copy_answers(B))]
@@ -279,6 +282,15 @@ class Pool:
         if key not in self._groups:
             self._groups[key] = _Group(self, dreq)
         return self._groups[key]
+
+
+@dataclass
+class _Images:
+    """A batch's weight images of one kind: device rows, their pinned host rows, bytes a row."""
+
+    dev: object
+    host: np.ndarray
+    row_bytes: int
 
 
 def _group_by_shape(dreqs: list) -> dict:
@@ -397,6 +409,15 @@ class _Group:
         self.images = cuda.device_array((pool.max_batch, size), np.float32)
         self.host_images = cuda.pinned_array((pool.max_batch, size), np.float32)
         self.image_bytes = 4 * size
+        # fp16 math: the filter pass reads each request's per-lane fp16 image (the sample is scored in
+        # fp32 on the CUDA cores: its seed only needs to be close; exactness is checked after)
+        self.f16 = None
+        if pool.config.math == "fp16":
+            if dreq.request is None:
+                raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
+            words = mma_f16_image(dreq.request).size
+            self.f16 = _Images(cuda.device_array((pool.max_batch, words), np.uint32),
+                               cuda.pinned_array((pool.max_batch, words), np.uint32), 4 * words)
         self._steps: dict = {}
         # compile the exact rerun's kernels now, not on the first request that needs them (a rare
         # event whose first occurrence would otherwise stall that call for the compilation)
@@ -404,6 +425,11 @@ class _Group:
 
         none = launch.cuda().to_device(np.zeros(max(pool.n_words, 1), np.uint64))
         score_topk(dreq, pool.table, pool.max_k, eligible=none, config=pool.config)
+
+    def copy_weights(self, B: int) -> None:
+        launch.copy_async(self.images, self.host_images, B * self.image_bytes)
+        if self.f16 is not None:
+            launch.copy_async(self.f16.dev, self.f16.host, B * self.f16.row_bytes)
 
     def steps(self, B: int, k: int) -> list:
         key = (B, k)
@@ -420,6 +446,7 @@ class _Group:
         table, cfg = pool.table, pool.config.resolved(dreq, 0, False)
         if cfg.weights == "param":  # a batch's weights differ by request: shared memory, a row each
             cfg = replace(cfg, weights="shared", max_registers=128)
+        sample_cfg = replace(cfg, math="fp32")
         block = cfg.threads()
         sim = launch.backend.is_simulator()
         gblock = launch.default_block() if sim else GATHER_BLOCK
@@ -437,8 +464,8 @@ class _Group:
         gather = launch.BoundLaunch(gather_candidates_kernel(gblock, GATHER_WORDS), (per_request(tiles, 1), B),
                                     gblock, (buf.bits, pool.n_words, buf.cand, buf.cand_counts))
         common = (dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, "candidates", block)
-        sample_kernel = fused_kernel(*common, 0, True, cfg.values, cfg.max_registers, 1, 1, False, "shared",
-                                     cfg.guard, False, batched=True, sample=buf.sample_size)
+        sample_kernel = fused_kernel(*common, 0, True, sample_cfg.values, sample_cfg.max_registers, 1, 1, False,
+                                     "shared", sample_cfg.guard, False, batched=True, sample=buf.sample_size)
         sample = launch.BoundLaunch(sample_kernel, (per_request(buf.sample_size, block), B), block,
                                     (table.words, table.scale, table.bias, self.images, dummy(np.uint64), buf.cand,
                                      n_items, table.ad_ids, 0, buf.sample, dummy(np.float32), dummy(np.int32),
@@ -448,9 +475,10 @@ class _Group:
                                                pool.candidate_capacity, k, buf.ranks, buf.fws.seeds, buf.fws.counts,
                                                buf.fws.fill))
         filter_kernel = fused_kernel(*common, 0, True, cfg.values, cfg.max_registers, 1, 1, True, "shared", cfg.guard,
-                                     False, batched=True)
+                                     False, batched=True, math=cfg.math)
+        images = self.f16.dev if self.f16 is not None else self.images
         filt = launch.BoundLaunch(filter_kernel, (per_request(pool.candidate_capacity, block), B), block,
-                                  (table.words, table.scale, table.bias, self.images, dummy(np.uint64), buf.cand,
+                                  (table.words, table.scale, table.bias, images, dummy(np.uint64), buf.cand,
                                    n_items, table.ad_ids, buf.fws.seeds, buf.fws.buf_s, buf.fws.buf_i, buf.fws.fill,
                                    buf.fws.counts))
         finals = _bound_final(fws, k, table.ad_ids)

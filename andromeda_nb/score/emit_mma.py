@@ -75,14 +75,15 @@ def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
                 _emit_mma_call(emit, ind, acc, [f"{A}{r}" for r in range(4)], B0, B1)
 
 
-def emit_f16_weights(emit, ind: str, d: int) -> None:
+def emit_f16_weights(emit, ind: str, d: int, row: str = "") -> None:
     """Emit the loads of this lane's fp16 weights (:func:`.weights.mma_f16_image`) into registers,
     once per kernel: per step j, ``wg{j}_0/1`` (gate keys), ``wv{j}_0/1`` (values), ``gm{j}_0/1``
-    (gamma), ``bt{j}_0/1`` (beta), each a word of two fp16."""
+    (gamma), ``bt{j}_0/1`` (beta), each a word of two fp16. ``row``: the batched kernels' request
+    row prefix (``"b, "``)."""
     for j in range(d // 16):
         for k, name in enumerate(("wg{j}_0", "wg{j}_1", "wv{j}_0", "wv{j}_1", "gm{j}_0", "gm{j}_1", "bt{j}_0",
                                   "bt{j}_1")):
-            emit(f"{ind}{name.format(j=j)} = wimg[{(j * 32) * 8 + k} + lane * 8]")
+            emit(f"{ind}{name.format(j=j)} = wimg[{row}{(j * 32) * 8 + k} + lane * 8]")
 
 
 def _emit_mma_f16_tile(emit, ind: str, t: int, d: int) -> None:

@@ -141,7 +141,7 @@ class _Source:
             emit("    b = cuda.blockIdx.y")
             emit("    n_req = min(n_items[b], cand.shape[1])")
         if self.math == "fp16":  # each lane's weights live in registers (emit_mma.emit_f16_weights)
-            emit_f16_weights(emit, "    ", self.d)
+            emit_f16_weights(emit, "    ", self.d, self.row)
             return
         align = "" if config.ENABLE_CUDASIM else ", alignment=16"
         emit(f"    wsh = cuda.shared.array({size}, float32{align})")
@@ -541,7 +541,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     if math not in ("fp32", "fp16"):
         raise ValueError(f"math must be 'fp32' or 'fp16', got {math!r}")
     if math == "fp16" and (model != "gated" or dtype != "fp16" or d % 16 or experts > 8 or block % 32 or mma
-                           or batched):
+                           or sample):
         raise ValueError("math='fp16' takes the gated model, fp16 rows, d a multiple of 16, E <= 8 and whole warps; "
                          f"got {model}, {dtype}, d={d}, E={experts}, block={block}")
     if model not in MODELS or layout not in LAYOUTS or access not in ACCESS:
@@ -562,8 +562,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     if seed_filter and topk_cap:
         raise ValueError("seed_filter and a block top-K buffer (topk_cap) exclude each other")
     if batched and (access != "candidates" or topk_cap or weights != "shared" or mma):
-        raise ValueError("a batched kernel reads candidate lists with shared weights, on the CUDA cores, and "
-                         "writes scores or runs the filter pass")
+        raise ValueError("a batched kernel reads candidate lists with shared weights (or fp16 math's registers), "
+                         "not the TF32 tensor-core variant, and writes scores or runs the filter pass")
     if sample and (not batched or seed_filter or sample % SAMPLE_RUN or sample < 2 * SAMPLE_RUN):
         raise ValueError(f"sample={sample}: a batched scores-to-memory kernel's sample, a multiple of {SAMPLE_RUN} "
                          f"of at least {2 * SAMPLE_RUN}")

@@ -141,12 +141,10 @@ def mma_f16_image(request) -> np.ndarray:
     G = np.zeros((8, d), np.float16)
     V = np.zeros((8, d), np.float16)
     G[:E], V[:E] = w16["G"], w16["V"]
-    img = np.zeros((d // 16, 32, 8, 2), np.float16)
-    for j in range(d // 16):
-        for lane in range(32):
-            g, c = lane // 4, lane % 4
-            w = c + 4 * j
-            lo, hi = slice(4 * w, 4 * w + 2), slice(4 * w + 2, 4 * w + 4)
-            img[j, lane] = (G[g, lo], G[g, hi], V[g, lo], V[g, hi], w16["gamma"][lo], w16["gamma"][hi],
-                            w16["beta"][lo], w16["beta"][hi])
+    # lane l = 4 g + c reads row word w = c + 4 j: dims 4w..4w+3, as two pairs (the low, the high)
+    steps, lanes = np.arange(d // 16)[:, None], np.arange(32)[None, :]
+    g, w = lanes // 4, lanes % 4 + 4 * steps  # [steps, 32]
+    dims = 4 * w[..., None] + np.arange(4)  # [steps, 32, 4]
+    experts = np.broadcast_to(g[..., None], dims.shape)
+    img = np.stack([G[experts, dims], V[experts, dims], w16["gamma"][dims], w16["beta"][dims]], axis=2)
     return np.ascontiguousarray(img).view(np.uint32).reshape(-1)

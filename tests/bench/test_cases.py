@@ -146,8 +146,9 @@ def test_unknown_phase_is_refused_with_the_known_ones(capsys):
 @pytest.mark.parametrize("suite", SUITES)
 def test_phase_names_and_defaults_are_kept(suite):
     module = harness.suite_module(suite)
-    assert set(module.cases(FULL)) == PHASES_BEFORE[suite]
-    assert set(module.DEFAULT_PHASES) == DEFAULTS_BEFORE[suite]
+    # every phase of the earlier runs is kept (closing notes cite them); new phases may be added
+    assert PHASES_BEFORE[suite] <= set(module.cases(FULL))
+    assert DEFAULTS_BEFORE[suite] <= set(module.DEFAULT_PHASES)
 
 
 @pytest.mark.parametrize("suite", SUITES)
@@ -289,10 +290,11 @@ def test_pipeline_runs_pool_size_by_pool_size():
     sizes = [p.case.n_ads for p in plan]
     assert sizes == sorted(sizes) and set(sizes) == {10**7, 10**8}
     assert {p.case.n_ads for p in plan if p.phase in ("launch", "open_loop")} == {10**8}
-    assert [p.phase for p in plan if p.case.n_ads == 10**7][-1] == "score_topk"
+    assert [p.phase for p in plan if p.case.n_ads == 10**7][-1] == "fp16"
     quick = planned("pipeline", options=QUICK)
-    assert {p.phase for p in quick} == {"retrieve"} and {p.case.n_ads for p in quick} == {10**8}
-    assert [p.case.batch for p in quick] == [1, 8, 32] and not any(p.case.diagnostics for p in quick)
+    assert {p.phase for p in quick} == {"retrieve", "fp16"} and {p.case.n_ads for p in quick} == {10**8}
+    assert [p.case.batch for p in quick if p.phase == "retrieve"] == [1, 8, 32]
+    assert not any(getattr(p.case, "diagnostics", False) for p in quick)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -204,9 +204,12 @@ def test_pool_edge_tables(rng):
 
 def test_pool_options_are_checked_when_it_is_built(rng):
     rules, table, index = world(rng, 40)
-    for config in (anb.KernelConfig(naive=True), anb.KernelConfig(math="fp16")):
+    for config in (anb.KernelConfig(naive=True), anb.KernelConfig(tensor_cores=True)):
         with pytest.raises(ValueError, match="Pool"):
             Pool(table, index, config=config)
+    rules32, table32, index32 = world(rng, 40, dtype="fp32")
+    with pytest.raises(ValueError, match="fp16"):
+        Pool(table32, index32, config=anb.KernelConfig(math="fp16"))
     with pytest.raises(ValueError, match="max_k"):
         Pool(table, index, max_k=0)
     assert Pool(table, index, filter_capacity=1 << 40).filter_capacity == 40
@@ -227,3 +230,22 @@ def test_retrieve_takes_one_request_of_any_form(rng):
     user = rng.standard_normal(D).astype(np.float32)
     got = retrieve(user, pool.table, pool.index, prof, 5)
     check_pool_answer(got, user, rules, pool, prof, 5)
+
+
+def test_fp16_math_pool_equals_its_model(rng):
+    """math='fp16': the filter pass on the tensor cores over every request's candidates; answers are
+    the exact top-k of the fp16 model's scores (score_ads with the same config), the sampled seed
+    (fp32 on the CUDA cores) only decides how many scores the filter keeps."""
+    rules, table, index = world(rng, 700, p_constrain=0.15, p_exclude=0.05)
+    config = anb.KernelConfig(math="fp16")
+    pool = Pool(table, index, max_batch=3, max_k=20, config=config)
+    reqs = [anb.Request.random(D, 4, 2, rng) for _ in range(3)]
+    profs = [random_profile(rng, rules.schema) for _ in range(3)]
+    for req, prof, out in zip(reqs, profs, pool.retrieve(reqs, profs, k=20)):
+        elig = reference.match(rules, make_profile(rules.schema, prof))
+        scores = score_ads(req, pool.table, config=config).copy_to_host()
+        want = reference.topk(scores, 20, ids=pool.table.host_ad_ids, eligible=elig)
+        np.testing.assert_array_equal(out.ids, want.ids)
+        np.testing.assert_array_equal(out.scores, want.scores)
+        assert out.n_eligible == elig.sum()
+
