@@ -80,7 +80,7 @@ def finished(state) -> bool:
     return state["status"] == "idle" and all(c["count"] is not None for c in code)
 
 
-def test_lab_opens_on_the_notebooks_folder(lab, browser):
+def test_lab_opens_on_the_notebooks_folder(browser, lab):
     from selenium.webdriver.common.by import By
 
     browser.get(f"{lab.url}/?token={lab.token}")  # `make lab`'s landing page
@@ -93,7 +93,7 @@ def test_lab_opens_on_the_notebooks_folder(lab, browser):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_in_the_browser_without_errors_and_shows_its_figures(lab, browser, name):
+def test_notebook_runs_in_the_browser_without_errors_and_shows_its_figures(browser, lab, name):
     from selenium.webdriver.common.by import By
 
     open_in_lab(browser, lab, f"notebooks/{name}.ipynb")
