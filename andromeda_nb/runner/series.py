@@ -57,7 +57,8 @@ from .notebook import Declared, ParametersCellError, parameters_cell
 
 #: Tag with which nbclient skips a cell; the runner fails a notebook that has one (it never ran).
 SKIP_TAG = "skip-execution"
-#: Kernel arguments of every run: the IPython extension that gives the executed copies text bars.
+#: Kernel arguments of every run on ipykernel: the IPython extension that gives the executed
+#: copies text progress bars.
 KERNEL_ARGUMENTS = ("--ext=andromeda_nb.runner.text_progress",)
 #: Keys the runner sets itself (from ``figures_dir`` and ``out_dir``); a YAML file may not set them.
 RUNNER_KEYS = ("figures_dir", "metrics_dir")
@@ -250,24 +251,23 @@ def check_kernels_installed(kernels: Mapping[str, str]) -> None:
             installed, the kernel, and the kernels that are.
     """
     manager = KernelSpecManager()
-    missing = {}
     for stem, kernel in kernels.items():
-        if kernel in missing:
-            missing[kernel].append(stem)
-            continue
         try:
             manager.get_kernel_spec(kernel)
         except NoSuchKernel:
-            missing[kernel] = [stem]
-    if missing:
-        kernel, stems = next(iter(missing.items()))
-        installed = ", ".join(sorted(manager.find_kernel_specs())) or "none"
-        raise KernelNotInstalled(
-            f"notebook {stems[0]}.ipynb asks for kernel {kernel!r} (its kernelspec), which is not installed for "
-            f"{sys.executable} (installed: {installed}). Register it with the Python it should run "
-            f"(`python -m ipykernel install --user --name {kernel}`), or pick an installed kernel in JupyterLab "
-            "(Kernel > Change Kernel) and save the notebook"
-        )
+            installed = ", ".join(sorted(manager.find_kernel_specs())) or "none"
+            raise KernelNotInstalled(
+                f"notebook {stem}.ipynb asks for kernel {kernel!r} (its kernelspec), which is not installed for "
+                f"{sys.executable} (installed: {installed}). Register it with the Python it should run "
+                f"(`python -m ipykernel install --user --name {kernel}`), or pick an installed kernel in "
+                "JupyterLab (Kernel > Change Kernel) and save the notebook"
+            ) from None
+
+
+def _kernel_arguments(kernel: str) -> list[str]:
+    """:data:`KERNEL_ARGUMENTS` for a kernel that runs ipykernel (they are IPython options), else none."""
+    argv = KernelSpecManager().get_kernel_spec(kernel).argv
+    return list(KERNEL_ARGUMENTS) if any("ipykernel" in arg for arg in argv) else []
 
 
 def _kernel_path(path: Path, root: Path) -> str:
@@ -554,7 +554,7 @@ def run_series(
                     log_output=False,
                     cwd=str(root),
                     execution_timeout=execution_timeout,
-                    extra_arguments=list(KERNEL_ARGUMENTS),
+                    extra_arguments=_kernel_arguments(item.kernel),
                 )
             unfinished = why_unfinished(executed)
         except BaseException as exc:
