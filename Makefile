@@ -1,4 +1,4 @@
-# Two entry points (README): `make main` runs the notebook series, `make test` runs the test suite;
+# Entry points (README): `make main` runs the notebook series, `make test` runs the test suite,
 # `make lab` opens the notebooks in JupyterLab. Each creates the virtual environment .venv on first
 # use (Python 3.11+ required).
 PYTHON ?= python3
