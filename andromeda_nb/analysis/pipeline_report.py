@@ -100,7 +100,7 @@ def batch_figure(table: pd.DataFrame, source: str):
     for ax in (a, b):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("requests a call (batch)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize="small")
     b.set_yscale("log")
     from matplotlib.ticker import FuncFormatter
 
@@ -128,13 +128,13 @@ def steps_figure(table: pd.DataFrame, source: str):
         return fig
     left = np.zeros(len(table))
     labels = [f"{n:.0e} ads".replace("e+0", "e") for n in table.index]
-    colors = plt.get_cmap("tab20").colors
-    for i, col in enumerate(table.columns):
-        color = "0.75" if col.startswith("host") else colors[i % len(colors)]
+    colors = plots.categorical_colors(len(table.columns))
+    for col, color in zip(table.columns, colors):
+        color = "0.75" if col.startswith("host") else color
         ax.barh(labels, table[col], left=left, label=col, color=color)
         left += table[col].to_numpy()
     ax.set_xlabel("microseconds of one request's call")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    plots.legend_outside(ax, fontsize="small")
     ax.set_title("where one request's time goes (device steps, then the host's share)")
     fig.tight_layout()
     plots.source_note(fig, source)

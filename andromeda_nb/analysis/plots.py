@@ -44,6 +44,9 @@ SVG_HASHSALT = "andromeda-nb"
 #: Metadata that would make two saves of one figure differ (timestamps), removed per format.
 _STABLE_METADATA = {"svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}, "png": {}}
 NOTE_GID = "andromeda-source-note"
+#: The style's colour cycle (andromeda.mplstyle): Okabe-Ito, safe for the common colour-vision
+#: deficiencies, yellow last (hard to see on white).
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442")
 
 
 def style_path() -> Path:
@@ -113,6 +116,34 @@ def save_figure(
             fig.savefig(path, format=fmt, dpi=dpi, bbox_inches="tight", metadata=dict(_STABLE_METADATA[fmt]))
             paths.append(path)
     return paths
+
+
+#: Past eight categories: these palette colours mixed half with white, the ones least like any
+#: palette colour first (the blue's tint is close to the sky blue, the orange's to the yellow).
+_TINTED = ("#D55E00", "#009E73", "#CC79A7", "#000000", "#E69F00", "#0072B2", "#56B4E9", "#F0E442")
+
+
+def categorical_colors(n: int) -> list[str]:
+    """``n`` colours for ``n`` categories in the style's palette: :data:`PALETTE` itself up to
+    eight, then tints of its colours (:data:`_TINTED`), then the sixteen again."""
+    from matplotlib.colors import to_hex, to_rgb
+
+    tints = [to_hex([(c + 1.0) / 2 for c in to_rgb(p)]) for p in _TINTED]
+    both = [p.lower() for p in PALETTE] + tints
+    return [both[i % len(both)] for i in range(n)]
+
+
+def color_map(names: Iterable[str]) -> dict[str, str]:
+    """``{name: colour}`` from :func:`categorical_colors`, in the order given: one colour a
+    category, the same in every figure that maps the same names."""
+    names = list(names)
+    return dict(zip(names, categorical_colors(len(names))))
+
+
+def legend_outside(ax, **kwargs):
+    """The legend to the right of ``ax``, centred, at the style's size: for legends that would
+    cover data inside the axes. Keyword arguments go to ``ax.legend``."""
+    return ax.legend(**{"loc": "center left", "bbox_to_anchor": (1.01, 0.5), **kwargs})
 
 
 def source_note(fig, text: str):

@@ -133,7 +133,7 @@ def figure(summary: dict[str, pd.DataFrame], thr: pd.DataFrame, note: str):
     axes[0].legend(fontsize="small")
     axes[1].set(yscale="log", xlabel="quantile over eligible ads", ylabel="|Δ score| / user's score sd (log)",
                 title="score error vs fp32")
-    axes[1].legend(fontsize="x-small", ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[1].legend(fontsize="small", ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     plots.source_note(fig, note)
     return fig

@@ -101,19 +101,17 @@ def roofline(ax, df: pd.DataFrame, label_col: str = "variant", peak_tflops: floa
 
     One point per row with both ``flops_per_item`` and ``bytes_per_item``.
     """
-    import matplotlib.pyplot as plt
+    from . import plots
 
     rows = df.dropna(subset=["flops_per_item", "bytes_per_item", "items_per_s"])
     bw = ceilings(df)["read"] * 1e12
     x = np.logspace(-1, 3, 200)
     ax.loglog(x, np.minimum(x * bw, peak_tflops * 1e12) / 1e12, color="0.3", lw=1.2, label="roof (read ceiling, fp32 FMA peak)")
     groups = list(rows.groupby(label_col))
-    # a colour a group (the default cycle repeats after 10); tab20 beyond that
-    colors = plt.cm.tab10.colors if len(groups) <= 10 else plt.cm.tab20.colors
-    for i, (name, g) in enumerate(groups):
+    colors = plots.categorical_colors(len(groups))  # a colour a group, in the style's palette
+    for (name, g), color in zip(groups, colors):
         ai = g["flops_per_item"] / g["bytes_per_item"]
-        ax.loglog(ai, g["items_per_s"] * g["flops_per_item"] / 1e12, "o", label=name, alpha=0.85,
-                  color=colors[i % len(colors)])
+        ax.loglog(ai, g["items_per_s"] * g["flops_per_item"] / 1e12, "o", label=name, alpha=0.85, color=color)
     ax.set(xlabel="arithmetic intensity (FLOP / byte moved)", ylabel="achieved TFLOP/s")
     ax.axvline(peak_tflops * 1e12 / bw, color="0.6", ls=":", lw=1)
     return ax

@@ -18,10 +18,10 @@ COUNTED = "counted, not measured: andromeda_nb/score/unfused.py"
 
 def byte_budget(budget: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int):
     """Stacked bars of :func:`.scoring_report.byte_budget`: bytes per ad of each design by step."""
-    ax = budget.plot.barh(stacked=True, figsize=(10, 3.6), colormap="tab20")
+    ax = budget.plot.barh(stacked=True, figsize=(10, 3.6), color=plots.categorical_colors(budget.shape[1]))
     ax.set(xlabel="bytes moved per ad (reads + writes, B)", ylabel="",
            title=f"byte budget, d={d} {dtype}, E={experts}, K={k_experts}")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    plots.legend_outside(ax, fontsize="small")
     plots.source_note(ax.figure, COUNTED)
     return ax.figure
 
@@ -46,7 +46,6 @@ def _sweep_panel(ax, sweep: dict | None, read_TBps: float, d: int, dtype: str) -
         ax.axhline(dot / 1e9, ls="--", color="0.3", label=f"dot product, block top-1000 ({run})")
     ceiling = read_TBps * 1e3 / fused_bytes_per_ad(d, dtype)
     ax.axhline(ceiling, ls=":", color="0.5", label="read ceiling (row + bias bytes)")
-    ax.set_ylim(0, 1.85 * ceiling)  # room above the ceiling line for the legend
     ib = sweep["issue_bound"]
     ax.plot(ib["experts"], ib["items_per_s"] / 1e9, "x", ms=11, mew=2, color="k",
             label="issue-bound from here (model: instructions > issue budget at the read ceiling)")
@@ -55,9 +54,11 @@ def _sweep_panel(ax, sweep: dict | None, read_TBps: float, d: int, dtype: str) -
         ax.plot(x, r["items_per_s"] / 1e9, "*", ms=12, color="C3" if x > 1 else "0.2",
                 label=f"{r['variant'].split('_')[0]}, filter path, latest run ({r['commit'][:7]})")
     ax.set(title=f"d={d} {dtype}, 100M ads; lines: run {run}")
-    ax.text(0.02, 0.03, f"lines' kernel: {sweep['config']}", transform=ax.transAxes, fontsize=7, color="0.3")
+    ax.text(0.02, 0.03, f"lines' kernel: {sweep['config']}", transform=ax.transAxes, fontsize="small", color="0.3")
     ax.set(xlabel="experts E (dot product star at 0.5)", ylabel="G ads/s (fused with top-1000)")
-    ax.legend(fontsize=6.5, loc="upper left")
+    ax.set_ylim(bottom=0)
+    # below the panel: inside, nine entries cover the ceiling line and the dot product's star
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.17), ncol=2, borderaxespad=0)
 
 
 def _by_d_panel(ax, points: pd.DataFrame, d: int, experts: int, k_experts: int) -> None:
@@ -75,9 +76,9 @@ def _by_d_panel(ax, points: pd.DataFrame, d: int, experts: int, k_experts: int) 
     ds = sorted(points["d"].unique()) or [d]
     ax.set(xticks=ds, xticklabels=[str(x) for x in ds], xlabel="embedding dimension d", ylim=(0, None),
            ylabel="G ads/s (scores to memory)", title=f"gated E={experts} K={k_experts}, dot: against d")
-    ax.text(0.02, 0.03, "CUDA-core kernels, latest run of each point; bars: that point's read ceiling",
-            transform=ax.transAxes, fontsize=7, color="0.3")
-    ax.legend(fontsize=7)
+    ax.text(0.02, 0.03, "CUDA-core kernels, latest run of each point;\nbars: that point's read ceiling",
+            transform=ax.transAxes, fontsize="small", color="0.3")
+    ax.legend(fontsize="small")
 
 
 def complexity(sweep: dict | None, points: pd.DataFrame, read_TBps: float, source: str, d: int, dtype: str,
@@ -87,7 +88,8 @@ def complexity(sweep: dict | None, points: pd.DataFrame, read_TBps: float, sourc
     scores to memory against d per dtype (:func:`.scoring_report.by_d_and_dtype`)."""
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.4))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.4))
+    fig.subplots_adjust(bottom=0.33, top=0.93, wspace=0.22)  # room for the left panel's legend below it
     _sweep_panel(ax, sweep, read_TBps, d, dtype)
     _by_d_panel(ax2, points, d, experts, k_experts)
     plots.source_note(fig, source)
@@ -110,7 +112,7 @@ def fusion_cost(fuse: pd.DataFrame, run: str | None, source_path: str, d: int, d
     ax.barh(labels, fuse["G_ads_per_s"], color=["C1" if v.startswith("dot") else "C0" for v in fuse["variant"]])
     for y, (rate, of) in enumerate(zip(fuse["G_ads_per_s"], fuse["of_scoring_alone"])):
         ax.annotate(f"{of:.2f} x its model's scores to memory", (rate, y), xytext=(4, 0), textcoords="offset points",
-                    va="center", fontsize=7)
+                    va="center", fontsize="small")
     ax.set(xlabel="G ads/s", xlim=(0, 1.45 * fuse["G_ads_per_s"].max()),
            title=f"the cost of fusing top-K into scoring, d={d} {dtype}, one run")
     plots.source_note(fig, results.provenance(fuse, source_path))
@@ -124,6 +126,6 @@ def roofline(rows: pd.DataFrame, source: str):
     fig, ax = plt.subplots(figsize=(8, 5))
     results.roofline(ax, usable(rows))
     ax.set(title="roofline: every verified scoring variant", xlim=(0.1, 100))
-    ax.legend(fontsize=7, loc="lower right")
+    plots.legend_outside(ax, fontsize="small")  # inside, it covers points and the ridge
     plots.source_note(fig, source)
     return fig

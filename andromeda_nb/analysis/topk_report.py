@@ -29,6 +29,8 @@ STAGE_LABELS = {"seed": "seed (its sample included)", "filter": "filter (filter 
                 "merge_radix": "merge, radix final (scan path)", "all": "whole call (filter path, default)"}
 SCALING_METHODS = ("block_topk_seeded", "block_topk_seeded_batch_path", "block_topk_onelaunch", "torch.topk",
                    "cupy.argpartition")
+#: One colour a method in every top-K figure (a method not listed is grey).
+METHOD_COLORS = plots.color_map(SCALING_METHODS + ("block_topk", "block_topk_seeded_scan_path"))
 
 
 def is_stage(variant: pd.Series) -> pd.Series:
@@ -132,12 +134,12 @@ def throughput_figure(pivot: pd.DataFrame, source: str):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 6))
-    for i, m in enumerate(pivot.columns):
+    for m in pivot.columns:
         ax.plot(pivot[m].values, np.arange(len(pivot)), "o", ms=7, alpha=0.85, label=m,
-                color=plt.cm.tab20.colors[i % 20])
+                color=METHOD_COLORS.get(m, "0.5"))
     ax.set_yticks(np.arange(len(pivot)), pivot.index)
     ax.set(xscale="log", xlabel="G scores/s (log)", ylabel="", title="top-K vs torch.topk and cupy, same scores")
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    plots.legend_outside(ax)
     plots.source_note(fig, source)
     return fig
 
@@ -168,7 +170,7 @@ def scaling_figure(scale: pd.DataFrame, read_TBps: float, source: str):
     which may come from different runs."""
     import matplotlib.pyplot as plt
 
-    color = dict(zip(SCALING_METHODS, plt.cm.tab10.colors))
+    color = METHOD_COLORS
     fig, (ax_k, ax_n) = plt.subplots(1, 2, figsize=(12, 4))
     for method, g in scale[scale["n_ads"] == HEADLINE_N].groupby("variant"):
         ax_k.plot(g["k"], g["G_scores_per_s"], "o-" if len(g) > 1 else "o", label=method, color=color.get(method))
@@ -182,7 +184,7 @@ def scaling_figure(scale: pd.DataFrame, read_TBps: float, source: str):
     ax_n.set(xscale="log", yscale="log", xlabel="scores n", ylabel="device time per call (µs, log)",
              title=f"k = {HEADLINE_K} (filled: scores in L2; open: from HBM)")
     for ax in (ax_k, ax_n):
-        ax.legend(fontsize=7)
+        ax.legend(fontsize="small")
     plots.source_note(fig, source)
     return fig
 

@@ -14,6 +14,10 @@ The rules of a declaration (:func:`parameters_cell`): only ``name = literal`` or
 ``bool``, ``list`` (``list[int]``), ``dict``, ``None``, ``Literal[...]`` and unions of those with
 ``|``. Without an annotation the default's type is the parameter's type (:func:`validate_params`);
 a ``None`` default needs an annotation (``metrics_dir: str | None = None``).
+
+Relative paths in a notebook (``data/results``, ``figures``) are relative to the repository root:
+the runner runs every notebook there, and :func:`check_parameters` moves a kernel that Jupyter
+started in ``notebooks/`` (Jupyter starts a kernel in its notebook's folder) to that folder's parent.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+
+#: The folder of the series; a kernel started in it runs the notebook from its parent (module doc).
+NOTEBOOKS_FOLDER = "notebooks"
 
 _PASS_LISTS = (
     "pass lists and dicts through a YAML parameters file (notebooks/params/*.yaml) or "
@@ -339,6 +346,16 @@ def _find_notebook(name: str, notebooks_dir: str | os.PathLike | None) -> Path:
     raise FileNotFoundError(f"notebook {stem}.ipynb not found in {', '.join(str(f) for f in folders)}")
 
 
+def _move_to_repository_root(notebook: Path) -> None:
+    """When the working directory is the ``notebooks`` folder holding ``notebook`` (where Jupyter
+    starts its kernel), change it to that folder's parent, where the runner runs the notebook."""
+    cwd = Path.cwd()
+    if cwd.name == NOTEBOOKS_FOLDER and notebook.parent.resolve() == cwd.resolve():
+        os.chdir(cwd.parent)
+        print(f"working directory: {cwd.parent} (the repository root, where `python -m andromeda_nb run` "
+              "runs this notebook)")
+
+
 @dataclass(frozen=True)
 class Notebook:
     """A notebook whose parameters passed :func:`check_parameters`: its name, the values it runs
@@ -372,7 +389,9 @@ def check_parameters(namespace: Mapping[str, Any], notebook: str,
     Call it in the cell after the parameters cell: ``nb = check_parameters(globals(), "02_scoring")``.
     The declarations are read from the notebook file (``notebooks/<notebook>.ipynb`` under the
     working directory, the working directory itself, or the repository's ``notebooks/``), so the
-    parameter list is written once.
+    parameter list is written once. When it is found in the working directory and that is a
+    folder named ``notebooks`` (JupyterLab's kernel), the working directory becomes its parent,
+    the repository root, as in a batch run, and a line says so.
 
     Args:
         namespace: the notebook's globals.
@@ -400,4 +419,6 @@ def check_parameters(namespace: Mapping[str, Any], notebook: str,
         decl.check(namespace[name])
     values = {name: namespace[name] for name in declared}
     metrics_dir = values.get("metrics_dir")
+    if notebooks_dir is None:
+        _move_to_repository_root(path)
     return Notebook(path.stem, values, None if metrics_dir is None else os.fspath(metrics_dir))

@@ -17,10 +17,17 @@ its section, the runner's paths (``figures_dir``, ``metrics_dir``), ``overrides`
 Configuration mistakes (a key no notebook declares, a section for a notebook that does not exist,
 a pattern in ``only`` that matches nothing) raise :class:`ParameterError` before any kernel starts.
 
+Each notebook runs on the kernel its metadata names (``kernelspec.name``, ``python3`` for the
+committed ones); a kernel that is not installed is refused with :class:`KernelNotInstalled`
+before any notebook runs. A notebook succeeds only when it ran to the end: a cell that raised
+(``SystemExit`` included, which papermill itself lets pass when its code is 0 or empty) or a code
+cell left unexecuted (after an early stop, or tagged ``skip-execution``) fails it. Progress bars
+are tqdm's text bars in the executed copies (:mod:`andromeda_nb.runner.text_progress`).
+
 Outputs, under ``out_dir``: ``<stem>.ipynb`` for each notebook that ran to the end (written under
 a temporary name and renamed only on success), ``<stem>.FAILED.ipynb`` for the one that failed
-(the partially executed copy, with papermill's error markers), ``metrics/<stem>.json`` for metrics
-the notebooks record, and ``series.json`` only when every notebook of the run succeeded.
+(the partially executed copy; papermill marks the cell that raised), ``metrics/<stem>.json`` for
+metrics the notebooks record, and ``series.json`` only when every notebook of the run succeeded.
 """
 
 from __future__ import annotations
@@ -42,12 +49,17 @@ from typing import Any, Iterable, Mapping
 import nbformat
 import papermill
 import yaml
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from papermill.exceptions import PapermillExecutionError
 from tqdm.auto import tqdm
 
 from .notebook import Declared, ParametersCellError, parameters_cell
 
-KERNEL_NAME = "python3"
+#: Tag with which nbclient skips a cell; the runner fails a notebook that has one (it never ran).
+SKIP_TAG = "skip-execution"
+#: Kernel arguments of every run on ipykernel: the IPython extension that gives the executed
+#: copies text progress bars.
+KERNEL_ARGUMENTS = ("--ext=andromeda_nb.runner.text_progress",)
 #: Keys the runner sets itself (from ``figures_dir`` and ``out_dir``); a YAML file may not set them.
 RUNNER_KEYS = ("figures_dir", "metrics_dir")
 SERIES_FILE = "series.json"
@@ -64,6 +76,11 @@ class ParameterError(SeriesError, ValueError):
     notebook runs)."""
 
 
+class KernelNotInstalled(SeriesError, LookupError):
+    """A notebook's kernelspec names no kernel installed for this Python, or it names none
+    (raised before any notebook runs; the message names the notebook and the kernel)."""
+
+
 @dataclass(frozen=True)
 class PlannedNotebook:
     """One notebook of a planned run: its source path and the parameters it will receive."""
@@ -72,6 +89,7 @@ class PlannedNotebook:
     source: Path
     parameters: dict[str, Any]
     declared: tuple[str, ...] = ()
+    kernel: str = "python3"
 
 
 @dataclass(frozen=True)
@@ -83,12 +101,14 @@ class NotebookRun:
         path: the executed copy, ``<out_dir>/<name>.ipynb``.
         seconds: wall time of the papermill run (kernel start included).
         parameters: the parameters passed to papermill (the notebook's defaults apply to the rest).
+        kernel: the kernel it ran on (its kernelspec's name).
     """
 
     name: str
     path: Path
     seconds: float
     parameters: dict[str, Any] = field(default_factory=dict)
+    kernel: str = "python3"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -202,6 +222,54 @@ def _select(notebooks: list[Path], only: Iterable[str] | None) -> list[Path]:
     return [p for p in notebooks if p in chosen]
 
 
+def notebook_kernel(notebook: str | os.PathLike) -> str:
+    """The kernel a notebook asks for: the ``name`` of its metadata's ``kernelspec`` (what
+    JupyterLab writes when the notebook is saved).
+
+    Raises:
+        KernelNotInstalled: the notebook names no kernel.
+    """
+    nb = nbformat.read(str(notebook), as_version=4)
+    name = (nb.metadata.get("kernelspec") or {}).get("name")
+    if not name:
+        raise KernelNotInstalled(
+            f"notebook {Path(notebook).name} names no kernel (its metadata has no kernelspec): open it in "
+            "JupyterLab, pick a kernel (Kernel > Change Kernel) and save it"
+        )
+    return str(name)
+
+
+def check_kernels_installed(kernels: Mapping[str, str]) -> None:
+    """Check that every kernel named is installed where this Python's Jupyter looks for kernels
+    (the kernels papermill can start).
+
+    Args:
+        kernels: ``{notebook stem: kernel name}``.
+
+    Raises:
+        KernelNotInstalled: naming the first notebook (in the mapping's order) whose kernel is not
+            installed, the kernel, and the kernels that are.
+    """
+    manager = KernelSpecManager()
+    for stem, kernel in kernels.items():
+        try:
+            manager.get_kernel_spec(kernel)
+        except NoSuchKernel:
+            installed = ", ".join(sorted(manager.find_kernel_specs())) or "none"
+            raise KernelNotInstalled(
+                f"notebook {stem}.ipynb asks for kernel {kernel!r} (its kernelspec), which is not installed for "
+                f"{sys.executable} (installed: {installed}). Register it with the Python it should run "
+                f"(`python -m ipykernel install --user --name {kernel}`), or pick an installed kernel in "
+                "JupyterLab (Kernel > Change Kernel) and save the notebook"
+            ) from None
+
+
+def _kernel_arguments(kernel: str) -> list[str]:
+    """:data:`KERNEL_ARGUMENTS` for a kernel that runs ipykernel (they are IPython options), else none."""
+    argv = KernelSpecManager().get_kernel_spec(kernel).argv
+    return list(KERNEL_ARGUMENTS) if any("ipykernel" in arg for arg in argv) else []
+
+
 def _kernel_path(path: Path, root: Path) -> str:
     """A path as the notebook (running in ``root``) should see it: relative to root when inside it."""
     try:
@@ -233,6 +301,8 @@ def plan_series(
             section key the notebook does not declare; a ``common`` key no notebook declares; an
             ``overrides`` key (or ``backend``) no selected notebook declares; a YAML file that sets
             ``figures_dir`` or ``metrics_dir`` (use the arguments); a bad parameters file.
+        KernelNotInstalled: a selected notebook's kernelspec names a kernel that is not installed
+            (or none).
     """
     all_notebooks = find_notebooks(notebooks_dir)
     root = Path(notebooks_dir).resolve().parent
@@ -288,13 +358,16 @@ def plan_series(
             f"({', '.join(p.stem for p in selected)})"
         )
 
+    kernels = {p.stem: notebook_kernel(p) for p in selected}
+    check_kernels_installed(kernels)
+
     plan = []
     for path in selected:
         names = declared[path.stem]
         values: dict[str, Any] = {}
         for layer in (common, sections.get(path.stem, {}), runner_values, late):
             values.update({k: v for k, v in layer.items() if k in names})
-        plan.append(PlannedNotebook(path.stem, path, values, tuple(names)))
+        plan.append(PlannedNotebook(path.stem, path, values, tuple(names), kernels[path.stem]))
     return plan
 
 
@@ -357,6 +430,48 @@ def _first_line(source: str) -> str:
     return lines[0] if len(lines) == 1 else f"{lines[0]} ..."
 
 
+def _cells(indices: list[int]) -> str:
+    return f"cell {indices[0]}" if len(indices) == 1 else f"cells {', '.join(map(str, indices))}"
+
+
+def why_unfinished(nb: nbformat.NotebookNode) -> str | None:
+    """Why an executed notebook did not run to the end, or None when it did.
+
+    It did not when a code cell holds an error (papermill returns normally from a ``SystemExit``
+    whose code is 0 or empty, having stopped there) or when a code cell with source has no
+    execution count: a cell after such a stop, or one tagged ``skip-execution`` (nbclient skips it).
+
+    Returns:
+        ``"in cell I (execution count N): Ename: value; cells J, K never ran"`` and the like, the
+        indices those of ``nb.cells``, followed by ``"\n  cell source: <first line>"``.
+    """
+    code = [(index, cell) for index, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    never_ran = [index for index, cell in code if cell.source.strip() and cell.get("execution_count") is None]
+    for index, cell in code:
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            count = cell.get("execution_count")
+            what = f"{errors[0].get('ename', 'error')}: {errors[0].get('evalue', '')}".rstrip(": ")
+            msg = f"in cell {index}" + (f" (execution count {count})" if count is not None else "") + f": {what}"
+            after = [i for i in never_ran if i > index]
+            if after:
+                msg += f"; {_cells(after)} never ran"
+            return msg + _source_line(cell.source)
+    if never_ran:
+        first = nb.cells[never_ran[0]]
+        skipped = [i for i in never_ran if SKIP_TAG in nb.cells[i].get("metadata", {}).get("tags", [])]
+        msg = f"{_cells(never_ran)} never ran"
+        if skipped:
+            msg += f" ({_cells(skipped)} tagged {SKIP_TAG!r})"
+        return msg + _source_line(first.source)
+    return None
+
+
+def _source_line(source: str) -> str:
+    line = _first_line(source)
+    return f"\n  cell source: {line}" if line else ""
+
+
 def _describe_failure(name: str, exc: BaseException, partial: Path | None) -> str:
     if isinstance(exc, PapermillExecutionError):
         index, count, source = exc.cell_index, exc.exec_count, exc.source or ""
@@ -369,11 +484,7 @@ def _describe_failure(name: str, exc: BaseException, partial: Path | None) -> st
         where = "before any cell ran"
     else:
         where = f"in cell {index}" + (f" (execution count {count})" if count is not None else "")
-    msg = f"notebook {name}.ipynb failed {where}: {what}"
-    line = _first_line(source)
-    if line:
-        msg += f"\n  cell source: {line}"
-    return msg
+    return f"notebook {name}.ipynb failed {where}: {what}" + _source_line(source)
 
 
 def run_series(
@@ -406,7 +517,9 @@ def run_series(
 
     Raises:
         ParameterError: the configuration does not fit the notebooks (nothing has run).
-        SeriesError: a notebook raised, its kernel died or a cell timed out. The message names the
+        KernelNotInstalled: a selected notebook's kernel is not installed (nothing has run).
+        SeriesError: a notebook raised (``SystemExit`` included), stopped early or skipped a cell
+            (:func:`why_unfinished`), its kernel died or a cell timed out. The message names the
             notebook and the cell; the partial copy is ``<out_dir>/<stem>.FAILED.ipynb``; no
             ``series.json`` is written; the notebooks after it do not run.
     """
@@ -432,16 +545,18 @@ def run_series(
         t0 = time.perf_counter()
         try:
             with _quiet_papermill_parameter_check():
-                papermill.execute_notebook(
+                executed = papermill.execute_notebook(
                     str(item.source.resolve()),
                     str(tmp),
                     parameters=item.parameters,
-                    kernel_name=KERNEL_NAME,
+                    kernel_name=item.kernel,
                     progress_bar={"desc": item.name, "leave": False, "position": 1} if progress else False,
                     log_output=False,
                     cwd=str(root),
                     execution_timeout=execution_timeout,
+                    extra_arguments=_kernel_arguments(item.kernel),
                 )
+            unfinished = why_unfinished(executed)
         except BaseException as exc:
             partial = tmp if tmp.exists() and tmp.stat().st_size > 0 else None
             message = _describe_failure(item.name, exc, partial)
@@ -453,12 +568,17 @@ def run_series(
                 raise SeriesError(message) from exc
             raise
         else:
+            if unfinished is not None:  # papermill returned, but the notebook stopped early
+                os.replace(tmp, failed)
+                bar.close()
+                raise SeriesError(f"notebook {item.name}.ipynb did not run to the end: {unfinished}"
+                                  f"\n  executed copy: {_kernel_path(failed, Path.cwd().resolve())}")
             os.replace(tmp, final)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         seconds = time.perf_counter() - t0
-        runs.append(NotebookRun(item.name, final, seconds, dict(item.parameters)))
+        runs.append(NotebookRun(item.name, final, seconds, dict(item.parameters), item.kernel))
     bar.close()
 
     record = {

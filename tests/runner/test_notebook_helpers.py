@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -153,6 +154,33 @@ def test_check_parameters_reads_the_notebook_once_and_records(tmp_path, capsys):
         check_parameters({k: v for k, v in values.items() if k != "scale"}, "07_demo", notebooks_dir=tmp_path)
     with pytest.raises(FileNotFoundError, match="08_none.ipynb not found"):
         check_parameters(values, "08_none", notebooks_dir=tmp_path)
+
+
+def test_a_kernel_started_in_notebooks_runs_in_the_repository_root(tmp_path, monkeypatch, capsys):
+    """JupyterLab starts the kernel in notebooks/; the runner runs the notebook in its parent."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    _notebook(folder / "07_demo.ipynb", ("x = 1", ["parameters"]))
+    monkeypatch.chdir(folder)
+    with pytest.raises(TypeError):  # a failed check moves nothing
+        check_parameters({"x": "one"}, "07_demo")
+    assert Path.cwd() == folder
+    check_parameters({"x": 2}, "07_demo")
+    assert Path.cwd() == tmp_path
+    assert f"working directory: {tmp_path} (the repository root" in capsys.readouterr().out
+    check_parameters({"x": 2}, "07_demo")  # run again from the root: found in notebooks/, stays
+    assert Path.cwd() == tmp_path and not capsys.readouterr().out
+
+
+@pytest.mark.parametrize("folder_name, notebooks_dir", [("scratch", None), ("notebooks", ".")])
+def test_a_kernel_stays_where_it_is_outside_notebooks_or_told_where_the_notebook_is(tmp_path, monkeypatch, capsys,
+                                                                                     folder_name, notebooks_dir):
+    folder = tmp_path / folder_name
+    folder.mkdir()
+    _notebook(folder / "07_demo.ipynb", ("x = 1", ["parameters"]))
+    monkeypatch.chdir(folder)
+    check_parameters({"x": 2}, "07_demo", notebooks_dir=notebooks_dir)
+    assert Path.cwd() == folder and not capsys.readouterr().out
 
 
 def test_parameters_cell_missing_or_tagged_twice(tmp_path):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -14,7 +16,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from andromeda_nb.runner import series as runner
 from andromeda_nb.__main__ import main
-from andromeda_nb.runner.series import ParameterError, SeriesError, plan_series, run_series
+from andromeda_nb.runner.series import (KernelNotInstalled, ParameterError, SeriesError, plan_series, run_series,
+                                        why_unfinished)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,19 +30,29 @@ out.mkdir(parents=True, exist_ok=True)
 (out / "good.json").write_text(json.dumps({"seed": seed, "ks": ks, "label": label, "cwd": os.getcwd()}))
 record("n_ks", len(ks), metrics_dir=metrics_dir, notebook="01_good")
 """
+PROGRESS_BAR = 'from tqdm.auto import tqdm\ntotal = sum(tqdm(range(3), desc="a bar"))'
 
 
-def write_notebook(path: Path, cells: list[tuple[str, str | None]]) -> Path:
-    """cells: (source, kind) with kind None (code), "parameters" (tagged code cell) or "md"."""
+@pytest.fixture(autouse=True)
+def kernels_import_this_checkout(monkeypatch):
+    """The kernels papermill starts (in a temporary folder) import the package under test, not
+    whichever checkout the environment's editable install points at."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+
+def write_notebook(path: Path, cells: list[tuple[str, str | None]], kernel: str | None = "python3") -> Path:
+    """cells: (source, kind) with kind None (code), "md", or a tag of a code cell ("parameters",
+    "skip-execution"); kernel: the kernelspec's name (None: no kernelspec)."""
     nb = new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    if kernel is not None:
+        nb.metadata["kernelspec"] = {"name": kernel, "display_name": kernel, "language": "python"}
     for source, kind in cells:
         if kind == "md":
             nb.cells.append(new_markdown_cell(source))
             continue
         cell = new_code_cell(source)
-        if kind == "parameters":
-            cell.metadata["tags"] = ["parameters"]
+        if kind is not None:
+            cell.metadata["tags"] = [kind]
         nb.cells.append(cell)
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(path))
@@ -54,6 +67,7 @@ def series(tmp_path):
         ("import json, os, pathlib\nfrom andromeda_nb.runner.notebook import record", None),
         (GOOD_PARAMS, "parameters"),
         (GOOD_BODY, None),
+        (PROGRESS_BAR, None),
     ])
     write_notebook(nbdir / "02_bad.ipynb", [
         ("x = 1", None),
@@ -113,12 +127,19 @@ def test_successful_run_typed_yaml_params_series_json(series, monkeypatch):
     assert not (out / "01_good.FAILED.ipynb").exists()
     assert not list(out.glob(".*running*"))  # temporary copies are gone
     assert json.loads((out / "metrics" / "01_good.json").read_text()) == {"n_ks": 2}
+    # tqdm.auto's bar is text in the executed copy (no widget to lose, no "IProgress not found")
+    bar_outputs = executed.cells[-1].outputs
+    assert not [o for o in bar_outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    bar_text = "".join(o.get("text", "") for o in bar_outputs if o.output_type == "stream")
+    assert "a bar: 100%" in bar_text and "3/3" in bar_text, bar_text
+    assert "IProgress" not in bar_text
 
     record = json.loads((out / "series.json").read_text())
     assert [n["name"] for n in record["notebooks"]] == ["01_good"]
     assert record["notebooks"][0]["parameters"]["ks"] == [10, 50]
     assert record["notebooks"][0]["seconds"] > 0
     assert record["timestamp"] and "commit" in record
+    assert record["notebooks"][0]["kernel"] == "python3"
     assert not (root / "after-ran.txt").exists()
 
 
@@ -179,6 +200,74 @@ def test_cell_timeout_is_reported_like_a_failure(tmp_path, monkeypatch):
     assert not (tmp_path / "out" / "series.json").exists()
 
 
+@pytest.mark.notebook
+@pytest.mark.parametrize("stop, error", [("import sys\nsys.exit(0)", "SystemExit: 0"), ("raise SystemExit", "SystemExit")])
+def test_a_notebook_that_exits_early_fails_the_series_naming_it(tmp_path, monkeypatch, capsys, stop, error):
+    """papermill returns normally from SystemExit(0) or a bare SystemExit; the runner does not."""
+    monkeypatch.chdir(tmp_path)
+    write_notebook(tmp_path / "notebooks" / "01_exits.ipynb", [
+        ("seed = 0", "parameters"),
+        (stop, None),
+        ('open("after-exit.txt", "w").write("ran")', None),
+    ])
+    write_notebook(tmp_path / "notebooks" / "02_next.ipynb", [('open("next-ran.txt", "w").write("ran")', None)])
+    out = tmp_path / "out"
+    rc = main(["run", "--params", str(write_yaml(tmp_path / "p.yaml", {"common": {}})), "--out", "out",
+               "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert (f"notebook 01_exits.ipynb did not run to the end: in cell 1 (execution count 2): {error}; "
+            "cell 2 never ran") in err, err
+    assert f"cell source: {stop.splitlines()[0]}" in err
+    assert "01_exits.FAILED.ipynb" in err and (out / "01_exits.FAILED.ipynb").is_file()
+    assert not (out / "01_exits.ipynb").exists() and not (out / "series.json").exists()
+    assert not (tmp_path / "after-exit.txt").exists() and not (tmp_path / "next-ran.txt").exists()
+    assert not list(out.glob(".*running*"))
+
+
+@pytest.mark.notebook
+def test_a_cell_left_unexecuted_fails_the_notebook(tmp_path, monkeypatch):
+    """nbclient skips a cell tagged skip-execution: the executed copy would show it as never run."""
+    monkeypatch.chdir(tmp_path)
+    write_notebook(tmp_path / "notebooks" / "01_skips.ipynb", [
+        ("seed = 0", "parameters"),
+        ('open("skipped.txt", "w").write("ran")', "skip-execution"),
+        ("x = 1", None),
+        ("", None),  # an empty cell is never executed, and that is fine
+    ])
+    with pytest.raises(SeriesError) as info:
+        run_series(params=None, out_dir="out", progress=False)
+    assert str(info.value).startswith(
+        "notebook 01_skips.ipynb did not run to the end: cell 1 never ran (cell 1 tagged 'skip-execution')\n"
+        '  cell source: open("skipped.txt", "w").write("ran")'), str(info.value)
+    assert (tmp_path / "out" / "01_skips.FAILED.ipynb").is_file()
+    assert not (tmp_path / "out" / "01_skips.ipynb").exists() and not (tmp_path / "out" / "series.json").exists()
+    assert not (tmp_path / "skipped.txt").exists()
+
+
+def test_why_unfinished_reads_the_executed_copy():
+    def executed(*cells):
+        nb = new_notebook()
+        for source, count, outputs in cells:
+            if count == "md":
+                nb.cells.append(new_markdown_cell(source))
+                continue
+            cell = new_code_cell(source, execution_count=count)
+            cell.outputs = [nbformat.v4.new_output(**o) for o in outputs]
+            nb.cells.append(cell)
+        return nb
+
+    ok = executed(("x = 1", 1, []), ("# notes", "md", []), ("", None, []), ("print(x)", 2, []))
+    assert why_unfinished(ok) is None
+    # no error output, yet the last cells never ran (a kernel that stopped without one)
+    stopped = executed(("x = 1", 1, []), ("y = 2", None, []), ("z = 3", None, []))
+    assert why_unfinished(stopped) == "cells 1, 2 never ran\n  cell source: y = 2"
+    error = {"output_type": "error", "ename": "SystemExit", "evalue": "0", "traceback": []}
+    exited = executed(("x = 1", 1, []), ("exit_now()", 2, [error]), ("z = 3", None, []))
+    assert why_unfinished(exited) == (
+        "in cell 1 (execution count 2): SystemExit: 0; cell 2 never ran\n  cell source: exit_now()")
+
+
 # ------------------------------------------------------------------------------------------------
 # configuration errors: raised before anything runs (no kernel starts)
 # ------------------------------------------------------------------------------------------------
@@ -231,6 +320,25 @@ def test_a_parameters_cell_that_breaks_the_rules_is_refused_before_running(serie
     write_notebook(series / "notebooks" / "04_broken.ipynb", [(cell, "parameters")])
     with pytest.raises(ParameterError, match=expected):
         run_series(params=None, only=["01_good"], progress=False)
+
+
+@pytest.mark.parametrize("kernel, expected", [
+    ("no-such-kernel", r"notebook 02_bad\.ipynb asks for kernel 'no-such-kernel' \(its kernelspec\), which is not "
+                       r"installed for .*\(installed: [^)]*python3"),
+    (None, r"notebook 02_bad\.ipynb names no kernel \(its metadata has no kernelspec\)"),
+])
+def test_a_kernel_that_is_not_installed_is_refused_before_running(series, monkeypatch, capsys, no_kernel, kernel,
+                                                                  expected):
+    monkeypatch.chdir(series)
+    write_notebook(series / "notebooks" / "02_bad.ipynb", [("seed = 0", "parameters")], kernel=kernel)
+    with pytest.raises(KernelNotInstalled, match=expected):
+        run_series(params=None, out_dir="out", progress=False)
+    rc = main(["run", "--params", str(write_yaml(series / "p.yaml", {"common": {}})), "--out", "out"])
+    assert rc == 1
+    assert re.search(expected, capsys.readouterr().err)
+    assert not (series / "out").exists()
+    # only the notebooks being run need their kernel
+    assert [p.kernel for p in plan_series(params=None, only=["01_good", "03_after"])] == ["python3", "python3"]
 
 
 def test_cli_config_error_exits_1(series, monkeypatch, capsys, no_kernel):
