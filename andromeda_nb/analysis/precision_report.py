@@ -106,19 +106,26 @@ def metrics(summary: dict[str, pd.DataFrame]) -> dict[str, float]:
 
 def figure(summary: dict[str, pd.DataFrame], thr: pd.DataFrame, note: str):
     """Left: recall@100 lost against fp32 per dtype (mean ± sd), each dtype labelled with its bytes
-    per ad and the kernel's measured ads/s. Right: score error quantiles against fp32."""
+    per ad and the kernel's measured ads/s. Right: score error quantiles against fp32. In both
+    panels the colour is the dtype and the marker (and line style) the dataset."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1, 1.25]})
     order = [x for x in quality.PRECISION_DTYPES if any(x in s.index for s in summary.values())]
+    colour = {x: plots.PALETTE[i % len(plots.PALETTE)] for i, x in enumerate(order)}
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
     for j, (ds, s) in enumerate(summary.items()):
-        xs = np.array([order.index(x) for x in s.index]) + (j - (len(summary) - 1) / 2) * 0.15
-        axes[0].errorbar(xs, s[("mean", "recall@100_delta_pp")], yerr=s[("std", "recall@100_delta_pp")].fillna(0),
-                         fmt="o", capsize=3, label=ds)
+        marker, line = styles[j % len(styles)]
+        offset = (j - (len(summary) - 1) / 2) * 0.15
+        for d in s.index:
+            axes[0].errorbar(order.index(d) + offset, s.loc[d, ("mean", "recall@100_delta_pp")],
+                             yerr=np.nan_to_num(s.loc[d, ("std", "recall@100_delta_pp")]), fmt=marker,
+                             color=colour[d], capsize=3)
         q = s[[("mean", m) for m in ERROR_QUANTILES]].drop(index="fp32", errors="ignore")
         q.columns = list(ERROR_QUANTILES.values())
         for d, row in q.iterrows():
-            axes[1].plot(row.index, row.to_numpy(), "o-" if j == 0 else "s--", label=f"{ds} {d}")
+            axes[1].plot(row.index, row.to_numpy(), marker=marker, ls=line, color=colour[d])
     any_s = next(iter(summary.values()), None)
     labels = []
     for x in order:
@@ -130,10 +137,13 @@ def figure(summary: dict[str, pd.DataFrame], thr: pd.DataFrame, note: str):
     axes[0].text(len(order) - 0.5, TARGET_DELTA_PP, f"target ±{TARGET_DELTA_PP} pp", ha="right", va="bottom",
                  fontsize="x-small", color="0.4")
     axes[0].set(ylabel="Δ recall@100 vs fp32 (percentage points)", title="quality loss per dtype")
-    axes[0].legend(fontsize="small")
+    dataset_keys = [Line2D([], [], color="0.3", marker=styles[j % len(styles)][0], ls=styles[j % len(styles)][1],
+                           label=ds) for j, ds in enumerate(summary)]
+    axes[0].legend(handles=dataset_keys, fontsize="small", loc="lower left")
     axes[1].set(yscale="log", xlabel="quantile over eligible ads", ylabel="|Δ score| / user's score sd (log)",
-                title="score error vs fp32")
-    axes[1].legend(fontsize="small", ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+                title="score error vs fp32 (equal errors overlap)")
+    dtype_keys = [Line2D([], [], color=colour[d], lw=3, label=d) for d in order if d != "fp32"]
+    axes[1].legend(handles=dtype_keys + dataset_keys, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     plots.source_note(fig, note)
     return fig

@@ -145,20 +145,25 @@ def throughput_figure(pivot: pd.DataFrame, source: str):
 
 
 def stages_figure(stages: pd.DataFrame, source: str):
-    """One panel a shape (n, k, batch): device time of each stage timed alone."""
+    """One panel a shape (n, k, batch), stacked: device time of each stage timed alone."""
     import matplotlib.pyplot as plt
 
     shapes = sorted(stages.groupby(["n_ads", "k", "batch"]).groups)
-    fig, axes = plt.subplots(1, max(1, len(shapes)), figsize=(6 * max(1, len(shapes)), 3.5), squeeze=False)
+    counts = [int(((stages["n_ads"] == n) & (stages["k"] == k) & (stages["batch"] == b)).sum())
+              for n, k, b in shapes] or [1]
+    fig, axes = plt.subplots(len(counts), 1, figsize=(8, 1.0 * len(counts) + 0.3 * sum(counts)), squeeze=False,
+                             gridspec_kw={"height_ratios": counts})
     if not shapes:
         plots.no_data(axes[0, 0], "no committed stage timings")
-    for ax, (n, k, b) in zip(axes[0], shapes):
+    for ax, (n, k, b) in zip(axes[:, 0], shapes):
         one = stages[(stages["n_ads"] == n) & (stages["k"] == k) & (stages["batch"] == b)]
-        one.set_index("label")["latency_us"].plot.barh(ax=ax, color="0.4")
+        ax.barh(one["label"], one["latency_us"], color="C0")
+        for y, v in enumerate(one["latency_us"]):
+            ax.text(v, y, f" {v:.0f}", va="center", fontsize="x-small")
         ax.invert_yaxis()  # pipeline order, top to bottom
-        what = f"{int(b):,} requests x {int(n):,}" if b > 1 else f"n = {int(n):,}"
-        ax.set(xlabel="device time (µs)", ylabel="",
-               title=f"{what}, k = {int(k)} ({_where(n, b)})\ndevice time per stage")
+        what = f"{int(b):,} requests x {int(n):,} scores" if b > 1 else f"n = {int(n):,} scores"
+        ax.set(xlabel="device time (µs)", ylabel="", title=f"{what}, k = {int(k)} ({_where(n, b)})")
+        ax.set_xlim(0, one["latency_us"].max() * 1.15)
     fig.tight_layout()
     plots.source_note(fig, source)
     return fig

@@ -48,8 +48,10 @@ from typing import Any, Iterable, Mapping
 
 import nbformat
 import papermill
+import traitlets
 import yaml
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from jupyter_client.manager import AsyncKernelManager
 from papermill.exceptions import PapermillExecutionError
 from tqdm.auto import tqdm
 
@@ -262,6 +264,15 @@ def check_kernels_installed(kernels: Mapping[str, str]) -> None:
                 f"(`python -m ipykernel install --user --name {kernel}`), or pick an installed kernel in "
                 "JupyterLab (Kernel > Change Kernel) and save the notebook"
             ) from None
+
+
+class _LocalKernelManager(AsyncKernelManager):
+    """The kernel of a series run talks to papermill over Unix sockets where there are any: both
+    run on this machine, and ipykernel warns about unencrypted TCP once a notebook."""
+
+    @traitlets.default("transport")
+    def _default_transport(self) -> str:
+        return "ipc" if os.name == "posix" else "tcp"
 
 
 def _kernel_arguments(kernel: str) -> list[str]:
@@ -555,6 +566,7 @@ def run_series(
                     cwd=str(root),
                     execution_timeout=execution_timeout,
                     extra_arguments=_kernel_arguments(item.kernel),
+                    kernel_manager_class=_LocalKernelManager,
                 )
             unfinished = why_unfinished(executed)
         except BaseException as exc:
