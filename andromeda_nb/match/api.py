@@ -66,13 +66,19 @@ PLAN_ARRAYS = ("req_cat", "inc_ptr", "inc_rows", "exc_ptr", "exc_rows", "p_start
 
 @dataclass
 class BatchPlan:
-    """A batch of requests planned on the host (:meth:`DeviceTargetingIndex.plan_batch`): ``arrays``
-    maps each of :data:`PLAN_ARRAYS` to a host int64 array; the other fields as :class:`PreparedMatch`."""
+    """A batch of requests planned on the host (:meth:`DeviceTargetingIndex.plan_batch`).
 
-    plans: list
+    ``flat``: the :data:`PLAN_ARRAYS` back to back, each padded to at least one element (a zero),
+    as the match kernels take them (one upload); ``sizes``: their true lengths; ``arrays``: each
+    as a view of ``flat``. ``n_words``, ``n_bits``: the bitset span matched (the pool or a prefix);
+    ``n_prep`` / ``n_post``: list entries the prep and post passes read; ``n_scratch``: patch rows;
+    ``version``: the index version planned for; ``prep_segments`` / ``post_segments``: the list
+    passes' segments, how many and the longest (the segment-grid kernels' shape)."""
+
     n_words: int
     n_bits: int
-    arrays: dict
+    flat: np.ndarray
+    sizes: np.ndarray
     n_prep: int
     n_post: int
     n_scratch: int
@@ -80,36 +86,94 @@ class BatchPlan:
     profiles: list
     prep_segments: tuple
     post_segments: tuple
+    index: TargetingIndex  # the host index planned from (for :attr:`plans`)
 
     @property
     def batch(self) -> int:
-        return len(self.plans)
+        return len(self.profiles)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Where each array starts in ``flat`` (and its end): ``[len(PLAN_ARRAYS) + 1]``."""
+        o = np.zeros(len(PLAN_ARRAYS) + 1, np.int64)
+        np.cumsum(np.maximum(self.sizes, 1), out=o[1:])
+        return o
+
+    @property
+    def arrays(self) -> dict:
+        o = self.offsets
+        return {name: self.flat[o[i]:o[i] + self.sizes[i]] for i, name in enumerate(PLAN_ARRAYS)}
+
+    @property
+    def plans(self) -> list:
+        """Each request's :class:`~andromeda_nb.targeting.MatchPlan` (computed in Python on demand:
+        the byte model and the benchmarks read them; the match needs only the arrays)."""
+        return [self.index.plan(make_profile(self.index.schema, p)) for p in self.profiles]
 
 
 @dataclass
 class PreparedMatch:
-    """A batch of requests planned and uploaded, ready to launch (:meth:`DeviceTargetingIndex.launch`).
+    """A batch of requests planned and uploaded, ready to launch (:meth:`DeviceTargetingIndex.launch`):
+    the host :class:`BatchPlan` (``plan``) and ``args``, its arrays on the device."""
 
-    ``plans``: the host plans; ``n_words``, ``n_bits``: the bitset span matched (the pool or a
-    prefix); ``args``: device arrays; ``version``: the index version the plans were made for.
-    """
-
-    plans: list
-    n_words: int
-    n_bits: int
+    plan: BatchPlan
     args: dict
-    n_prep: int
-    n_post: int
-    n_scratch: int
-    version: int
-    profiles: list = None
-    #: the list passes' segments: how many, and the longest (the segment-grid kernels' shape)
-    prep_segments: tuple = (0, 0)
-    post_segments: tuple = (0, 0)
 
-    @property
-    def batch(self) -> int:
-        return len(self.plans)
+    batch = property(lambda self: self.plan.batch)
+    plans = property(lambda self: self.plan.plans)
+    profiles = property(lambda self: self.plan.profiles)
+    n_words = property(lambda self: self.plan.n_words)
+    n_bits = property(lambda self: self.plan.n_bits)
+    n_prep = property(lambda self: self.plan.n_prep)
+    n_post = property(lambda self: self.plan.n_post)
+    n_scratch = property(lambda self: self.plan.n_scratch)
+    version = property(lambda self: self.plan.version)
+    prep_segments = property(lambda self: self.plan.prep_segments)
+    post_segments = property(lambda self: self.plan.post_segments)
+
+
+def _encode_profiles(schema, pos: dict, profiles: list) -> tuple[np.ndarray, np.ndarray]:
+    """Profiles as ``(keys, values)``, int64: ``keys = request * n_categories + category``, one
+    entry a value. The common containers (a dict of ints and lists of ints) are read directly;
+    anything else goes through :func:`~andromeda_nb.targeting.make_profile`, which validates it
+    (and raises on a malformed one). Ranges and single-valued categories are checked by the planner."""
+    C = len(schema)
+    keys: list = []
+    vals: list = []
+    for b, prof in enumerate(profiles):
+        if type(prof) is not dict or not _encode_one(prof, pos, b * C, keys, vals):
+            n = len(keys)
+            while n and keys[n - 1] >= b * C:  # drop this request's partial entries
+                n -= 1
+            del keys[n:], vals[n:]
+            _encode_one(make_profile(schema, prof), pos, b * C, keys, vals)
+    try:
+        return np.array(keys, np.int64), np.array(vals, np.int64)
+    except OverflowError:  # a value past int64: make_profile names it
+        for prof in profiles:
+            make_profile(schema, prof)
+        raise
+
+
+def _encode_one(prof: dict, pos: dict, base: int, keys: list, vals: list) -> bool:
+    """Append one profile's values; False where a key or value needs :func:`make_profile`."""
+    for cat, vs in prof.items():
+        ci = pos.get(cat) if type(cat) is str else None
+        if ci is None:
+            return False
+        tv = type(vs)
+        if tv is int:
+            keys.append(base + ci)
+            vals.append(vs)
+            continue
+        if tv is not list and tv is not tuple and tv is not set and tv is not frozenset:
+            return False
+        for v in vs:
+            if type(v) is not int:
+                return False
+            keys.append(base + ci)
+            vals.append(v)
+    return True
 
 
 class DeviceTargetingIndex:
@@ -134,6 +198,7 @@ class DeviceTargetingIndex:
         self._version = index.version
         self._scratch = None
         self._stager = Stager(staging_regions)
+        self._schema_view = None
 
     n_ads = property(lambda self: self.index.n_ads)
     n_words = property(lambda self: self.index.n_words)
@@ -218,21 +283,33 @@ class DeviceTargetingIndex:
             RuleError: a malformed profile. ValueError: exclude slots out of range, too many requests.
         """
         plan = self.plan_batch(profiles, exclude_slots, n_words)
-        views = self._stager.upload([plan.arrays[name] for name in PLAN_ARRAYS])
+        arrays = plan.arrays
+        views = self._stager.upload([arrays[name] for name in PLAN_ARRAYS])
         args = dict(zip(PLAN_ARRAYS, views))
         # empty segment tables: a zero-length table still needs seg_off[0] == 0 and length-0 dst
-        args["p_dst"] = args["p_dst"][:plan.arrays["p_dst"].size]
-        args["q_op"] = args["q_op"][:plan.arrays["q_op"].size]
-        return PreparedMatch(plans=plan.plans, n_words=plan.n_words, n_bits=plan.n_bits, args=args,
-                             n_prep=plan.n_prep, n_post=plan.n_post, n_scratch=plan.n_scratch, version=plan.version,
-                             profiles=plan.profiles, prep_segments=plan.prep_segments,
-                             post_segments=plan.post_segments)
+        args["p_dst"] = args["p_dst"][:arrays["p_dst"].size]
+        args["q_op"] = args["q_op"][:arrays["q_op"].size]
+        return PreparedMatch(plan=plan, args=args)
+
+    def _schema_tables(self) -> tuple[dict, np.ndarray]:
+        """The planner's view of the schema: category positions, and which take several values."""
+        if self._schema_view is None:
+            schema = self.index.schema
+            self._schema_view = ({c.name: i for i, c in enumerate(schema)},
+                                 np.array([c.multi_valued for c in schema], np.bool_))
+        return self._schema_view
 
     def plan_batch(self, profiles: Sequence[Mapping], exclude_slots=None, n_words: int | None = None,
                    grouped: bool = True) -> "BatchPlan":
         """The host half of :meth:`prepare`: the batch's plans as flat int64 arrays (:data:`PLAN_ARRAYS`),
         not uploaded (a serving loop uploads them into its own buffers). Same arguments and errors;
-        ``grouped=False`` leaves the grouped match kernel's op arrays empty (``req_op`` all zero)."""
+        ``grouped=False`` leaves the grouped match kernel's op arrays empty (``req_op`` all zero).
+
+        Each request's rows are those of :meth:`~andromeda_nb.targeting.TargetingIndex.plan`, laid
+        out by a compiled planner (:mod:`.plan_kernels`) from the index's current tables."""
+        from .kernels import OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
+        from .plan_kernels import OK, plan_batch_kernel
+
         idx = self.index
         profiles = list(profiles)
         B = len(profiles)
@@ -245,66 +322,25 @@ class DeviceTargetingIndex:
         if not (0 < nw <= idx.n_words or nw == idx.n_words == 0):  # an empty pool matches nothing
             raise ValueError(f"n_words must be in 1..{idx.n_words}")
         n_bits = min(idx.n_ads, nw * WORD_BITS)
-        plans = [idx.plan(make_profile(idx.schema, p)) for p in profiles]
+        pos, multi = self._schema_tables()
+        keys, vals = _encode_profiles(idx.schema, pos, profiles)
         excl = [None if e is None else table_slots(e, idx.n_ads) for e in excl]
-        nr = idx.n_rows
-        req_cat, inc_ptr, exc_ptr, inc_rows, exc_rows = [0], [0], [0], [], []
-        p_start, p_len, p_dst = [], [], []
-        q_start, q_len, q_op, q_arg = [], [], [], []
-        extra, n_extra, scratch_base = [], 0, 0
-        req_op, op_row, op_kind = [0], [], []
-        for b, plan in enumerate(plans):
-            req_cat.append(req_cat[-1] + plan.n_categories)
-            inc_ptr.extend((plan.inc_ptr[1:] + len(inc_rows)).tolist())
-            exc_ptr.extend((plan.exc_ptr[1:] + len(exc_rows)).tolist())
-            mapped = np.where(plan.inc_rows < 0, nr + scratch_base - 1 - plan.inc_rows, plan.inc_rows)
-            inc_rows.extend(mapped.tolist())
-            exc_rows.extend(plan.exc_rows.tolist())
-            if grouped:
-                r, kd = plan_ops(plan.inc_ptr, mapped, plan.exc_ptr, plan.exc_rows)
-                op_row.extend(r.tolist())
-                op_kind.extend(kd.tolist())
-            req_op.append(len(op_row))
-            for k, lids in enumerate(plan.patch_lists):
-                s, ln = idx.segments(lids)
-                p_start += s.tolist()
-                p_len += ln.tolist()
-                p_dst += [scratch_base + k] * s.size
-                q_start += s.tolist()
-                q_len += ln.tolist()
-                q_op += [2] * s.size
-                q_arg += [scratch_base + k] * s.size
-            s, ln = idx.segments(plan.exclude_lists)
-            q_start += s.tolist()
-            q_len += ln.tolist()
-            q_op += [0] * s.size
-            q_arg += [b] * s.size
-            if excl[b] is not None and excl[b].size:
-                q_start.append(n_extra)
-                q_len.append(int(excl[b].size))
-                q_op.append(1)
-                q_arg.append(b)
-                extra.append(excl[b])
-                n_extra += int(excl[b].size)
-            scratch_base += plan.n_patches
-
-        def off(lengths):
-            o = np.zeros(len(lengths) + 1, np.int64)
-            np.cumsum(lengths, out=o[1:])
-            return o
-
-        p_off, q_off = off(p_len), off(q_len)
-        arrays = [np.array(req_cat, np.int64), np.array(inc_ptr, np.int64), np.array(inc_rows, np.int64),
-                  np.array(exc_ptr, np.int64), np.array(exc_rows, np.int64),
-                  np.array(p_start, np.int64), p_off, np.array(p_dst, np.int64),
-                  np.array(q_start, np.int64), q_off, np.array(q_op, np.int64), np.array(q_arg, np.int64),
-                  np.concatenate(extra) if extra else np.zeros(0, np.int64),
-                  np.array(req_op, np.int64), np.array(op_row, np.int64), np.array(op_kind, np.int64)]
-        return BatchPlan(plans=plans, n_words=nw, n_bits=n_bits, arrays=dict(zip(PLAN_ARRAYS, arrays)),
-                         n_prep=int(p_off[-1]), n_post=int(q_off[-1]), n_scratch=scratch_base,
-                         version=self.index.version, profiles=profiles,
-                         prep_segments=(len(p_len), int(max(p_len, default=0))),
-                         post_segments=(len(q_len), int(max(q_len, default=0))))
+        excl_ptr = np.zeros(B + 1, np.int64)
+        np.cumsum([0 if e is None else e.size for e in excl], out=excl_ptr[1:])
+        excl_vals = (np.concatenate([e for e in excl if e is not None]).astype(np.int64, copy=False)
+                     if excl_ptr[-1] else np.zeros(0, np.int64))
+        status, bad, flat, sizes, stats = plan_batch_kernel(
+            keys, vals, B, len(idx.schema), idx.cat_m, multi, idx.n_ads, idx.n_rows, idx.layout.carrier, idx.group_ptr,
+            idx.group_members, idx.group_base, idx.constrained, idx.cat_group, idx.row_count, idx._vrow,
+            idx._vrow_ptr, idx._list_ptr, idx.l_live, idx.l_start, idx.l_len, idx.unc_row, excl_ptr, excl_vals,
+            grouped, OP_FIRST, OP_CLOSE, OP_EXC, OP_ZERO)
+        if status != OK:
+            make_profile(idx.schema, profiles[bad])  # raises the error naming the category and value
+            raise AssertionError(f"the planner refused request {bad} but make_profile accepts it")
+        return BatchPlan(n_words=nw, n_bits=n_bits, flat=flat, sizes=sizes, n_prep=int(stats[0]),
+                         n_post=int(stats[1]), n_scratch=int(stats[2]), version=self.index.version,
+                         profiles=profiles, prep_segments=(int(stats[3]), int(stats[4])),
+                         post_segments=(int(stats[5]), int(stats[6])), index=idx)
 
     def launch(self, prepared: PreparedMatch, out=None, counts=None, config: MatchConfig | None = None, *,
                kernels: Sequence[str] = KERNELS):

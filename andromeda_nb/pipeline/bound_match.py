@@ -39,22 +39,16 @@ class BoundMatch:
         index = self.index
         if plan.version != index.version:
             raise RuntimeError(f"batch planned for index version {plan.version}, device copy at {index.version}")
-        sizes = [max(1, plan.arrays[name].size) for name in PLAN_ARRAYS]
-        total = sum(sizes)
+        total = plan.flat.size
         scratch = index.scratch(plan.n_scratch)
         if total > self._capacity or scratch is not self._scratch:
             self._allocate(max(total, 2 * self._capacity), scratch)
-        offsets = np.zeros(len(sizes) + 1, np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        for name, off in zip(PLAN_ARRAYS, offsets):
-            a = plan.arrays[name]
-            self.host[off:off + a.size] = a
-            if a.size == 0:
-                self.host[off] = 0
+        self.host[:total] = plan.flat
         launch.copy_async(self.dev, self.host, int(total) * 8)
         # as prepare's views: an empty array is one zero, but the segment tables keep their length
-        span = {name: (int(off), int(n if name not in ("p_dst", "q_op") else plan.arrays[name].size))
-                for name, off, n in zip(PLAN_ARRAYS, offsets, sizes)}
+        offsets, sizes = plan.offsets, plan.sizes
+        span = {name: (int(offsets[i]), int(sizes[i] if name in ("p_dst", "q_op") else max(sizes[i], 1)))
+                for i, name in enumerate(PLAN_ARRAYS)}
         self._run_kernels(plan, span)
 
     def _allocate(self, capacity: int, scratch) -> None:
