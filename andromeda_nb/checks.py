@@ -17,6 +17,10 @@ from .model import AdTable, Request
 SCORE_RTOL = 1e-5
 #: Expert choice: where the K-th and (K+1)-th logits are closer than this, either choice is right.
 GATE_GAP = 1e-4
+#: The fp16 math mode against the fp32 model: |kernel - fp32 oracle| <= FP16_RTOL * score scale
+#: (h and the weights rounded to fp16: a relative error near 2^-11 a product, summed over d), where
+#: the expert set is the fp32 model's (:func:`rounding_tie_ads` names the ads where it may not be).
+FP16_RTOL = 1e-2
 
 
 @dataclass(frozen=True)
@@ -33,12 +37,12 @@ class Check:
         return ("ok: " if self.ok else "FAIL: ") + self.message
 
 
-def score_scale(request: Request, table: AdTable) -> float:
+def score_scale(request: Request, table: AdTable, math: str = "fp32") -> float:
     """The magnitude fp32 rounding errors scale with: max over ads of
     ``sum_e p_e * sum_j |V_ej h_j| + |b|`` (an upper bound of the magnitudes summed)."""
     a = table.dequantized()
     h = np.maximum(request.gamma * a + request.beta, 0.0)
-    g = reference.gate(request, table)
+    g = reference.gate(request, table, math)
     mags = np.abs(h) @ np.abs(request.V.astype(np.float64)).T
     with np.errstate(invalid="ignore"):
         per_ad = (g.p * mags).sum(axis=1) + np.abs(table.bias)
@@ -46,9 +50,9 @@ def score_scale(request: Request, table: AdTable) -> float:
     return float(finite.max()) if finite.size else 1.0
 
 
-def _alternative_scores(request: Request, table: AdTable) -> np.ndarray:
+def _alternative_scores(request: Request, table: AdTable, math: str = "fp32") -> np.ndarray:
     """Every ad's score with the K-th and (K+1)-th experts swapped (NaN where K == E)."""
-    g = reference.gate(request, table)
+    g = reference.gate(request, table, math)
     K, E = request.k_experts, request.experts
     if K == E:
         return np.full(table.n_ads, np.nan)
@@ -61,10 +65,11 @@ def _alternative_scores(request: Request, table: AdTable) -> np.ndarray:
         return np.where(chosen, g.p * g.values, 0.0).sum(axis=1) + table.bias
 
 
-def near_tie_ads(request: Request, table: AdTable) -> np.ndarray:
-    """bool ``[n_ads]``: ads whose K-th and (K+1)-th gate logits (float64) are within ``GATE_GAP``,
-    so an fp32 kernel may choose either expert set (docs/design.md: either choice is right)."""
-    g = reference.gate(request, table)
+def near_tie_ads(request: Request, table: AdTable, math: str = "fp32") -> np.ndarray:
+    """bool ``[n_ads]``: ads whose K-th and (K+1)-th gate logits (float64, of ``math``'s model) are
+    within ``GATE_GAP``, so a kernel may choose either expert set (docs/design.md: either choice is
+    right)."""
+    g = reference.gate(request, table, math)
     K, E = request.k_experts, request.experts
     if K == E:
         return np.zeros(table.n_ads, bool)
@@ -72,34 +77,79 @@ def near_tie_ads(request: Request, table: AdTable) -> np.ndarray:
     return np.abs(srt[:, K - 1] - srt[:, K]) < GATE_GAP
 
 
-def compare_scores(got, request: Request, table: AdTable) -> Check:
-    """Kernel scores ``[n]`` against the float64 oracle on the table the kernel read.
+def rounding_tie_ads(request: Request, table: AdTable, unit: float = 2.0 ** -11) -> np.ndarray:
+    """bool ``[n_ads]``: ads whose K-th and (K+1)-th logits of the fp32 model are closer than the
+    error that rounding h and the gate keys to a format of unit roundoff ``unit`` can put between
+    them (``2 * 2 unit sum_j |h_j G_ej| / sqrt(d)`` at the largest e, plus ``GATE_GAP``): a math
+    mode in that format may choose either expert set there."""
+    K, E = request.k_experts, request.experts
+    if K == E:
+        return np.zeros(table.n_ads, bool)
+    a = table.dequantized()
+    with np.errstate(invalid="ignore", over="ignore"):
+        h = np.abs(np.maximum(request.gamma * a + request.beta, 0.0))
+        bound = 4 * unit * (h @ np.abs(request.G.astype(np.float64)).T).max(axis=1) / np.sqrt(request.d)
+    g = reference.gate(request, table)
+    srt = -np.sort(-g.logits, axis=1)
+    return np.abs(srt[:, K - 1] - srt[:, K]) < bound + GATE_GAP
+
+
+def compare_scores_to_fp32(got, request: Request, table: AdTable, math: str) -> Check:
+    """A reduced-precision math mode's scores against the fp32 model (float64 oracle): within
+    ``FP16_RTOL`` of the score scale, or, at a rounding tie (:func:`rounding_tie_ads`), of the
+    score with the K-th and (K+1)-th experts swapped. NaN exactly where the oracle's is."""
+    if math != "fp16":
+        raise ValueError(f"compare_scores_to_fp32 takes math='fp16', got {math!r} (fp32 math: compare_scores)")
+    got = np.asarray(got, dtype=np.float64)
+    ref = reference.score(request, table)
+    nan_ref = np.isnan(ref)
+    if not np.array_equal(np.isnan(got), nan_ref):
+        return Check(False, "NaN pattern differs from the fp32 oracle")
+    tol = FP16_RTOL * score_scale(request, table)
+    err = np.where(nan_ref, 0.0, np.abs(got - np.where(nan_ref, 0.0, ref)))
+    bad = err > tol
+    n_alt = 0
+    if bad.any():
+        ok_alt = rounding_tie_ads(request, table) & (np.abs(got - _alternative_scores(request, table)) <= tol)
+        n_alt = int((bad & ok_alt).sum())
+        bad &= ~ok_alt
+    if bad.any():
+        return Check(False, f"{int(bad.sum())}/{got.size} {math} scores off the fp32 model by more than {tol:.3g}")
+    worst = float(err[~bad & (err <= tol)].max(initial=0.0))
+    return Check(True, f"{got.size} {math} scores within {tol:.2g} of the fp32 model (max err {worst:.2g}"
+                       + (f", {n_alt} rounding-tie expert swaps" if n_alt else "") + ")")
+
+
+def compare_scores(got, request: Request, table: AdTable, math: str = "fp32") -> Check:
+    """Kernel scores ``[n]`` against the float64 oracle on the table the kernel read, of the model
+    the kernel's ``math`` computes (:func:`~andromeda_nb.reference.score`).
 
     NaN must appear exactly where the oracle's is NaN; elsewhere the error must be within
     ``SCORE_RTOL`` of the score scale, where an ad whose K-th and (K+1)-th logits are within
     ``GATE_GAP`` may instead match the score of the swapped expert set.
     """
     got = np.asarray(got, dtype=np.float64)
-    ref = reference.score(request, table)
+    ref = reference.score(request, table, math=math)
     if got.shape != ref.shape:
         return Check(False, f"shape {got.shape} != oracle {ref.shape}")
     nan_ref = np.isnan(ref)
     if not np.array_equal(np.isnan(got), nan_ref):
         return Check(False, f"NaN pattern differs from the oracle at {np.flatnonzero(np.isnan(got) != nan_ref)[:5].tolist()}")
-    tol = SCORE_RTOL * score_scale(request, table)
+    tol = SCORE_RTOL * score_scale(request, table, math)
     err = np.where(nan_ref, 0.0, np.abs(got - np.where(nan_ref, 0.0, ref)))
     bad = err > tol
     n_alt = 0
     if bad.any():
-        alt = _alternative_scores(request, table)
-        ok_alt = near_tie_ads(request, table) & (np.abs(got - alt) <= tol)
+        alt = _alternative_scores(request, table, math)
+        ok_alt = near_tie_ads(request, table, math) & (np.abs(got - alt) <= tol)
         n_alt = int((bad & ok_alt).sum())
         bad &= ~ok_alt
     worst = float(err[~bad].max()) if (~bad).any() else 0.0
     if bad.any():
         return Check(False, f"{int(bad.sum())}/{got.size} scores off by more than {tol:.3g} "
                             f"(worst {float(err[bad].max()):.3g} at {np.flatnonzero(bad)[:5].tolist()})")
-    return Check(True, f"{got.size} scores within {tol:.2g} of float64 (max err {worst:.2g}"
+    return Check(True, f"{got.size} scores within {tol:.2g} of float64{'' if math == 'fp32' else ' (' + math + ' model)'} "
+                       f"(max err {worst:.2g}"
                        + (f", {n_alt} near-tie expert swaps" if n_alt else "") + ")")
 
 

@@ -101,8 +101,8 @@ def _timed(fn, calls: int) -> list[float]:
 
 
 def _host_profile(pool, batch, profs, out_dir) -> None:
-    """Where the host time of a one-request call goes (cProfile of 200 calls, cumulative), to
-    ``<out>/pipeline_host_profile_<n>.txt``."""
+    """Where the host time of a one-request call goes (cProfile of 200 calls, by own time), to
+    ``<out>/pipeline_host_profile_<n>_<math>.txt``."""
     import cProfile
     import io
     import pstats
@@ -115,7 +115,7 @@ def _host_profile(pool, batch, profs, out_dir) -> None:
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
-    Path(out_dir, f"pipeline_host_profile_{pool.n_ads}.txt").write_text(text.getvalue())
+    Path(out_dir, f"pipeline_host_profile_{pool.n_ads}_{pool.config.math}.txt").write_text(text.getvalue())
 
 
 def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out, batches=BATCHES,
@@ -161,7 +161,7 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
             match_dev = statistics.median(mt)
             if diagnostics:
                 rows.append(_match_row(env, ceil, world, profiles, n, match_dev, match_bytes))
-                _host_profile(pool, batch, profs, args_out)
+            _host_profile(pool, batch, profs, args_out)
     return rows
 
 

@@ -41,7 +41,7 @@ empty for scores to memory), ``math`` (fp32: every product and sum), ``layout``.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -152,6 +152,16 @@ WEIGHTS_GATED_CONFIGS = (cfg(weights="param", max_registers=None), cfg(weights="
                          cfg(weights="param", max_registers=80), cfg(weights="param", block=128, max_registers=128),
                          cfg(weights="shared", guard="offset", max_registers=None))
 
+
+
+def in_math(case: ScoringCase, math: str) -> ScoringCase:
+    """``case`` in a math mode, at the default configuration (the ``math`` column says which)."""
+    return replace(case, math=math, config=cfg(math=math) if math != "fp32" else AUTO)
+
+
+#: the E / K / d of the math phase: the source's headline model and the two the issue's targets name
+MATH_MODELS = ((64, 6, 2), (64, 8, 4), (128, 6, 2))
+
 #: phase -> cases, in run order
 PHASES = {
     "design": (
@@ -218,7 +228,18 @@ PHASES = {
                        for E, K in eks)),
     "sweep_dtypes": tuple(c for dt in ("fp32", "bf16", "int8") for d, eks in SWEEP_DTYPES_GRID.items()
                           for c in (fused("dot", dt, d),) + tuple(fused("gated", dt, d, E, K) for E, K in eks)),
-    "dense": (fused("gated", E=6, K=6),),  # every expert's value dot product, K = E
+    "dense": (fused("gated", E=6, K=6),),
+    # the fp16 math mode (gate and value dots on the tensor cores) beside fp32 math and the dot
+    # product of the same d, same run, fp16 tables: scores to memory, the fused top-1000 (filter
+    # path) and the sparse accesses
+    "math": (
+        *(c for d in (64, 128) for c in (in_math(scores("dot", d=d), "fp32"),
+                                         in_math(fused("dot", d=d, path="filter"), "fp32"))),
+        *(in_math(c, m) for d, E, K in MATH_MODELS for m in ("fp32", "fp16")
+          for c in (scores("gated", d=d, E=E, K=K), fused("gated", d=d, E=E, K=K, path="filter"))),
+        *(in_math(fused("gated", layout=lay, access=a, frac=f, path="filter"), m)
+          for m in ("fp32", "fp16") for lay, a, f in (("tiles", "bitset", 0.1), ("rows", "bitset", 0.01),
+                                                       ("rows", "candidates", 0.01)))),  # every expert's value dot product, K = E
     "access": (
         *(fused("gated", layout=lay, access=a, frac=f) for lay in ("rows", "tiles")
           for a, f in (("bitset", 0.5), ("bitset", 0.1), ("bitset", 0.01), ("candidates", 0.1), ("candidates", 0.01))),
@@ -266,7 +287,7 @@ def verify_scores_sample(dreq, table, scores_dev=None, rng=None, eligible_mask=N
         ok = bool(np.all(err <= checks.SCORE_RTOL * scale.max()))
         result = checks.Check(ok, f"{got.size} dot scores vs float64, max err {err.max():.2g}")
     else:
-        result = checks.compare_scores(got, dreq.request, rows)
+        result = checks.compare_scores(got, dreq.request, rows, math="fp32" if config is None else config.math)
     if result.ok and scores_dev is not None:
         written = cp.asarray(scores_dev)[cp.asarray(slots)].get()
         if eligible_mask is not None:
@@ -329,6 +350,8 @@ def config_note(config) -> str:
         parts.append(f"guard={config.guard}")
     if config.tensor_cores:
         parts.append("tensor_cores (3xTF32 mma)")
+    if config.math != "fp32":
+        parts.append(f"math={config.math} (mma.m16n8k16, fp32 accumulate)")
     return " ".join(parts)
 
 
@@ -369,7 +392,7 @@ def fused_row(run, case: ScoringCase) -> dict:
         def call():
             return launch_score_topk(dreq, table, k, access, elig, cand, n_items, config, res)
     timing = harness.time_device(call, reps=run.options.reps)
-    verified = verify_scores_sample(dreq, table, rng=run.rng)
+    verified = verify_scores_sample(dreq, table, rng=run.rng, config=config if config.math != "fp32" else None)
     if path == "filter":
         c = res.counts.copy_to_host()[0]
         outcome = seeded_outcome(res, k, c)

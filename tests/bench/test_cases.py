@@ -231,7 +231,9 @@ def test_scoring_rows_say_path_math_layout():
 
     for c in all_cases("scoring"):
         cols = c.columns()
-        assert cols["math"] == "fp32" and cols["layout"] in ("rows", "tiles")
+        assert cols["math"] in ("fp32", "fp16") and cols["layout"] in ("rows", "tiles")
+        if isinstance(c, scoring.ScoringCase):
+            assert (c.math == "fp16") == (c.config != scoring.BEST and c.config.get("math") == "fp16")
         if isinstance(c, scoring.ScoringCase):
             assert cols.get("path") == (None if c.k is None else c.path)
             assert c.path in (None, "block", "filter")

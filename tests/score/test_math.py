@@ -31,7 +31,9 @@ def test_fp16_scores_equal_the_fp16_model(rng, layout, d, E, K):
     swappable = checks.near_tie_ads(req, t)  # an ad whose K-th and (K+1)-th logits nearly tie
     bad = ~swappable & (np.abs(got - ref16) > checks.SCORE_RTOL * scale)
     assert not bad.any(), np.abs(got - ref16)[bad].max() / scale
-    assert np.abs(got - ref32).max() < 1e-2 * scale  # fp16 rounding of h and the weights, no more
+    # fp16 rounding of h and the weights, no more; where the fp32 logits nearly tie, either set
+    assert checks.compare_scores_to_fp32(got, req, t, "fp16")
+    assert np.abs(got - ref32)[~checks.rounding_tie_ads(req, t)].max() < checks.FP16_RTOL * scale
 
 
 @pytest.mark.parametrize("path", ["auto", "block"])
