@@ -73,7 +73,7 @@ def _verify(pool, world, reqs, profiles, outs) -> str:
     for b in sampled:
         words, count = match_cpu(world.index, profiles[b])
         elig = mask_from_bits(words, world.n)
-        scores = score_ads(reqs[b], pool.table).copy_to_host()
+        scores = score_ads(reqs[b], pool.table, config=pool.config).copy_to_host()
         want = reference.topk(scores, K, ids=pool.table.host_ad_ids, eligible=elig)
         ok = (np.array_equal(outs[b].ids, want.ids) and np.array_equal(outs[b].scores, want.scores)
               and outs[b].n_eligible == count == elig.sum())

@@ -157,12 +157,12 @@ class Pool:
         reqs = [requests] if single else list(requests)
         if not reqs:
             raise ValueError("retrieve needs at least one request")
-        dreqs = [self._device_request(r) for r in reqs]
         excl = [exclude_slots] if single else ([None] * len(reqs) if exclude_slots is None else list(exclude_slots))
         if len(excl) != len(reqs):
             raise ValueError(f"{len(reqs)} requests but {len(excl)} exclude lists")
         excl = [None if e is None else table_slots(e, self.n_ads) for e in excl]
         if self.index is None:
+            dreqs = [self._device_request(r) for r in reqs]
             out = [self._whole_pool(dr, k, ex) for dr, ex in zip(dreqs, excl)]
             return out[0] if single else out
         if self.index.version != self._index_version:
@@ -173,18 +173,23 @@ class Pool:
         profs = [profiles] if single else list(profiles)
         if len(profs) != len(reqs):
             raise ValueError(f"{len(reqs)} requests but {len(profs)} profiles")
+        shapes = self._request_images(reqs)  # every request checked before any launch
         if self.n_ads == 0:  # nothing to match or score: every answer is pads
             pad = Retrieved(ids=np.full(k, -1, np.int64), scores=np.full(k, -np.inf, np.float32), n_eligible=0,
                             n_scored=0)
             return pad if single else [pad] * len(reqs)
-        out: list = [None] * len(reqs)
-        for shape, members in _group_by_shape(dreqs).items():
+        chunks = []  # (group, members, images, fp16 images, plans): every profile planned before any launch
+        for key, (members, images, f16) in shapes.items():
+            group = self._group(key, reqs[members[0]])
             for i in range(0, len(members), self.max_batch):
                 part = members[i:i + self.max_batch]
-                answers = self._targeted([dreqs[j] for j in part], [profs[j] for j in part],
-                                         [excl[j] for j in part], k)
-                for j, a in zip(part, answers):
-                    out[j] = a
+                plans = self._prepare_match([profs[j] for j in part], [excl[j] for j in part])
+                chunks.append((group, part, images[i:i + self.max_batch],
+                               None if f16 is None else f16[i:i + self.max_batch], plans))
+        out: list = [None] * len(reqs)
+        for group, part, images, f16, plans in chunks:
+            for j, a in zip(part, self._targeted(group, [reqs[j] for j in part], images, f16, plans, k)):
+                out[j] = a
         return out[0] if single else out
 
     # ------------------------------------------------------------------ requests
@@ -214,18 +219,62 @@ class Pool:
 
     # ------------------------------------------------------------------ the targeted path
 
-    def _targeted(self, dreqs: list, profiles: list, excl: list, k: int) -> list:
-        B = len(dreqs)
+    def _request_images(self, reqs: list) -> dict:
+        """The requests grouped by shape ``(model, E, K)``, each group's weight images stacked
+        (float32 ``[n, size]``) and, for math='fp16', its per-lane fp16 images; every request
+        checked (type, shape, the ranges the math holds) first. Gated :class:`Request` objects of
+        one shape build their images in a few numpy passes over the whole group."""
+        from ..score.launches import check_range, first_out_of_range
+        from ..score.weights import f16_weights, mma_f16_images, stack_requests, weight_images
+
+        keys: dict = {}
+        for i, r in enumerate(reqs):
+            if type(r) is Request:
+                if r.d != self.table.d:
+                    raise ValueError(f"request d={r.d} does not match the pool's d={self.table.d}")
+                check_kernel_shape(r.d, r.experts)
+                keys.setdefault(("gated", r.experts, r.k_experts), []).append(i)
+            else:
+                reqs[i] = dr = self._device_request(r)
+                keys.setdefault((dr.model, dr.experts, dr.k_experts), []).append(i)
+        math = self.config.math
+        out = {}
+        for key, members in keys.items():
+            group = [reqs[j] for j in members]
+            size = image_size(key[0], self.table.d, key[1])
+            images = np.empty((len(group), size), np.float32)
+            f16 = None
+            if all(type(r) is Request for r in group):
+                st = stack_requests(group)
+                bad = first_out_of_range(*st, self.table.max_abs(), math)
+                if bad >= 0:
+                    check_range(DeviceRequest.of(group[bad]), self.table, math)  # raises, naming the bound
+                weight_images(*st, images)
+                if math == "fp16":
+                    f16 = np.empty((len(group), mma_f16_image(group[0]).size), np.uint32)
+                    bad = mma_f16_images(*st, f16)
+                    if bad >= 0:
+                        f16_weights(group[bad])  # raises, naming the weight
+            else:
+                for b, r in enumerate(group):
+                    dr = DeviceRequest.of(r)
+                    images[b] = _host_image(dr)
+                if math == "fp16":
+                    if any(DeviceRequest.of(r).request is None for r in group):
+                        raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
+                    f16 = np.stack([mma_f16_image(DeviceRequest.of(r).request) for r in group])
+            out[key] = (members, images, f16)
+        return out
+
+    def _targeted(self, group: "_Group", reqs: list, images: np.ndarray, f16, plans: list, k: int) -> list:
+        B = len(reqs)
         buf = self._ensure_buffers()
-        group = self._group(dreqs[0])
         stream = buf.stream
         trace = self.trace
         # the requests' weights: host images into pinned memory, one copy
-        for b, dr in enumerate(dreqs):
-            group.host_images[b] = _host_image(dr)
-            if group.f16 is not None:
-                group.f16.host[b] = mma_f16_image(dr.request)
-        plans = self._prepare_match(profiles, excl)
+        group.host_images[:B] = images
+        if f16 is not None:
+            group.f16.host[:B] = f16
         steps = [("weights", lambda: group.copy_weights(B)),
                  ("match", lambda: self._launch_match(plans)),
                  *group.steps(B, k),
@@ -245,7 +294,7 @@ class Pool:
                 answers.append(Retrieved(ids=buf.host_ids[b, :k].copy(), scores=buf.host_scores[b, :k].copy(),
                                          n_eligible=n_elig, n_scored=n_scored))
             else:
-                answers.append(self._rerun(dreqs[b], b, k, n_elig))
+                answers.append(self._rerun(DeviceRequest.of(reqs[b]), b, k, n_elig))
         return answers
 
     def _prepare_match(self, profiles: list, excl: list) -> list:
@@ -277,10 +326,10 @@ class Pool:
             self._buffers = _Buffers(self)
         return self._buffers
 
-    def _group(self, dreq: DeviceRequest) -> "_Group":
-        key = (dreq.model, dreq.experts, dreq.k_experts)
+    def _group(self, key: tuple, request) -> "_Group":
+        """The group of a request shape ``(model, E, K)``, built on its first request."""
         if key not in self._groups:
-            self._groups[key] = _Group(self, dreq)
+            self._groups[key] = _Group(self, DeviceRequest.of(request))
         return self._groups[key]
 
 
@@ -291,13 +340,6 @@ class _Images:
     dev: object
     host: np.ndarray
     row_bytes: int
-
-
-def _group_by_shape(dreqs: list) -> dict:
-    groups: dict = {}
-    for i, dr in enumerate(dreqs):
-        groups.setdefault((dr.model, dr.experts, dr.k_experts), []).append(i)
-    return groups
 
 
 def _host_image(dr: DeviceRequest) -> np.ndarray:

@@ -153,6 +153,12 @@ def test_bad_input_is_refused_before_any_launch(rng, monkeypatch):
         pool.retrieve(req, prof, k=3, exclude_slots=[64])
     with pytest.raises(TypeError):
         pool.retrieve("request", prof, k=3)
+    # a bad request or profile in a later chunk of a batch (max_batch 2): refused before the first chunk runs
+    wide = anb.Request(V=req.V, G=np.full_like(req.G, 3e38), gamma=req.gamma, beta=req.beta, k_experts=1)
+    with pytest.raises(ValueError, match="fp32"):
+        pool.retrieve([req] * 4 + [wide], [prof] * 5, k=3)
+    with pytest.raises(RuleError):
+        pool.retrieve([req] * 5, [prof] * 4 + [{"no such category": 1}], k=3)
     other = anb.AdTable.from_float(np.zeros((64, D)), dtype="fp16", ad_ids=np.arange(1000, 1064))
     with pytest.raises(ValueError, match="lacks"):
         Pool(other, index)
