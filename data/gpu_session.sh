@@ -6,6 +6,9 @@ set -uo pipefail
 OUT=${OUT:-build/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# the rows' commit: the device's copy of .git may lag the working tree, so pass it from the checkout:
+#   ANDROMEDA_COMMIT=$(git rev-parse --short HEAD) bash data/gpu_session.sh ...
+[ -n "${ANDROMEDA_COMMIT:-}" ] || echo "warning: ANDROMEDA_COMMIT unset: rows take the commit of the device's .git copy"
 SITE=/tmp/anb-site
 if [ -d .whl ] && [ ! -d "$SITE" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \

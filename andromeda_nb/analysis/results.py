@@ -31,6 +31,8 @@ def load(suite: str, results_dir: str | Path = "data/results") -> pd.DataFrame:
         if col in df:
             df[col] = pd.to_numeric(df[col].replace("", np.nan), errors="coerce")
     df["ok"] = df["verified"].str.startswith("ok")
+    # the math mode: rows from before the column (and the rows it does not apply to) are fp32
+    df["math"] = df["math"].replace("", "fp32") if "math" in df else "fp32"
     df["regression_flag"] = df.get("notes", "").str.contains("REGRESSION")
     return df
 

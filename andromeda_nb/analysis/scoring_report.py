@@ -53,9 +53,63 @@ def issue_bound_points(points: pd.DataFrame, d: int, dtype: str, read_TBps: floa
     return over.drop_duplicates("k_experts", keep="first")
 
 
-def usable(rows: pd.DataFrame) -> pd.DataFrame:
-    """The verified rows without a regression flag."""
-    return rows[rows["ok"] & ~rows["regression_flag"]]
+def usable(rows: pd.DataFrame, math: str = "fp32") -> pd.DataFrame:
+    """The verified rows of one math mode (default fp32: every product and sum) without a
+    regression flag."""
+    return rows[rows["ok"] & ~rows["regression_flag"] & (rows["math"] == math)]
+
+
+#: (E, K, d) of the math-mode comparison (the issue's targets: gated / dot time per shape)
+MATH_SHAPES = ((6, 2, 64), (8, 4, 64), (6, 2, 128))
+MATH_TARGETS = {(6, 2, 64): 1.10, (8, 4, 64): 1.20, (6, 2, 128): 1.10}
+
+
+def math_modes(rows: pd.DataFrame, dtype: str = "fp16") -> pd.DataFrame:
+    """The latest run that measured gated rows in fp16 math: for each (E, K, d) of
+    :data:`MATH_SHAPES` and each of scores to memory and the fused top-1000 (filter path), pool,
+    ``tiles``, the dot product's and the gated model's G ads/s in fp32 and fp16 math, and
+    gated / dot device time in each math (the dot product of the same d and run). Empty without
+    such a run."""
+    ok = rows[rows["ok"] & ~rows["regression_flag"] & (rows["dtype"] == dtype) & (rows["layout"] == "tiles")
+              & (rows["access"] == "pool")]
+    f16 = ok[ok["variant"].str.startswith("gated") & (ok["math"] == "fp16")]
+    columns = ["experts", "k_experts", "d", "output", "dot_G", "fp32_G", "fp16_G", "fp32_over_dot", "fp16_over_dot",
+               "target", "commit"]
+    if f16.empty:
+        return pd.DataFrame(columns=columns)
+    run = ok[ok["commit"] == f16.sort_values("timestamp")["commit"].iloc[-1]]
+    out = []
+    for E, K, d in MATH_SHAPES:
+        for output, suffix, k in (("scores to memory", "scores_to_memory", None), ("top-1000", "fused_topk_filter", 1000)):
+            sel = run[(run["d"] == d) & ((run["k"] == k) if k else run["k"].isna())]
+            dot = sel[sel["variant"] == f"dot_{suffix}"]["items_per_s"].max()
+            gated = sel[(sel["variant"] == f"gated_{suffix}") & (sel["experts"] == E) & (sel["k_experts"] == K)]
+            g = {m: gated[gated["math"] == m]["items_per_s"].max() for m in ("fp32", "fp16")}
+            if np.isnan(g["fp16"]):
+                continue
+            out.append({"experts": E, "k_experts": K, "d": d, "output": output, "dot_G": dot / 1e9,
+                        "fp32_G": g["fp32"] / 1e9, "fp16_G": g["fp16"] / 1e9, "fp32_over_dot": dot / g["fp32"],
+                        "fp16_over_dot": dot / g["fp16"], "target": MATH_TARGETS[(E, K, d)],
+                        "commit": run["commit"].iloc[0]})
+    return pd.DataFrame(out, columns=columns)
+
+
+def _math_lines(rows, dtype) -> list[str]:
+    t = math_modes(rows, dtype)
+    if t.empty:
+        return ["**fp16 math** (`KernelConfig(math=\"fp16\")`): no committed run measured it."]
+    mem = t[t["output"] == "scores to memory"]
+    parts = [f"E = {r.experts}, K = {r.k_experts}, d = {r.d}: {r.fp16_G:.1f} G ads/s, gated / dot "
+             f"{r.fp16_over_dot:.3f} (fp32 math {r.fp32_over_dot:.2f}; target {r.target:.2f}, "
+             + ("met" if r.fp16_over_dot <= r.target else "missed") + ")" for r in mem.itertuples()]
+    top = t[t["output"] == "top-1000"]
+    line = ("**fp16 math** (`KernelConfig(math=\"fp16\")`: h, G and V in fp16, the gate and value dots on the "
+            "tensor cores, fp32 accumulation; run " + _short(t["commit"].iloc[0]) + "), scores to memory: "
+            + "; ".join(parts) + ".")
+    if len(top):
+        line += (" Fused top-1000: " + "; ".join(f"E{r.experts} K{r.k_experts} d{r.d} gated / dot {r.fp16_over_dot:.2f}"
+                                              for r in top.itertuples()) + ".")
+    return [line + " Not the default until its quality effect is measured (the precision notebook)."]
 
 
 def fusion_speedups(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int) -> pd.DataFrame:
@@ -393,6 +447,7 @@ def findings(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: in
     lines = (_fusion_lines(rows, d, dtype, experts, k_experts)
              + _gated_vs_dot_lines(rows, d, dtype, experts, k_experts, read_TBps)
              + _tensor_core_lines(rows, d, dtype, experts, k_experts)
+             + _math_lines(rows, dtype)
              + _fusion_cost_lines(rows, d, dtype, experts, k_experts)
              + _int8_lines(rows, experts, k_experts)
              + _bitset_lines(rows, d, dtype, experts, k_experts))

@@ -11,8 +11,8 @@ from andromeda_nb.score.unfused import fused_bytes_per_ad
 
 def _row(variant, items_per_s, commit="c1", d=64, dtype="fp16", experts=6, k_experts=2, access="pool", layout="tiles",
          k=1000, eligible_fraction=1.0, ok=True, notes="", timestamp="2026-01-01", bytes_per_item=132.0,
-         seconds_median=None, ceiling=4.5):
-    return dict(variant=variant, items_per_s=float(items_per_s), commit=commit, device="NVIDIA H200", d=d, dtype=dtype,
+         seconds_median=None, ceiling=4.5, math="fp32"):
+    return dict(variant=variant, math=math, items_per_s=float(items_per_s), commit=commit, device="NVIDIA H200", d=d, dtype=dtype,
                 experts=experts, k_experts=k_experts, access=access, layout=layout, k=k,
                 eligible_fraction=eligible_fraction, ok=ok,
                 regression_flag="REGRESSION" in notes, notes=notes, timestamp=timestamp, bytes_per_item=bytes_per_item,
@@ -92,6 +92,26 @@ def test_by_d_and_dtype_takes_the_latest_run_of_each_point():
     assert got.loc[("gated", "fp16"), "G_ads_per_s"] == pytest.approx(21.0)
     assert got.loc[("gated", "fp16"), "commit"] == "b"
     assert got.loc[("dot", "int8"), "ceiling_G_ads_per_s"] == pytest.approx(4.5e3 / fused_bytes_per_ad(64, "int8"))
+
+
+def test_fp16_math_rows_are_their_own_mode():
+    """fp16-math rows never stand in for fp32 ones (by_d_and_dtype, fusion_cost); math_modes puts
+    both maths beside the dot product of the same d and run, ratios of device time."""
+    rows = _frame(_row("gated_scores_to_memory", 20e9, k=np.nan), _row("gated_scores_to_memory", 28e9, k=np.nan,
+                                                                       math="fp16"),
+                  _row("dot_scores_to_memory", 30e9, k=np.nan), _row("gated_fused_topk_filter", 19e9),
+                  _row("gated_fused_topk_filter", 27e9, math="fp16"), _row("dot_fused_topk_filter", 33e9),
+                  _row("gated_scores_to_memory", 99e9, k=np.nan, math="fp16", ok=False))
+    got = SR.by_d_and_dtype(rows, 6, 2).set_index("model")
+    assert got.loc["gated", "G_ads_per_s"] == pytest.approx(20.0)
+    table, _ = SR.fusion_cost(rows, 64, "fp16")
+    assert table.set_index("variant").loc["gated_fused_topk_filter", "G_ads_per_s"] == pytest.approx(19.0)
+    m = SR.math_modes(rows).set_index("output")
+    assert len(m) == 2
+    assert m.loc["scores to memory", "fp16_over_dot"] == pytest.approx(30 / 28)
+    assert m.loc["scores to memory", "fp32_over_dot"] == pytest.approx(1.5)
+    assert m.loc["top-1000", "fp16_over_dot"] == pytest.approx(33 / 27)
+    assert SR.math_modes(rows[rows["math"] == "fp32"]).empty
 
 
 @pytest.mark.notebook
