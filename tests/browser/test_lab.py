@@ -84,9 +84,12 @@ def test_lab_opens_on_the_notebooks_folder(browser, lab):
     from selenium.webdriver.common.by import By
 
     browser.get(f"{lab.url}/?token={lab.token}")  # `make lab`'s landing page
-    listed = wait_for("the notebooks in the file browser", lambda: [
-        e.text for e in browser.find_elements(By.CSS_SELECTOR, ".jp-DirListing-itemText") if e.text.endswith(".ipynb")],
-        PAGE_LOAD_S)
+    def notebooks_listed():  # the listing renders in steps: wait until every notebook is in it
+        names = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".jp-DirListing-itemText")
+                 if e.text.endswith(".ipynb")]
+        return names if len(names) >= len(NOTEBOOKS) else None
+
+    listed = wait_for(f"the {len(NOTEBOOKS)} notebooks in the file browser", notebooks_listed, PAGE_LOAD_S)
     assert sorted(listed) == [f"{name}.ipynb" for name in NOTEBOOKS]
     assert browser.current_url.split("?")[0].endswith("/lab/tree/notebooks")
     browser.save_screenshot(str(SCREENSHOTS / "00_notebooks_folder.png"))
