@@ -103,30 +103,26 @@ def plan_batch_kernel(keys, vals, B, C, cat_m, multi, n_ads, n_rows, carrier, gr
     scratch_base = 0
     for b in range(B):
         ne = ni = nx = npatch = nl = nxl = 0
-        if carrier < 0:  # no folded group carries the live bit: row 0 is read on its own
-            e_est[ne] = row_count[0] / n
-            e_inc_a[ne] = ni
-            t_inc[ni] = 0
-            ni += 1
-            e_inc_n[ne] = 1
-            e_exc_a[ne] = nx
-            e_exc_n[ne] = 0
-            ne += 1
-        for g in range(G):
-            if g != carrier:
-                any_c = False
-                for q in range(group_ptr[g], group_ptr[g + 1]):
-                    if constrained[group_members[q]] != 0:
-                        any_c = True
-                if not any_c:
+        for g in range(-1, G):  # one row each: the live row (g = -1), then the folded groups
+            if g < 0:
+                if carrier >= 0:  # a folded group carries the live bit
                     continue
-            r = group_base[g]
-            stride = 1
-            for q in range(group_ptr[g], group_ptr[g + 1]):
-                c = group_members[q]
-                s = b * C + c
-                r += (sv[seg[s]] if ulen[s] > 0 else cat_m[c]) * stride  # the smallest value
-                stride *= cat_m[c] + 1
+                r = 0
+            else:
+                if g != carrier:
+                    any_c = False
+                    for q in range(group_ptr[g], group_ptr[g + 1]):
+                        if constrained[group_members[q]] != 0:
+                            any_c = True
+                    if not any_c:
+                        continue
+                r = group_base[g]
+                stride = 1
+                for q in range(group_ptr[g], group_ptr[g + 1]):
+                    c = group_members[q]
+                    s = b * C + c
+                    r += (sv[seg[s]] if ulen[s] > 0 else cat_m[c]) * stride  # the smallest value
+                    stride *= cat_m[c] + 1
             e_est[ne] = row_count[r] / n
             e_inc_a[ne] = ni
             t_inc[ni] = r

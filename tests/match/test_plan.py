@@ -13,7 +13,8 @@ from andromeda_nb.targeting import RuleError, TargetingIndex, UpdateBatch, make_
 from ..helpers import random_profile, random_rules, random_schema
 
 LAYOUTS = [dict(dense_min=10**9, exclude_dense_min=10**9, group_max=512), dict(dense_min=1, exclude_dense_min=1),
-           dict(dense_min=3, exclude_dense_min=2, group_max=64), dict(dense_min=2, group_max=1)]
+           dict(dense_min=3, exclude_dense_min=2, group_max=64), dict(dense_min=2, group_max=1),
+           dict(fold_max=0, dense_min=2)]  # no folded group: the live row is read on its own
 
 
 def python_plan(idx: TargetingIndex, profiles, excl, grouped) -> dict:
