@@ -40,6 +40,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -266,6 +267,10 @@ def check_kernels_installed(kernels: Mapping[str, str]) -> None:
             ) from None
 
 
+#: seconds a notebook's kernel may take to start (papermill's default: 60)
+KERNEL_START_TIMEOUT_S = 300
+
+
 class _LocalKernelManager(AsyncKernelManager):
     """The kernel of a series run talks to papermill over Unix sockets where there are any: both
     run on this machine, and ipykernel warns about unencrypted TCP once a notebook."""
@@ -273,6 +278,14 @@ class _LocalKernelManager(AsyncKernelManager):
     @traitlets.default("transport")
     def _default_transport(self) -> str:
         return "ipc" if os.name == "posix" else "tcp"
+
+    @traitlets.default("ip")
+    def _default_ip(self) -> str:
+        # jupyter_client's default socket prefix is "kernel-ipc" in the working directory: two
+        # kernels started at once there (two test workers, two series) would share its sockets
+        if self.transport == "ipc":
+            return os.path.join(tempfile.gettempdir(), f"andromeda-kernel-{uuid.uuid4().hex}-ipc")
+        return super()._ip_default()
 
 
 def _kernel_arguments(kernel: str) -> list[str]:
@@ -567,6 +580,9 @@ def run_series(
                     execution_timeout=execution_timeout,
                     extra_arguments=_kernel_arguments(item.kernel),
                     kernel_manager_class=_LocalKernelManager,
+                    # a kernel importing numpy, pandas and numba on a busy 2-core machine (two test
+                    # workers each starting kernels) can take longer than papermill's 60 s to answer
+                    start_timeout=KERNEL_START_TIMEOUT_S,
                 )
             unfinished = why_unfinished(executed)
         except BaseException as exc:

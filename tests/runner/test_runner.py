@@ -444,3 +444,16 @@ def test_bench_refuses_fewer_than_ten_reps_before_touching_a_gpu(monkeypatch, ca
         bench.main(["scoring", "--reps", str(bench.MIN_REPS - 1)])
     assert exc.value.code == 2
     assert f"at least {bench.MIN_REPS}" in capsys.readouterr().err
+
+
+def test_series_kernels_get_sockets_of_their_own():
+    """Kernels started at once (two test workers, two series in one folder) never share sockets:
+    each IPC prefix is its own absolute path, not jupyter_client's "kernel-ipc" in the cwd."""
+    import os
+
+    from andromeda_nb.runner.series import _LocalKernelManager
+
+    a, b = _LocalKernelManager(), _LocalKernelManager()
+    if os.name == "posix":
+        assert a.transport == b.transport == "ipc"
+        assert os.path.isabs(a.ip) and a.ip != b.ip
