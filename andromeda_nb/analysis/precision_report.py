@@ -18,6 +18,11 @@ KERNEL_CONFIG = {"d": 64, "experts": 6, "k_experts": 2}
 TARGET_DELTA_PP = 0.5
 #: ... and top-100 overlap with fp32 at least this.
 TARGET_OVERLAP = 0.98
+#: The rule that would make the fp16 math mode the default (docs/design.md, "Storage and math"):
+#: recall@100 within this many points of fp32 math ...
+DEFAULT_MATH_DELTA_PP = 0.1
+#: ... and top-100 overlap at least this, on every dataset.
+DEFAULT_MATH_OVERLAP = 0.99
 #: Pool size of the memory comparison.
 POOL_ADS = 10**8
 METRICS = ("recall@100", "recall@100_delta_pp", "overlap@100_fp32", "score_err_p50", "score_err_p99",
@@ -177,7 +182,7 @@ def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
         lines.append(f"int8 stores {b8:.0f} bytes an ad against fp16's {b16:.0f} (a 10^{int(np.log10(POOL_ADS))}-ad "
                      f"table: {b8 * POOL_ADS / 1e9:.1f} GB against {b16 * POOL_ADS / 1e9:.1f} GB); {speed}.")
     for ds, s in summary.items():
-        for d in ("int8", "int8_dimscale", "fp16", "bf16"):
+        for d in ("int8", "int8_dimscale", "fp16", "fp16_math", "bf16"):
             if d not in s.index:
                 continue
             dpp, ov = s.loc[d, ("mean", "recall@100_delta_pp")], s.loc[d, ("mean", "overlap@100_fp32")]
@@ -185,10 +190,20 @@ def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
             lines.append(f"{ds}, {d}: Δ recall@100 {dpp:+.3f} pp, top-100 overlap {ov:.4f}: "
                          + ("meets the target" if hit else f"**misses** the target (|Δ| <= {TARGET_DELTA_PP} pp and "
                                                            f"overlap >= {TARGET_OVERLAP})"))
-    half = [s.loc[[d for d in ("fp16", "bf16") if d in s.index], ("mean", "score_err_max")] for s in summary.values()]
+    math = {ds: (s.loc["fp16_math", ("mean", "recall@100_delta_pp")], s.loc["fp16_math", ("mean", "overlap@100_fp32")])
+            for ds, s in summary.items() if "fp16_math" in s.index}
+    if math:
+        ok = len(math) == len(summary) and all(abs(dpp) <= DEFAULT_MATH_DELTA_PP and ov >= DEFAULT_MATH_OVERLAP
+                                               for dpp, ov in math.values())
+        lines.append("**fp16 math as the default?** The rule: on every dataset |Δ recall@100| <= "
+                     f"{DEFAULT_MATH_DELTA_PP} pp and top-100 overlap >= {DEFAULT_MATH_OVERLAP} against fp32 math. "
+                     + "; ".join(f"{ds}: {dpp:+.3f} pp, overlap {ov:.4f}" for ds, (dpp, ov) in math.items()) + ": "
+                     + ("the data allow it." if ok else "not met, fp32 math stays the default."))
+    half = [s.loc[[d for d in ("fp16", "fp16_math", "bf16") if d in s.index], ("mean", "score_err_max")]
+            for s in summary.values()]
     half = pd.concat(half) if half else pd.Series(dtype=float)
     if len(half):
-        lines.append(f"fp16 and bf16: the *maximum* score error is {half.min():.2g} to {half.max():.2g} score standard "
+        lines.append(f"16-bit storage and fp16 math: the *maximum* score error is {half.min():.2g} to {half.max():.2g} score standard "
                      "deviations, far above the median: where two experts' gate logits nearly tie, the rounding flips "
                      "which K experts are chosen and the score jumps; those ads rarely reach the top-100.")
     return "\n".join(f"* {line}" for line in lines)

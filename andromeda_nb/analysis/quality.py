@@ -48,7 +48,7 @@ SCORING = Path("data/results/scoring.csv")
 DATASETS = ("multi_interest", "ml-100k")
 KS = {"multi_interest": (50, 100, 500), "ml-100k": (10, 50, 100)}
 RETRIEVAL_MODELS = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture")
-PRECISION_DTYPES = ("fp32", "bf16", "fp16", "int8", "int8_dimscale")
+PRECISION_DTYPES = ("fp32", "bf16", "fp16", "fp16_math", "int8", "int8_dimscale")
 
 
 @dataclass(frozen=True)
@@ -144,16 +144,17 @@ def _topk_rows(scores: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def model_scores(tm, rows, table=None, request_fn=None) -> np.ndarray:
+def model_scores(tm, rows, table=None, request_fn=None, math: str = "fp32") -> np.ndarray:
     """Scores ``[len(rows), n_ads]``: a retrieval model's exported tensors on ``table`` (default
-    its fp32 export) with the formula of `docs/design.md`, or the ranking model's forward pass."""
+    its fp32 export) with the formula of `docs/design.md` in ``math``'s model
+    (:func:`~andromeda_nb.training.train.score_exported`), or the ranking model's forward pass."""
     from ..training.train import score_exported
 
     if not tm.is_retrieval:
         return tm.forward_scores(rows)
     V, G, gamma, beta = tm.request_tensors(rows) if request_fn is None else request_fn(rows)
     table = tm.export_table("fp32") if table is None else table
-    return score_exported(V, G, gamma, beta, table, tm.k_experts, device=tm.device)
+    return score_exported(V, G, gamma, beta, table, tm.k_experts, device=tm.device, math=math)
 
 
 def retrieve_top(tm, rows, k: int, table=None, request_fn=None, batch: int = 256, progress=False):
@@ -288,7 +289,7 @@ def gated_flops(d: int, E: int, K: int, all_values: bool) -> int:
 
 def bytes_per_ad(d: int, dtype: str) -> int:
     """Row + fp32 bias (+ fp32 scale for int8): what the kernel reads per ad."""
-    size = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "int8_dimscale": 1}[dtype]
+    size = {"fp32": 4, "fp16": 2, "fp16_math": 2, "bf16": 2, "int8": 1, "int8_dimscale": 1}[dtype]
     return d * size + 4 + (4 if dtype.startswith("int8") else 0)
 
 
@@ -304,7 +305,12 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
     need = {"variant", "dtype", "d", "experts", "k_experts", "access", "items_per_s"}
     if not need <= set(df.columns):
         return pd.DataFrame(columns=cols)
-    df = df[df["variant"].isin(["gated_fused_topk", "tower_fused_topk"]) & (df["access"] == "pool")]
+    # fp32 math rows by storage dtype; the fp16 math mode's rows (fp16 tables) as "fp16_math"
+    math = df["math"].fillna("fp32").replace("", "fp32") if "math" in df.columns else pd.Series("fp32", df.index)
+    plain = df[df["variant"].isin(["gated_fused_topk", "tower_fused_topk"]) & (math == "fp32")]
+    half = df[df["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter"]) & (math == "fp16")]
+    df = pd.concat([plain, half.assign(dtype="fp16_math")])
+    df = df[df["access"] == "pool"]
     if "verified" in df.columns:
         df = df[df["verified"].astype(str).str.startswith("ok")]
     if "device" not in df.columns:
@@ -377,6 +383,7 @@ def precision_tables(tm):
         return V, G, (gamma * s[None, :]).astype(np.float32), beta
 
     out["int8_dimscale"] = (AdTable.from_float(a / s[None, :], b, dtype="int8", ad_ids=tm.data.ad_ids), req)
+    out["fp16_math"] = out["fp16"]  # the fp16 table in the fp16 math mode (run_precision)
     return out
 
 
@@ -395,7 +402,7 @@ def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progr
     out = []
     for dt in dtypes:
         table, req = tables[dt]
-        sc = base if dt == "fp32" else model_scores(tm, rows, table, req)
+        sc = base if dt == "fp32" else model_scores(tm, rows, table, req, math="fp16" if dt == "fp16_math" else "fp32")
         top = _topk_rows(sc, elig, 100)
         rec = recalls(data, rows, top, (100,))["recall@100"]
         ov = float(np.mean([topk_overlap(x, y, 100) for x, y in zip(top, base_top)]))

@@ -157,10 +157,18 @@ class TrainedModel:
 
 
 def score_exported(V, G, gamma, beta, table: AdTable, k_experts: int, users_per_chunk: int = 8,
-                   device="cpu") -> np.ndarray:
+                   device="cpu", math: str = "fp32") -> np.ndarray:
     """docs/design.md's score of exported tensors ``V [n, E, d]`` ... over a stored table, in float32
     torch on the table the kernel reads (dequantized): ``[n, n_ads]``. Equal to the oracle up to
-    fp32 rounding (the oracle is float64); used for full-scale evaluation on a CPU."""
+    fp32 rounding (the oracle is float64); used for full-scale evaluation on a CPU.
+
+    ``math="fp16"``: the model the fp16 math mode computes (``reference.score(math="fp16")``):
+    gamma, beta, G / sqrt(d) and V rounded to fp16, h rounded to fp16 after the FiLM and ReLU,
+    products of fp16 values (exact in fp32) summed in fp32."""
+    if math not in ("fp32", "fp16"):
+        raise ValueError(f"math must be 'fp32' or 'fp16', got {math!r}")
+    if math == "fp16":
+        return _score_exported_fp16(V, G, gamma, beta, table, k_experts, users_per_chunk, device)
     A = torch.as_tensor(np.asarray(table.dequantized(), np.float32), device=device)
     b = torch.as_tensor(table.bias, device=device)
     n = V.shape[0]
@@ -169,6 +177,29 @@ def score_exported(V, G, gamma, beta, table: AdTable, k_experts: int, users_per_
         for s in range(0, n, users_per_chunk):
             t = [torch.as_tensor(x[s: s + users_per_chunk], device=device) for x in (V, G, gamma, beta)]
             out[s: s + t[0].shape[0]] = gated_scores(*t, A, b, k_experts).cpu().numpy()
+    return out
+
+
+def _score_exported_fp16(V, G, gamma, beta, table: AdTable, k_experts: int, users_per_chunk: int, device
+                         ) -> np.ndarray:
+    from ..score.weights import f16_weights
+
+    A = torch.as_tensor(np.asarray(table.dequantized(), np.float32), device=device)
+    b = torch.as_tensor(table.bias, device=device)
+    n, E, d = V.shape
+    out = np.empty((n, table.n_ads), np.float32)
+
+    def half(x):  # fp16-rounded, held in fp32
+        return torch.as_tensor(np.asarray(x, np.float16).astype(np.float32), device=device)
+
+    with torch.no_grad():
+        for s in range(n):
+            w = f16_weights(Request(V=V[s], G=G[s], gamma=gamma[s], beta=beta[s], k_experts=k_experts))
+            h = torch.relu(half(w["gamma"]) * A + half(w["beta"])).half().float()  # [n_ads, d]
+            logits, values = h @ half(w["G"]).T, h @ half(w["V"]).T  # G already holds 1 / sqrt(d)
+            p = torch.softmax(logits, dim=-1)
+            mask = torch.zeros_like(logits).scatter_(-1, torch.topk(logits, k_experts, dim=-1).indices, 1.0)
+            out[s] = ((mask * p * values).sum(-1) + b).cpu().numpy()
     return out
 
 
