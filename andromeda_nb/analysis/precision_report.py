@@ -135,13 +135,14 @@ def figure(summary: dict[str, pd.DataFrame], thr: pd.DataFrame, note: str):
     labels = []
     for x in order:
         g, b = kernel_rate(thr, x), any_s[("mean", "bytes_per_ad")].get(x, np.nan)
-        labels.append(f"{x}\n{b:.0f} B/ad\n" + (f"{g / 1e9:.1f} G ads/s" if np.isfinite(g) else "not measured"))
+        labels.append(f"{x}\n{b:.0f} B/ad\n" + (f"{g / 1e9:.1f} G/s" if np.isfinite(g) else "n/a"))
     axes[0].set_xticks(range(len(order)), labels, fontsize="small")
     for lim in (-TARGET_DELTA_PP, TARGET_DELTA_PP):
         axes[0].axhline(lim, color="0.5", ls=":", lw=1)
     axes[0].text(len(order) - 0.5, TARGET_DELTA_PP, f"target ±{TARGET_DELTA_PP} pp", ha="right", va="bottom",
                  fontsize="x-small", color="0.4")
-    axes[0].set(ylabel="Δ recall@100 vs fp32 (percentage points)", title="quality loss per dtype")
+    axes[0].set(ylabel="Δ recall@100 vs fp32 (percentage points)", title="quality loss per dtype",
+                xlabel="dtype, bytes an ad, fused top-K ads/s measured")
     dataset_keys = [Line2D([], [], color="0.3", marker=styles[j % len(styles)][0], ls=styles[j % len(styles)][1],
                            label=ds) for j, ds in enumerate(summary)]
     axes[0].legend(handles=dataset_keys, fontsize="small", loc="lower left")
@@ -166,6 +167,12 @@ def kernel_checks(preset: str, max_ads: int | None, seed: int = 0) -> pd.DataFra
     users = data.user_ids[data.eval_rows[:1]]
     return pd.DataFrame([{"dtype": dt, "ok": bool(c.ok), "message": c.message} for dt in KERNEL_DTYPES
                          for c in quality.kernel_check(model, users, k=10, dtype=dt, max_ads=max_ads)])
+
+
+def _default_math() -> str:
+    from ..score.config import KernelConfig
+
+    return KernelConfig().math
 
 
 def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
@@ -198,7 +205,9 @@ def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
         lines.append("**fp16 math as the default?** The rule: on every dataset |Δ recall@100| <= "
                      f"{DEFAULT_MATH_DELTA_PP} pp and top-100 overlap >= {DEFAULT_MATH_OVERLAP} against fp32 math. "
                      + "; ".join(f"{ds}: {dpp:+.3f} pp, overlap {ov:.4f}" for ds, (dpp, ov) in math.items()) + ": "
-                     + ("the data allow it." if ok else "not met, fp32 math stays the default."))
+                     + (("the data allow it" + ("." if _default_math() != "fp32" else
+                                                "; the kernels' default is still fp32 math (not yet switched).")) if ok
+                        else "not met, fp32 math stays the default."))
     half = [s.loc[[d for d in ("fp16", "fp16_math", "bf16") if d in s.index], ("mean", "score_err_max")]
             for s in summary.values()]
     half = pd.concat(half) if half else pd.Series(dtype=float)

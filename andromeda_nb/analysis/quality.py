@@ -295,8 +295,9 @@ def bytes_per_ad(d: int, dtype: str) -> int:
 
 def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
     """The fused kernel's best ads/s per (dtype, d, experts, k_experts) over the whole pool
-    (``access == pool``, fused top-K variants), with the device it was measured on; empty when
-    the file is missing."""
+    (``access == pool``, fused top-K: the block or the filter path, whichever measured faster),
+    with the device it was measured on; the fp16 math mode's rows as dtype ``fp16_math``; empty
+    when the file is missing."""
     path = Path(scoring_csv)
     cols = ["dtype", "d", "experts", "k_experts", "items_per_s", "flops_per_item", "device"]
     if not path.is_file():
@@ -307,7 +308,7 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     # fp32 math rows by storage dtype; the fp16 math mode's rows (fp16 tables) as "fp16_math"
     math = df["math"].fillna("fp32").replace("", "fp32") if "math" in df.columns else pd.Series("fp32", df.index)
-    plain = df[df["variant"].isin(["gated_fused_topk", "tower_fused_topk"]) & (math == "fp32")]
+    plain = df[df["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter", "tower_fused_topk"]) & (math == "fp32")]
     half = df[df["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter"]) & (math == "fp16")]
     df = pd.concat([plain, half.assign(dtype="fp16_math")])
     df = df[df["access"] == "pool"]
