@@ -142,13 +142,13 @@ def _filter_path(dreq, table, k, access, elig, cand, n_items, config, sfw):
     later calls replay them bound, pointed at this call's weights and eligible set or candidates
     (Numba's dispatch of the six launches, the weights tuple's among them, cost milliseconds of host
     time a call). Returns the filter workspace holding the answer."""
-    from .launches import _resolve
+    from .launches import _resolve, _weight_args
 
     cfg = _resolve(config, dreq, table, access, selects=True)
-    inputs = {"image": dreq.mma_image() if cfg.tensor_cores else dreq.image, "elig": elig, "cand": cand,
-              "params": dreq.param_weights() if cfg.weights == "param" else None}
+    image, params = _weight_args(dreq, cfg)  # the very arrays the launches take (fp16 math: per-lane fp16)
+    inputs = {"image": image, "elig": elig, "cand": cand, "params": params[0] if params else None}
     replays = sfw.__dict__.setdefault("replays", {})
-    key = (config, dreq.model, dreq.d, dreq.experts, dreq.k_experts)
+    key = (cfg, dreq.model, dreq.d, dreq.experts, dreq.k_experts)
     if key not in replays:
         with launch.Recorder() as rec:
             fws = launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw)

@@ -48,6 +48,24 @@ def test_fp16_top_k_is_exact_on_its_own_scores(rng, path):
         assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
 
 
+def test_fp16_replayed_calls_take_each_requests_weights(rng):
+    """score_topk replays its recorded launches from the second call on: each call's own fp16
+    per-lane weights must be pointed at, not the first request's (every access path)."""
+    from andromeda_nb.topk.config import TopKConfig, TopKTuning
+
+    seeded = TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256))  # from 256 items
+    t, dt = table_of(rng, 600, 32, "rows")
+    mask = rng.random(600) < 0.6
+    reqs = [anb.Request.random(32, 4, 2, rng) for _ in range(3)]
+    for eligible in (None, mask):
+        for req in reqs + reqs[:1]:
+            got = anb.score_topk(req, dt, 8, eligible=eligible, config=F16, path="filter", topk_config=seeded)
+            scores = anb.score_ads(req, dt, config=F16).copy_to_host()
+            want = reference.topk(scores, 8, ids=t.ad_ids, eligible=eligible)
+            np.testing.assert_array_equal(got.ids, want.ids)
+            np.testing.assert_array_equal(got.scores, want.scores)
+
+
 def test_requests_the_math_would_overflow_are_refused(rng, monkeypatch):
     from andromeda_nb.score import api
 
