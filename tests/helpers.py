@@ -7,9 +7,9 @@ from andromeda_nb.model import AdTable, Request
 from andromeda_nb.targeting import Category, TargetingRules, TargetingSchema
 
 
-def check_scores(got, request: Request, table: AdTable):
-    """Assert kernel scores match the oracle (andromeda_nb.checks.compare_scores)."""
-    result = checks.compare_scores(got, request, table)
+def check_scores(got, request: Request, table: AdTable, math: str = "fp32"):
+    """Assert kernel scores match the oracle of ``math``'s model (andromeda_nb.checks.compare_scores)."""
+    result = checks.compare_scores(got, request, table, math=math)
     assert result.ok, result.message
 
 

@@ -159,12 +159,13 @@ def test_shared_memory_checked_before_launch(rng, monkeypatch):
     calls = []
     real = S.launch_score_topk
     monkeypatch.setattr(S, "launch_score_topk", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    for k, config in ((2048, None), (1800, KernelConfig(block=256))):
+    f32 = KernelConfig(math="fp32")  # the CUDA-core kernel holds the weight image in shared memory
+    for k, config in ((2048, f32), (1800, KernelConfig(block=256, math="fp32"))):
         with pytest.raises(ValueError, match="shared memory"):
             score_topk(req, dt, k, path="block", config=config)
     assert not calls
-    top = score_topk(req, dt, 2048)
-    want = reference.topk(score_ads(req, dt).copy_to_host(), 2048, ids=table.ad_ids)
+    top = score_topk(req, dt, 2048, config=f32)
+    want = reference.topk(score_ads(req, dt, config=f32).copy_to_host(), 2048, ids=table.ad_ids)
     np.testing.assert_array_equal(top.ids, want.ids)
     np.testing.assert_array_equal(top.scores, want.scores)
     assert not calls, "the block top-K cannot run at this k: it must not be tried"

@@ -15,7 +15,8 @@ from ..match.api import DeviceTargetingIndex
 from . import plots
 from .metrics import recall_at_k
 from ..pipeline.retrieve import retrieve
-from ..score.api import DeviceAdTable, score_ads
+from ..score.api import DeviceAdTable, KernelConfig, score_ads
+from ..score.table import DeviceRequest
 from ..targeting import TargetingIndex
 
 
@@ -39,8 +40,8 @@ def run_users(world, users, k: int = 100, ks=(10, 50, 100), layout: str = "tiles
 
     Checks per user (`docs/design.md`, "Checking against the reference"): ``exact`` — the answer equals the
     oracle's top-k run on the kernel's own fp32 scores of the eligible ads (same ids, order, scores,
-    count); ``near_f64`` — against float64 oracle scores, ids differ only among near-ties of the
-    k-th score; ``eligible_ok`` — the eligible count equals the oracle's match.
+    count); ``near_f64`` — against float64 oracle scores of the model the kernel computes (its math
+    mode), ids differ only among near-ties of the k-th score or of the gate; ``eligible_ok`` — the eligible count equals the oracle's match.
 
     Args:
         world: a :class:`~andromeda_nb.datasets.movielens.MovieLensWorld` (or anything with
@@ -71,8 +72,12 @@ def run_users(world, users, k: int = 100, ks=(10, 50, 100), layout: str = "tiles
             kernel_scores = score_ads(req, dev.table).copy_to_host()
             row["exact"] = checks.compare_topk_exact(out.ids, out.scores, out.n_scored, kernel_scores, k,
                                                      world.table.ad_ids, mask).ok
-            row["near_f64"] = checks.compare_topk_float64(out.ids, reference.score(req, world.table), k,
-                                                          world.table.ad_ids, mask).ok
+            # the float64 oracle of the model the kernel computed (the default math="auto": fp16
+            # math on an fp16 table); an ad whose K-th and (K+1)-th logits nearly tie may swap sets
+            math = KernelConfig().with_math(DeviceRequest.of(req), dev.table).math
+            row["near_f64"] = checks.compare_topk_float64(out.ids, reference.score(req, world.table, math=math), k,
+                                                          world.table.ad_ids, mask,
+                                                          checks.near_tie_ads(req, world.table, math)).ok
             row["eligible_ok"] = out.n_eligible == int(mask.sum())
         rows.append(row)
     return pd.DataFrame(rows)

@@ -424,7 +424,8 @@ def kernel_check(tm, user_ids, k: int = 20, dtype: str = "fp32", max_ads: int | 
     near-ties, as :func:`andromeda_nb.checks.compare_topk_float64`). ``max_ads`` limits the eligible
     ads to the first slots (the simulator scores about 1,000 ads/s). Returns one Check per user."""
     from .. import checks
-    from ..score.api import DeviceAdTable, score_topk
+    from ..score.api import DeviceAdTable, KernelConfig, score_topk
+    from ..score.table import DeviceRequest
 
     table = tm.export_table(dtype)
     dt = DeviceAdTable(table)
@@ -434,8 +435,10 @@ def kernel_check(tm, user_ids, k: int = 20, dtype: str = "fp32", max_ads: int | 
         mask = tm.data.eligible(np.array([row]))[0]
         if max_ads is not None:
             mask[max_ads:] = False
-        got = score_topk(tm.export_request(uid), dt, k, eligible=mask)
-        ref = model_scores(tm, np.array([row]), table)[0].astype(np.float64)
+        req = tm.export_request(uid)
+        got = score_topk(req, dt, k, eligible=mask)
+        math = KernelConfig().with_math(DeviceRequest.of(req), dt).math  # the default's math mode
+        ref = model_scores(tm, np.array([row]), table, math=math)[0].astype(np.float64)
         out.append(checks.compare_topk_float64(got.ids, ref, k, table.ad_ids, mask))
     return out
 

@@ -272,8 +272,10 @@ def verify_scores_sample(dreq, table, scores_dev=None, rng=None, eligible_mask=N
 
     from .. import checks
     from ..score.api import score_ads
+    from ..score.config import KernelConfig
     from .tables import host_rows
 
+    config = (config or KernelConfig(math="fp32")).with_math(dreq, table)  # the math the kernel ran
     rng = rng or np.random.default_rng(0)
     slots = np.sort(rng.choice(table.n_ads, min(SAMPLE, table.n_ads), replace=False))
     got = score_ads(dreq, table, candidates=slots.astype(np.int32), config=config).copy_to_host()
@@ -392,7 +394,7 @@ def fused_row(run, case: ScoringCase) -> dict:
         def call():
             return launch_score_topk(dreq, table, k, access, elig, cand, n_items, config, res)
     timing = harness.time_device(call, reps=run.options.reps)
-    verified = verify_scores_sample(dreq, table, rng=run.rng, config=config if config.math != "fp32" else None)
+    verified = verify_scores_sample(dreq, table, rng=run.rng, config=config)
     if path == "filter":
         c = res.counts.copy_to_host()[0]
         outcome = seeded_outcome(res, k, c)
@@ -501,7 +503,10 @@ def _unfused_row(run, case: UnfusedCase) -> dict:
     if case.pipeline == "per_op" and access != "bitset":
         full = bufs.score  # indexed by slot: the pool, or every slot listed in order
     else:
-        full = scores_full(dreq, table, "bitset" if access == "bitset" else "pool", elig, None, n, None)
+        from ..score.config import KernelConfig
+
+        full = scores_full(dreq, table, "bitset" if access == "bitset" else "pool", elig, None, n,
+                           KernelConfig(math="fp32"))
     verified = harness.verify_topk_torch(ws.out_id[0], ws.out_s[0], full, k, eligible_mask=mask)
     fmt = ".3g" if access == "bitset" else "g"
     return harness.row("scoring", run.env, run.ceil, timing, items, sum(budget.values()),
@@ -525,6 +530,12 @@ class Run(harness.Run):
         self._announced = False
 
     def config(self, case: ScoringCase):
+        """The case's KernelConfig, its math the case's ``math`` column unless the settings name one
+        (the default ``math="auto"`` would pick fp16 math on fp16 tables behind an fp32 row)."""
+        cfg = self._config(case)
+        return cfg if cfg.math != "auto" else replace(cfg, math=case.math)
+
+    def _config(self, case: ScoringCase):
         from ..score.config import DEFAULT_CONFIG, KernelConfig
 
         if case.config != BEST:

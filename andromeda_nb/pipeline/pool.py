@@ -220,50 +220,69 @@ class Pool:
     # ------------------------------------------------------------------ the targeted path
 
     def _request_images(self, reqs: list) -> dict:
-        """The requests grouped by shape ``(model, E, K)``, each group's weight images stacked
-        (float32 ``[n, size]``) and, for math='fp16', its per-lane fp16 images; every request
-        checked (type, shape, the ranges the math holds) first. Gated :class:`Request` objects of
+        """The requests grouped by shape and math ``(model, E, K, math)``, each group's weight images
+        stacked (float32 ``[n, size]``) and, in fp16 math, its per-lane fp16 images; every request
+        checked (type, shape, the ranges its math holds) first. ``math="auto"`` serves a request in
+        fp16 math where the mode applies to its shape and it stays within fp16's range, else in
+        fp32 (:meth:`~andromeda_nb.score.KernelConfig.with_math`). Gated :class:`Request` objects of
         one shape build their images in a few numpy passes over the whole group."""
-        from ..score.launches import check_range, first_out_of_range
-        from ..score.weights import f16_weights, mma_f16_images, stack_requests, weight_images
+        from ..score.launches import check_range, out_of_range
+        from ..score.weights import f16_overflow, f16_weights, mma_f16_images, stack_requests, weight_images
 
-        keys: dict = {}
+        shapes: dict = {}
         for i, r in enumerate(reqs):
             if type(r) is Request:
                 if r.d != self.table.d:
                     raise ValueError(f"request d={r.d} does not match the pool's d={self.table.d}")
                 check_kernel_shape(r.d, r.experts)
-                keys.setdefault(("gated", r.experts, r.k_experts), []).append(i)
+                shapes.setdefault(("gated", r.experts, r.k_experts), []).append(i)
             else:
                 reqs[i] = dr = self._device_request(r)
-                keys.setdefault((dr.model, dr.experts, dr.k_experts), []).append(i)
-        math = self.config.math
+                shapes.setdefault((dr.model, dr.experts, dr.k_experts), []).append(i)
+        cfg, table = self.config, self.table
         out = {}
-        for key, members in keys.items():
+        for shape, members in shapes.items():
             group = [reqs[j] for j in members]
-            size = image_size(key[0], self.table.d, key[1])
-            images = np.empty((len(group), size), np.float32)
-            f16 = None
+            images = np.empty((len(group), image_size(shape[0], table.d, shape[1])), np.float32)
             if all(type(r) is Request for r in group):
                 st = stack_requests(group)
-                bad = first_out_of_range(*st, self.table.max_abs(), math)
-                if bad >= 0:
-                    check_range(DeviceRequest.of(group[bad]), self.table, math)  # raises, naming the bound
+                strict = "fp16" if cfg.math == "fp16" else "fp32"
+                bad = out_of_range(*st, table.max_abs(), strict)
+                if strict == "fp16":
+                    bad |= f16_overflow(*st)
+                if bad.any():
+                    i = int(np.flatnonzero(bad)[0])
+                    check_range(DeviceRequest.of(group[i]), table, strict)  # raises, naming the bound
+                    f16_weights(group[i])  # raises, naming the weight
                 weight_images(*st, images)
-                if math == "fp16":
-                    f16 = np.empty((len(group), mma_f16_image(group[0]).size), np.uint32)
-                    bad = mma_f16_images(*st, f16)
-                    if bad >= 0:
-                        f16_weights(group[bad])  # raises, naming the weight
+                maths = np.full(len(group), strict)
+                if cfg.math == "auto" and cfg.with_math(DeviceRequest.of(group[0]), table).math == "fp16":
+                    fits = ~(out_of_range(*st, table.max_abs(), "fp16") | f16_overflow(*st))
+                    maths[fits] = "fp16"
+                f16 = None
+                if (maths == "fp16").any():
+                    f16 = np.zeros((len(group), mma_f16_image(group[0]).size), np.uint32)
+                    sel = np.flatnonzero(maths == "fp16")
+                    part = np.empty((sel.size, f16.shape[1]), np.uint32)
+                    mma_f16_images(*(x[sel] for x in st), part)
+                    f16[sel] = part
             else:
-                for b, r in enumerate(group):
-                    dr = DeviceRequest.of(r)
+                drs = [DeviceRequest.of(r) for r in group]
+                for b, dr in enumerate(drs):
                     images[b] = _host_image(dr)
-                if math == "fp16":
-                    if any(DeviceRequest.of(r).request is None for r in group):
-                        raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
-                    f16 = np.stack([mma_f16_image(DeviceRequest.of(r).request) for r in group])
-            out[key] = (members, images, f16)
+                maths = np.array([cfg.with_math(dr, table).math for dr in drs])
+                if cfg.math == "fp16" and any(dr.request is None for dr in drs):
+                    raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
+                f16 = None
+                if (maths == "fp16").any():
+                    f16 = np.stack([mma_f16_image(dr.request) if m == "fp16" else
+                                    np.zeros(mma_f16_image(drs[int(np.flatnonzero(maths == "fp16")[0])].request).size,
+                                             np.uint32) for dr, m in zip(drs, maths)])
+            for math in ("fp32", "fp16"):
+                sel = np.flatnonzero(maths == math)
+                if sel.size:
+                    out[(*shape, math)] = ([members[j] for j in sel], images[sel],
+                                           f16[sel] if math == "fp16" else None)
         return out
 
     def _targeted(self, group: "_Group", reqs: list, images: np.ndarray, f16, plans: list, k: int) -> list:
@@ -294,7 +313,7 @@ class Pool:
                 answers.append(Retrieved(ids=buf.host_ids[b, :k].copy(), scores=buf.host_scores[b, :k].copy(),
                                          n_eligible=n_elig, n_scored=n_scored))
             else:
-                answers.append(self._rerun(DeviceRequest.of(reqs[b]), b, k, n_elig))
+                answers.append(self._rerun(DeviceRequest.of(reqs[b]), b, k, n_elig, group.config))
         return answers
 
     def _prepare_match(self, profiles: list, excl: list) -> list:
@@ -314,11 +333,11 @@ class Pool:
                 self._matchers[c] = BoundMatch(self.index, buf.bits, buf.elig_counts, c * MAX_BATCH)
             self._matchers[c].run(plan)
 
-    def _rerun(self, dreq: DeviceRequest, b: int, k: int, n_elig: int) -> Retrieved:
+    def _rerun(self, dreq: DeviceRequest, b: int, k: int, n_elig: int, config: KernelConfig) -> Retrieved:
         """The exact answer over request b's eligible bitset (the seeded path could not promise one)."""
         from ..score.api import score_topk
 
-        top = score_topk(dreq, self.table, k, eligible=self._buffers.bits[b], config=self.config)
+        top = score_topk(dreq, self.table, k, eligible=self._buffers.bits[b], config=config)
         return Retrieved(ids=top.ids, scores=top.scores, n_eligible=n_elig, n_scored=top.count)
 
     def _ensure_buffers(self) -> "_Buffers":
@@ -327,9 +346,9 @@ class Pool:
         return self._buffers
 
     def _group(self, key: tuple, request) -> "_Group":
-        """The group of a request shape ``(model, E, K)``, built on its first request."""
+        """The group of a request shape and math ``(model, E, K, math)``, built on its first request."""
         if key not in self._groups:
-            self._groups[key] = _Group(self, DeviceRequest.of(request))
+            self._groups[key] = _Group(self, DeviceRequest.of(request), key[3])
         return self._groups[key]
 
 
@@ -441,12 +460,14 @@ def _seed_shape() -> tuple[int, int]:
 
 
 class _Group:
-    """Per request shape (model, E, K): the weight images and the bound launches of a batch size."""
+    """Per request shape and math (model, E, K, math): the weight images and the bound launches of
+    a batch size."""
 
-    def __init__(self, pool: Pool, dreq: DeviceRequest):
+    def __init__(self, pool: Pool, dreq: DeviceRequest, math: str):
         check_kernel_shape(dreq.d, dreq.experts)
         cuda = launch.cuda()
         self.pool, self.dreq = pool, dreq
+        self.config = replace(pool.config, math=math)
         size = image_size(dreq.model, dreq.d, dreq.experts)
         self.images = cuda.device_array((pool.max_batch, size), np.float32)
         self.host_images = cuda.pinned_array((pool.max_batch, size), np.float32)
@@ -454,7 +475,7 @@ class _Group:
         # fp16 math: the filter pass reads each request's per-lane fp16 image (the sample is scored in
         # fp32 on the CUDA cores: its seed only needs to be close; exactness is checked after)
         self.f16 = None
-        if pool.config.math == "fp16":
+        if math == "fp16":
             if dreq.request is None:
                 raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
             words = mma_f16_image(dreq.request).size
@@ -466,7 +487,7 @@ class _Group:
         from ..score.api import score_topk
 
         none = launch.cuda().to_device(np.zeros(max(pool.n_words, 1), np.uint64))
-        score_topk(dreq, pool.table, pool.max_k, eligible=none, config=pool.config)
+        score_topk(dreq, pool.table, pool.max_k, eligible=none, config=self.config)
 
     def copy_weights(self, B: int) -> None:
         launch.copy_async(self.images, self.host_images, B * self.image_bytes)
@@ -485,7 +506,7 @@ class _Group:
         from .kernels import GATHER_BLOCK, GATHER_WORDS, gather_candidates_kernel, pool_seed_kernel, reset_kernel
 
         pool, dreq, buf = self.pool, self.dreq, self.pool._buffers
-        table, cfg = pool.table, pool.config.resolved(dreq, 0, False)
+        table, cfg = pool.table, self.config.resolved(dreq, 0, False)
         if cfg.weights == "param":  # a batch's weights differ by request: shared memory, a row each
             cfg = replace(cfg, weights="shared", max_registers=128)
         sample_cfg = replace(cfg, math="fp32")

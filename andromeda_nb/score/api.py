@@ -48,6 +48,7 @@ def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
     """
     config = check_config(config)
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates)
+    config = config.with_math(dreq, table)
     if config.naive and dreq.model != "gated":
         raise ValueError("the naive kernel implements the gated model only")
     if not config.naive:
@@ -100,6 +101,7 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
         raise ValueError(f"k={k}: the fused block top-K supports k <= {BLOCK_TOPK_MAX_K} (its shared buffer); "
                          f"the filter path (path='filter', not naive) takes k <= {MAX_K}")
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates, unique=True)
+    config = config.with_math(dreq, table)
     if config.naive and dreq.model != "gated":
         raise ValueError("the naive kernel implements the gated model only")
     # whether the block top-K can run for this request: else the fallback is scores to memory

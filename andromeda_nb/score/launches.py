@@ -103,6 +103,7 @@ def _resolve(config: KernelConfig, dreq: DeviceRequest, table: DeviceAdTable, ac
     request and table: ``selects`` (default ``topk_k > 0``) says the kernel selects (the block
     top-K or the filter pass), where an eligible bitset is compacted in the kernel."""
     selects = topk_k > 0 if selects is None else selects
+    config = config.with_math(dreq, table)
     return config.resolved(dreq, topk_k, access == "bitset" and selects and table.layout == "tiles")
 
 
@@ -314,12 +315,11 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
                          "beyond what fp32 holds (every score would be NaN); rescale the request or the table")
 
 
-def first_out_of_range(gamma, beta, G, V, max_abs: float, math: str) -> int:
+def out_of_range(gamma, beta, G, V, max_abs: float, math: str) -> np.ndarray:
     """:func:`check_range` of B stacked gated requests (:func:`~andromeda_nb.score.weights.stack_requests`)
-    at once: the index of the first request it would refuse on a table of ``max_abs``, or -1."""
+    at once on a table of ``max_abs``: bool ``[B]``, True where it would refuse the request."""
     from .weights import FP16_MAX, scaled_keys
 
-    B, E, d = G.shape
     h = np.abs(gamma).max(axis=1).astype(np.float64) * max_abs + np.abs(beta).max(axis=1).astype(np.float64)
     keys = np.abs(scaled_keys(G).astype(np.float64)).sum(axis=2).max(axis=1)
     vals = np.abs(V.astype(np.float64)).sum(axis=2).max(axis=1)
@@ -327,4 +327,10 @@ def first_out_of_range(gamma, beta, G, V, max_abs: float, math: str) -> int:
         bad = ~(h * np.maximum(keys, vals) <= FP32_SAFE)
     if math == "fp16":
         bad |= ~(h <= FP16_MAX)
+    return bad
+
+
+def first_out_of_range(gamma, beta, G, V, max_abs: float, math: str) -> int:
+    """The index of the first request :func:`out_of_range` refuses, or -1."""
+    bad = out_of_range(gamma, beta, G, V, max_abs, math)
     return int(np.flatnonzero(bad)[0]) if bad.any() else -1

@@ -193,6 +193,15 @@ def _mma_f16_index(d: int) -> np.ndarray:
 _F16_INDEX: dict = {}
 
 
+def f16_overflow(gamma, beta, G, V) -> np.ndarray:
+    """bool ``[B]``: stacked requests with a weight beyond the fp16 range (:func:`f16_weights` raises)."""
+    B = G.shape[0]
+    big = np.zeros(B, bool)
+    for x in (gamma, beta, scaled_keys(G), V):
+        big |= np.abs(x.reshape(B, -1)).max(axis=1) > FP16_MAX
+    return big
+
+
 def mma_f16_images(gamma, beta, G, V, out: np.ndarray) -> int:
     """:func:`mma_f16_image` of B stacked requests into ``out[:B]`` (uint32 ``[>= B, words]``),
     equal to it word for word. Returns the index of the first request with a weight beyond the fp16

@@ -255,3 +255,25 @@ def test_fp16_math_pool_equals_its_model(rng):
         np.testing.assert_array_equal(out.scores, want.scores)
         assert out.n_eligible == elig.sum()
 
+
+
+def test_auto_math_pool_serves_each_request_in_its_math(rng):
+    """math='auto': requests within fp16's range in fp16 math, one beyond it (|gamma| max|a| past
+    65504) in fp32 math, in one batch; each answer the exact top-k of its own math's scores."""
+    from andromeda_nb.score.table import DeviceRequest
+
+    rules, table, index = world(rng, 500, p_constrain=0.15, p_exclude=0.05)
+    auto = anb.KernelConfig(math="auto")
+    pool = Pool(table, index, max_batch=4, max_k=10, config=auto)
+    reqs = [anb.Request.random(D, 4, 2, rng) for _ in range(3)]
+    wide = anb.Request(V=reqs[0].V, G=reqs[0].G, gamma=reqs[0].gamma * 3e4, beta=reqs[0].beta, k_experts=2)
+    reqs.insert(1, wide)
+    profs = [random_profile(rng, rules.schema) for _ in reqs]
+    maths = [auto.with_math(DeviceRequest.of(r), pool.table).math for r in reqs]
+    assert maths == ["fp16", "fp32", "fp16", "fp16"]
+    for req, prof, math, out in zip(reqs, profs, maths, pool.retrieve(reqs, profs, k=10)):
+        elig = reference.match(rules, make_profile(rules.schema, prof))
+        scores = score_ads(req, pool.table, config=anb.KernelConfig(math=math)).copy_to_host()
+        want = reference.topk(scores, 10, ids=pool.table.host_ad_ids, eligible=elig)
+        np.testing.assert_array_equal(out.ids, want.ids)
+        np.testing.assert_array_equal(out.scores, want.scores)

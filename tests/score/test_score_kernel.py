@@ -1,5 +1,7 @@
 """Fused gather-gate-score kernels against the float64 oracle (simulator in CI, GPU when asked)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -32,11 +34,20 @@ def make_table(rng, n, d, dtype, scale=1.0):
 
 @pytest.mark.parametrize("d,E,K,dtype,layout,n", CASES)
 def test_pool_scores_match_oracle(rng, d, E, K, dtype, layout, n):
+    """The default configuration (fp32 math) and math="auto" (fp16 math on fp16 tables where the
+    shape allows: d a multiple of 16, E <= 8; everything else fp32), each against its model's oracle."""
+    from andromeda_nb.score.table import DeviceRequest
+
     req = Request.random(d, E, K, rng)
     table = make_table(rng, n, d, dtype)
-    got = score_ads(req, DeviceAdTable(table, layout)).copy_to_host()
+    dt = DeviceAdTable(table, layout)
+    got = score_ads(req, dt).copy_to_host()
     assert got.dtype == np.float32 and got.shape == (n,)
     check_scores(got, req, table)
+    auto = KernelConfig(math="auto")
+    math = auto.with_math(DeviceRequest.of(req), dt).math
+    assert math == ("fp16" if dtype == "fp16" and d % 16 == 0 and E <= 8 else "fp32")
+    check_scores(score_ads(req, dt, config=auto).copy_to_host(), req, table, math)
 
 
 @pytest.mark.parametrize("layout", ["rows", "tiles"])
@@ -129,9 +140,12 @@ def test_fused_topk_equals_oracle_topk_of_kernel_scores(rng, access, k):
     np.testing.assert_array_equal(top.ids, want.ids)
     np.testing.assert_array_equal(top.scores, want.scores)
     assert top.count == want.count
-    ref = reference.score(req, table)
+    from andromeda_nb.score.table import DeviceRequest
+
+    math = KernelConfig().with_math(DeviceRequest.of(req), dt).math  # the default's
+    ref = reference.score(req, table, math=math)
     ref_sel = ref if access != "candidates" else ref[kwargs["candidates"]]
-    tie = checks.near_tie_ads(req, table)
+    tie = checks.near_tie_ads(req, table, math)
     check_topk_against_float64(top.ids, top.scores, ref_sel, ids, k, eligible,
                                tie if access != "candidates" else tie[kwargs["candidates"]])
 
@@ -171,6 +185,8 @@ def test_zero_eligible_and_empty_pool(rng):
                                     KernelConfig(weights="shared", guard="offset")])
 @pytest.mark.parametrize("dtype,layout", [("fp16", "tiles"), ("int8", "rows"), ("bf16", "rows")])
 def test_kernel_configs_agree_with_oracle(rng, config, dtype, layout):
+    """The CUDA-core kernel's variants, in fp32 math."""
+    config = replace(config, math="fp32")
     d, E, K, n = 64, 6, 2, 77
     req = Request.random(d, E, K, rng)
     table = make_table(rng, n, d, dtype)
@@ -255,7 +271,7 @@ def test_tensor_core_kernel_matches_oracle(rng, d, E, K, dtype, layout, n, acces
         check_scores(got, req, table)
         assert np.isnan(got[n // 2])
     rows = {"pool": np.arange(n), "bitset": np.arange(n), "candidates": cand}[access]
-    ref = score_ads(req, dt, **kw).copy_to_host()  # the CUDA-core kernel, same rows
+    ref = score_ads(req, dt, config=KernelConfig(math="fp32"), **kw).copy_to_host()  # the CUDA-core kernel
     assert np.array_equal(np.isnan(got), np.isnan(ref))
     # an ad with near-tied gate logits may take either expert set in either kernel (docs/design.md)
     both = ~np.isnan(ref) & ~checks.near_tie_ads(req, table)[rows]
@@ -426,7 +442,7 @@ def test_tensor_core_accuracy_on_large_rows():
         table = AdTable.from_float(r.standard_normal((n, d)) * 1000, r.standard_normal(n), dtype="fp16")
         tol = checks.SCORE_RTOL * checks.score_scale(req, table)
         ref = reference.score(req, table)
-        for name, cfg in (("tensor", KernelConfig(tensor_cores=True)), ("cuda", KernelConfig())):
+        for name, cfg in (("tensor", KernelConfig(tensor_cores=True)), ("cuda", KernelConfig(math="fp32"))):
             got = score_ads(req, DeviceAdTable(table, "tiles"), config=cfg).copy_to_host()
             worst[name] = max(worst[name], float(np.max(np.abs(got - ref) / tol)))
     assert worst["cuda"] <= 1.0 and worst["tensor"] <= (2.0 if backend.is_simulator() else 3.5), worst
