@@ -259,13 +259,10 @@ class Pool:
                 if cfg.math == "auto" and cfg.with_math(DeviceRequest.of(group[0]), table).math == "fp16":
                     fits = ~(out_of_range(*st, table.max_abs(), "fp16") | f16_overflow(*st))
                     maths[fits] = "fp16"
-                f16 = None
-                if (maths == "fp16").any():
-                    f16 = np.zeros((len(group), mma_f16_image(group[0]).size), np.uint32)
-                    sel = np.flatnonzero(maths == "fp16")
-                    part = np.empty((sel.size, f16.shape[1]), np.uint32)
-                    mma_f16_images(*(x[sel] for x in st), part)
-                    f16[sel] = part
+                fp16 = np.flatnonzero(maths == "fp16")
+                f16 = np.empty((fp16.size, mma_f16_image(group[0]).size), np.uint32) if fp16.size else None
+                if fp16.size:
+                    mma_f16_images(*(x[fp16] for x in st), f16)
             else:
                 drs = [DeviceRequest.of(r) for r in group]
                 for b, dr in enumerate(drs):
@@ -273,16 +270,14 @@ class Pool:
                 maths = np.array([cfg.with_math(dr, table).math for dr in drs])
                 if cfg.math == "fp16" and any(dr.request is None for dr in drs):
                     raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
-                f16 = None
-                if (maths == "fp16").any():
-                    f16 = np.stack([mma_f16_image(dr.request) if m == "fp16" else
-                                    np.zeros(mma_f16_image(drs[int(np.flatnonzero(maths == "fp16")[0])].request).size,
-                                             np.uint32) for dr, m in zip(drs, maths)])
-            for math in ("fp32", "fp16"):
-                sel = np.flatnonzero(maths == math)
-                if sel.size:
-                    out[(*shape, math)] = ([members[j] for j in sel], images[sel],
-                                           f16[sel] if math == "fp16" else None)
+                fp16 = np.flatnonzero(maths == "fp16")
+                f16 = np.stack([mma_f16_image(drs[j].request) for j in fp16]) if fp16.size else None
+            # the fp16 images hold the fp16 members only, in member order
+            fp32 = np.flatnonzero(maths == "fp32")
+            if fp32.size:
+                out[(*shape, "fp32")] = ([members[j] for j in fp32], images[fp32], None)
+            if fp16.size:
+                out[(*shape, "fp16")] = ([members[j] for j in fp16], images[fp16], f16)
         return out
 
     def _targeted(self, group: "_Group", reqs: list, images: np.ndarray, f16, plans: list, k: int) -> list:

@@ -329,8 +329,3 @@ def out_of_range(gamma, beta, G, V, max_abs: float, math: str) -> np.ndarray:
         bad |= ~(h <= FP16_MAX)
     return bad
 
-
-def first_out_of_range(gamma, beta, G, V, max_abs: float, math: str) -> int:
-    """The index of the first request :func:`out_of_range` refuses, or -1."""
-    bad = out_of_range(gamma, beta, G, V, max_abs, math)
-    return int(np.flatnonzero(bad)[0]) if bad.any() else -1

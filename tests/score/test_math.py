@@ -112,10 +112,10 @@ def test_batch_images_equal_each_requests_image(rng, d, E):
 
 
 def test_batch_range_check_agrees_with_each_requests(rng):
-    """launches.first_out_of_range over a stacked batch refuses exactly the requests check_range
+    """launches.out_of_range over a stacked batch refuses exactly the requests check_range
     refuses, first one first, for both maths."""
     from andromeda_nb.score import weights
-    from andromeda_nb.score.launches import check_range, first_out_of_range
+    from andromeda_nb.score.launches import check_range, out_of_range
     from andromeda_nb.score.table import DeviceRequest
 
     t, dt = table_of(rng, 40, 32, "rows")
@@ -134,5 +134,6 @@ def test_batch_range_check_agrees_with_each_requests(rng):
         for order in ([0, 1, 2, 3], [3, 2, 1, 0], [0, 0, 2], [0]):
             batch = [variants[i] for i in order]
             want = next((j for j, i in enumerate(order) if refused[i]), -1)
-            assert first_out_of_range(*weights.stack_requests(batch), dt.max_abs(), math) == want, (math, order)
+            bad = np.flatnonzero(out_of_range(*weights.stack_requests(batch), dt.max_abs(), math))
+            assert (bad[0] if bad.size else -1) == want, (math, order)
     assert refused == [False, True, True, True]
