@@ -292,11 +292,11 @@ class DeviceTargetingIndex:
         return PreparedMatch(plan=plan, args=args)
 
     def _schema_tables(self) -> tuple[dict, np.ndarray]:
-        """The planner's view of the schema: category positions, and which take several values."""
+        """The planner's view of the schema: its category positions (the schema's own name ->
+        index map), and which categories take several values."""
         if self._schema_view is None:
             schema = self.index.schema
-            self._schema_view = ({c.name: i for i, c in enumerate(schema)},
-                                 np.array([c.multi_valued for c in schema], np.bool_))
+            self._schema_view = (schema._pos, np.array([c.multi_valued for c in schema], np.bool_))
         return self._schema_view
 
     def plan_batch(self, profiles: Sequence[Mapping], exclude_slots=None, n_words: int | None = None,
