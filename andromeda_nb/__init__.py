@@ -27,6 +27,7 @@ _LAZY = {
     "retrieve": "pipeline",
     "Retrieved": "pipeline",
     "Pool": "pipeline",
+    "PoolUpdate": "pipeline",
     "TopKConfig": "topk",
     "MatchConfig": "match",
 }

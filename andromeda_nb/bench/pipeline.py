@@ -100,9 +100,9 @@ def _timed(fn, calls: int) -> list[float]:
     return out
 
 
-def _host_profile(pool, batch, profs, out_dir) -> None:
-    """Where the host time of a one-request call goes (cProfile of 200 calls, by own time), to
-    ``<out>/pipeline_host_profile_<n>_<math>.txt``."""
+def _host_profile(call, calls: int, out_dir, name: str) -> None:
+    """Where the host time of a public call goes (cProfile of ``calls`` calls, by own time), to
+    ``<out>/pipeline_host_profile_<name>.txt``."""
     import cProfile
     import io
     import pstats
@@ -110,12 +110,12 @@ def _host_profile(pool, batch, profs, out_dir) -> None:
 
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(200):
-        pool.retrieve(batch, profs, K)
+    for _ in range(calls):
+        call()
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
-    Path(out_dir, f"pipeline_host_profile_{pool.n_ads}_{pool.config.math}.txt").write_text(text.getvalue())
+    Path(out_dir, f"pipeline_host_profile_{name}.txt").write_text(text.getvalue())
 
 
 def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out, batches=BATCHES,
@@ -161,7 +161,7 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
             match_dev = statistics.median(mt)
             if diagnostics:
                 rows.append(_match_row(env, ceil, world, profiles, n, match_dev, match_bytes))
-            _host_profile(pool, batch, profs, args_out)
+            _host_profile(lambda: pool.retrieve(batch, profs, K), 200, args_out, f"{pool.n_ads}_{pool.config.math}")
     return rows
 
 
@@ -176,7 +176,7 @@ def _match_row(env, ceil, world, profiles, n, match_dev, match_bytes) -> dict:
                 notes="items: pool ads; device: prep + match + post of Pool.retrieve's match step")
 
 
-def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32") -> dict:
+def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None) -> dict:
     from .. import reference
     from ..score import KernelConfig, score_ads, score_topk
     from ..score.launches import launch_score_filter
@@ -187,6 +187,8 @@ def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32") -> dict:
     top = score_topk(req, tiles, K, config=config)  # warm; its workspace stays on the table
     walls = _timed(lambda: score_topk(req, tiles, K, config=config), CALLS)
     wall, p99 = _quantiles(walls)
+    if out_dir is not None:
+        _host_profile(lambda: score_topk(req, tiles, K, config=config), 30, out_dir, f"score_topk_{n}_{math}")
     dreq = DeviceRequest.of(req)
     sfw = next(ws for key, ws in tiles._workspaces.items() if key[:4] == ("filter", n, K, "pool"))
     device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, config, sfw),
@@ -383,7 +385,7 @@ class Run(harness.Run):
         self.pool = self.table = None  # the tiles table takes their place
         if self.tiles is None:
             self.tiles = gpu_table(self.n, D, "fp16", "tiles", seed=1)
-        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, case.math)]
+        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, case.math, self.options.out)]
 
     def setup(self, n: int, pool: bool = True, math: str = "fp32") -> None:
         """The world and requests of ``n`` ads (a new size frees the last one's), and with ``pool``

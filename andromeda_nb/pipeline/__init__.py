@@ -2,10 +2,12 @@
 
 :class:`Pool` (:mod:`.pool`) is the serving object: built once, it keeps the table, the index and
 every buffer a request needs on the device. :func:`retrieve` (:mod:`.retrieve`) is the
-one-shot function over a device table and index.
+one-shot function over a device table and index. A pool stays live: :meth:`Pool.apply` takes a
+:class:`PoolUpdate` (:mod:`.updates`, the columnar batch of ad creates, changes and retires).
 """
 
 from .pool import Pool, Retrieved, StepTimes
 from .retrieve import retrieve
+from .updates import PoolUpdate
 
-__all__ = ["Pool", "Retrieved", "StepTimes", "retrieve"]
+__all__ = ["Pool", "PoolUpdate", "Retrieved", "StepTimes", "retrieve"]

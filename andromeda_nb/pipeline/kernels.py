@@ -140,3 +140,36 @@ def pool_seed_kernel(block: int, per_thread: int, margin_x2: int, min_rank: int)
             seeds[q] = seed
 
     return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def scatter_slots_kernel(tiles: bool):
+    """A live pool's table update (:meth:`~andromeda_nb.pipeline.Pool.apply`): entry ``j`` writes
+    ``ad_ids[slots[j]] = new_ids[j]`` and, where ``row_of[j] >= 0``, the row ``new_words[row_of[j]]``
+    (uint64 words), its bias and its int8 scale into that slot. Launch ``[(grid), block]``, a thread
+    per (entry, word): thread ``t`` handles entry ``t // n_w``, word ``t % n_w``. ``tiles``: the
+    table's words are ``[n_w, n_ads]``, else ``[n_ads, n_w]``."""
+
+    @cuda.jit
+    def kernel(words, bias, scale, ad_ids, slots, new_ids, row_of, new_words, new_bias, new_scale, has_scale):
+        n_w = new_words.shape[1]
+        t = cuda.grid(1)
+        j = t // n_w
+        w = t - j * n_w
+        if j >= slots.shape[0]:
+            return
+        s = slots[j]
+        r = row_of[j]
+        if r >= 0:
+            if tiles:
+                words[w, s] = new_words[r, w]
+            else:
+                words[s, w] = new_words[r, w]
+        if w == 0:
+            ad_ids[s] = new_ids[j]
+            if r >= 0:
+                bias[s] = new_bias[r]
+                if has_scale:
+                    scale[s] = new_scale[r]
+
+    return kernel

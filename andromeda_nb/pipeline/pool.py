@@ -31,7 +31,7 @@ from ..device import launch
 from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
-from ..score.weights import image_size, mma_f16_image
+from ..score.weights import image_size, mma_f16_image, mma_f16_words
 from ..targeting import WORD_BITS, TargetingIndex, table_slots
 from ..topk.api import check_k
 
@@ -100,31 +100,38 @@ class Pool:
         if index is not None and not isinstance(index, DeviceTargetingIndex):
             raise TypeError(f"index must be a TargetingIndex, a DeviceTargetingIndex or None, got {type(index).__name__}")
         self.index = index
-        # the pool's table and bound launches follow the index as it is now: an update applied to
-        # the index afterwards (slots reused, lists moved) makes the pool stale (retrieve refuses)
+        # the table and bound launches follow the index through apply(); an update applied to the
+        # index directly (slots reused, lists moved) makes the pool stale (retrieve refuses)
         self._index_version = None if index is None else index.version
         if layout == "auto":
             layout = "rows" if index is not None else "tiles"
         self.table = _device_table(table, index, layout)
         if self.config.math == "fp16" and self.table.dtype != "fp16":
             raise ValueError(f"math='fp16' scores fp16 tables, this one is {self.table.dtype}")
-        self.n_ads = self.table.n_ads
-        self.n_words = -(-self.n_ads // WORD_BITS)
         frac = 1 / 8 if candidate_fraction == "auto" else candidate_fraction
         if isinstance(frac, (bool, np.bool_)) or not isinstance(frac, (int, float, np.integer, np.floating)) or not (
                 0 < frac <= 1):
             raise ValueError(f"candidate_fraction must be 'auto' or in (0, 1], got {candidate_fraction!r}")
-        self.candidate_capacity = max(1, min(self.n_ads, int(np.ceil(frac * self.n_ads))))
         cap = max(4096, 64 * self.max_k) if filter_capacity == "auto" else filter_capacity
         if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
             raise ValueError(f"filter_capacity must be 'auto' or a positive int, got {filter_capacity!r}")
-        self.filter_capacity = min(int(cap), max(self.n_ads, 1))  # more than the pool could never fill
+        self._candidate_fraction, self._filter_capacity = float(frac), int(cap)
+        self._size()
         self._sim = launch.backend.is_simulator()
+        #: a :class:`StepTimes` to time each step of the targeted path with events (benchmarks), or None
+        self.trace = None
+
+    def _size(self) -> None:
+        """The sizes that follow the pool's slots, and the state sized by them (dropped: rebuilt on
+        the next call), at construction and after the pool grows."""
+        self.n_ads = self.table.n_ads
+        self.n_words = -(-self.n_ads // WORD_BITS)
+        self.candidate_capacity = max(1, min(self.n_ads, int(np.ceil(self._candidate_fraction * self.n_ads))))
+        self.filter_capacity = min(self._filter_capacity, max(self.n_ads, 1))  # more than the pool could never fill
         self._buffers = None  # allocated on the first targeted call (sizes known then)
         self._groups: dict = {}  # per request shape: weight images and bound launches
         self._matchers: dict = {}  # per chunk of a batch: the bound match (pipeline.bound_match)
-        #: a :class:`StepTimes` to time each step of the targeted path with events (benchmarks), or None
-        self.trace = None
+        self._bound_lists = None if self.index is None else self.index.pool  # the list pool they read
 
     # ------------------------------------------------------------------ public
 
@@ -192,6 +199,89 @@ class Pool:
                 out[j] = a
         return out[0] if single else out
 
+    def apply(self, update) -> "UpdateDelta":
+        """Apply a batch of ad creates, changes and retires to the index and the table together.
+
+        The targeting index allocates the slots (a retired ad's slot is reused by a later create);
+        each touched slot's ad id, row, bias (and int8 scale) are written on the device in stream
+        order, so the next request sees the whole batch. A retired slot gets ad id -1: never
+        scored, never returned. When the creates need more slots than are free, the pool first
+        grows to twice its slots (or what the batch needs): the one case where the index and the
+        table are copied, every slot keeping its place.
+
+        Args:
+            update: a :class:`~andromeda_nb.pipeline.PoolUpdate` (the columnar batch format).
+
+        Returns:
+            The index's :class:`~andromeda_nb.targeting.UpdateDelta` (``slots``: each op's slot).
+
+        Raises:
+            TypeError: not a PoolUpdate. ValueError: a pool without an index, rows of another
+            width, rows beyond the table's storage dtype (fp16 overflow). RuleError: the targeting
+            ops (a create of a live ad, a change or retire of an unknown one, a retire twice, a
+            malformed rule); all before anything changes (a refused batch may have grown the pool's
+            capacity, never its contents). RuntimeError: the index was updated outside the pool.
+        """
+        from ..targeting import CREATE, RETIRE
+        from .kernels import scatter_slots_kernel
+        from .updates import PoolUpdate, final_rows
+
+        if not isinstance(update, PoolUpdate):
+            raise TypeError(f"update must be a PoolUpdate (PoolUpdate.from_columns), got {type(update).__name__}")
+        if self.index is None:
+            raise ValueError("a pool without a targeting index takes no updates (the index allocates the slots)")
+        if self.index.version != self._index_version:
+            raise RuntimeError("the targeting index was updated outside this pool: build a new Pool")
+        if update.d != self.table.d:
+            raise ValueError(f"the update's rows have d={update.d}, the pool's table d={self.table.d}")
+        ops = update.targeting.ops
+        sets = update.sets_row
+        # the rows in the table's storage, checked first (fp16 range; int8 rows quantized)
+        rows = AdTable.from_float(update.embeddings[sets], update.bias[sets], dtype=self.table.dtype)
+        # slots the batch takes from the free list: the peak of creates minus retires (a retired
+        # slot is reused by the batch's next create before a free one is taken)
+        step = np.where(ops == CREATE, 1, np.where(ops == RETIRE, -1, 0))
+        need = max(0, int(np.cumsum(step).max(initial=0)))
+        if need > self.n_free:
+            self._grow(max(2 * self.n_ads, self.n_ads - self.n_free + need, 64))
+        delta = self.index.apply(update.targeting)
+        slots, last, row_op = final_rows(delta.slots, ops, sets)
+        if slots.size:
+            packed = np.full(ops.size, -1, np.int64)  # op -> its row in `rows`
+            packed[sets] = np.arange(int(sets.sum()))
+            new_ids = np.where(ops[last] == RETIRE, FREE, update.targeting.ad_ids[last]).astype(np.int64)
+            row_of = np.where(row_op >= 0, packed[np.maximum(row_op, 0)], -1)
+            W = rows.embeddings.itemsize * rows.d // 8  # uint64 words a row
+            t = self.table
+            words = rows.embeddings.reshape(rows.n_ads, -1).view(np.uint64) if rows.n_ads else np.zeros((1, W), np.uint64)
+            scale = rows.scale if rows.scale is not None else np.zeros(1, np.float32)
+            block = launch.default_block()
+            kernel = scatter_slots_kernel(t.layout == "tiles")
+            kernel[launch.grid_for(slots.size * W, block, 1 << 20), block](
+                t.words, t.bias, t.scale, t.ad_ids, launch.to_device(slots), launch.to_device(new_ids),
+                launch.to_device(row_of), launch.to_device(np.ascontiguousarray(words)),
+                launch.to_device(rows.bias if rows.n_ads else np.zeros(1, np.float32)), launch.to_device(scale),
+                rows.scale is not None)
+            t.host_ad_ids[slots] = new_ids
+            t.n_free = int((t.host_ad_ids == FREE).sum())
+            if rows.n_ads:  # a bound on |a| (the overflow checks), never lowered by a retire
+                t._max_abs = max(t.max_abs(), _host_max_abs(rows))
+        self._index_version = self.index.version
+        return delta
+
+    def _grow(self, n_slots: int) -> None:
+        """The pool with ``n_slots`` slots: the index rebuilt from its current rules at that
+        capacity (every slot in place, the new ones free) and uploaded, the table copied into the
+        prefix of a larger one; the buffers and bound launches rebuilt on the next call."""
+        from ..match import DeviceTargetingIndex
+
+        old_index = self.index.index
+        grown = TargetingIndex(old_index.current_rules(), n_slots, layout=old_index.layout)
+        self.index = DeviceTargetingIndex(grown)
+        self._index_version = self.index.version
+        self.table = _grown_table(self.table, n_slots)
+        self._size()
+
     # ------------------------------------------------------------------ requests
 
     def _device_request(self, r) -> DeviceRequest:
@@ -225,9 +315,10 @@ class Pool:
         checked (type, shape, the ranges its math holds) first. ``math="auto"`` serves a request in
         fp16 math where the mode applies to its shape and it stays within fp16's range, else in
         fp32 (:meth:`~andromeda_nb.score.KernelConfig.with_math`). Gated :class:`Request` objects of
-        one shape build their images in a few numpy passes over the whole group."""
-        from ..score.launches import check_range, out_of_range
-        from ..score.weights import f16_overflow, f16_weights, mma_f16_images, stack_requests, weight_images
+        one shape build their images and range checks in one compiled pass over the whole group
+        (:func:`~andromeda_nb.score.weights.gated_images`)."""
+        from ..score.launches import check_range
+        from ..score.weights import f16_weights, gated_images, stack_requests
 
         shapes: dict = {}
         for i, r in enumerate(reqs):
@@ -245,39 +336,35 @@ class Pool:
             group = [reqs[j] for j in members]
             images = np.empty((len(group), image_size(shape[0], table.d, shape[1])), np.float32)
             if all(type(r) is Request for r in group):
-                st = stack_requests(group)
-                strict = "fp16" if cfg.math == "fp16" else "fp32"
-                bad = out_of_range(*st, table.max_abs(), strict)
-                if strict == "fp16":
-                    bad |= f16_overflow(*st)
-                if bad.any():
-                    i = int(np.flatnonzero(bad)[0])
-                    check_range(DeviceRequest.of(group[i]), table, strict)  # raises, naming the bound
+                f16_math = cfg.math == "fp16" or (cfg.math == "auto"
+                                                  and cfg.fp16_shape(shape[0], table.d, shape[1], table.dtype))
+                if cfg.math == "fp16":
+                    mma_f16_words(table.d, shape[1])  # raises where the fp16 kernel does not take the shape
+                built = gated_images(*stack_requests(group), table.max_abs(), images, f16_math)
+                refuse = built.bad32 | built.over16 if cfg.math == "fp16" else built.bad32
+                if refuse.any():
+                    i = int(np.flatnonzero(refuse)[0])
+                    check_range(DeviceRequest.of(group[i]), table, "fp16" if cfg.math == "fp16" else "fp32")
                     f16_weights(group[i])  # raises, naming the weight
-                weight_images(*st, images)
-                maths = np.full(len(group), strict)
-                if cfg.math == "auto" and cfg.with_math(DeviceRequest.of(group[0]), table).math == "fp16":
-                    fits = ~(out_of_range(*st, table.max_abs(), "fp16") | f16_overflow(*st))
-                    maths[fits] = "fp16"
-                fp16 = np.flatnonzero(maths == "fp16")
-                f16 = np.empty((fp16.size, mma_f16_image(group[0]).size), np.uint32) if fp16.size else None
-                if fp16.size:
-                    mma_f16_images(*(x[fp16] for x in st), f16)
+                    raise AssertionError("the batch range check refused a request that check_range accepts")
+                fp16 = ~built.over16 if f16_math else np.zeros(len(group), bool)
+                f16 = built.f16 if fp16.all() else built.f16[fp16] if fp16.any() else None
             else:
                 drs = [DeviceRequest.of(r) for r in group]
                 for b, dr in enumerate(drs):
                     images[b] = _host_image(dr)
-                maths = np.array([cfg.with_math(dr, table).math for dr in drs])
                 if cfg.math == "fp16" and any(dr.request is None for dr in drs):
                     raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
-                fp16 = np.flatnonzero(maths == "fp16")
-                f16 = np.stack([mma_f16_image(drs[j].request) for j in fp16]) if fp16.size else None
-            # the fp16 images hold the fp16 members only, in member order
-            fp32 = np.flatnonzero(maths == "fp32")
-            if fp32.size:
-                out[(*shape, "fp32")] = ([members[j] for j in fp32], images[fp32], None)
-            if fp16.size:
-                out[(*shape, "fp16")] = ([members[j] for j in fp16], images[fp16], f16)
+                fp16 = np.array([cfg.with_math(dr, table).math == "fp16" for dr in drs])
+                f16 = np.stack([mma_f16_image(dr.request) for dr, m in zip(drs, fp16) if m]) if fp16.any() else None
+            # a group splits by math; f16 holds the fp16 members' images, in member order
+            if fp16.all():
+                out[(*shape, "fp16")] = (members, images, f16)
+            elif not fp16.any():
+                out[(*shape, "fp32")] = (members, images, None)
+            else:
+                out[(*shape, "fp32")] = ([m for m, h in zip(members, fp16) if not h], images[~fp16], None)
+                out[(*shape, "fp16")] = ([m for m, h in zip(members, fp16) if h], images[fp16], f16)
         return out
 
     def _targeted(self, group: "_Group", reqs: list, images: np.ndarray, f16, plans: list, k: int) -> list:
@@ -323,6 +410,8 @@ class Pool:
         from .bound_match import BoundMatch
 
         buf = self._buffers
+        if self.index.pool is not self._bound_lists:  # an update grew the device list pool
+            self._matchers, self._bound_lists = {}, self.index.pool
         for c, plan in enumerate(plans):
             if c not in self._matchers:
                 self._matchers[c] = BoundMatch(self.index, buf.bits, buf.elig_counts, c * MAX_BATCH)
@@ -412,6 +501,41 @@ def _host_max_abs(table: AdTable) -> float:
     return float(vals[np.isfinite(vals)].max(initial=0.0))
 
 
+def _grown_table(table: DeviceAdTable, n_slots: int) -> DeviceAdTable:
+    """``table`` in ``n_slots`` slots: its slots in place (device-to-device copies), the new ones
+    free (a zero row and bias, ad id -1)."""
+    from ..match.kernels import fill_kernel
+
+    cuda = launch.cuda()
+    n, e = table.n_ads, table.embeddings
+    block = launch.default_block()
+
+    def grown(old, shape, value):
+        new = cuda.device_array(shape, old.dtype)
+        flat = new.reshape(1, new.size)
+        fill_kernel()[launch.grid_for(new.size, block), block](flat, value)
+        return new
+
+    if table.layout == "rows":
+        emb = grown(e, (n_slots, table.d), e.dtype.type(0))
+        emb[:n].copy_to_device(e)
+    else:
+        emb = grown(e, (e.shape[0], n_slots, e.shape[2]), e.dtype.type(0))
+        for p in range(e.shape[0]):
+            emb[p, :n].copy_to_device(e[p])
+    bias = grown(table.bias, (n_slots,), np.float32(0))
+    bias[:n].copy_to_device(table.bias)
+    ids = grown(table.ad_ids, (n_slots,), np.int64(FREE))
+    ids[:n].copy_to_device(table.ad_ids)
+    scale = None
+    if table.dtype == "int8":
+        scale = grown(table.scale, (n_slots,), np.float32(0))
+        scale[:n].copy_to_device(table.scale)
+    out = DeviceAdTable.from_device(emb, bias, table.dtype, table.layout, scale=scale, ad_ids=ids)
+    out._max_abs = table.max_abs()
+    return out
+
+
 class _Buffers:
     """The device and pinned host buffers of the targeted path, sized by the pool."""
 
@@ -473,7 +597,7 @@ class _Group:
         if math == "fp16":
             if dreq.request is None:
                 raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
-            words = mma_f16_image(dreq.request).size
+            words = mma_f16_words(dreq.d, dreq.experts)
             self.f16 = _Images(cuda.device_array((pool.max_batch, words), np.uint32),
                                cuda.pinned_array((pool.max_batch, words), np.uint32), 4 * words)
         self._steps: dict = {}

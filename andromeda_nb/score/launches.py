@@ -313,19 +313,3 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
     if not h * max(G, V) <= FP32_SAFE:
         raise ValueError(f"this request's gate logits or value dots could reach {h * max(G, V):.3g} on this table, "
                          "beyond what fp32 holds (every score would be NaN); rescale the request or the table")
-
-
-def out_of_range(gamma, beta, G, V, max_abs: float, math: str) -> np.ndarray:
-    """:func:`check_range` of B stacked gated requests (:func:`~andromeda_nb.score.weights.stack_requests`)
-    at once on a table of ``max_abs``: bool ``[B]``, True where it would refuse the request."""
-    from .weights import FP16_MAX, scaled_keys
-
-    h = np.abs(gamma).max(axis=1).astype(np.float64) * max_abs + np.abs(beta).max(axis=1).astype(np.float64)
-    keys = np.abs(scaled_keys(G).astype(np.float64)).sum(axis=2).max(axis=1)
-    vals = np.abs(V.astype(np.float64)).sum(axis=2).max(axis=1)
-    with np.errstate(over="ignore", invalid="ignore"):
-        bad = ~(h * np.maximum(keys, vals) <= FP32_SAFE)
-    if math == "fp16":
-        bad |= ~(h <= FP16_MAX)
-    return bad
-

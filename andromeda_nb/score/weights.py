@@ -12,6 +12,8 @@ V rows are padded to ``d + PAD`` floats so that 8 threads holding 8 different ch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 #: shared-memory row pitch of V: d + PAD floats
@@ -135,8 +137,7 @@ def mma_f16_image(request) -> np.ndarray:
     assignment of dims to k-slots shared by h and the weights is exact. Experts g >= E are zero.
     Each lane keeps its 8 d/16 words in registers for the whole kernel."""
     E, d = request.V.shape
-    if d % 16 or E > 8:
-        raise ValueError(f"math='fp16' needs d a multiple of 16 and E <= 8, got d={d}, E={E}")
+    mma_f16_words(d, E)  # the shape check
     w16 = f16_weights(request)
     G = np.zeros((8, d), np.float16)
     V = np.zeros((8, d), np.float16)
@@ -151,8 +152,8 @@ def mma_f16_image(request) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- a batch at once
-# A batch of requests of one shape builds its images in a few numpy passes over stacked tensors
-# (a Pool's batch path): per request, the functions above cost tens of us of small numpy calls.
+# A Pool's batch builds every image of a group of requests of one shape in one compiled pass
+# (:mod:`.weight_kernels`): per request, the functions above cost tens of us of small numpy calls.
 
 
 def stack_requests(requests) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -166,17 +167,14 @@ def scaled_keys(G: np.ndarray) -> np.ndarray:
     return (G.astype(np.float64) / np.sqrt(G.shape[-1])).astype(np.float32)
 
 
-def weight_images(gamma, beta, G, V, out: np.ndarray) -> None:
-    """:func:`weight_image` of B gated requests (stacked, :func:`stack_requests`) into ``out[:B]``
-    (float32 ``[>= B, image_size]``), equal to it element for element."""
-    B, E, d = G.shape
-    o = out[:B]
-    o[:, :d] = gamma
-    o[:, d:2 * d] = beta
-    o[:, 2 * d:2 * d + E * d] = scaled_keys(G).reshape(B, E * d)
-    v = o[:, 2 * d + E * d:].reshape(B, E, d + PAD)
-    v[:, :, :d] = V
-    v[:, :, d:] = 0
+def mma_f16_words(d: int, experts: int) -> int:
+    """uint32 words of :func:`mma_f16_image` for requests of width ``d`` and ``experts`` experts.
+
+    Raises:
+        ValueError: a shape the fp16 tensor-core kernel does not take."""
+    if d % 16 or experts > 8:
+        raise ValueError(f"math='fp16' needs d a multiple of 16 and E <= 8, got d={d}, E={experts}")
+    return (d // 16) * 32 * 8
 
 
 def _mma_f16_index(d: int) -> np.ndarray:
@@ -187,35 +185,44 @@ def _mma_f16_index(d: int) -> np.ndarray:
     dims = 4 * w[..., None] + np.arange(4)  # [steps, 32, 4]
     rows = 8 * d
     parts = [g[..., None] * d + dims, rows + g[..., None] * d + dims, 2 * rows + dims, 2 * rows + d + dims]
-    return np.stack(parts, axis=2).reshape(-1)
+    return np.ascontiguousarray(np.stack(parts, axis=2).reshape(-1), dtype=np.int64)
 
 
 _F16_INDEX: dict = {}
 
 
-def f16_overflow(gamma, beta, G, V) -> np.ndarray:
-    """bool ``[B]``: stacked requests with a weight beyond the fp16 range (:func:`f16_weights` raises)."""
-    B = G.shape[0]
-    big = np.zeros(B, bool)
-    for x in (gamma, beta, scaled_keys(G), V):
-        big |= np.abs(x.reshape(B, -1)).max(axis=1) > FP16_MAX
-    return big
+@dataclass
+class GatedImages:
+    """A group's images (:func:`gated_images`): ``bad32`` / ``over16`` bool ``[B]`` (the request
+    would be refused in fp32 math / does not fit fp16 math: :func:`~andromeda_nb.score.launches.check_range`
+    with ``"fp32"`` / ``"fp16"`` or :func:`f16_weights` would raise); ``f16`` uint32 ``[B, words]``,
+    :func:`mma_f16_image` of each request that fits fp16 math (rows of the others undefined), or
+    None when not asked for."""
+
+    bad32: np.ndarray
+    over16: np.ndarray
+    f16: np.ndarray | None
 
 
-def mma_f16_images(gamma, beta, G, V, out: np.ndarray) -> int:
-    """:func:`mma_f16_image` of B stacked requests into ``out[:B]`` (uint32 ``[>= B, words]``),
-    equal to it word for word. Returns the index of the first request with a weight beyond the fp16
-    range, or -1 (``out`` is then incomplete: :func:`f16_weights` of that request raises)."""
+def gated_images(gamma, beta, G, V, max_abs: float, out: np.ndarray, f16: bool) -> GatedImages:
+    """Every image of B stacked gated requests (:func:`stack_requests`) on a table of ``max_abs``:
+    :func:`weight_image` of each into ``out[:B]`` (float32 ``[>= B, image_size]``, rows past B
+    untouched), with ``f16`` their fp16 images, and the range checks of both maths, in one compiled
+    pass (:func:`~andromeda_nb.score.weight_kernels.gated_images_kernel`). Equal word for word to
+    the per-request functions."""
+    from .launches import FP32_SAFE
+    from .weight_kernels import gated_images_kernel
+
     B, E, d = G.shape
-    src = np.zeros((B, 18 * d), np.float32)
-    src[:, :E * d] = scaled_keys(G).reshape(B, E * d)
-    src[:, 8 * d:8 * d + E * d] = V.reshape(B, E * d)
-    src[:, 16 * d:17 * d] = gamma
-    src[:, 17 * d:] = beta
-    big = np.abs(src).max(axis=1) > FP16_MAX
-    if big.any():
-        return int(np.flatnonzero(big)[0])
-    if d not in _F16_INDEX:
+    if f16 and d % 16 == 0 and d not in _F16_INDEX:
         _F16_INDEX[d] = _mma_f16_index(d)
-    out[:B] = np.take(src.astype(np.float16), _F16_INDEX[d], axis=1).view(np.uint32)
-    return -1
+    index = _F16_INDEX[d] if f16 and d % 16 == 0 else np.zeros(0, np.int64)
+    src16 = np.empty((B if index.size else 0, index.size), np.float32)
+    bad32, over16 = np.empty(B, np.bool_), np.empty(B, np.bool_)
+    gated_images_kernel(gamma, beta, G, V, float(max_abs), PAD, index, out, src16, bad32, over16, FP32_SAFE,
+                        FP16_MAX)
+    words = None
+    if index.size:
+        with np.errstate(over="ignore", invalid="ignore"):  # rows beyond fp16 (over16) are never read
+            words = src16.astype(np.float16).view(np.uint32)
+    return GatedImages(bad32, over16, words)

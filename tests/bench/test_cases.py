@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -326,12 +327,13 @@ def test_scoring_best_is_the_fastest_verified_design_contender(monkeypatch):
     monkeypatch.setattr(scoring.Run, "MEASURE", {scoring.ScoringCase: measure})
     run = scoring.Run({}, None, FULL)
     later = [p for p in planned("scoring", "dtype")]
-    assert run.config(later[0].case) is DEFAULT_CONFIG  # no design phase yet
+    # no design phase yet: the default configuration in the case's math (its column, fp32)
+    assert run.config(later[0].case) == replace(DEFAULT_CONFIG, math=later[0].case.math) != DEFAULT_CONFIG
     for p in planned("scoring", "design") + later:
         run.measure(p)
     best = scoring.DESIGN_CONTENDERS[6].build(__import__("andromeda_nb.score.config", fromlist=["x"]).KernelConfig)
-    assert run.config(later[0].case) == best  # naive (50) is not a contender, 9 failed
-    assert seen[-1] == best and seen[len(scoring.DESIGN_CONTENDERS)] != best  # explicit configs stay
+    assert run.config(later[0].case) == replace(best, math="fp32")  # naive (50) is not a contender, 9 failed
+    assert seen[-1] == replace(best, math="fp32") and seen[len(scoring.DESIGN_CONTENDERS)] != best  # explicit configs stay
 
 
 def test_targeting_fastest_grouped_budget_and_failures(monkeypatch):

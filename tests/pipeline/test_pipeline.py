@@ -7,6 +7,7 @@ from andromeda_nb import checks, reference
 from andromeda_nb.match.api import DeviceTargetingIndex
 from andromeda_nb.model import AdTable, Request
 from andromeda_nb.pipeline.retrieve import retrieve
+from andromeda_nb.score import DeviceRequest, KernelConfig
 from andromeda_nb.score.api import DeviceAdTable, score_ads
 from andromeda_nb.targeting import TargetingIndex, make_profile
 
@@ -34,8 +35,10 @@ def test_batch_equals_oracle(rng):
         np.testing.assert_array_equal(out.ids, want.ids)  # exact on the kernel's own fp32 scores
         np.testing.assert_array_equal(out.scores, want.scores)
         assert out.n_eligible == elig.sum() and out.n_scored == elig.sum()
-        check_topk_against_float64(out.ids, out.scores, reference.score(req, table), table.ad_ids, k, elig,
-                                   checks.near_tie_ads(req, table))
+        math = KernelConfig().with_math(DeviceRequest.of(req), dt).math  # the default: fp16 on fp16 tables
+        assert math == "fp16"
+        check_topk_against_float64(out.ids, out.scores, reference.score(req, table, math=math), table.ad_ids, k, elig,
+                                   checks.near_tie_ads(req, table, math))
 
 
 def test_single_request_exclusions_and_no_index(rng):
@@ -72,6 +75,7 @@ def test_mismatches_are_refused_before_launch(rng):
         retrieve(Request.random(64, 2, 1, rng), dt, di, {}, 3)
 
 
+@pytest.mark.slow  # ~15 s in the simulator
 def test_k_above_the_block_topk_limit(rng):
     """k = 2100 > BLOCK_TOPK_MAX_K: retrieval still answers exactly (fewer eligible than k: pads)."""
     rules, table, dt, di = world(rng, n=2300)

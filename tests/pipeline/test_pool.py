@@ -1,4 +1,4 @@
-"""Pool.retrieve against the reference: match on the host rules, top-k of the kernel's own fp32 scores
+"""Pool.retrieve against the reference: match on the host rules, top-k of the kernel's own scores
 (exact: same ids, order and scores), and the float64 scores up to near-ties."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import andromeda_nb as anb
 from andromeda_nb import checks, reference
 from andromeda_nb.device import launch
 from andromeda_nb.pipeline import Pool
-from andromeda_nb.score import DeviceAdTable, score_ads
+from andromeda_nb.score import DeviceAdTable, DeviceRequest, score_ads
 from andromeda_nb.targeting import RuleError, TargetingIndex, make_profile
 
 from ..helpers import check_topk_against_float64, random_profile, random_rules
@@ -57,8 +57,10 @@ def test_batch_equals_the_reference(rng, dtype):
     for req, prof, out, ex in zip(reqs, profs, outs, excl):
         elig = check_pool_answer(out, req, rules, pool, prof, 30, () if ex is None else ex)
         counts.append(int(elig.sum()))
-        check_topk_against_float64(out.ids, out.scores, reference.score(req, table)[order], pool.table.host_ad_ids, 30,
-                                   elig, checks.near_tie_ads(req, table)[order])
+        math = pool.config.with_math(DeviceRequest.of(req), pool.table).math  # the default: fp16 on fp16 tables
+        assert math == ("fp16" if dtype == "fp16" else "fp32")
+        check_topk_against_float64(out.ids, out.scores, reference.score(req, table, math=math)[order],
+                                   pool.table.host_ad_ids, 30, elig, checks.near_tie_ads(req, table, math)[order])
     assert counts[0] > 256 and counts[1] > 256 and 0 < counts[2] < 256 and counts[3] == 0
     assert np.all(outs[3].ids == -1) and np.all(outs[3].scores == -np.inf)
 

@@ -5,11 +5,13 @@ ranges (tiny sizes, the simulator; the measurement notebooks plot the committed 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
+from filelock import FileLock
 
 from andromeda_nb.analysis import quality
 from andromeda_nb.runner.notebook import parameters_cell
@@ -105,13 +107,22 @@ def test_presets_hold_a_section_per_notebook_with_parameters_it_declares():
 # the smoke series (one run shared by the tests below)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("series")
-    runs = run_series(notebooks_dir=REPO / "notebooks", params="smoke", out_dir=out / "nb", figures_dir=out / "figures",
-                      progress=False)
-    params = {r.name: r.parameters for r in runs}
-    return out, runs, params
+    """The smoke series, run once per test session: under xdist the first worker to get here runs
+    it into the directory all workers share (a file lock), the others read what it wrote (a worker
+    whose queue runs dry tears its fixtures down, so a worker-local fixture could run it twice)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    out = root / "smoke_series"
+    with FileLock(str(root / "smoke_series.lock")):
+        if not (out / "parameters.json").exists():
+            runs = run_series(notebooks_dir=REPO / "notebooks", params="smoke", out_dir=out / "nb",
+                              figures_dir=out / "figures", progress=False)
+            (out / "parameters.json").write_text(json.dumps({r.name: r.parameters for r in runs}, default=str))
+    params = json.loads((out / "parameters.json").read_text())
+    return out, list(params), params
 
 
 def metrics(smoke, name: str) -> dict:
@@ -120,8 +131,8 @@ def metrics(smoke, name: str) -> dict:
 
 @pytest.mark.notebook
 def test_series_runs_every_notebook_and_writes_every_figure(smoke):
-    out, runs, _ = smoke
-    assert [r.name for r in runs] == [p.stem for p in NOTEBOOKS]
+    out, names, _ = smoke
+    assert names == [p.stem for p in NOTEBOOKS]
     assert (out / "nb" / "series.json").exists()
     for name, figures in FIGURES.items():
         assert (out / "nb" / f"{name}.ipynb").exists()

@@ -91,49 +91,59 @@ def test_requests_the_math_would_overflow_are_refused(rng, monkeypatch):
         anb.score_ads(req, DeviceAdTable(anb.AdTable.from_float(np.ones((8, 32)), dtype="fp32"), "rows"), config=F16)
 
 
-@pytest.mark.parametrize("d, E", [(16, 1), (32, 5), (64, 8), (128, 6)])
+@pytest.mark.parametrize("d, E", [(16, 1), (32, 5), (64, 8), (128, 6), (24, 3)])
 def test_batch_images_equal_each_requests_image(rng, d, E):
-    """A Pool builds a batch's weight images at once (weights.weight_images / mma_f16_images): word
-    for word each request's own image (weight_image / mma_f16_image), rows past B untouched."""
+    """A Pool builds a batch's weight images at once (weights.gated_images, compiled): word for word
+    each request's own image (weight_image / mma_f16_image), rows past B untouched; d off the fp16
+    kernel's step (24) builds the fp32 images only."""
     from andromeda_nb.score import weights
 
     reqs = [anb.Request.random(d, E, 1, rng) for _ in range(5)]
-    st = weights.stack_requests(reqs)
+    reqs[1] = anb.Request(V=reqs[1].V, G=reqs[1].G * -3, gamma=reqs[1].gamma, beta=reqs[1].beta, k_experts=1)
     img = np.full((6, weights.image_size("gated", d, E)), 7.0, np.float32)
-    weights.weight_images(*st, img)
-    f16 = np.full((6, weights.mma_f16_image(reqs[0]).size), 7, np.uint32)
-    assert weights.mma_f16_images(*st, f16) == -1
+    built = weights.gated_images(*weights.stack_requests(reqs), 1.0, img, True)
+    assert not built.bad32.any() and not built.over16.any()
     for b, r in enumerate(reqs):
         np.testing.assert_array_equal(img[b], weights.weight_image("gated", request=r))
-        np.testing.assert_array_equal(f16[b], weights.mma_f16_image(r))
-    assert (img[5] == 7).all() and (f16[5] == 7).all()
-    big = anb.Request(V=reqs[2].V, G=reqs[2].G, gamma=reqs[2].gamma, beta=reqs[2].beta + 7e4, k_experts=1)
-    assert weights.mma_f16_images(*weights.stack_requests(reqs[:3] + [big]), f16) == 3
+        if d % 16 == 0:
+            np.testing.assert_array_equal(built.f16[b], weights.mma_f16_image(r))
+    assert (img[5] == 7).all()
+    assert (built.f16 is None) == (d % 16 != 0)
+    assert weights.gated_images(*weights.stack_requests(reqs), 1.0, img, False).f16 is None
 
 
 def test_batch_range_check_agrees_with_each_requests(rng):
-    """launches.out_of_range over a stacked batch refuses exactly the requests check_range
-    refuses, first one first, for both maths."""
+    """weights.gated_images's range flags over a stacked batch refuse exactly the requests
+    check_range (and, for fp16, f16_weights) refuses, in any order, on a table whose largest value
+    is not 1."""
     from andromeda_nb.score import weights
-    from andromeda_nb.score.launches import check_range, out_of_range
+    from andromeda_nb.score.launches import check_range
     from andromeda_nb.score.table import DeviceRequest
 
     t, dt = table_of(rng, 40, 32, "rows")
     base = anb.Request.random(32, 4, 2, rng)
-    variants = [base, anb.Request(V=base.V, G=base.G, gamma=base.gamma * 3e4, beta=base.beta, k_experts=2),
-                anb.Request(V=base.V, G=np.full_like(base.G, 3e38), gamma=base.gamma, beta=base.beta, k_experts=2),
-                anb.Request(V=base.V * 1e36, G=base.G, gamma=base.gamma, beta=base.beta, k_experts=2)]
+
+    def like(**kw):
+        return anb.Request(**{"V": base.V, "G": base.G, "gamma": base.gamma, "beta": base.beta, "k_experts": 2, **kw})
+
+    variants = [base, like(gamma=base.gamma * 3e4), like(G=np.full_like(base.G, 3e38)), like(V=base.V * 1e36),
+                like(beta=base.beta + 7e4), like(V=base.V * 7e4)]
+    refused = {}
     for math in ("fp32", "fp16"):
-        refused = []
+        refused[math] = []
         for r in variants:
             try:
                 check_range(DeviceRequest.of(r), dt, math)
-                refused.append(False)
+                if math == "fp16":
+                    weights.f16_weights(r)
+                refused[math].append(False)
             except ValueError:
-                refused.append(True)
-        for order in ([0, 1, 2, 3], [3, 2, 1, 0], [0, 0, 2], [0]):
-            batch = [variants[i] for i in order]
-            want = next((j for j, i in enumerate(order) if refused[i]), -1)
-            bad = np.flatnonzero(out_of_range(*weights.stack_requests(batch), dt.max_abs(), math))
-            assert (bad[0] if bad.size else -1) == want, (math, order)
-    assert refused == [False, True, True, True]
+                refused[math].append(True)
+    for order in ([0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [0, 0, 2], [0]):
+        batch = [variants[i] for i in order]
+        img = np.empty((len(batch), weights.image_size("gated", 32, 4)), np.float32)
+        built = weights.gated_images(*weights.stack_requests(batch), dt.max_abs(), img, True)
+        assert list(built.bad32) == [refused["fp32"][i] for i in order], order
+        assert list(built.bad32 | built.over16) == [refused["fp16"][i] for i in order], order
+    assert refused["fp32"] == [False, False, True, True, False, False]
+    assert refused["fp16"] == [False, True, True, True, True, True]

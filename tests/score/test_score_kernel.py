@@ -34,8 +34,9 @@ def make_table(rng, n, d, dtype, scale=1.0):
 
 @pytest.mark.parametrize("d,E,K,dtype,layout,n", CASES)
 def test_pool_scores_match_oracle(rng, d, E, K, dtype, layout, n):
-    """The default configuration (fp32 math) and math="auto" (fp16 math on fp16 tables where the
-    shape allows: d a multiple of 16, E <= 8; everything else fp32), each against its model's oracle."""
+    """The default configuration (math="auto": fp16 math on fp16 tables where the shape allows, d a
+    multiple of 16 and E <= 8, everything else fp32) and, where that is fp16, math="fp32", each
+    against its model's oracle."""
     from andromeda_nb.score.table import DeviceRequest
 
     req = Request.random(d, E, K, rng)
@@ -43,11 +44,11 @@ def test_pool_scores_match_oracle(rng, d, E, K, dtype, layout, n):
     dt = DeviceAdTable(table, layout)
     got = score_ads(req, dt).copy_to_host()
     assert got.dtype == np.float32 and got.shape == (n,)
-    check_scores(got, req, table)
-    auto = KernelConfig(math="auto")
-    math = auto.with_math(DeviceRequest.of(req), dt).math
+    math = KernelConfig().with_math(DeviceRequest.of(req), dt).math
     assert math == ("fp16" if dtype == "fp16" and d % 16 == 0 and E <= 8 else "fp32")
-    check_scores(score_ads(req, dt, config=auto).copy_to_host(), req, table, math)
+    check_scores(got, req, table, math)
+    if math == "fp16":
+        check_scores(score_ads(req, dt, config=KernelConfig(math="fp32")).copy_to_host(), req, table, "fp32")
 
 
 @pytest.mark.parametrize("layout", ["rows", "tiles"])
@@ -242,7 +243,7 @@ def test_fused_topk_with_fewer_barriers_matches_oracle(rng, every):
 
 
 TENSOR_CASES = [  # (d, E, K, dtype, layout, n, access): n not a multiple of 32 or 16, E < 8 and = 8
-    (64, 6, 2, "fp16", "tiles", 77, "pool"),
+    pytest.param(64, 6, 2, "fp16", "tiles", 77, "pool", marks=pytest.mark.slow),  # ~15 s in the simulator
     (32, 8, 3, "bf16", "rows", 45, "bitset"),
     (16, 1, 1, "fp16", "rows", 40, "candidates"),
     (48, 5, 5, "fp16", "tiles", 13, "pool"),

@@ -1,0 +1,137 @@
+"""A batch of ad updates for a live :class:`~andromeda_nb.pipeline.Pool` (:meth:`Pool.apply`).
+
+The format is columnar, one entry an op, built with numpy or pandas:
+
+    ops          op codes (``CREATE``, ``CHANGE``, ``RETIRE``) or names, ``[k]``
+    ad_ids       int ``[k]``, non-negative
+    live         bool ``[k]`` (default all True): a created or changed ad may be paused
+    include,     per category name, a CSR over the ops ``(ptr [k + 1], values)``: the op's
+    exclude      include / exclude sets (a retire's must be empty); a category left out: no
+                 constraint (as :meth:`~andromeda_nb.targeting.TargetingRules.from_columns`)
+    embeddings   float ``[k, d]``: the ad's embedding for ops that set one (``sets_row``)
+    bias         float ``[k]``
+    sets_row     bool ``[k]`` (default: creates and changes): the op writes ``embeddings[i]`` and
+                 ``bias[i]`` into the ad's slot; a create must, a retire must not
+
+The ops apply in order (an ad may be created and changed, or retired and created again, in one
+batch). A change replaces the ad's whole rule; its row only where ``sets_row``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..targeting import CREATE, RETIRE, UpdateBatch
+
+
+@dataclass
+class PoolUpdate:
+    """An ordered batch of ad updates: the targeting ops (an
+    :class:`~andromeda_nb.targeting.UpdateBatch`) and the rows they write. Build it with
+    :meth:`from_columns` (or :meth:`from_records` for a few ops); both validate."""
+
+    targeting: UpdateBatch
+    embeddings: np.ndarray  # float32 [k, d]
+    bias: np.ndarray  # float32 [k]
+    sets_row: np.ndarray  # bool [k]
+
+    def __len__(self) -> int:
+        return len(self.targeting)
+
+    @property
+    def d(self) -> int:
+        return int(self.embeddings.shape[1])
+
+    @classmethod
+    def from_columns(cls, schema, ops, ad_ids, embeddings, bias=None, live=None, include=None, exclude=None,
+                     sets_row=None) -> "PoolUpdate":
+        """Validate the columns (module docstring) and build the batch.
+
+        Raises:
+            RuleError: the targeting columns (unknown op, negative id, bad CSR, category or value).
+            TypeError / ValueError: embeddings not ``[k, d]`` numeric, bias not ``[k]``, a row
+                written with NaN or inf, ``sets_row`` not ``[k]`` bool, a create without a row or a
+                retire with one.
+        """
+        targeting = UpdateBatch.from_columns(schema, ops, ad_ids, live=live, include=include, exclude=exclude)
+        k = len(targeting)
+        emb = np.asarray(embeddings)
+        if emb.dtype.kind not in "fiu":
+            raise TypeError(f"embeddings must be numeric, got dtype {emb.dtype}")
+        if emb.ndim != 2 or emb.shape[0] != k or emb.shape[1] < 1:
+            raise ValueError(f"embeddings must be [k={k}, d], got shape {emb.shape}")
+        emb = np.ascontiguousarray(emb, dtype=np.float32)
+        b = np.zeros(k, np.float32) if bias is None else np.asarray(bias)
+        if b.dtype.kind not in "fiu" or b.shape != (k,):
+            raise ValueError(f"bias must be [k={k}] numbers, got {b.dtype} {b.shape}")
+        b = np.ascontiguousarray(b, dtype=np.float32)
+        if sets_row is None:
+            sets = targeting.ops != RETIRE
+        else:
+            sets = np.asarray(sets_row)
+            if sets.dtype != np.bool_ or sets.shape != (k,):
+                raise ValueError(f"sets_row must be bool [k={k}], got {sets.dtype} {sets.shape}")
+        return cls._checked(targeting, emb, b, np.ascontiguousarray(sets))
+
+    @classmethod
+    def from_records(cls, schema, records, d: int) -> "PoolUpdate":
+        """A few ops as dicts: the targeting record (``op``, ``ad_id``, ``live``, ``include``,
+        ``exclude``; :meth:`~andromeda_nb.targeting.UpdateBatch.from_records`) plus ``embedding``
+        (``d`` floats) and ``bias`` where the op sets its row. Convenience only: large batches go
+        through :meth:`from_columns`."""
+        records = list(records)
+        targeting = UpdateBatch.from_records(schema, [{k: v for k, v in r.items() if k not in ("embedding", "bias")}
+                                                      for r in records])
+        emb = np.zeros((len(records), d), np.float32)
+        bias = np.zeros(len(records), np.float32)
+        sets = np.zeros(len(records), bool)
+        for i, r in enumerate(records):
+            if "embedding" in r:
+                row = np.asarray(r["embedding"], np.float32)
+                if row.shape != (d,):
+                    raise ValueError(f"ad {r.get('ad_id')}: embedding must have {d} values, got shape {row.shape}")
+                emb[i], bias[i], sets[i] = row, r.get("bias", 0.0), True
+        return cls._checked(targeting, emb, bias, sets)
+
+    @classmethod
+    def _checked(cls, targeting, emb, bias, sets) -> "PoolUpdate":
+        bad = np.flatnonzero((targeting.ops == CREATE) & ~sets)
+        if bad.size:
+            raise ValueError(f"ad {int(targeting.ad_ids[bad[0]])}: a create must set its row (an embedding)")
+        bad = np.flatnonzero((targeting.ops == RETIRE) & sets)
+        if bad.size:
+            raise ValueError(f"ad {int(targeting.ad_ids[bad[0]])}: a retire sets no row")
+        finite = np.isfinite(emb).all(axis=1) & np.isfinite(bias)
+        bad = np.flatnonzero(sets & ~finite)
+        if bad.size:
+            raise ValueError(f"ad {int(targeting.ad_ids[bad[0]])}: its embedding or bias holds NaN or inf")
+        return cls(targeting, emb, bias, sets)
+
+
+def final_rows(slots: np.ndarray, ops: np.ndarray, sets_row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a batch leaves in each slot it touched.
+
+    ``slots[i]``: the slot of op ``i`` (:attr:`~andromeda_nb.targeting.UpdateDelta.slots`). A slot's
+    final state is its last op: a retire frees it; otherwise its occupant is that op's ad, and its
+    row comes from the last row-setting op since the occupant's create (an ad lives in one slot,
+    and a slot changes occupant only by a retire and a create), or stays as it was where there is
+    none. Returns ``(touched slots sorted, last op per slot, row op per slot or -1: keep)``."""
+    k = slots.size
+    order = np.lexsort((np.arange(k), slots))  # by slot, then op order
+    s, o = slots[order], order
+    start = np.ones(k, bool)
+    start[1:] = s[1:] != s[:-1]
+    end = np.flatnonzero(np.append(start[1:], True))  # each slot's last op (sorted positions)
+    pos = np.arange(k)
+    # the latest row-setting op at each position, and where the current occupant's ops begin (a
+    # slot's first op or a create): a row counts only at or after that
+    latest = np.maximum.accumulate(np.where(sets_row[o], pos, -1))
+    begin = np.maximum.accumulate(np.where(start | (ops[o] == CREATE), pos, -1))
+    src = latest[end]
+    keep = (src < begin[end]) | (ops[o[end]] == RETIRE)
+    return s[end], o[end], np.where(keep, -1, o[np.maximum(src, 0)])
+
+
+__all__ = ["PoolUpdate", "final_rows"]

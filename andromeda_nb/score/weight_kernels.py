@@ -1,0 +1,82 @@
+"""Numba host kernel of a batch's weight images (:func:`andromeda_nb.score.weights.gated_images`):
+B stacked gated requests to their float32 images, their fp16 images' sources and their range
+checks in one compiled pass.
+
+The same arithmetic as :func:`~andromeda_nb.score.weights.weight_images`,
+:func:`~andromeda_nb.score.weights.mma_f16_images` and
+:func:`~andromeda_nb.score.launches.out_of_range`; in numpy a request costs some thirty small array
+operations (~100 us of host time per request served, more than the device time of its scoring), here
+a few microseconds.
+
+Imported inside its wrapper (numba_common first: it fixes the backend before numba is imported).
+"""
+
+import math
+
+import numpy as np
+
+from ..targeting import numba_common  # noqa: F401
+from numba import njit  # noqa: E402
+
+
+@njit
+def gated_images_kernel(gamma, beta, G, V, max_abs, pad, f16_index, out32, src16, bad32, over16, fp32_safe, fp16_max):
+    """Per request ``b`` of ``gamma, beta [B, d]``, ``G, V [B, E, d]`` (float32):
+
+    - ``out32[b]``: the float32 image ``[gamma | beta | G / sqrt(d) | V rows of pitch d + pad]``
+      (G / sqrt(d) in float64, rounded once to float32);
+    - ``src16[b, i] = s[f16_index[i]]``, ``s = [G' (8 d) | V (8 d) | gamma | beta]`` (experts past
+      E zero): the fp16 image's halves before their rounding to fp16 (``src16`` may have 0 rows:
+      not built);
+    - ``bad32[b]``: ``h * max(max_e sum_i |G'[e, i]|, max_e sum_i |V[e, i]|) <= fp32_safe`` fails,
+      ``h = max|gamma| max_abs + max|beta|`` (float64; a NaN fails);
+    - ``over16[b]``: ``h <= fp16_max`` fails, or a weight beyond ``fp16_max``.
+    """
+    B, E, d = G.shape
+    sq = math.sqrt(d)
+    s = np.zeros(18 * d, np.float32)
+    n16 = f16_index.size if src16.shape[0] > 0 else 0
+    for b in range(B):
+        gmax = np.float32(0.0)
+        bmax = np.float32(0.0)
+        big = False
+        for i in range(d):
+            g = gamma[b, i]
+            t = beta[b, i]
+            out32[b, i] = g
+            out32[b, d + i] = t
+            s[16 * d + i] = g
+            s[17 * d + i] = t
+            if not abs(g) <= gmax:  # NaN propagates as in numpy's max
+                gmax = abs(g)
+            if not abs(t) <= bmax:
+                bmax = abs(t)
+            big = big or abs(g) > fp16_max or abs(t) > fp16_max
+        h = np.float64(gmax) * max_abs + np.float64(bmax)
+        keys = 0.0
+        vals = 0.0
+        o = 2 * d
+        ov = 2 * d + E * d
+        for e in range(E):
+            ks = 0.0
+            vs = 0.0
+            for i in range(d):
+                k = np.float32(np.float64(G[b, e, i]) / sq)
+                v = V[b, e, i]
+                out32[b, o + e * d + i] = k
+                out32[b, ov + e * (d + pad) + i] = v
+                s[e * d + i] = k
+                s[8 * d + e * d + i] = v
+                ks += abs(np.float64(k))
+                vs += abs(np.float64(v))
+                big = big or abs(k) > fp16_max or abs(v) > fp16_max
+            for i in range(pad):
+                out32[b, ov + e * (d + pad) + d + i] = 0.0
+            if not ks <= keys:
+                keys = ks
+            if not vs <= vals:
+                vals = vs
+        bad32[b] = not (h * max(keys, vals) <= fp32_safe) or math.isnan(keys) or math.isnan(vals)
+        over16[b] = big or not (h <= fp16_max)
+        for i in range(n16):
+            src16[b, i] = s[f16_index[i]]

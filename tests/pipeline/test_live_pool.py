@@ -1,0 +1,199 @@
+"""A live Pool (Pool.apply): after any sequence of update batches, every answer equals that of a
+pool rebuilt from scratch with the same live ads; bad batches are refused whole."""
+
+import numpy as np
+import pytest
+
+import andromeda_nb as anb
+from andromeda_nb.pipeline import Pool, PoolUpdate
+from andromeda_nb.pipeline.updates import final_rows
+from andromeda_nb.targeting import CHANGE, CREATE, RETIRE, RuleError, TargetingIndex, TargetingRules
+
+from ..helpers import random_profile, random_rules
+
+D = 16
+
+
+def random_rule(rng, schema, p_constrain=0.4, p_exclude=0.15) -> dict:
+    r = {"include": {}, "exclude": {}}
+    for c in schema:
+        if rng.random() < p_constrain:
+            r["include"][c.name] = rng.choice(c.cardinality, rng.integers(1, min(4, c.cardinality) + 1),
+                                              replace=False).tolist()
+        if rng.random() < p_exclude:
+            r["exclude"][c.name] = rng.choice(c.cardinality, 1).tolist()
+    return r
+
+
+class Mirror:
+    """The live ads as the test expects them: ad id -> (record, embedding, bias)."""
+
+    def __init__(self, rules: TargetingRules, table: anb.AdTable):
+        self.schema = rules.schema
+        recs = rules.to_records()
+        emb = table.dequantized()
+        self.ads = {int(r["ad_id"]): (r, emb[i].astype(np.float32), float(table.bias[i]))
+                    for i, r in enumerate(recs)}
+        self.next_id = max(self.ads, default=0) + 1
+
+    def batch(self, rng, size: int, kinds=("create", "change", "change_rule", "retire", "recreate")):
+        """A random batch of ``kinds`` (creates, changes with and without a row, retires,
+        retire-then-create of the same id) and the state it leads to."""
+        ads = dict(self.ads)
+        recs, emb, bias = [], [], []
+        for _ in range(size):
+            kind = rng.choice(list(kinds))
+            if kind != "create" and not ads:
+                kind = "create"
+            if kind == "create":
+                ad, rule = self.next_id, random_rule(rng, self.schema)
+                self.next_id += 1
+            else:
+                ad = int(rng.choice(list(ads)))
+                rule = random_rule(rng, self.schema)
+            row = (rng.standard_normal(D) * 0.5).astype(np.float32)
+            b = float(rng.standard_normal())
+            if kind == "retire" or kind == "recreate":
+                recs.append({"op": "retire", "ad_id": ad})
+                del ads[ad]
+                if kind == "retire":
+                    continue
+            live = bool(rng.random() < 0.9)
+            op = "create" if kind in ("create", "recreate") else "change"
+            rec = {"op": op, "ad_id": ad, "live": live, **rule}
+            if kind == "change_rule":  # the rule only: the row stays
+                ads[ad] = ({"ad_id": ad, "live": live, **rule}, ads[ad][1], ads[ad][2])
+            else:
+                rec.update(embedding=row, bias=b)
+                ads[ad] = ({"ad_id": ad, "live": live, **rule}, row, b)
+            recs.append(rec)
+        return PoolUpdate.from_records(self.schema, recs, D), ads
+
+    def rebuilt(self, ads: dict, dtype: str):
+        ids = sorted(ads)
+        rules = TargetingRules.from_records(self.schema, [ads[a][0] for a in ids])
+        emb = np.stack([ads[a][1] for a in ids]) if ids else np.zeros((0, D), np.float32)
+        table = anb.AdTable.from_float(emb, np.array([ads[a][2] for a in ids], np.float32), dtype=dtype,
+                                       ad_ids=np.array(ids, np.int64))
+        return Pool(table, TargetingIndex(rules), max_batch=4, max_k=12)
+
+
+def same_answers(pool, fresh, reqs, profs, k=12):
+    for got, want in zip(pool.retrieve(reqs, profs, k=k), fresh.retrieve(reqs, profs, k=k)):
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_array_equal(got.scores, want.scores)
+        assert got.n_eligible == want.n_eligible
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_updates_equal_a_rebuild(rng, dtype):
+    """Random batches on a pool with a little spare capacity (it fills and grows): after each, the
+    answers of a batch of requests equal a rebuilt pool's, and the live count matches."""
+    n = 60
+    rules = random_rules(rng, n, p_constrain=0.3, p_exclude=0.1)
+    table = anb.AdTable.from_float(rng.standard_normal((n, D)) * 0.5, rng.standard_normal(n), dtype=dtype,
+                                   ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules, capacity=n + 6), max_batch=4, max_k=12)
+    mirror = Mirror(rules, table)
+    reqs = [anb.Request.random(D, 3, 2, rng) for _ in range(3)]
+    slots0 = pool.n_ads
+    for step in range(4):  # the first batch's creates outrun the spare slots
+        update, ads = mirror.batch(rng, 12, *([("create",)] if step == 0 else []))
+        pool.apply(update)
+        mirror.ads = ads
+        profs = [random_profile(rng, rules.schema) for _ in reqs[:-1]] + [{}]
+        same_answers(pool, mirror.rebuilt(ads, dtype), reqs, profs)
+        assert pool.n_ads - pool.n_free == len(ads)
+        live_ids = set(pool.table.host_ad_ids[pool.table.host_ad_ids >= 0].tolist())
+        assert live_ids == set(ads)
+    assert pool.n_ads > slots0  # the creates outran the spare slots: the pool grew
+
+
+def test_retired_slot_is_reused_and_never_returns_the_old_ad(rng):
+    """Retire ad 10, create ad 777 in the same batch: 777 takes 10's slot, is served, 10 never is."""
+    rules = random_rules(rng, 20, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    ids = rules.ad_ids
+    table = anb.AdTable.from_float(rng.standard_normal((20, D)), dtype="fp16", ad_ids=ids)
+    pool = Pool(table, TargetingIndex(rules), max_batch=2, max_k=20)
+    old = int(ids[3])
+    new_id = int(ids.max()) + 777
+    big = np.full(D, 4.0, np.float32)  # the best ad for a request with positive weights
+    update = PoolUpdate.from_records(rules.schema, [{"op": "retire", "ad_id": old},
+                                                    {"op": "create", "ad_id": new_id, "embedding": big, "bias": 9.0}], D)
+    delta = pool.apply(update)
+    assert delta.slots[0] == delta.slots[1] == 3
+    out = pool.retrieve(anb.Request.random(D, 2, 1, rng), {}, k=20)
+    assert new_id in out.ids.tolist() and old not in out.ids.tolist()
+    assert out.n_eligible == 20
+
+
+def test_bad_batches_are_refused_whole(rng):
+    """Unknown ad, duplicate create, an ad retired twice, a malformed rule, rows of the wrong width,
+    NaN, fp16 overflow: refused before anything changes (the same answers after)."""
+    rules = random_rules(rng, 30, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((30, D)), dtype="fp16", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules, capacity=34), max_batch=2, max_k=8)
+    req, prof = anb.Request.random(D, 2, 1, rng), random_profile(rng, rules.schema)
+    before = pool.retrieve(req, prof, k=8)
+    a, b = int(rules.ad_ids[0]), int(rules.ad_ids[1])
+    row = np.ones(D, np.float32)
+    schema = rules.schema
+    cat = schema.categories[0]
+
+    def records(*recs):
+        return PoolUpdate.from_records(schema, list(recs), D)
+
+    bad = [
+        (RuleError, lambda: pool.apply(records({"op": "change", "ad_id": 10 ** 9, "embedding": row}))),
+        (RuleError, lambda: pool.apply(records({"op": "create", "ad_id": a, "embedding": row}))),
+        (RuleError, lambda: pool.apply(records({"op": "retire", "ad_id": b}, {"op": "retire", "ad_id": b}))),
+        (RuleError, lambda: pool.apply(records({"op": "create", "ad_id": 10 ** 6, "embedding": row,
+                                                "include": {cat.name: [cat.cardinality]}}))),
+        (ValueError, lambda: records({"op": "create", "ad_id": 10 ** 6, "embedding": np.ones(D + 1)})),
+        (ValueError, lambda: records({"op": "create", "ad_id": 10 ** 6, "embedding": np.full(D, np.nan)})),
+        (ValueError, lambda: records({"op": "create", "ad_id": 10 ** 6})),
+        (ValueError, lambda: pool.apply(records({"op": "create", "ad_id": 10 ** 6, "embedding": np.full(D, 1e5)}))),
+        (TypeError, lambda: pool.apply({"op": "create"})),
+    ]
+    for error, call in bad:
+        with pytest.raises(error):
+            call()
+    after = pool.retrieve(req, prof, k=8)
+    np.testing.assert_array_equal(after.ids, before.ids)
+    np.testing.assert_array_equal(after.scores, before.scores)
+    assert pool.n_free == 4
+
+
+def test_columns_build_the_same_batch_as_records(rng):
+    """PoolUpdate.from_columns (the throughput format) and from_records agree; sets_row is checked."""
+    rules = random_rules(rng, 10, live_p=1.0)
+    schema = rules.schema
+    c = schema.categories[0].name
+    emb = rng.standard_normal((3, D)).astype(np.float32)
+    cols = PoolUpdate.from_columns(schema, ["create", "change", "retire"], [500, int(rules.ad_ids[0]),
+                                                                            int(rules.ad_ids[1])],
+                                   emb, bias=[1.0, 2.0, 0.0], include={c: (np.array([0, 1, 1, 1]), np.array([0]))})
+    recs = PoolUpdate.from_records(schema, [
+        {"op": "create", "ad_id": 500, "include": {c: [0]}, "embedding": emb[0], "bias": 1.0},
+        {"op": "change", "ad_id": int(rules.ad_ids[0]), "embedding": emb[1], "bias": 2.0},
+        {"op": "retire", "ad_id": int(rules.ad_ids[1])}], D)
+    for name in ("ops", "ad_ids", "codes_ptr", "codes"):
+        np.testing.assert_array_equal(getattr(cols.targeting, name), getattr(recs.targeting, name))
+    np.testing.assert_array_equal(cols.sets_row, [True, True, False])
+    np.testing.assert_array_equal(cols.embeddings[:2], recs.embeddings[:2])
+    with pytest.raises(ValueError, match="create must set"):
+        PoolUpdate.from_columns(schema, ["create"], [501], emb[:1], sets_row=np.array([False]))
+    with pytest.raises(ValueError, match="sets_row"):
+        PoolUpdate.from_columns(schema, ["create"], [501], emb[:1], sets_row=[1])
+
+
+def test_final_rows_follow_each_slots_last_occupant():
+    """final_rows: the last op per slot; the row from the occupant's latest row-setting op, kept
+    where it set none; a freed slot keeps no row."""
+    slots = np.array([5, 5, 5, 2, 2, 7, 9, 9])
+    ops = np.array([RETIRE, CREATE, CHANGE, CHANGE, CHANGE, CHANGE, CREATE, RETIRE])
+    sets = np.array([False, True, False, True, False, False, True, False])
+    touched, last, row = final_rows(slots, ops, sets)
+    np.testing.assert_array_equal(touched, [2, 5, 7, 9])
+    np.testing.assert_array_equal(last, [4, 2, 5, 7])
+    np.testing.assert_array_equal(row, [3, 1, -1, -1])
