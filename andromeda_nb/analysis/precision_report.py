@@ -205,7 +205,7 @@ def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
         lines.append("**fp16 math as the default?** The rule: on every dataset |Δ recall@100| <= "
                      f"{DEFAULT_MATH_DELTA_PP} pp and top-100 overlap >= {DEFAULT_MATH_OVERLAP} against fp32 math. "
                      + "; ".join(f"{ds}: {dpp:+.3f} pp, overlap {ov:.4f}" for ds, (dpp, ov) in math.items()) + ": "
-                     + (("the data allow it" + ("." if _default_math() != "fp32" else
+                     + (("the data allow it" + (f"; the kernels' default is math={_default_math()!r}." if _default_math() != "fp32" else
                                                 "; the kernels' default is still fp32 math (not yet switched).")) if ok
                         else "not met, fp32 math stays the default."))
     half = [s.loc[[d for d in ("fp16", "fp16_math", "bf16") if d in s.index], ("mean", "score_err_max")]
