@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import functools
 
-from numba import cuda, int32, int64, uint32, uint64
+from numba import cuda, float32, int32, int64, uint32, uint64
 
 from ..topk.seed_kernels import SEED_RADIX, _batch_seed_funcs
 
+#: ``row_of`` of a slot an update freed (:func:`scatter_slots_kernel`)
+FREED = -2
 #: threads of the candidate gather, and the bitset words each thread reads per tile
 GATHER_BLOCK = 256
 GATHER_WORDS = 4
@@ -146,9 +148,11 @@ def pool_seed_kernel(block: int, per_thread: int, margin_x2: int, min_rank: int)
 def scatter_slots_kernel(tiles: bool):
     """A live pool's table update (:meth:`~andromeda_nb.pipeline.Pool.apply`): entry ``j`` writes
     ``ad_ids[slots[j]] = new_ids[j]`` and, where ``row_of[j] >= 0``, the row ``new_words[row_of[j]]``
-    (uint64 words), its bias and its int8 scale into that slot. Launch ``[(grid), block]``, a thread
-    per (entry, word): thread ``t`` handles entry ``t // n_w``, word ``t % n_w``. ``tiles``: the
-    table's words are ``[n_w, n_ads]``, else ``[n_ads, n_w]``."""
+    (uint64 words), its bias and its int8 scale into that slot; ``row_of[j] == FREED`` zeroes the
+    slot's row, bias and scale (a free slot holds nothing a reduction over the table could see);
+    ``-1`` keeps them. Launch a thread per (entry, word), no grid-stride: thread ``t`` handles entry
+    ``t // n_w``, word ``t % n_w``. ``tiles``: the table's words are ``[n_w, n_ads]``, else
+    ``[n_ads, n_w]``."""
 
     @cuda.jit
     def kernel(words, bias, scale, ad_ids, slots, new_ids, row_of, new_words, new_bias, new_scale, has_scale):
@@ -160,16 +164,17 @@ def scatter_slots_kernel(tiles: bool):
             return
         s = slots[j]
         r = row_of[j]
-        if r >= 0:
+        if r >= 0 or r == FREED:
+            x = new_words[r, w] if r >= 0 else uint64(0)
             if tiles:
-                words[w, s] = new_words[r, w]
+                words[w, s] = x
             else:
-                words[s, w] = new_words[r, w]
+                words[s, w] = x
         if w == 0:
             ad_ids[s] = new_ids[j]
-            if r >= 0:
-                bias[s] = new_bias[r]
+            if r >= 0 or r == FREED:
+                bias[s] = new_bias[r] if r >= 0 else float32(0)
                 if has_scale:
-                    scale[s] = new_scale[r]
+                    scale[s] = new_scale[r] if r >= 0 else float32(0)
 
     return kernel

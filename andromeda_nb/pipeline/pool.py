@@ -219,25 +219,33 @@ class Pool:
             TypeError: not a PoolUpdate. ValueError: a pool without an index, rows of another
             width, rows beyond the table's storage dtype (fp16 overflow). RuleError: the targeting
             ops (a create of a live ad, a change or retire of an unknown one, a retire twice, a
-            malformed rule); all before anything changes (a refused batch may have grown the pool's
-            capacity, never its contents). RuntimeError: the index was updated outside the pool.
+            malformed rule, another schema); all before the pool's contents change (a batch refused
+            by the index may have grown its capacity first). RuntimeError: the index was updated
+            outside the pool.
         """
-        from ..targeting import CREATE, RETIRE
-        from .kernels import scatter_slots_kernel
+        from ..targeting import CHANGE, CREATE, RETIRE, RuleError
+        from .kernels import FREED, scatter_slots_kernel
         from .updates import PoolUpdate, final_rows
 
         if not isinstance(update, PoolUpdate):
             raise TypeError(f"update must be a PoolUpdate (PoolUpdate.from_columns), got {type(update).__name__}")
         if self.index is None:
             raise ValueError("a pool without a targeting index takes no updates (the index allocates the slots)")
-        if self.index.version != self._index_version:
+        if self.index.version != self._index_version or self.index.index.version != self._index_version:
             raise RuntimeError("the targeting index was updated outside this pool: build a new Pool")
+        if update.targeting.schema != self.index.index.schema:
+            raise RuleError("update batch was built for another schema")
         if update.d != self.table.d:
             raise ValueError(f"the update's rows have d={update.d}, the pool's table d={self.table.d}")
+        update = update.checked()  # its arrays again (the caller may have changed them since)
         ops = update.targeting.ops
         sets = update.sets_row
         # the rows in the table's storage, checked first (fp16 range; int8 rows quantized)
         rows = AdTable.from_float(update.embeddings[sets], update.bias[sets], dtype=self.table.dtype)
+        if not len(update):
+            delta = self.index.apply(update.targeting)
+            self._index_version = self.index.version
+            return delta
         # slots the batch takes from the free list: the peak of creates minus retires (a retired
         # slot is reused by the batch's next create before a free one is taken)
         step = np.where(ops == CREATE, 1, np.where(ops == RETIRE, -1, 0))
@@ -245,28 +253,36 @@ class Pool:
         if need > self.n_free:
             self._grow(max(2 * self.n_ads, self.n_ads - self.n_free + need, 64))
         delta = self.index.apply(update.targeting)
-        slots, last, row_op = final_rows(delta.slots, ops, sets)
-        if slots.size:
-            packed = np.full(ops.size, -1, np.int64)  # op -> its row in `rows`
-            packed[sets] = np.arange(int(sets.sum()))
-            new_ids = np.where(ops[last] == RETIRE, FREE, update.targeting.ad_ids[last]).astype(np.int64)
-            row_of = np.where(row_op >= 0, packed[np.maximum(row_op, 0)], -1)
-            W = rows.embeddings.itemsize * rows.d // 8  # uint64 words a row
-            t = self.table
-            words = rows.embeddings.reshape(rows.n_ads, -1).view(np.uint64) if rows.n_ads else np.zeros((1, W), np.uint64)
-            scale = rows.scale if rows.scale is not None else np.zeros(1, np.float32)
-            block = launch.default_block()
-            kernel = scatter_slots_kernel(t.layout == "tiles")
-            kernel[launch.grid_for(slots.size * W, block, 1 << 20), block](
-                t.words, t.bias, t.scale, t.ad_ids, launch.to_device(slots), launch.to_device(new_ids),
-                launch.to_device(row_of), launch.to_device(np.ascontiguousarray(words)),
-                launch.to_device(rows.bias if rows.n_ads else np.zeros(1, np.float32)), launch.to_device(scale),
-                rows.scale is not None)
-            t.host_ad_ids[slots] = new_ids
-            t.n_free = int((t.host_ad_ids == FREE).sum())
-            if rows.n_ads:  # a bound on |a| (the overflow checks), never lowered by a retire
-                t._max_abs = max(t.max_abs(), _host_max_abs(rows))
         self._index_version = self.index.version
+        slots, last, row_op = final_rows(delta.slots, ops, sets)
+        t = self.table
+        if t.table is not None:  # the caller's host table no longer describes the slots: keep none of it
+            t.max_abs()
+            t.table, t.host_ad_ids = None, t.host_ad_ids.copy()
+        packed = np.full(ops.size, -1, np.int64)  # op -> its row in `rows`
+        packed[sets] = np.arange(int(sets.sum()))
+        freed = ops[last] == RETIRE
+        new_ids = np.where(freed, FREE, update.targeting.ad_ids[last]).astype(np.int64)
+        row_of = np.where(freed, FREED, np.where(row_op >= 0, packed[np.maximum(row_op, 0)], -1))
+        W = t.words.shape[1] if t.layout == "rows" else t.words.shape[0]  # uint64 words a row
+        words = (np.ascontiguousarray(rows.embeddings).view(np.uint64).reshape(rows.n_ads, W) if rows.n_ads
+                 else np.zeros((1, W), np.uint64))
+        scale = rows.scale if rows.scale is not None else np.zeros(1, np.float32)
+        block = launch.default_block()
+        # a thread per (slot, word), not a grid-stride loop: the whole grid, in the simulator too
+        scatter_slots_kernel(t.layout == "tiles")[max(1, -(-slots.size * W // block)), block](
+            t.words, t.bias, t.scale, t.ad_ids, launch.to_device(slots), launch.to_device(new_ids),
+            launch.to_device(row_of), launch.to_device(words),
+            launch.to_device(rows.bias if rows.n_ads else np.zeros(1, np.float32)), launch.to_device(scale),
+            rows.scale is not None)
+        t.host_ad_ids[slots] = new_ids
+        t.n_free = int((t.host_ad_ids == FREE).sum())
+        # the largest |a| (the overflow checks): new rows can only raise it; a row overwritten or
+        # freed (zeroed) may lower it: then recomputed over the table on the device when next needed
+        if ((ops == RETIRE) | ((ops == CHANGE) & sets)).any():
+            t._max_abs = None
+        elif rows.n_ads:
+            t._max_abs = max(t.max_abs(), _host_max_abs(rows))
         return delta
 
     def _grow(self, n_slots: int) -> None:
@@ -276,10 +292,9 @@ class Pool:
         from ..match import DeviceTargetingIndex
 
         old_index = self.index.index
-        grown = TargetingIndex(old_index.current_rules(), n_slots, layout=old_index.layout)
-        self.index = DeviceTargetingIndex(grown)
-        self._index_version = self.index.version
-        self.table = _grown_table(self.table, n_slots)
+        table = _grown_table(self.table, n_slots)
+        index = DeviceTargetingIndex(TargetingIndex(old_index.current_rules(), n_slots, layout=old_index.layout))
+        self.index, self.table, self._index_version = index, table, index.version
         self._size()
 
     # ------------------------------------------------------------------ requests
@@ -518,19 +533,20 @@ def _grown_table(table: DeviceAdTable, n_slots: int) -> DeviceAdTable:
 
     if table.layout == "rows":
         emb = grown(e, (n_slots, table.d), e.dtype.type(0))
-        emb[:n].copy_to_device(e)
+        if n:
+            emb[:n].copy_to_device(e)
     else:
         emb = grown(e, (e.shape[0], n_slots, e.shape[2]), e.dtype.type(0))
-        for p in range(e.shape[0]):
+        for p in range(e.shape[0] if n else 0):
             emb[p, :n].copy_to_device(e[p])
     bias = grown(table.bias, (n_slots,), np.float32(0))
-    bias[:n].copy_to_device(table.bias)
     ids = grown(table.ad_ids, (n_slots,), np.int64(FREE))
-    ids[:n].copy_to_device(table.ad_ids)
-    scale = None
-    if table.dtype == "int8":
-        scale = grown(table.scale, (n_slots,), np.float32(0))
-        scale[:n].copy_to_device(table.scale)
+    scale = grown(table.scale, (n_slots,), np.float32(0)) if table.dtype == "int8" else None
+    if n:
+        bias[:n].copy_to_device(table.bias)
+        ids[:n].copy_to_device(table.ad_ids)
+        if scale is not None:
+            scale[:n].copy_to_device(table.scale)
     out = DeviceAdTable.from_device(emb, bias, table.dtype, table.layout, scale=scale, ad_ids=ids)
     out._max_abs = table.max_abs()
     return out

@@ -73,7 +73,7 @@ class PoolUpdate:
             sets = np.asarray(sets_row)
             if sets.dtype != np.bool_ or sets.shape != (k,):
                 raise ValueError(f"sets_row must be bool [k={k}], got {sets.dtype} {sets.shape}")
-        return cls._checked(targeting, emb, b, np.ascontiguousarray(sets))
+        return cls._checked(targeting, emb.copy(), b.copy(), np.array(sets))
 
     @classmethod
     def from_records(cls, schema, records, d: int) -> "PoolUpdate":
@@ -89,14 +89,30 @@ class PoolUpdate:
         sets = np.zeros(len(records), bool)
         for i, r in enumerate(records):
             if "embedding" in r:
-                row = np.asarray(r["embedding"], np.float32)
+                row, b = np.asarray(r["embedding"]), np.asarray(r.get("bias", 0.0))
+                if row.dtype.kind not in "fiu" or b.dtype.kind not in "fiu" or b.shape:
+                    raise TypeError(f"ad {r.get('ad_id')}: embedding and bias must be real numbers")
                 if row.shape != (d,):
                     raise ValueError(f"ad {r.get('ad_id')}: embedding must have {d} values, got shape {row.shape}")
-                emb[i], bias[i], sets[i] = row, r.get("bias", 0.0), True
+                emb[i], bias[i], sets[i] = row, b, True
+            elif "bias" in r:
+                raise ValueError(f"ad {r.get('ad_id')}: a bias comes with its embedding (the row is written whole)")
         return cls._checked(targeting, emb, bias, sets)
+
+    def checked(self) -> "PoolUpdate":
+        """This batch validated again (:meth:`Pool.apply` calls it: the arrays are the caller's to
+        change after the batch was built)."""
+        return self._checked(self.targeting, self.embeddings, self.bias, self.sets_row)
 
     @classmethod
     def _checked(cls, targeting, emb, bias, sets) -> "PoolUpdate":
+        k = len(targeting)
+        for name, x, shape, dtype in (("embeddings", emb, (k, None), np.float32), ("bias", bias, (k,), np.float32),
+                                      ("sets_row", sets, (k,), np.bool_)):
+            if (not isinstance(x, np.ndarray) or x.dtype != dtype or x.ndim != len(shape)
+                    or any(w is not None and w != v for w, v in zip(shape, x.shape))):
+                raise ValueError(f"{name} must be {np.dtype(dtype).name} of shape {shape} (k ops), got "
+                                 f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
         bad = np.flatnonzero((targeting.ops == CREATE) & ~sets)
         if bad.size:
             raise ValueError(f"ad {int(targeting.ad_ids[bad[0]])}: a create must set its row (an embedding)")
@@ -106,7 +122,8 @@ class PoolUpdate:
         finite = np.isfinite(emb).all(axis=1) & np.isfinite(bias)
         bad = np.flatnonzero(sets & ~finite)
         if bad.size:
-            raise ValueError(f"ad {int(targeting.ad_ids[bad[0]])}: its embedding or bias holds NaN or inf")
+            raise ValueError(f"ad {int(targeting.ad_ids[bad[0]])}: its embedding or bias holds NaN, inf or a "
+                             "value past float32")
         return cls(targeting, emb, bias, sets)
 
 
@@ -119,6 +136,8 @@ def final_rows(slots: np.ndarray, ops: np.ndarray, sets_row: np.ndarray) -> tupl
     and a slot changes occupant only by a retire and a create), or stays as it was where there is
     none. Returns ``(touched slots sorted, last op per slot, row op per slot or -1: keep)``."""
     k = slots.size
+    if k == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     order = np.lexsort((np.arange(k), slots))  # by slot, then op order
     s, o = slots[order], order
     start = np.ones(k, bool)

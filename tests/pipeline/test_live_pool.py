@@ -164,6 +164,63 @@ def test_bad_batches_are_refused_whole(rng):
     assert pool.n_free == 4
 
 
+def test_empty_large_and_grown_from_nothing(rng):
+    """An empty batch changes nothing and leaves the pool serving; a batch touching more slots than
+    a simulator grid-stride launch covers writes them all; a pool of no slots grows."""
+    rules = random_rules(rng, 20, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((20, D)), dtype="fp32", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules), max_batch=1, max_k=8)
+    req = anb.Request.random(D, 2, 1, rng)
+    before = pool.retrieve(req, {}, k=8)
+    pool.apply(PoolUpdate.from_records(rules.schema, [], D))
+    np.testing.assert_array_equal(pool.retrieve(req, {}, k=8).ids, before.ids)
+    assert table.ad_ids.min() >= 0  # the caller's table is not the pool's to change
+    ids = np.arange(5000, 5040)
+    emb = np.zeros((40, D), np.float32)
+    emb[-1] = 50.0 * np.sign(req.V.sum(axis=0) + 1e-9)  # the last ad created scores best by far
+    pool.apply(PoolUpdate.from_columns(rules.schema, ["create"] * 40, ids, emb, bias=np.full(40, 100.0)))
+    pool.apply(PoolUpdate.from_columns(rules.schema, ["retire"] * 20, rules.ad_ids, np.zeros((20, D))))
+    out = pool.retrieve(req, {}, k=8)
+    assert out.n_eligible == 40 and out.ids[0] == 5039 and set(out.ids.tolist()) <= set(ids.tolist())
+    assert not np.isin(pool.table.ad_ids.copy_to_host(), rules.ad_ids).any()
+    empty = Pool(anb.AdTable.from_float(np.zeros((0, D)), dtype="fp16"),
+                 TargetingIndex(TargetingRules.from_columns(rules.schema, np.zeros(0, np.int64))), max_k=4)
+    empty.apply(PoolUpdate.from_columns(rules.schema, ["create"] * 3, [1, 2, 3], np.ones((3, D))))
+    assert empty.n_ads >= 3 and empty.retrieve(req, {}, k=4).n_eligible == 3
+
+
+def test_a_retired_large_ad_no_longer_bounds_the_math(rng):
+    """max|a| follows the live rows: after the ad that raised it retires, the pool serves in the
+    math and with the answers of a rebuild."""
+    rules = random_rules(rng, 20, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((20, D)) * 0.5, dtype="fp16", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules, capacity=24), max_batch=1, max_k=8)
+    req = anb.Request.random(D, 2, 1, rng)
+    before = pool.retrieve(req, {}, k=8)
+    pool.apply(PoolUpdate.from_columns(rules.schema, ["create"], [999], np.full((1, D), 60000.0)))
+    assert pool.table.max_abs() == 60000.0
+    pool.apply(PoolUpdate.from_columns(rules.schema, ["retire"], [999], np.zeros((1, D))))
+    after = pool.retrieve(req, {}, k=8)
+    np.testing.assert_array_equal(after.ids, before.ids)
+    np.testing.assert_array_equal(after.scores, before.scores)
+
+
+def test_updates_behind_the_pools_back_are_refused(rng):
+    """An update applied to the host index directly: the pool refuses to apply or serve, even where
+    its next batch would grow it."""
+    from andromeda_nb.targeting import UpdateBatch
+
+    rules = random_rules(rng, 6, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    index = TargetingIndex(rules, capacity=7)
+    pool = Pool(anb.AdTable.from_float(rng.standard_normal((6, D)), dtype="fp32", ad_ids=rules.ad_ids), index,
+                max_k=4)
+    index.apply(UpdateBatch.from_records(rules.schema, [{"op": "create", "ad_id": 777}]))
+    with pytest.raises(RuntimeError, match="outside"):
+        pool.apply(PoolUpdate.from_columns(rules.schema, ["create"] * 2, [900, 901], np.ones((2, D))))
+    with pytest.raises(RuntimeError):
+        pool.retrieve(anb.Request.random(D, 2, 1, rng), {}, k=4)
+
+
 def test_columns_build_the_same_batch_as_records(rng):
     """PoolUpdate.from_columns (the throughput format) and from_records agree; sets_row is checked."""
     rules = random_rules(rng, 10, live_p=1.0)
@@ -185,6 +242,13 @@ def test_columns_build_the_same_batch_as_records(rng):
         PoolUpdate.from_columns(schema, ["create"], [501], emb[:1], sets_row=np.array([False]))
     with pytest.raises(ValueError, match="sets_row"):
         PoolUpdate.from_columns(schema, ["create"], [501], emb[:1], sets_row=[1])
+    with pytest.raises(ValueError, match="bias comes with"):
+        PoolUpdate.from_records(schema, [{"op": "change", "ad_id": int(rules.ad_ids[0]), "bias": 3.0}], D)
+    with pytest.raises(TypeError, match="real numbers"):
+        PoolUpdate.from_records(schema, [{"op": "create", "ad_id": 9, "embedding": np.ones(D) * 1j}], D)
+    recs.sets_row[2] = True  # changed after it was built: apply validates it again
+    with pytest.raises(ValueError, match="retire sets no row"):
+        recs.checked()
 
 
 def test_final_rows_follow_each_slots_last_occupant():

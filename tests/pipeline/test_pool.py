@@ -116,7 +116,8 @@ def test_reruns_are_exact(rng):
 
 
 def test_nan_scores_are_never_returned(rng):
-    rules, table, index = world(rng, 120)
+    # every ad eligible for the empty profile (no rules), so NaN rows are always among the eligible
+    rules, table, index = world(rng, 120, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
     emb = rng.standard_normal((120, D))
     emb[::3] = np.nan
     nan_table = anb.AdTable.from_float(emb, np.zeros(120), dtype="fp16", ad_ids=table.ad_ids, allow_nonfinite=True)
