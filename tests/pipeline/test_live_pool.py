@@ -176,13 +176,16 @@ def test_empty_large_and_grown_from_nothing(rng):
     np.testing.assert_array_equal(pool.retrieve(req, {}, k=8).ids, before.ids)
     assert table.ad_ids.min() >= 0  # the caller's table is not the pool's to change
     ids = np.arange(5000, 5040)
-    emb = np.zeros((40, D), np.float32)
-    emb[-1] = 50.0 * np.sign(req.V.sum(axis=0) + 1e-9)  # the last ad created scores best by far
-    pool.apply(PoolUpdate.from_columns(rules.schema, ["create"] * 40, ids, emb, bias=np.full(40, 100.0)))
+    emb = rng.standard_normal((40, D)).astype(np.float32)
+    bias = rng.standard_normal(40).astype(np.float32)
+    pool.apply(PoolUpdate.from_columns(rules.schema, ["create"] * 40, ids, emb, bias=bias))
     pool.apply(PoolUpdate.from_columns(rules.schema, ["retire"] * 20, rules.ad_ids, np.zeros((20, D))))
-    out = pool.retrieve(req, {}, k=8)
-    assert out.n_eligible == 40 and out.ids[0] == 5039 and set(out.ids.tolist()) <= set(ids.tolist())
-    assert not np.isin(pool.table.ad_ids.copy_to_host(), rules.ad_ids).any()
+    fresh = Pool(anb.AdTable.from_float(emb, bias, dtype="fp32", ad_ids=ids),
+                 TargetingIndex(TargetingRules.from_columns(rules.schema, ids)), max_batch=1, max_k=8)
+    out, want = pool.retrieve(req, {}, k=8), fresh.retrieve(req, {}, k=8)
+    np.testing.assert_array_equal(out.ids, want.ids)  # the slots past the 32nd written too
+    np.testing.assert_array_equal(out.scores, want.scores)
+    assert out.n_eligible == 40 and not np.isin(pool.table.ad_ids.copy_to_host(), rules.ad_ids).any()
     empty = Pool(anb.AdTable.from_float(np.zeros((0, D)), dtype="fp16"),
                  TargetingIndex(TargetingRules.from_columns(rules.schema, np.zeros(0, np.int64))), max_k=4)
     empty.apply(PoolUpdate.from_columns(rules.schema, ["create"] * 3, [1, 2, 3], np.ones((3, D))))
