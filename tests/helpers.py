@@ -70,18 +70,22 @@ def random_schema():
 def random_rules(rng, n: int, schema=None, p_constrain=0.4, p_exclude=0.2, live_p=0.9) -> TargetingRules:
     """Small random rule set (records path) with includes, excludes, dead ads."""
     schema = schema or random_schema()
-    recs = []
     ids = rng.choice(10 * n + 10, size=n, replace=False)
-    for i in range(n):
-        r = {"ad_id": int(ids[i]), "live": bool(rng.random() < live_p), "include": {}, "exclude": {}}
-        for c in schema:
-            if rng.random() < p_constrain:
-                r["include"][c.name] = rng.choice(c.cardinality, rng.integers(1, min(4, c.cardinality) + 1),
-                                                  replace=False).tolist()
-            if rng.random() < p_exclude:
-                r["exclude"][c.name] = rng.choice(c.cardinality, 1).tolist()
-        recs.append(r)
+    recs = [{"ad_id": int(ids[i]), "live": bool(rng.random() < live_p),
+             **random_rule(rng, schema, p_constrain, p_exclude)} for i in range(n)]
     return TargetingRules.from_records(schema, recs)
+
+
+def random_rule(rng, schema, p_constrain=0.4, p_exclude=0.2) -> dict:
+    """One ad's random ``include`` / ``exclude`` sets (a record's rule part)."""
+    r = {"include": {}, "exclude": {}}
+    for c in schema:
+        if rng.random() < p_constrain:
+            r["include"][c.name] = rng.choice(c.cardinality, rng.integers(1, min(4, c.cardinality) + 1),
+                                              replace=False).tolist()
+        if rng.random() < p_exclude:
+            r["exclude"][c.name] = rng.choice(c.cardinality, 1).tolist()
+    return r
 
 
 def random_profile(rng, schema) -> dict:

@@ -284,16 +284,38 @@ def mma_f16_warp(frag_ab, frag_c, lane):
     A = np.zeros((16, 16))
     B = np.zeros((16, 8))
     C = np.zeros((16, 8))
-    for ln in range(32):
-        g, c = ln // 4, ln % 4
-        A[g, 2 * c:2 * c + 2], A[g + 8, 2 * c:2 * c + 2] = h[ln, 0], h[ln, 1]
-        A[g, 2 * c + 8:2 * c + 10], A[g + 8, 2 * c + 8:2 * c + 10] = h[ln, 2], h[ln, 3]
-        B[2 * c:2 * c + 2, g], B[2 * c + 8:2 * c + 10, g] = h[ln, 4], h[ln, 5]
-        C[g, 2 * c], C[g, 2 * c + 1], C[g + 8, 2 * c], C[g + 8, 2 * c + 1] = f[ln, :4]
+    A[_F16_A] = h[:, :4]
+    B[_F16_B] = h[:, 4:6]
+    C[_C_FRAG] = f[:, :4]
     with np.errstate(invalid="ignore", over="ignore"):
         D = (C + A @ B).astype(np.float32)
     g, c = lane // 4, lane % 4
     return D[g, 2 * c], D[g, 2 * c + 1], D[g + 8, 2 * c], D[g + 8, 2 * c + 1]
+
+
+def _fragment_tables():
+    """Index tables of the warp models: where each lane's fragment registers sit in A, B and C
+    (PTX ISA fragment layouts; g = lane // 4, c = lane % 4), as numpy fancy indices, so a model
+    scatters a whole warp's fragments in one assignment."""
+    g = (np.arange(32) // 4)[:, None, None]
+    c = (np.arange(32) % 4)[:, None, None]
+    r = np.arange(4)[None, :, None]
+    j = np.arange(2)[None, None, :]
+    # m16n8k16 .f16: a_r = A[g + 8 (r % 2), 2c + 8 (r // 2) + j]; b_r = B[2c + 8 r + j, g]
+    f16_a = (np.broadcast_to(g + 8 * (r % 2), (32, 4, 2)), np.broadcast_to(2 * c + 8 * (r // 2) + j, (32, 4, 2)))
+    rb = np.arange(2)[None, :, None]
+    f16_b = (np.broadcast_to(2 * c + 8 * rb + j, (32, 2, 2)), np.broadcast_to(g, (32, 2, 2)))
+    # the C / D fragment of both shapes: c_r = C[g + 8 (r // 2), 2c + r % 2]
+    g2, c2, r2 = g[:, :, 0], c[:, :, 0], np.arange(4)[None, :]
+    c_frag = (np.broadcast_to(g2 + 8 * (r2 // 2), (32, 4)), np.broadcast_to(2 * c2 + r2 % 2, (32, 4)))
+    # m16n8k8 .tf32: a_r = A[g + 8 (r % 2), c + 4 (r // 2)]; b_r = B[c + 4 r, g]
+    tf32_a = (np.broadcast_to(g2 + 8 * (r2 % 2), (32, 4)), np.broadcast_to(c2 + 4 * (r2 // 2), (32, 4)))
+    r3 = np.arange(2)[None, :]
+    tf32_b = (np.broadcast_to(c2 + 4 * r3, (32, 2)), np.broadcast_to(g2, (32, 2)))
+    return f16_a, f16_b, c_frag, tf32_a, tf32_b
+
+
+_F16_A, _F16_B, _C_FRAG, _TF32_A, _TF32_B = _fragment_tables()
 
 
 def tf32_round_host(x) -> np.ndarray:
@@ -320,11 +342,9 @@ def mma_tf32_warp(frags, lane):
     A = np.zeros((16, 8))
     B = np.zeros((8, 8))
     C = np.zeros((16, 8))
-    for ln in range(32):
-        g, c = ln // 4, ln % 4
-        A[g, c], A[g + 8, c], A[g, c + 4], A[g + 8, c + 4] = t[ln, 0:4]
-        B[c, g], B[c + 4, g] = t[ln, 4:6]
-        C[g, 2 * c], C[g, 2 * c + 1], C[g + 8, 2 * c], C[g + 8, 2 * c + 1] = f[ln, 6:10]
+    A[_TF32_A] = t[:, 0:4]
+    B[_TF32_B] = t[:, 4:6]
+    C[_C_FRAG] = f[:, 6:10]
     with np.errstate(invalid="ignore", over="ignore"):
         D = (C + A @ B).astype(np.float32)
     g, c = lane // 4, lane % 4

@@ -33,7 +33,7 @@ def sum_chunks(part, out, n_cols):
         out[c] = t
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def sector_counts(rows, scratch, n, n_words, inc_ptr, inc_rows, exc_ptr, exc_rows, out, chunk, prefetch):
     """The match kernel's reads, emulated: ``out[j]`` = 32-byte sectors (4 words) of the
     rows of plan category ``j`` read (a word is read while it is alive, an include row only
@@ -89,7 +89,7 @@ def sector_counts(rows, scratch, n, n_words, inc_ptr, inc_rows, exc_ptr, exc_row
     sum_chunks(part, out, n_cat)
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def sector_counts_grouped(rows, scratch, n, n_words, op_row, op_kind, op_cat, out, chunk, group):
     """The grouped match kernel's reads, emulated (match.kernels.match_grouped_kernel): ops in
     groups of ``group``; a sector of every op's row in a group is read when one of its 4 words

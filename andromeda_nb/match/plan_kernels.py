@@ -21,7 +21,7 @@ OK, VALUE_OUT_OF_RANGE, SEVERAL_VALUES = 0, 1, 2
 N_ARRAYS = 16  # len(PLAN_ARRAYS)
 
 
-@njit
+@njit(cache=True)
 def plan_batch_kernel(keys, vals, B, C, cat_m, multi, n_ads, n_rows, carrier, group_ptr, group_members, group_base,
                       constrained, cat_group, row_count, vrow, vrow_ptr, list_ptr, l_live, l_start, l_len, unc_row,
                       excl_ptr, excl_vals, grouped, op_first, op_close, op_exc, op_zero):

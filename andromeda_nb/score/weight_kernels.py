@@ -19,7 +19,7 @@ from ..targeting import numba_common  # noqa: F401
 from numba import njit  # noqa: E402
 
 
-@njit
+@njit(cache=True)
 def gated_images_kernel(gamma, beta, G, V, max_abs, pad, f16_index, out32, src16, bad32, over16, fp32_safe, fp16_max):
     """Per request ``b`` of ``gamma, beta [B, d]``, ``G, V [B, E, d]`` (float32):
 

@@ -12,7 +12,7 @@ from .numba_common import ALL, ONE, popc, valid_mask
 from numba import njit, prange, uint64
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def csr_scan(ptr, vals, m, chunk, out):
     """out[k] per chunk of slots: 0 canonical, 1 needs sorting, 2 value out of range,
     3 malformed indptr; out[n_chunks + k]: the first offending position."""
@@ -44,7 +44,7 @@ def csr_scan(ptr, vals, m, chunk, out):
         out[n_chunks + k] = at
 
 
-@njit
+@njit(cache=True)
 def scatter_word(w, ptr_i, val_i, ptr_x, val_x, n, n_total, has_i, has_x, map_i, map_x, inc, exc):
     """OR the bits of word ``w``'s 64 slots into the accumulators: slot s sets ``inc[map_i[v]]``
     for each included value v and ``exc[map_x[v]]`` for each excluded one (a negative map entry:
@@ -70,7 +70,7 @@ def scatter_word(w, ptr_i, val_i, ptr_x, val_x, n, n_total, has_i, has_x, map_i,
     return unc
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def build_folded(ptr_i, val_i, ptr_x, val_x, n, n_total, m, rows, chunk):
     """The m + 1 allows rows of one single-valued category into ``rows[0:m+1]`` (slots past
     the ``n`` with rules, up to ``n_total``, are unconstrained)."""
@@ -93,7 +93,7 @@ def build_folded(ptr_i, val_i, ptr_x, val_x, n, n_total, m, rows, chunk):
             rows[m, w] = unc & vm
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def combine_group(member_rows, member_off, radix, live, use_live, rows, base, size, chunk):
     """Group rows ``rows[base + r] = AND_i member_rows[member_off[i] + digit_i(r)]`` (mixed radix,
     first member fastest), ANDed with the live bits when ``use_live``."""
@@ -122,7 +122,7 @@ def combine_group(member_rows, member_off, radix, live, use_live, rows, base, si
                 rows[base + r, w] &= member_rows[si, w]
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def build_split(ptr_i, val_i, ptr_x, val_x, n, n_total, dense_i, n_di, dense_x, n_dx, rows, unc_row,
                 inc_base, exc_base, chunk):
     """The rows of one split category: ``rows[unc_row]`` its unconstrained slots, ``rows[inc_base
@@ -149,7 +149,7 @@ def build_split(ptr_i, val_i, ptr_x, val_x, n, n_total, dense_i, n_di, dense_x, 
                 exc[d] = 0
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def count_constrained(ptr_i, ptr_x, n, chunk):
     """Slots with a non-empty include or exclude set (an empty marker ptr counts as none)."""
     has_i = ptr_i.size == n + 1
@@ -167,7 +167,7 @@ def count_constrained(ptr_i, ptr_x, n, chunk):
     return part.sum()
 
 
-@njit
+@njit(cache=True)
 def fill_lists(ptr, vals, n, list_of, starts, pool):
     """Append each slot to the list of each of its sparse values, in slot order
     (``starts`` is advanced: the caller passes a copy)."""
@@ -179,7 +179,7 @@ def fill_lists(ptr, vals, n, list_of, starts, pool):
                 starts[lid] += 1
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def popcounts(rows, out):
     """``out[r]`` = set bits of row ``r``, rows in parallel."""
     for r in prange(rows.shape[0]):

@@ -12,7 +12,7 @@ from .numba_common import ONE, popc, valid_mask
 from numba import njit, prange, uint64
 
 
-@njit
+@njit(cache=True)
 def cpu_scatter(pool, seg_start, seg_len, seg_dst, scratch, value):
     """value 1: set the listed slots' bits in scratch row seg_dst; 0: zero their words."""
     for k in range(seg_start.size):
@@ -25,7 +25,7 @@ def cpu_scatter(pool, seg_start, seg_len, seg_dst, scratch, value):
                     scratch[seg_dst[k], s >> 6] = 0
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def cpu_match(rows, scratch, n, inc_ptr, inc_rows, exc_ptr, exc_rows, out, chunk):
     """The match of one plan into ``out`` (its words), chunks of ``chunk`` words in parallel; a
     plan row id ``r >= rows.shape[0]`` reads patch row ``scratch[r - n_rows]``. Per word, as the
@@ -61,7 +61,7 @@ def cpu_match(rows, scratch, n, inc_ptr, inc_rows, exc_ptr, exc_rows, out, chunk
     return part.sum()
 
 
-@njit
+@njit(cache=True)
 def cpu_clear(src, seg_start, seg_len, out):
     """Clear from ``out`` the slots listed in ``src[seg_start[k] : seg_start[k] + seg_len[k]]``
     (negative entries and slots past ``out`` skipped); returns the bits that were set."""

@@ -5,7 +5,11 @@ Numba reads ``NUMBA_ENABLE_CUDASIM`` when it is first imported, so importing thi
 backend first (:func:`andromeda_nb.device.backend.get_backend`, ``"auto"`` unless set). The kernel
 modules (``build_kernels``, ``update_kernels``, ``cpu_kernels``) import it first and are themselves
 imported inside the functions that call them, never at package import: ``import andromeda_nb``
-stays free of numba. Each ``@njit`` function compiles on its first call.
+stays free of numba. Each module-level ``@njit`` function compiles on its first call and caches the
+machine code on disk (``cache=True``, in ``__pycache__``): every later process (test workers,
+notebook kernels) loads it instead of compiling again, ~20 s a process. Numba re-compiles when the
+function's own file changes, not when an inlined helper of another file does: after editing this
+module, delete the ``__pycache__/*.nbi`` / ``*.nbc`` files of the kernel modules.
 """
 
 from ..device import backend

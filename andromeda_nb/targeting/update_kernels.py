@@ -12,7 +12,7 @@ from .numba_common import ONE
 from numba import njit, prange, uint64
 
 
-@njit
+@njit(cache=True)
 def gather_codes(ptrs, vals, colhi, slots, n_base):
     """Rule codes ``(cat << 33) | (kind << 32) | value`` of the given base slots, sorted per slot
     (columns come in (cat, kind) order and values are sorted within a column)."""
@@ -40,7 +40,7 @@ def gather_codes(ptrs, vals, colhi, slots, n_base):
     return out_ptr, codes
 
 
-@njit
+@njit(cache=True)
 def allows_vec(codes, lo, mid, hi, m, live, out, off):
     """Allows vector of one single-valued category: ``out[off + v]`` for v in 0..m (m: no value)."""
     unc = mid == lo
@@ -52,7 +52,7 @@ def allows_vec(codes, lo, mid, hi, m, live, out, off):
         out[off + (codes[q] & 0xFFFFFFFF)] = False
 
 
-@njit
+@njit(cache=True)
 def diff(slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_m, cat_group, unc_row,
          dinc_ptr, dinc_vals, dinc_rows, vrow_ptr, vrow, list_ptr, group_ptr, group_members, group_base,
          group_size, carrier, voff, va, vb, mark, out_set, out_clr, out_lists, cons_delta):
@@ -278,7 +278,7 @@ def diff(slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_
     return n_set, n_clr, n_lo
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def diff_par(n_chunks, slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_m, cat_group,
              unc_row, dinc_ptr, dinc_vals, dinc_rows, vrow_ptr, vrow, list_ptr, group_ptr, group_members,
              group_base, group_size, carrier, voff, nv, max_m, n_rows, out_set, out_clr, out_lists, cons_delta):
@@ -328,12 +328,12 @@ def diff_par(n_chunks, slots, old_ptr, old_codes, old_live, new_ptr, new_codes, 
     return n_set, n_clr, n_lo
 
 
-@njit
+@njit(cache=True)
 def decode(x):
     return x if x >= 0 else -x - 1
 
 
-@njit
+@njit(cache=True)
 def list_ops(ops, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty):
     """Apply list ops (list id, slot, +1/-1) to the host list pool. ``dirty`` rows get
     ``(start, length)`` of each pool range written. Returns the number of dirty ranges, or
@@ -413,7 +413,7 @@ def list_ops(ops, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty):
     return nd
 
 
-@njit
+@njit(cache=True)
 def partition_codes(set_codes, clr_codes, n_parts, order, starts):
     """Counting sort of the codes by ``row % n_parts`` (sets first in each part): ``order``
     gets signed indices (``i`` set code i, ``-1 - i`` clear code i), ``starts`` the parts' offsets."""
@@ -436,7 +436,7 @@ def partition_codes(set_codes, clr_codes, n_parts, order, starts):
         counts[p] += 1
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def apply_bits(rows, set_codes, clr_codes, row_count, order, starts):
     """Flip the listed bits (each code names a bit that changes) and count them per row; each
     part (``partition_codes``) holds whole rows, so no two threads touch one word."""
@@ -456,7 +456,7 @@ def apply_bits(rows, set_codes, clr_codes, row_count, order, starts):
             row_count[r] += delta
 
 
-@njit
+@njit(cache=True)
 def count_bits(set_codes, clr_codes, row_count):
     """Row popcount changes of a delta's bit flips (when the host keeps no bits)."""
     for i in range(set_codes.size):

@@ -9,20 +9,9 @@ from andromeda_nb.pipeline import Pool, PoolUpdate
 from andromeda_nb.pipeline.updates import final_rows
 from andromeda_nb.targeting import CHANGE, CREATE, RETIRE, RuleError, TargetingIndex, TargetingRules
 
-from ..helpers import random_profile, random_rules
+from ..helpers import random_profile, random_rule, random_rules
 
 D = 16
-
-
-def random_rule(rng, schema, p_constrain=0.4, p_exclude=0.15) -> dict:
-    r = {"include": {}, "exclude": {}}
-    for c in schema:
-        if rng.random() < p_constrain:
-            r["include"][c.name] = rng.choice(c.cardinality, rng.integers(1, min(4, c.cardinality) + 1),
-                                              replace=False).tolist()
-        if rng.random() < p_exclude:
-            r["exclude"][c.name] = rng.choice(c.cardinality, 1).tolist()
-    return r
 
 
 class Mirror:
@@ -46,11 +35,11 @@ class Mirror:
             if kind != "create" and not ads:
                 kind = "create"
             if kind == "create":
-                ad, rule = self.next_id, random_rule(rng, self.schema)
+                ad, rule = self.next_id, random_rule(rng, self.schema, 0.4, 0.15)
                 self.next_id += 1
             else:
                 ad = int(rng.choice(list(ads)))
-                rule = random_rule(rng, self.schema)
+                rule = random_rule(rng, self.schema, 0.4, 0.15)
             row = (rng.standard_normal(D) * 0.5).astype(np.float32)
             b = float(rng.standard_normal())
             if kind == "retire" or kind == "recreate":
@@ -117,9 +106,10 @@ def test_retired_slot_is_reused_and_never_returns_the_old_ad(rng):
     pool = Pool(table, TargetingIndex(rules), max_batch=2, max_k=20)
     old = int(ids[3])
     new_id = int(ids.max()) + 777
-    big = np.full(D, 4.0, np.float32)  # the best ad for a request with positive weights
+    row = np.full(D, 4.0, np.float32)
     update = PoolUpdate.from_records(rules.schema, [{"op": "retire", "ad_id": old},
-                                                    {"op": "create", "ad_id": new_id, "embedding": big, "bias": 9.0}], D)
+                                                    {"op": "create", "ad_id": new_id, "embedding": row, "bias": 9.0}],
+                                     D)
     delta = pool.apply(update)
     assert delta.slots[0] == delta.slots[1] == 3
     out = pool.retrieve(anb.Request.random(D, 2, 1, rng), {}, k=20)
