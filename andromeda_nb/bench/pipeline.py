@@ -243,13 +243,14 @@ def _open_loop_rows(env, ceil, world, pool, reqs, profiles, n) -> list[dict]:
     return rows
 
 
-def _apply_rows(env, ceil, world, pool, reqs, profiles) -> list[dict]:
+def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
     """Pool.apply of random batches (:class:`~.targeting_world.UpdateStream`: a third creates, a
     third changes, a third retires, each create and change with a new fp16 row): wall time of the
     call with a final sync, warm (a first batch grows the pool once: the world has no spare slots).
     Checked after the timed batches: the host index equals a rebuild of its rules, the device rows
     equal the host's on sampled words, the device table's ad ids equal the index's on every slot,
-    and sampled requests equal the reference (CPU match on the index, top-k of the kernel's scores)."""
+    and sampled requests equal the reference (CPU match on the index, top-k of the kernel's scores).
+    Where the host time of a 1,000-op batch goes: ``<out>/pipeline_host_profile_apply_<slots>.txt``."""
     import types
 
     from ..device import launch
@@ -281,6 +282,8 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles) -> list[dict]:
             walls.append(time.perf_counter() - t0)
         wall, p99 = _quantiles(walls)
         rows.append((size, wall, p99, calls))
+    profiled = iter([update(APPLY_BATCHES[0][0]) for _ in range(10)])
+    _host_profile(lambda: (pool.apply(next(profiled)), cuda.synchronize()), 10, out_dir, f"apply_{pool.n_ads}")
     index = pool.index.index
     shim = types.SimpleNamespace(index=index, dev=pool.index, n=pool.n_ads)
     checks = []
@@ -468,7 +471,8 @@ class Run(harness.Run):
         if isinstance(case, OpenLoopCase):
             return _open_loop_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
         if isinstance(case, ApplyCase):
-            rows = _apply_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles)
+            rows = _apply_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,
+                               self.options.out)
             self.close()  # the pool grew past its world: the next case builds both again
             return rows
         self.pool = self.table = None  # the tiles table takes their place

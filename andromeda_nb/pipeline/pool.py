@@ -275,8 +275,8 @@ class Pool:
             launch.to_device(row_of), launch.to_device(words),
             launch.to_device(rows.bias if rows.n_ads else np.zeros(1, np.float32)), launch.to_device(scale),
             rows.scale is not None)
+        t.n_free += int((new_ids == FREE).sum()) - int((t.host_ad_ids[slots] == FREE).sum())
         t.host_ad_ids[slots] = new_ids
-        t.n_free = int((t.host_ad_ids == FREE).sum())
         # the largest |a| (the overflow checks): new rows can only raise it; a row overwritten or
         # freed (zeroed) may lower it: then recomputed over the table on the device when next needed
         if ((ops == RETIRE) | ((ops == CHANGE) & sets)).any():
