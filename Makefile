@@ -25,7 +25,7 @@ lab: $(STAMP)
 
 # the default tier (under ~6 minutes on 2 cores); test-slow runs the long simulator tests (marked slow)
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -m "not slow and not browser" $(ARGS)
+	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -rs -m "not slow and not browser" $(ARGS)
 
 test-slow: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -m "slow and not browser" $(ARGS)
