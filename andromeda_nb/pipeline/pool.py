@@ -242,10 +242,6 @@ class Pool:
         sets = update.sets_row
         # the rows in the table's storage, checked first (fp16 range; int8 rows quantized)
         rows = AdTable.from_float(update.embeddings[sets], update.bias[sets], dtype=self.table.dtype)
-        if not len(update):
-            delta = self.index.apply(update.targeting)
-            self._index_version = self.index.version
-            return delta
         # slots the batch takes from the free list: the peak of creates minus retires (a retired
         # slot is reused by the batch's next create before a free one is taken)
         step = np.where(ops == CREATE, 1, np.where(ops == RETIRE, -1, 0))
@@ -255,6 +251,8 @@ class Pool:
         delta = self.index.apply(update.targeting)
         self._index_version = self.index.version
         slots, last, row_op = final_rows(delta.slots, ops, sets)
+        if not slots.size:  # an empty batch
+            return delta
         t = self.table
         if t.table is not None:  # the caller's host table no longer describes the slots: keep none of it
             t.max_abs()

@@ -162,11 +162,6 @@ def stack_requests(requests) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             np.stack([r.G for r in requests]), np.stack([r.V for r in requests]))
 
 
-def scaled_keys(G: np.ndarray) -> np.ndarray:
-    """``G / sqrt(d)`` as the images hold it: in float64, rounded once to float32."""
-    return (G.astype(np.float64) / np.sqrt(G.shape[-1])).astype(np.float32)
-
-
 def mma_f16_words(d: int, experts: int) -> int:
     """uint32 words of :func:`mma_f16_image` for requests of width ``d`` and ``experts`` experts.
 
