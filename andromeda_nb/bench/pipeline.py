@@ -153,6 +153,9 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
         notes = ("device steps (us, median): " + ", ".join(f"{s} {v * 1e6:.1f}" for s, v in per_step.items())
                  + f"; bytes a request: match {match_bytes / 1e6:.1f} MB (host byte model), gather {n / 8e6:.1f} MB, "
                  f"{elig:,.0f} eligible x 140 B")
+        if B == 32:
+            _host_profile(lambda: pool.retrieve(batch, profs, K), 30, args_out,
+                          f"{pool.n_ads}_{pool.config.math}_batch{B}")
         rows.append(_row(env, ceil, "retrieve", n, B, wall, p99, device, B * elig, request_bytes / elig, verified,
                          access="bitset", eligible_fraction=f"{elig / n:.5f}", categories=len(world.schema),
                          layout=pool.table.layout, notes=notes))
