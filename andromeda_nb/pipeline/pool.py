@@ -385,10 +385,7 @@ class Pool:
         buf = self._ensure_buffers()
         stream = buf.stream
         trace = self.trace
-        # the requests' weights: host images into pinned memory, one copy
-        group.host_images[:B] = images
-        if f16 is not None:
-            group.f16.host[:B] = f16
+        group.stage(B, images, f16)
         steps = [("weights", lambda: group.copy_weights(B)),
                  ("match", lambda: self._launch_match(plans)),
                  *group.steps(B, k),
@@ -399,14 +396,14 @@ class Pool:
         else:
             trace.run(steps)
         stream.synchronize()
-        counts, elig = buf.host_counts[:B], buf.host_elig[:B]
+        counts, elig = buf.host_counts[:B].tolist(), buf.host_elig[:B].tolist()
+        ids, scores = buf.host_ids[:B, :k].copy(), buf.host_scores[:B, :k].copy()  # each answer a row of these
         answers = []
         for b in range(B):
-            n_elig, n_scored, kept = int(elig[b]), int(counts[b, 0]), int(counts[b, 1])
+            n_elig, (n_scored, kept) = elig[b], counts[b]
             exact = kept >= min(k, n_scored) and kept <= buf.filter_cap and n_elig <= self.candidate_capacity
             if exact:
-                answers.append(Retrieved(ids=buf.host_ids[b, :k].copy(), scores=buf.host_scores[b, :k].copy(),
-                                         n_eligible=n_elig, n_scored=n_scored))
+                answers.append(Retrieved(ids=ids[b], scores=scores[b], n_eligible=n_elig, n_scored=n_scored))
             else:
                 answers.append(self._rerun(DeviceRequest.of(reqs[b]), b, k, n_elig, group.config))
         return answers
@@ -447,15 +444,6 @@ class Pool:
         if key not in self._groups:
             self._groups[key] = _Group(self, DeviceRequest.of(request), key[3])
         return self._groups[key]
-
-
-@dataclass
-class _Images:
-    """A batch's weight images of one kind: device rows, their pinned host rows, bytes a row."""
-
-    dev: object
-    host: np.ndarray
-    row_bytes: int
 
 
 def _host_image(dr: DeviceRequest) -> np.ndarray:
@@ -601,19 +589,19 @@ class _Group:
         cuda = launch.cuda()
         self.pool, self.dreq = pool, dreq
         self.config = replace(pool.config, math=math)
-        size = image_size(dreq.model, dreq.d, dreq.experts)
-        self.images = cuda.device_array((pool.max_batch, size), np.float32)
-        self.host_images = cuda.pinned_array((pool.max_batch, size), np.float32)
-        self.image_bytes = 4 * size
-        # fp16 math: the filter pass reads each request's per-lane fp16 image (the sample is scored in
-        # fp32 on the CUDA cores: its seed only needs to be close; exactness is checked after)
-        self.f16 = None
+        # a batch of B requests' weights, staged as one block of 32-bit words and copied at once:
+        # B float32 images, then (fp16 math) B per-lane fp16 images, which the filter pass reads (the
+        # sample is scored in fp32 on the CUDA cores: its seed only needs to be close; exactness is
+        # checked after). The launches of a batch size are bound to that size's two spans.
+        self.size = image_size(dreq.model, dreq.d, dreq.experts)
+        self.f16_words = 0
         if math == "fp16":
             if dreq.request is None:
                 raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
-            words = mma_f16_words(dreq.d, dreq.experts)
-            self.f16 = _Images(cuda.device_array((pool.max_batch, words), np.uint32),
-                               cuda.pinned_array((pool.max_batch, words), np.uint32), 4 * words)
+            self.f16_words = mma_f16_words(dreq.d, dreq.experts)
+        row = self.size + self.f16_words
+        self.stage_dev = cuda.device_array(pool.max_batch * row, np.uint32)
+        self.stage_host = cuda.pinned_array(pool.max_batch * row, np.uint32)
         self._steps: dict = {}
         # compile the exact rerun's kernels now, not on the first request that needs them (a rare
         # event whose first occurrence would otherwise stall that call for the compilation)
@@ -622,10 +610,22 @@ class _Group:
         none = launch.cuda().to_device(np.zeros(max(pool.n_words, 1), np.uint64))
         score_topk(dreq, pool.table, pool.max_k, eligible=none, config=self.config)
 
+    def _spans(self, words, B: int) -> tuple:
+        """B requests' float32 images ``[B, size]`` and fp16 images ``[B, f16_words]`` (or None) in
+        a staging buffer (host or device)."""
+        n = B * self.size
+        images = words[:n].view(np.float32).reshape(B, self.size)
+        return images, (words[n:n + B * self.f16_words].reshape(B, self.f16_words) if self.f16_words else None)
+
+    def stage(self, B: int, images: np.ndarray, f16) -> None:
+        """B requests' images into the pinned staging buffer (copied by :meth:`copy_weights`)."""
+        host32, host16 = self._spans(self.stage_host, B)
+        host32[...] = images
+        if host16 is not None:
+            host16[...] = f16
+
     def copy_weights(self, B: int) -> None:
-        launch.copy_async(self.images, self.host_images, B * self.image_bytes)
-        if self.f16 is not None:
-            launch.copy_async(self.f16.dev, self.f16.host, B * self.f16.row_bytes)
+        launch.copy_async(self.stage_dev, self.stage_host, 4 * B * (self.size + self.f16_words))
 
     def steps(self, B: int, k: int) -> list:
         key = (B, k)
@@ -640,6 +640,7 @@ class _Group:
 
         pool, dreq, buf = self.pool, self.dreq, self.pool._buffers
         table, cfg = pool.table, self.config.resolved(dreq, 0, False)
+        images32, images16 = self._spans(self.stage_dev, B)
         if cfg.weights == "param":  # a batch's weights differ by request: shared memory, a row each
             cfg = replace(cfg, weights="shared", max_registers=128)
         sample_cfg = replace(cfg, math="fp32")
@@ -663,7 +664,7 @@ class _Group:
         sample_kernel = fused_kernel(*common, 0, True, sample_cfg.values, sample_cfg.max_registers, 1, 1, False,
                                      "shared", sample_cfg.guard, False, batched=True, sample=buf.sample_size)
         sample = launch.BoundLaunch(sample_kernel, (per_request(buf.sample_size, block), B), block,
-                                    (table.words, table.scale, table.bias, self.images, dummy(np.uint64), buf.cand,
+                                    (table.words, table.scale, table.bias, images32, dummy(np.uint64), buf.cand,
                                      n_items, table.ad_ids, 0, buf.sample, dummy(np.float32), dummy(np.int32),
                                      dummy(np.int64)))
         seed = launch.BoundLaunch(pool_seed_kernel(seed_block, per_thread, SEED_MARGIN_X2, SEED_MIN_RANK), B,
@@ -672,7 +673,7 @@ class _Group:
                                                buf.fws.fill))
         filter_kernel = fused_kernel(*common, 0, True, cfg.values, cfg.max_registers, 1, 1, True, "shared", cfg.guard,
                                      False, batched=True, math=cfg.math)
-        images = self.f16.dev if self.f16 is not None else self.images
+        images = images16 if images16 is not None else images32
         filt = launch.BoundLaunch(filter_kernel, (per_request(pool.candidate_capacity, block), B), block,
                                   (table.words, table.scale, table.bias, images, dummy(np.uint64), buf.cand,
                                    n_items, table.ad_ids, buf.fws.seeds, buf.fws.buf_s, buf.fws.buf_i, buf.fws.fill,

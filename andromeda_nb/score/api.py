@@ -170,11 +170,7 @@ def _host_weight_image(dreq: DeviceRequest, cfg: KernelConfig):
     if cfg.tensor_cores:
         return None
     if cfg.math == "fp16":
-        if getattr(dreq, "_mma_f16", None) is None and dreq.request is not None:
-            from .weights import mma_f16_image
-
-            return mma_f16_image(dreq.request)
-        return None
+        return dreq.host_mma_f16_image() if getattr(dreq, "_mma_f16", None) is None else None
     return dreq.host_image if dreq._image is None else None
 
 

@@ -279,7 +279,12 @@ def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, conf
         return
     cfg = _resolve(config, dreq, table, access, topk_k)
     _kernel(dreq, table, access, topk_k, cfg)
-    _weight_args(dreq, cfg)
+    if cfg.math == "fp16":  # what _weight_args would raise, without copying anything to the device
+        dreq.host_mma_f16_image()
+    elif cfg.tensor_cores:
+        dreq.mma_image()
+    if cfg.weights == "param":
+        dreq.param_weights()
     check_range(dreq, table, cfg.math)
 
 

@@ -275,12 +275,19 @@ class DeviceRequest:
         Raises:
             ValueError: not the gated model, no Request behind it, or weights beyond fp16."""
         if getattr(self, "_mma_f16", None) is None:
+            self._mma_f16 = launch.to_device(self.host_mma_f16_image())
+        return self._mma_f16
+
+    def host_mma_f16_image(self) -> np.ndarray:
+        """:meth:`mma_f16_image` on the host (computed once; same errors), for a caller that copies
+        it into its own device buffer."""
+        if getattr(self, "_host_mma_f16", None) is None:
             from .weights import mma_f16_image
 
             if self.model != "gated" or self.request is None:
                 raise ValueError("math='fp16' implements the gated model, from a Request (DeviceRequest.of(request))")
-            self._mma_f16 = launch.to_device(mma_f16_image(self.request))
-        return self._mma_f16
+            self._host_mma_f16 = mma_f16_image(self.request)
+        return self._host_mma_f16
 
     def naive_arrays(self):
         """(G / sqrt(d), V, gamma, beta) flat device arrays for the naive kernel (gated only)."""

@@ -112,6 +112,31 @@ def test_batch_images_equal_each_requests_image(rng, d, E):
     assert weights.gated_images(*weights.stack_requests(reqs), 1.0, img, False).f16 is None
 
 
+def test_f16_bits_round_as_numpy(rng):
+    """The compiled float32 -> fp16 rounding of the batch images (weight_kernels.f16_bits) is numpy's
+    astype(float16) bit for bit: random bit patterns of every exponent, and the edges (signed
+    zeros, the subnormal and overflow boundaries and the ties beside them, inf, NaN payloads)."""
+    from numba import njit
+
+    from andromeda_nb.score.weight_kernels import f16_bits
+
+    @njit
+    def convert(bits, out):
+        for i in range(bits.size):
+            out[i] = f16_bits(bits[i])
+
+    edges = np.array([0.0, -0.0, 2.0 ** -25, 2.0 ** -25 * 1.0000001, 2.0 ** -24, 1.5 * 2.0 ** -24, 2.0 ** -14,
+                      2.0 ** -14 * (1 - 2.0 ** -11), 65504.0, 65519.99, 65520.0, -65520.0, 1.0 + 2.0 ** -11,
+                      1.0 + 3 * 2.0 ** -11, 2049.0, 2051.0, np.inf, -np.inf], np.float32).view(np.uint32)
+    nans = np.array([0x7FC00000, 0x7F800001, 0xFF801000, 0x7FFFFFFF], np.uint32)
+    bits = np.concatenate([edges, nans, rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32)])
+    got = np.empty(bits.size, np.uint16)
+    convert(bits, got)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = bits.view(np.float32).astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_batch_range_check_agrees_with_each_requests(rng):
     """weights.gated_images's range flags over a stacked batch refuse exactly the requests
     check_range (and, for fp16, f16_weights) refuses, in any order, on a table whose largest value
