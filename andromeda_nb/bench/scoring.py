@@ -33,6 +33,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
     dense  : the dense mixture E = K = 6
     access : bitset (0.5, 0.1, 0.01) and candidates (0.1, 0.01), rows and tiles; pre-fusion and
              per-op on bitsets
+    peers  : a Triton kernel of the gated model (over its tuning grid), torch.compile and eager
+             PyTorch (:mod:`.peers`), beside the fused kernel and the dot product, same tables
 
 Columns of every row: ``path`` ("block": the fused block top-K, "filter": the seeded filter path,
 empty for scores to memory), ``math`` (fp32: every product and sum), ``layout``.
@@ -48,6 +50,7 @@ import numpy as np
 from . import harness
 from ..model import Request
 from .harness import Settings
+from .peers import TRITON_CONFIGS
 
 SAMPLE = 2048  # ads per row checked against the float64 oracle
 #: The configuration of a case that measures whatever the run's ``design`` phase found fastest
@@ -112,6 +115,33 @@ class UnfusedCase(harness.Case):
     k_experts: int = 2
     k: int = 1000
     math: str = "fp32"
+
+
+@dataclass(frozen=True)
+class PeerCase(harness.Case):
+    """A peer of the gated kernel (:mod:`.peers`): ``peer`` is ``triton`` (with its ``block``,
+    ``warps`` and ``stages``), ``torch_eager`` or ``torch_compile``; every score to memory, the
+    model of ``math="fp16"``, on the rows-layout fp16 table the gated rows of its phase read."""
+
+    variant: str
+    peer: str
+    d: int = 64
+    experts: int = 6
+    k_experts: int = 2
+    dtype: str = "fp16"
+    layout: str = "rows"
+    access: str = "pool"
+    eligible_fraction: float = 1.0
+    math: str = "fp16"
+    block: int | None = None  # Triton only
+    warps: int | None = None
+    stages: int | None = None
+
+
+def peer(name: str, **settings) -> PeerCase:
+    variant = {"triton": "triton_gated_scores_to_memory", "torch_eager": "torch_eager_gated",
+               "torch_compile": "torch_compile_gated"}[name]
+    return PeerCase(variant, name, **settings)
 
 
 def scores(model, dtype="fp16", d=64, E=6, K=2, layout="tiles", config=BEST) -> ScoringCase:
@@ -240,6 +270,15 @@ PHASES = {
         *(in_math(fused("gated", layout=lay, access=a, frac=f, path="filter"), m)
           for m in ("fp32", "fp16") for lay, a, f in (("tiles", "bitset", 0.1), ("rows", "bitset", 0.01),
                                                        ("rows", "candidates", 0.01)))),  # every expert's value dot product, K = E
+    # the peers (Triton, torch.compile, eager PyTorch: the model of math="fp16", scores to memory)
+    # beside the fused kernel in fp16 and fp32 math and the dot product, rows then tiles tables
+    "peers": (
+        in_math(scores("gated", layout="rows"), "fp16"),
+        *(peer("triton", block=b, warps=w, stages=st) for b, w, st in TRITON_CONFIGS),
+        peer("torch_compile"), peer("torch_eager"),
+        in_math(scores("dot", layout="rows"), "fp32"),
+        in_math(scores("gated"), "fp16"), in_math(scores("gated"), "fp32"), in_math(scores("dot"), "fp32"),
+        in_math(fused("gated", path="filter"), "fp16"), in_math(fused("dot", path="filter"), "fp32")),
     "access": (
         *(fused("gated", layout=lay, access=a, frac=f) for lay in ("rows", "tiles")
           for a, f in (("bitset", 0.5), ("bitset", 0.1), ("bitset", 0.01), ("candidates", 0.1), ("candidates", 0.01))),
@@ -441,6 +480,51 @@ def scoring_row(run, case: ScoringCase) -> dict:
     return scores_row(run, case) if case.path is None else fused_row(run, case)
 
 
+def peer_row(run, case: PeerCase) -> dict:
+    """A peer's every score to memory (:mod:`.peers`), timed with events like the kernels' rows,
+    checked on a sample against the float64 oracle of the fp16 model; its top-1000 against the
+    fused kernel's (fp16 math) on the same table and request, in the notes."""
+    import torch
+
+    from .. import checks
+    from ..score.api import score_ads
+    from ..score.config import KernelConfig
+    from ..score.unfused import fused_bytes_per_ad
+    from .peers import peer_weights, table_tensors, torch_gated_scores, triton_gated_scores
+    from .tables import host_rows
+
+    d, E, K = case.d, case.experts, case.k_experts
+    table = run.tables.get(case.dtype, d, case.layout)
+    n = table.n_ads
+    req = Request.random(d, E, K, run.rng)
+    rows, bias = table_tensors(table)
+    w = peer_weights(req)
+    out = torch.empty(n, dtype=torch.float32, device="cuda")
+    if case.peer == "triton":
+        def call():
+            triton_gated_scores(rows, bias, w, out, case.block, case.warps, case.stages)
+        how = f"Triton, {case.block} rows a program, {case.warps} warps, {case.stages} stages"
+    else:
+        def call():
+            torch_gated_scores(rows, bias, w, out, compiled=case.peer == "torch_compile")
+        how = f"PyTorch {'torch.compile' if case.peer == 'torch_compile' else 'eager'}, chunks of 2^21 rows"
+    call()  # compiles (Triton, Inductor) outside the timing
+    torch.cuda.synchronize()
+    timing = harness.time_device(call, reps=run.options.reps)
+    slots = np.sort(run.rng.choice(n, min(SAMPLE, n), replace=False))
+    got = out[torch.as_tensor(slots, device="cuda")].cpu().numpy()
+    verified = checks.compare_scores(got, req, host_rows(table, slots), math="fp16")
+    ours = torch.as_tensor(score_ads(req, table, config=KernelConfig(math="fp16")), device="cuda")
+    top_peer = torch.topk(out, 1000).indices
+    top_ours = torch.topk(ours, 1000).indices
+    same = int(torch.isin(top_peer, top_ours).sum())
+    del ours, out
+    return harness.row("scoring", run.env, run.ceil, timing, n, fused_bytes_per_ad(d, case.dtype) + 4,
+                       model_flops("gated", d, E, K, "all"), str(verified), **case.columns(), n_ads=n,
+                       notes=f"{how}; scores written to memory (4 B/ad); top-1000 shares {same} ads with the "
+                             "fused kernel's (math='fp16') on the same table and request")
+
+
 #: the notes of the unfused rows: (pipeline, access) -> what the pipeline does
 UNFUSED_NOTES = {
     ("per_op", "pool"): "intermediates fp32 in device memory",
@@ -518,7 +602,7 @@ def _unfused_row(run, case: UnfusedCase) -> dict:
 class Run(harness.Run):
     """The scoring run: one GPU table at a time, one random stream, the design phase's contenders."""
 
-    MEASURE = {ScoringCase: scoring_row, UnfusedCase: unfused_row}
+    MEASURE = {ScoringCase: scoring_row, UnfusedCase: unfused_row, PeerCase: peer_row}
 
     def __init__(self, env, ceil, options):
         from .tables import TableCache

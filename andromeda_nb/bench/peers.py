@@ -1,0 +1,163 @@
+"""Peers of the fused gated kernel, run by the scoring suite's ``peers`` phase on the same table in
+the same process: a Triton kernel of the same model and its PyTorch versions (eager and
+``torch.compile``). Each writes every ad's score to memory, as ``gated_scores_to_memory`` does.
+
+All compute the model of ``math="fp16"`` (docs/design.md, "Storage and math"): gamma, beta,
+G / sqrt(d) and V rounded to fp16 (:func:`~andromeda_nb.score.weights.f16_weights`),
+``h = max(gamma * a + beta, 0)`` rounded once to fp16, the gate and value dot products with exact
+products and fp32 sums, softmax, top-K of E and the mixture in fp32.
+
+- **Triton**: a program scores ``block`` rows: it loads them ``[block, d]`` (fp16), encodes h in
+  fp32 and rounds it to fp16, and runs the E gate logits and the E value dots as two
+  ``tl.dot``\\ s against the ``[d, 16]`` fp16 weight blocks (experts past E zero: ``tl.dot`` needs
+  16 columns) on the tensor cores, fp32 accumulation; softmax over the E live columns, the K
+  experts by repeated ``argmax`` (ties to the lower expert), one fp32 score stored per row.
+- **PyTorch**: the same steps as tensor operations over chunks of rows (a whole 10^8-row pass
+  would hold tens of GB of intermediates); h in fp16, the dots as an fp32 matmul of the fp16-valued
+  h and weights (exact products), ``torch.topk`` for the K experts. ``torch.compile`` compiles
+  the chunk function once (Inductor fuses its elementwise steps around the matmul).
+
+GPU only (triton, torch with CUDA); imported inside the functions so the module loads anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: rows of a PyTorch chunk (its fp32 intermediates: ~0.5 GB at d = 64)
+TORCH_CHUNK = 1 << 21
+#: the Triton peer's tuning grid: (rows a program, warps, pipeline stages)
+TRITON_CONFIGS = ((64, 4, 2), (128, 4, 2), (128, 8, 2), (256, 8, 2), (256, 8, 3), (512, 8, 2))
+
+
+@dataclass(frozen=True)
+class PeerWeights:
+    """A request's fp16-model weights on the GPU as torch tensors: ``gamma, beta [d]`` float32
+    (fp16 values), ``gate, value [d, 16]`` fp16 (``G / sqrt(d)`` and ``V`` transposed, experts
+    past E zero), ``E, K``."""
+
+    gamma: object
+    beta: object
+    gate: object
+    value: object
+    E: int
+    K: int
+
+
+def peer_weights(request, device: str = "cuda") -> PeerWeights:
+    import torch
+
+    from ..score.weights import f16_weights
+
+    w = f16_weights(request)
+    E, d = request.experts, request.d
+    if E > 16:
+        raise ValueError(f"the peers take E <= 16 (one 16-column dot block), got E={E}")
+    gate = np.zeros((d, 16), np.float16)
+    value = np.zeros((d, 16), np.float16)
+    gate[:, :E] = w["G"].T
+    value[:, :E] = w["V"].T
+
+    def dev(x):
+        return torch.as_tensor(np.ascontiguousarray(x), device=device)
+
+    return PeerWeights(dev(w["gamma"].astype(np.float32)), dev(w["beta"].astype(np.float32)), dev(gate),
+                       dev(value), E, request.k_experts)
+
+
+def table_tensors(table):
+    """``(rows [n, d] fp16, bias [n] float32)``: a rows-layout fp16 :class:`DeviceAdTable`'s
+    memory seen by torch (no copy)."""
+    import torch
+
+    if table.layout != "rows" or table.dtype != "fp16":
+        raise ValueError(f"the peers read a rows-layout fp16 table, got {table.layout} {table.dtype}")
+    return torch.as_tensor(table.embeddings, device="cuda"), torch.as_tensor(table.bias, device="cuda")
+
+
+# ----------------------------------------------------------------------------- Triton
+
+
+_TRITON = {}
+
+
+def _triton_kernel():
+    if "kernel" not in _TRITON:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def gated_scores(A, BIAS, GAMMA, BETA, GATE, VALUE, OUT, n, D: tl.constexpr, E: tl.constexpr,
+                         K: tl.constexpr, BLOCK: tl.constexpr):
+            rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            live = rows < n
+            cols = tl.arange(0, D)
+            a = tl.load(A + rows[:, None] * D + cols[None, :], mask=live[:, None], other=0.0)
+            gamma = tl.load(GAMMA + cols)
+            beta = tl.load(BETA + cols)
+            h = tl.maximum(a.to(tl.float32) * gamma[None, :] + beta[None, :], 0.0).to(tl.float16)
+            j = tl.arange(0, 16)
+            logits = tl.dot(h, tl.load(GATE + cols[:, None] * 16 + j[None, :]))  # fp32 accumulation
+            values = tl.dot(h, tl.load(VALUE + cols[:, None] * 16 + j[None, :]))
+            logits = tl.where(j[None, :] < E, logits, float("-inf"))
+            ex = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+            total = tl.sum(ex, axis=1)
+            mixed = tl.zeros([BLOCK], dtype=tl.float32)
+            left = logits
+            for _ in tl.static_range(K):
+                pick = tl.argmax(left, axis=1, tie_break_left=True)
+                chosen = j[None, :] == pick[:, None]
+                mixed += tl.sum(tl.where(chosen, ex * values, 0.0), axis=1)
+                left = tl.where(chosen, float("-inf"), left)
+            bias = tl.load(BIAS + rows, mask=live, other=0.0)
+            tl.store(OUT + rows, mixed / total + bias, mask=live)
+
+        _TRITON["kernel"] = gated_scores
+    return _TRITON["kernel"]
+
+
+def triton_gated_scores(rows, bias, w: PeerWeights, out, block: int = 128, warps: int = 4, stages: int = 2) -> None:
+    """Enqueue the Triton peer: every row's score into ``out`` (float32 torch tensor ``[n]``)."""
+    n, d = rows.shape
+    grid = (-(-n // block),)
+    _triton_kernel()[grid](rows, bias, w.gamma, w.beta, w.gate, w.value, out, n, D=d, E=w.E, K=w.K, BLOCK=block,
+                           num_warps=warps, num_stages=stages)
+
+
+# ----------------------------------------------------------------------------- PyTorch
+
+
+def torch_gated_chunk(a, bias, gamma, beta, gate, value, E: int, K: int):
+    """Scores of a chunk of rows ``a [c, d]`` (fp16), the fp16 model in tensor operations."""
+    import torch
+
+    h = torch.relu(a.float() * gamma + beta).half().float()
+    logits = (h @ gate[:, :E].float())
+    values = (h @ value[:, :E].float())
+    p = torch.softmax(logits, dim=1)
+    top = torch.topk(logits, K, dim=1).indices
+    return (p.gather(1, top) * values.gather(1, top)).sum(dim=1) + bias
+
+
+_COMPILED = {}
+
+
+def torch_gated_scores(rows, bias, w: PeerWeights, out, compiled: bool = False, chunk: int = TORCH_CHUNK) -> None:
+    """Enqueue the PyTorch peer (eager, or the chunk function under ``torch.compile``) over
+    ``chunk``-row chunks, every score into ``out``."""
+    import torch
+
+    fn = torch_gated_chunk
+    if compiled:
+        if "fn" not in _COMPILED:
+            _COMPILED["fn"] = torch.compile(torch_gated_chunk, dynamic=False)
+        fn = _COMPILED["fn"]
+    n = rows.shape[0]
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        if compiled and hi - lo != chunk:  # one compiled shape: the tail runs eager
+            out[lo:hi] = torch_gated_chunk(rows[lo:hi], bias[lo:hi], w.gamma, w.beta, w.gate, w.value, w.E, w.K)
+        else:
+            out[lo:hi] = fn(rows[lo:hi], bias[lo:hi], w.gamma, w.beta, w.gate, w.value, w.E, w.K)
