@@ -192,6 +192,10 @@ def test_variant_names_follow_the_parameters():
                     f"{c.model}_{'naive_' if naive else ''}fused_topk{'_filter' if c.path == 'filter' else ''}")
             assert c.variant == want and (c.path is None) == (c.k is None)
             assert (c.experts is None) == (c.model == "dot")
+        elif isinstance(c, scoring.PeerCase):
+            assert c.variant == {"triton": "triton_gated_scores_to_memory", "torch_eager": "torch_eager_gated",
+                                 "torch_compile": "torch_compile_gated"}[c.peer]
+            assert (c.block is not None) == (c.peer == "triton")
         else:
             assert c.variant == f"unfused_{c.pipeline}"
     for c in all_cases("topk"):
