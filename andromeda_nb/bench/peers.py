@@ -7,7 +7,8 @@ G / sqrt(d) and V rounded to fp16 (:func:`~andromeda_nb.score.weights.f16_weight
 ``h = max(gamma * a + beta, 0)`` rounded once to fp16, the gate and value dot products with exact
 products and fp32 sums, softmax, top-K of E and the mixture in fp32.
 
-- **Triton**: a program scores ``block`` rows: it loads them ``[block, d]`` (fp16), encodes h in
+- **Triton**: a program scores ``block`` rows (or, persistent, loops over blocks with the next
+  blocks' loads pipelined): it loads them ``[block, d]`` (fp16), encodes h in
   fp32 and rounds it to fp16, and runs the E gate logits and the E value dots as two
   ``tl.dot``\\ s against the ``[d, 16]`` fp16 weight blocks (experts past E zero: ``tl.dot`` needs
   16 columns) on the tensor cores, fp32 accumulation; softmax over the E live columns, the K
@@ -28,8 +29,10 @@ import numpy as np
 
 #: rows of a PyTorch chunk (its fp32 intermediates: ~0.5 GB at d = 64)
 TORCH_CHUNK = 1 << 21
-#: the Triton peer's tuning grid: (rows a program, warps, pipeline stages)
-TRITON_CONFIGS = ((64, 4, 2), (128, 4, 2), (128, 8, 2), (256, 8, 2), (256, 8, 3), (512, 8, 2))
+#: the Triton peer's tuning grid: (rows a block, warps, pipeline stages, programs an SM: 0 = a
+#: program a block, else the persistent kernel)
+TRITON_CONFIGS = ((64, 4, 2, 0), (128, 4, 2, 0), (64, 2, 1, 0), (128, 4, 3, 4), (128, 4, 4, 4), (64, 4, 4, 8),
+                  (128, 8, 3, 4), (256, 8, 3, 2), (64, 2, 3, 16))
 
 
 @dataclass(frozen=True)
@@ -114,16 +117,59 @@ def _triton_kernel():
             bias = tl.load(BIAS + rows, mask=live, other=0.0)
             tl.store(OUT + rows, mixed / total + bias, mask=live)
 
+        @triton.jit
+        def gated_scores_persistent(A, BIAS, GAMMA, BETA, GATE, VALUE, OUT, n, D: tl.constexpr, E: tl.constexpr,
+                                    K: tl.constexpr, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+            # the same body over blocks pid, pid + programs, ...: the loop lets Triton's pipeliner
+            # issue the next blocks' loads (STAGES deep) while this one computes
+            cols = tl.arange(0, D)
+            j = tl.arange(0, 16)
+            gamma = tl.load(GAMMA + cols)
+            beta = tl.load(BETA + cols)
+            gate = tl.load(GATE + cols[:, None] * 16 + j[None, :])
+            value = tl.load(VALUE + cols[:, None] * 16 + j[None, :])
+            for blk in tl.range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0), num_stages=STAGES):
+                rows = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                live = rows < n
+                a = tl.load(A + rows[:, None] * D + cols[None, :], mask=live[:, None], other=0.0)
+                h = tl.maximum(a.to(tl.float32) * gamma[None, :] + beta[None, :], 0.0).to(tl.float16)
+                logits = tl.where(j[None, :] < E, tl.dot(h, gate), float("-inf"))
+                values = tl.dot(h, value)
+                ex = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+                total = tl.sum(ex, axis=1)
+                mixed = tl.zeros([BLOCK], dtype=tl.float32)
+                left = logits
+                for _ in tl.static_range(K):
+                    pick = tl.argmax(left, axis=1, tie_break_left=True)
+                    chosen = j[None, :] == pick[:, None]
+                    mixed += tl.sum(tl.where(chosen, ex * values, 0.0), axis=1)
+                    left = tl.where(chosen, float("-inf"), left)
+                bias = tl.load(BIAS + rows, mask=live, other=0.0)
+                tl.store(OUT + rows, mixed / total + bias, mask=live)
+
         _TRITON["kernel"] = gated_scores
-    return _TRITON["kernel"]
+        _TRITON["persistent"] = gated_scores_persistent
+    return _TRITON
 
 
-def triton_gated_scores(rows, bias, w: PeerWeights, out, block: int = 128, warps: int = 4, stages: int = 2) -> None:
-    """Enqueue the Triton peer: every row's score into ``out`` (float32 torch tensor ``[n]``)."""
+def triton_gated_scores(rows, bias, w: PeerWeights, out, block: int = 128, warps: int = 4, stages: int = 2,
+                        programs_per_sm: int = 0) -> None:
+    """Enqueue the Triton peer: every row's score into ``out`` (float32 torch tensor ``[n]``).
+    ``programs_per_sm`` > 0: the persistent kernel, that many programs an SM looping over the
+    blocks with ``stages``-deep load pipelining; 0: a program a block."""
+    import torch
+
     n, d = rows.shape
-    grid = (-(-n // block),)
-    _triton_kernel()[grid](rows, bias, w.gamma, w.beta, w.gate, w.value, out, n, D=d, E=w.E, K=w.K, BLOCK=block,
-                           num_warps=warps, num_stages=stages)
+    kernels = _triton_kernel()
+    blocks = -(-n // block)
+    if programs_per_sm:
+        sms = torch.cuda.get_device_properties(rows.device).multi_processor_count
+        grid = (min(blocks, sms * programs_per_sm),)
+        kernels["persistent"][grid](rows, bias, w.gamma, w.beta, w.gate, w.value, out, n, D=d, E=w.E, K=w.K,
+                                    BLOCK=block, STAGES=stages, num_warps=warps)
+        return
+    kernels["kernel"][(blocks,)](rows, bias, w.gamma, w.beta, w.gate, w.value, out, n, D=d, E=w.E, K=w.K,
+                                 BLOCK=block, num_warps=warps, num_stages=stages)
 
 
 # ----------------------------------------------------------------------------- PyTorch
@@ -152,7 +198,11 @@ def torch_gated_scores(rows, bias, w: PeerWeights, out, compiled: bool = False, 
     fn = torch_gated_chunk
     if compiled:
         if "fn" not in _COMPILED:
-            _COMPILED["fn"] = torch.compile(torch_gated_chunk, dynamic=False)
+            # Inductor keeps a fused kernel's intermediates in fp32 unless told to round them where
+            # the code casts (h to fp16): without it, it computes another model (checked: off by
+            # ~1e-3 of the score scale, and some ads get other experts)
+            _COMPILED["fn"] = torch.compile(torch_gated_chunk, dynamic=False,
+                                            options={"emulate_precision_casts": True})
         fn = _COMPILED["fn"]
     n = rows.shape[0]
     for lo in range(0, n, chunk):

@@ -136,6 +136,7 @@ class PeerCase(harness.Case):
     block: int | None = None  # Triton only
     warps: int | None = None
     stages: int | None = None
+    programs_per_sm: int | None = None
 
 
 def peer(name: str, **settings) -> PeerCase:
@@ -274,7 +275,7 @@ PHASES = {
     # beside the fused kernel in fp16 and fp32 math and the dot product, rows then tiles tables
     "peers": (
         in_math(scores("gated", layout="rows"), "fp16"),
-        *(peer("triton", block=b, warps=w, stages=st) for b, w, st in TRITON_CONFIGS),
+        *(peer("triton", block=b, warps=w, stages=st, programs_per_sm=p) for b, w, st, p in TRITON_CONFIGS),
         peer("torch_compile"), peer("torch_eager"),
         in_math(scores("dot", layout="rows"), "fp32"),
         in_math(scores("gated"), "fp16"), in_math(scores("gated"), "fp32"), in_math(scores("dot"), "fp32"),
@@ -502,8 +503,9 @@ def peer_row(run, case: PeerCase) -> dict:
     out = torch.empty(n, dtype=torch.float32, device="cuda")
     if case.peer == "triton":
         def call():
-            triton_gated_scores(rows, bias, w, out, case.block, case.warps, case.stages)
-        how = f"Triton, {case.block} rows a program, {case.warps} warps, {case.stages} stages"
+            triton_gated_scores(rows, bias, w, out, case.block, case.warps, case.stages, case.programs_per_sm)
+        how = (f"Triton, {case.block} rows a block, {case.warps} warps, {case.stages} stages, "
+               + (f"persistent: {case.programs_per_sm} programs an SM" if case.programs_per_sm else "a program a block"))
     else:
         def call():
             torch_gated_scores(rows, bias, w, out, compiled=case.peer == "torch_compile")

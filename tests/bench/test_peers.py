@@ -10,8 +10,9 @@ from andromeda_nb import checks
 torch = pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize("d, E, K", [(16, 1, 1), (64, 6, 2), (32, 8, 4)])
-def test_torch_peer_scores_the_fp16_model(rng, d, E, K):
+@pytest.mark.parametrize("d, E, K, compiled", [(16, 1, 1, False), (64, 6, 2, False), (32, 8, 4, False),
+                                               pytest.param(64, 6, 2, True, marks=pytest.mark.slow)])
+def test_torch_peer_scores_the_fp16_model(rng, d, E, K, compiled):
     from andromeda_nb.bench.peers import peer_weights, torch_gated_scores
 
     n = 1000
@@ -20,7 +21,7 @@ def test_torch_peer_scores_the_fp16_model(rng, d, E, K):
     w = peer_weights(req, device="cpu")
     rows, bias = torch.as_tensor(table.embeddings), torch.as_tensor(table.bias)
     out = torch.empty(n, dtype=torch.float32)
-    torch_gated_scores(rows, bias, w, out, chunk=300)  # chunks off the table's size
+    torch_gated_scores(rows, bias, w, out, compiled=compiled, chunk=300)  # chunks off the table's size
     result = checks.compare_scores(out.numpy(), req, table, math="fp16")
     assert result.ok, result.message
     # and not the fp32 model's scores exactly (h and the weights really are rounded to fp16)
