@@ -41,9 +41,9 @@ HEADLINE = (
     ("gated E6 K2, fp16 math on the tensor cores, scores to memory", "scoring",
      dict(variant="gated_scores_to_memory", n_ads=1e8, dtype="fp16", d=64, experts=6, k_experts=2, layout="tiles",
           math="fp16"), "kernel"),
-    ("gated E6 K2, fused top-1000 (seeded filter path)", "scoring",
+    ("gated E6 K2, fp16 math, fused top-1000 (seeded filter path)", "scoring",
      dict(variant="gated_fused_topk_filter", n_ads=1e8, dtype="fp16", d=64, experts=6, k_experts=2, layout="tiles",
-          access="pool", k=1000, math="fp32"), "kernel"),
+          access="pool", k=1000, math="fp16"), "kernel"),
     ("top-K of 10^8 scores in random order, k = 1000", "topk",
      dict(variant="block_topk_seeded", n_ads=1e8, k=1000, access="random"), "kernel"),
     ("targeting match, one request, 10^8 ads, 20 categories", "targeting",
@@ -102,7 +102,7 @@ def headline(results_dir: str | Path = "data/results") -> str:
     return "\n".join(lines)
 
 
-_COLUMNS = ("variant", "n_ads", "batch", "d", "dtype", "experts", "k_experts", "layout", "access",
+_COLUMNS = ("variant", "n_ads", "batch", "d", "dtype", "experts", "k_experts", "layout", "math", "path", "access",
             "eligible_fraction", "k", "seconds_median", "seconds_p99", "device_seconds", "items_per_s",
             "requests_per_s", "fraction_of_read_ceiling", "verified")
 

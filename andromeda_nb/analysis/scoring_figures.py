@@ -119,6 +119,27 @@ def fusion_cost(fuse: pd.DataFrame, run: str | None, source_path: str, d: int, d
     return fig
 
 
+def peers(table: pd.DataFrame, run: str | None, source_path: str, d: int, dtype: str):
+    """Bars of :func:`.scoring_report.peers`: ads/s of each contender, annotated with its fraction
+    of the read ceiling and its time over the dot product's."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    if run is None:
+        plots.no_data(ax, f"no committed run measured the peers at d={d} {dtype}")
+        return fig
+    t = table.iloc[::-1]
+    colors = ["C0" if c.startswith("fused kernel") else "C1" if c.startswith("dot") else "C2" for c in t["contender"]]
+    ax.barh(t["contender"], t["G_ads_per_s"], color=colors)
+    for y, (rate, frac, over) in enumerate(zip(t["G_ads_per_s"], t["fraction_of_read_ceiling"], t["time_over_dot"])):
+        ax.annotate(f"{frac:.2f} of the read ceiling, {over:.2f} x the dot product's time", (rate, y), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize="small")
+    ax.set(xlabel="G ads/s, every score to memory", xlim=(0, 2.1 * t["G_ads_per_s"].max()),
+           title=f"the gated model against its peers, d={d} {dtype}, one run")
+    plots.source_note(fig, results.provenance(table, source_path))
+    return fig
+
+
 def roofline(rows: pd.DataFrame, source: str):
     """:func:`.results.roofline` of every verified scoring variant without a regression flag."""
     import matplotlib.pyplot as plt

@@ -299,6 +299,88 @@ def fusion_cost_metrics(fuse: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+#: the peers' variants (the scoring suite's ``peers`` phase), in the figure's order
+PEERS = ("triton_gated_scores_to_memory", "torch_compile_gated", "torch_eager_gated")
+
+
+def peers(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int) -> tuple[pd.DataFrame, str | None]:
+    """The latest run with a verified Triton peer at this d, dtype, E and K: per contender (the
+    fused kernel's gated scores to memory in fp16 and fp32 math, each layout; the dot product; the
+    Triton peer at the best point of its tuning grid; torch.compile; eager PyTorch) its best verified
+    row's G ads/s, fraction of the read ceiling, time over the dot product's (the run's fastest dot
+    scores to memory) and notes. Rows that failed their check are left out (the CSV keeps them).
+    Returns (table, commit), or an empty table and None without such a run."""
+    cols = ["contender", "variant", "layout", "math", "G_ads_per_s", "fraction_of_read_ceiling", "time_over_dot",
+            "notes", "device", "commit"]
+    ok = rows[rows["ok"] & ~rows["regression_flag"] & (rows["d"] == d) & (rows["dtype"] == dtype)
+              & (rows["access"] == "pool")]
+    tri = ok[(ok["variant"] == PEERS[0]) & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
+    if tri.empty:
+        return pd.DataFrame(columns=cols), None
+    commit = tri.sort_values("timestamp")["commit"].iloc[-1]
+    run = ok[ok["commit"] == commit]
+    dot = run[run["variant"] == "dot_scores_to_memory"]["items_per_s"].max()
+    gated = run[(run["experts"] == experts) & (run["k_experts"] == k_experts)]
+    picks = [(f"fused kernel, {m} math, {lay}", gated[(gated["variant"] == "gated_scores_to_memory")
+                                                      & (gated["math"] == m) & (gated["layout"] == lay)])
+             for m in ("fp16", "fp32") for lay in ("tiles", "rows")]
+    picks += [("Triton (best of its grid)", gated[gated["variant"] == PEERS[0]]),
+              ("torch.compile", gated[gated["variant"] == PEERS[1]]), ("eager PyTorch", gated[gated["variant"] == PEERS[2]]),
+              ("dot product (fused kernel)", run[run["variant"] == "dot_scores_to_memory"])]
+    out = []
+    for name, grp in picks:
+        if grp.empty:
+            continue
+        best = grp.sort_values("items_per_s").iloc[-1]
+        out.append({"contender": name, "variant": best["variant"], "layout": best["layout"], "math": best["math"],
+                    "G_ads_per_s": best["items_per_s"] / 1e9,
+                    "fraction_of_read_ceiling": best["fraction_of_read_ceiling"],
+                    "time_over_dot": dot / best["items_per_s"], "notes": str(best["notes"]).split(";")[0],
+                    "device": best["device"], "commit": best["commit"]})
+    return pd.DataFrame(out, columns=cols), commit
+
+
+def peers_metrics(table: pd.DataFrame) -> dict[str, float]:
+    """From :func:`peers`: ``fused_fp16_over_triton`` (the fused kernel's best fp16-math ads/s over
+    the Triton peer's), ``gated_fp16_over_dot_time`` and ``triton_fraction_of_read_ceiling``."""
+    if table.empty:
+        return {}
+    by = table.set_index("contender")
+    fused = table[table["contender"].str.startswith("fused kernel, fp16")]
+    out = {}
+    if not fused.empty:
+        out["gated_fp16_over_dot_time"] = float(fused["time_over_dot"].min())
+    if "Triton (best of its grid)" in by.index:
+        tri = by.loc["Triton (best of its grid)"]
+        out["triton_fraction_of_read_ceiling"] = float(tri["fraction_of_read_ceiling"])
+        if not fused.empty:
+            out["fused_fp16_over_triton"] = float(fused["G_ads_per_s"].max() / tri["G_ads_per_s"])
+    return out
+
+
+def peers_summary(table: pd.DataFrame, run: str | None) -> str:
+    """The peers' comparison in a few sentences quoting :func:`peers`'s table (markdown)."""
+    if run is None:
+        return "No committed run measured the peers for this configuration (`bench scoring --phases peers`)."
+    m = peers_metrics(table)
+    by = table.set_index("contender")
+    parts = [f"In run `{run}`:"]
+    if "fused_fp16_over_triton" in m:
+        tri = by.loc["Triton (best of its grid)"]
+        parts.append(f"the fused kernel in fp16 math scores {m['fused_fp16_over_triton']:.2f}x as many ads a second "
+                     f"as the best Triton configuration ({tri['notes']}: {tri['fraction_of_read_ceiling']:.2f} of the "
+                     "read ceiling);")
+    if "gated_fp16_over_dot_time" in m:
+        parts.append(f"the gated model takes {m['gated_fp16_over_dot_time']:.2f}x the dot product's time in fp16 math")
+        fp32 = table[table["contender"].str.startswith("fused kernel, fp32")]
+        parts.append(f"and {fp32['time_over_dot'].min():.2f}x in fp32 math." if not fp32.empty else ".")
+    missing = [c for c in ("torch.compile", "eager PyTorch") if c not in by.index]
+    if missing:
+        parts.append(f"No verified row of {' or '.join(missing)} in that run (a failed check leaves a row out; "
+                     "the CSV keeps it).")
+    return " ".join(parts)
+
+
 def bitset_metrics(savings: pd.DataFrame) -> dict[str, float]:
     """``bitset_<fraction>_best_of_fastest_pool_time``: per eligible fraction of
     :func:`bitset_savings`, the best run's device time over its fastest full pool."""

@@ -16,7 +16,8 @@ products and fp32 sums, softmax, top-K of E and the mixture in fp32.
 - **PyTorch**: the same steps as tensor operations over chunks of rows (a whole 10^8-row pass
   would hold tens of GB of intermediates); h in fp16, the dots as an fp32 matmul of the fp16-valued
   h and weights (exact products), ``torch.topk`` for the K experts. ``torch.compile`` compiles
-  the chunk function once (Inductor fuses its elementwise steps around the matmul).
+  the chunk function once (Inductor fuses its elementwise steps around the matmul; h leaves its
+  first graph as an fp16 tensor).
 
 GPU only (triton, torch with CUDA); imported inside the functions so the module loads anywhere.
 """
@@ -179,7 +180,11 @@ def torch_gated_chunk(a, bias, gamma, beta, gate, value, E: int, K: int):
     """Scores of a chunk of rows ``a [c, d]`` (fp16), the fp16 model in tensor operations."""
     import torch
 
-    h = torch.relu(a.float() * gamma + beta).half().float()
+    h16 = torch.relu(a.float() * gamma + beta).half()
+    # under torch.compile, h16 leaves its graph as an fp16 tensor: a compiler keeping it in fp32
+    # inside one fused kernel would compute another model (no-op in eager mode)
+    torch._dynamo.graph_break()
+    h = h16.float()
     logits = (h @ gate[:, :E].float())
     values = (h @ value[:, :E].float())
     p = torch.softmax(logits, dim=1)
@@ -200,7 +205,8 @@ def torch_gated_scores(rows, bias, w: PeerWeights, out, compiled: bool = False, 
         if "fn" not in _COMPILED:
             # Inductor keeps a fused kernel's intermediates in fp32 unless told to round them where
             # the code casts (h to fp16): without it, it computes another model (checked: off by
-            # ~1e-3 of the score scale, and some ads get other experts)
+            # ~1e-3 of the score scale, and some ads get other experts); the chunk function's graph
+            # break keeps h an fp16 tensor where this option alone did not (torch 2.11, CUDA)
             _COMPILED["fn"] = torch.compile(torch_gated_chunk, dynamic=False,
                                             options={"emulate_precision_casts": True})
         fn = _COMPILED["fn"]

@@ -239,3 +239,32 @@ def test_tensor_core_rows_pair_the_run_with_its_cuda_core_row():
     got = SR.tensor_core_rows(rows, 64, "fp16", 6, 2).set_index("kernel")
     assert got.loc["tensor cores", "G_ads_per_s"] == pytest.approx(19) and got.loc["CUDA cores", "G_ads_per_s"] == 21
     assert SR.tensor_core_rows(rows.iloc[:1], 64, "fp16", 6, 2).empty
+
+
+def test_peers_table_takes_the_latest_triton_run_and_its_best_points():
+    """The peers table: the latest run with a verified Triton row; per contender its best verified
+    row (a failed or other-shape row never counts); times over that run's dot product."""
+    rows = _frame(_row("triton_gated_scores_to_memory", 10e9, commit="old", timestamp="2025-01-01", math="fp16"),
+                  _row("triton_gated_scores_to_memory", 15e9, layout="rows", math="fp16", notes="Triton, 64 rows"),
+                  _row("triton_gated_scores_to_memory", 20e9, layout="rows", math="fp16", notes="Triton, 128 rows"),
+                  _row("triton_gated_scores_to_memory", 99e9, layout="rows", math="fp16", ok=False),
+                  _row("triton_gated_scores_to_memory", 98e9, layout="rows", math="fp16", experts=8),
+                  _row("torch_eager_gated", 0.5e9, layout="rows", math="fp16"),
+                  _row("gated_scores_to_memory", 24e9, math="fp16"), _row("gated_scores_to_memory", 18e9),
+                  _row("dot_scores_to_memory", 30e9, experts=np.nan, k_experts=np.nan),
+                  _row("dot_scores_to_memory", 40e9, commit="old", experts=np.nan, k_experts=np.nan))
+    table, run = SR.peers(rows, 64, "fp16", 6, 2)
+    assert run == "c1"
+    by = table.set_index("contender")
+    assert by.loc["Triton (best of its grid)", "G_ads_per_s"] == pytest.approx(20.0)
+    assert by.loc["Triton (best of its grid)", "notes"] == "Triton, 128 rows"
+    assert by.loc["fused kernel, fp16 math, tiles", "time_over_dot"] == pytest.approx(1.25)
+    assert "torch.compile" not in by.index and "fused kernel, fp16 math, rows" not in by.index
+    assert SR.peers_metrics(table) == {"gated_fp16_over_dot_time": pytest.approx(1.25),
+                                       "triton_fraction_of_read_ceiling": pytest.approx(20e9 * 132 / 4.5e12),
+                                       "fused_fp16_over_triton": pytest.approx(1.2)}
+    text = SR.peers_summary(table, run)
+    assert "1.20x" in text and "1.25x" in text and "1.67x in fp32" in text and "torch.compile" in text
+    empty, none = SR.peers(rows[rows["variant"] != "triton_gated_scores_to_memory"], 64, "fp16", 6, 2)
+    assert empty.empty and none is None and SR.peers_metrics(empty) == {}
+    assert "No committed run" in SR.peers_summary(empty, none)
