@@ -76,12 +76,14 @@ class BoundMatch:
         post = launch.BoundLaunch(post_kernel(small), 1, small,
                                   (self.out, self.counts, index.n_words, index.pool, one, one, one, one, one, scratch,
                                    0))
-        return {"prep": prep, "match": match, "post": post, "block": blk, "words": U}
+        # the match grid: its word tiles, at most `blocks` blocks shared by the batch's requests
+        blocks = launch.SIM_MAX_BLOCKS if sim else launch.sm_count() * cfg.blocks_per_sm
+        return {"prep": prep, "match": match, "post": post, "small": small, "blocks": blocks,
+                "tiles": -(-index.n_words // (blk * U))}
 
     def _run_kernels(self, plan: BatchPlan, span: dict) -> None:
         L, dev, B = self._launches, self.dev, plan.batch
-        sim = launch.backend.is_simulator()
-        small = launch.default_block()
+        small = L["small"]
 
         def point(bound, i, name):
             off, n = span[name]
@@ -96,9 +98,7 @@ class BoundMatch:
         prep()
         for i, name in ((4, "req_cat"), (5, "inc_ptr"), (6, "inc_rows"), (7, "exc_ptr"), (8, "exc_rows")):
             point(match, i, name)
-        tiles = -(-self.index.n_words // (L["block"] * L["words"]))
-        cap = launch.SIM_MAX_BLOCKS if sim else launch.sm_count() * self.config.blocks_per_sm
-        match.set_grid((max(1, min(tiles, max(1, cap // B))), B))
+        match.set_grid((max(1, min(L["tiles"], max(1, L["blocks"] // B))), B))
         match()
         if plan.n_post:
             for i, name in ((4, "extra"), (5, "q_start"), (6, "q_off"), (7, "q_op"), (8, "q_arg")):
