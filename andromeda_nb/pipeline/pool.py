@@ -219,9 +219,8 @@ class Pool:
             TypeError: not a PoolUpdate. ValueError: a pool without an index, rows of another
             width, rows beyond the table's storage dtype (fp16 overflow). RuleError: the targeting
             ops (a create of a live ad, a change or retire of an unknown one, a retire twice, a
-            malformed rule, another schema); all before the pool's contents change (a batch refused
-            by the index may have grown its capacity first). RuntimeError: the index was updated
-            outside the pool.
+            malformed rule, another schema); all before the pool's contents or capacity change.
+            RuntimeError: the index was updated outside the pool.
         """
         from ..targeting import CHANGE, CREATE, RETIRE, RuleError
         from .kernels import FREED, scatter_slots_kernel
@@ -247,6 +246,7 @@ class Pool:
         step = np.where(ops == CREATE, 1, np.where(ops == RETIRE, -1, 0))
         need = max(0, int(np.cumsum(step).max(initial=0)))
         if need > self.n_free:
+            self.index.index.check(update.targeting)  # a batch the index refuses never grows the pool
             self._grow(max(2 * self.n_ads, self.n_ads - self.n_free + need, 64))
         delta = self.index.apply(update.targeting)
         self._index_version = self.index.version

@@ -524,31 +524,26 @@ class TargetingIndex:
 
     # ------------------------------------------------------------------ updates
 
-    def apply(self, batch: UpdateBatch, diff_chunk_slots: int = DIFF_CHUNK_SLOTS) -> UpdateDelta:
-        """Apply an update batch to the host index (:mod:`~andromeda_nb.targeting.updates`) and
-        return the delta for the device. Validates the whole batch first: on any error nothing
-        changes.
-
-        Args:
-            batch: the updates, applied in order.
-            diff_chunk_slots: touched slots per parallel chunk of the diff (old rules -> bit flips
-                and list operations); with fewer than two chunks the diff runs in one call. Both
-                paths give the same delta, in the same order.
-
-        Raises:
-            RuleError: a create of an existing ad id, a change or retire of an unknown one, a batch
-                built for another schema, or no free slot left (the message names the ad).
-        """
+    def check(self, batch: UpdateBatch) -> None:
+        """Raise what :meth:`apply` would raise for ``batch`` (a create of an existing ad, a change
+        or retire of an unknown one, a retire twice, another schema), except running out of free
+        slots; change nothing. A pool checks a batch this way before growing for it."""
         if not isinstance(batch, UpdateBatch):
             raise TypeError(f"batch must be an UpdateBatch, got {type(batch).__name__}")
         if batch.schema != self.schema:
             raise RuleError("update batch was built for another schema")
-        if (isinstance(diff_chunk_slots, (bool, np.bool_)) or not isinstance(diff_chunk_slots, (int, np.integer))
-                or diff_chunk_slots < 1):
-            raise ValueError(f"diff_chunk_slots must be a positive int, got {diff_chunk_slots!r}")
-        # ---- validate and allocate, on a scratch view of the id map
+        self._allocate(batch, range(-1, -len(batch) - 1, -1))  # as many (virtual) free slots as ops
+
+    def _allocate(self, batch: UpdateBatch, free) -> tuple:
+        """Validate the batch's ops in order and take their slots from the end of ``free``, on a
+        scratch view of the id map (nothing here changes): ``(pending {ad: slot, None when
+        retired}, final {slot: the op that sets its final state, -1 when freed}, each op's slot,
+        slots taken from free, slots freed)``. A slot the batch frees is reused by its next create
+        before a free one is taken.
+
+        Raises:
+            RuleError: naming the ad (no free slot left among the reasons)."""
         pending: dict[int, int | None] = {}
-        free = self._free
         n_popped = 0
         pushed: list[int] = []
         final: dict[int, int] = {}  # slot -> index of the op that sets its final state (-1: freed)
@@ -586,6 +581,34 @@ class TargetingIndex:
                 final[s] = -1
                 pushed.append(s)
             op_slots[i] = s
+        return pending, final, op_slots, n_popped, pushed
+
+    def apply(self, batch: UpdateBatch, diff_chunk_slots: int = DIFF_CHUNK_SLOTS) -> UpdateDelta:
+        """Apply an update batch to the host index (:mod:`~andromeda_nb.targeting.updates`) and
+        return the delta for the device. Validates the whole batch first: on any error nothing
+        changes.
+
+        Args:
+            batch: the updates, applied in order.
+            diff_chunk_slots: touched slots per parallel chunk of the diff (old rules -> bit flips
+                and list operations); with fewer than two chunks the diff runs in one call. Both
+                paths give the same delta, in the same order.
+
+        Raises:
+            RuleError: a create of an existing ad id, a change or retire of an unknown one, a batch
+                built for another schema, or no free slot left (the message names the ad).
+        """
+        if not isinstance(batch, UpdateBatch):
+            raise TypeError(f"batch must be an UpdateBatch, got {type(batch).__name__}")
+        if batch.schema != self.schema:
+            raise RuleError("update batch was built for another schema")
+        if (isinstance(diff_chunk_slots, (bool, np.bool_)) or not isinstance(diff_chunk_slots, (int, np.integer))
+                or diff_chunk_slots < 1):
+            raise ValueError(f"diff_chunk_slots must be a positive int, got {diff_chunk_slots!r}")
+        # ---- validate and allocate, on a scratch view of the id map
+        free = self._free
+        pending, final, op_slots, n_popped, pushed = self._allocate(batch, free)
+        ops, ids = batch.ops.tolist(), batch.ad_ids.tolist()
         # ---- net change per touched slot
         from .numba_common import threads
         from .update_kernels import apply_bits, count_bits, diff, diff_par, list_ops, partition_codes

@@ -145,13 +145,17 @@ def test_bad_batches_are_refused_whole(rng):
         (ValueError, lambda: pool.apply(records({"op": "create", "ad_id": 10 ** 6, "embedding": np.full(D, 1e5)}))),
         (TypeError, lambda: pool.apply({"op": "create"})),
     ]
+    # a batch needing more slots than are free, with a bad op after its creates: refused before
+    # the pool grows for it
+    creates = [{"op": "create", "ad_id": 10 ** 6 + i, "embedding": row} for i in range(6)]
+    bad.append((RuleError, lambda: pool.apply(records(*creates, {"op": "retire", "ad_id": 10 ** 9}))))
     for error, call in bad:
         with pytest.raises(error):
             call()
     after = pool.retrieve(req, prof, k=8)
     np.testing.assert_array_equal(after.ids, before.ids)
     np.testing.assert_array_equal(after.scores, before.scores)
-    assert pool.n_free == 4
+    assert pool.n_free == 4 and pool.n_ads == 34
 
 
 def test_empty_large_and_grown_from_nothing(rng):

@@ -149,9 +149,16 @@ def test_errors_change_nothing(rng):
         [{"op": "create", "ad_id": 10**7 + i} for i in range(3)],                # only 2 free slots
         [{"op": "create", "ad_id": 10**7}, {"op": "retire", "ad_id": ad}, {"op": "retire", "ad_id": ad}],
     ]
-    for recs in bad:
+    out_of_slots = 4
+    for i, recs in enumerate(bad):
+        batch = UpdateBatch.from_records(SCHEMA, recs)
         with pytest.raises(RuleError):
-            dev.apply(UpdateBatch.from_records(SCHEMA, recs))
+            dev.apply(batch)
+        if i != out_of_slots:  # check refuses the same batches, but for capacity (a pool grows for it)
+            with pytest.raises(RuleError):
+                host.check(batch)
+    host.check(UpdateBatch.from_records(SCHEMA, bad[out_of_slots]))
+    host.check(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": ad}, {"op": "create", "ad_id": ad}]))
     for recs, msg in [([{"op": "create", "ad_id": 5, "include": {"age": [7]}}], "ad 5.*'age'.*out of range"),
                       ([{"op": "create", "ad_id": 5, "include": {"planet": [1]}}], "unknown category"),
                       ([{"op": "bump", "ad_id": 5}], "op must be one of"),
