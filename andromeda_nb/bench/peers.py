@@ -53,7 +53,11 @@ class PeerWeights:
 def peer_weights(request, device: str = "cuda") -> PeerWeights:
     import torch
 
+    from ..model import Request
     from ..score.weights import f16_weights
+
+    if not isinstance(request, Request):
+        raise TypeError(f"the peers score the gated model: request must be a Request, got {type(request).__name__}")
 
     w = f16_weights(request)
     E, d = request.experts, request.d
@@ -160,6 +164,7 @@ def triton_gated_scores(rows, bias, w: PeerWeights, out, block: int = 128, warps
     blocks with ``stages``-deep load pipelining; 0: a program a block."""
     import torch
 
+    _check_peer_args(rows, bias, w, out)
     n, d = rows.shape
     kernels = _triton_kernel()
     blocks = -(-n // block)
@@ -188,7 +193,8 @@ def torch_gated_chunk(a, bias, gamma, beta, gate, value, E: int, K: int):
     logits = (h @ gate[:, :E].float())
     values = (h @ value[:, :E].float())
     p = torch.softmax(logits, dim=1)
-    top = torch.topk(logits, K, dim=1).indices
+    # the K largest logits, ties to the lower expert (a stable sort; torch.topk breaks ties its own way)
+    top = torch.sort(logits, dim=1, descending=True, stable=True).indices[:, :K]
     return (p.gather(1, top) * values.gather(1, top)).sum(dim=1) + bias
 
 
@@ -200,6 +206,10 @@ def torch_gated_scores(rows, bias, w: PeerWeights, out, compiled: bool = False, 
     ``chunk``-row chunks, every score into ``out``."""
     import torch
 
+    n = rows.shape[0]
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk must be a positive int (rows a chunk), got {chunk!r}")
+    _check_peer_args(rows, bias, w, out)
     fn = torch_gated_chunk
     if compiled:
         if "fn" not in _COMPILED:
@@ -210,10 +220,24 @@ def torch_gated_scores(rows, bias, w: PeerWeights, out, compiled: bool = False, 
             _COMPILED["fn"] = torch.compile(torch_gated_chunk, dynamic=False,
                                             options={"emulate_precision_casts": True})
         fn = _COMPILED["fn"]
-    n = rows.shape[0]
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         if compiled and hi - lo != chunk:  # one compiled shape: the tail runs eager
             out[lo:hi] = torch_gated_chunk(rows[lo:hi], bias[lo:hi], w.gamma, w.beta, w.gate, w.value, w.E, w.K)
         else:
             out[lo:hi] = fn(rows[lo:hi], bias[lo:hi], w.gamma, w.beta, w.gate, w.value, w.E, w.K)
+
+
+def _check_peer_args(rows, bias, w: PeerWeights, out) -> None:
+    """Raise ValueError unless ``rows [n, d]`` fp16, ``bias [n]`` and ``out [n]`` float32 fit
+    ``w`` (a request of width d)."""
+    import torch
+
+    if rows.ndim != 2 or rows.dtype != torch.float16:
+        raise ValueError(f"rows must be [n, d] float16, got {tuple(rows.shape)} {rows.dtype}")
+    n, d = rows.shape
+    if w.gamma.shape[0] != d:
+        raise ValueError(f"the request has d={w.gamma.shape[0]}, the rows d={d}")
+    for name, x in (("bias", bias), ("out", out)):
+        if tuple(x.shape) != (n,) or x.dtype != torch.float32:
+            raise ValueError(f"{name} must be [{n}] float32, got {tuple(x.shape)} {x.dtype}")

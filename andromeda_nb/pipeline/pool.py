@@ -160,7 +160,9 @@ class Pool:
         k = check_k(k)
         if k > self.max_k:
             raise ValueError(f"k={k} exceeds this pool's max_k={self.max_k} (its buffers' width)")
-        single = not isinstance(requests, (list, tuple))
+        # a batch is a list or tuple of requests; a list of numbers is one user vector
+        single = not isinstance(requests, (list, tuple)) or (
+            len(requests) > 0 and all(isinstance(x, (int, float, np.number)) for x in requests))
         reqs = [requests] if single else list(requests)
         if not reqs:
             raise ValueError("retrieve needs at least one request")
@@ -240,7 +242,15 @@ class Pool:
         ops = update.targeting.ops
         sets = update.sets_row
         # the rows in the table's storage, checked first (fp16 range; int8 rows quantized)
-        rows = AdTable.from_float(update.embeddings[sets], update.bias[sets], dtype=self.table.dtype)
+        try:
+            rows = AdTable.from_float(update.embeddings[sets], update.bias[sets], dtype=self.table.dtype)
+        except ValueError as e:  # name the ads whose rows the table's dtype cannot hold
+            from ..score.weights import FP16_MAX
+
+            ids = update.targeting.ad_ids[sets]
+            over = ids[(np.abs(update.embeddings[sets]) > FP16_MAX).any(axis=1)]
+            named = over if over.size else ids
+            raise ValueError(f"{e} (ads {named[:8].tolist()}{' ...' if named.size > 8 else ''})") from None
         # slots the batch takes from the free list: the peak of creates minus retires (a retired
         # slot is reused by the batch's next create before a free one is taken)
         step = np.where(ops == CREATE, 1, np.where(ops == RETIRE, -1, 0))
@@ -275,6 +285,7 @@ class Pool:
             rows.scale is not None)
         t.n_free += int((new_ids == FREE).sum()) - int((t.host_ad_ids[slots] == FREE).sum())
         t.host_ad_ids[slots] = new_ids
+        t._live_bits = None  # score_topk's bitset of the live slots, made again on its next call
         # the largest |a| (the overflow checks): new rows can only raise it; a row overwritten or
         # freed (zeroed) may lower it: then recomputed over the table on the device when next needed
         if ((ops == RETIRE) | ((ops == CHANGE) & sets)).any():
@@ -289,9 +300,13 @@ class Pool:
         prefix of a larger one; the buffers and bound launches rebuilt on the next call."""
         from ..match import DeviceTargetingIndex
 
-        old_index = self.index.index
+        old_dev, old_index = self.index, self.index.index
         table = _grown_table(self.table, n_slots)
-        index = DeviceTargetingIndex(TargetingIndex(old_index.current_rules(), n_slots, layout=old_index.layout))
+        # the old index's options carry over (an int32 list entry type only while the slots fit it)
+        list_dtype = old_index.list_dtype if old_index.list_dtype == np.int64 else "auto"
+        index = DeviceTargetingIndex(TargetingIndex(old_index.current_rules(), n_slots, layout=old_index.layout,
+                                                    list_dtype=list_dtype),
+                                     staging_regions=len(old_dev._stager.regions), host_bits=old_index.host_bits)
         self.index, self.table, self._index_version = index, table, index.version
         self._size()
 
@@ -357,8 +372,12 @@ class Pool:
                 refuse = built.bad32 | built.over16 if cfg.math == "fp16" else built.bad32
                 if refuse.any():
                     i = int(np.flatnonzero(refuse)[0])
-                    check_range(DeviceRequest.of(group[i]), table, "fp16" if cfg.math == "fp16" else "fp32")
-                    f16_weights(group[i])  # raises, naming the weight
+                    try:
+                        if cfg.math == "fp16":
+                            f16_weights(group[i])  # a weight beyond fp16, named
+                        check_range(DeviceRequest.of(group[i]), table, "fp16" if cfg.math == "fp16" else "fp32")
+                    except ValueError as e:
+                        raise ValueError(f"request {members[i]} of the batch: {e}") from None
                     raise AssertionError("the batch range check refused a request that check_range accepts")
                 fp16 = ~built.over16 if f16_math else np.zeros(len(group), bool)
                 f16 = built.f16 if fp16.all() else built.f16[fp16] if fp16.any() else None

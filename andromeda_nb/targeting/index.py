@@ -532,6 +532,7 @@ class TargetingIndex:
             raise TypeError(f"batch must be an UpdateBatch, got {type(batch).__name__}")
         if batch.schema != self.schema:
             raise RuleError("update batch was built for another schema")
+        batch.check_columns()
         self._allocate(batch, range(-1, -len(batch) - 1, -1))  # as many (virtual) free slots as ops
 
     def _allocate(self, batch: UpdateBatch, free) -> tuple:
@@ -559,8 +560,9 @@ class TargetingIndex:
                 if cur is None and base[i] >= 0:
                     cur = base[i]
             if op == CREATE:
-                if cur is not None:
-                    raise RuleError(f"ad {ad}: create of an ad that already exists (slot {cur})")
+                if cur is not None:  # (check()'s slots are virtual, negative: not named)
+                    raise RuleError(f"ad {ad}: create of an ad that already exists"
+                                    + (f" (slot {cur})" if cur >= 0 else " (created earlier in this batch)"))
                 if pushed:
                     s = pushed.pop()
                 else:
@@ -605,6 +607,7 @@ class TargetingIndex:
         if (isinstance(diff_chunk_slots, (bool, np.bool_)) or not isinstance(diff_chunk_slots, (int, np.integer))
                 or diff_chunk_slots < 1):
             raise ValueError(f"diff_chunk_slots must be a positive int, got {diff_chunk_slots!r}")
+        batch.check_columns()
         # ---- validate and allocate, on a scratch view of the id map
         free = self._free
         pending, final, op_slots, n_popped, pushed = self._allocate(batch, free)

@@ -55,6 +55,43 @@ class UpdateBatch:
     def __len__(self):
         return int(self.ops.size)
 
+    def check_columns(self) -> None:
+        """Raise RuleError unless the columns still hold a batch of this schema (the arrays are
+        mutable: a caller may have written them after the batch was built): op codes, ad ids in
+        0..2^63-1, a bool live flag a op, and each op's codes sorted, distinct, of this schema's
+        categories and values, none for a retire."""
+        k = len(self)
+        ops, ids, live, ptr, codes = self.ops, self.ad_ids, self.live, self.codes_ptr, self.codes
+        for name, x, kind, shape in (("ops", ops, "i", (k,)), ("ad_ids", ids, "i", (k,)), ("live", live, "b", (k,)),
+                                     ("codes_ptr", ptr, "i", (k + 1,)), ("codes", codes, "i", None)):
+            if (not isinstance(x, np.ndarray) or x.dtype.kind != kind or x.ndim != 1
+                    or (shape is not None and x.shape != shape)):
+                raise RuleError(f"update batch column {name} was changed: it must be a 1-D "
+                                f"{'int' if kind == 'i' else 'bool'} array" + (f" of shape {shape}" if shape else ""))
+        bad = (ops < CREATE) | (ops > RETIRE)
+        if bad.any():
+            raise RuleError(f"ad {int(ids[bad][0])}: unknown op {int(ops[bad][0])}")
+        if k and ids.min() < 0:
+            raise RuleError(f"ad {int(ids[ids < 0][0])}: ad_id must be non-negative")
+        if ptr[0] != 0 or ptr[-1] != codes.size or (np.diff(ptr) < 0).any():
+            raise RuleError("update batch column codes_ptr was changed: it no longer delimits codes")
+        sizes = np.diff(ptr)
+        bad = (ops == RETIRE) & ((sizes > 0) | live)
+        if bad.any():
+            raise RuleError(f"ad {int(ids[bad][0])}: a retire carries no rule and is not live")
+        if codes.size:
+            cat, value = codes >> 33, codes & 0xFFFFFFFF
+            cards = np.array([c.cardinality for c in self.schema], np.int64)
+            ok = (codes >= 0) & (cat < cards.size)
+            ok &= value < cards[np.minimum(np.maximum(cat, 0), cards.size - 1)]
+            first = np.zeros(codes.size, bool)
+            first[ptr[:-1][sizes > 0]] = True
+            ok[1:] &= first[1:] | (np.diff(codes) > 0)
+            if not ok.all():
+                op = int(np.searchsorted(ptr, int(np.flatnonzero(~ok)[0]), side="right") - 1)
+                raise RuleError(f"ad {int(ids[op])}: its rule codes were changed (not of this schema, or not "
+                                "sorted and distinct)")
+
     @classmethod
     def from_columns(cls, schema: TargetingSchema, ops, ad_ids, live=None, include=None,
                      exclude=None) -> "UpdateBatch":

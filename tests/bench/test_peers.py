@@ -28,6 +28,38 @@ def test_torch_peer_scores_the_fp16_model(rng, d, E, K, compiled):
     assert not np.array_equal(out.numpy(), anb.reference.score(req, table).astype(np.float32))
 
 
+def test_torch_peer_breaks_expert_ties_to_the_lower_expert(rng):
+    """Equal gate keys tie every expert: the model (and the kernel) take the lower experts."""
+    from andromeda_nb.bench.peers import peer_weights, torch_gated_scores
+
+    n, d, E, K = 257, 16, 4, 1
+    table = anb.AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype="fp16")
+    r = anb.Request.random(d, E, K, rng)
+    req = anb.Request(V=r.V, G=np.repeat(r.G[:1], E, axis=0), gamma=r.gamma, beta=r.beta, k_experts=K)
+    out = torch.empty(n, dtype=torch.float32)
+    torch_gated_scores(torch.as_tensor(table.embeddings), torch.as_tensor(table.bias), peer_weights(req, "cpu"), out)
+    result = checks.compare_scores(out.numpy(), req, table, math="fp16")
+    assert result.ok, result.message
+
+
+def test_peer_arguments_are_checked(rng):
+    from andromeda_nb.bench.peers import peer_weights, torch_gated_scores
+
+    table = anb.AdTable.from_float(rng.standard_normal((10, 16)), dtype="fp16")
+    rows, bias = torch.as_tensor(table.embeddings), torch.as_tensor(table.bias)
+    w = peer_weights(anb.Request.random(16, 2, 1, rng), "cpu")
+    out = torch.empty(10, dtype=torch.float32)
+    for chunk in (0, -5, 2.0, True):
+        with pytest.raises(ValueError, match="chunk"):
+            torch_gated_scores(rows, bias, w, out, chunk=chunk)
+    with pytest.raises(ValueError, match="d=32"):
+        torch_gated_scores(rows, bias, peer_weights(anb.Request.random(32, 2, 1, rng), "cpu"), out)
+    with pytest.raises(ValueError, match="out"):
+        torch_gated_scores(rows, bias, w, torch.empty(11, dtype=torch.float32))
+    with pytest.raises(TypeError, match="Request"):
+        peer_weights(rng.standard_normal(16), "cpu")
+
+
 def test_peers_refuse_other_tables():
     from andromeda_nb.bench.peers import table_tensors
 

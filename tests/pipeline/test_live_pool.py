@@ -258,3 +258,71 @@ def test_final_rows_follow_each_slots_last_occupant():
     np.testing.assert_array_equal(touched, [2, 5, 7, 9])
     np.testing.assert_array_equal(last, [4, 2, 5, 7])
     np.testing.assert_array_equal(row, [3, 1, -1, -1])
+
+
+def test_score_topk_on_a_live_pools_table_sees_its_updates(rng):
+    """score_topk and score_ads on the pool's table after apply: ads created into free slots are
+    scored, freed slots never are (the table's cached bitset of live slots follows the updates)."""
+    from andromeda_nb import reference
+    from andromeda_nb.score import score_ads
+
+    rules = random_rules(rng, 10, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((10, D)), dtype="fp32", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules, capacity=12), max_k=12)
+    req = anb.Request.random(D, 2, 1, rng)
+    anb.score_topk(req, pool.table, 12)  # makes the table's live bitset
+    a, b = int(rules.ad_ids[0]), int(rules.ad_ids[1])
+    pool.apply(PoolUpdate.from_records(rules.schema, [{"op": "create", "ad_id": 99, "embedding": np.zeros(D),
+                                                        "bias": 100.0}, {"op": "retire", "ad_id": a},
+                                                       {"op": "retire", "ad_id": b}], D))
+    got = anb.score_topk(req, pool.table, 12)
+    ids = pool.table.host_ad_ids
+    scores = score_ads(req, pool.table).copy_to_host()
+    assert np.isnan(scores[ids < 0]).all() and not np.isnan(scores[ids >= 0]).any()
+    want = reference.topk(scores, 12, ids=ids, eligible=ids >= 0)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    assert got.ids[0] == 99 and got.count == 9 and not np.isin([a, b], got.ids).any()
+    np.testing.assert_array_equal(got.ids, pool.retrieve(req, {}, k=12).ids)
+
+
+def test_batches_changed_after_they_were_built_are_refused(rng):
+    """PoolUpdate and UpdateBatch arrays are the caller's: written after the batch was built (an
+    unknown op, a negative ad id, codes of another schema), the batch is refused before anything
+    changes; an fp16 row past its range names its ad."""
+    rules = random_rules(rng, 20, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((20, D)), dtype="fp16", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules, capacity=24), max_k=8)
+    req, prof = anb.Request.random(D, 2, 1, rng), random_profile(rng, rules.schema)
+    before = pool.retrieve(req, prof, k=8)
+    a = int(rules.ad_ids[3])
+
+    def update():
+        return PoolUpdate.from_records(rules.schema, [{"op": "change", "ad_id": a, "embedding": np.ones(D)},
+                                                      {"op": "create", "ad_id": 10 ** 6, "embedding": np.ones(D),
+                                                       "include": {rules.schema.categories[0].name: [0]}}], D)
+
+    for column, index, value, match in (("ops", 0, 7, "unknown op"), ("ad_ids", 1, -5, "non-negative"),
+                                        ("codes", 0, (99 << 33), "rule codes")):
+        u = update()
+        getattr(u.targeting, column)[index] = value
+        with pytest.raises(RuleError, match=match):
+            pool.apply(u)
+    big = PoolUpdate.from_records(rules.schema, [{"op": "create", "ad_id": 777, "embedding": np.full(D, 1e5)}], D)
+    with pytest.raises(ValueError, match=r"ads \[777\]"):
+        pool.apply(big)
+    after = pool.retrieve(req, prof, k=8)
+    np.testing.assert_array_equal(after.ids, before.ids)
+    assert pool.n_free == 4 and pool.index.version == 0
+
+
+def test_growth_keeps_the_index_options(rng):
+    from andromeda_nb.match import DeviceTargetingIndex
+
+    rules = random_rules(rng, 8, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((8, D)), dtype="fp16", ad_ids=rules.ad_ids)
+    dev = DeviceTargetingIndex(TargetingIndex(rules, list_dtype=np.int64), staging_regions=2, host_bits=False)
+    pool = Pool(table, dev, max_k=4)
+    pool.apply(PoolUpdate.from_columns(rules.schema, ["create"] * 4, np.arange(100, 104), np.ones((4, D))))
+    assert pool.n_ads >= 12 and pool.index is not dev
+    assert pool.index.index.list_dtype == np.int64 and not pool.index.index.host_bits
+    assert len(pool.index._stager.regions) == 2

@@ -239,6 +239,21 @@ def test_retrieve_takes_one_request_of_any_form(rng):
     user = rng.standard_normal(D).astype(np.float32)
     got = retrieve(user, pool.table, pool.index, prof, 5)
     check_pool_answer(got, user, rules, pool, prof, 5)
+    as_list = pool.retrieve(user.tolist(), prof, k=5)  # a list of numbers is one user vector, not a batch
+    np.testing.assert_array_equal(as_list.ids, got.ids)
+    batch = pool.retrieve([user.tolist(), req], [prof, prof], k=5)
+    np.testing.assert_array_equal(batch[0].ids, got.ids)
+    np.testing.assert_array_equal(batch[1].ids, want.ids)
+
+
+def test_a_request_past_the_fp16_range_is_named_in_its_batch(rng):
+    rules, table, index = world(rng, 60)
+    pool = Pool(table, index, max_batch=4, max_k=5, config=anb.KernelConfig(math="fp16"))
+    reqs = [anb.Request.random(D, 2, 1, rng) for _ in range(3)]
+    r = reqs[2]
+    reqs[2] = anb.Request(V=r.V, G=r.G, gamma=r.gamma * 1e6, beta=r.beta, k_experts=1)
+    with pytest.raises(ValueError, match="request 2 of the batch.*gamma"):
+        pool.retrieve(reqs, [{}] * 3, k=5)
 
 
 def test_fp16_math_pool_equals_its_model(rng):

@@ -158,6 +158,8 @@ def test_errors_change_nothing(rng):
             with pytest.raises(RuleError):
                 host.check(batch)
     host.check(UpdateBatch.from_records(SCHEMA, bad[out_of_slots]))
+    with pytest.raises(RuleError, match=r"already exists \(created earlier in this batch\)"):  # no virtual slot
+        host.check(UpdateBatch.from_records(SCHEMA, bad[3]))
     host.check(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": ad}, {"op": "create", "ad_id": ad}]))
     for recs, msg in [([{"op": "create", "ad_id": 5, "include": {"age": [7]}}], "ad 5.*'age'.*out of range"),
                       ([{"op": "create", "ad_id": 5, "include": {"planet": [1]}}], "unknown category"),
