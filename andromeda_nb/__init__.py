@@ -8,7 +8,8 @@ from importlib import import_module
 
 from .device.backend import device_name, get_backend, set_backend
 from .model import AdTable, Request, TopK
-from .targeting import Category, RuleError, TargetingIndex, TargetingRules, TargetingSchema, make_profile
+from .targeting import (Category, ProfileBatch, RuleError, TargetingIndex, TargetingRules, TargetingSchema,
+                        make_profile)
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,6 @@ def __getattr__(name):
 
 
 __all__ = [
-    "AdTable", "Category", "Request", "RuleError", "TargetingIndex", "TargetingRules",
+    "AdTable", "Category", "ProfileBatch", "Request", "RuleError", "TargetingIndex", "TargetingRules",
     "TargetingSchema", "TopK", "device_name", "get_backend", "make_profile", "set_backend", *_LAZY,
 ]

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..device import launch
-from ..targeting import (WORD_BITS, TargetingIndex, UpdateBatch, UpdateDelta, make_profile, mask_from_bits,
+from ..targeting import (WORD_BITS, RuleError, TargetingIndex, UpdateBatch, UpdateDelta, make_profile, mask_from_bits,
                          table_slots)
 from .config import MatchConfig
 from .staging import Stager
@@ -303,15 +303,21 @@ class DeviceTargetingIndex:
                    grouped: bool = True) -> "BatchPlan":
         """The host half of :meth:`prepare`: the batch's plans as flat int64 arrays (:data:`PLAN_ARRAYS`),
         not uploaded (a serving loop uploads them into its own buffers). Same arguments and errors;
-        ``grouped=False`` leaves the grouped match kernel's op arrays empty (``req_op`` all zero).
+        ``profiles`` may also be a :class:`~andromeda_nb.targeting.ProfileBatch` (columns, read
+        without a Python loop over their values); ``grouped=False`` leaves the grouped match kernel's op arrays empty (``req_op`` all zero).
 
         Each request's rows are those of :meth:`~andromeda_nb.targeting.TargetingIndex.plan`, laid
         out by a compiled planner (:mod:`.plan_kernels`) from the index's current tables."""
         from .kernels import OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
         from .plan_kernels import OK, plan_batch_kernel
 
+        from ..targeting import ProfileBatch
+
         idx = self.index
-        profiles = list(profiles)
+        columns = isinstance(profiles, ProfileBatch)
+        if columns and profiles.schema != idx.schema:
+            raise RuleError("profile batch was built for another schema")
+        profiles = profiles if columns else list(profiles)
         B = len(profiles)
         if not 1 <= B <= _max_batch():
             raise ValueError(f"a prepared batch holds 1..{_max_batch()} requests, got {B}")
@@ -323,7 +329,11 @@ class DeviceTargetingIndex:
             raise ValueError(f"n_words must be in 1..{idx.n_words}")
         n_bits = min(idx.n_ads, nw * WORD_BITS)
         pos, multi = self._schema_tables()
-        keys, vals = _encode_profiles(idx.schema, pos, profiles)
+        if columns:  # validated when built: the planner reads the columns
+            keys = np.repeat(np.arange(B, dtype=np.int64), np.diff(profiles.ptr)) * len(idx.schema) + profiles.category
+            vals = profiles.value
+        else:
+            keys, vals = _encode_profiles(idx.schema, pos, profiles)
         excl = [None if e is None else table_slots(e, idx.n_ads) for e in excl]
         excl_ptr = np.zeros(B + 1, np.int64)
         np.cumsum([0 if e is None else e.size for e in excl], out=excl_ptr[1:])
@@ -335,7 +345,7 @@ class DeviceTargetingIndex:
             idx._vrow_ptr, idx._list_ptr, idx.l_live, idx.l_start, idx.l_len, idx.unc_row, excl_ptr, excl_vals,
             grouped, OP_FIRST, OP_CLOSE, OP_EXC, OP_ZERO)
         if status != OK:
-            make_profile(idx.schema, profiles[bad])  # raises the error naming the category and value
+            make_profile(idx.schema, profiles.profile(bad) if columns else profiles[bad])  # raises, naming them
             raise AssertionError(f"the planner refused request {bad} but make_profile accepts it")
         return BatchPlan(n_words=nw, n_bits=n_bits, flat=flat, sizes=sizes, n_prep=int(stats[0]),
                          n_post=int(stats[1]), n_scratch=int(stats[2]), version=self.index.version,

@@ -32,7 +32,7 @@ from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
 from ..score.weights import image_size, mma_f16_image, mma_f16_words
-from ..targeting import WORD_BITS, TargetingIndex, table_slots
+from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, table_slots
 from ..topk.api import check_k
 
 #: the seed is the r-th best of a 4,096-score sample of a request's candidates, r chosen so that
@@ -147,7 +147,9 @@ class Pool:
             requests: a :class:`~andromeda_nb.model.Request` (the gated model), a 1-D user vector
                 (the two-tower dot product), or a sequence of them (a batch).
             profiles: with an index, one profile ``{category: values}`` per request (one mapping for
-                one request); ignored without an index.
+                one request), or a :class:`~andromeda_nb.targeting.ProfileBatch` of them (columns:
+                the planner reads them without a Python loop over every value); ignored without an
+                index.
             k: ``1 <= k <= max_k``.
             exclude_slots: per request, slots to drop after matching (e.g. ads already seen), or None.
 
@@ -179,7 +181,8 @@ class Pool:
                                "follow the new slots): build a new Pool")
         if profiles is None:
             raise ValueError("a pool with a targeting index needs one profile per request")
-        profs = [profiles] if single else list(profiles)
+        columns = isinstance(profiles, ProfileBatch)
+        profs = profiles if columns else [profiles] if single else list(profiles)
         if len(profs) != len(reqs):
             raise ValueError(f"{len(reqs)} requests but {len(profs)} profiles")
         shapes = self._request_images(reqs)  # every request checked before any launch
@@ -192,7 +195,8 @@ class Pool:
             group = self._group(key, reqs[members[0]])
             for i in range(0, len(members), self.max_batch):
                 part = members[i:i + self.max_batch]
-                plans = self._prepare_match([profs[j] for j in part], [excl[j] for j in part])
+                plans = self._prepare_match(profs.take(part) if columns else [profs[j] for j in part],
+                                            [excl[j] for j in part])
                 chunks.append((group, part, images[i:i + self.max_batch],
                                None if f16 is None else f16[i:i + self.max_batch], plans))
         out: list = [None] * len(reqs)
@@ -431,8 +435,12 @@ class Pool:
         """The batch's match plans on the host, a chunk of the match kernels' largest batch each."""
         from ..match.kernels import MAX_BATCH
 
+        n = len(profiles)
+        if isinstance(profiles, ProfileBatch):
+            return [self.index.plan_batch(profiles if n <= MAX_BATCH else profiles.take(range(i, min(n, i + MAX_BATCH))),
+                                          excl[i:i + MAX_BATCH], grouped=False) for i in range(0, n, MAX_BATCH)]
         return [self.index.plan_batch(profiles[i:i + MAX_BATCH], excl[i:i + MAX_BATCH], grouped=False)
-                for i in range(0, len(profiles), MAX_BATCH)]
+                for i in range(0, n, MAX_BATCH)]
 
     def _launch_match(self, plans: list) -> None:
         from ..match.kernels import MAX_BATCH

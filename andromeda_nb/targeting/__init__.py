@@ -19,7 +19,7 @@ from .bits import WORD_BITS, bit_of, bits_from_mask, last_word_mask, mask_from_b
 from .index import TargetingIndex
 from .layout import IndexLayout, MatchPlan, choose_layout
 from .rules import AdRule, TargetingRules
-from .schema import Category, RuleError, TargetingSchema, make_profile
+from .schema import Category, ProfileBatch, RuleError, TargetingSchema, make_profile
 from .updates import CHANGE, CREATE, RETIRE, UpdateBatch, UpdateDelta
 
 
@@ -36,7 +36,7 @@ def host_kernels() -> dict:
     return out
 
 
-__all__ = ["CHANGE", "CREATE", "RETIRE", "WORD_BITS", "AdRule", "Category", "IndexLayout", "MatchPlan", "RuleError",
+__all__ = ["CHANGE", "CREATE", "RETIRE", "WORD_BITS", "AdRule", "Category", "IndexLayout", "MatchPlan", "ProfileBatch", "RuleError",
            "TargetingIndex", "TargetingRules", "TargetingSchema", "UpdateBatch", "UpdateDelta", "bits_from_mask",
            "choose_layout", "make_profile", "mask_from_bits", "table_slots", "bit_of", "host_kernels",
            "last_word_mask", "word_of"]

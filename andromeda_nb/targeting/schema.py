@@ -117,3 +117,93 @@ def make_profile(schema: TargetingSchema, values: Mapping[str, Iterable[int] | i
             raise RuleError(f"profile, category {cat!r}: single-valued but given {sorted(s)}")
         out[cat] = s
     return out
+
+
+class ProfileBatch:
+    """B user profiles in columns, the form a serving loop builds with numpy instead of B dicts:
+    request ``b`` holds the ``(category, value)`` pairs ``ptr[b]:ptr[b + 1]`` of ``category`` (the
+    schema's category index) and ``value``. The planner reads these columns directly (a list of
+    dicts costs a Python loop over every value of every request).
+
+    Build with :meth:`from_columns` (validated: categories and values in range, at most one value
+    for a single-valued category) or :meth:`from_profiles`. ``len(batch)`` is B; iterating yields
+    each request's profile as a dict; :meth:`take` selects requests.
+    """
+
+    def __init__(self, schema: TargetingSchema, ptr: np.ndarray, category: np.ndarray, value: np.ndarray):
+        self.schema, self.ptr, self.category, self.value = schema, ptr, category, value
+
+    @classmethod
+    def from_columns(cls, schema: TargetingSchema, ptr, category, value) -> "ProfileBatch":
+        """Raises RuleError for malformed columns (copied: the batch never aliases the caller's)."""
+        cols = []
+        for name, x in (("ptr", ptr), ("category", category), ("value", value)):
+            a = np.asarray(x)
+            if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+                raise RuleError(f"profile batch: {name} must be a 1-D integer array, got {a.dtype} {a.shape}")
+            cols.append(np.array(a, dtype=np.int64))
+        ptr, category, value = cols
+        if ptr.size < 1 or ptr[0] != 0 or ptr[-1] != category.size or (np.diff(ptr) < 0).any():
+            raise RuleError("profile batch: ptr must rise from 0 to len(category) (one entry per request, plus one)")
+        if value.size != category.size:
+            raise RuleError(f"profile batch: {category.size} categories but {value.size} values")
+        C = len(schema)
+        bad = (category < 0) | (category >= C)
+        if bad.any():
+            raise RuleError(f"profile batch, request {_request_of(ptr, bad)}: category index "
+                            f"{int(category[bad][0])} outside the schema's 0..{C - 1}")
+        cards = np.array([c.cardinality for c in schema], np.int64)
+        bad = (value < 0) | (value >= cards[category])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise RuleError(f"profile batch, request {_request_of(ptr, bad)}, category "
+                            f"{schema.categories[int(category[i])].name!r}: value {int(value[i])} out of range")
+        single = ~np.array([c.multi_valued for c in schema], bool)
+        if category.size and single.any():  # distinct values of a single-valued category, per request
+            req = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
+            keys = np.unique(np.stack([req, category, value], axis=1)[single[category]], axis=0)
+            pairs, counts = np.unique(keys[:, :2], axis=0, return_counts=True)
+            if (counts > 1).any():
+                b, c = pairs[counts > 1][0]
+                raise RuleError(f"profile batch, request {int(b)}, category {schema.categories[int(c)].name!r}: "
+                                "single-valued but given several values")
+        return cls(schema, ptr, category, value)
+
+    @classmethod
+    def from_profiles(cls, schema: TargetingSchema, profiles) -> "ProfileBatch":
+        """Profiles as :func:`make_profile` takes them (each validated), in columns."""
+        pos = {c.name: i for i, c in enumerate(schema)}
+        cats, vals, ptr = [], [], [0]
+        for prof in profiles:
+            for name, vs in make_profile(schema, prof).items():
+                cats.extend([pos[name]] * len(vs))
+                vals.extend(sorted(vs))
+            ptr.append(len(cats))
+        return cls(schema, np.array(ptr, np.int64), np.array(cats, np.int64), np.array(vals, np.int64))
+
+    def __len__(self) -> int:
+        return int(self.ptr.size - 1)
+
+    def profile(self, b: int) -> dict:
+        """Request ``b``'s profile ``{category name: [values]}``."""
+        out: dict = {}
+        for c, v in zip(self.category[self.ptr[b]:self.ptr[b + 1]].tolist(),
+                        self.value[self.ptr[b]:self.ptr[b + 1]].tolist()):
+            out.setdefault(self.schema.categories[c].name, []).append(v)
+        return out
+
+    def __iter__(self):
+        return (self.profile(b) for b in range(len(self)))
+
+    def take(self, requests) -> "ProfileBatch":
+        """The batch of requests ``requests`` (indices, in that order)."""
+        idx = np.asarray(requests, np.int64).reshape(-1)
+        sizes = self.ptr[idx + 1] - self.ptr[idx]
+        ptr = np.zeros(idx.size + 1, np.int64)
+        np.cumsum(sizes, out=ptr[1:])
+        at = np.repeat(self.ptr[idx] - ptr[:-1], sizes) + np.arange(int(ptr[-1]), dtype=np.int64)
+        return ProfileBatch(self.schema, ptr, self.category[at], self.value[at])
+
+
+def _request_of(ptr: np.ndarray, bad: np.ndarray) -> int:
+    return int(np.searchsorted(ptr, int(np.flatnonzero(bad)[0]), side="right") - 1)

@@ -295,3 +295,34 @@ def test_auto_math_pool_serves_each_request_in_its_math(rng):
         want = reference.topk(scores, 10, ids=pool.table.host_ad_ids, eligible=elig)
         np.testing.assert_array_equal(out.ids, want.ids)
         np.testing.assert_array_equal(out.scores, want.scores)
+
+
+def test_profiles_in_columns_answer_as_dicts(rng):
+    """A ProfileBatch (columns) gives the answers of the same profiles as dicts; malformed columns
+    are refused before anything launches, naming the request."""
+    from andromeda_nb.targeting import ProfileBatch
+
+    rules, table, index = world(rng, 300, p_constrain=0.3, p_exclude=0.1)
+    pool = Pool(table, index, max_batch=2, max_k=6)
+    reqs = [anb.Request.random(D, 2, 1, rng) for _ in range(3)] + [rng.standard_normal(D)]
+    profs = [random_profile(rng, rules.schema) for _ in range(4)]
+    batch = ProfileBatch.from_profiles(rules.schema, profs)
+    assert len(batch) == 4 and [make_profile(rules.schema, p) for p in batch] == [
+        make_profile(rules.schema, p) for p in profs]
+    for got, want in zip(pool.retrieve(reqs, batch, k=6), pool.retrieve(reqs, profs, k=6)):
+        np.testing.assert_array_equal(got.ids, want.ids)
+        assert got.n_eligible == want.n_eligible
+    one = pool.retrieve(reqs[0], batch.take([0]), k=6)
+    np.testing.assert_array_equal(one.ids, pool.retrieve(reqs[0], profs[0], k=6).ids)
+    cols = (batch.ptr, batch.category, batch.value)
+    C = len(rules.schema)
+    single = next(i for i, c in enumerate(rules.schema) if not c.multi_valued)
+    cat = rules.schema.categories[single]
+    for ptr, category, value, match in (
+            (cols[0][:-1], cols[1], cols[2], "ptr"), (cols[0], np.full_like(cols[1], C), cols[2], "category index"),
+            ([0, 1], [single], [cat.cardinality], "out of range"), ([0, 2], [single, single], [0, 1], "single-valued"),
+            (cols[0], cols[1], cols[2].astype(float), "integer")):
+        with pytest.raises(RuleError, match=match):
+            ProfileBatch.from_columns(rules.schema, ptr, category, value)
+    with pytest.raises(ValueError, match="requests but"):
+        pool.retrieve(reqs[:2], batch, k=6)
