@@ -125,16 +125,22 @@ def _host_profile(call, calls: int, out_dir, name: str) -> None:
 
 
 def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out, batches=BATCHES,
-                   diagnostics: bool = True) -> list[dict]:
+                   diagnostics: bool = True, columns: bool = False) -> list[dict]:
+    """``columns``: the profiles given as one :class:`~andromeda_nb.targeting.ProfileBatch` (built
+    outside the timing), variant ``retrieve_profile_batch``, without the batch-1 extra rows."""
     from ..pipeline import StepTimes
+    from ..targeting import ProfileBatch
 
     rows = []
     for B in batches:
         if B > pool.max_batch:
             continue
         batch, profs = reqs[:B], profiles[:B]
+        dict_profs = profs
+        if columns:
+            profs = ProfileBatch.from_profiles(world.schema, profs)
         outs = pool.retrieve(batch, profs, K)  # warm: binds this batch size's launches
-        verified = (_verify(pool, world, batch, profs, outs) if B in (1, 32, 128)
+        verified = (_verify(pool, world, batch, dict_profs, outs) if B in (1, 32, 128)
                     else "not checked (the path of batches 1, 32, 128)")
         for _ in range(3):
             pool.retrieve(batch, profs, K)
@@ -155,11 +161,14 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
                  f"{elig:,.0f} eligible x 140 B")
         if B == 32:
             _host_profile(lambda: pool.retrieve(batch, profs, K), 30, args_out,
-                          f"{pool.n_ads}_{pool.config.math}_batch{B}")
-        rows.append(_row(env, ceil, "retrieve", n, B, wall, p99, device, B * elig, request_bytes / elig, verified,
+                          f"{pool.n_ads}_{pool.config.math}_batch{B}{'_columns' if columns else ''}")
+        variant = "retrieve_profile_batch" if columns else "retrieve"
+        if columns:
+            notes += "; profiles as one ProfileBatch (columns)"
+        rows.append(_row(env, ceil, variant, n, B, wall, p99, device, B * elig, request_bytes / elig, verified,
                          access="bitset", eligible_fraction=f"{elig / n:.5f}", categories=len(world.schema),
                          layout=pool.table.layout, notes=notes))
-        if B == 1:
+        if B == 1 and not columns:
             sparse = [sum(v for s, v in c.items() if s not in ("weights", "match", "answers")) for c in steps]
             dev = statistics.median(sparse)
             rows.append(_row(env, ceil, "score_sparse", n, 1, dev, _quantiles(sparse)[1], dev, elig,
@@ -359,8 +368,11 @@ class RetrieveCase(harness.Case):
     n_ads: int | None = None  # set per pool size by :func:`cases`
     math: str = "fp32"
     run_in: str = "both"
+    profile_batch: bool = False  # the profiles as one ProfileBatch (variant retrieve_profile_batch)
 
     def variants(self) -> tuple[str, ...]:
+        if self.profile_batch:
+            return ("retrieve_profile_batch",)
         return ("retrieve",) + (("score_sparse", "match_eligible") if self.batch == 1 and self.diagnostics else
                                 ("score_sparse",) if self.batch == 1 else ())
 
@@ -421,7 +433,9 @@ PHASES = {
     "open_loop": (OpenLoopCase(),),
     "score_topk": (ScoreTopkCase(),),
     # the fp16 math mode (KernelConfig(math="fp16"): the gate on the tensor cores) on the same calls
-    "fp16": (*(RetrieveCase(B, diagnostics=False, math="fp16") for B in (1, 32)), ScoreTopkCase(math="fp16")),
+    "fp16": (*(RetrieveCase(B, diagnostics=False, math="fp16") for B in (1, 32)),
+             *(RetrieveCase(B, diagnostics=False, math="fp16", profile_batch=True) for B in (1, 32)),
+             ScoreTopkCase(math="fp16")),
     "apply": (ApplyCase(),),
 }
 DEFAULT_PHASES = tuple(PHASES)
@@ -468,7 +482,8 @@ class Run(harness.Run):
         if isinstance(case, RetrieveCase):
             batches = (case.batch,)
             return _retrieve_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,
-                                  self.match_bytes, self.n, self.options.out, batches, case.diagnostics)
+                                  self.match_bytes, self.n, self.options.out, batches, case.diagnostics,
+                                  case.profile_batch)
         if isinstance(case, LaunchCase):
             return _launch_rows(self.env, self.ceil, self.pool)
         if isinstance(case, OpenLoopCase):
