@@ -271,8 +271,8 @@ def test_score_topk_on_a_live_pools_table_sees_its_updates(rng):
     pool = Pool(table, TargetingIndex(rules, capacity=12), max_k=12)
     req = anb.Request.random(D, 2, 1, rng)
     anb.score_topk(req, pool.table, 12)  # makes the table's live bitset
-    a, b = int(rules.ad_ids[0]), int(rules.ad_ids[1])
-    pool.apply(PoolUpdate.from_records(rules.schema, [{"op": "create", "ad_id": 99, "embedding": np.zeros(D),
+    a, b, new = int(rules.ad_ids[0]), int(rules.ad_ids[1]), int(rules.ad_ids.max()) + 1
+    pool.apply(PoolUpdate.from_records(rules.schema, [{"op": "create", "ad_id": new, "embedding": np.zeros(D),
                                                         "bias": 100.0}, {"op": "retire", "ad_id": a},
                                                        {"op": "retire", "ad_id": b}], D))
     got = anb.score_topk(req, pool.table, 12)
@@ -281,7 +281,7 @@ def test_score_topk_on_a_live_pools_table_sees_its_updates(rng):
     assert np.isnan(scores[ids < 0]).all() and not np.isnan(scores[ids >= 0]).any()
     want = reference.topk(scores, 12, ids=ids, eligible=ids >= 0)
     np.testing.assert_array_equal(got.ids, want.ids)
-    assert got.ids[0] == 99 and got.count == 9 and not np.isin([a, b], got.ids).any()
+    assert got.ids[0] == new and got.count == 9 and not np.isin([a, b], got.ids).any()
     np.testing.assert_array_equal(got.ids, pool.retrieve(req, {}, k=12).ids)
 
 
