@@ -125,8 +125,8 @@ def _host_profile(call, calls: int, out_dir, name: str) -> None:
 
 
 def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out, batches=BATCHES,
-                   diagnostics: bool = True, columns: bool = False) -> list[dict]:
-    """``columns``: the profiles given as one :class:`~andromeda_nb.targeting.ProfileBatch` (built
+                   diagnostics: bool = True, profile_batch: bool = False) -> list[dict]:
+    """``profile_batch``: the profiles given as one :class:`~andromeda_nb.targeting.ProfileBatch` (built
     outside the timing), variant ``retrieve_profile_batch``, without the batch-1 extra rows."""
     from ..pipeline import StepTimes
     from ..targeting import ProfileBatch
@@ -137,7 +137,7 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
             continue
         batch, profs = reqs[:B], profiles[:B]
         dict_profs = profs
-        if columns:
+        if profile_batch:
             profs = ProfileBatch.from_profiles(world.schema, profs)
         outs = pool.retrieve(batch, profs, K)  # warm: binds this batch size's launches
         verified = (_verify(pool, world, batch, dict_profs, outs) if B in (1, 32, 128)
@@ -161,14 +161,14 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
                  f"{elig:,.0f} eligible x 140 B")
         if B == 32:
             _host_profile(lambda: pool.retrieve(batch, profs, K), 30, args_out,
-                          f"{pool.n_ads}_{pool.config.math}_batch{B}{'_columns' if columns else ''}")
-        variant = "retrieve_profile_batch" if columns else "retrieve"
-        if columns:
+                          f"{pool.n_ads}_{pool.config.math}_batch{B}{'_columns' if profile_batch else ''}")
+        variant = "retrieve_profile_batch" if profile_batch else "retrieve"
+        if profile_batch:
             notes += "; profiles as one ProfileBatch (columns)"
         rows.append(_row(env, ceil, variant, n, B, wall, p99, device, B * elig, request_bytes / elig, verified,
                          access="bitset", eligible_fraction=f"{elig / n:.5f}", categories=len(world.schema),
                          layout=pool.table.layout, notes=notes))
-        if B == 1 and not columns:
+        if B == 1 and not profile_batch:
             sparse = [sum(v for s, v in c.items() if s not in ("weights", "match", "answers")) for c in steps]
             dev = statistics.median(sparse)
             rows.append(_row(env, ceil, "score_sparse", n, 1, dev, _quantiles(sparse)[1], dev, elig,

@@ -287,9 +287,7 @@ class Pool:
             launch.to_device(row_of), launch.to_device(words),
             launch.to_device(rows.bias if rows.n_ads else np.zeros(1, np.float32)), launch.to_device(scale),
             rows.scale is not None)
-        t.n_free += int((new_ids == FREE).sum()) - int((t.host_ad_ids[slots] == FREE).sum())
-        t.host_ad_ids[slots] = new_ids
-        t._live_bits = None  # score_topk's bitset of the live slots, made again on its next call
+        t.relabel(slots, new_ids)
         # the largest |a| (the overflow checks): new rows can only raise it; a row overwritten or
         # freed (zeroed) may lower it: then recomputed over the table on the device when next needed
         if ((ops == RETIRE) | ((ops == CHANGE) & sets)).any():
@@ -435,12 +433,8 @@ class Pool:
         """The batch's match plans on the host, a chunk of the match kernels' largest batch each."""
         from ..match.kernels import MAX_BATCH
 
-        n = len(profiles)
-        if isinstance(profiles, ProfileBatch):
-            return [self.index.plan_batch(profiles if n <= MAX_BATCH else profiles.take(range(i, min(n, i + MAX_BATCH))),
-                                          excl[i:i + MAX_BATCH], grouped=False) for i in range(0, n, MAX_BATCH)]
         return [self.index.plan_batch(profiles[i:i + MAX_BATCH], excl[i:i + MAX_BATCH], grouped=False)
-                for i in range(0, n, MAX_BATCH)]
+                for i in range(0, len(profiles), MAX_BATCH)]
 
     def _launch_match(self, plans: list) -> None:
         from ..match.kernels import MAX_BATCH

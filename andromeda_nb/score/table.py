@@ -119,6 +119,14 @@ class DeviceAdTable:
             self._max_abs = m
         return self._max_abs
 
+    def relabel(self, slots: np.ndarray, ad_ids: np.ndarray) -> None:
+        """The host's view after the ad ids of ``slots`` changed on the device (a live pool's
+        update): its ids and free count, and no stale bitset of live slots (score_topk makes it
+        again on its next call)."""
+        self.n_free += int((ad_ids == FREE).sum()) - int((self.host_ad_ids[slots] == FREE).sum())
+        self.host_ad_ids[slots] = ad_ids
+        self._live_bits = None
+
     def _set(self, embeddings, bias, dtype, layout, scale, ad_ids, n_ads, d):
         self.embeddings, self.bias, self.dtype, self.layout = embeddings, bias, dtype, layout
         self.scale = scale if scale is not None else launch.dummy(np.float32)

@@ -195,6 +195,12 @@ class ProfileBatch:
     def __iter__(self):
         return (self.profile(b) for b in range(len(self)))
 
+    def __getitem__(self, requests: slice) -> "ProfileBatch":
+        """A slice of the batch's requests, as a list of profiles is sliced."""
+        if not isinstance(requests, slice):
+            raise TypeError("a ProfileBatch is sliced (batch[i:j]); profile(b) is request b's profile")
+        return self.take(range(*requests.indices(len(self))))
+
     def take(self, requests) -> "ProfileBatch":
         """The batch of requests ``requests`` (indices, in that order)."""
         idx = np.asarray(requests, np.int64).reshape(-1)
