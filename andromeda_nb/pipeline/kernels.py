@@ -21,13 +21,14 @@ import functools
 
 from numba import cuda, float32, int32, int64, uint32, uint64
 
+from ..device.scan import block_exclusive_sum
 from ..topk.seed_kernels import SEED_RADIX, _batch_seed_funcs
 
 #: ``row_of`` of a slot an update freed (:func:`scatter_slots_kernel`)
 FREED = -2
 #: threads of the candidate gather, and the bitset words each thread reads per tile
 GATHER_BLOCK = 256
-GATHER_WORDS = 4
+GATHER_WORDS = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,48 +54,45 @@ def gather_candidates_kernel(block: int, words: int = GATHER_WORDS):
     clear) appended to ``cand int32[>= B, cap]`` in any order; ``count int64[>= B]`` (zero before
     the launch) ends as the request's eligible count, entries past ``cap`` not written.
 
-    Per tile: each thread counts the set bits of its ``words`` consecutive words, a block-wide
-    scan gives each thread its offset, one global atomic reserves the tile's slots."""
+    Per tile: thread ``t`` loads words ``tile + u * block + t`` (``u < words``: a warp reads 256
+    contiguous bytes a load, ``words`` loads in flight), a block-wide prefix sum of the threads'
+    set-bit counts gives each thread its output offset, one global atomic reserves the tile's
+    slots. The scan's totals and the reserved base are double-buffered by tile parity, so a tile
+    costs two barriers (the scan's and the base's)."""
+    scan = block_exclusive_sum(block)
 
     @cuda.jit
     def kernel(bits, n_words, cand, count):
         b = cuda.blockIdx.y
         tid = cuda.threadIdx.x
-        scan = cuda.shared.array(block, int32)
-        base = cuda.shared.array(1, int64)
+        scratch = cuda.shared.array((2, block), int32)
+        base = cuda.shared.array(2, int64)
+        mine = cuda.local.array(words, uint64)
         cap = cand.shape[1]
         tile = block * words
+        parity = 0
         for w0 in range(cuda.blockIdx.x * tile, n_words, cuda.gridDim.x * tile):
-            first = w0 + tid * words
-            mine = int32(0)
+            n = int32(0)
             for u in range(words):
-                w = first + u
-                if w < n_words:
-                    mine += int32(cuda.popc(bits[b, w]))
-            scan[tid] = mine
-            cuda.syncthreads()
-            off = 1  # inclusive scan (Hillis-Steele)
-            while off < block:
-                add = scan[tid - off] if tid >= off else 0
-                cuda.syncthreads()
-                scan[tid] += add
-                cuda.syncthreads()
-                off *= 2
-            if tid == block - 1:
-                base[0] = cuda.atomic.add(count, b, int64(scan[tid]))
-            cuda.syncthreads()
-            pos = base[0] + int64(scan[tid] - mine)
+                w = w0 + u * block + tid
+                mine[u] = bits[b, w] if w < n_words else uint64(0)
             for u in range(words):
-                w = first + u
-                if w < n_words:
-                    word = bits[b, w]
-                    while word != 0:
-                        low = word & (~word + uint64(1))  # the lowest set bit
-                        if pos < cap:
-                            cand[b, pos] = int32(w * 64 + int64(cuda.popc(low - uint64(1))))
-                        pos += 1
-                        word ^= low
-            cuda.syncthreads()  # the scan and the base are rewritten by the next tile
+                n += int32(cuda.popc(mine[u]))
+            before, total = scan(n, scratch[parity])
+            if tid == 0:
+                base[parity] = cuda.atomic.add(count, b, int64(total))
+            cuda.syncthreads()
+            pos = base[parity] + int64(before)
+            for u in range(words):
+                word = mine[u]
+                w = int64(w0 + u * block + tid)
+                while word != 0:
+                    low = word & (~word + uint64(1))  # the lowest set bit
+                    if pos < cap:
+                        cand[b, pos] = int32(w * 64 + int64(cuda.popc(low - uint64(1))))
+                    pos += 1
+                    word ^= low
+            parity ^= 1
 
     return kernel
 

@@ -157,7 +157,9 @@ class Pool:
             :class:`Retrieved` for one request, a list for a batch (in request order).
 
         Raises:
-            TypeError / ValueError / RuleError: bad requests, profiles, k or slots, before any launch.
+            TypeError / ValueError / RuleError: bad requests, profiles, k or slots, before any launch
+                that reads them (arguments, profiles and request shapes before any launch at all; a
+                request's weights may be range-checked while its batch's match runs).
         """
         k = check_k(k)
         if k > self.max_k:
@@ -185,23 +187,38 @@ class Pool:
         profs = profiles if columns else [profiles] if single else list(profiles)
         if len(profs) != len(reqs):
             raise ValueError(f"{len(reqs)} requests but {len(profs)} profiles")
-        shapes = self._request_images(reqs)  # every request checked before any launch
+        kinds = self._request_shapes(reqs)  # types, sizes and kernel shapes: no weights read yet
         if self.n_ads == 0:  # nothing to match or score: every answer is pads
+            self._request_images(reqs, kinds)  # still refuses a bad request
             pad = Retrieved(ids=np.full(k, -1, np.int64), scores=np.full(k, -np.inf, np.float32), n_eligible=0,
                             n_scored=0)
             return pad if single else [pad] * len(reqs)
-        chunks = []  # (group, members, images, fp16 images, plans): every profile planned before any launch
+        # The match reads only the profiles. A batch of one request shape in one chunk (the usual
+        # call) has it planned and enqueued first: the requests' weight images are then built and
+        # checked on the host while it runs, before any launch that reads them (a refused request
+        # leaves only the match's writes to this pool's own buffers, which the next call rewrites).
+        early = None
+        if self.trace is None and len(kinds) == 1 and len(reqs) <= self.max_batch:
+            early = self._prepare_match(profs if columns else list(profs), excl)
+            self._ensure_buffers()
+            self._launch_match(early)
+        shapes = self._request_images(reqs, kinds)
+        whole = list(range(len(reqs)))
+        chunks = []  # (group, members, images, fp16 images, plans): every profile planned before scoring
         for key, (members, images, f16) in shapes.items():
             group = self._group(key, reqs[members[0]])
             for i in range(0, len(members), self.max_batch):
                 part = members[i:i + self.max_batch]
-                plans = self._prepare_match(profs.take(part) if columns else [profs[j] for j in part],
-                                            [excl[j] for j in part])
+                if early is not None and part == whole:  # matched already (a math split re-plans)
+                    plans, matched = early, True
+                else:
+                    plans, matched = self._prepare_match(profs.take(part) if columns else [profs[j] for j in part],
+                                                         [excl[j] for j in part]), False
                 chunks.append((group, part, images[i:i + self.max_batch],
-                               None if f16 is None else f16[i:i + self.max_batch], plans))
+                               None if f16 is None else f16[i:i + self.max_batch], plans, matched))
         out: list = [None] * len(reqs)
-        for group, part, images, f16, plans in chunks:
-            for j, a in zip(part, self._targeted(group, [reqs[j] for j in part], images, f16, plans, k)):
+        for group, part, images, f16, plans, matched in chunks:
+            for j, a in zip(part, self._targeted(group, [reqs[j] for j in part], images, f16, plans, k, matched)):
                 out[j] = a
         return out[0] if single else out
 
@@ -339,17 +356,9 @@ class Pool:
 
     # ------------------------------------------------------------------ the targeted path
 
-    def _request_images(self, reqs: list) -> dict:
-        """The requests grouped by shape and math ``(model, E, K, math)``, each group's weight images
-        stacked (float32 ``[n, size]``) and, in fp16 math, its per-lane fp16 images; every request
-        checked (type, shape, the ranges its math holds) first. ``math="auto"`` serves a request in
-        fp16 math where the mode applies to its shape and it stays within fp16's range, else in
-        fp32 (:meth:`~andromeda_nb.score.KernelConfig.with_math`). Gated :class:`Request` objects of
-        one shape build their images and range checks in one compiled pass over the whole group
-        (:func:`~andromeda_nb.score.weights.gated_images`)."""
-        from ..score.launches import check_range
-        from ..score.weights import f16_weights, gated_images, stack_requests
-
+    def _request_shapes(self, reqs: list) -> dict:
+        """The requests' kernel shapes ``(model, E, K)`` -> their positions, every request's type and
+        size checked (1-D user vectors become :class:`DeviceRequest` in ``reqs``, range-checked)."""
         shapes: dict = {}
         for i, r in enumerate(reqs):
             if type(r) is Request:
@@ -360,6 +369,19 @@ class Pool:
             else:
                 reqs[i] = dr = self._device_request(r)
                 shapes.setdefault((dr.model, dr.experts, dr.k_experts), []).append(i)
+        return shapes
+
+    def _request_images(self, reqs: list, shapes: dict) -> dict:
+        """The requests (of :meth:`_request_shapes`) grouped by shape and math ``(model, E, K, math)``,
+        each group's weight images stacked (float32 ``[n, size]``) and, in fp16 math, its per-lane
+        fp16 images; every request's weights checked for the ranges its math holds. ``math="auto"`` serves a request in
+        fp16 math where the mode applies to its shape and it stays within fp16's range, else in
+        fp32 (:meth:`~andromeda_nb.score.KernelConfig.with_math`). Gated :class:`Request` objects of
+        one shape build their images and range checks in one compiled pass over the whole group
+        (:func:`~andromeda_nb.score.weights.gated_images`)."""
+        from ..score.launches import check_range
+        from ..score.weights import f16_weights, gated_images, stack_requests
+
         cfg, table = self.config, self.table
         out = {}
         for shape, members in shapes.items():
@@ -401,14 +423,17 @@ class Pool:
                 out[(*shape, "fp16")] = ([m for m, h in zip(members, fp16) if h], images[fp16], f16)
         return out
 
-    def _targeted(self, group: "_Group", reqs: list, images: np.ndarray, f16, plans: list, k: int) -> list:
+    def _targeted(self, group: "_Group", reqs: list, images: np.ndarray, f16, plans: list, k: int,
+                  matched: bool = False) -> list:
+        """One chunk's answers: its match (unless ``matched``: already enqueued), scoring, top-K and
+        answers enqueued, one synchronisation."""
         B = len(reqs)
         buf = self._ensure_buffers()
         stream = buf.stream
         trace = self.trace
         group.stage(B, images, f16)
         steps = [("weights", lambda: group.copy_weights(B)),
-                 ("match", lambda: self._launch_match(plans)),
+                 *(() if matched else [("match", lambda: self._launch_match(plans))]),
                  *group.steps(B, k),
                  ("answers", lambda: buf.copy_answers(B))]
         if trace is None:
@@ -678,9 +703,13 @@ class _Group:
         n_items = buf.cand_counts
         fws = _batch_view(buf.fws, B)
         reset = launch.BoundLaunch(reset_kernel(), 1, gblock, (buf.cand_counts, buf.fws.ks, B, k))
+        # the gather: a tile a block where the tiles of the batch fit the resident blocks (one load
+        # round and two barriers a block); more tiles than that, each block strides over several
         tiles = -(-pool.n_words // (gblock * GATHER_WORDS))
-        gather = launch.BoundLaunch(gather_candidates_kernel(gblock, GATHER_WORDS), (per_request(tiles, 1), B),
-                                    gblock, (buf.bits, pool.n_words, buf.cand, buf.cand_counts))
+        resident = launch.SIM_MAX_BLOCKS if sim else launch.sm_count() * max(1, 2048 // gblock)
+        gather = launch.BoundLaunch(gather_candidates_kernel(gblock, GATHER_WORDS),
+                                    (max(1, min(tiles, resident // B)), B), gblock,
+                                    (buf.bits, pool.n_words, buf.cand, buf.cand_counts))
         common = (dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, "candidates", block)
         sample_kernel = fused_kernel(*common, 0, True, sample_cfg.values, sample_cfg.max_registers, 1, 1, False,
                                      "shared", sample_cfg.guard, False, batched=True, sample=buf.sample_size)

@@ -74,6 +74,13 @@ def radix_block() -> int:
 PATHS = ("auto", "batched", "filter", "scan", "unseeded")
 #: ``TopKConfig.final_merge`` values.
 FINAL_MERGES = ("radix", "offer")
+#: ``TopKConfig.final`` values: how a filter buffer's final answers (``"auto"``: :func:`final_for`).
+FINALS = ("auto", "rank", "radix")
+#: ``final="auto"`` answers batches of at least this many requests by the radix select (a block a
+#: request), smaller ones by the rank final (many blocks a request): the rank final's blocks each
+#: re-read a request's whole buffer, which a batch multiplies, while the radix select's blocks run
+#: side by side on separate SMs (measured on the H200, data/results/topk_diagnostics.md).
+RADIX_FINAL_MIN_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -165,12 +172,18 @@ class TopKConfig:
     sort_warp_sync: bool = False
     #: The same for the one-launch path's last-block sort (off until timed).
     onelaunch_warp_sync: bool = False
+    #: How a filter buffer's exact top-k is taken (:data:`FINALS`): "rank" counts each candidate's
+    #: place over many blocks, "radix" selects by radix in one block a request; "auto" by the batch
+    #: size (:func:`final_for`).
+    final: str = "auto"
     #: Sizes and thresholds of the seeded paths.
     tuning: TopKTuning = field(default_factory=TopKTuning)
 
     def __post_init__(self):
         if self.path not in PATHS:
             raise ValueError(f"TopKConfig.path must be one of {PATHS}, got {self.path!r}")
+        if self.final not in FINALS:
+            raise ValueError(f"TopKConfig.final must be one of {FINALS}, got {self.final!r}")
         if self.final_merge not in FINAL_MERGES:
             raise ValueError(f"TopKConfig.final_merge must be one of {FINAL_MERGES}, got {self.final_merge!r}")
         for name in ("sort_warp_sync", "onelaunch_warp_sync"):
@@ -182,6 +195,14 @@ class TopKConfig:
 
 #: The measured defaults.
 DEFAULT_CONFIG = TopKConfig()
+
+
+def final_for(config: TopKConfig, batch: int) -> str:
+    """The final a filter buffer of ``batch`` requests takes: ``config.final``, or for ``"auto"``
+    the radix select from :data:`RADIX_FINAL_MIN_BATCH` requests on, else the rank final."""
+    if config.final != "auto":
+        return config.final
+    return "radix" if batch >= RADIX_FINAL_MIN_BATCH else "rank"
 
 
 def check_config(config) -> TopKConfig:

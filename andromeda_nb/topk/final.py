@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device import launch
-from .config import TopKConfig, check_config, radix_block
+from .config import TopKConfig, check_config, final_for, radix_block
 
 #: Threads of the sort final's blocks (a request each): about half the ~2.5 k candidates padded
 #: to a power of two, a compare-exchange a thread a step.
@@ -30,7 +30,9 @@ def launch_final(k: int, fws, d_ids=None, block: int | None = None, d_scores=Non
     most ``config.tuning.rank_cap`` entries (:func:`~andromeda_nb.topk.final_kernels.final_rank_kernel`),
     else by one block's radix select (:func:`~andromeda_nb.topk.final_kernels.final_radix_kernel`,
     ``block`` threads, default :func:`~andromeda_nb.topk.config.radix_block`; launched after the rank
-    final only when the buffer can hold more than it takes, it exits when that answered). ``k``: the
+    final only when the buffer can hold more than it takes, it exits when that answered); a batch
+    of :data:`~andromeda_nb.topk.config.RADIX_FINAL_MIN_BATCH` or more requests (``config.final``,
+    :func:`~andromeda_nb.topk.config.final_for`) by the radix select alone. ``k``: the
     largest k of the batch. A batch whose buffer holds at most
     :data:`~andromeda_nb.topk.final_kernels.SORT_CAP` candidates a request, given its ``d_scores``,
     is answered by a block a request sorting them
@@ -49,6 +51,9 @@ def launch_final(k: int, fws, d_ids=None, block: int | None = None, d_scores=Non
         sb = launch.default_block() if launch.backend.is_simulator() else SORT_BLOCK
         final_sort_kernel(sb, has_ids, max(2, next_pow2(fws.cap)), config.sort_warp_sync)[(1, fws.batch), sb](
             d_scores, *args)
+        return fws
+    if final_for(config, fws.batch) == "radix":
+        final_radix_kernel(max(2, next_pow2(k)), block, has_ids)[(1, fws.batch), block](*args)
         return fws
     if launch.backend.is_simulator():
         # a thread a candidate and at most SIM_RANK_CAP of them; the radix select above

@@ -130,6 +130,8 @@ def test_nan_scores_are_never_returned(rng):
 
 
 def test_bad_input_is_refused_before_any_launch(rng, monkeypatch):
+    """Every bad argument, profile or request shape is refused before any launch (a request's
+    weights are checked before any launch that reads them: test_a_refused_request_leaves_the_pool_serving)."""
     rules, table, index = world(rng, 64)
     pool = Pool(table, index, max_batch=2, max_k=10)
     req = anb.Request.random(D, 2, 1, rng)
@@ -187,6 +189,21 @@ def test_a_pool_refuses_to_serve_after_its_index_changed(rng):
     dev.apply(UpdateBatch.from_records(rules.schema, [{"op": "retire", "ad_id": int(table.ad_ids[0])}]))
     with pytest.raises(RuntimeError, match="updated"):
         pool.retrieve(req, {}, k=3)
+
+
+def test_a_refused_request_leaves_the_pool_serving(rng):
+    """A batch of one shape has its match enqueued before its requests' weights are checked: a
+    request refused then (beyond fp32's range) leaves the pool answering the next call exactly."""
+    rules, table, index = world(rng, 300, p_constrain=0.2)
+    pool = Pool(table, index, max_batch=4, max_k=10)
+    req = anb.Request.random(D, 2, 1, rng)
+    wide = anb.Request(V=req.V, G=np.full_like(req.G, 3e38), gamma=req.gamma, beta=req.beta, k_experts=1)
+    profs = [random_profile(rng, rules.schema) for _ in range(2)]
+    for bad in (wide, [req, wide]):
+        with pytest.raises(ValueError, match="fp32"):
+            pool.retrieve(bad, profs[0] if bad is wide else profs, k=10)
+        for prof, out in zip(profs, pool.retrieve([req, req], profs, k=10)):
+            check_pool_answer(out, req, rules, pool, prof, 10)
 
 
 def test_pool_edge_tables(rng):

@@ -13,7 +13,7 @@ from .helpers import small_seed
 
 def test_defaults_are_the_documented_choices():
     t = DEFAULT_CONFIG.tuning
-    assert (DEFAULT_CONFIG.path, DEFAULT_CONFIG.final_merge) == ("auto", "radix")
+    assert (DEFAULT_CONFIG.path, DEFAULT_CONFIG.final_merge, DEFAULT_CONFIG.final) == ("auto", "radix", "auto")
     assert not DEFAULT_CONFIG.sort_warp_sync and not DEFAULT_CONFIG.onelaunch_warp_sync
     assert (t.seed_min_n, t.sample_chunk, t.max_sample_chunks, t.seed_margin, t.seed_min_rank) == (65536, 256, 4096,
                                                                                                      2.5, 8)
@@ -25,6 +25,7 @@ def test_defaults_are_the_documented_choices():
 
 @pytest.mark.parametrize("kwargs,exc,match", [
     (dict(path="fast"), ValueError, "path"), (dict(final_merge="sort"), ValueError, "final_merge"),
+    (dict(final="sort"), ValueError, "final"),
     (dict(sort_warp_sync=1), TypeError, "sort_warp_sync"), (dict(tuning={"seed_min_n": 5}), TypeError, "TopKTuning"),
 ])
 def test_bad_config_is_refused(kwargs, exc, match):

@@ -325,3 +325,29 @@ def test_sort_steps_between_warp_barriers_stay_inside_each_warp():
             assert warp_local or P <= 2
             for (_, s1), (_, s2) in warp_local:
                 np.testing.assert_array_equal(owner(P, s1, block), owner(P, s2, block))
+
+
+@pytest.mark.parametrize("final", ["auto", "rank", "radix"])
+def test_batch_finals_agree_with_the_oracle(rng, final):
+    """A batch's buffers answered by each final (``TopKConfig.final``; "auto" takes the radix
+    select from RADIX_FINAL_MIN_BATCH requests on): per request the oracle's top-k with ties and
+    ids, including an empty buffer and one holding fewer than k."""
+    from andromeda_nb.topk.config import RADIX_FINAL_MIN_BATCH
+
+    B, n, k, cap = max(RADIX_FINAL_MIN_BATCH, 3), 400, 20, 128
+    ids = rng.permutation(4 * n)[:n].astype(np.int64)
+    fws = FilterWorkspace.batched(np.arange(B + 1) * n, np.full(B, k), cap=cap)
+    buf_s, buf_i = np.full((B, cap), 77.0, np.float32), np.zeros((B, cap), np.int32)
+    fills = rng.integers(k, cap, B)
+    fills[0], fills[1] = 0, k // 2
+    table = np.full((B, n), np.nan, np.float32)
+    for b, m in enumerate(fills):
+        slots = rng.choice(n, m, replace=False).astype(np.int32)
+        vals = (rng.integers(-4, 4, m) * 0.5).astype(np.float32)
+        buf_s[b, :m], buf_i[b, :m], table[b, slots] = vals, slots, vals
+    for a, v in ((fws.buf_s, buf_s), (fws.buf_i, buf_i), (fws.fill, fills.astype(np.int64))):
+        a.copy_to_device(v)
+    all_ids = np.concatenate([ids] * B)  # the final reads ids[offsets[b] + slot]
+    launch_final(k, fws, launch.to_device(all_ids), config=TopKConfig(final=final))
+    for b in range(B):
+        check_topk(row(fws, b), table[b], k, ids=ids, msg=f"request {b}")
