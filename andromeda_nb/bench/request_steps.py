@@ -135,9 +135,18 @@ def main(argv=None) -> int:
     p.add_argument("--density", type=float, default=0.0094)
     p.add_argument("--kept", type=int, default=2600)
     p.add_argument("--k", type=int, default=1000)
+    p.add_argument("--steps", default="gather,final", help="comma-separated: gather, final")
+    p.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    p.add_argument("--reps", type=int, default=15, help="timed calls a row (1 under a profiler)")
     a = p.parse_args(argv)
     env = harness.env_info()
-    rows = gather_rows(a.n, a.density) + final_rows(a.n, a.kept, a.k)
+    batches = tuple(int(b) for b in a.batches.split(","))
+    steps = a.steps.split(",")
+    rows = []
+    if "gather" in steps:
+        rows += gather_rows(a.n, a.density, batches, a.reps)
+    if "final" in steps:
+        rows += final_rows(a.n, a.kept, a.k, batches, a.reps)
     for r in rows:
         r.update(device=env.get("device", ""), commit=env.get("commit", ""), timestamp=env.get("timestamp", ""))
     a.out.mkdir(parents=True, exist_ok=True)
