@@ -194,7 +194,7 @@ def test_a_pool_refuses_to_serve_after_its_index_changed(rng):
 def test_a_refused_request_leaves_the_pool_serving(rng):
     """A batch of one shape has its match enqueued before its requests' weights are checked: a
     request refused then (beyond fp32's range) leaves the pool answering the next call exactly."""
-    rules, table, index = world(rng, 300, p_constrain=0.2)
+    rules, table, index = world(rng, 120, p_constrain=0.2)
     pool = Pool(table, index, max_batch=4, max_k=10)
     req = anb.Request.random(D, 2, 1, rng)
     wide = anb.Request(V=req.V, G=np.full_like(req.G, 3e38), gamma=req.gamma, beta=req.beta, k_experts=1)

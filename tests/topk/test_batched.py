@@ -239,7 +239,7 @@ def test_topk_batch_reruns_one_by_one_from_a_device_bitset(rng, monkeypatch):
     assert len(one) >= 2  # the forced seed_high and overflow requests
 
 
-@pytest.mark.parametrize("use_elig,with_ids", [(False, True), (True, False)])
+@pytest.mark.parametrize("use_elig,with_ids", [(False, True), pytest.param(True, False, marks=pytest.mark.slow)])
 def test_topk_batch_reruns_many_as_one_batch(rng, monkeypatch, use_elig, with_ids):
     """More than rerun_one_by_one non-exact requests (rerun_one_by_one = 1, two forced ones): one
     unseeded block top-K over the whole batch answers them, no one-by-one rerun; the whole answer

@@ -71,7 +71,7 @@ def test_batched_topk_matches_oracle_per_request(case):
         assert (out_ids[r, ks[r]:] == -1).all()
 
 
-@pytest.mark.parametrize("n", [4 * 32 * SCAN_ITEMS * 3 + 17, 5000])
+@pytest.mark.parametrize("n", [4 * 32 * SCAN_ITEMS * 3 + 17, pytest.param(5000, marks=pytest.mark.slow)])
 def test_many_rounds_per_block(rng, n):
     """Sizes several grid-stride rounds long in the simulator (4 blocks of 32 threads, 8 items each):
     the scan's next-round prefetch, the last partial round and the threshold carried between
