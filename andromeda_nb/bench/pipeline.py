@@ -13,13 +13,16 @@ at least 50 calls, beside ``device_seconds``, the summed device time of the call
                         (up to ``max_batch``); latency from arrival to answer, p50 and p99
     launch_*            host seconds of one launch: Numba's dispatch and a bound launch
     pool_apply          Pool.apply of a batch of ``batch`` random updates (creates, changes, retires)
+    pool_soak           10^6 updates interleaved with 10^4 requests, checked at 10 checkpoints (index =
+                        rebuild, table = a host mirror of the updates, sampled answers = float64 oracle)
 
 Every retrieve row is checked on sampled requests against the reference: the CPU match's eligible
 set and the top-k of the kernel's own scores (exact ids, order and scores).
 
 Phases (``--phases``; default all): ``retrieve`` (a case a batch size), ``match`` (no case of its
 own: ``match_eligible`` comes with retrieve's batch-1 case), ``launch``, ``open_loop`` (the largest
-pool only), ``score_topk``, ``fp16``, ``apply`` (pools up to 10^7, each size's last case); run pool
+pool only), ``score_topk``, ``fp16``, ``apply`` and ``soak`` (pools up to 10^7, each size's last cases: they
+grow the pool); run pool
 size by pool size (10^7, 10^8, those up to ``--n-ads``).
 ``--quick``: the largest pool, retrieve at batches 1, 8, 32, without the diagnostics.
 """
@@ -46,6 +49,9 @@ OPEN_LOOP_REQUESTS = 3000
 APPLY_BATCHES = ((1_000, 20), (10_000, 10), (100_000, 5))
 #: the largest pool the apply rows run on (a first batch doubles the pool's slots)
 APPLY_MAX_ADS = 10 ** 7
+#: the soak (:func:`_soak_rows`, on the 10^7-ad pool): updates, their batch, requests, their call
+#: size and the checkpoints
+SOAK_UPDATES, SOAK_BATCH, SOAK_REQUESTS, SOAK_REQUEST_BATCH, SOAK_CHECKPOINTS = 10 ** 6, 10_000, 10 ** 4, 25, 10
 
 
 def _log(msg: str) -> None:
@@ -323,6 +329,144 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
     return out
 
 
+class _HostMirror:
+    """What the device table must hold, kept on the host from the updates alone: each slot's row
+    words, bias and ad id (-1 free), started from a copy of the table."""
+
+    def __init__(self, table):
+        self.words = table.words.copy_to_host()
+        self.bias = table.bias.copy_to_host()
+        self.ids = table.ad_ids.copy_to_host()
+
+    def follow(self, update, slots) -> None:
+        """An applied :class:`~andromeda_nb.pipeline.PoolUpdate`, op by op in order (``slots``: each
+        op's slot, the delta's): a create or a change with a row writes it, a retire zeroes the slot."""
+        from ..targeting import RETIRE
+
+        top = int(slots.max(initial=-1)) + 1
+        if top > self.ids.size:  # the pool grew: new slots are free and zero
+            extra = max(top, 2 * self.ids.size) - self.ids.size
+            self.words = np.concatenate([self.words, np.zeros((extra, self.words.shape[1]), np.uint64)])
+            self.bias = np.concatenate([self.bias, np.zeros(extra, np.float32)])
+            self.ids = np.concatenate([self.ids, np.full(extra, -1, np.int64)])
+        rows = update.embeddings.astype(np.float16).view(np.uint64).reshape(len(update), -1)
+        ops, ids = update.targeting.ops, update.targeting.ad_ids
+        for j in range(len(update)):
+            s = slots[j]
+            if ops[j] == RETIRE:
+                self.words[s], self.bias[s], self.ids[s] = 0, 0.0, -1
+                continue
+            self.ids[s] = ids[j]
+            if update.sets_row[j]:
+                self.words[s], self.bias[s] = rows[j], update.bias[j]
+
+    def check(self, pool) -> str:
+        """'' when the device table equals the mirror (every word, bias and id), else what differs."""
+        t = pool.table
+        n = t.ad_ids.shape[0]
+        if n > self.ids.size:
+            return f"the device table has {n:,} slots, the mirror {self.ids.size:,}"
+        for name, dev, host in (("ad ids", t.ad_ids, self.ids[:n]), ("biases", t.bias, self.bias[:n]),
+                                ("rows", t.words, self.words[:n])):
+            got = dev.copy_to_host()
+            if not np.array_equal(got, host):
+                bad = np.flatnonzero((got != host).reshape(n, -1).any(axis=1))
+                return f"{name} differ at {bad.size:,} slots (first {bad[:4].tolist()})"
+        return ""
+
+
+def _float64_check(pool, mirror, req, profile, out, k: int = K) -> str:
+    """'' when ``out`` (one request's answer) is the float64 oracle's top-k over the live eligible
+    ads (the CPU match on the host index, scores in float64 from the mirror's rows), up to near-ties;
+    else why not."""
+    from .. import checks, reference
+    from ..model import AdTable
+
+    index = pool.index.index
+    words, count = index.match_cpu(profile)
+    elig = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:mirror.ids.size])
+    elig = elig[mirror.ids[elig] >= 0]
+    if out.n_eligible != elig.size:
+        return f"n_eligible {out.n_eligible} != {elig.size} live eligible ads"
+    emb = mirror.words[elig].view(np.float16).reshape(elig.size, -1)
+    sub = AdTable(embeddings=emb, bias=mirror.bias[elig], scale=None, ad_ids=mirror.ids[elig], dtype="fp16")
+    ref = reference.score(req, sub)
+    got = checks.compare_topk_float64(out.ids, ref, k, sub.ad_ids, swappable=checks.near_tie_ads(req, sub))
+    return "" if got.ok else got.message
+
+
+def _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, batch=SOAK_BATCH,
+               requests=SOAK_REQUESTS, request_batch=SOAK_REQUEST_BATCH, checkpoints=SOAK_CHECKPOINTS, k=K,
+               templates=100_000) -> dict:
+    """Random update batches (:class:`~.targeting_world.UpdateStream`) interleaved with requests
+    on one pool: ``updates`` updates in batches of ``batch``, ``requests`` requests in calls of
+    ``request_batch`` spread evenly between them. At ``checkpoints`` evenly spaced points the host
+    index equals a rebuild of its rules, the device table equals a host mirror kept from the updates
+    alone (every row word, bias, ad id), the table's ad ids equal the index's, and the last call's
+    first and last requests equal the float64 oracle over the live eligible ads (fp32 math; the
+    CPU match on the host index), up to near-ties. One row: updates/s and requests/s over the run."""
+    from ..device import launch
+    from ..pipeline import PoolUpdate
+    from ..targeting import RETIRE
+    from .targeting_world import UpdateStream
+
+    cuda = launch.cuda()
+    stream = UpdateStream(world, seed=41, n_templates=templates)
+    rng = np.random.default_rng(43)
+    mirror = _HostMirror(pool.table)
+    n_batches = max(1, updates // batch)
+    calls_per_batch = max(1, requests // request_batch // n_batches)
+    every = max(1, n_batches // checkpoints)
+    failures, passed, sampled, t_apply, t_req, served = [], 0, 0, 0.0, 0.0, 0
+    for i in range(n_batches):
+        tb = stream.batch(batch)
+        emb = (rng.standard_normal((batch, D)) * 0.5).astype(np.float32)
+        update = PoolUpdate(tb, emb, rng.standard_normal(batch).astype(np.float32), tb.ops != RETIRE).checked()
+        t0 = time.perf_counter()
+        delta = pool.apply(update)
+        cuda.synchronize()
+        t_apply += time.perf_counter() - t0
+        mirror.follow(update, delta.slots)
+        for c in range(calls_per_batch):
+            pick = rng.integers(0, len(reqs), request_batch)
+            t0 = time.perf_counter()
+            outs = pool.retrieve([reqs[q] for q in pick], [profiles[q] for q in pick], k)
+            t_req += time.perf_counter() - t0
+            served += request_batch
+        if (i + 1) % every == 0 or i == n_batches - 1:
+            why = []
+            try:
+                pool.index.index.assert_same(pool.index.index.rebuild())
+            except AssertionError as e:
+                why.append(f"index != rebuild ({e})")
+            if not np.array_equal(pool.table.ad_ids.copy_to_host(), pool.index.index.ad_ids):
+                why.append("table ids != index ids")
+            table = mirror.check(pool)
+            if table:
+                why.append(f"table != mirror: {table}")
+            for b in sorted({0, request_batch - 1}):
+                sampled += 1
+                msg = _float64_check(pool, mirror, reqs[pick[b]], profiles[pick[b]], outs[b], k)
+                if msg:
+                    why.append(f"request {b}: {msg}")
+            if why:
+                failures.append(f"after batch {i + 1}: " + "; ".join(why))
+            else:
+                passed += 1
+    n_checks = passed + len(failures)
+    verified = (f"ok: {passed}/{n_checks} checkpoints (index = rebuild, device table = host mirror of the "
+                f"updates, table ids = index ids, {sampled} sampled requests = float64 oracle over the live ads)"
+                if not failures else "FAILED: " + " | ".join(failures[:3]))
+    total = n_batches * batch
+    r = _row(env, ceil, "pool_soak", n, batch, t_apply / n_batches, t_apply / n_batches, float("nan"), batch, 0,
+             verified, notes=(f"{total:,} updates in batches of {batch:,} ({total / t_apply:,.0f} updates/s in apply), "
+                              f"{served:,} requests in calls of {request_batch} ({served / t_req:,.0f} requests/s), "
+                              f"{n_checks} checkpoints; pool {n:,} -> {pool.n_ads:,} slots, fp32 math"))
+    r.update(requests_per_s=f"{served / t_req:.6e}", achieved_TBps="", fraction_of_read_ceiling="", device_seconds="",
+             bytes_per_item="", seconds_p99="", math=pool.config.math)
+    return r
+
+
 def _launch_rows(env, ceil, pool) -> list[dict]:
     """Host seconds of one launch of the batched filter kernel (13 arguments): Numba's dispatch
     against a bound launch of the same kernel and arguments."""
@@ -413,6 +557,18 @@ class ApplyCase(harness.Case):
 
 
 @dataclass(frozen=True)
+class SoakCase(harness.Case):
+    """Updates interleaved with requests, checked at checkpoints (:func:`_soak_rows`); pools up to
+    :data:`APPLY_MAX_ADS`, after the apply case (it too grows its pool), fp32 math (the float64
+    oracle's tolerance)."""
+
+    variant: str = "pool_soak"
+    n_ads: int | None = None
+    access: str = "bitset"
+    math: str = "fp32"
+
+
+@dataclass(frozen=True)
 class ScoreTopkCase(harness.Case):
     """score_topk over the whole pool, tiles layout (:func:`_score_topk_row`)."""
 
@@ -437,6 +593,7 @@ PHASES = {
              *(RetrieveCase(B, diagnostics=False, math="fp16", profile_batch=True) for B in (1, 32)),
              ScoreTopkCase(math="fp16")),
     "apply": (ApplyCase(),),
+    "soak": (SoakCase(),),
 }
 DEFAULT_PHASES = tuple(PHASES)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)
@@ -454,7 +611,7 @@ def cases(options: harness.Options) -> dict:
         out[phase] = tuple(replace(c, n_ads=n) for n in sizes for c in declared
                            if not (options.quick and phase not in ("retrieve", "fp16"))
                            and not (getattr(c, "largest_only", False) and n != sizes[-1])
-                           and not (isinstance(c, ApplyCase) and n > APPLY_MAX_ADS))
+                           and not (isinstance(c, (ApplyCase, SoakCase)) and n > APPLY_MAX_ADS))
     return out
 
 
@@ -493,6 +650,10 @@ class Run(harness.Run):
                                self.options.out)
             self.close()  # the pool grew past its world: the next case builds both again
             return rows
+        if isinstance(case, SoakCase):
+            row = _soak_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
+            self.close()
+            return [row]
         self.pool = self.table = None  # the tiles table takes their place
         if self.tiles is None:
             self.tiles = gpu_table(self.n, D, "fp16", "tiles", seed=1)

@@ -1,0 +1,58 @@
+"""The pipeline bench's soak (updates interleaved with requests, checked at checkpoints) on a tiny
+world in the simulator: its checks pass on a correct pool and catch a table that stopped following
+the updates."""
+
+import numpy as np
+import pytest
+
+import andromeda_nb as anb
+from andromeda_nb.bench import harness
+from andromeda_nb.bench import pipeline as P
+from andromeda_nb.pipeline import Pool
+
+
+@pytest.fixture
+def soak_world():
+    from andromeda_nb.bench.targeting_world import World
+    from andromeda_nb.model import Request
+
+    world = World(600, profiles=8)
+    rng = np.random.default_rng(3)
+    table = anb.AdTable.from_float(rng.standard_normal((600, P.D)), rng.standard_normal(600), dtype="fp16",
+                                   ad_ids=world.rules.ad_ids)
+    reqs = [Request.random(P.D, P.E, P.KE, rng) for _ in range(4)]
+    profiles = [dict(p) for p in world.profiles[:4]]
+    yield world, table, reqs, profiles
+    world.free()
+
+
+def _soak(world, table, reqs, profiles, pool):
+    env = {c: "" for c in harness.SCHEMA}
+    ceil = harness.Ceilings(1.0, 1.0, 1.0)
+    return P._soak_rows(env, ceil, world, pool, reqs, profiles, 600, updates=240, batch=60, requests=16,
+                        request_batch=4, checkpoints=2, k=8, templates=200)
+
+
+def test_soak_checks_pass_on_a_live_pool(soak_world):
+    world, table, reqs, profiles = soak_world
+    pool = Pool(table, world.dev, max_batch=4, max_k=8, config=anb.KernelConfig(math="fp32"))
+    row = _soak(world, table, reqs, profiles, pool)
+    assert row["variant"] == "pool_soak" and row["verified"].startswith("ok: 2/2 checkpoints"), row["verified"]
+    assert pool.n_ads > 600  # the creates grew the pool once
+
+
+def test_soak_finds_a_table_that_missed_an_update(soak_world, monkeypatch):
+    world, table, reqs, profiles = soak_world
+    pool = Pool(table, world.dev, max_batch=4, max_k=8, config=anb.KernelConfig(math="fp32"))
+    follow = P._HostMirror.follow
+    calls = []
+
+    def one_row_off(self, update, slots):  # after the first batch the mirror expects a row never written
+        follow(self, update, slots)
+        if not calls:
+            self.words[slots[0], 0] ^= np.uint64(1)
+        calls.append(1)
+
+    monkeypatch.setattr(P._HostMirror, "follow", one_row_off)
+    row = _soak(world, table, reqs, profiles, pool)
+    assert row["verified"].startswith("FAILED") and "table != mirror: rows differ" in row["verified"]
