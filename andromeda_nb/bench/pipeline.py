@@ -52,6 +52,8 @@ APPLY_MAX_ADS = 10 ** 7
 #: the soak (:func:`_soak_rows`, on the 10^7-ad pool): updates, their batch, requests, their call
 #: size and the checkpoints
 SOAK_UPDATES, SOAK_BATCH, SOAK_REQUESTS, SOAK_REQUEST_BATCH, SOAK_CHECKPOINTS = 10 ** 6, 10_000, 10 ** 4, 25, 10
+#: the soak's time budget: past it, it stops at its next checkpoint (each rebuilds the 10^7-ad index)
+SOAK_SECONDS = 420
 
 
 def _log(msg: str) -> None:
@@ -395,16 +397,43 @@ def _float64_check(pool, mirror, req, profile, out, k: int = K) -> str:
     return "" if got.ok else got.message
 
 
+def _soak_run(env, ceil, n: int) -> dict:
+    """The soak on its own world of ``n`` ads with spare slots (its batches never grow the pool:
+    the checkpoints' rebuilds stay at ``n`` slots) and a pool built from a host table in fp32 math."""
+    from ..datasets import synthetic as syn
+    from ..model import AdTable, Request
+    from ..pipeline import Pool
+    from ..score import KernelConfig
+    from .targeting_world import World
+
+    _log(f"soak world of {n:,} ads")
+    world = World(n, spare=2 * SOAK_BATCH)
+    try:
+        rng = np.random.default_rng(47)
+        table = AdTable.from_float(rng.standard_normal((n, D), np.float32), rng.standard_normal(n, np.float32),
+                                   dtype="fp16", ad_ids=world.rules.ad_ids)
+        pool = Pool(table, world.dev, max_batch=SOAK_REQUEST_BATCH, max_k=K, config=KernelConfig(math="fp32"))
+        del table
+        profiles = syn.generate_profiles(world.schema, 64, seed=203)
+        reqs = [Request.random(D, E, KE, rng) for _ in range(64)]
+        return _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, batch=SOAK_BATCH,
+                          requests=SOAK_REQUESTS, request_batch=SOAK_REQUEST_BATCH, checkpoints=SOAK_CHECKPOINTS,
+                          k=K, templates=min(100_000, n), seconds=SOAK_SECONDS)
+    finally:
+        world.free()
+
+
 def _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, batch=SOAK_BATCH,
                requests=SOAK_REQUESTS, request_batch=SOAK_REQUEST_BATCH, checkpoints=SOAK_CHECKPOINTS, k=K,
-               templates=100_000) -> dict:
+               templates=100_000, seconds=SOAK_SECONDS) -> dict:
     """Random update batches (:class:`~.targeting_world.UpdateStream`) interleaved with requests
     on one pool: ``updates`` updates in batches of ``batch``, ``requests`` requests in calls of
     ``request_batch`` spread evenly between them. At ``checkpoints`` evenly spaced points the host
     index equals a rebuild of its rules, the device table equals a host mirror kept from the updates
     alone (every row word, bias, ad id), the table's ad ids equal the index's, and the last call's
     first and last requests equal the float64 oracle over the live eligible ads (fp32 math; the
-    CPU match on the host index), up to near-ties. One row: updates/s and requests/s over the run."""
+    CPU match on the host index), up to near-ties. A run past ``seconds`` stops at its next
+    checkpoint (the row says how far it got). One row: updates/s and requests/s over the run."""
     from ..device import launch
     from ..pipeline import PoolUpdate
     from ..targeting import RETIRE
@@ -417,7 +446,8 @@ def _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, 
     n_batches = max(1, updates // batch)
     calls_per_batch = max(1, requests // request_batch // n_batches)
     every = max(1, n_batches // checkpoints)
-    failures, passed, sampled, t_apply, t_req, served = [], 0, 0, 0.0, 0.0, 0
+    failures, passed, sampled, t_apply, t_req, t_check, served = [], 0, 0, 0.0, 0.0, 0.0, 0
+    start, done = time.perf_counter(), 0
     for i in range(n_batches):
         tb = stream.batch(batch)
         emb = (rng.standard_normal((batch, D)) * 0.5).astype(np.float32)
@@ -433,7 +463,9 @@ def _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, 
             outs = pool.retrieve([reqs[q] for q in pick], [profiles[q] for q in pick], k)
             t_req += time.perf_counter() - t0
             served += request_batch
-        if (i + 1) % every == 0 or i == n_batches - 1:
+        done = i + 1
+        if done % every == 0 or done == n_batches:
+            t0 = time.perf_counter()
             why = []
             try:
                 pool.index.index.assert_same(pool.index.index.rebuild())
@@ -450,18 +482,25 @@ def _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, 
                 if msg:
                     why.append(f"request {b}: {msg}")
             if why:
-                failures.append(f"after batch {i + 1}: " + "; ".join(why))
+                failures.append(f"after batch {done}: " + "; ".join(why))
             else:
                 passed += 1
+            t_check += time.perf_counter() - t0
+            _log(f"soak: {done * batch:,} updates ({t_apply:.1f}s in apply), {served:,} requests ({t_req:.1f}s), "
+                 f"checkpoint {passed + len(failures)} {'ok' if not why else 'FAILED'} ({t_check:.1f}s in checks)")
+            if time.perf_counter() - start > seconds and done < n_batches:
+                break
     n_checks = passed + len(failures)
     verified = (f"ok: {passed}/{n_checks} checkpoints (index = rebuild, device table = host mirror of the "
                 f"updates, table ids = index ids, {sampled} sampled requests = float64 oracle over the live ads)"
                 if not failures else "FAILED: " + " | ".join(failures[:3]))
-    total = n_batches * batch
-    r = _row(env, ceil, "pool_soak", n, batch, t_apply / n_batches, t_apply / n_batches, float("nan"), batch, 0,
+    total = done * batch
+    cut = (f"; stopped at the {seconds:.0f} s budget after {total:,} of {n_batches * batch:,} updates"
+           if done < n_batches else "")
+    r = _row(env, ceil, "pool_soak", n, batch, t_apply / done, t_apply / done, float("nan"), batch, 0,
              verified, notes=(f"{total:,} updates in batches of {batch:,} ({total / t_apply:,.0f} updates/s in apply), "
                               f"{served:,} requests in calls of {request_batch} ({served / t_req:,.0f} requests/s), "
-                              f"{n_checks} checkpoints; pool {n:,} -> {pool.n_ads:,} slots, fp32 math"))
+                              f"{n_checks} checkpoints; pool {n:,} -> {pool.n_ads:,} slots, fp32 math{cut}"))
     r.update(requests_per_s=f"{served / t_req:.6e}", achieved_TBps="", fraction_of_read_ceiling="", device_seconds="",
              bytes_per_item="", seconds_p99="", math=pool.config.math)
     return r
@@ -651,9 +690,8 @@ class Run(harness.Run):
             self.close()  # the pool grew past its world: the next case builds both again
             return rows
         if isinstance(case, SoakCase):
-            row = _soak_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
-            self.close()
-            return [row]
+            self.close()  # the soak builds its own world (with spare slots) and pool
+            return [_soak_run(self.env, self.ceil, case.n_ads)]
         self.pool = self.table = None  # the tiles table takes their place
         if self.tiles is None:
             self.tiles = gpu_table(self.n, D, "fp16", "tiles", seed=1)

@@ -33,12 +33,25 @@ def _soak(world, table, reqs, profiles, pool):
                         request_batch=4, checkpoints=2, k=8, templates=200)
 
 
+@pytest.mark.slow
 def test_soak_checks_pass_on_a_live_pool(soak_world):
+    """The soak's checks on a pool the creates grow (the bench's own soak world has spare slots)."""
     world, table, reqs, profiles = soak_world
     pool = Pool(table, world.dev, max_batch=4, max_k=8, config=anb.KernelConfig(math="fp32"))
     row = _soak(world, table, reqs, profiles, pool)
     assert row["variant"] == "pool_soak" and row["verified"].startswith("ok: 2/2 checkpoints"), row["verified"]
     assert pool.n_ads > 600  # the creates grew the pool once
+
+
+def test_the_soak_run_builds_a_pool_with_spare_slots(monkeypatch):
+    """The bench's own soak world: spare slots (no growth), a pool from a host table, its sizes."""
+    for name, value in (("SOAK_UPDATES", 120), ("SOAK_BATCH", 60), ("SOAK_REQUESTS", 8), ("SOAK_REQUEST_BATCH", 4),
+                        ("SOAK_CHECKPOINTS", 2), ("K", 8)):
+        monkeypatch.setattr(P, name, value)
+    env = {c: "" for c in harness.SCHEMA}
+    row = P._soak_run(env, harness.Ceilings(1.0, 1.0, 1.0), 500)
+    assert row["verified"].startswith("ok: 2/2 checkpoints"), row["verified"]
+    assert "pool 500 -> 620 slots" in row["notes"] and "stopped" not in row["notes"]
 
 
 def test_soak_finds_a_table_that_missed_an_update(soak_world, monkeypatch):
@@ -54,5 +67,8 @@ def test_soak_finds_a_table_that_missed_an_update(soak_world, monkeypatch):
         calls.append(1)
 
     monkeypatch.setattr(P._HostMirror, "follow", one_row_off)
-    row = _soak(world, table, reqs, profiles, pool)
+    env = {c: "" for c in harness.SCHEMA}
+    row = P._soak_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, 600, updates=240,
+                       batch=60, requests=16, request_batch=4, checkpoints=2, k=8, templates=200, seconds=0)
     assert row["verified"].startswith("FAILED") and "table != mirror: rows differ" in row["verified"]
+    assert "stopped at the 0 s budget after 120 of 240 updates" in row["notes"]  # the time budget ends a run
