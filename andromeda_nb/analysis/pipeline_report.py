@@ -3,8 +3,9 @@ from the rows of ``data/results/pipeline.csv`` (``python -m andromeda_nb.bench p
 
 Variants: ``retrieve`` (:meth:`~andromeda_nb.pipeline.Pool.retrieve` of ``batch`` requests),
 ``score_sparse`` (the device steps of one request after the match), ``match_eligible``,
-``score_topk`` (the whole pool), ``retrieve_open_loop`` (requests at a set rate) and the launch
-overheads ``launch_numba_dispatch`` / ``launch_bound``. Wall times are the public call's, warm;
+``score_topk`` (the whole pool), ``retrieve_open_loop`` (requests at a set rate), the launch
+overheads ``launch_numba_dispatch`` / ``launch_bound``, and the live pool's ``pool_apply`` and
+``pool_soak``. Wall times are the public call's, warm;
 ``device_seconds`` is the summed device time of the same calls' own work.
 """
 
@@ -242,6 +243,18 @@ def headline_metrics(rows: pd.DataFrame) -> dict:
     return out
 
 
+def soak_line(rows: pd.DataFrame) -> str:
+    """The newest soak (``pool_soak``: updates interleaved with requests, checked at checkpoints),
+    passed or not, as one finding; '' when none is committed."""
+    soak = rows[rows["variant"] == "pool_soak"]
+    if soak.empty:
+        return ""
+    r = soak.sort_values("timestamp").iloc[-1]
+    verdict = "nothing lost" if r["ok"] else "**a mismatch**"
+    return (f"- Live pool soak ({r['device']}, commit `{r['commit']}`, {int(r['n_ads']):,} ads): {verdict}. "
+            f"{r['notes']}. Checks: {r['verified']}")
+
+
 def findings(rows: pd.DataFrame) -> str:
     """What the newest run shows against the request path's targets, in numbers."""
     m = headline_metrics(rows)
@@ -272,6 +285,9 @@ def findings(rows: pd.DataFrame) -> str:
         f = m["score_topk_1e8_device_over_wall"]
         lines.append(f"- `score_topk` over the whole pool: the public call runs at {f:.2f} of its kernels' rate "
                      f"(target {TARGET_SCORE_TOPK_RATE}: {met(f >= TARGET_SCORE_TOPK_RATE)}).")
+    soak = soak_line(rows)
+    if soak:
+        lines.append(soak)
     applied = sorted((int(k.split("batch")[1].split("_")[0]), v) for k, v in m.items() if k.startswith("pool_apply"))
     if applied:
         best = max(v for _, v in applied)
