@@ -13,6 +13,8 @@ at least 50 calls, beside ``device_seconds``, the summed device time of the call
                         (up to ``max_batch``); latency from arrival to answer, p50 and p99
     launch_*            host seconds of one launch: Numba's dispatch and a bound launch
     pool_apply          Pool.apply of a batch of ``batch`` random updates (creates, changes, retires)
+    retrieve_alone / retrieve_during_updates
+                        one request a call, alone and while update batches arrive at 100 K/s
     pool_soak           10^6 updates interleaved with 10^4 requests, checked at 10 checkpoints (index =
                         rebuild, table = a host mirror of the updates, sampled answers = float64 oracle)
 
@@ -21,8 +23,8 @@ set and the top-k of the kernel's own scores (exact ids, order and scores).
 
 Phases (``--phases``; default all): ``retrieve`` (a case a batch size), ``match`` (no case of its
 own: ``match_eligible`` comes with retrieve's batch-1 case), ``launch``, ``open_loop`` (the largest
-pool only), ``score_topk``, ``fp16``, ``apply`` and ``soak`` (pools up to 10^7, each size's last cases: they
-grow the pool); run pool
+pool only), ``score_topk``, ``fp16``, ``during``, ``apply`` and ``soak`` (pools up to 10^7, each size's last
+cases: they grow the pool); run pool
 size by pool size (10^7, 10^8, those up to ``--n-ads``).
 ``--quick``: the largest pool, retrieve at batches 1, 8, 32, without the diagnostics.
 """
@@ -49,6 +51,9 @@ OPEN_LOOP_REQUESTS = 3000
 APPLY_BATCHES = ((1_000, 20), (10_000, 10), (100_000, 5))
 #: the largest pool the apply rows run on (a first batch doubles the pool's slots)
 APPLY_MAX_ADS = 10 ** 7
+#: the request latency during updates (:func:`_during_rows`, on the 10^7-ad pool): updates offered
+#: a second, their batch, timed requests
+DURING_RATE, DURING_BATCH, DURING_CALLS = 100_000, 1_000, 200
 #: the soak (:func:`_soak_rows`, on the 10^7-ad pool): updates, their batch, requests, their call
 #: size and the checkpoints
 SOAK_UPDATES, SOAK_BATCH, SOAK_REQUESTS, SOAK_REQUEST_BATCH, SOAK_CHECKPOINTS = 10 ** 6, 10_000, 10 ** 4, 25, 10
@@ -74,7 +79,7 @@ def _row(env, ceil, variant, n, batch, wall, p99, device, items, bytes_per_item,
     return r
 
 
-def _verify(pool, world, reqs, profiles, outs) -> str:
+def _verify(pool, world, reqs, profiles, outs, k: int = K) -> str:
     """Sampled requests (the first, middle and last of the batch) against the reference: CPU match,
     the kernel's own scores, exact top-k."""
     from .. import reference
@@ -88,7 +93,7 @@ def _verify(pool, world, reqs, profiles, outs) -> str:
         words, count = match_cpu(world.index, profiles[b])
         elig = mask_from_bits(words, world.n)
         scores = score_ads(reqs[b], pool.table, config=pool.config).copy_to_host()
-        want = reference.topk(scores, K, ids=pool.table.host_ad_ids, eligible=elig)
+        want = reference.topk(scores, k, ids=pool.table.host_ad_ids, eligible=elig)
         ok = (np.array_equal(outs[b].ids, want.ids) and np.array_equal(outs[b].scores, want.scores)
               and outs[b].n_eligible == count == elig.sum())
         bad += not ok
@@ -329,6 +334,72 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
                  bytes_per_item="")
         out.append(r)
     return out
+
+
+def _during_rows(env, ceil, world, pool, reqs, profiles, n, rate=DURING_RATE, calls=DURING_CALLS,
+                 batch=DURING_BATCH, k=K) -> list[dict]:
+    """One request at a time (``calls`` calls of Pool.retrieve, batch 1), first alone, then while
+    update batches of ``batch`` random ops arrive at ``rate`` updates/s (generated beforehand):
+    before each request the loop applies the next batch if it has arrived (at most one: updates
+    and requests interleave, a backlog does not starve the requests), and the request's latency is
+    its own call (the batch's device work precedes it in stream order). When apply cannot keep up,
+    a batch precedes every request and the row reports the rate achieved. Answers: the last call's,
+    against the reference."""
+    from ..device import launch
+    from ..pipeline import PoolUpdate
+    from ..targeting import RETIRE
+    from .targeting_world import UpdateStream
+
+    cuda = launch.cuda()
+    stream = UpdateStream(world, seed=53, n_templates=min(100_000, n))
+    rng = np.random.default_rng(59)
+
+    def update():
+        tb = stream.batch(batch)
+        emb = (rng.standard_normal((batch, D)) * 0.5).astype(np.float32)
+        return PoolUpdate(tb, emb, rng.standard_normal(batch).astype(np.float32), tb.ops != RETIRE).checked()
+
+    pool.apply(update())  # warm (a first batch may grow the pool: the world has no spare slots)
+    for q in range(3):
+        pool.retrieve(reqs[q], profiles[q], k)
+    cuda.synchronize()
+    alone = _timed(lambda: pool.retrieve(reqs[0], profiles[0], k), calls)
+    pending = [update() for _ in range(calls)]  # at most one a request, made outside the timing
+    lat, applied, t_apply = [], 0, 0.0
+    t0 = time.perf_counter()
+    for c in range(calls):
+        if int(rate * (time.perf_counter() - t0)) // batch > applied:  # the next batch has arrived
+            ta = time.perf_counter()
+            pool.apply(pending[applied])
+            t_apply += time.perf_counter() - ta
+            applied += 1
+        q = c % len(reqs)
+        tr = time.perf_counter()
+        out = pool.retrieve(reqs[q], profiles[q], k)
+        lat.append(time.perf_counter() - tr)
+    elapsed = time.perf_counter() - t0
+    verified = _verify(pool, _IndexView(pool), [reqs[q]], [profiles[q]], [out], k)
+    achieved = applied * batch / elapsed
+    rows = []
+    for variant, xs in (("retrieve_alone", alone), ("retrieve_during_updates", lat)):
+        p50, p99 = _quantiles(xs)
+        notes = ("one request a call, no updates" if variant == "retrieve_alone" else
+                 f"updates offered at {rate:,.0f}/s in batches of {batch:,}, applied {achieved:,.0f}/s "
+                 f"({applied * batch:,} in {elapsed:.2f} s; {t_apply:.2f} s of it in apply); latency = the "
+                 f"retrieve call alone; p50 {p50 / _quantiles(alone)[0]:.2f}x, p99 "
+                 f"{p99 / _quantiles(alone)[1]:.2f}x the latency alone")
+        r = _row(env, ceil, variant, n, 1, p50, p99, float("nan"), 1, 0, verified, access="bitset", notes=notes)
+        r.update(items_per_s="", achieved_TBps="", fraction_of_read_ceiling="", device_seconds="",
+                 bytes_per_item="", math=pool.config.math)
+        rows.append(r)
+    return rows
+
+
+class _IndexView:
+    """What :func:`_verify` reads of a world, from a pool that has taken updates: its host index."""
+
+    def __init__(self, pool):
+        self.index, self.dev, self.n = pool.index.index, pool.index, pool.n_ads
 
 
 class _HostMirror:
@@ -596,6 +667,19 @@ class ApplyCase(harness.Case):
 
 
 @dataclass(frozen=True)
+class DuringCase(harness.Case):
+    """One request at a time alone, then while updates arrive (:func:`_during_rows`); pools up to
+    :data:`APPLY_MAX_ADS`, after the other cases of its size (its updates grow the pool)."""
+
+    n_ads: int | None = None
+    access: str = "bitset"
+    math: str = "fp16"
+
+    def variants(self) -> tuple[str, ...]:
+        return ("retrieve_alone", "retrieve_during_updates")
+
+
+@dataclass(frozen=True)
 class SoakCase(harness.Case):
     """Updates interleaved with requests, checked at checkpoints (:func:`_soak_rows`); pools up to
     :data:`APPLY_MAX_ADS`, after the apply case (it too grows its pool), fp32 math (the float64
@@ -631,6 +715,7 @@ PHASES = {
     "fp16": (*(RetrieveCase(B, diagnostics=False, math="fp16") for B in (1, 32)),
              *(RetrieveCase(B, diagnostics=False, math="fp16", profile_batch=True) for B in (1, 32)),
              ScoreTopkCase(math="fp16")),
+    "during": (DuringCase(),),
     "apply": (ApplyCase(),),
     "soak": (SoakCase(),),
 }
@@ -650,7 +735,7 @@ def cases(options: harness.Options) -> dict:
         out[phase] = tuple(replace(c, n_ads=n) for n in sizes for c in declared
                            if not (options.quick and phase not in ("retrieve", "fp16"))
                            and not (getattr(c, "largest_only", False) and n != sizes[-1])
-                           and not (isinstance(c, (ApplyCase, SoakCase)) and n > APPLY_MAX_ADS))
+                           and not (isinstance(c, (ApplyCase, SoakCase, DuringCase)) and n > APPLY_MAX_ADS))
     return out
 
 
@@ -688,6 +773,10 @@ class Run(harness.Run):
             rows = _apply_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,
                                self.options.out)
             self.close()  # the pool grew past its world: the next case builds both again
+            return rows
+        if isinstance(case, DuringCase):
+            rows = _during_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
+            self.close()  # the updates moved the pool past its world
             return rows
         if isinstance(case, SoakCase):
             self.close()  # the soak builds its own world (with spare slots) and pool

@@ -72,3 +72,17 @@ def test_soak_finds_a_table_that_missed_an_update(soak_world, monkeypatch):
                        batch=60, requests=16, request_batch=4, checkpoints=2, k=8, templates=200, seconds=0)
     assert row["verified"].startswith("FAILED") and "table != mirror: rows differ" in row["verified"]
     assert "stopped at the 0 s budget after 120 of 240 updates" in row["notes"]  # the time budget ends a run
+
+
+@pytest.mark.slow
+def test_requests_during_updates_rows(soak_world):
+    """The during phase on a tiny world: two rows, the answers checked after the updates, the
+    update rate it reached stated."""
+    world, table, reqs, profiles = soak_world
+    pool = Pool(table, world.dev, max_batch=4, max_k=8)
+    env = {c: "" for c in harness.SCHEMA}
+    rows = P._during_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, 600, rate=1e6,
+                          calls=4, batch=30, k=8)
+    assert [r["variant"] for r in rows] == ["retrieve_alone", "retrieve_during_updates"]
+    assert all(r["verified"].startswith("ok") for r in rows), rows[0]["verified"]
+    assert "applied" in rows[1]["notes"] and pool.n_ads > 600
