@@ -140,6 +140,37 @@ def peers(table: pd.DataFrame, run: str | None, source_path: str, d: int, dtype:
     return fig
 
 
+def frontier(table: pd.DataFrame, run: str | None, source_path: str):
+    """:func:`.scoring_report.frontier`: gated / dot time against the model's FLOPs per ad, a
+    marker per (E, K), a line per math mode and d, the limit dashed."""
+    import matplotlib.pyplot as plt
+
+    from .scoring_report import FRONTIER_LIMIT
+
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    if run is None:
+        plots.no_data(ax, "no committed run measured the frontier (bench scoring --phases frontier)")
+        return fig
+    styles = {"fp16": "-", "fp32": ":"}
+    for i, ((math, d), g) in enumerate(table.groupby(["math", "d"], sort=True)):
+        g = g.sort_values("flops_per_ad")
+        color = f"C{sorted(table['d'].unique()).index(d)}"
+        ax.plot(g["flops_per_ad"], g["time_over_dot"], styles.get(math, "--"), marker="o", color=color,
+                label=f"{math} math, d = {d}")
+        for r in g.itertuples():
+            ax.annotate(f"E{r.experts}K{r.k_experts}", (r.flops_per_ad, r.time_over_dot), xytext=(3, 3),
+                        textcoords="offset points", fontsize="x-small")
+    ax.axhline(FRONTIER_LIMIT, color="0.4", ls="--", lw=1)
+    ax.text(0.99, FRONTIER_LIMIT, f"free up to {FRONTIER_LIMIT:.2f} x the dot product ", transform=ax.get_yaxis_transform(),
+            ha="right", va="top", fontsize="small", color="0.3")
+    ax.set_ylim(bottom=min(0.95, float(table["time_over_dot"].min()) - 0.05))
+    ax.set(xscale="log", xlabel="model FLOPs per ad (gated: encode + gate + K value dots)",
+           ylabel="time over the dot product's (same d, run)", title="How large may the model grow? (scores to memory)")
+    ax.legend(fontsize="small")
+    plots.source_note(fig, results.provenance(table, source_path))
+    return fig
+
+
 def roofline(rows: pd.DataFrame, source: str):
     """:func:`.results.roofline` of every verified scoring variant without a regression flag."""
     import matplotlib.pyplot as plt

@@ -381,6 +381,74 @@ def peers_summary(table: pd.DataFrame, run: str | None) -> str:
     return " ".join(parts)
 
 
+#: the frontier's limit: a model is "free" while it takes at most this times the dot product's time
+FRONTIER_LIMIT = 1.10
+
+
+def frontier(rows: pd.DataFrame, dtype: str = "fp16") -> tuple[pd.DataFrame, str | None]:
+    """How large the gated model may grow (the scoring suite's ``frontier`` phase): in the run with
+    the most gated scores-to-memory rows on the pool (``tiles``) across shapes and math modes, per
+    row its math, d, E, K, FLOPs per ad (:func:`gated_multiply_adds` x 2), G ads/s and time over
+    the dot product of the same d and run, and whether it stays within :data:`FRONTIER_LIMIT`.
+    Returns (table, commit), or an empty table and None without such a run."""
+    cols = ["math", "d", "experts", "k_experts", "flops_per_ad", "G_ads_per_s", "time_over_dot", "free", "device",
+            "commit"]
+    ok = rows[rows["ok"] & ~rows["regression_flag"] & (rows["dtype"] == dtype) & (rows["layout"] == "tiles")
+              & (rows["access"] == "pool")]
+    gated = ok[ok["variant"] == "gated_scores_to_memory"]
+    if gated.empty:
+        return pd.DataFrame(columns=cols), None
+    shapes = gated.groupby("commit").apply(lambda g: len(g.drop_duplicates(["math", "d", "experts", "k_experts"])),
+                                           include_groups=False)
+    commit = shapes.sort_values(kind="stable").index[-1]
+    if shapes[commit] < 2:
+        return pd.DataFrame(columns=cols), None
+    run = ok[ok["commit"] == commit]
+    dots = run[run["variant"] == "dot_scores_to_memory"].groupby("d")["items_per_s"].max()
+    best = (gated[gated["commit"] == commit].sort_values("items_per_s")
+            .drop_duplicates(["math", "d", "experts", "k_experts"], keep="last"))
+    out = []
+    for r in best.itertuples():
+        if r.d not in dots.index:
+            continue
+        d, E, K = int(r.d), int(r.experts), int(r.k_experts)
+        over = float(dots[r.d] / r.items_per_s)
+        out.append({"math": r.math, "d": d, "experts": E, "k_experts": K,
+                    "flops_per_ad": 2 * gated_multiply_adds(d, E, K), "G_ads_per_s": r.items_per_s / 1e9,
+                    "time_over_dot": over, "free": over <= FRONTIER_LIMIT, "device": r.device, "commit": commit})
+    table = pd.DataFrame(out, columns=cols).sort_values(["math", "d", "flops_per_ad"], ignore_index=True)
+    return table, commit
+
+
+def frontier_metrics(table: pd.DataFrame) -> dict[str, float]:
+    """``frontier_<math>_d<d>_largest_free_flops``: per math mode and d of :func:`frontier`, the
+    most FLOPs per ad of a model within the limit (0 where none is)."""
+    out = {}
+    for (math, d), g in table.groupby(["math", "d"]):
+        free = g[g["free"]]
+        out[f"frontier_{math}_d{d}_largest_free_flops"] = float(free["flops_per_ad"].max()) if len(free) else 0.0
+    return out
+
+
+def frontier_summary(table: pd.DataFrame, run: str | None) -> str:
+    """The frontier in sentences quoting :func:`frontier`'s table (markdown)."""
+    if run is None:
+        return ("No committed run measured the frontier (`python -m andromeda_nb.bench scoring --phases frontier` "
+                "on a GPU).")
+    parts = []
+    for (math, d), g in table.groupby(["math", "d"], sort=True):
+        free = g[g["free"]]
+        if free.empty:
+            parts.append(f"{math} math, d = {d}: no measured shape is free (the cheapest takes "
+                         f"{g['time_over_dot'].min():.3f}x the dot product's time)")
+        else:
+            top = free.sort_values("flops_per_ad").iloc[-1]
+            parts.append(f"{math} math, d = {d}: up to E = {top.experts}, K = {top.k_experts} "
+                         f"({top.flops_per_ad:,.0f} FLOPs an ad, {top.time_over_dot:.3f}x)")
+    return (f"In run `{_short(run)}` (a model is free while it takes at most {FRONTIER_LIMIT:.2f}x the dot "
+            "product's time): " + "; ".join(parts) + ".")
+
+
 def bitset_metrics(savings: pd.DataFrame) -> dict[str, float]:
     """``bitset_<fraction>_best_of_fastest_pool_time``: per eligible fraction of
     :func:`bitset_savings`, the best run's device time over its fastest full pool."""

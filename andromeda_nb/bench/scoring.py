@@ -35,6 +35,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
              per-op on bitsets
     peers  : a Triton kernel of the gated model (over its tuning grid), torch.compile and eager
              PyTorch (:mod:`.peers`), beside the fused kernel and the dot product, same tables
+    frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
+             fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
 
 Columns of every row: ``path`` ("block": the fused block top-K, "filter": the seeded filter path,
 empty for scores to memory), ``math`` (fp32: every product and sum), ``layout``.
@@ -192,6 +194,10 @@ def in_math(case: ScoringCase, math: str) -> ScoringCase:
 
 #: the E / K / d of the math phase: the source's headline model and the two the issue's targets name
 MATH_MODELS = ((64, 6, 2), (64, 8, 4), (128, 6, 2))
+#: the frontier phase (how large may the model grow): every (E, K) at every d, in both math modes,
+#: beside the dot product of the same d, scores to memory, one run
+FRONTIER_D = (32, 64, 128)
+FRONTIER_EK = ((1, 1), (2, 1), (4, 2), (6, 2), (8, 2), (8, 4))
 
 #: phase -> cases, in run order
 PHASES = {
@@ -280,6 +286,11 @@ PHASES = {
         in_math(scores("dot", layout="rows"), "fp32"),
         in_math(scores("gated"), "fp16"), in_math(scores("gated"), "fp32"), in_math(scores("dot"), "fp32"),
         in_math(fused("gated", path="filter"), "fp16"), in_math(fused("dot", path="filter"), "fp32")),
+    # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
+    "frontier": (
+        *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),
+        *(in_math(scores("gated", d=d, E=E, K=K), m) for m in ("fp16", "fp32") for d in FRONTIER_D
+          for E, K in FRONTIER_EK)),
     "access": (
         *(fused("gated", layout=lay, access=a, frac=f) for lay in ("rows", "tiles")
           for a, f in (("bitset", 0.5), ("bitset", 0.1), ("bitset", 0.01), ("candidates", 0.1), ("candidates", 0.01))),

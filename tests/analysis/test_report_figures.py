@@ -25,6 +25,7 @@ def scoring_figures_():
             scoring_figures.complexity(scoring_report.complexity_sweep(m.rows, d, dt),
                                        scoring_report.by_d_and_dtype(m.rows, E, K), m.read_TBps, m.source, d, dt, E, K),
             scoring_figures.fusion_cost(fuse, run, m.path, d, dt),
+            scoring_figures.frontier(*scoring_report.frontier(m.rows, dt), m.path),
             scoring_figures.roofline(m.rows, m.source)]
 
 

@@ -268,3 +268,31 @@ def test_peers_table_takes_the_latest_triton_run_and_its_best_points():
     empty, none = SR.peers(rows[rows["variant"] != "triton_gated_scores_to_memory"], 64, "fp16", 6, 2)
     assert empty.empty and none is None and SR.peers_metrics(empty) == {}
     assert "No committed run" in SR.peers_summary(empty, none)
+
+
+def test_frontier_takes_the_run_with_most_shapes_and_marks_the_free_models():
+    """The frontier: the run with the most gated scores-to-memory shapes; each shape's time over the
+    dot product of its own d in that run; free at <= 1.10; failed rows and other runs never count."""
+    dot = dict(experts=np.nan, k_experts=np.nan)
+    rows = _frame(_row("dot_scores_to_memory", 30e9, **dot), _row("dot_scores_to_memory", 16e9, d=128, **dot),
+                  _row("dot_scores_to_memory", 99e9, commit="old", **dot),
+                  _row("gated_scores_to_memory", 28e9, math="fp16"),  # 30 / 28 = 1.07: free
+                  _row("gated_scores_to_memory", 20e9, math="fp16", experts=8, k_experts=4),  # 1.5
+                  _row("gated_scores_to_memory", 15e9, math="fp16", d=128),  # 16 / 15 = 1.067: free
+                  _row("gated_scores_to_memory", 29.9e9, math="fp16", experts=8, k_experts=4, ok=False),
+                  _row("gated_scores_to_memory", 20e9),  # fp32 math: 1.5
+                  _row("gated_scores_to_memory", 29e9, commit="old", math="fp16"))
+    table, run = SR.frontier(rows)
+    assert run == "c1"
+    got = {(r.math, r.d, r.experts, r.k_experts): (round(r.time_over_dot, 3), r.free) for r in table.itertuples()}
+    assert got == {("fp16", 64, 6, 2): (1.071, True), ("fp16", 64, 8, 4): (1.5, False),
+                   ("fp16", 128, 6, 2): (1.067, True), ("fp32", 64, 6, 2): (1.5, False)}
+    assert table.set_index(["math", "d", "experts"]).loc[("fp16", 64, 8), "flops_per_ad"] == 2 * (128 + 512 + 256)
+    m = SR.frontier_metrics(table)
+    assert m == {"frontier_fp16_d64_largest_free_flops": 1280.0, "frontier_fp16_d128_largest_free_flops": 2560.0,
+                 "frontier_fp32_d64_largest_free_flops": 0.0}
+    text = SR.frontier_summary(table, run)
+    assert "fp16 math, d = 64: up to E = 6, K = 2 (1,280 FLOPs an ad, 1.071x)" in text
+    assert "fp32 math, d = 64: no measured shape is free (the cheapest takes 1.500x" in text
+    assert SR.frontier(rows[rows["variant"] != "gated_scores_to_memory"])[1] is None
+    assert "No committed run" in SR.frontier_summary(*SR.frontier(rows.iloc[:3]))

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.browser
 #: The figures each notebook shows and exports (tests/runner/test_notebooks.py lists all of them).
 FIGURES = {
     "01_quickstart": ["quickstart_recall"],
-    "02_scoring": ["scoring_byte_budget", "scoring_network_bytes", "scoring_complexity", "scoring_peers", "scoring_fusion_cost",
+    "02_scoring": ["scoring_byte_budget", "scoring_network_bytes", "scoring_complexity", "scoring_peers", "scoring_frontier", "scoring_fusion_cost",
                    "scoring_roofline"],
 }
 #: The notebooks whose cells draw a tqdm.auto progress bar.

@@ -25,7 +25,7 @@ MAX_LOGIC_LINES = 40
 #: The figures each notebook writes (PNG and SVG).
 FIGURES = {
     "01_quickstart": ["quickstart_recall"],
-    "02_scoring": ["scoring_byte_budget", "scoring_network_bytes", "scoring_complexity", "scoring_peers", "scoring_fusion_cost",
+    "02_scoring": ["scoring_byte_budget", "scoring_network_bytes", "scoring_complexity", "scoring_peers", "scoring_frontier", "scoring_fusion_cost",
                    "scoring_roofline"],
     "03_topk": ["topk_throughput", "topk_stages", "topk_scaling"],
     "04_targeting": ["targeting_byte_model", "targeting_throughput", "targeting_gpu_vs_cpu", "targeting_updates",
