@@ -134,13 +134,19 @@ def eval_rows(data, n_users, seed: int = 0) -> np.ndarray:
 
 
 def _topk_rows(scores: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
-    """Slots of the top-k eligible scores per row (ties: lower slot), pads -1."""
-    import torch
-
-    s = torch.as_tensor(np.where(mask, scores, -np.inf).astype(np.float32))
-    vals, idx = torch.topk(s, min(k, s.shape[1]), dim=1, sorted=True)
+    """Slots of the top-k eligible scores per row, ties to the lower slot (integer scores such as
+    click counts tie often), pads -1 (fewer than k eligible)."""
+    s = np.where(mask, scores, -np.inf).astype(np.float32)
+    n = s.shape[1]
     out = np.full((s.shape[0], k), -1, np.int64)
-    out[:, : idx.shape[1]] = np.where(np.isfinite(vals.numpy()), idx.numpy(), -1)
+    if n == 0 or k == 0:
+        return out
+    kk = min(k, n)
+    kth = np.partition(s, n - kk, axis=1)[:, n - kk]  # each row's kk-th largest score
+    for i in range(s.shape[0]):
+        cand = np.flatnonzero((s[i] >= kth[i]) & np.isfinite(s[i]))  # ascending slots
+        top = cand[np.argsort(-s[i, cand], kind="stable")][:kk]
+        out[i, : top.size] = top
     return out
 
 
@@ -275,6 +281,48 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
                 rows_out.append(_row(data.name, "true_model", "", "", "", "", "", metric, v,
                                      **{**meta, "scorer": "ground_truth"}))
     return pd.DataFrame(rows_out, columns=COLUMNS), trained
+
+
+# ---------------------------------------------------------------------------------------------
+# standard baselines
+
+
+def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, progress: bool = True) -> pd.DataFrame:
+    """The standard baselines (:mod:`~andromeda_nb.training.baselines`) on ``data``: each tuned on
+    the validation split of the training part (the evaluated users' last training clicks), then
+    refit on every training click and scored on the held-out clicks of the same users as the
+    project's models, with targeting (``recall@k``) and without (``recall@k_untargeted``). Seeded
+    baselines (ALS, BPR) run once per seed, the others once (seed 0). Rows: ``experiment =
+    "baselines"``, ``model = "baseline_<name>"``, ``scorer`` = library, model and tuned point, plus
+    ``validation_recall@100`` of that point."""
+    from ..training import baselines as B
+
+    preset = PRESETS[preset] if isinstance(preset, str) else preset
+    seeds = preset.seeds if seeds is None else tuple(seeds)
+    names = B.BASELINES if names is None else tuple(names)
+    rows = eval_rows(data, preset.eval_users.get(data.name), seed=0)
+    ks = KS[data.name]
+    meta = dict(commit=git_commit(), device=device_name("cpu"), experiment="baselines", preset=preset.name,
+                n_users=int(rows.size))
+    out = []
+    for name in names:
+        if name == "ease" and data.n_ads > B.EASE_MAX_ITEMS:
+            if progress:
+                print(f"{data.name}: ease skipped ({data.n_ads:,} items > {B.EASE_MAX_ITEMS:,})", flush=True)
+            continue
+        best, trials = B.tune(name, data, rows, seed=0)
+        val = max(v for _, v in trials)
+        scorer = B.describe(name, best)
+        d = best.get("factors", "")
+        for seed in (seeds if name in B.SEEDED else (0,)):
+            for metric, v in B.evaluate(name, best, data, rows, ks, seed=seed).items():
+                out.append(_row(data.name, f"baseline_{name}", "", "", "fp32", d, seed, metric, v, scorer=scorer,
+                                **meta))
+            out.append(_row(data.name, f"baseline_{name}", "", "", "fp32", d, seed, "validation_recall@100", val,
+                            scorer=scorer, **meta))
+        if progress:
+            print(f"{data.name}: {scorer}: validation recall@100 {val:.3f} ({len(trials)} grid points)", flush=True)
+    return pd.DataFrame(out, columns=COLUMNS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,20 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--compute-only", action="store_true",
                     help="only refresh the compute-per-ad rows (FLOPs, bytes, kernel ads/s from --scoring-csv); no training")
+    ap.add_argument("--baselines", nargs="*", default=None, metavar="NAME",
+                    help="only the standard baselines (all, or those named: most_popular itemknn_cosine itemknn_bm25 "
+                         "als bpr ease), tuned on the training part's validation split; CPU (the implicit library)")
     args = ap.parse_args(argv)
+    if args.baselines is not None:
+        from pathlib import Path
+
+        from ..analysis.quality import load_data, run_baselines, write_rows
+
+        for ds in args.datasets:
+            frame = run_baselines(load_data(ds, args.preset, data_dir=args.data_dir), args.preset, seeds=args.seeds,
+                                  names=args.baselines or None, progress=not args.no_progress)
+            print(f"{ds}: {len(frame)} rows to {write_rows(frame, Path(args.out) / 'quality.csv')}")
+        return 0
     if args.compute_only:
         path = refresh_compute(args.preset, args.out, datasets=args.datasets, scoring_csv=args.scoring_csv)
         print(f"compute rows refreshed in {path}")

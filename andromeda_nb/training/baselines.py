@@ -1,0 +1,201 @@
+"""Standard retrieval baselines on exactly the quality experiment's split, candidates and metric.
+
+Why: a mixture that trails a tuned ALS says more about the training than about the idea; the
+project's models only mean something beside the standard methods, tuned as carefully, on the same
+data. Every baseline here
+
+- fits on the training clicks of :class:`~andromeda_nb.training.data.InteractionData` (each user's
+  clicks before the held-out ones; a binary user x item matrix);
+- is tuned on a **validation split carved from the training part only**: each evaluated user's last
+  training click is held back, the model fits on the rest, and the grid point with the best mean
+  validation recall@100 (targeting applied, the remaining training clicks excluded) wins; the held-out
+  clicks are never read while tuning;
+- is refit with that point on every training click and scored like the project's models: recall@k
+  of the held-out clicks over the eligible ads (targeting applied, training clicks excluded), and
+  without targeting (every ad but the training clicks).
+
+Models: ``most_popular`` (training click counts), ``itemknn_cosine`` and ``itemknn_bm25`` (item
+neighbourhoods of :mod:`implicit.nearest_neighbours`), ``als`` (:mod:`implicit.als`, Hu et al. 2008),
+``bpr`` (:mod:`implicit.bpr`, Rendle et al. 2009) and ``ease`` (Steck 2019, closed form; dense item x
+item, so only up to :data:`EASE_MAX_ITEMS` items). The ``implicit`` library is the ``train`` extra.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+BASELINES = ("most_popular", "itemknn_cosine", "itemknn_bm25", "als", "bpr", "ease")
+#: the grid each baseline is tuned over (the same tuning rule for all: best validation recall@100)
+GRIDS = {
+    "most_popular": ({},),
+    "itemknn_cosine": tuple({"K": k} for k in (10, 20, 50, 100, 200, 400)),
+    "itemknn_bm25": tuple({"K": k, "K1": k1, "B": b} for k in (20, 50, 100, 200, 400) for k1 in (0.6, 1.2)
+                          for b in (0.5, 0.75, 1.0)),
+    "als": tuple({"factors": f, "regularization": r, "alpha": a, "iterations": 20}
+                 for f in (16, 32, 64, 128) for r in (0.01, 0.1, 1.0) for a in (1.0, 5.0, 20.0)),
+    "bpr": tuple({"factors": f, "learning_rate": lr, "regularization": r, "iterations": 200}
+                 for f in (32, 64, 128) for lr in (0.01, 0.05) for r in (0.001, 0.01)),
+    "ease": tuple({"l2": l2} for l2 in (10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 3000.0)),
+}
+#: baselines with a random start (fit once per seed; the others are deterministic)
+SEEDED = ("als", "bpr")
+#: EASE inverts a dense item x item matrix: 20,000 items is 3.2 GB in float64
+EASE_MAX_ITEMS = 20_000
+TUNE_METRIC_K = 100
+#: users scored at once (a dense users x items block of float32 each)
+CHUNK = 256
+
+
+@dataclass
+class Fitted:
+    """A baseline fitted on a user x item matrix: ``scores(rows)`` gives ``[len(rows), n_items]``."""
+
+    name: str
+    params: dict
+    user_items: object  # scipy.sparse.csr_matrix, binary
+    item_vectors: np.ndarray | None = None  # factor models: [n_items, f]
+    user_vectors: np.ndarray | None = None  # [n_users, f]
+    item_item: object = None  # neighbourhood / EASE: [n_items, n_items] (sparse or dense)
+    popularity: np.ndarray | None = None
+
+    def scores(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, np.int64)
+        if self.popularity is not None:
+            return np.broadcast_to(self.popularity.astype(np.float32), (rows.size, self.popularity.size)).copy()
+        if self.item_vectors is not None:
+            return (self.user_vectors[rows] @ self.item_vectors.T).astype(np.float32)
+        x = self.user_items[rows]
+        out = x @ self.item_item
+        out = out.toarray() if hasattr(out, "toarray") else np.asarray(out)
+        return out.astype(np.float32)
+
+
+def user_items(data, exclude_last: bool = False):
+    """The training clicks as a binary csr ``[n_users, n_items]``; ``exclude_last`` drops each user's
+    last training click (the validation split), returned as ``(matrix, last)`` with ``last[row]`` the
+    dropped slot (-1 for a user with fewer than two clicks, who keeps every click)."""
+    from scipy.sparse import csr_matrix
+
+    rows, t = data.events()
+    items = data.seq[rows, t]
+    last = np.full(data.n_users, -1, np.int64)
+    if exclude_last:
+        final = t == data.seq_len[rows] - 1
+        drop = final & (data.seq_len[rows] >= 2)
+        last[rows[drop]] = items[drop]
+        rows, items = rows[~drop], items[~drop]
+    m = csr_matrix((np.ones(rows.size, np.float32), (rows, items)), shape=(data.n_users, data.n_ads))
+    m.sum_duplicates()
+    m.data[:] = 1.0
+    return (m, last) if exclude_last else m
+
+
+def fit(name: str, X, params: dict, seed: int = 0) -> Fitted:
+    """Fit baseline ``name`` with ``params`` on the binary user x item csr ``X``."""
+    if name == "most_popular":
+        return Fitted(name, params, X, popularity=np.asarray(X.sum(axis=0)).ravel())
+    if name == "ease":
+        if X.shape[1] > EASE_MAX_ITEMS:
+            raise ValueError(f"EASE needs a dense {X.shape[1]:,} x {X.shape[1]:,} inverse (at most "
+                             f"{EASE_MAX_ITEMS:,} items)")
+        G = (X.T @ X).toarray().astype(np.float64)
+        G[np.diag_indices_from(G)] += params["l2"]
+        P = np.linalg.inv(G)
+        B = -P / np.diag(P)[None, :]
+        B[np.diag_indices_from(B)] = 0.0
+        return Fitted(name, params, X, item_item=B.astype(np.float32))
+    from implicit.nearest_neighbours import BM25Recommender, CosineRecommender
+
+    from implicit.cpu.als import AlternatingLeastSquares
+    from implicit.cpu.bpr import BayesianPersonalizedRanking
+    from threadpoolctl import threadpool_limits
+
+    # implicit's own threads do the work: a threaded BLAS under them slows it (one thread here)
+    with threadpool_limits(limits=1, user_api="blas"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*expects CSR input.*")  # its internal transpose
+        if name in ("itemknn_cosine", "itemknn_bm25"):
+            model = (CosineRecommender(K=params["K"]) if name == "itemknn_cosine"
+                     else BM25Recommender(K=params["K"], K1=params["K1"], B=params["B"]))
+            model.fit(X, show_progress=False)
+            return Fitted(name, params, X, item_item=model.similarity.tocsr())
+        if name == "als":
+            model = AlternatingLeastSquares(factors=params["factors"], regularization=params["regularization"],
+                                            alpha=params["alpha"], iterations=params["iterations"],
+                                            random_state=seed, calculate_training_loss=False)
+        elif name == "bpr":
+            model = BayesianPersonalizedRanking(factors=params["factors"], learning_rate=params["learning_rate"],
+                                                regularization=params["regularization"],
+                                                iterations=params["iterations"], random_state=seed)
+        else:
+            raise ValueError(f"unknown baseline {name!r}; choose from {BASELINES}")
+        model.fit(X, show_progress=False)
+    return Fitted(name, params, X, item_vectors=np.asarray(model.item_factors),
+                  user_vectors=np.asarray(model.user_factors))
+
+
+def topk(fitted: Fitted, rows: np.ndarray, mask_fn, k: int) -> np.ndarray:
+    """``[len(rows), k]`` top-k slots per row among ``mask_fn(rows)`` (bool ``[n, n_items]``), ties to
+    the lower slot, pads -1; scored ``CHUNK`` users at a time."""
+    from ..analysis.quality import _topk_rows
+
+    out = []
+    for s in range(0, len(rows), CHUNK):
+        r = rows[s: s + CHUNK]
+        out.append(_topk_rows(fitted.scores(r), mask_fn(r), k))
+    return np.concatenate(out) if out else np.zeros((0, k), np.int64)
+
+
+def _mean_recall(top: np.ndarray, relevant: list, k: int) -> float:
+    from ..analysis.metrics import recall_at_k
+
+    return float(np.mean([recall_at_k(t, rel, k) for t, rel in zip(top, relevant)])) if len(top) else float("nan")
+
+
+def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None) -> tuple[dict, list]:
+    """The grid point of ``name`` with the best validation recall@100 on ``rows`` (users with at
+    least two training clicks), fitted without each user's last training click and scored over the
+    eligible ads minus the clicks it kept. Returns (best params, [(params, recall), ...])."""
+    X, last = user_items(data, exclude_last=True)
+    rows = rows[last[rows] >= 0]
+    relevant = [np.array([last[r]]) for r in rows]
+
+    def candidates(r):
+        mask = data.eligible(r, exclude_seen=False)
+        mask &= X[r].toarray() == 0
+        return mask
+
+    trials = []
+    for params in (GRIDS[name] if grid is None else grid):
+        if name == "ease" and X.shape[1] > EASE_MAX_ITEMS:
+            break
+        fitted = fit(name, X, params, seed)
+        trials.append((params, _mean_recall(topk(fitted, rows, candidates, TUNE_METRIC_K), relevant, TUNE_METRIC_K)))
+    if not trials:
+        raise ValueError(f"{name} does not apply to {data.name} ({data.n_ads:,} items)")
+    best = max(trials, key=lambda t: t[1])[0]
+    return best, trials
+
+
+def evaluate(name: str, params: dict, data, rows: np.ndarray, ks, seed: int = 0) -> dict:
+    """Refit on every training click and score held-out recall@k, with targeting (``recall@k``) and
+    without (``recall@k_untargeted``: every ad but the user's training clicks)."""
+    X = user_items(data)
+    fitted = fit(name, X, params, seed)
+    relevant = [data.heldout[int(r)] for r in rows]
+    kmax = max(ks)
+    targeted = topk(fitted, rows, lambda r: data.eligible(r), kmax)
+    untargeted = topk(fitted, rows, lambda r: X[r].toarray() == 0, kmax)
+    out = {}
+    for k in ks:
+        out[f"recall@{k}"] = _mean_recall(targeted, relevant, k)
+        out[f"recall@{k}_untargeted"] = _mean_recall(untargeted, relevant, k)
+    return out
+
+
+def describe(name: str, params: dict) -> str:
+    """The scorer column of a baseline's rows: library, model and the tuned point."""
+    lib = "numpy" if name in ("most_popular", "ease") else "implicit"
+    return f"{lib} {name}" + (" " + " ".join(f"{k}={v}" for k, v in params.items()) if params else "")

@@ -1,0 +1,102 @@
+"""The standard baselines: their input matrix and validation split, each model's scores against a
+direct computation, tuning that never reads the held-out clicks, and the quality rows they write."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("implicit")
+
+from andromeda_nb.analysis import quality as Q  # noqa: E402
+from andromeda_nb.datasets import multi_interest as mi  # noqa: E402
+from andromeda_nb.training import baselines as B  # noqa: E402
+from andromeda_nb.training import data as tdata  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data():
+    return tdata.from_multi_interest(mi.build_world(mi.WorldDesign(n_users=300, n_ads=200, topics=6), seed=2))
+
+
+def test_user_items_and_the_validation_split(data):
+    X = B.user_items(data)
+    assert X.shape == (data.n_users, data.n_ads) and set(np.unique(X.data)) == {1.0}
+    for r in range(0, data.n_users, 37):
+        assert set(X[r].indices) == set(data.seq[r, :data.seq_len[r]].tolist())
+    V, last = B.user_items(data, exclude_last=True)
+    for r in range(data.n_users):
+        n = data.seq_len[r]
+        if n >= 2:
+            assert last[r] == data.seq[r, n - 1]
+            assert set(V[r].indices) == set(data.seq[r, :n - 1].tolist())  # a repeat of the last click stays
+        else:
+            assert last[r] == -1 and V[r].nnz == X[r].nnz
+
+
+def test_scores_equal_a_direct_computation(data, rng):
+    X = B.user_items(data)
+    rows = np.sort(rng.choice(data.n_users, 20, replace=False))
+    pop = B.fit("most_popular", X, {}).scores(rows)
+    np.testing.assert_array_equal(pop[3], np.bincount(X.indices, minlength=data.n_ads))
+    Xd = X.toarray().astype(np.float64)
+    ease = B.fit("ease", X, {"l2": 30.0})
+    P = np.linalg.inv(Xd.T @ Xd + 30.0 * np.eye(data.n_ads))
+    Bm = np.eye(data.n_ads) - P / np.diag(P)[None, :]  # Steck 2019: B = I - P diag(1 / diag P)
+    np.testing.assert_allclose(ease.scores(rows), Xd[rows] @ Bm, rtol=1e-3, atol=1e-4)
+    knn = B.fit("itemknn_cosine", X, {"K": 10})
+    np.testing.assert_allclose(knn.scores(rows), (X[rows] @ knn.item_item).toarray(), rtol=1e-6)
+    assert (np.diff(knn.item_item.indptr) <= 10).all()  # K neighbours an item at most
+    als = B.fit("als", X, {"factors": 8, "regularization": 0.1, "alpha": 5.0, "iterations": 3}, seed=3)
+    np.testing.assert_allclose(als.scores(rows), als.user_vectors[rows] @ als.item_vectors.T, rtol=1e-5)
+    again = B.fit("als", X, {"factors": 8, "regularization": 0.1, "alpha": 5.0, "iterations": 3}, seed=3)
+    np.testing.assert_array_equal(als.scores(rows), again.scores(rows))  # seeded
+
+
+def test_top_k_is_taken_over_the_candidates_only(data):
+    X = B.user_items(data)
+    pop = B.fit("most_popular", X, {})
+    rows = np.arange(10)
+    mask = data.eligible(rows)
+    top = B.topk(pop, rows, data.eligible, 15)
+    counts = np.bincount(X.indices, minlength=data.n_ads)
+    for i, r in enumerate(rows):
+        allowed = np.flatnonzero(mask[i])
+        want = allowed[np.lexsort((allowed, -counts[allowed]))][:15]  # most clicked first, ties to the lower slot
+        got = top[i][top[i] >= 0]
+        np.testing.assert_array_equal(got, want)
+
+
+class _Sealed(dict):
+    def __getitem__(self, key):
+        raise AssertionError("tuning read a held-out click")
+
+    def get(self, *a):
+        raise AssertionError("tuning read a held-out click")
+
+
+def test_tuning_never_reads_the_held_out_clicks(data, monkeypatch):
+    rows = data.eval_rows[:60]
+    monkeypatch.setattr(data, "heldout", _Sealed(data.heldout))
+    best, trials = B.tune("itemknn_cosine", data, rows, grid=({"K": 5}, {"K": 50}))
+    assert best in ({"K": 5}, {"K": 50}) and len(trials) == 2
+    assert best == max(trials, key=lambda t: t[1])[0] and all(0 <= v <= 1 for _, v in trials)
+
+
+def test_run_baselines_writes_every_baseline_beside_the_models(data, monkeypatch, tmp_path):
+    small = {"most_popular": ({},), "itemknn_cosine": ({"K": 20},), "itemknn_bm25": ({"K": 20, "K1": 1.2, "B": 0.75},),
+             "als": ({"factors": 8, "regularization": 0.1, "alpha": 5.0, "iterations": 3},),
+             "bpr": ({"factors": 8, "learning_rate": 0.05, "regularization": 0.01, "iterations": 5},),
+             "ease": ({"l2": 50.0}, {"l2": 500.0})}
+    monkeypatch.setattr(B, "GRIDS", small)
+    frame = Q.run_baselines(data, "smoke", seeds=[0, 1], progress=False)
+    assert set(frame["model"]) == {f"baseline_{n}" for n in B.BASELINES}
+    assert (frame["experiment"] == "baselines").all()
+    rec = frame[frame["metric"].str.startswith("recall@")]
+    assert rec["value"].between(0, 1).all() and rec["value"].max() > 0
+    assert set(frame[frame["model"] == "baseline_als"]["seed"]) == {0, 1}  # seeded: a row set per seed
+    assert set(frame[frame["model"] == "baseline_ease"]["seed"]) == {0}
+    assert {f"recall@{k}{s}" for k in Q.KS[data.name] for s in ("", "_untargeted")} | {"validation_recall@100"} == set(
+        frame["metric"])
+    ease = frame[frame["model"] == "baseline_ease"]["scorer"].iloc[0]
+    assert ease.startswith("numpy ease l2=")
+    path = Q.write_rows(frame, tmp_path / "quality.csv")
+    assert len(Q.load_results(path)) == len(frame)
