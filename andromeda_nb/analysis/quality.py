@@ -567,13 +567,18 @@ def summarize(frame: pd.DataFrame, metrics=None) -> pd.DataFrame:
 
 
 MODEL_ORDER = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture", "ranking", "true_model")
+#: the standard baselines' rows (:func:`run_baselines`), in the tables' order
+BASELINE_ORDER = ("baseline_most_popular", "baseline_itemknn_cosine", "baseline_itemknn_bm25", "baseline_als",
+                  "baseline_bpr", "baseline_ease")
 
 
-def recall_table(frame: pd.DataFrame, dataset: str, metric: str = "recall@100") -> pd.DataFrame:
-    """``model x (mean, std, seeds)`` of one metric (fp32 tables), in :data:`MODEL_ORDER`."""
-    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & (frame["experiment"] == "expert_count")]
+def recall_table(frame: pd.DataFrame, dataset: str, metric: str = "recall@100", baselines: bool = True) -> pd.DataFrame:
+    """``model x (mean, std, seeds)`` of one metric (fp32 tables): the project's models in
+    :data:`MODEL_ORDER`, then (``baselines``) the standard baselines in :data:`BASELINE_ORDER`."""
+    experiments = ("expert_count", "baselines") if baselines else ("expert_count",)
+    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & frame["experiment"].isin(experiments)]
     s = df.groupby("model")["value"].agg(mean="mean", std="std", seeds="count")
-    return s.reindex([m for m in MODEL_ORDER if m in s.index])
+    return s.reindex([m for m in MODEL_ORDER + BASELINE_ORDER if m in s.index])
 
 
 # ---------------------------------------------------------------------------------------------

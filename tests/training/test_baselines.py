@@ -100,3 +100,29 @@ def test_run_baselines_writes_every_baseline_beside_the_models(data, monkeypatch
     assert ease.startswith("numpy ease l2=")
     path = Q.write_rows(frame, tmp_path / "quality.csv")
     assert len(Q.load_results(path)) == len(frame)
+
+
+def test_reports_show_baselines_beside_the_models():
+    """recall tables list the baselines after the project's models; the verdict names the best tuned
+    baseline against the best project retrieval model; the orders agree with the module's names."""
+    import pandas as pd
+
+    from andromeda_nb.analysis import expert_count_report as R
+
+    assert Q.BASELINE_ORDER == tuple(f"baseline_{n}" for n in B.BASELINES)
+    rows = []
+    for model, exp, vals in (("single_tower", "expert_count", (0.40, 0.42)), ("mixture_k2", "expert_count", (0.43, 0.45)),
+                             ("ranking", "expert_count", (0.46, 0.46)), ("baseline_als", "baselines", (0.45, 0.47)),
+                             ("baseline_most_popular", "baselines", (0.29,))):
+        for seed, v in enumerate(vals):
+            for k in Q.KS["ml-100k"]:
+                rows.append(dict(dataset="ml-100k", model=model, experiment=exp, metric=f"recall@{k}", seed=seed,
+                                 value=v, dtype="fp32"))
+    frame = pd.DataFrame(rows)
+    table = Q.recall_table(frame, "ml-100k")
+    assert list(table.index) == ["single_tower", "mixture_k2", "ranking", "baseline_most_popular", "baseline_als"]
+    assert list(Q.recall_table(frame, "ml-100k", baselines=False).index) == ["single_tower", "mixture_k2", "ranking"]
+    text = "\n".join(R.verdict(R.recall_tables(frame, ["ml-100k"]), "ml-100k"))
+    assert "best tuned baseline als recall@100 0.4600" in text and "(mixture_k2) 0.4400" in text
+    assert "the baseline leads by 2.00 pp" in text
+    assert "against the best retrieval model (mixture_k2)" in text  # baselines are not the project's models
