@@ -8,7 +8,8 @@ seed, metric, value, commit, device``) plus ``experiment`` (``expert_count``, ``
 (users evaluated). Metrics:
 
 - ``recall@k``: mean over evaluated users of recall@k of the held-out clicks, retrieving from every
-  eligible ad (targeting applied, the user's training clicks excluded);
+  eligible ad (targeting applied, the user's training clicks excluded); ``recall@k_untargeted``:
+  the same from every ad but the training clicks (no targeting);
 - ``overlap@100_ranking``: mean ``|top100(model) ∩ top100(ranking)| / 100``;
 - precision rows (model ``mixture_k2``, one per dtype): ``recall@100``, ``recall@100_delta_pp``
   (minus fp32, percentage points), ``overlap@100_fp32``, ``score_err_p50/p99/p999/max`` (absolute
@@ -163,14 +164,18 @@ def model_scores(tm, rows, table=None, request_fn=None, math: str = "fp32") -> n
     return score_exported(V, G, gamma, beta, table, tm.k_experts, device=tm.device, math=math)
 
 
-def retrieve_top(tm, rows, k: int, table=None, request_fn=None, batch: int = 256, progress=False):
-    """``[len(rows), k]`` top-k ad slots per user over eligible, unseen ads."""
-    out = []
+def retrieve_top(tm, rows, k: int, table=None, request_fn=None, batch: int = 256, progress=False,
+                 untargeted: bool = False):
+    """``[len(rows), k]`` top-k ad slots per user over eligible, unseen ads; with ``untargeted``
+    also (a second array, from the same scores) over every unseen ad."""
+    out, free = [], []
     for s in tqdm(range(0, len(rows), batch), desc=f"eval {tm.name}", disable=not progress, leave=False):
         r = rows[s: s + batch]
         sc = model_scores(tm, r, table, request_fn)
         out.append(_topk_rows(sc, tm.data.eligible(r), k))
-    return np.concatenate(out)
+        if untargeted:
+            free.append(_topk_rows(sc, tm.data.unseen(r), k))
+    return (np.concatenate(out), np.concatenate(free)) if untargeted else np.concatenate(out)
 
 
 def recalls(data, rows, top: np.ndarray, ks) -> dict:
@@ -257,11 +262,14 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
         tops = {}
         for name in models:
             tm = train_model(name, data, preset.cfg(data.name, name), seed=seed, device=dev, progress=progress)
-            top = retrieve_top(tm, rows, kmax, progress=progress)
+            top, free = retrieve_top(tm, rows, kmax, progress=progress, untargeted=True)
             tops[name] = top
             E, K = (tm.experts, tm.k_experts) if tm.is_retrieval else ("", "")
             for metric, v in recalls(data, rows, top, ks).items():
                 rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, metric, v, **meta))
+            for metric, v in recalls(data, rows, free, ks).items():  # every unseen ad a candidate
+                rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, f"{metric}_untargeted", v,
+                                     **meta))
             rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "train_seconds", tm.seconds, **meta))
             rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "final_loss",
                                  float(np.mean(tm.history[-50:])), **meta))

@@ -112,6 +112,14 @@ class InteractionData:
         hist = np.where(pos >= 0, self.seq[rows[:, None], np.maximum(pos, 0)], self.n_ads)
         return {"user": rows, "demo": self.demo[rows], "hist": hist, "ctx": ctx}
 
+    def unseen(self, rows: np.ndarray) -> np.ndarray:
+        """``[len(rows), n_ads]`` bool: every ad but the user's training clicks (no targeting)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        mask = np.ones((rows.size, self.n_ads), bool)
+        for i, r in enumerate(rows):
+            mask[i, self.seq[r, : self.seq_len[r]]] = False
+        return mask
+
     def eligible(self, rows: np.ndarray, exclude_seen: bool = True) -> np.ndarray:
         """``[len(rows), n_ads]`` bool: targeting match, minus the user's training clicks."""
         rows = np.asarray(rows, dtype=np.int64)

@@ -30,9 +30,11 @@ def test_expert_count_rows(data):
                                               device="cpu", progress=False)
     assert list(frame.columns) == quality.COLUMNS
     rec = frame[frame["metric"].str.startswith("recall@")]
-    assert set(rec["metric"]) == {"recall@50", "recall@100", "recall@500"}
+    assert set(rec["metric"]) == {f"recall@{k}{s}" for k in (50, 100, 500) for s in ("", "_untargeted")}
     assert rec["value"].between(0, 1).all()
     assert set(rec["model"]) == {"single_tower", "mixture_k2", "ranking", "true_model"}
+    untargeted = rec[rec["metric"].str.endswith("_untargeted")]
+    assert set(untargeted["model"]) == {"single_tower", "mixture_k2", "ranking"}  # the ground truth: targeted only
     ov = frame[frame["metric"] == "overlap@100_ranking"]
     assert set(ov["model"]) == {"single_tower", "mixture_k2"} and ov["value"].between(0, 1).all()
     assert ("mixture_k2", 0) in trained

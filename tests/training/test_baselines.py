@@ -22,6 +22,8 @@ def test_user_items_and_the_validation_split(data):
     assert X.shape == (data.n_users, data.n_ads) and set(np.unique(X.data)) == {1.0}
     for r in range(0, data.n_users, 37):
         assert set(X[r].indices) == set(data.seq[r, :data.seq_len[r]].tolist())
+    rows = np.arange(0, data.n_users, 11)
+    np.testing.assert_array_equal(data.unseen(rows), X[rows].toarray() == 0)  # the untargeted candidates
     V, last = B.user_items(data, exclude_last=True)
     for r in range(data.n_users):
         n = data.seq_len[r]
