@@ -320,7 +320,7 @@ def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, p
             continue
         best, trials = B.tune(name, data, rows, seed=0)
         val = max(v for _, v in trials)
-        scorer = B.describe(name, best)
+        scorer = B.describe(name, best, [p for p, _ in trials])
         d = best.get("factors", "")
         for seed in (seeds if name in B.SEEDED else (0,)):
             for metric, v in B.evaluate(name, best, data, rows, ks, seed=seed).items():

@@ -32,12 +32,12 @@ BASELINES = ("most_popular", "itemknn_cosine", "itemknn_bm25", "als", "bpr", "ea
 GRIDS = {
     "most_popular": ({},),
     "itemknn_cosine": tuple({"K": k} for k in (10, 20, 50, 100, 200, 400)),
-    "itemknn_bm25": tuple({"K": k, "K1": k1, "B": b} for k in (20, 50, 100, 200, 400) for k1 in (0.6, 1.2)
+    "itemknn_bm25": tuple({"K": k, "K1": k1, "B": b} for k in (50, 100, 200, 400, 800, 1600) for k1 in (0.6, 1.2, 2.0)
                           for b in (0.5, 0.75, 1.0)),
     "als": tuple({"factors": f, "regularization": r, "alpha": a, "iterations": 20}
-                 for f in (16, 32, 64, 128) for r in (0.01, 0.1, 1.0) for a in (1.0, 5.0, 20.0)),
+                 for f in (8, 16, 32, 64, 128) for r in (0.001, 0.01, 0.1, 1.0) for a in (1.0, 5.0, 20.0)),
     "bpr": tuple({"factors": f, "learning_rate": lr, "regularization": r, "iterations": 200}
-                 for f in (32, 64, 128) for lr in (0.01, 0.05) for r in (0.001, 0.01)),
+                 for f in (32, 64, 128) for lr in (0.003, 0.01, 0.03) for r in (0.003, 0.01, 0.03, 0.1)),
     "ease": tuple({"l2": l2} for l2 in (10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 3000.0)),
 }
 #: baselines with a random start (fit once per seed; the others are deterministic)
@@ -195,7 +195,21 @@ def evaluate(name: str, params: dict, data, rows: np.ndarray, ks, seed: int = 0)
     return out
 
 
-def describe(name: str, params: dict) -> str:
-    """The scorer column of a baseline's rows: library, model and the tuned point."""
+def grid_edges(params: dict, grid) -> list[str]:
+    """The parameters of ``params`` at the smallest or largest value ``grid`` tries (of those it
+    varies): a tuned point there may be short of the best one, and says so."""
+    out = []
+    for key, value in params.items():
+        tried = sorted({p[key] for p in grid})
+        if len(tried) > 1 and value in (tried[0], tried[-1]):
+            out.append(key)
+    return out
+
+
+def describe(name: str, params: dict, grid=()) -> str:
+    """The scorer column of a baseline's rows: library, model, the tuned point and which of its
+    parameters sit at the edge of the grid tried."""
     lib = "numpy" if name in ("most_popular", "ease") else "implicit"
-    return f"{lib} {name}" + (" " + " ".join(f"{k}={v}" for k, v in params.items()) if params else "")
+    edges = grid_edges(params, grid) if grid else []
+    return (f"{lib} {name}" + (" " + " ".join(f"{k}={v}" for k, v in params.items()) if params else "")
+            + (f" (grid edge: {', '.join(edges)})" if edges else ""))

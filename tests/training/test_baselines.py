@@ -99,7 +99,9 @@ def test_run_baselines_writes_every_baseline_beside_the_models(data, monkeypatch
     assert {f"recall@{k}{s}" for k in Q.KS[data.name] for s in ("", "_untargeted")} | {"validation_recall@100"} == set(
         frame["metric"])
     ease = frame[frame["model"] == "baseline_ease"]["scorer"].iloc[0]
-    assert ease.startswith("numpy ease l2=")
+    assert ease.startswith("numpy ease l2=") and ease.endswith("(grid edge: l2)")  # two points: either is an edge
+    assert B.grid_edges({"K": 50, "B": 1.0}, [{"K": k, "B": 1.0} for k in (20, 50, 100)]) == []  # B is not varied
+    assert B.grid_edges({"K": 100}, [{"K": k} for k in (20, 50, 100)]) == ["K"]
     path = Q.write_rows(frame, tmp_path / "quality.csv")
     assert len(Q.load_results(path)) == len(frame)
 
