@@ -136,8 +136,8 @@ def eval_rows(data, n_users, seed: int = 0) -> np.ndarray:
 
 def _topk_rows(scores: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
     """Slots of the top-k eligible scores per row, ties to the lower slot (integer scores such as
-    click counts tie often), pads -1 (fewer than k eligible)."""
-    s = np.where(mask, scores, -np.inf).astype(np.float32)
+    click counts tie often), never a NaN score (the top-K contract), pads -1 (fewer than k)."""
+    s = np.where(mask & ~np.isnan(scores), scores, -np.inf).astype(np.float32)
     n = s.shape[1]
     out = np.full((s.shape[0], k), -1, np.int64)
     if n == 0 or k == 0:

@@ -130,3 +130,14 @@ def test_reports_show_baselines_beside_the_models():
     assert "best tuned baseline als recall@100 0.4600" in text and "(mixture_k2) 0.4400" in text
     assert "the baseline leads by 2.00 pp" in text
     assert "against the best retrieval model (mixture_k2)" in text  # baselines are not the project's models
+
+
+def test_evaluation_top_k_edges():
+    """The evaluation's top-k: ties to the lower slot, NaN and -inf never returned, pads past the
+    eligible ads, k above the item count."""
+    scores = np.array([[1.0, 3.0, 3.0, np.nan, 2.0, -np.inf], [np.nan] * 6, [0.0] * 6], np.float32)
+    mask = np.ones_like(scores, bool)
+    mask[2, :4] = False
+    got = Q._topk_rows(scores, mask, 8)
+    np.testing.assert_array_equal(got, [[1, 2, 4, 0, -1, -1, -1, -1], [-1] * 8, [4, 5, -1, -1, -1, -1, -1, -1]])
+    assert Q._topk_rows(scores[:, :0], mask[:, :0], 3).tolist() == [[-1] * 3] * 3
