@@ -37,7 +37,7 @@ GRIDS = {
     "als": tuple({"factors": f, "regularization": r, "alpha": a, "iterations": 20}
                  for f in (8, 16, 32, 64, 128) for r in (0.001, 0.01, 0.1, 1.0) for a in (1.0, 5.0, 20.0)),
     "bpr": tuple({"factors": f, "learning_rate": lr, "regularization": r, "iterations": 200}
-                 for f in (32, 64, 128) for lr in (0.003, 0.01, 0.03) for r in (0.003, 0.01, 0.03, 0.1)),
+                 for f in (32, 64, 128) for lr in (0.001, 0.003, 0.01, 0.03) for r in (0.001, 0.003, 0.01, 0.03)),
     "ease": tuple({"l2": l2} for l2 in (10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 3000.0)),
 }
 #: baselines with a random start (fit once per seed; the others are deterministic)
