@@ -321,7 +321,7 @@ def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, p
         best, trials = B.tune(name, data, rows, seed=0)
         val = max(v for _, v in trials)
         scorer = B.describe(name, best, [p for p, _ in trials])
-        d = best.get("factors", "")
+        d = ""  # the tuned point (factors among it) is in the scorer column: a re-tune replaces these rows
         for seed in (seeds if name in B.SEEDED else (0,)):
             for metric, v in B.evaluate(name, best, data, rows, ks, seed=seed).items():
                 out.append(_row(data.name, f"baseline_{name}", "", "", "fp32", d, seed, metric, v, scorer=scorer,
