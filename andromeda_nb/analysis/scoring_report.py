@@ -109,7 +109,8 @@ def _math_lines(rows, dtype) -> list[str]:
     if len(top):
         line += (" Fused top-1000: " + "; ".join(f"E{r.experts} K{r.k_experts} d{r.d} gated / dot {r.fp16_over_dot:.2f}"
                                               for r in top.itertuples()) + ".")
-    return [line + " Not the default until its quality effect is measured (the precision notebook)."]
+    return [line + " It is the default wherever it applies (`math=\"auto\"`): the precision notebook measured "
+                   "its quality loss within the rule of docs/design.md."]
 
 
 def fusion_speedups(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int) -> pd.DataFrame:
@@ -383,6 +384,9 @@ def peers_summary(table: pd.DataFrame, run: str | None) -> str:
 
 #: the frontier's limit: a model is "free" while it takes at most this times the dot product's time
 FRONTIER_LIMIT = 1.10
+#: the frontier phase's grid (bench/scoring.py's FRONTIER_D and FRONTIER_EK; tests check they agree)
+FRONTIER_D = (32, 64, 128)
+FRONTIER_EK = ((1, 1), (2, 1), (4, 2), (6, 2), (8, 2), (8, 4))
 
 
 def frontier(rows: pd.DataFrame, dtype: str = "fp16") -> tuple[pd.DataFrame, str | None]:
@@ -435,6 +439,11 @@ def frontier_summary(table: pd.DataFrame, run: str | None) -> str:
     if run is None:
         return ("No committed run measured the frontier (`python -m andromeda_nb.bench scoring --phases frontier` "
                 "on a GPU).")
+    shapes = len(table.drop_duplicates(["math", "d", "experts", "k_experts"]))
+    full = 2 * len(FRONTIER_D) * len(FRONTIER_EK)
+    stand_in = ("" if shapes >= full else
+                f" (not the frontier phase: {shapes} of its {full} shapes were measured in this run; "
+                "`python -m andromeda_nb.bench scoring --phases frontier` measures them all)")
     parts = []
     for (math, d), g in table.groupby(["math", "d"], sort=True):
         free = g[g["free"]]
@@ -445,8 +454,8 @@ def frontier_summary(table: pd.DataFrame, run: str | None) -> str:
             top = free.sort_values("flops_per_ad").iloc[-1]
             parts.append(f"{math} math, d = {d}: up to E = {top.experts}, K = {top.k_experts} "
                          f"({top.flops_per_ad:,.0f} FLOPs an ad, {top.time_over_dot:.3f}x)")
-    return (f"In run `{_short(run)}` (a model is free while it takes at most {FRONTIER_LIMIT:.2f}x the dot "
-            "product's time): " + "; ".join(parts) + ".")
+    return (f"In run `{_short(run)}`{stand_in} (a model is free while it takes at most {FRONTIER_LIMIT:.2f}x the "
+            "dot product's time): " + "; ".join(parts) + ".")
 
 
 def bitset_metrics(savings: pd.DataFrame) -> dict[str, float]:

@@ -129,7 +129,9 @@ def _row(step, batch, n, fraction, timing, moved, ok, notes) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m andromeda_nb.bench.request_steps",
+                                description="Device time of the candidate gather and of a batch's final "
+                                            "(rank against radix select), each row checked; a GPU host.")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--n", type=int, default=100_000_000)
     p.add_argument("--density", type=float, default=0.0094)

@@ -1,5 +1,6 @@
-"""``python -m andromeda_nb.training``: train and evaluate every model, seed and dataset of issue 6
-(expert count K, precision) and write ``<out>/quality.csv``."""
+"""``python -m andromeda_nb.training``: train and evaluate every model, seed and dataset of the
+quality experiments (expert count K, precision; ``--baselines``: the tuned standard baselines) and
+merge the rows into ``<out>/quality.csv``."""
 
 from __future__ import annotations
 

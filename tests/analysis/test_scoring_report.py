@@ -296,3 +296,9 @@ def test_frontier_takes_the_run_with_most_shapes_and_marks_the_free_models():
     assert "fp32 math, d = 64: no measured shape is free (the cheapest takes 1.500x" in text
     assert SR.frontier(rows[rows["variant"] != "gated_scores_to_memory"])[1] is None
     assert "No committed run" in SR.frontier_summary(*SR.frontier(rows.iloc[:3]))
+
+
+def test_frontier_grid_matches_the_bench_phase():
+    from andromeda_nb.bench import scoring as bench_scoring
+
+    assert (SR.FRONTIER_D, SR.FRONTIER_EK) == (bench_scoring.FRONTIER_D, bench_scoring.FRONTIER_EK)
