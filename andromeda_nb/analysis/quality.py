@@ -135,18 +135,20 @@ def eval_rows(data, n_users, seed: int = 0) -> np.ndarray:
 
 
 def _topk_rows(scores: np.ndarray, mask: np.ndarray, k: int) -> np.ndarray:
-    """Slots of the top-k eligible scores per row, ties to the lower slot (integer scores such as
-    click counts tie often), never a NaN score (the top-K contract), pads -1 (fewer than k)."""
-    s = np.where(mask & ~np.isnan(scores), scores, -np.inf).astype(np.float32)
-    n = s.shape[1]
-    out = np.full((s.shape[0], k), -1, np.int64)
-    if n == 0 or k == 0:
-        return out
-    kk = min(k, n)
-    kth = np.partition(s, n - kk, axis=1)[:, n - kk]  # each row's kk-th largest score
-    for i in range(s.shape[0]):
-        cand = np.flatnonzero((s[i] >= kth[i]) & np.isfinite(s[i]))  # ascending slots
-        top = cand[np.argsort(-s[i, cand], kind="stable")][:kk]
+    """Slots of the top-k eligible scores per row (the top-K contract of docs/design.md, as
+    :func:`andromeda_nb.reference.topk`): score descending (+-inf included, in float64), ties to
+    the lower slot (integer scores such as click counts tie often), never a NaN, pads -1 (fewer
+    than k eligible)."""
+    scores = np.asarray(scores, np.float64)
+    ok = np.asarray(mask, bool) & ~np.isnan(scores)
+    out = np.full((scores.shape[0], k), -1, np.int64)
+    for i in range(scores.shape[0]):
+        cand = np.flatnonzero(ok[i])  # ascending slots
+        s = scores[i, cand]
+        if cand.size > k > 0:  # keep what can reach the top k (the k-th score and above: ties kept)
+            keep = s >= np.partition(s, cand.size - k)[cand.size - k]
+            cand, s = cand[keep], s[keep]
+        top = cand[np.argsort(-s, kind="stable")][:k]
         out[i, : top.size] = top
     return out
 
@@ -305,9 +307,20 @@ def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, p
     ``validation_recall@100`` of that point."""
     from ..training import baselines as B
 
+    if isinstance(preset, str) and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
     preset = PRESETS[preset] if isinstance(preset, str) else preset
     seeds = preset.seeds if seeds is None else tuple(seeds)
-    names = B.BASELINES if names is None else tuple(names)
+    if not seeds:
+        raise ValueError("run_baselines needs at least one seed")
+    asked = names is not None
+    names = B.BASELINES if names is None else (names,) if isinstance(names, str) else tuple(names)
+    unknown = [n for n in names if n not in B.BASELINES]
+    if unknown or not names:
+        raise ValueError(f"unknown baselines {unknown or names}; choose from {B.BASELINES}")
+    if asked and "ease" in names and data.n_ads > B.EASE_MAX_ITEMS:
+        raise ValueError(f"ease does not apply to {data.name}: {data.n_ads:,} items > {B.EASE_MAX_ITEMS:,} "
+                         "(a dense item x item inverse)")
     rows = eval_rows(data, preset.eval_users.get(data.name), seed=0)
     ks = KS[data.name]
     meta = dict(commit=git_commit(), device=device_name("cpu"), experiment="baselines", preset=preset.name,

@@ -141,9 +141,24 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default=",".join(map(str, BATCHES)))
     p.add_argument("--reps", type=int, default=15, help="timed calls a row (1 under a profiler)")
     a = p.parse_args(argv)
+    steps = [x for x in a.steps.split(",") if x]
+    if not steps or set(steps) - {"gather", "final"}:
+        p.error(f"--steps takes gather and/or final, got {a.steps!r}")
+    try:
+        batches = tuple(int(b) for b in a.batches.split(","))
+    except ValueError:
+        p.error(f"--batches takes comma-separated positive ints, got {a.batches!r}")
+    if not batches or min(batches) < 1:
+        p.error(f"--batches takes positive ints, got {a.batches!r}")
+    if a.reps < 1 or a.n < 1 or not 0 < a.density <= 1:
+        p.error("--reps and --n must be >= 1 and --density in (0, 1]")
+    if not 1 <= a.k <= 4096 or not a.k <= a.kept <= a.n:
+        p.error(f"need 1 <= --k <= 4096 and --k <= --kept <= --n, got k {a.k}, kept {a.kept}, n {a.n}")
+    from ..device import backend
+
+    if backend.is_simulator():
+        p.error("request_steps times kernels on a CUDA GPU (the simulator has no device time)")
     env = harness.env_info()
-    batches = tuple(int(b) for b in a.batches.split(","))
-    steps = a.steps.split(",")
     rows = []
     if "gather" in steps:
         rows += gather_rows(a.n, a.density, batches, a.reps)

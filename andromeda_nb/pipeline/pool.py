@@ -190,6 +190,7 @@ class Pool:
         kinds = self._request_shapes(reqs)  # types, sizes and kernel shapes: no weights read yet
         if self.n_ads == 0:  # nothing to match or score: every answer is pads
             self._request_images(reqs, kinds)  # still refuses a bad request
+            self._prepare_match(profs if columns else list(profs), excl)  # and a bad profile
             pad = Retrieved(ids=np.full(k, -1, np.int64), scores=np.full(k, -np.inf, np.float32), n_eligible=0,
                             n_scored=0)
             return pad if single else [pad] * len(reqs)

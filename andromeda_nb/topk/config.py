@@ -180,11 +180,11 @@ class TopKConfig:
     tuning: TopKTuning = field(default_factory=TopKTuning)
 
     def __post_init__(self):
-        if self.path not in PATHS:
+        if not isinstance(self.path, str) or self.path not in PATHS:
             raise ValueError(f"TopKConfig.path must be one of {PATHS}, got {self.path!r}")
-        if self.final not in FINALS:
+        if not isinstance(self.final, str) or self.final not in FINALS:
             raise ValueError(f"TopKConfig.final must be one of {FINALS}, got {self.final!r}")
-        if self.final_merge not in FINAL_MERGES:
+        if not isinstance(self.final_merge, str) or self.final_merge not in FINAL_MERGES:
             raise ValueError(f"TopKConfig.final_merge must be one of {FINAL_MERGES}, got {self.final_merge!r}")
         for name in ("sort_warp_sync", "onelaunch_warp_sync"):
             if not isinstance(getattr(self, name), bool):

@@ -32,6 +32,11 @@ def main(argv=None) -> int:
                          "als bpr ease), tuned on the training part's validation split; CPU (the implicit library)")
     args = ap.parse_args(argv)
     if args.baselines is not None:
+        from ..training.baselines import BASELINES
+
+        unknown = [n for n in args.baselines if n not in BASELINES]
+        if unknown:
+            ap.error(f"unknown baselines {unknown}; choose from {', '.join(BASELINES)}")
         from pathlib import Path
 
         from ..analysis.quality import load_data, run_baselines, write_rows

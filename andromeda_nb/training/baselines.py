@@ -93,8 +93,41 @@ def user_items(data, exclude_last: bool = False):
     return (m, last) if exclude_last else m
 
 
+#: each baseline's parameters: name -> (type, smallest allowed value, inclusive)
+PARAMS = {
+    "most_popular": {},
+    "itemknn_cosine": {"K": (int, 1, True)},
+    "itemknn_bm25": {"K": (int, 1, True), "K1": (float, 0.0, False), "B": (float, 0.0, True)},
+    "als": {"factors": (int, 1, True), "regularization": (float, 0.0, True), "alpha": (float, 0.0, False),
+            "iterations": (int, 1, True)},
+    "bpr": {"factors": (int, 1, True), "learning_rate": (float, 0.0, False), "regularization": (float, 0.0, True),
+            "iterations": (int, 1, True)},
+    "ease": {"l2": (float, 0.0, False)},
+}
+
+
+def check_params(name: str, params: dict) -> None:
+    """Raise ValueError unless ``name`` is a baseline and ``params`` holds exactly its parameters,
+    each a number in range (a bad value can crash the library underneath: item kNN with K = 0)."""
+    if name not in PARAMS:
+        raise ValueError(f"unknown baseline {name!r}; choose from {BASELINES}")
+    spec = PARAMS[name]
+    if not isinstance(params, dict) or set(params) != set(spec):
+        raise ValueError(f"{name} takes the parameters {sorted(spec)}, got {params!r}")
+    for key, (kind, low, inclusive) in spec.items():
+        v = params[key]
+        ok = (isinstance(v, (int, np.integer)) if kind is int else isinstance(v, (int, float, np.integer, np.floating)))
+        if isinstance(v, bool) or not ok or not np.isfinite(v) or (v < low if inclusive else v <= low):
+            raise ValueError(f"{name}: {key} must be {'an int' if kind is int else 'a number'} "
+                             f"{'>=' if inclusive else '>'} {low}, got {v!r}")
+    if name == "itemknn_bm25" and params["B"] > 1:
+        raise ValueError(f"itemknn_bm25: B must be in [0, 1], got {params['B']!r}")
+
+
 def fit(name: str, X, params: dict, seed: int = 0) -> Fitted:
-    """Fit baseline ``name`` with ``params`` on the binary user x item csr ``X``."""
+    """Fit baseline ``name`` with ``params`` (checked: :func:`check_params`) on the binary user x
+    item csr ``X``."""
+    check_params(name, params)
     if name == "most_popular":
         return Fitted(name, params, X, popularity=np.asarray(X.sum(axis=0)).ravel())
     if name == "ease":
@@ -158,8 +191,17 @@ def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None) -> tuple[d
     """The grid point of ``name`` with the best validation recall@100 on ``rows`` (users with at
     least two training clicks), fitted without each user's last training click and scored over the
     eligible ads minus the clicks it kept. Returns (best params, [(params, recall), ...])."""
+    grid = GRIDS[name] if grid is None and name in GRIDS else grid
+    if grid is None:
+        raise ValueError(f"unknown baseline {name!r}; choose from {BASELINES}")
+    if not len(grid):
+        raise ValueError(f"{name}: an empty grid")
+    for params in grid:  # every point checked before the first fit
+        check_params(name, params)
     X, last = user_items(data, exclude_last=True)
-    rows = rows[last[rows] >= 0]
+    rows = rows[last[np.asarray(rows, np.int64)] >= 0]
+    if not rows.size:
+        raise ValueError(f"{data.name}: no evaluated user has two training clicks to hold one back for validation")
     relevant = [np.array([last[r]]) for r in rows]
 
     def candidates(r):
@@ -168,7 +210,7 @@ def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None) -> tuple[d
         return mask
 
     trials = []
-    for params in (GRIDS[name] if grid is None else grid):
+    for params in grid:
         if name == "ease" and X.shape[1] > EASE_MAX_ITEMS:
             break
         fitted = fit(name, X, params, seed)

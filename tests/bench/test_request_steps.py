@@ -9,3 +9,15 @@ def test_request_step_rows_verify_themselves(tmp_path):
     assert [(r["step"], r["batch"]) for r in rows] == [("gather", 1), ("gather", 3), ("final_rank", 1),
                                                        ("final_radix", 1), ("final_rank", 4), ("final_radix", 4)]
     assert all(r["verified"] == "yes" for r in rows)
+
+
+def test_bad_arguments_are_refused_before_any_work(tmp_path, capsys):
+    import pytest
+
+    for args in (["--steps", "bogus"], ["--batches", "0"], ["--batches", "x"], ["--reps", "0"], ["--k", "0"],
+                 ["--k", "5000"], ["--kept", "4000", "--n", "3000"], []):  # [] : the simulator has no device time
+        with pytest.raises(SystemExit) as e:
+            request_steps.main(["--out", str(tmp_path / "o"), *args])
+        assert e.value.code == 2, args
+    assert not (tmp_path / "o").exists()
+    assert "simulator" in capsys.readouterr().err

@@ -223,6 +223,8 @@ def test_pool_edge_tables(rng):
     empty = Pool(anb.AdTable.from_float(np.zeros((0, D)), dtype="fp16"), TargetingIndex(empty_rules), max_k=5)
     out = empty.retrieve(req, {}, k=5)
     assert np.all(out.ids == -1) and out.n_eligible == 0
+    with pytest.raises(RuleError):  # nothing to match, but a bad profile is still refused
+        empty.retrieve(req, {"no such category": 1}, k=5)
     extra = anb.AdTable.from_float(rng.standard_normal((51, D)), dtype="fp16", ad_ids=np.append(table.ad_ids, 10 ** 9))
     with pytest.raises(ValueError, match="index does not"):
         Pool(extra, index)

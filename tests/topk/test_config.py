@@ -25,7 +25,8 @@ def test_defaults_are_the_documented_choices():
 
 @pytest.mark.parametrize("kwargs,exc,match", [
     (dict(path="fast"), ValueError, "path"), (dict(final_merge="sort"), ValueError, "final_merge"),
-    (dict(final="sort"), ValueError, "final"),
+    (dict(final="sort"), ValueError, "final"), (dict(final=np.array(["radix"])), ValueError, "final"),
+    (dict(path=np.array(["auto"])), ValueError, "path"),
     (dict(sort_warp_sync=1), TypeError, "sort_warp_sync"), (dict(tuning={"seed_min_n": 5}), TypeError, "TopKTuning"),
 ])
 def test_bad_config_is_refused(kwargs, exc, match):

@@ -6,6 +6,7 @@ import pytest
 
 pytest.importorskip("implicit")
 
+from andromeda_nb import reference  # noqa: E402
 from andromeda_nb.analysis import quality as Q  # noqa: E402
 from andromeda_nb.datasets import multi_interest as mi  # noqa: E402
 from andromeda_nb.training import baselines as B  # noqa: E402
@@ -133,11 +134,52 @@ def test_reports_show_baselines_beside_the_models():
 
 
 def test_evaluation_top_k_edges():
-    """The evaluation's top-k: ties to the lower slot, NaN and -inf never returned, pads past the
-    eligible ads, k above the item count."""
+    """The evaluation's top-k is the oracle's: ties to the lower slot, +-inf ranked (float64, past
+    float32's range too), NaN never returned, pads past the eligible ads, k above the item count."""
     scores = np.array([[1.0, 3.0, 3.0, np.nan, 2.0, -np.inf], [np.nan] * 6, [0.0] * 6], np.float32)
     mask = np.ones_like(scores, bool)
     mask[2, :4] = False
     got = Q._topk_rows(scores, mask, 8)
-    np.testing.assert_array_equal(got, [[1, 2, 4, 0, -1, -1, -1, -1], [-1] * 8, [4, 5, -1, -1, -1, -1, -1, -1]])
+    np.testing.assert_array_equal(got, [[1, 2, 4, 0, 5, -1, -1, -1], [-1] * 8, [4, 5, -1, -1, -1, -1, -1, -1]])
     assert Q._topk_rows(scores[:, :0], mask[:, :0], 3).tolist() == [[-1] * 3] * 3
+    big = np.array([[1e300, 1e301, 5.0, np.inf, -np.inf]])  # past float32: still ordered
+    np.testing.assert_array_equal(Q._topk_rows(big, np.ones_like(big, bool), 3), [[3, 1, 0]])
+    rng = np.random.default_rng(5)  # against the oracle on random ties
+    s = rng.integers(0, 4, (6, 40)).astype(np.float64)
+    m = rng.random((6, 40)) < 0.7
+    for i, row in enumerate(Q._topk_rows(s, m, 9)):
+        np.testing.assert_array_equal(row, reference.topk(s[i], 9, eligible=m[i]).ids)
+
+
+def test_bad_baseline_input_is_refused_before_any_fit(data):
+    X = B.user_items(data)
+    for name, params, match in (("itemknn_cosine", {"K": 0}, "K must be an int >= 1"),
+                                ("itemknn_bm25", {"K": 5, "K1": 1.2, "B": 2.0}, "B must be in"),
+                                ("als", {"factors": 8}, "takes the parameters"),
+                                ("ease", {"l2": 0.0}, "l2 must be a number > 0"),
+                                ("bpr", {"factors": 8, "learning_rate": float("nan"), "regularization": 0.0,
+                                         "iterations": 5}, "learning_rate"),
+                                ("nosuch", {}, "unknown baseline")):
+        with pytest.raises(ValueError, match=match):
+            B.fit(name, X, params)
+    with pytest.raises(ValueError, match="K must be"):  # the whole grid is checked before the first fit
+        B.tune("itemknn_cosine", data, data.eval_rows[:20], grid=({"K": 5}, {"K": 0}))
+    with pytest.raises(ValueError, match="empty grid"):
+        B.tune("ease", data, data.eval_rows[:20], grid=())
+    one_click = np.flatnonzero(data.seq_len < 2)
+    if one_click.size:
+        with pytest.raises(ValueError, match="two training clicks"):
+            B.tune("most_popular", data, one_click)
+    for kwargs, match in ((dict(names=["most_popular", "nosuch"]), "unknown baselines"), (dict(seeds=[]), "seed"),
+                          (dict(names=[]), "unknown baselines")):
+        with pytest.raises(ValueError, match=match):
+            Q.run_baselines(data, "smoke", progress=False, **kwargs)
+    with pytest.raises(ValueError, match="unknown preset"):
+        Q.run_baselines(data, "nosuch", progress=False)
+
+
+def test_every_grid_point_is_valid():
+    assert set(B.GRIDS) == set(B.BASELINES) == set(B.PARAMS)
+    for name, grid in B.GRIDS.items():
+        for params in grid:
+            B.check_params(name, params)
