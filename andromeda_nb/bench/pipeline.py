@@ -51,14 +51,6 @@ OPEN_LOOP_REQUESTS = 3000
 APPLY_BATCHES = ((1_000, 20), (10_000, 10), (100_000, 5))
 #: the largest pool the apply rows run on (a first batch doubles the pool's slots)
 APPLY_MAX_ADS = 10 ** 7
-#: the request latency during updates (:func:`_during_rows`, on the 10^7-ad pool): updates offered
-#: a second, their batch, timed requests
-DURING_RATE, DURING_BATCH, DURING_CALLS = 100_000, 1_000, 200
-#: the soak (:func:`_soak_rows`, on the 10^7-ad pool): updates, their batch, requests, their call
-#: size and the checkpoints
-SOAK_UPDATES, SOAK_BATCH, SOAK_REQUESTS, SOAK_REQUEST_BATCH, SOAK_CHECKPOINTS = 10 ** 6, 10_000, 10 ** 4, 25, 10
-#: the soak's time budget: past it, it stops at its next checkpoint (each rebuilds the 10^7-ad index)
-SOAK_SECONDS = 420
 
 
 def _log(msg: str) -> None:
@@ -336,247 +328,6 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
     return out
 
 
-def _during_rows(env, ceil, world, pool, reqs, profiles, n, rate=DURING_RATE, calls=DURING_CALLS,
-                 batch=DURING_BATCH, k=K) -> list[dict]:
-    """One request at a time (``calls`` calls of Pool.retrieve, batch 1), first alone, then while
-    update batches of ``batch`` random ops arrive at ``rate`` updates/s (generated beforehand):
-    before each request the loop applies the next batch if it has arrived (at most one: updates
-    and requests interleave, a backlog does not starve the requests), and the request's latency is
-    its own call (the batch's device work precedes it in stream order). When apply cannot keep up,
-    a batch precedes every request and the row reports the rate achieved. Answers: the last call's,
-    against the reference."""
-    from ..device import launch
-    from ..pipeline import PoolUpdate
-    from ..targeting import RETIRE
-    from .targeting_world import UpdateStream
-
-    cuda = launch.cuda()
-    stream = UpdateStream(world, seed=53, n_templates=min(100_000, n))
-    rng = np.random.default_rng(59)
-
-    def update():
-        tb = stream.batch(batch)
-        emb = (rng.standard_normal((batch, D)) * 0.5).astype(np.float32)
-        return PoolUpdate(tb, emb, rng.standard_normal(batch).astype(np.float32), tb.ops != RETIRE).checked()
-
-    pool.apply(update())  # warm (a first batch may grow the pool: the world has no spare slots)
-    for q in range(3):
-        pool.retrieve(reqs[q], profiles[q], k)
-    cuda.synchronize()
-    alone = _timed(lambda: pool.retrieve(reqs[0], profiles[0], k), calls)
-    pending = [update() for _ in range(calls)]  # at most one a request, made outside the timing
-    lat, applied, t_apply = [], 0, 0.0
-    t0 = time.perf_counter()
-    for c in range(calls):
-        if int(rate * (time.perf_counter() - t0)) // batch > applied:  # the next batch has arrived
-            ta = time.perf_counter()
-            pool.apply(pending[applied])
-            t_apply += time.perf_counter() - ta
-            applied += 1
-        q = c % len(reqs)
-        tr = time.perf_counter()
-        out = pool.retrieve(reqs[q], profiles[q], k)
-        lat.append(time.perf_counter() - tr)
-    elapsed = time.perf_counter() - t0
-    verified = _verify(pool, _IndexView(pool), [reqs[q]], [profiles[q]], [out], k)
-    achieved = applied * batch / elapsed
-    rows = []
-    for variant, xs in (("retrieve_alone", alone), ("retrieve_during_updates", lat)):
-        p50, p99 = _quantiles(xs)
-        notes = ("one request a call, no updates" if variant == "retrieve_alone" else
-                 f"updates offered at {rate:,.0f}/s in batches of {batch:,}, applied {achieved:,.0f}/s "
-                 f"({applied * batch:,} in {elapsed:.2f} s; {t_apply:.2f} s of it in apply); latency = the "
-                 f"retrieve call alone; p50 {p50 / _quantiles(alone)[0]:.2f}x, p99 "
-                 f"{p99 / _quantiles(alone)[1]:.2f}x the latency alone")
-        r = _row(env, ceil, variant, n, 1, p50, p99, float("nan"), 1, 0, verified, access="bitset", notes=notes)
-        r.update(items_per_s="", achieved_TBps="", fraction_of_read_ceiling="", device_seconds="",
-                 bytes_per_item="", math=pool.config.math)
-        rows.append(r)
-    return rows
-
-
-class _IndexView:
-    """What :func:`_verify` reads of a world, from a pool that has taken updates: its host index."""
-
-    def __init__(self, pool):
-        self.index, self.dev, self.n = pool.index.index, pool.index, pool.n_ads
-
-
-class _HostMirror:
-    """What the device table must hold, kept on the host from the updates alone: each slot's row
-    words, bias and ad id (-1 free), started from a copy of the table."""
-
-    def __init__(self, table):
-        self.words = table.words.copy_to_host()
-        self.bias = table.bias.copy_to_host()
-        self.ids = table.ad_ids.copy_to_host()
-
-    def follow(self, update, slots) -> None:
-        """An applied :class:`~andromeda_nb.pipeline.PoolUpdate`, op by op in order (``slots``: each
-        op's slot, the delta's): a create or a change with a row writes it, a retire zeroes the slot."""
-        from ..targeting import RETIRE
-
-        top = int(slots.max(initial=-1)) + 1
-        if top > self.ids.size:  # the pool grew: new slots are free and zero
-            extra = max(top, 2 * self.ids.size) - self.ids.size
-            self.words = np.concatenate([self.words, np.zeros((extra, self.words.shape[1]), np.uint64)])
-            self.bias = np.concatenate([self.bias, np.zeros(extra, np.float32)])
-            self.ids = np.concatenate([self.ids, np.full(extra, -1, np.int64)])
-        rows = update.embeddings.astype(np.float16).view(np.uint64).reshape(len(update), -1)
-        ops, ids = update.targeting.ops, update.targeting.ad_ids
-        for j in range(len(update)):
-            s = slots[j]
-            if ops[j] == RETIRE:
-                self.words[s], self.bias[s], self.ids[s] = 0, 0.0, -1
-                continue
-            self.ids[s] = ids[j]
-            if update.sets_row[j]:
-                self.words[s], self.bias[s] = rows[j], update.bias[j]
-
-    def check(self, pool) -> str:
-        """'' when the device table equals the mirror (every word, bias and id), else what differs."""
-        t = pool.table
-        n = t.ad_ids.shape[0]
-        if n > self.ids.size:
-            return f"the device table has {n:,} slots, the mirror {self.ids.size:,}"
-        for name, dev, host in (("ad ids", t.ad_ids, self.ids[:n]), ("biases", t.bias, self.bias[:n]),
-                                ("rows", t.words, self.words[:n])):
-            got = dev.copy_to_host()
-            if not np.array_equal(got, host):
-                bad = np.flatnonzero((got != host).reshape(n, -1).any(axis=1))
-                return f"{name} differ at {bad.size:,} slots (first {bad[:4].tolist()})"
-        return ""
-
-
-def _float64_check(pool, mirror, req, profile, out, k: int = K) -> str:
-    """'' when ``out`` (one request's answer) is the float64 oracle's top-k over the live eligible
-    ads (the CPU match on the host index, scores in float64 from the mirror's rows), up to near-ties;
-    else why not."""
-    from .. import checks, reference
-    from ..model import AdTable
-
-    index = pool.index.index
-    words, count = index.match_cpu(profile)
-    elig = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:mirror.ids.size])
-    elig = elig[mirror.ids[elig] >= 0]
-    if out.n_eligible != elig.size:
-        return f"n_eligible {out.n_eligible} != {elig.size} live eligible ads"
-    emb = mirror.words[elig].view(np.float16).reshape(elig.size, -1)
-    sub = AdTable(embeddings=emb, bias=mirror.bias[elig], scale=None, ad_ids=mirror.ids[elig], dtype="fp16")
-    ref = reference.score(req, sub)
-    got = checks.compare_topk_float64(out.ids, ref, k, sub.ad_ids, swappable=checks.near_tie_ads(req, sub))
-    return "" if got.ok else got.message
-
-
-def _soak_run(env, ceil, n: int) -> dict:
-    """The soak on its own world of ``n`` ads with spare slots (its batches never grow the pool:
-    the checkpoints' rebuilds stay at ``n`` slots) and a pool built from a host table in fp32 math."""
-    from ..datasets import synthetic as syn
-    from ..model import AdTable, Request
-    from ..pipeline import Pool
-    from ..score import KernelConfig
-    from .targeting_world import World
-
-    _log(f"soak world of {n:,} ads")
-    world = World(n, spare=2 * SOAK_BATCH)
-    try:
-        rng = np.random.default_rng(47)
-        table = AdTable.from_float(rng.standard_normal((n, D), np.float32), rng.standard_normal(n, np.float32),
-                                   dtype="fp16", ad_ids=world.rules.ad_ids)
-        pool = Pool(table, world.dev, max_batch=SOAK_REQUEST_BATCH, max_k=K, config=KernelConfig(math="fp32"))
-        del table
-        profiles = syn.generate_profiles(world.schema, 64, seed=203)
-        reqs = [Request.random(D, E, KE, rng) for _ in range(64)]
-        return _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, batch=SOAK_BATCH,
-                          requests=SOAK_REQUESTS, request_batch=SOAK_REQUEST_BATCH, checkpoints=SOAK_CHECKPOINTS,
-                          k=K, templates=min(100_000, n), seconds=SOAK_SECONDS)
-    finally:
-        world.free()
-
-
-def _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, batch=SOAK_BATCH,
-               requests=SOAK_REQUESTS, request_batch=SOAK_REQUEST_BATCH, checkpoints=SOAK_CHECKPOINTS, k=K,
-               templates=100_000, seconds=SOAK_SECONDS) -> dict:
-    """Random update batches (:class:`~.targeting_world.UpdateStream`) interleaved with requests
-    on one pool: ``updates`` updates in batches of ``batch``, ``requests`` requests in calls of
-    ``request_batch`` spread evenly between them. At ``checkpoints`` evenly spaced points the host
-    index equals a rebuild of its rules, the device table equals a host mirror kept from the updates
-    alone (every row word, bias, ad id), the table's ad ids equal the index's, and the last call's
-    first and last requests equal the float64 oracle over the live eligible ads (fp32 math; the
-    CPU match on the host index), up to near-ties. A run past ``seconds`` stops at its next
-    checkpoint (the row says how far it got). One row: updates/s and requests/s over the run."""
-    from ..device import launch
-    from ..pipeline import PoolUpdate
-    from ..targeting import RETIRE
-    from .targeting_world import UpdateStream
-
-    cuda = launch.cuda()
-    stream = UpdateStream(world, seed=41, n_templates=templates)
-    rng = np.random.default_rng(43)
-    mirror = _HostMirror(pool.table)
-    n_batches = max(1, updates // batch)
-    calls_per_batch = max(1, requests // request_batch // n_batches)
-    every = max(1, n_batches // checkpoints)
-    failures, passed, sampled, t_apply, t_req, t_check, served = [], 0, 0, 0.0, 0.0, 0.0, 0
-    start, done = time.perf_counter(), 0
-    for i in range(n_batches):
-        tb = stream.batch(batch)
-        emb = (rng.standard_normal((batch, D)) * 0.5).astype(np.float32)
-        update = PoolUpdate(tb, emb, rng.standard_normal(batch).astype(np.float32), tb.ops != RETIRE).checked()
-        t0 = time.perf_counter()
-        delta = pool.apply(update)
-        cuda.synchronize()
-        t_apply += time.perf_counter() - t0
-        mirror.follow(update, delta.slots)
-        for c in range(calls_per_batch):
-            pick = rng.integers(0, len(reqs), request_batch)
-            t0 = time.perf_counter()
-            outs = pool.retrieve([reqs[q] for q in pick], [profiles[q] for q in pick], k)
-            t_req += time.perf_counter() - t0
-            served += request_batch
-        done = i + 1
-        if done % every == 0 or done == n_batches:
-            t0 = time.perf_counter()
-            why = []
-            try:
-                pool.index.index.assert_same(pool.index.index.rebuild())
-            except AssertionError as e:
-                why.append(f"index != rebuild ({e})")
-            if not np.array_equal(pool.table.ad_ids.copy_to_host(), pool.index.index.ad_ids):
-                why.append("table ids != index ids")
-            table = mirror.check(pool)
-            if table:
-                why.append(f"table != mirror: {table}")
-            for b in sorted({0, request_batch - 1}):
-                sampled += 1
-                msg = _float64_check(pool, mirror, reqs[pick[b]], profiles[pick[b]], outs[b], k)
-                if msg:
-                    why.append(f"request {b}: {msg}")
-            if why:
-                failures.append(f"after batch {done}: " + "; ".join(why))
-            else:
-                passed += 1
-            t_check += time.perf_counter() - t0
-            _log(f"soak: {done * batch:,} updates ({t_apply:.1f}s in apply), {served:,} requests ({t_req:.1f}s), "
-                 f"checkpoint {passed + len(failures)} {'ok' if not why else 'FAILED'} ({t_check:.1f}s in checks)")
-            if time.perf_counter() - start > seconds and done < n_batches:
-                break
-    n_checks = passed + len(failures)
-    verified = (f"ok: {passed}/{n_checks} checkpoints (index = rebuild, device table = host mirror of the "
-                f"updates, table ids = index ids, {sampled} sampled requests = float64 oracle over the live ads)"
-                if not failures else "FAILED: " + " | ".join(failures[:3]))
-    total = done * batch
-    cut = (f"; stopped at the {seconds:.0f} s budget after {total:,} of {n_batches * batch:,} updates"
-           if done < n_batches else "")
-    r = _row(env, ceil, "pool_soak", n, batch, t_apply / done, t_apply / done, float("nan"), batch, 0,
-             verified, notes=(f"{total:,} updates in batches of {batch:,} ({total / t_apply:,.0f} updates/s in apply), "
-                              f"{served:,} requests in calls of {request_batch} ({served / t_req:,.0f} requests/s), "
-                              f"{n_checks} checkpoints; pool {n:,} -> {pool.n_ads:,} slots, fp32 math{cut}"))
-    r.update(requests_per_s=f"{served / t_req:.6e}", achieved_TBps="", fraction_of_read_ceiling="", device_seconds="",
-             bytes_per_item="", seconds_p99="", math=pool.config.math)
-    return r
-
-
 def _launch_rows(env, ceil, pool) -> list[dict]:
     """Host seconds of one launch of the batched filter kernel (13 arguments): Numba's dispatch
     against a bound launch of the same kernel and arguments."""
@@ -668,8 +419,8 @@ class ApplyCase(harness.Case):
 
 @dataclass(frozen=True)
 class DuringCase(harness.Case):
-    """One request at a time alone, then while updates arrive (:func:`_during_rows`); pools up to
-    :data:`APPLY_MAX_ADS`, after the other cases of its size (its updates grow the pool)."""
+    """One request at a time alone, then while updates arrive (:func:`.live_pool._during_rows`);
+    pools up to :data:`APPLY_MAX_ADS`, after the other cases of its size (its updates grow the pool)."""
 
     n_ads: int | None = None
     access: str = "bitset"
@@ -681,8 +432,8 @@ class DuringCase(harness.Case):
 
 @dataclass(frozen=True)
 class SoakCase(harness.Case):
-    """Updates interleaved with requests, checked at checkpoints (:func:`_soak_rows`); pools up to
-    :data:`APPLY_MAX_ADS`, after the apply case (it too grows its pool), fp32 math (the float64
+    """Updates interleaved with requests, checked at checkpoints (:func:`.live_pool._soak_rows`);
+    pools up to :data:`APPLY_MAX_ADS`, after the apply case (it too grows its pool), fp32 math (the float64
     oracle's tolerance)."""
 
     variant: str = "pool_soak"
@@ -775,10 +526,14 @@ class Run(harness.Run):
             self.close()  # the pool grew past its world: the next case builds both again
             return rows
         if isinstance(case, DuringCase):
+            from .live_pool import _during_rows
+
             rows = _during_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
             self.close()  # the updates moved the pool past its world
             return rows
         if isinstance(case, SoakCase):
+            from .live_pool import _soak_run
+
             self.close()  # the soak builds its own world (with spare slots) and pool
             return [_soak_run(self.env, self.ceil, case.n_ads)]
         self.pool = self.table = None  # the tiles table takes their place

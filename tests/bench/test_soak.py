@@ -7,6 +7,7 @@ import pytest
 
 import andromeda_nb as anb
 from andromeda_nb.bench import harness
+from andromeda_nb.bench import live_pool as L
 from andromeda_nb.bench import pipeline as P
 from andromeda_nb.pipeline import Pool
 
@@ -29,7 +30,7 @@ def soak_world():
 def _soak(world, table, reqs, profiles, pool):
     env = {c: "" for c in harness.SCHEMA}
     ceil = harness.Ceilings(1.0, 1.0, 1.0)
-    return P._soak_rows(env, ceil, world, pool, reqs, profiles, 600, updates=240, batch=60, requests=16,
+    return L._soak_rows(env, ceil, world, pool, reqs, profiles, 600, updates=240, batch=60, requests=16,
                         request_batch=4, checkpoints=2, k=8, templates=200)
 
 
@@ -47,9 +48,9 @@ def test_the_soak_run_builds_a_pool_with_spare_slots(monkeypatch):
     """The bench's own soak world: spare slots (no growth), a pool from a host table, its sizes."""
     for name, value in (("SOAK_UPDATES", 120), ("SOAK_BATCH", 60), ("SOAK_REQUESTS", 8), ("SOAK_REQUEST_BATCH", 4),
                         ("SOAK_CHECKPOINTS", 2), ("K", 8)):
-        monkeypatch.setattr(P, name, value)
+        monkeypatch.setattr(L, name, value)
     env = {c: "" for c in harness.SCHEMA}
-    row = P._soak_run(env, harness.Ceilings(1.0, 1.0, 1.0), 500)
+    row = L._soak_run(env, harness.Ceilings(1.0, 1.0, 1.0), 500)
     assert row["verified"].startswith("ok: 2/2 checkpoints"), row["verified"]
     assert "pool 500 -> 620 slots" in row["notes"] and "stopped" not in row["notes"]
 
@@ -57,7 +58,7 @@ def test_the_soak_run_builds_a_pool_with_spare_slots(monkeypatch):
 def test_soak_finds_a_table_that_missed_an_update(soak_world, monkeypatch):
     world, table, reqs, profiles = soak_world
     pool = Pool(table, world.dev, max_batch=4, max_k=8, config=anb.KernelConfig(math="fp32"))
-    follow = P._HostMirror.follow
+    follow = L._HostMirror.follow
     calls = []
 
     def one_row_off(self, update, slots):  # after the first batch the mirror expects a row never written
@@ -66,9 +67,9 @@ def test_soak_finds_a_table_that_missed_an_update(soak_world, monkeypatch):
             self.words[slots[0], 0] ^= np.uint64(1)
         calls.append(1)
 
-    monkeypatch.setattr(P._HostMirror, "follow", one_row_off)
+    monkeypatch.setattr(L._HostMirror, "follow", one_row_off)
     env = {c: "" for c in harness.SCHEMA}
-    row = P._soak_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, 600, updates=240,
+    row = L._soak_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, 600, updates=240,
                        batch=60, requests=16, request_batch=4, checkpoints=2, k=8, templates=200, seconds=0)
     assert row["verified"].startswith("FAILED") and "table != mirror: rows differ" in row["verified"]
     assert "stopped at the 0 s budget after 120 of 240 updates" in row["notes"]  # the time budget ends a run
@@ -81,7 +82,7 @@ def test_requests_during_updates_rows(soak_world):
     world, table, reqs, profiles = soak_world
     pool = Pool(table, world.dev, max_batch=4, max_k=8)
     env = {c: "" for c in harness.SCHEMA}
-    rows = P._during_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, 600, rate=1e6,
+    rows = L._during_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, 600, rate=1e6,
                           calls=4, batch=30, k=8)
     assert [r["variant"] for r in rows] == ["retrieve_alone", "retrieve_during_updates"]
     assert all(r["verified"].startswith("ok") for r in rows), rows[0]["verified"]
