@@ -130,9 +130,10 @@ def _host_profile(call, calls: int, out_dir, name: str) -> None:
 
 
 def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out, batches=BATCHES,
-                   diagnostics: bool = True, profile_batch: bool = False) -> list[dict]:
+                   diagnostics: bool = True, profile_batch: bool = False, variant: str = "retrieve") -> list[dict]:
     """``profile_batch``: the profiles given as one :class:`~andromeda_nb.targeting.ProfileBatch` (built
-    outside the timing), variant ``retrieve_profile_batch``, without the batch-1 extra rows."""
+    outside the timing), variant ``retrieve_profile_batch``, without the batch-1 extra rows;
+    ``variant`` another name for the rows (and no batch-1 extra rows where it is not ``retrieve``)."""
     from ..pipeline import StepTimes
     from ..targeting import ProfileBatch
 
@@ -164,16 +165,17 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
         notes = ("device steps (us, median): " + ", ".join(f"{s} {v * 1e6:.1f}" for s, v in per_step.items())
                  + f"; bytes a request: match {match_bytes / 1e6:.1f} MB (host byte model), gather {n / 8e6:.1f} MB, "
                  f"{elig:,.0f} eligible x 140 B")
-        if B == 32:
+        if B == 32 and variant != "retrieve_bound_launches":
             _host_profile(lambda: pool.retrieve(batch, profs, K), 30, args_out,
                           f"{pool.n_ads}_{pool.config.math}_batch{B}{'_columns' if profile_batch else ''}")
-        variant = "retrieve_profile_batch" if profile_batch else "retrieve"
+        variant = "retrieve_profile_batch" if profile_batch else variant
         if profile_batch:
             notes += "; profiles as one ProfileBatch (columns)"
+        notes += f"; launches after the match: {pool.launches} (device steps timed one by one)"
         rows.append(_row(env, ceil, variant, n, B, wall, p99, device, B * elig, request_bytes / elig, verified,
                          access="bitset", eligible_fraction=f"{elig / n:.5f}", categories=len(world.schema),
                          layout=pool.table.layout, notes=notes))
-        if B == 1 and not profile_batch:
+        if B == 1 and variant == "retrieve":
             sparse = [sum(v for s, v in c.items() if s not in ("weights", "match", "answers")) for c in steps]
             dev = statistics.median(sparse)
             rows.append(_row(env, ceil, "score_sparse", n, 1, dev, _quantiles(sparse)[1], dev, elig,
@@ -374,8 +376,11 @@ class RetrieveCase(harness.Case):
     math: str = "fp32"
     run_in: str = "both"
     profile_batch: bool = False  # the profiles as one ProfileBatch (variant retrieve_profile_batch)
+    launches: str = "auto"  # "bound": the pool's launches one by one, not its graph (retrieve_bound_launches)
 
     def variants(self) -> tuple[str, ...]:
+        if self.launches == "bound":
+            return ("retrieve_bound_launches",)
         if self.profile_batch:
             return ("retrieve_profile_batch",)
         return ("retrieve",) + (("score_sparse", "match_eligible") if self.batch == 1 and self.diagnostics else
@@ -465,6 +470,7 @@ PHASES = {
     # the fp16 math mode (KernelConfig(math="fp16"): the gate on the tensor cores) on the same calls
     "fp16": (*(RetrieveCase(B, diagnostics=False, math="fp16") for B in (1, 32)),
              *(RetrieveCase(B, diagnostics=False, math="fp16", profile_batch=True) for B in (1, 32)),
+             *(RetrieveCase(B, diagnostics=False, math="fp16", launches="bound") for B in (1, 32)),
              ScoreTopkCase(math="fp16")),
     "during": (DuringCase(),),
     "apply": (ApplyCase(),),
@@ -513,9 +519,14 @@ class Run(harness.Run):
         self.setup(case.n_ads, pool=not isinstance(case, ScoreTopkCase), math=getattr(case, "math", "fp32"))
         if isinstance(case, RetrieveCase):
             batches = (case.batch,)
-            return _retrieve_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,
-                                  self.match_bytes, self.n, self.options.out, batches, case.diagnostics,
-                                  case.profile_batch)
+            # the same pool with its launches one by one (the attribute is read at each call)
+            launches, self.pool.launches = self.pool.launches, "bound" if case.launches == "bound" else self.pool.launches
+            try:
+                return _retrieve_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,
+                                      self.match_bytes, self.n, self.options.out, batches, case.diagnostics,
+                                      case.profile_batch, case.variants()[0])
+            finally:
+                self.pool.launches = launches
         if isinstance(case, LaunchCase):
             return _launch_rows(self.env, self.ceil, self.pool)
         if isinstance(case, OpenLoopCase):

@@ -18,9 +18,11 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..device import launch
-from ..targeting import (WORD_BITS, RuleError, TargetingIndex, UpdateBatch, UpdateDelta, make_profile, mask_from_bits,
-                         table_slots)
+from ..targeting import (WORD_BITS, ProfileBatch, RuleError, TargetingIndex, UpdateBatch, UpdateDelta, make_profile,
+                         mask_from_bits, table_slots)
 from .config import MatchConfig
+from .kernels import MAX_BATCH, OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
+from .plan_kernels import OK, plan_batch_kernel
 from .staging import Stager
 
 #: The match kernel's default words per thread (``MatchConfig().words_per_thread``), for tables
@@ -35,8 +37,6 @@ def plan_ops(inc_ptr, inc_rows, exc_ptr, exc_rows) -> tuple[np.ndarray, np.ndarr
     category its include rows (the first flagged OP_FIRST, the last OP_CLOSE; none: one OP_ZERO op),
     then its exclude rows (OP_EXC). Args as :class:`~andromeda_nb.targeting.MatchPlan`'s arrays
     (include row ids already mapped to device row ids). Returns ``(op_row, op_kind)``, int64."""
-    from .kernels import OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
-
     rows, kinds = [], []
     for c in range(len(inc_ptr) - 1):
         inc = inc_rows[inc_ptr[c]:inc_ptr[c + 1]]
@@ -54,8 +54,6 @@ def plan_ops(inc_ptr, inc_rows, exc_ptr, exc_rows) -> tuple[np.ndarray, np.ndarr
 
 
 def _max_batch() -> int:
-    from .kernels import MAX_BATCH
-
     return MAX_BATCH
 
 
@@ -308,11 +306,6 @@ class DeviceTargetingIndex:
 
         Each request's rows are those of :meth:`~andromeda_nb.targeting.TargetingIndex.plan`, laid
         out by a compiled planner (:mod:`.plan_kernels`) from the index's current tables."""
-        from .kernels import OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
-        from .plan_kernels import OK, plan_batch_kernel
-
-        from ..targeting import ProfileBatch
-
         idx = self.index
         columns = isinstance(profiles, ProfileBatch)
         if columns and profiles.schema != idx.schema:

@@ -6,8 +6,9 @@ one-shot function over a device table and index. A pool stays live: :meth:`Pool.
 :class:`PoolUpdate` (:mod:`.updates`, the columnar batch of ad creates, changes and retires).
 """
 
-from .pool import Pool, Retrieved, StepTimes
+from .pool import Pool, Retrieved
 from .retrieve import retrieve
+from .step_times import StepTimes
 from .updates import PoolUpdate
 
 __all__ = ["Pool", "PoolUpdate", "Retrieved", "StepTimes", "retrieve"]

@@ -11,8 +11,10 @@ The request path of a batch of B requests, all on the device, in stream order::
 
 Everything a call touches is allocated when the pool is built (bitsets, candidate lists, the
 seed's sample, the filter's buffers, pinned host buffers) and every launch after the match is
-bound once per batch size (:class:`~andromeda_nb.device.launch.BoundLaunch`), so a call allocates
-nothing on the device and synchronises the host once. Without a targeting index a request scores
+bound once per batch size (:class:`~andromeda_nb.device.launch.BoundLaunch`) and, on a GPU,
+captured with the copies around it as one CUDA graph (``launches``), so a call allocates nothing
+on the device, makes one driver call for everything after the match, and synchronises the host
+once. Without a targeting index a request scores
 the whole pool (:func:`~andromeda_nb.score.score_topk`'s fused filter path, its buffers kept).
 
 A request whose answer the seeded path cannot guarantee (its seed above its k-th score, more
@@ -28,12 +30,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..device import launch
+from ..match.kernels import MAX_BATCH
 from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
-from ..score.weights import image_size, mma_f16_image, mma_f16_words
+from ..score.launches import check_range
+from ..score.weights import f16_weights, gated_images, image_size, mma_f16_image, mma_f16_words, stack_requests
 from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, table_slots
 from ..topk.api import check_k
+from .bound_match import BoundMatch
 
 #: the seed is the r-th best of a 4,096-score sample of a request's candidates, r chosen so that
 #: about SEED_MARGIN_X2 / 2 * k candidates reach it, and r at least SEED_MIN_RANK. The kept count
@@ -76,14 +81,26 @@ class Pool:
         filter_capacity: scores a request's filter pass may keep (``"auto"``: ``max(4096, 64 *
             max_k)``; the seed aims at about 2.5 k); more (ties at the seed) and it is answered again.
         config: the scoring kernels' :class:`~andromeda_nb.score.KernelConfig`.
+        launches: how a call enqueues its steps after the match: ``"graph"`` (one CUDA graph a
+            request shape, batch size and k, captured on first use and replayed by one driver call),
+            ``"bound"`` (each launch and copy bound once, enqueued one by one), or ``"auto"``
+            (graphs on a GPU; the simulator has none).
 
     Raises:
         TypeError / ValueError: mismatched table and index (sizes, ad ids), bad arguments.
     """
 
     def __init__(self, table, index=None, *, max_batch: int = 64, max_k: int = 1000, layout: str = "auto",
-                 candidate_fraction="auto", filter_capacity="auto", config: KernelConfig | None = None):
+                 candidate_fraction="auto", filter_capacity="auto", config: KernelConfig | None = None,
+                 launches: str = "auto"):
         from ..match import DeviceTargetingIndex
+
+        if launches not in ("auto", "graph", "bound"):
+            raise ValueError(f"launches must be 'auto', 'graph' or 'bound', got {launches!r}")
+        if launches == "graph" and launch.backend.is_simulator():
+            raise ValueError("launches='graph' needs a GPU (the simulator has no CUDA graphs)")
+        self.launches = "bound" if launches == "auto" and launch.backend.is_simulator() else (
+            "graph" if launches == "auto" else launches)
 
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or not 1 <= max_batch <= 4096:
             raise ValueError(f"max_batch must be an int in 1..4096, got {max_batch!r}")
@@ -335,8 +352,6 @@ class Pool:
     def _device_request(self, r) -> DeviceRequest:
         if not isinstance(r, (Request, DeviceRequest, np.ndarray, list, tuple)):
             raise TypeError(f"a request is a Request or a 1-D user vector, got {type(r).__name__}")
-        from ..score.launches import check_range
-
         dr = DeviceRequest.of(r) if not isinstance(r, DeviceRequest) else r
         if dr.d != self.table.d:
             raise ValueError(f"request d={dr.d} does not match the pool's d={self.table.d}")
@@ -380,9 +395,6 @@ class Pool:
         fp32 (:meth:`~andromeda_nb.score.KernelConfig.with_math`). Gated :class:`Request` objects of
         one shape build their images and range checks in one compiled pass over the whole group
         (:func:`~andromeda_nb.score.weights.gated_images`)."""
-        from ..score.launches import check_range
-        from ..score.weights import f16_weights, gated_images, stack_requests
-
         cfg, table = self.config, self.table
         out = {}
         for shape, members in shapes.items():
@@ -433,15 +445,21 @@ class Pool:
         stream = buf.stream
         trace = self.trace
         group.stage(B, images, f16)
-        steps = [("weights", lambda: group.copy_weights(B)),
-                 *(() if matched else [("match", lambda: self._launch_match(plans))]),
-                 *group.steps(B, k),
-                 ("answers", lambda: buf.copy_answers(B))]
-        if trace is None:
-            for _, step in steps:
-                step()
+        graph = group.graph(B, k) if trace is None and self.launches == "graph" else None
+        if graph is not None:
+            if not matched:
+                self._launch_match(plans)
+            graph()
         else:
-            trace.run(steps)
+            steps = [("weights", lambda: group.copy_weights(B)),
+                     *(() if matched else [("match", lambda: self._launch_match(plans))]),
+                     *group.steps(B, k),
+                     ("answers", lambda: buf.copy_answers(B))]
+            if trace is None:
+                for _, step in steps:
+                    step()
+            else:
+                trace.run(steps)
         stream.synchronize()
         counts, elig = buf.host_counts[:B].tolist(), buf.host_elig[:B].tolist()
         ids, scores = buf.host_ids[:B, :k].copy(), buf.host_scores[:B, :k].copy()  # each answer a row of these
@@ -457,15 +475,10 @@ class Pool:
 
     def _prepare_match(self, profiles: list, excl: list) -> list:
         """The batch's match plans on the host, a chunk of the match kernels' largest batch each."""
-        from ..match.kernels import MAX_BATCH
-
         return [self.index.plan_batch(profiles[i:i + MAX_BATCH], excl[i:i + MAX_BATCH], grouped=False)
                 for i in range(0, len(profiles), MAX_BATCH)]
 
     def _launch_match(self, plans: list) -> None:
-        from ..match.kernels import MAX_BATCH
-        from .bound_match import BoundMatch
-
         buf = self._buffers
         if self.index.pool is not self._bound_lists:  # an update grew the device list pool
             self._matchers, self._bound_lists = {}, self.index.pool
@@ -650,6 +663,7 @@ class _Group:
         self.stage_dev = cuda.device_array(pool.max_batch * row, np.uint32)
         self.stage_host = cuda.pinned_array(pool.max_batch * row, np.uint32)
         self._steps: dict = {}
+        self._graphs: dict = {}
         # compile the exact rerun's kernels now, not on the first request that needs them (a rare
         # event whose first occurrence would otherwise stall that call for the compilation)
         from ..score.api import score_topk
@@ -679,6 +693,16 @@ class _Group:
         if key not in self._steps:
             self._steps[key] = self._bind(B, k)
         return self._steps[key]
+
+    def graph(self, B: int, k: int):
+        """The weights' copy, the bound steps and the answers' copies of B requests as one CUDA
+        graph (:func:`~andromeda_nb.device.launch.capture_graph`), or None where none is captured."""
+        key = (B, k)
+        if key not in self._graphs:
+            buf = self.pool._buffers
+            self._graphs[key] = launch.capture_graph(
+                [lambda: self.copy_weights(B), *(step for _, step in self.steps(B, k)), lambda: buf.copy_answers(B)])
+        return self._graphs[key]
 
     def _bind(self, B: int, k: int) -> list:
         """The launches after the match for B requests and top-k, bound once."""
@@ -732,33 +756,6 @@ class _Group:
         finals = _bound_final(fws, k, table.ad_ids)
         return [("reset", reset), ("gather", gather), ("sample", sample), ("seed", seed), ("filter", filt),
                 *((f"final{i}", f) for i, f in enumerate(finals))]
-
-
-class StepTimes:
-    """Device time of each step of :meth:`Pool.retrieve`'s targeted path, by CUDA events around it
-    (``pool.trace = StepTimes(busy)``; each call appends ``{step: seconds}`` to :attr:`calls`).
-
-    ``busy``: a function enqueueing a kernel that keeps the device busy longer than the host takes
-    to enqueue the call (e.g. ``bench.harness.busy``): the steps then queue up behind it and each
-    event pair times the device's work alone, not the host's gaps between launches."""
-
-    def __init__(self, busy=None):
-        self.busy = busy
-        self.calls: list[dict] = []
-
-    def run(self, steps) -> None:
-        cuda = launch.cuda()
-        if self.busy is not None:
-            self.busy()
-        marks = []
-        for name, step in steps:
-            start, end = cuda.event(), cuda.event()
-            start.record()
-            step()
-            end.record()
-            marks.append((name, start, end))
-        end.synchronize()
-        self.calls.append({name: cuda.event_elapsed_time(s, e) / 1e3 for name, s, e in marks})
 
 
 def _bound_final(fws, k: int, ids) -> list:

@@ -241,6 +241,33 @@ def test_pool_options_are_checked_when_it_is_built(rng):
     with pytest.raises(ValueError, match="max_k"):
         Pool(table, index, max_k=0)
     assert Pool(table, index, filter_capacity=1 << 40).filter_capacity == 40
+    with pytest.raises(ValueError, match="launches"):
+        Pool(table, index, launches="graphs")
+    if launch.backend.is_simulator():
+        with pytest.raises(ValueError, match="simulator"):
+            Pool(table, index, launches="graph")
+        assert Pool(table, index).launches == "bound"
+    else:
+        assert Pool(table, index).launches == "graph"
+
+
+@pytest.mark.gpu
+def test_graph_replays_answer_as_bound_launches(rng):
+    """The captured graph replayed call after call (new weights and plans each time, the batch
+    size changing between calls) answers exactly as the same steps launched one by one."""
+    rules, table, index = world(rng, 5000, p_constrain=0.15, p_exclude=0.05)
+    graph, bound = Pool(table, index, max_batch=8, max_k=50), Pool(table, index, max_batch=8, max_k=50,
+                                                                    launches="bound")
+    assert graph.launches == "graph"
+    for B in (1, 3, 1, 8, 3):
+        reqs = [anb.Request.random(D, 4, 2, rng) for _ in range(B)]
+        profs = [random_profile(rng, rules.schema) for _ in range(B)]
+        for a, b, req, prof in zip(graph.retrieve(reqs, profs, k=40), bound.retrieve(reqs, profs, k=40), reqs, profs):
+            np.testing.assert_array_equal(a.ids, b.ids)
+            np.testing.assert_array_equal(a.scores, b.scores)
+            assert (a.n_eligible, a.n_scored) == (b.n_eligible, b.n_scored)
+            check_pool_answer(a, req, rules, graph, prof, 40)
+    assert all(g._graphs and all(v is not None for v in g._graphs.values()) for g in graph._groups.values())
 
 
 def test_retrieve_takes_one_request_of_any_form(rng):
