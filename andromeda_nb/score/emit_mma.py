@@ -17,17 +17,11 @@ SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
 
 
 def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access: str, compact: bool,
-                   n: str = "n_items", row: str = "", slots: str = "load") -> None:
+                   n: str = "n_items", row: str = "") -> None:
     """Emit the loads of tile t (rows 16 t + g and 16 t + g + 8 of a warp's 32 ads, counted from
     ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
     row past the end or not eligible). ``n``: the name of the item count; ``row``: the candidate
-    list's row prefix (``"b, "`` in batched kernels).
-
-    ``slots`` (candidates access): ``"load"`` reads each row's slot from the list here, and the row
-    loads wait for it; ``"first"`` does so and also loads the slots one ``stride`` further into
-    ``ns{q}``; ``"ahead"`` takes the slots from ``ns{q}`` (loaded a round earlier) and loads the
-    next ones. A row's load then never waits on its slot's load: on scattered candidates the
-    dependent pair (slot, then row) cost a full memory latency a tile, every round."""
+    list's row prefix (``"b, "`` in batched kernels)."""
     for q in (2 * t, 2 * t + 1):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
         half = q % 2
         emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
@@ -37,9 +31,7 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
         else:
             emit(f"{ind}okr{q} = ir{q} < {n}")
             emit(f"{ind}sr{q} = ir{q}")
-            if access == "candidates" and slots == "ahead":
-                emit(f"{ind}sr{q} = ns{q}")  # zero past the end: always a valid slot
-            elif access == "candidates":
+            if access == "candidates":
                 emit(f"{ind}if okr{q}:")
                 emit(f"{ind}    sr{q} = int64(cand[{row}ir{q}])")
             elif access == "bitset":
@@ -53,9 +45,6 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
             col = f"c4 + {4 * wi}"
             idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
             emit(f"{ind}    m{q}_{wi} = words[{idx}]")
-        if access == "candidates" and not compact and slots in ("first", "ahead"):
-            emit(f"{ind}ia{q} = ir{q} + stride")
-            emit(f"{ind}ns{q} = int64(cand[{row}ia{q}]) if ia{q} < {n} else int64(0)")
 
 
 def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
@@ -148,8 +137,7 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
     needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
-    soon as that tile is encoded, so loads stay in flight while the warp computes (a candidate
-    list's slots a round before their rows: ``emit_mma_load``'s ``slots``). ``math``:
+    soon as that tile is encoded, so loads stay in flight while the warp computes. ``math``:
     ``"fp32"`` (3xTF32 products) or ``"fp16"`` (h and the weights in fp16, fp32 accumulation)."""
     ind = "        "
     if not prefetch:
@@ -161,7 +149,7 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
         else:
             _emit_mma_tile(emit, ind, t, d, terms)
         if prefetch:
-            emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row, slots="ahead")
+            emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row)
     _emit_mma_store(emit, ind)
 
 

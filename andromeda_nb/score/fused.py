@@ -221,8 +221,7 @@ class _Source:
         if self.prefetch:  # the first round's words (see emit_mma)
             emit(f"    base = cuda.blockIdx.x * {per_round}")
             for t in range(2):
-                emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row,
-                              slots="first")
+                emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row)
         if self.sample:  # positions 0..M of the sample; p: the candidate each one reads
             emit("    whole = n_req <= {}".format(self.sample))
             emit(f"    step = n_req // {self.sample // SAMPLE_RUN}")
