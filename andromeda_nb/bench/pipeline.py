@@ -516,6 +516,11 @@ class Run(harness.Run):
         return rows
 
     def _measure(self, case):
+        if isinstance(case, SoakCase):
+            from .live_pool import _soak_run
+
+            self.close()  # the soak builds its own world (with spare slots) and pool
+            return [_soak_run(self.env, self.ceil, case.n_ads)]
         self.setup(case.n_ads, pool=not isinstance(case, ScoreTopkCase), math=getattr(case, "math", "fp32"))
         if isinstance(case, RetrieveCase):
             batches = (case.batch,)
@@ -542,11 +547,6 @@ class Run(harness.Run):
             rows = _during_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
             self.close()  # the updates moved the pool past its world
             return rows
-        if isinstance(case, SoakCase):
-            from .live_pool import _soak_run
-
-            self.close()  # the soak builds its own world (with spare slots) and pool
-            return [_soak_run(self.env, self.ceil, case.n_ads)]
         self.pool = self.table = None  # the tiles table takes their place
         if self.tiles is None:
             self.tiles = gpu_table(self.n, D, "fp16", "tiles", seed=1)

@@ -12,6 +12,7 @@ read a result (``Eligible.count``, ``to_mask``, ``candidates``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -21,8 +22,6 @@ from ..device import launch
 from ..targeting import (WORD_BITS, ProfileBatch, RuleError, TargetingIndex, UpdateBatch, UpdateDelta, make_profile,
                          mask_from_bits, table_slots)
 from .config import MatchConfig
-from .kernels import MAX_BATCH, OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
-from .plan_kernels import OK, plan_batch_kernel
 from .staging import Stager
 
 #: The match kernel's default words per thread (``MatchConfig().words_per_thread``), for tables
@@ -37,6 +36,8 @@ def plan_ops(inc_ptr, inc_rows, exc_ptr, exc_rows) -> tuple[np.ndarray, np.ndarr
     category its include rows (the first flagged OP_FIRST, the last OP_CLOSE; none: one OP_ZERO op),
     then its exclude rows (OP_EXC). Args as :class:`~andromeda_nb.targeting.MatchPlan`'s arrays
     (include row ids already mapped to device row ids). Returns ``(op_row, op_kind)``, int64."""
+    from .kernels import OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
+
     rows, kinds = [], []
     for c in range(len(inc_ptr) - 1):
         inc = inc_rows[inc_ptr[c]:inc_ptr[c + 1]]
@@ -54,7 +55,18 @@ def plan_ops(inc_ptr, inc_rows, exc_ptr, exc_rows) -> tuple[np.ndarray, np.ndarr
 
 
 def _max_batch() -> int:
-    return MAX_BATCH
+    return _planner()[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _planner() -> tuple:
+    """(MAX_BATCH, OK, plan_batch_kernel, OP_FIRST, OP_CLOSE, OP_EXC, OP_ZERO), imported on first
+    use (the kernels import numba; the package does not until then) and kept: a serving call plans
+    a batch and should not pay for import statements."""
+    from .kernels import MAX_BATCH, OP_CLOSE, OP_EXC, OP_FIRST, OP_ZERO
+    from .plan_kernels import OK, plan_batch_kernel
+
+    return MAX_BATCH, OK, plan_batch_kernel, OP_FIRST, OP_CLOSE, OP_EXC, OP_ZERO
 
 
 #: the flat int64 arrays a batch's plan is made of, in the order the stager uploads them
@@ -306,6 +318,7 @@ class DeviceTargetingIndex:
 
         Each request's rows are those of :meth:`~andromeda_nb.targeting.TargetingIndex.plan`, laid
         out by a compiled planner (:mod:`.plan_kernels`) from the index's current tables."""
+        _, OK, plan_batch_kernel, OP_FIRST, OP_CLOSE, OP_EXC, OP_ZERO = _planner()
         idx = self.index
         columns = isinstance(profiles, ProfileBatch)
         if columns and profiles.schema != idx.schema:

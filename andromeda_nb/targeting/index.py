@@ -347,33 +347,33 @@ class TargetingIndex:
         return np.where(ok, s, -1).astype(np.int64)
 
     def _rule_codes(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ptr, codes, live) of the current rules of some slots."""
+        """(ptr, codes, live) of the current rules of some slots: the build's columns, and for the
+        slots an update rewrote since (the overlay) their new codes."""
         slots = np.asarray(slots, np.int64)
-        over = [i for i, s in enumerate(slots.tolist()) if s in self._overlay]
+        over = (np.flatnonzero(np.isin(slots, np.fromiter(self._overlay, np.int64, len(self._overlay))))
+                if self._overlay else np.zeros(0, np.int64))
         base_slots = slots.copy()
-        if over:
-            base_slots[over] = self.n_ads  # not a base slot: empty
+        base_slots[over] = self.n_ads  # not a base slot: empty
         ptrs, vals, colhi = self._cols
         if ptrs:
-            from .update_kernels import gather_codes
+            from .update_kernels import GATHER_PARALLEL_MIN, gather_codes, gather_codes_parallel
 
-            ptr, codes = gather_codes(ptrs, vals, colhi, base_slots, self._n_base)
+            run = gather_codes_parallel if slots.size >= GATHER_PARALLEL_MIN else gather_codes
+            ptr, codes = run(ptrs, vals, colhi, base_slots, self._n_base)
         else:
             ptr, codes = np.zeros(slots.size + 1, np.int64), np.zeros(0, np.int64)
         live = self.live[slots].copy()
-        if over:
-            sizes = np.diff(ptr).copy()
-            for i in over:
-                sizes[i] = self._overlay[int(slots[i])][1].size
+        if over.size:
+            mine = [self._overlay[s][1] for s in slots[over].tolist()]
+            sizes = np.diff(ptr)
+            sizes[over] = [c.size for c in mine]
             new_ptr = np.zeros(slots.size + 1, np.int64)
             np.cumsum(sizes, out=new_ptr[1:])
             out = np.empty(int(new_ptr[-1]), np.int64)
-            overset = set(over)
-            for i in range(slots.size):
-                if i in overset:
-                    out[new_ptr[i]:new_ptr[i + 1]] = self._overlay[int(slots[i])][1]
-                else:
-                    out[new_ptr[i]:new_ptr[i + 1]] = codes[ptr[i]:ptr[i + 1]]
+            of = np.repeat(np.arange(slots.size, dtype=np.int64), np.diff(ptr))  # each base code's slot
+            out[new_ptr[of] + np.arange(codes.size) - ptr[of]] = codes
+            for i, c in zip(over.tolist(), mine):
+                out[new_ptr[i]:new_ptr[i + 1]] = c
             ptr, codes = new_ptr, out
         return ptr, codes, live
 
@@ -383,12 +383,17 @@ class TargetingIndex:
         slots = np.asarray(slots, np.int64)
         ptr, codes, live = self._rule_codes(slots)
         op_of = np.repeat(np.arange(slots.size, dtype=np.int64), np.diff(ptr))
+        # the codes grouped by column (cat, kind) in one stable sort (slot order kept in a column)
+        column = (codes >> 32).astype(np.int16)
+        order = np.argsort(column, kind="stable")
+        bounds = np.searchsorted(column[order], np.arange(2 * len(self.schema) + 1))
         inc, exc = {}, {}
         for ci, cat in enumerate(self.schema):
             for kind, out in ((0, inc), (1, exc)):
-                sel = (codes >> 32) == ((ci << 1) | kind)
-                if not sel.any():
+                lo, hi = bounds[2 * ci + kind], bounds[2 * ci + kind + 1]
+                if lo == hi:
                     continue
+                sel = order[lo:hi]
                 p = np.zeros(slots.size + 1, np.int64)
                 np.cumsum(np.bincount(op_of[sel], minlength=slots.size), out=p[1:])
                 out[cat.name] = (p, (codes[sel] & 0xFFFFFFFF).astype(np.int32))

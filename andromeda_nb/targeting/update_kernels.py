@@ -12,32 +12,46 @@ from .numba_common import ONE
 from numba import njit, prange, uint64
 
 
-@njit(cache=True)
-def gather_codes(ptrs, vals, colhi, slots, n_base):
+#: slots from which :meth:`~.index.TargetingIndex._rule_codes` runs :data:`gather_codes_parallel`
+#: (a thread pool's start costs more than an update batch's few thousand slots take on one core)
+GATHER_PARALLEL_MIN = 1 << 17
+
+
+def _gather_codes(ptrs, vals, colhi, slots, n_base):
     """Rule codes ``(cat << 33) | (kind << 32) | value`` of the given base slots, sorted per slot
-    (columns come in (cat, kind) order and values are sorted within a column)."""
+    (columns come in (cat, kind) order and values are sorted within a column), as ``(ptr,
+    codes)``. Column by column, a column's slots in parallel in :data:`gather_codes_parallel`
+    (every slot of an index: the rebuilds that check updates, and a pool's growth)."""
     k = slots.size
     out_ptr = np.zeros(k + 1, np.int64)
+    for j in range(len(ptrs)):
+        p = ptrs[j]
+        for i in prange(k):
+            s = slots[i]
+            if s < n_base:
+                out_ptr[i + 1] += p[s + 1] - p[s]
     for i in range(k):
-        s = slots[i]
-        t = 0
-        if s < n_base:
-            for j in range(len(ptrs)):
-                t += ptrs[j][s + 1] - ptrs[j][s]
-        out_ptr[i + 1] = out_ptr[i] + t
+        out_ptr[i + 1] += out_ptr[i]
+    cursor = out_ptr[:k].copy()
     codes = np.empty(out_ptr[k], np.int64)
-    for i in range(k):
-        s = slots[i]
-        if s >= n_base:
-            continue
-        o = out_ptr[i]
-        for j in range(len(ptrs)):
-            p = ptrs[j]
-            v = vals[j]
+    for j in range(len(ptrs)):
+        p = ptrs[j]
+        v = vals[j]
+        hi = colhi[j]
+        for i in prange(k):
+            s = slots[i]
+            if s >= n_base:
+                continue
+            o = cursor[i]
             for q in range(p[s], p[s + 1]):
-                codes[o] = colhi[j] | np.int64(v[q])
+                codes[o] = hi | np.int64(v[q])
                 o += 1
+            cursor[i] = o
     return out_ptr, codes
+
+
+gather_codes = njit(cache=True)(_gather_codes)
+gather_codes_parallel = njit(parallel=True)(_gather_codes)  # not cached: one cache entry per function
 
 
 @njit(cache=True)
