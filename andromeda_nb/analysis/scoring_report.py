@@ -442,8 +442,9 @@ def frontier_summary(table: pd.DataFrame, run: str | None) -> str:
     shapes = len(table.drop_duplicates(["math", "d", "experts", "k_experts"]))
     full = 2 * len(FRONTIER_D) * len(FRONTIER_EK)
     stand_in = ("" if shapes >= full else
-                f" (not the frontier phase: {shapes} of its {full} shapes were measured in this run; "
-                "`python -m andromeda_nb.bench scoring --phases frontier` measures them all)")
+                f" ({shapes} of the frontier's {full} shapes were measured in this run, which was cut short or "
+                "was not the frontier phase; `python -m andromeda_nb.bench scoring --phases frontier` measures "
+                "them all)")
     parts = []
     for (math, d), g in table.groupby(["math", "d"], sort=True):
         free = g[g["free"]]
