@@ -88,6 +88,23 @@ def compute_table(frame: pd.DataFrame, dataset: str) -> pd.DataFrame:
     return c.assign(**{"overlap@100_ranking": overlap["mean"].reindex(c.index)})
 
 
+def routing_table(frame: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """Per mixture (rows): the busiest expert's share of the K-of-E choices and the gate's
+    normalised entropy over the pairs it retrieved (:func:`.quality.routing_stats`), mean and
+    standard deviation over seeds, with the balanced share 1/E and the collapsed share 1/K beside
+    them (no share where K = E). Empty where no run reported them."""
+    sel = (frame["dataset"] == dataset) & frame["metric"].isin(("expert_share_max", "routing_entropy"))
+    if not sel.any():
+        return pd.DataFrame()
+    g = frame[sel].assign(value=lambda f: f["value"].astype(float))
+    out = g.pivot_table(index="model", columns="metric", values="value", aggfunc=["mean", "std"])
+    out.columns = [f"{m} ({agg})" for agg, m in out.columns]
+    shape = g.drop_duplicates("model").set_index("model")[["experts", "k_experts"]].astype(float)
+    out["balanced share (1/E)"] = 1 / shape["experts"].reindex(out.index)
+    out["collapsed share (1/K)"] = 1 / shape["k_experts"].reindex(out.index)
+    return out.reindex([m for m in quality.MODEL_ORDER if m in out.index])
+
+
 def throughput_devices(frame: pd.DataFrame) -> list[str]:
     """The devices the kernel throughput of the compute rows was measured on."""
     sel = (frame["metric"] == "kernel_ads_per_s") & frame["value"].notna()

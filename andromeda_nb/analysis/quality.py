@@ -180,6 +180,37 @@ def retrieve_top(tm, rows, k: int, table=None, request_fn=None, batch: int = 256
     return (np.concatenate(out), np.concatenate(free)) if untargeted else np.concatenate(out)
 
 
+def routing_stats(tm, rows, top: np.ndarray) -> dict:
+    """How a trained mixture's gate routes the (user, ad) pairs it retrieves: over each row's
+    retrieved ads (``top``'s slots, -1 pads skipped), in float64 from the exported tensors,
+    ``expert_share_max``: the busiest expert's share of all K-of-E choices (1/E when balanced, 1/K
+    when every pair picks the same K experts: a collapsed gate), and ``routing_entropy``: the
+    gate softmax's mean entropy over log E (1: uniform, 0: one expert takes all the weight; the
+    only one where K = E). Ties between logits choose the lower expert, as the kernels do. Empty
+    for one-expert models."""
+    if not tm.is_retrieval or tm.experts < 2:
+        return {}
+    E, K = tm.experts, tm.k_experts
+    V, G, gamma, beta = (x.astype(np.float64) for x in tm.request_tensors(rows))
+    a = tm.ad_arrays()[0].astype(np.float64)
+    load, entropy, pairs = np.zeros(E), 0.0, 0
+    for i in range(len(rows)):
+        slots = top[i][top[i] >= 0]
+        h = np.maximum(gamma[i] * a[slots] + beta[i], 0.0)
+        logits = h @ G[i].T / np.sqrt(a.shape[1])
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        load += np.bincount(np.argsort(-logits, axis=1, kind="stable")[:, :K].ravel(), minlength=E)
+        entropy += float(-(p * np.log(np.maximum(p, 1e-300))).sum())
+        pairs += slots.size
+    if not pairs:
+        return {}
+    out = {"routing_entropy": entropy / pairs / np.log(E)}
+    if K < E:  # K = E chooses every expert: its share is 1/E by construction
+        out["expert_share_max"] = float(load.max() / load.sum())
+    return out
+
+
 def recalls(data, rows, top: np.ndarray, ks) -> dict:
     return {f"recall@{k}": float(np.mean([recall_at_k(t, data.heldout[int(r)], k) for r, t in zip(rows, top)]))
             for k in ks}
@@ -272,6 +303,8 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
             for metric, v in recalls(data, rows, free, ks).items():  # every unseen ad a candidate
                 rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, f"{metric}_untargeted", v,
                                      **meta))
+            for metric, v in routing_stats(tm, rows, top).items():  # a collapsed gate shows here
+                rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, metric, v, **meta))
             rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "train_seconds", tm.seconds, **meta))
             rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "final_loss",
                                  float(np.mean(tm.history[-50:])), **meta))

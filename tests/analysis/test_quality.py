@@ -38,6 +38,10 @@ def test_expert_count_rows(data):
     ov = frame[frame["metric"] == "overlap@100_ranking"]
     assert set(ov["model"]) == {"single_tower", "mixture_k2"} and ov["value"].between(0, 1).all()
     assert ("mixture_k2", 0) in trained
+    routing = frame[frame["metric"].isin(["expert_share_max", "routing_entropy"])].set_index("metric")
+    assert set(routing["model"]) == {"mixture_k2"}  # one expert (single tower) or none (ranking): no gate
+    assert 1 / 6 <= routing.loc["expert_share_max", "value"] <= 1 / 2
+    assert 0 <= routing.loc["routing_entropy", "value"] <= 1
     table = quality.recall_table(frame, "multi_interest")
     assert list(table.index) == ["single_tower", "mixture_k2", "ranking", "true_model"]
 
@@ -162,3 +166,42 @@ def test_committed_picks_the_full_preset_else_the_first(tmp_path):
     assert quality.committed(path)[2] == "full"
     frame, source, pick = quality.committed(tmp_path / "none.csv")
     assert frame.empty and pick is None and "missing" in source
+
+
+def _fake_mixture(G, a, K):
+    """A stand-in for a trained mixture: its request (gamma 1, beta 0) and ad rows, nothing else."""
+    import types
+
+    E, d = G.shape
+    return types.SimpleNamespace(
+        is_retrieval=True, experts=E, k_experts=K, ad_arrays=lambda: (a.astype(np.float32), np.zeros(len(a))),
+        request_tensors=lambda rows: (np.zeros((1, E, d), np.float32), G[None].astype(np.float32),
+                                      np.ones((1, d), np.float32), np.zeros((1, d), np.float32)))
+
+
+def test_routing_stats_show_a_collapsed_and_a_balanced_gate(rng):
+    d, n = 8, 40
+    a = np.abs(rng.standard_normal((n, d))) + 0.1  # positive rows: h = a
+    top = np.array([np.r_[rng.permutation(n)[:12], -1, -1]])  # pads are skipped
+    # equal logits: the lower experts are chosen (the kernels' tie rule), the softmax is uniform
+    got = quality.routing_stats(_fake_mixture(np.zeros((4, d)), a, 2), [0], top)
+    assert got["expert_share_max"] == 0.5 and got["routing_entropy"] == pytest.approx(1.0)
+    # two experts keyed to disjoint halves of the dimensions, ads alternating between the halves
+    G = np.zeros((2, d))
+    G[0, : d // 2] = G[1, d // 2:] = 3.0
+    alt = a.copy()
+    alt[0::2, d // 2:] = 0
+    alt[1::2, : d // 2] = 0
+    top = np.arange(n)[None]
+    got = quality.routing_stats(_fake_mixture(G, alt, 1), [0], top)
+    assert got["expert_share_max"] == 0.5
+    logits = alt @ G.T / np.sqrt(d)
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    assert got["routing_entropy"] == pytest.approx(float(-(p * np.log(p)).sum(1).mean() / np.log(2)))
+    # every ad on the first half: the first expert takes every choice
+    one = a.copy()
+    one[:, d // 2:] = 0
+    assert quality.routing_stats(_fake_mixture(G, one, 1), [0], top)["expert_share_max"] == 1.0
+    assert quality.routing_stats(_fake_mixture(np.zeros((1, d)), a, 1), [0], top) == {}
+    dense = quality.routing_stats(_fake_mixture(G, alt, 2), [0], top)  # K = E: no share to report
+    assert set(dense) == {"routing_entropy"}

@@ -46,6 +46,17 @@ def test_expert_count_tables_metrics_and_verdict():
     assert "20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu)" in text
 
 
+def test_routing_table():
+    frame = pd.DataFrame(_rows("multi_interest", "mixture_k2", "expert_share_max", [0.3, 0.5])
+                         + _rows("multi_interest", "mixture_k2", "routing_entropy", [0.8, 0.6]))
+    assert EC.routing_table(frame, "ml-100k").empty
+    t = EC.routing_table(frame, "multi_interest")
+    assert t.loc["mixture_k2", "expert_share_max (mean)"] == pytest.approx(0.4)
+    assert t.loc["mixture_k2", "routing_entropy (std)"] == pytest.approx(np.std([0.8, 0.6], ddof=1))
+    assert t.loc["mixture_k2", "balanced share (1/E)"] == pytest.approx(1 / 6)
+    assert t.loc["mixture_k2", "collapsed share (1/K)"] == 0.5
+
+
 def test_worked_example_findings():
     example = pd.DataFrame({"rank": [1, 2, 3, 4], "interest": ["other", "interest 0", "other", "interest 1"],
                             "chosen": ["a, b"] * 4})
