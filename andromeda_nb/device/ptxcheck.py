@@ -78,6 +78,10 @@ def variants():
         k = FK.fused_kernel("gated", 64, 6, 2, "fp16", layout, access, 256, cap, True, "chosen", None, 1, 1, False,
                             math="fp16")
         out.append((f"fused gated d64 E6 K2 fp16 {layout} {access} cap{cap} math=fp16", k, f16_sig))
+    # the frontier's widest rows (--ptxas: d = 128 holds 234 registers a thread, one block of 256 an SM)
+    k = FK.fused_kernel("gated", 128, 6, 2, "fp16", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False,
+                        math="fp16")
+    out.append(("fused gated d128 E6 K2 fp16 tiles pool cap0 math=fp16", k, f16_sig))
     # the seeded filter path of fused scoring + top-k (scoring.launch_score_filter), each access
     filter_sig = (A(u64, 2), A(f32), A(f32), A(f32), A(u64), A(i32), i64, A(i64), A(f32), A(f32, 2), A(i32, 2),
                   A(i64), A(i64, 2))

@@ -27,8 +27,11 @@ class KernelConfig:
             ``"all"`` (all E value dots in one streaming pass; fewer registers, more FMAs).
         block: threads per block (None: 256 on a GPU, 32 in the simulator).
         max_registers: register cap per thread (None: the compiler's choice; ``"auto"``: 96 for the
-            gated model with weights in kernel parameters outside the block top-K, else 128: the
-            fastest measured).
+            gated model with weights in kernel parameters outside the block top-K, 128 for other
+            kernels of rows up to d = :data:`REGISTER_CAP_MAX_D` (the fastest measured; two blocks
+            of 256 threads an SM), none for the gated model's wider rows: capped at 128, its d = 128
+            kernels spill ~400 bytes a thread (ptxas for sm_90, fp16 and fp32 math; uncapped, 202
+            to 234 registers and no spill) and the fp16 one ran at 0.43 of the read ceiling).
         items: ads each thread scores between two block top-K barrier pairs (fused block top-K).
             1 is the default: more overlaps the round's ads, and ptxas then spills (items = 4 gave
             255 registers and a spill stack, ~10x slower).
@@ -170,13 +173,19 @@ class KernelConfig:
                        else "shared")
         regs = self.max_registers
         if isinstance(regs, str):  # "auto"
-            regs = 96 if weights == "param" and dreq.model == "gated" and not topk_k else 128
+            if weights == "param" and dreq.model == "gated" and not topk_k:
+                regs = 96
+            else:
+                regs = 128 if dreq.model == "dot" or dreq.d <= REGISTER_CAP_MAX_D else None
         if (weights, regs) == (self.weights, self.max_registers):
             return self
         return replace(self, weights=weights, max_registers=regs)
 
 
 DEFAULT_CONFIG = KernelConfig()
+#: the widest rows whose gated kernels ``max_registers="auto"`` caps at 128 registers (the caps
+#: spill nothing up to here; at d = 128 they spilled ~400 bytes a thread)
+REGISTER_CAP_MAX_D = 64
 #: Most floats the ``weights="param"`` tuple may hold: kernel parameters share 4 KiB with the
 #: other arguments (each array argument is several 8-byte fields).
 PARAM_FLOATS = 640

@@ -391,7 +391,8 @@ def test_mma_fragment_layout_on_the_gpu(rng):
 def test_auto_config_resolves_by_request(rng):
     """weights / max_registers "auto": kernel parameters and 96 registers for the gated d = 64,
     E = 6 scorer (512 floats fit), shared weights where the tuple would not fit or the kernel
-    cannot take it; explicit settings are kept."""
+    cannot take it, 128 registers up to d = 64 and for the dot product, no cap for wider gated
+    rows; explicit settings are kept."""
     from andromeda_nb.score.config import PARAM_FLOATS
     from andromeda_nb.score.table import DeviceRequest
 
@@ -401,7 +402,10 @@ def test_auto_config_resolves_by_request(rng):
     cfg = KernelConfig()
     assert (cfg.resolved(small).weights, cfg.resolved(small).max_registers) == ("param", 96)
     assert (cfg.resolved(small, topk_k=100).weights, cfg.resolved(small, topk_k=100).max_registers) == ("param", 128)
-    assert (cfg.resolved(big).weights, cfg.resolved(big).max_registers) == ("shared", 128)
+    # rows past REGISTER_CAP_MAX_D: no cap (at 128 registers the d = 128 kernels spilled)
+    assert (cfg.resolved(big).weights, cfg.resolved(big).max_registers) == ("shared", None)
+    assert cfg.resolved(DeviceRequest.of(rng.standard_normal(128).astype(np.float32))).max_registers == 128
+    assert KernelConfig(math="fp16").resolved(DeviceRequest.of(Request.random(64, 8, 4, rng))).max_registers == 128
     assert KernelConfig(values="all").resolved(small).weights == "shared"
     assert cfg.resolved(small, compact=True).weights == "shared"
     assert KernelConfig(tensor_cores=True).resolved(small).weights == "shared"
