@@ -269,9 +269,32 @@ def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **ex
 # experiment 1: expert count
 
 
+def tune_models(data, preset: Preset | str = "full", models=None, device="auto", progress: bool = True):
+    """Each model's learning rate and length tuned on the validation split of the training part
+    (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0). Returns
+    ``({model: (TrainConfig, scorer note)}, rows)``: the rows hold each model's
+    ``validation_recall@100`` at its chosen point; pass the dict to :func:`run_expert_count`."""
+    from ..training import tuning
+    from ..training.train import MODELS, pick_device
+
+    preset = PRESETS[preset] if isinstance(preset, str) else preset
+    dev = pick_device(device)
+    meta = dict(commit=git_commit(), device=device_name(dev), experiment="expert_count", preset=preset.name)
+    tuned, rows = {}, []
+    for name in (tuple(MODELS) if models is None else tuple(models)):
+        base = preset.cfg(data.name, name)
+        best, trials = tuning.tune(name, data, base, preset.eval_users.get(data.name), device=dev, progress=progress)
+        tuned[name] = (tuning.grid_config(base, best), tuning.describe(best))
+        E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
+        rows.append(_row(data.name, name, E, K, "fp32", base.d, "", "validation_recall@100",
+                         max(v for _, v in trials), **{**meta, "scorer": tuned[name][1]}))
+    return tuned, pd.DataFrame(rows, columns=COLUMNS)
+
+
 def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=None, device="auto",
-                     progress: bool = True, keep_models: bool = False):
-    """Train every model for every seed on ``data`` and evaluate them.
+                     progress: bool = True, keep_models: bool = False, tuned: dict | None = None):
+    """Train every model for every seed on ``data`` and evaluate them: at the preset's settings, or
+    at ``tuned``'s (:func:`tune_models`) where it names the model.
 
     Returns:
         ``(frame, trained)``: tidy rows (COLUMNS) and ``{(model, seed): TrainedModel}`` (only when
@@ -289,15 +312,19 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
                 scorer="torch_fp32_formula")
     rows_out, trained = [], {}
     kmax = max(max(ks), 100)
+    tuned = tuned or {}
+    configs = {name: tuned[name][0] if name in tuned else preset.cfg(data.name, name) for name in models}
+    scorers = {name: tuned[name][1] for name in models if name in tuned}
     for seed in seeds:
         rows = eval_rows(data, preset.eval_users.get(data.name), seed=0)
         meta["n_users"] = int(rows.size)
         tops = {}
         for name in models:
-            tm = train_model(name, data, preset.cfg(data.name, name), seed=seed, device=dev, progress=progress)
+            tm = train_model(name, data, configs[name], seed=seed, device=dev, progress=progress)
             top, free = retrieve_top(tm, rows, kmax, progress=progress, untargeted=True)
             tops[name] = top
             E, K = (tm.experts, tm.k_experts) if tm.is_retrieval else ("", "")
+            meta["scorer"] = scorers.get(name, "torch_fp32_formula")
             for metric, v in recalls(data, rows, top, ks).items():
                 rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, metric, v, **meta))
             for metric, v in recalls(data, rows, free, ks).items():  # every unseen ad a candidate
@@ -316,8 +343,8 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
                     continue
                 ov = np.mean([topk_overlap(a, b, 100) for a, b in zip(top, tops["ranking"])])
                 E, K = MODELS[name]
-                rows_out.append(_row(data.name, name, E, K, "fp32", preset.cfg(data.name, name).d, seed,
-                                     "overlap@100_ranking", ov, **meta))
+                rows_out.append(_row(data.name, name, E, K, "fp32", configs[name].d, seed, "overlap@100_ranking",
+                                     ov, **{**meta, "scorer": scorers.get(name, "torch_fp32_formula")}))
         if data.name == "multi_interest" and seed == seeds[0]:
             top = true_model_top(data, rows, kmax)
             for metric, v in recalls(data, rows, top, ks).items():
@@ -653,8 +680,9 @@ def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results
 
 def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
-            scoring_csv=SCORING, models=None) -> pd.DataFrame:
-    """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset.
+            scoring_csv=SCORING, models=None, tune: bool = False) -> pd.DataFrame:
+    """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
+    ``tune``: every model tuned first, :func:`tune_models`).
 
     This is what ``python -m andromeda_nb.training`` runs.
     """
@@ -669,8 +697,14 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         write_rows(comp, path)
         frames.append(comp)
         prec_rows = eval_rows(data, p.precision_users.get(ds), seed=0)
+        tuned = None
+        if tune:
+            tuned, val = tune_models(data, p, models=models, device=device, progress=progress)
+            write_rows(val, path)
+            frames.append(val)
         for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
-            frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress)
+            frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
+                                              tuned=tuned)
             prec = [run_precision(tm, prec_rows, preset=p.name) for (name, _), tm in sorted(trained.items())
                     if name == "mixture_k2"]
             done = pd.concat([frame, *prec], ignore_index=True)

@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scoring-csv", default="data/results/scoring.csv")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--tune", action="store_true",
+                    help="tune every model's learning rate and length on the training part's validation split first "
+                         "(the same six-point grid each: andromeda_nb.training.tuning)")
     ap.add_argument("--compute-only", action="store_true",
                     help="only refresh the compute-per-ad rows (FLOPs, bytes, kernel ads/s from --scoring-csv); no training")
     ap.add_argument("--baselines", nargs="*", default=None, metavar="NAME",
@@ -72,7 +75,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     run_all(preset, args.out, datasets=args.datasets, seeds=args.seeds, device=args.device,
             progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
-            models=args.models)
+            models=args.models, tune=args.tune)
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -1,0 +1,83 @@
+"""The project's models tuned like the baselines: on a validation split of the training part only,
+the same budget for every model.
+
+The split is the baselines' (:func:`.baselines.user_items`): every user with at least two training
+clicks loses the last one, which becomes that user's validation target, requested just before it
+(its own request context); the popularity the sampler corrects for drops it too. A model trains on
+what remains, and the grid point with the best validation recall@100 (targeting applied, the
+user's remaining training clicks excluded) wins. The held-out part is never read.
+
+The budget: every model tries the same grid (:data:`GRID`: learning rate x training length, six
+points); each point's other settings are the preset's. Tuning runs with seed 0; the chosen point is
+then trained with every seed on the whole training part and evaluated on the held-out part
+(:func:`~andromeda_nb.analysis.quality.run_expert_count` with ``tune=True``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .data import InteractionData
+
+#: the metric tuning maximises: validation recall at this k (the baselines' too)
+TUNE_METRIC_K = 100
+#: every model's grid: the preset's learning rate x 1/3, 1, 3 and its steps x 1, 2
+GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 3, 1.0, 3.0) for st in (1, 2))
+
+
+def validation_view(data: InteractionData) -> InteractionData:
+    """``data`` without each user's last training click (users with at least two), which becomes the
+    evaluated users' held-out click; the other fields follow (sequence lengths, the evaluation
+    request's context, popularity, evaluated rows). A new object: ``data`` is unchanged."""
+    L = data.seq_len
+    rows = np.flatnonzero(L >= 2)
+    last = data.seq[rows, L[rows] - 1]
+    seq, seq_len, req_ctx = data.seq.copy(), L.copy(), data.req_ctx.copy()
+    seq[rows, L[rows] - 1] = data.n_ads  # the pad
+    seq_len[rows] -= 1
+    req_ctx[rows] = data.seq_ctx[rows, L[rows] - 1]  # the request just before the dropped click
+    popularity = data.popularity - np.bincount(last, minlength=data.n_ads)
+    target = dict(zip(rows.tolist(), last.tolist()))
+    eval_rows = np.array([r for r in data.eval_rows.tolist() if r in target], np.int64)
+    return replace(data, seq=seq, seq_len=seq_len, req_ctx=req_ctx, popularity=popularity, eval_rows=eval_rows,
+                   heldout={r: np.array([target[r]], np.int64) for r in eval_rows.tolist()})
+
+
+def grid_config(cfg, point: dict):
+    """The preset's :class:`~.train.TrainConfig` at a grid point (learning rate and steps scaled)."""
+    return replace(cfg, lr=cfg.lr * point["lr_scale"], steps=int(round(cfg.steps * point["steps_scale"])))
+
+
+def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid=GRID, device="auto",
+         progress: bool = False) -> tuple[dict, list]:
+    """The grid point of model ``name`` with the best validation recall@100 (seed 0, at most
+    ``n_users`` evaluated users). Returns (best point, [(point, validation recall@100), ...])."""
+    from ..analysis.metrics import recall_at_k
+    from ..analysis.quality import eval_rows, retrieve_top
+    from .train import train_model
+
+    if not len(grid):
+        raise ValueError(f"{name}: an empty grid")
+    view = validation_view(data)
+    if not view.eval_rows.size:
+        raise ValueError(f"{data.name}: no evaluated user has two training clicks to hold one back for validation")
+    rows = eval_rows(view, n_users, seed=0)
+    trials = []
+    for point in grid:
+        tm = train_model(name, view, grid_config(cfg, point), seed=0, device=device, progress=progress)
+        top = retrieve_top(tm, rows, TUNE_METRIC_K)
+        recall = float(np.mean([recall_at_k(t, view.heldout[int(r)], TUNE_METRIC_K) for r, t in zip(rows, top)]))
+        trials.append((point, recall))
+    return max(trials, key=lambda t: t[1])[0], trials
+
+
+def describe(point: dict, grid=GRID) -> str:
+    """The tuned point for a results row's scorer column, and which of its axes (of three values or
+    more: with two, either is an edge) sit at the grid's edge (a better point may lie past it)."""
+    from .baselines import grid_edges
+
+    edges = [e for e in grid_edges(point, grid) if len({p[e] for p in grid}) >= 3]
+    return (f"tuned on the validation split: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g}"
+            + (f" (grid edge: {', '.join(edges)})" if edges else ""))

@@ -1,0 +1,68 @@
+"""Tuning the project's models on the training part's validation split (andromeda_nb.training.tuning)."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from andromeda_nb.analysis import quality  # noqa: E402
+from andromeda_nb.datasets import multi_interest as mi  # noqa: E402
+from andromeda_nb.training import data as tdata  # noqa: E402
+from andromeda_nb.training import tuning  # noqa: E402
+
+PRESET = quality.PRESETS["smoke"]
+
+
+@pytest.fixture(scope="module")
+def data():
+    return tdata.from_multi_interest(mi.build_world(mi.WorldDesign(n_users=200, n_ads=300, topics=6), seed=3))
+
+
+def test_validation_view_holds_back_each_users_last_training_click(data):
+    seq, lens, pop = data.seq.copy(), data.seq_len.copy(), data.popularity.copy()
+    view = tuning.validation_view(data)
+    np.testing.assert_array_equal(data.seq, seq)  # the source is unchanged
+    np.testing.assert_array_equal(data.seq_len, lens)
+    many = lens >= 2
+    np.testing.assert_array_equal(view.seq_len, np.where(many, lens - 1, lens))
+    for r in np.flatnonzero(many)[:50].tolist():
+        np.testing.assert_array_equal(view.seq[r, : view.seq_len[r]], seq[r, : lens[r] - 1])
+        np.testing.assert_array_equal(view.req_ctx[r], data.seq_ctx[r, lens[r] - 1])
+    held = seq[np.flatnonzero(many), lens[many] - 1]
+    np.testing.assert_array_equal(view.popularity, pop - np.bincount(held, minlength=data.n_ads))
+    assert set(view.eval_rows.tolist()) == {r for r in data.eval_rows.tolist() if lens[r] >= 2}
+    for r in view.eval_rows.tolist():
+        assert view.heldout[r].tolist() == [seq[r, lens[r] - 1]]
+        assert not view.eligible([r])[0, view.seq[r, : view.seq_len[r]]].any()  # kept clicks excluded
+        assert view.eligible([r], exclude_seen=True)[0, view.heldout[r][0]] == data.eligible([r], exclude_seen=False)[
+            0, view.heldout[r][0]]  # the held-back click is a candidate where targeting allows it
+
+
+def test_tune_reads_only_the_training_part(data):
+    blind = tdata.InteractionData(**{**data.__dict__, "heldout": {}})  # no held-out clicks to read
+    grid = tuning.GRID[:2]
+    best, trials = tuning.tune("mixture_k2", blind, PRESET.cfg("multi_interest", "mixture_k2"), n_users=40,
+                               grid=grid, device="cpu")
+    assert [p for p, _ in trials] == list(grid)
+    assert all(0 <= v <= 1 for _, v in trials) and best == max(trials, key=lambda t: t[1])[0]
+    cfg = tuning.grid_config(PRESET.cfg("multi_interest", "mixture_k2"), {"lr_scale": 3.0, "steps_scale": 2})
+    assert cfg.lr == pytest.approx(3 * PRESET.cfg("multi_interest", "mixture_k2").lr)
+    assert cfg.steps == 2 * PRESET.cfg("multi_interest", "mixture_k2").steps
+    assert tuning.describe({"lr_scale": 3.0, "steps_scale": 1}).endswith("(grid edge: lr_scale)")
+    assert "edge" not in tuning.describe({"lr_scale": 1.0, "steps_scale": 2})
+    with pytest.raises(ValueError, match="empty grid"):
+        tuning.tune("single_tower", data, PRESET.cfg("multi_interest", "single_tower"), grid=())
+
+
+def test_tuned_models_train_every_seed_at_their_point(data):
+    tuned, val = quality.tune_models(data, PRESET, models=["single_tower", "mixture_k2"], device="cpu",
+                                     progress=False)
+    assert set(tuned) == {"single_tower", "mixture_k2"} and list(val["metric"]) == ["validation_recall@100"] * 2
+    assert val["value"].between(0, 1).all() and val["scorer"].str.startswith("tuned on the validation split").all()
+    frame, _ = quality.run_expert_count(data, PRESET, models=["single_tower", "mixture_k2"], device="cpu",
+                                       progress=False, tuned=tuned)
+    rec = frame[(frame["metric"] == "recall@100") & (frame["model"] != "true_model")]
+    assert rec["scorer"].str.startswith("tuned on the validation split").all()
+    assert len(frame[frame["metric"] == "train_seconds"]) == 2
+    for name, (cfg, _) in tuned.items():  # the point chosen is one of the grid's
+        assert any(cfg == tuning.grid_config(PRESET.cfg("multi_interest", name), p) for p in tuning.GRID)
