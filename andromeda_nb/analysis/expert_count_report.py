@@ -323,9 +323,30 @@ def kernel_cost_line(frame: pd.DataFrame) -> str:
             "rather than bytes (notebook 02)")
 
 
+def tuning_line(frame: pd.DataFrame) -> str:
+    """Whether the project's models in these rows were tuned (their ``scorer`` column says so:
+    :mod:`~andromeda_nb.training.tuning`) or trained at the preset's settings."""
+    rec = frame[(frame["metric"] == "recall@100") & frame["model"].isin(quality.MODEL_ORDER[:-1])
+                & (frame.get("experiment", "expert_count") == "expert_count")]
+    if rec.empty:
+        return ""
+    tuned = rec["scorer"].astype(str).str.startswith("tuned")
+    if tuned.all():
+        return ("The project's models were tuned on the training part's validation split (learning rate x "
+                "length, the same grid each), as the baselines were.")
+    if not tuned.any():
+        return ("The project's models were trained at the preset's settings (not tuned per model) while the "
+                "baselines were tuned on a validation split: a comparison with them leans toward the baselines.")
+    return (f"{int(tuned.sum())} of {len(tuned)} of the project's recall@100 rows come from tuned models, the rest "
+            "from the preset's settings: compare within one kind.")
+
+
 def findings(frame: pd.DataFrame, tables, datasets) -> str:
     """The notebook's conclusions as Markdown, every number computed from the rows."""
     lines = [line for ds in datasets for line in verdict(tables, ds)]
+    tuned = tuning_line(frame)
+    if tuned:
+        lines.append(tuned)
     cost = kernel_cost_line(frame)
     if cost:
         lines.append(f"Per ad, {cost}.")

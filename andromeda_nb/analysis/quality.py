@@ -191,8 +191,15 @@ def routing_stats(tm, rows, top: np.ndarray) -> dict:
     if not tm.is_retrieval or tm.experts < 2:
         return {}
     E, K = tm.experts, tm.k_experts
-    V, G, gamma, beta = (x.astype(np.float64) for x in tm.request_tensors(rows))
     a = tm.ad_arrays()[0].astype(np.float64)
+    top = np.asarray(top)
+    if top.ndim != 2 or top.shape[0] != len(rows) or (top.size and top.dtype.kind not in "iu"):
+        raise ValueError(f"top must be an integer array [len(rows) = {len(rows)}, k], got {top.dtype} {top.shape}")
+    if top.size and (top.min() < -1 or top.max() >= a.shape[0]):
+        raise ValueError(f"top holds slots in 0..{a.shape[0] - 1} and -1 pads, got {top.min()}..{top.max()}")
+    V, G, gamma, beta = (x.astype(np.float64) for x in tm.request_tensors(rows))
+    if not all(np.isfinite(x).all() for x in (G, gamma, beta, a)):
+        raise ValueError("the model's exported gate keys, FiLM weights or ad rows hold NaN or inf")
     load, entropy, pairs = np.zeros(E), 0.0, 0
     for i in range(len(rows)):
         slots = top[i][top[i] >= 0]
@@ -273,7 +280,10 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     """Each model's learning rate and length tuned on the validation split of the training part
     (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0). Returns
     ``({model: (TrainConfig, scorer note)}, rows)``: the rows hold each model's
-    ``validation_recall@100`` at its chosen point; pass the dict to :func:`run_expert_count`."""
+    ``validation_recall@100`` at its chosen point (seed 0: the tuning seed); pass the dict to
+    :func:`run_expert_count`, whose rows then carry the tuned point in their ``scorer`` column (and
+    replace untuned rows of the same key when merged). Tune once and train every seed in the same
+    run: a re-tune may choose another point."""
     from ..training import tuning
     from ..training.train import MODELS, pick_device
 
@@ -286,8 +296,10 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
         best, trials = tuning.tune(name, data, base, preset.eval_users.get(data.name), device=dev, progress=progress)
         tuned[name] = (tuning.grid_config(base, best), tuning.describe(best))
         E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
-        rows.append(_row(data.name, name, E, K, "fp32", base.d, "", "validation_recall@100",
-                         max(v for _, v in trials), **{**meta, "scorer": tuned[name][1]}))
+        rows.append(_row(data.name, name, E, K, "fp32", base.d, 0, "validation_recall@100",
+                         max(v for _, v in trials), **{**meta, "scorer": tuned[name][1],
+                                                       "n_users": tuning.validation_users(data, preset.eval_users.get(
+                                                           data.name))}))
     return tuned, pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -330,7 +342,7 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
             for metric, v in recalls(data, rows, free, ks).items():  # every unseen ad a candidate
                 rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, f"{metric}_untargeted", v,
                                      **meta))
-            for metric, v in routing_stats(tm, rows, top).items():  # a collapsed gate shows here
+            for metric, v in routing_stats(tm, rows, top[:, :100]).items():  # a collapsed gate shows here
                 rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, metric, v, **meta))
             rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "train_seconds", tm.seconds, **meta))
             rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "final_loss",

@@ -25,6 +25,7 @@ over its eligible bitset. Free slots (ad id -1) are never eligible, so never sco
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -135,7 +136,8 @@ class Pool:
         self._candidate_fraction, self._filter_capacity = float(frac), int(cap)
         self._size()
         self._sim = launch.backend.is_simulator()
-        #: a :class:`StepTimes` to time each step of the targeted path with events (benchmarks), or None
+        #: a :class:`StepTimes` to time each step of the targeted path with events (benchmarks), or
+        #: None; a traced call launches its steps one by one (the graph's kernels, between events)
         self.trace = None
 
     def _size(self) -> None:
@@ -201,6 +203,9 @@ class Pool:
         if profiles is None:
             raise ValueError("a pool with a targeting index needs one profile per request")
         columns = isinstance(profiles, ProfileBatch)
+        if not single and not columns and isinstance(profiles, Mapping):
+            raise ValueError("a batch of requests takes a list of profiles (one mapping a request) or a ProfileBatch, "
+                             "not one mapping")
         profs = profiles if columns else [profiles] if single else list(profiles)
         if len(profs) != len(reqs):
             raise ValueError(f"{len(reqs)} requests but {len(profs)} profiles")

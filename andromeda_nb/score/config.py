@@ -27,11 +27,12 @@ class KernelConfig:
             ``"all"`` (all E value dots in one streaming pass; fewer registers, more FMAs).
         block: threads per block (None: 256 on a GPU, 32 in the simulator).
         max_registers: register cap per thread (None: the compiler's choice; ``"auto"``: 96 for the
-            gated model with weights in kernel parameters outside the block top-K, 128 for other
-            kernels of rows up to d = :data:`REGISTER_CAP_MAX_D` (the fastest measured; two blocks
-            of 256 threads an SM), none for the gated model's wider rows: capped at 128, its d = 128
-            kernels spill ~400 bytes a thread (ptxas for sm_90, fp16 and fp32 math; uncapped, 202
-            to 234 registers and no spill) and the fp16 one ran at 0.43 of the read ceiling).
+            gated model with weights in kernel parameters outside the block top-K, else 128, for
+            rows up to d = :data:`REGISTER_CAP_MAX_D` and the dot product (the fastest measured;
+            two blocks of 256 threads an SM); none for the gated model's wider rows: capped at 128,
+            its d = 128 kernels spill ~400 bytes a thread (ptxas for sm_90, fp16 and fp32 math,
+            shared or parameter weights; uncapped, 155 to 234 registers, no spill) and the fp16
+            one ran at 0.43 of the read ceiling).
         items: ads each thread scores between two block top-K barrier pairs (fused block top-K).
             1 is the default: more overlaps the round's ads, and ptxas then spills (items = 4 gave
             255 registers and a spill stack, ~10x slower).
@@ -91,8 +92,9 @@ class KernelConfig:
             v = getattr(self, name)
             if not isinstance(v, str) or v not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
-        if not isinstance(self.tensor_cores, (bool, np.bool_)):
-            raise ValueError(f"tensor_cores must be True or False, got {self.tensor_cores!r}")
+        for name in ("tensor_cores", "naive"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.math == "fp16" and (self.tensor_cores or self.naive or self.weights == "param"):
             raise ValueError("math='fp16' runs the generated tensor-core kernel with its own weights (not "
                              "tensor_cores=True, not naive, not weights='param')")
@@ -173,10 +175,10 @@ class KernelConfig:
                        else "shared")
         regs = self.max_registers
         if isinstance(regs, str):  # "auto"
-            if weights == "param" and dreq.model == "gated" and not topk_k:
-                regs = 96
+            if dreq.model == "gated" and dreq.d > REGISTER_CAP_MAX_D:
+                regs = None  # capped, the wide rows' kernels spill (96 or 128, either weights)
             else:
-                regs = 128 if dreq.model == "dot" or dreq.d <= REGISTER_CAP_MAX_D else None
+                regs = 96 if weights == "param" and dreq.model == "gated" and not topk_k else 128
         if (weights, regs) == (self.weights, self.max_registers):
             return self
         return replace(self, weights=weights, max_registers=regs)

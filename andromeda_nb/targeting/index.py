@@ -379,8 +379,11 @@ class TargetingIndex:
 
     def rules_of_slots(self, slots) -> TargetingRules:
         """The current rules of some slots as TargetingRules (free slots: ad id -1), e.g. a sample
-        for the oracle after updates."""
-        slots = np.asarray(slots, np.int64)
+        for the oracle after updates.
+
+        Raises:
+            TypeError / ValueError: ``slots`` not a 1-D integer array of slots in ``0..n_ads-1``."""
+        slots = table_slots(slots, self.n_ads)
         ptr, codes, live = self._rule_codes(slots)
         op_of = np.repeat(np.arange(slots.size, dtype=np.int64), np.diff(ptr))
         # the codes grouped by column (cat, kind) in one stable sort (slot order kept in a column)

@@ -45,9 +45,35 @@ def validation_view(data: InteractionData) -> InteractionData:
                    heldout={r: np.array([target[r]], np.int64) for r in eval_rows.tolist()})
 
 
+def validation_users(data: InteractionData, n_users: int | None = None) -> int:
+    """How many users :func:`tune` evaluates (those with a held-back click, at most ``n_users``)."""
+    n = int(np.count_nonzero(data.seq_len[data.eval_rows] >= 2))
+    return n if n_users is None else min(n, int(n_users))
+
+
+def check_grid(grid) -> tuple:
+    """``grid`` as a tuple of points, each ``{"lr_scale": s, "steps_scale": t}`` with finite positive
+    scales (raises ValueError, before anything trains)."""
+    if isinstance(grid, (dict, str)) or not hasattr(grid, "__iter__"):
+        raise ValueError(f"a grid is a sequence of points {{'lr_scale': .., 'steps_scale': ..}}, got {grid!r}")
+    grid = tuple(grid)
+    if not grid:
+        raise ValueError("an empty grid")
+    for point in grid:
+        if not isinstance(point, dict) or set(point) != {"lr_scale", "steps_scale"}:
+            raise ValueError(f"a grid point is {{'lr_scale': .., 'steps_scale': ..}}, got {point!r}")
+        for key, v in point.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (
+                    np.isfinite(v) and v > 0):
+                raise ValueError(f"{key} must be a finite positive number, got {v!r}")
+    return grid
+
+
 def grid_config(cfg, point: dict):
-    """The preset's :class:`~.train.TrainConfig` at a grid point (learning rate and steps scaled)."""
-    return replace(cfg, lr=cfg.lr * point["lr_scale"], steps=int(round(cfg.steps * point["steps_scale"])))
+    """The preset's :class:`~.train.TrainConfig` at a grid point (learning rate and steps scaled;
+    at least one step)."""
+    check_grid([point])
+    return replace(cfg, lr=cfg.lr * point["lr_scale"], steps=max(1, int(round(cfg.steps * point["steps_scale"]))))
 
 
 def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid=GRID, device="auto",
@@ -58,8 +84,10 @@ def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid
     from ..analysis.quality import eval_rows, retrieve_top
     from .train import train_model
 
-    if not len(grid):
-        raise ValueError(f"{name}: an empty grid")
+    grid = check_grid(grid)
+    if n_users is not None and (isinstance(n_users, bool) or not isinstance(n_users, (int, np.integer))
+                                or n_users < 1):
+        raise ValueError(f"n_users must be None or a positive int, got {n_users!r}")
     view = validation_view(data)
     if not view.eval_rows.size:
         raise ValueError(f"{data.name}: no evaluated user has two training clicks to hold one back for validation")

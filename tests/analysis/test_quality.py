@@ -205,3 +205,17 @@ def test_routing_stats_show_a_collapsed_and_a_balanced_gate(rng):
     assert quality.routing_stats(_fake_mixture(np.zeros((1, d)), a, 1), [0], top) == {}
     dense = quality.routing_stats(_fake_mixture(G, alt, 2), [0], top)  # K = E: no share to report
     assert set(dense) == {"routing_entropy"}
+
+
+def test_routing_stats_refuse_bad_tops_and_non_finite_models(rng):
+    d, n = 8, 40
+    a = np.abs(rng.standard_normal((n, d))) + 0.1
+    tm = _fake_mixture(rng.standard_normal((4, d)), a, 2)
+    for top, match in ((np.array([3, 7]), "integer array"), (np.zeros((2, 5), np.int64), "len\\(rows\\)"),
+                       (np.zeros((1, 5)), "integer array"), (np.array([[1, -2]]), "pads"), (np.array([[n]]), "slots")):
+        with pytest.raises(ValueError, match=match):
+            quality.routing_stats(tm, [0], top)
+    bad = a.copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        quality.routing_stats(_fake_mixture(rng.standard_normal((4, d)), bad, 2), [0], np.array([[1, 3]]))

@@ -57,6 +57,18 @@ def test_routing_table():
     assert t.loc["mixture_k2", "collapsed share (1/K)"] == 0.5
 
 
+def test_tuning_line_reads_the_scorer_column():
+    frame = _expert_count_frame()
+    assert "not tuned per model" in EC.tuning_line(frame)
+    tuned = frame.assign(scorer=np.where(frame["metric"] == "recall@100", "tuned on the validation split: lr x1", "s"))
+    assert "were tuned on the training part's validation split" in EC.tuning_line(tuned)
+    half = tuned.copy()
+    half.loc[half.index[(half["metric"] == "recall@100") & (half["model"] == "ranking")], "scorer"] = "s"
+    assert EC.tuning_line(half).startswith("4 of 6")
+    assert "not tuned per model" in EC.findings(frame, EC.recall_tables(frame, ["multi_interest"]), ["multi_interest"])
+    assert EC.tuning_line(frame[frame["metric"] != "recall@100"]) == ""
+
+
 def test_worked_example_findings():
     example = pd.DataFrame({"rank": [1, 2, 3, 4], "interest": ["other", "interest 0", "other", "interest 1"],
                             "chosen": ["a, b"] * 4})

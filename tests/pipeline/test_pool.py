@@ -230,6 +230,14 @@ def test_pool_edge_tables(rng):
         Pool(extra, index)
 
 
+def test_a_batch_with_one_profile_mapping_is_refused(rng):
+    rules, table, index = world(rng, 60)
+    pool = Pool(table, index, max_batch=4, max_k=10)
+    req = anb.Request.random(D, 4, 2, rng)
+    with pytest.raises(ValueError, match="list of profiles"):
+        pool.retrieve([req, req], random_profile(rng, rules.schema), k=5)
+
+
 def test_pool_options_are_checked_when_it_is_built(rng):
     rules, table, index = world(rng, 40)
     for config in (anb.KernelConfig(naive=True), anb.KernelConfig(tensor_cores=True)):

@@ -406,6 +406,10 @@ def test_auto_config_resolves_by_request(rng):
     assert (cfg.resolved(big).weights, cfg.resolved(big).max_registers) == ("shared", None)
     assert cfg.resolved(DeviceRequest.of(rng.standard_normal(128).astype(np.float32))).max_registers == 128
     assert KernelConfig(math="fp16").resolved(DeviceRequest.of(Request.random(64, 8, 4, rng))).max_registers == 128
+    narrow = DeviceRequest.of(Request.random(128, 2, 1, rng))  # (2 + 2) * 128 floats: parameter weights
+    assert (cfg.resolved(narrow).weights, cfg.resolved(narrow).max_registers) == ("param", None)
+    with pytest.raises(ValueError, match="naive"):
+        KernelConfig(naive="yes")
     assert KernelConfig(values="all").resolved(small).weights == "shared"
     assert cfg.resolved(small, compact=True).weights == "shared"
     assert KernelConfig(tensor_cores=True).resolved(small).weights == "shared"

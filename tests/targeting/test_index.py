@@ -119,3 +119,18 @@ def test_rules_do_not_alias_the_callers_buffers():
         check_match(idx, {"age": age}, idx.match_cpu({"age": age}))
     with pytest.raises(TypeError, match="capacity must be an int"):
         TargetingIndex(TargetingRules.from_records(SCHEMA, []), capacity=60.9)
+
+
+def test_rules_of_slots_refuses_bad_slots(rng):
+    from andromeda_nb.datasets import synthetic as syn
+
+    rules = syn.generate_rules(syn.benchmark_schema(), 300, seed=int(rng.integers(1 << 30)), constrain_prob=0.3)
+    host = TargetingIndex(rules, capacity=500)
+    for slots, err in (([-5], ValueError), ([-1], ValueError), ([500], ValueError), ([1.7], TypeError),
+                       (["3"], TypeError), ([[1, 2]], TypeError)):
+        with pytest.raises(err, match="slots"):
+            host.rules_of_slots(slots)
+    some = rng.choice(500, 40)
+    got, whole = host.rules_of_slots(some), host.current_rules()
+    np.testing.assert_array_equal(got.ad_ids, whole.ad_ids[some])
+    np.testing.assert_array_equal(got.live, whole.live[some])

@@ -50,8 +50,17 @@ def test_tune_reads_only_the_training_part(data):
     assert cfg.steps == 2 * PRESET.cfg("multi_interest", "mixture_k2").steps
     assert tuning.describe({"lr_scale": 3.0, "steps_scale": 1}).endswith("(grid edge: lr_scale)")
     assert "edge" not in tuning.describe({"lr_scale": 1.0, "steps_scale": 2})
-    with pytest.raises(ValueError, match="empty grid"):
-        tuning.tune("single_tower", data, PRESET.cfg("multi_interest", "single_tower"), grid=())
+    base = PRESET.cfg("multi_interest", "single_tower")
+    for grid, match in (((), "empty grid"), (None, "sequence"), ({"lr_scale": 1, "steps_scale": 1}, "sequence"),
+                        ([{"lr_scale": 1}], "grid point"), ([{"lr_scale": 0, "steps_scale": 1}], "positive"),
+                        ([{"lr_scale": 1, "steps_scale": -1}], "positive"), ([{"lr_scale": np.inf, "steps_scale": 1}],
+                                                                              "finite")):
+        with pytest.raises(ValueError, match=match):  # refused before anything trains
+            tuning.tune("single_tower", data, base, grid=grid)
+    for n_users in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="n_users"):
+            tuning.tune("single_tower", data, base, n_users=n_users, grid=tuning.GRID[:1])
+    assert tuning.grid_config(base, {"lr_scale": 1, "steps_scale": 1e-9}).steps == 1
 
 
 def test_tuned_models_train_every_seed_at_their_point(data):
