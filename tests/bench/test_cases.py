@@ -54,7 +54,7 @@ QUICK_ROWS_PER_PHASE = {
 #: variants the suites write that no committed table holds yet (a new name here is a decision)
 NOT_YET_COMMITTED = {
     "scoring": {"triton_gated_scores_to_memory", "torch_compile_gated", "torch_eager_gated"},
-    "pipeline": {"retrieve_profile_batch", "retrieve_bound_launches", "pool_soak", "retrieve_alone", "retrieve_during_updates"},
+    "pipeline": {"retrieve_alone", "retrieve_during_updates"},
     "topk": {"block_topk_onelaunch_warp_sync", "block_topk_batched_seeded_stage_final_warp_sync"},
     "targeting": {"match_U8_b256_segment_lists", "match_U8_stage_prep_segment", "match_U8_stage_post_segment",
                   "match_U8_stage_prep_match_segment", "match_U8_stage_all_segment", "match_batch16_U4",
