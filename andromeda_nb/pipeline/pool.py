@@ -14,8 +14,8 @@ seed's sample, the filter's buffers, pinned host buffers) and every launch after
 bound once per batch size (:class:`~andromeda_nb.device.launch.BoundLaunch`) and, on a GPU,
 captured with the copies around it as one CUDA graph (``launches``), so a call allocates nothing
 on the device, makes one driver call for everything after the match, and synchronises the host
-once. Without a targeting index a request scores
-the whole pool (:func:`~andromeda_nb.score.score_topk`'s fused filter path, its buffers kept).
+once. Without a targeting index a request scores the whole pool
+(:func:`~andromeda_nb.score.score_topk`'s fused filter path, its buffers kept).
 
 A request whose answer the seeded path cannot guarantee (its seed above its k-th score, more
 scores at or above the seed than the buffer holds, or more eligible ads than its candidate list
