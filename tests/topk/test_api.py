@@ -79,6 +79,7 @@ def test_deterministic_run_to_run():
 
 # ----------------------------------------------------------------------------- topk_batch
 
+@pytest.mark.slow  # ~20 s of simulated hypothesis cases: the slow tier (make test-slow)
 @given(batch_cases(), st.booleans(), st.sampled_from(["mask", "device mask", "bitset", "device bitset"]))
 def test_topk_batch_matches_oracle_per_request(case, with_ids, form):
     """The validated batched form: per request the contract of topk_scores, empty slices padded;

@@ -53,6 +53,7 @@ def seeded_cases(draw):
     return scores, k, eligible, ids, small_seed("filter", **tuning)
 
 
+@pytest.mark.slow  # ~20 s of simulated hypothesis cases: the slow tier (make test-slow)
 @given(seeded_cases())
 def test_seeded_topk_matches_oracle(case):
     """The single-request seeded path (sample, seed, filter, final; a rerun where the seed was high
