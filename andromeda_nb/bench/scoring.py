@@ -286,6 +286,12 @@ PHASES = {
         in_math(scores("dot", layout="rows"), "fp32"),
         in_math(scores("gated"), "fp16"), in_math(scores("gated"), "fp32"), in_math(scores("dot"), "fp32"),
         in_math(fused("gated", path="filter"), "fp16"), in_math(fused("dot", path="filter"), "fp32")),
+    # the register cap of the gated kernels: 128 (what max_registers="auto" gave every width before
+    # the wide rows' kernels were found spilling ~400 bytes a thread at d = 128) against "auto"
+    # (uncapped past d = 64), both maths, d = 64 and 128, one run
+    "registers": tuple(c for m in ("fp16", "fp32") for d in (64, 128)
+                       for c in (replace(in_math(scores("gated", d=d), m), config=cfg(math=m, max_registers=128)),
+                                 in_math(scores("gated", d=d), m))),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),
