@@ -255,6 +255,28 @@ def soak_line(rows: pd.DataFrame) -> str:
             f"{r['notes']}. Checks: {r['verified']}")
 
 
+def launches_line(rows: pd.DataFrame) -> str:
+    """The newest run that timed ``Pool.retrieve`` with its steps in one CUDA graph (``retrieve``)
+    and launched one by one (``retrieve_bound_launches``) on the same 10^8-ad pool and requests, as
+    one finding per batch size; '' when no run holds both."""
+    pair = rows[rows["variant"].isin(["retrieve", "retrieve_bound_launches"]) & rows["ok"]
+                & np.isclose(rows["n_ads"].astype(float), 1e8) & (rows["math"] == DEFAULT_PATH_MATH)]
+    both = [c for c, g in pair.groupby("commit") if set(g["variant"]) == {"retrieve", "retrieve_bound_launches"}]
+    if not both:
+        return ""
+    run = pair[pair["commit"].isin(both)].sort_values("timestamp")
+    run = run[run["commit"] == run["commit"].iloc[-1]]
+    parts = []
+    for batch, g in run.groupby("batch"):
+        by = g.set_index("variant")
+        if {"retrieve", "retrieve_bound_launches"} <= set(by.index):
+            graph, bound = (float(by.loc[v, "seconds_median"]) * 1e3 for v in ("retrieve", "retrieve_bound_launches"))
+            parts.append(f"batch {int(batch)}: {graph:.3f} ms with the graph, {bound:.3f} ms launched one by one")
+    r = run.iloc[-1]
+    return (f"- Everything after the match as one CUDA graph (`Pool(launches=\"auto\")`) against the same launches "
+            f"one by one ({r['device']}, commit `{r['commit']}`, p50 wall): " + "; ".join(parts) + ".")
+
+
 def findings(rows: pd.DataFrame) -> str:
     """What the newest run shows against the request path's targets, in numbers."""
     m = headline_metrics(rows)
@@ -285,6 +307,9 @@ def findings(rows: pd.DataFrame) -> str:
         f = m["score_topk_1e8_device_over_wall"]
         lines.append(f"- `score_topk` over the whole pool: the public call runs at {f:.2f} of its kernels' rate "
                      f"(target {TARGET_SCORE_TOPK_RATE}: {met(f >= TARGET_SCORE_TOPK_RATE)}).")
+    graph = launches_line(rows)
+    if graph:
+        lines.append(graph)
     soak = soak_line(rows)
     if soak:
         lines.append(soak)
