@@ -384,7 +384,7 @@ def peers_summary(table: pd.DataFrame, run: str | None) -> str:
 
 #: the frontier's limit: a model is "free" while it takes at most this times the dot product's time
 FRONTIER_LIMIT = 1.10
-#: the frontier phase's grid (bench/scoring.py's FRONTIER_D and FRONTIER_EK; tests check they agree)
+#: the frontier phase's grid (bench/scoring.py's ``frontier`` phase measures it)
 FRONTIER_D = (32, 64, 128)
 FRONTIER_EK = ((1, 1), (2, 1), (4, 2), (6, 2), (8, 2), (8, 4))
 

@@ -132,8 +132,8 @@ def _host_profile(call, calls: int, out_dir, name: str) -> None:
 def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out, batches=BATCHES,
                    diagnostics: bool = True, profile_batch: bool = False, variant: str = "retrieve") -> list[dict]:
     """``profile_batch``: the profiles given as one :class:`~andromeda_nb.targeting.ProfileBatch` (built
-    outside the timing), variant ``retrieve_profile_batch``, without the batch-1 extra rows;
-    ``variant`` another name for the rows (and no batch-1 extra rows where it is not ``retrieve``)."""
+    outside the timing); ``variant``: the rows' name (the case's: ``retrieve_profile_batch`` with
+    columns, ``retrieve_bound_launches``), the batch-1 extra rows only for ``retrieve``."""
     from ..pipeline import StepTimes
     from ..targeting import ProfileBatch
 
@@ -168,7 +168,6 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
         if B == 32 and variant != "retrieve_bound_launches":
             _host_profile(lambda: pool.retrieve(batch, profs, K), 30, args_out,
                           f"{pool.n_ads}_{pool.config.math}_batch{B}{'_columns' if profile_batch else ''}")
-        variant = "retrieve_profile_batch" if profile_batch else variant
         if profile_batch:
             notes += "; profiles as one ProfileBatch (columns)"
         notes += f"; launches after the match: {pool.launches} (device steps timed one by one)"

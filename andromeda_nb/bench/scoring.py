@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import harness
+from ..analysis.scoring_report import FRONTIER_D, FRONTIER_EK  # the frontier phase's grid: every (E, K) at every d
 from ..model import Request
 from .harness import Settings
 from .peers import TRITON_CONFIGS
@@ -194,11 +195,6 @@ def in_math(case: ScoringCase, math: str) -> ScoringCase:
 
 #: the E / K / d of the math phase: the source's headline model and the two the issue's targets name
 MATH_MODELS = ((64, 6, 2), (64, 8, 4), (128, 6, 2))
-#: the frontier phase (how large may the model grow): every (E, K) at every d, in both math modes,
-#: beside the dot product of the same d, scores to memory, one run
-FRONTIER_D = (32, 64, 128)
-FRONTIER_EK = ((1, 1), (2, 1), (4, 2), (6, 2), (8, 2), (8, 4))
-
 #: phase -> cases, in run order
 PHASES = {
     "design": (

@@ -168,15 +168,13 @@ class BoundLaunch:
         self.kernel, self.grid, self.block, self.args, self.stream = kernel, grid, block, list(args), stream
         self._bound = None if backend.is_simulator() else _Bound(kernel, grid, block, self.args, stream)
 
-    def set_array(self, i: int, base, start: int, n: int, base_address: int | None = None) -> None:
+    def set_array(self, i: int, base, start: int, n: int) -> None:
         """Argument ``i`` (a 1-D array argument) becomes ``base[start : start + n]`` (``base`` a
-        1-D device array of the argument's dtype; ``base_address``: its :func:`address`, where the
-        caller keeps it)."""
+        1-D device array of the argument's dtype)."""
         if self._bound is None:
             self.args[i] = base[start:start + n]
         else:
-            addr = persistent_address(base) if base_address is None else base_address
-            self._bound.set_array(i, addr + int(start) * base.dtype.itemsize, int(n))
+            self._bound.set_array(i, persistent_address(base) + int(start) * base.dtype.itemsize, int(n))
 
     def set_scalar(self, i: int, value: int) -> None:
         """Integer argument ``i`` becomes ``value``."""
@@ -433,7 +431,7 @@ class _NotCapturable(RuntimeError):
 class Graph:
     """Launches and copies captured once (:func:`capture_graph`) and replayed by one
     ``cuGraphLaunch`` on the default stream: a serving call's fixed sequence of a dozen launches and
-    copies costs the host one driver call (about 3 us) instead of one each. The captured nodes keep
+    copies costs the host one driver call instead of one each. The captured nodes keep
     their arguments and buffers: what changes between calls is the buffers' contents."""
 
     def __init__(self, exec_handle, graph_handle):

@@ -56,7 +56,6 @@ class BoundMatch:
         capacity = 1 << int(np.ceil(np.log2(max(capacity, 1024))))
         self.host = cuda.pinned_array(capacity, np.int64)
         self.dev = cuda.device_array(capacity, np.int64)
-        self._dev_address = launch.address(self.dev)
         self._capacity, self._scratch = capacity, scratch
         self._launches = self._bind(scratch)
 
@@ -83,12 +82,12 @@ class BoundMatch:
                 "tiles": -(-index.n_words // (blk * U))}
 
     def _run_kernels(self, plan: BatchPlan, span: dict) -> None:
-        L, dev, B, addr = self._launches, self.dev, plan.batch, self._dev_address
+        L, dev, B = self._launches, self.dev, plan.batch
         small = L["small"]
 
         def point(bound, i, name):
             off, n = span[name]
-            bound.set_array(i, dev, off, n, addr)
+            bound.set_array(i, dev, off, n)
 
         prep, match, post = L["prep"], L["match"], L["post"]
         # the pool's bitsets cover every word: n_bits and n_words are the index's (bound once)

@@ -96,12 +96,12 @@ class Pool:
                  launches: str = "auto"):
         from ..match import DeviceTargetingIndex
 
+        self._sim = launch.backend.is_simulator()
         if launches not in ("auto", "graph", "bound"):
             raise ValueError(f"launches must be 'auto', 'graph' or 'bound', got {launches!r}")
-        if launches == "graph" and launch.backend.is_simulator():
+        if launches == "graph" and self._sim:
             raise ValueError("launches='graph' needs a GPU (the simulator has no CUDA graphs)")
-        self.launches = "bound" if launches == "auto" and launch.backend.is_simulator() else (
-            "graph" if launches == "auto" else launches)
+        self.launches = ("bound" if self._sim else "graph") if launches == "auto" else launches
 
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or not 1 <= max_batch <= 4096:
             raise ValueError(f"max_batch must be an int in 1..4096, got {max_batch!r}")
@@ -135,7 +135,6 @@ class Pool:
             raise ValueError(f"filter_capacity must be 'auto' or a positive int, got {filter_capacity!r}")
         self._candidate_fraction, self._filter_capacity = float(frac), int(cap)
         self._size()
-        self._sim = launch.backend.is_simulator()
         #: a :class:`StepTimes` to time each step of the targeted path with events (benchmarks), or
         #: None; a traced call launches its steps one by one (the graph's kernels, between events)
         self.trace = None

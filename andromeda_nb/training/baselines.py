@@ -79,18 +79,16 @@ def user_items(data, exclude_last: bool = False):
     dropped slot (-1 for a user with fewer than two clicks, who keeps every click)."""
     from scipy.sparse import csr_matrix
 
+    if exclude_last:  # the split is defined once: InteractionData.held_back, tuning.validation_view
+        from .tuning import validation_view
+
+        return user_items(validation_view(data)), data.held_back()
     rows, t = data.events()
     items = data.seq[rows, t]
-    last = np.full(data.n_users, -1, np.int64)
-    if exclude_last:
-        final = t == data.seq_len[rows] - 1
-        drop = final & (data.seq_len[rows] >= 2)
-        last[rows[drop]] = items[drop]
-        rows, items = rows[~drop], items[~drop]
     m = csr_matrix((np.ones(rows.size, np.float32), (rows, items)), shape=(data.n_users, data.n_ads))
     m.sum_duplicates()
     m.data[:] = 1.0
-    return (m, last) if exclude_last else m
+    return m
 
 
 #: each baseline's parameters: name -> (type, smallest allowed value, inclusive)

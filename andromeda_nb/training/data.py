@@ -91,6 +91,15 @@ class InteractionData:
             raise KeyError(f"unknown user id {user_id!r}")
         return row
 
+    def held_back(self) -> np.ndarray:
+        """The validation split's click of each row: the user's last training click where the user has
+        at least two, else -1 (the tuning of the baselines and of the project's models holds these
+        back: :func:`~andromeda_nb.training.tuning.validation_view`)."""
+        out = np.full(self.n_users, -1, np.int64)
+        rows = np.flatnonzero(self.seq_len >= 2)
+        out[rows] = self.seq[rows, self.seq_len[rows] - 1]
+        return out
+
     def events(self) -> tuple[np.ndarray, np.ndarray]:
         """Every training click as ``(row, t)``: the target is ``seq[row, t]``."""
         rows = np.repeat(np.arange(self.n_users), self.seq_len)

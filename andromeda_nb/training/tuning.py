@@ -1,7 +1,7 @@
 """The project's models tuned like the baselines: on a validation split of the training part only,
 the same budget for every model.
 
-The split is the baselines' (:func:`.baselines.user_items`): every user with at least two training
+The split (:meth:`~.data.InteractionData.held_back`, the baselines' too): every user with at least two training
 clicks loses the last one, which becomes that user's validation target, requested just before it
 (its own request context); the popularity the sampler corrects for drops it too. A model trains on
 what remains, and the grid point with the best validation recall@100 (targeting applied, the
@@ -10,7 +10,7 @@ user's remaining training clicks excluded) wins. The held-out part is never read
 The budget: every model tries the same grid (:data:`GRID`: learning rate x training length, six
 points); each point's other settings are the preset's. Tuning runs with seed 0; the chosen point is
 then trained with every seed on the whole training part and evaluated on the held-out part
-(:func:`~andromeda_nb.analysis.quality.run_expert_count` with ``tune=True``).
+(:func:`~andromeda_nb.analysis.quality.tune_models`, then ``run_expert_count(..., tuned=...)``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def validation_view(data: InteractionData) -> InteractionData:
     """``data`` without each user's last training click (users with at least two), which becomes the
     evaluated users' held-out click; the other fields follow (sequence lengths, the evaluation
     request's context, popularity, evaluated rows). A new object: ``data`` is unchanged."""
-    L = data.seq_len
-    rows = np.flatnonzero(L >= 2)
-    last = data.seq[rows, L[rows] - 1]
+    L, held = data.seq_len, data.held_back()
+    rows = np.flatnonzero(held >= 0)
+    last = held[rows]
     seq, seq_len, req_ctx = data.seq.copy(), L.copy(), data.req_ctx.copy()
     seq[rows, L[rows] - 1] = data.n_ads  # the pad
     seq_len[rows] -= 1
@@ -80,8 +80,7 @@ def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid
          progress: bool = False) -> tuple[dict, list]:
     """The grid point of model ``name`` with the best validation recall@100 (seed 0, at most
     ``n_users`` evaluated users). Returns (best point, [(point, validation recall@100), ...])."""
-    from ..analysis.metrics import recall_at_k
-    from ..analysis.quality import eval_rows, retrieve_top
+    from ..analysis.quality import eval_rows, recalls, retrieve_top
     from .train import train_model
 
     grid = check_grid(grid)
@@ -96,8 +95,7 @@ def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid
     for point in grid:
         tm = train_model(name, view, grid_config(cfg, point), seed=0, device=device, progress=progress)
         top = retrieve_top(tm, rows, TUNE_METRIC_K)
-        recall = float(np.mean([recall_at_k(t, view.heldout[int(r)], TUNE_METRIC_K) for r, t in zip(rows, top)]))
-        trials.append((point, recall))
+        trials.append((point, recalls(view, rows, top, [TUNE_METRIC_K])[f"recall@{TUNE_METRIC_K}"]))
     return max(trials, key=lambda t: t[1])[0], trials
 
 
