@@ -31,7 +31,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..device import launch
-from ..match.kernels import MAX_BATCH
 from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
@@ -479,10 +478,14 @@ class Pool:
 
     def _prepare_match(self, profiles: list, excl: list) -> list:
         """The batch's match plans on the host, a chunk of the match kernels' largest batch each."""
+        from ..match.kernels import MAX_BATCH  # here, not at import: the kernels import numba.cuda
+
         return [self.index.plan_batch(profiles[i:i + MAX_BATCH], excl[i:i + MAX_BATCH], grouped=False)
                 for i in range(0, len(profiles), MAX_BATCH)]
 
     def _launch_match(self, plans: list) -> None:
+        from ..match.kernels import MAX_BATCH
+
         buf = self._buffers
         if self.index.pool is not self._bound_lists:  # an update grew the device list pool
             self._matchers, self._bound_lists = {}, self.index.pool

@@ -380,3 +380,16 @@ def test_profiles_in_columns_answer_as_dicts(rng):
             ProfileBatch.from_columns(rules.schema, ptr, category, value)
     with pytest.raises(ValueError, match="requests but"):
         pool.retrieve(reqs[:2], batch, k=6)
+
+
+def test_importing_the_request_path_leaves_the_cuda_backend_unchosen():
+    """`set_backend("auto")` picks the simulator without a GPU only if nothing imported numba.cuda
+    first: the notebooks import the pipeline (through analysis.evaluation) before choosing."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    code = ("import sys, andromeda_nb.pipeline, andromeda_nb.analysis.evaluation, andromeda_nb.serving; "
+            "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
