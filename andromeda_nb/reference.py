@@ -26,8 +26,21 @@ class GateResult:
     chosen: np.ndarray
 
 
-def _rows(table) -> tuple[np.ndarray, np.ndarray | None]:
+def math_rows(table: AdTable, math: str = "fp32") -> np.ndarray:
+    """``[n_ads, d]`` float64: the table's rows as the math mode reads them (fp32 math: the stored
+    values, int8 as ``q * scale`` in fp32; fp16 math: an int8 row dequantized to fp16)."""
+    return _rows(table, math)[0]
+
+
+def _rows(table, math: str = "fp32") -> tuple[np.ndarray, np.ndarray | None]:
     if isinstance(table, AdTable):
+        if math == "fp16" and table.dtype == "int8":
+            # fp16 math dequantizes to fp16: q times the scale rounded to fp16, the product (exact
+            # in float64) rounded once, as the kernel's mul.rn.f16x2
+            s16 = table.scale.astype(np.float16).astype(np.float64)
+            with np.errstate(over="ignore"):
+                a = (table.embeddings.astype(np.float64) * s16[:, None]).astype(np.float16)
+            return a.astype(np.float64), table.bias.astype(np.float64)
         return table.dequantized(), table.bias.astype(np.float64)
     return np.asarray(table, dtype=np.float64), None
 
@@ -43,14 +56,15 @@ def gate(request: Request, table, math: str = "fp32") -> GateResult:
         table: an :class:`AdTable` (its dequantized rows are used) or an ``[n, d]`` float array.
         math: ``"fp32"``: the model as written; ``"fp16"``: the model the fp16 math mode computes
             (docs/design.md, "Storage and math"): gamma, beta, G / sqrt(d) and V rounded to fp16
-            (:func:`~andromeda_nb.score.weights.f16_weights`), h = max(gamma * a + beta, 0) rounded
-            once to fp16, then everything in float64.
+            (:func:`~andromeda_nb.score.weights.f16_weights`), an int8 table's rows dequantized to
+            fp16 (q times its scale rounded to fp16, rounded once), h = max(gamma * a + beta, 0)
+            rounded once to fp16, then everything in float64.
 
     Returns:
         :class:`GateResult`. Expert choice: the ``k_experts`` largest logits, ties to the lower
         expert index (a stable sort of ``-logit``).
     """
-    a, _ = _rows(table)
+    a, _ = _rows(table, math)
     if a.ndim != 2 or a.shape[1] != request.d:
         raise ValueError(f"table rows must be [n, {request.d}], got {a.shape}")
     if math not in MATHS:
@@ -91,7 +105,7 @@ def score(request: Request, table, bias=None, math: str = "fp32") -> np.ndarray:
         bias: ``[n]`` biases when ``table`` is an array (None: zeros); ignored for an AdTable.
         math: ``"fp32"`` or ``"fp16"``, the model each math mode computes (:func:`gate`).
     """
-    a, b = _rows(table)
+    a, b = _rows(table, math)
     if b is None:
         b = np.zeros(a.shape[0]) if bias is None else np.asarray(bias, dtype=np.float64)
     g = gate(request, a, math)

@@ -189,7 +189,7 @@ def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
         lines.append(f"int8 stores {b8:.0f} bytes an ad against fp16's {b16:.0f} (a 10^{int(np.log10(POOL_ADS))}-ad "
                      f"table: {b8 * POOL_ADS / 1e9:.1f} GB against {b16 * POOL_ADS / 1e9:.1f} GB); {speed}.")
     for ds, s in summary.items():
-        for d in ("int8", "int8_dimscale", "fp16", "fp16_math", "bf16"):
+        for d in ("int8", "int8_fp16_math", "int8_dimscale", "fp16", "fp16_math", "bf16"):
             if d not in s.index:
                 continue
             dpp, ov = s.loc[d, ("mean", "recall@100_delta_pp")], s.loc[d, ("mean", "overlap@100_fp32")]

@@ -49,7 +49,7 @@ SCORING = Path("data/results/scoring.csv")
 DATASETS = ("multi_interest", "ml-100k")
 KS = {"multi_interest": (50, 100, 500), "ml-100k": (10, 50, 100)}
 RETRIEVAL_MODELS = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture")
-PRECISION_DTYPES = ("fp32", "bf16", "fp16", "fp16_math", "int8", "int8_dimscale")
+PRECISION_DTYPES = ("fp32", "bf16", "fp16", "fp16_math", "int8", "int8_fp16_math", "int8_dimscale")
 
 
 @dataclass(frozen=True)
@@ -430,15 +430,15 @@ def gated_flops(d: int, E: int, K: int, all_values: bool) -> int:
 
 def bytes_per_ad(d: int, dtype: str) -> int:
     """Row + fp32 bias (+ fp32 scale for int8): what the kernel reads per ad."""
-    size = {"fp32": 4, "fp16": 2, "fp16_math": 2, "bf16": 2, "int8": 1, "int8_dimscale": 1}[dtype]
+    size = {"fp32": 4, "fp16": 2, "fp16_math": 2, "bf16": 2, "int8": 1, "int8_fp16_math": 1, "int8_dimscale": 1}[dtype]
     return d * size + 4 + (4 if dtype.startswith("int8") else 0)
 
 
 def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
     """The fused kernel's best ads/s per (dtype, d, experts, k_experts) over the whole pool
     (``access == pool``, fused top-K: the block or the filter path, whichever measured faster),
-    with the device it was measured on; the fp16 math mode's rows as dtype ``fp16_math``; empty
-    when the file is missing."""
+    with the device it was measured on; the fp16 math mode's rows as dtype ``fp16_math`` (fp16
+    tables) or ``int8_fp16_math``; empty when the file is missing."""
     path = Path(scoring_csv)
     cols = ["dtype", "d", "experts", "k_experts", "items_per_s", "flops_per_item", "device"]
     if not path.is_file():
@@ -447,11 +447,12 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
     need = {"variant", "dtype", "d", "experts", "k_experts", "access", "items_per_s"}
     if not need <= set(df.columns):
         return pd.DataFrame(columns=cols)
-    # fp32 math rows by storage dtype; the fp16 math mode's rows (fp16 tables) as "fp16_math"
+    # fp32 math rows by storage dtype; the fp16 math mode's rows as "fp16_math" (fp16 tables) and
+    # "int8_fp16_math"
     math = df["math"].fillna("fp32").replace("", "fp32") if "math" in df.columns else pd.Series("fp32", df.index)
     plain = df[df["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter", "tower_fused_topk"]) & (math == "fp32")]
     half = df[df["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter"]) & (math == "fp16")]
-    df = pd.concat([plain, half.assign(dtype="fp16_math")])
+    df = pd.concat([plain, half.assign(dtype=half["dtype"].map({"fp16": "fp16_math", "int8": "int8_fp16_math"}))])
     df = df[df["access"] == "pool"]
     if "verified" in df.columns:
         df = df[df["verified"].astype(str).str.startswith("ok")]
@@ -526,6 +527,7 @@ def precision_tables(tm):
 
     out["int8_dimscale"] = (AdTable.from_float(a / s[None, :], b, dtype="int8", ad_ids=tm.data.ad_ids), req)
     out["fp16_math"] = out["fp16"]  # the fp16 table in the fp16 math mode (run_precision)
+    out["int8_fp16_math"] = out["int8"]  # the int8 table in the fp16 math mode
     return out
 
 
@@ -544,7 +546,7 @@ def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progr
     out = []
     for dt in dtypes:
         table, req = tables[dt]
-        sc = base if dt == "fp32" else model_scores(tm, rows, table, req, math="fp16" if dt == "fp16_math" else "fp32")
+        sc = base if dt == "fp32" else model_scores(tm, rows, table, req, math="fp16" if dt.endswith("fp16_math") else "fp32")
         top = _topk_rows(sc, elig, 100)
         rec = recalls(data, rows, top, (100,))["recall@100"]
         ov = float(np.mean([topk_overlap(x, y, 100) for x, y in zip(top, base_top)]))

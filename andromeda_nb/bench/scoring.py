@@ -35,6 +35,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
              per-op on bitsets
     peers  : a Triton kernel of the gated model (over its tuning grid), torch.compile and eager
              PyTorch (:mod:`.peers`), beside the fused kernel and the dot product, same tables
+    int8_math: int8 rows in fp16 math beside fp16 rows in fp16 math, int8 in fp32 math and the dot
+             products, scores to memory (d 64 E6 K2, E8 K4; d 128) and the fused top-1000
     frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
              fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
 
@@ -288,6 +290,14 @@ PHASES = {
     "registers": tuple(c for m in ("fp16", "fp32") for d in (64, 128)
                        for c in (replace(in_math(scores("gated", d=d), m), config=cfg(math=m, max_registers=128)),
                                  in_math(scores("gated", d=d), m))),
+    # int8 rows in fp16 math (dequantized to fp16 in the tile) against fp16 rows in fp16 math, int8
+    # in fp32 math and the dot products of both dtypes: scores to memory over MATH_MODELS, and the
+    # fused top-1000 (filter path) at d = 64, one run (the target: gated int8 >= 1.6x fp16)
+    "int8_math": (
+        *(in_math(scores("dot", dt, d), "fp32") for d in (64, 128) for dt in ("fp16", "int8")),
+        *(in_math(scores("gated", dt, d, E, K), m) for d, E, K in MATH_MODELS
+          for dt, m in (("fp16", "fp16"), ("int8", "fp16"), ("int8", "fp32"))),
+        *(in_math(fused("gated", dt, path="filter"), "fp16") for dt in ("fp16", "int8"))),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),

@@ -71,6 +71,13 @@ if config.ENABLE_CUDASIM:
     def film_h2(x, g, b):
         return film_h2_host(np.array([x], np.uint32), np.array([g], np.uint32), np.array([b], np.uint32))[0]
 
+    def half2_of(s):
+        return half2_of_host(np.array([s], np.float32))[0]
+
+    def dequant_i8x4(x, s2):
+        lo, hi = dequant_i8x4_host(np.array([x], np.uint32), np.array([s2], np.uint32))
+        return lo[0], hi[0]
+
 else:
     from llvmlite import ir
     from numba import types
@@ -254,6 +261,57 @@ else:
             return builder.call(asm, list(args))
 
         return sig, codegen
+
+
+    @intrinsic
+    def half2_of(typingctx, s):
+        sig = types.uint32(types.float32)
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType()])
+            # the row scale rounded to fp16 (cvt.rn), in both halves of a word
+            asm = ir.InlineAsm(fnty, "{ .reg .b16 h; cvt.rn.f16.f32 h, $1; mov.b32 $0, {h, h}; }", "=r,f")
+            return builder.call(asm, list(args))
+
+        return sig, codegen
+
+    @intrinsic
+    def dequant_i8x4(typingctx, x, s2):
+        sig = types.UniTuple(types.uint32, 2)(types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            ret = ir.LiteralStructType([i32, i32])
+            fnty = ir.FunctionType(ret, [i32, i32])
+            # four int8 q (byte 0 lowest) -> fp16 pairs (q0, q1), (q2, q3) times the fp16 scale in s2:
+            # the byte with its sign bit flipped, bb = q + 128, becomes the fp16 bits 0x64bb = 1024 + bb
+            # exactly (one PRMT a pair), minus 1152 = q exactly (HADD2), times s rounded once (HMUL2)
+            asm = ir.InlineAsm(fnty, "{ .reg .b32 t, m, c; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64646464; "
+                               "mov.b32 c, 0x64806480; prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; "
+                               "sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; "
+                               "mul.rn.f16x2 $0, $0, $3; mul.rn.f16x2 $1, $1, $3; }", "=&r,=&r,r,r")
+            out = builder.call(asm, list(args))
+            vals = [builder.extract_value(out, k) for k in range(2)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+
+def half2_of_host(s) -> np.ndarray:
+    """The float32 ``s`` rounded to fp16 (round to nearest even) in both halves of a uint32 word."""
+    h = np.asarray(s, np.float32).astype(np.float16)
+    return np.ascontiguousarray(np.stack([h, h], axis=-1)).view(np.uint32).reshape(np.shape(s))
+
+
+def dequant_i8x4_host(x, s2) -> tuple[np.ndarray, np.ndarray]:
+    """Words of four int8 (byte 0 lowest) to two words of fp16 pairs ``q * s``: the product of q and
+    the fp16 scale (the low half of ``s2``) exact, rounded once to fp16, as ``mul.rn.f16x2``. Used
+    by the simulator; the fp16-math reference computes the same values (:func:`~andromeda_nb.reference.gate`)."""
+    q = np.ascontiguousarray(np.asarray(x, np.uint32)).view(np.int8).reshape(-1, 4).astype(np.float64)
+    s = np.ascontiguousarray(np.asarray(s2, np.uint32)).view(np.float16).reshape(-1, 2)[:, :1].astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.ascontiguousarray((q * s).astype(np.float16))
+    return a[:, :2].copy().view(np.uint32).reshape(-1), a[:, 2:].copy().view(np.uint32).reshape(-1)
 
 
 def film_h2_host(x, g, b) -> np.ndarray:

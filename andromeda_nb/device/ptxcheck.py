@@ -78,6 +78,11 @@ def variants():
         k = FK.fused_kernel("gated", 64, 6, 2, "fp16", layout, access, 256, cap, True, "chosen", None, 1, 1, False,
                             math="fp16")
         out.append((f"fused gated d64 E6 K2 fp16 {layout} {access} cap{cap} math=fp16", k, f16_sig))
+    # int8 rows in fp16 math (dequantized to fp16 pairs in the tile): scores, the filter's access
+    for layout, access in (("rows", "pool"), ("tiles", "pool"), ("rows", "candidates")):
+        k = FK.fused_kernel("gated", 64, 6, 2, "int8", layout, access, 256, 0, True, "chosen", None, 1, 1, False,
+                            math="fp16")
+        out.append((f"fused gated d64 E6 K2 int8 {layout} {access} cap0 math=fp16", k, f16_sig))
     # the frontier's widest rows (--ptxas: d = 128 holds 234 registers a thread, one block of 256 an SM)
     k = FK.fused_kernel("gated", 128, 6, 2, "fp16", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False,
                         math="fp16")

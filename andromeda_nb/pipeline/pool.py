@@ -35,7 +35,8 @@ from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
 from ..score.launches import check_range
-from ..score.weights import f16_weights, gated_images, image_size, mma_f16_image, mma_f16_words, stack_requests
+from ..score.weights import (f16_weights, fp16_rows_fit, gated_images, image_size, mma_f16_image, mma_f16_words,
+                             stack_requests)
 from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, table_slots
 from ..topk.api import check_k
 from .bound_match import BoundMatch
@@ -123,8 +124,8 @@ class Pool:
         if layout == "auto":
             layout = "rows" if index is not None else "tiles"
         self.table = _device_table(table, index, layout)
-        if self.config.math == "fp16" and self.table.dtype != "fp16":
-            raise ValueError(f"math='fp16' scores fp16 tables, this one is {self.table.dtype}")
+        if self.config.math == "fp16" and self.table.dtype not in ("fp16", "int8"):
+            raise ValueError(f"math='fp16' scores fp16 and int8 tables, this one is {self.table.dtype}")
         frac = 1 / 8 if candidate_fraction == "auto" else candidate_fraction
         if isinstance(frac, (bool, np.bool_)) or not isinstance(frac, (int, float, np.integer, np.floating)) or not (
                 0 < frac <= 1):
@@ -404,11 +405,12 @@ class Pool:
             group = [reqs[j] for j in members]
             images = np.empty((len(group), image_size(shape[0], table.d, shape[1])), np.float32)
             if all(type(r) is Request for r in group):
-                f16_math = cfg.math == "fp16" or (cfg.math == "auto"
-                                                  and cfg.fp16_shape(shape[0], table.d, shape[1], table.dtype))
+                f16_math = cfg.picks_fp16(shape[0], table.d, shape[1], table.dtype)
                 if cfg.math == "fp16":
                     mma_f16_words(table.d, shape[1])  # raises where the fp16 kernel does not take the shape
                 built = gated_images(*stack_requests(group), table.max_abs(), images, f16_math)
+                if table.dtype == "int8" and not fp16_rows_fit(table):
+                    built.over16[:] = True
                 refuse = built.bad32 | built.over16 if cfg.math == "fp16" else built.bad32
                 if refuse.any():
                     i = int(np.flatnonzero(refuse)[0])

@@ -66,9 +66,13 @@ class KernelConfig:
             fp16, the gate logits and value dots on the tensor cores (``mma.sync`` m16n8k16, fp32
             accumulation), softmax, expert choice and combination in fp32 (docs/design.md, "Storage
             and math"); it computes :func:`~andromeda_nb.reference.score` with ``math="fp16"`` to
-            fp32 accuracy; fp16 tables, d a multiple of 16, E <= 8; a request whose weights, or whose
-            encoded ads (``|gamma| max|a| + |beta|``), could leave the fp16 range is refused.
-            ``"auto"`` (:meth:`with_math`): fp16 where it applies and the request fits, else fp32.
+            fp32 accuracy; fp16 or int8 tables (an int8 row dequantized to fp16 first: q times its
+            scale rounded to fp16, the product rounded once), d a multiple of 16, E <= 8; a request
+            whose weights, or whose encoded ads (``|gamma| max|a| + |beta|``), could leave the fp16
+            range is refused, as is an int8 table whose rows (``127 max scale``) could.
+            ``"auto"`` (:meth:`with_math`): fp16 on fp16 tables where it applies and the request
+            fits, else fp32 (on int8 tables fp32: fp16 math's effect on their retrieval quality is
+            not measured yet).
             The default because fp16 math measured 1.4x (E6 K2) to 1.7x (E8 K4) faster on the
             H200 and kept recall@100 within 0.02 point of fp32, top-100 overlap >= 0.998, on both
             datasets (the precision notebook; the rule: at most 0.1 point, overlap >= 0.99).
@@ -123,7 +127,7 @@ class KernelConfig:
 
     def with_math(self, dreq: "DeviceRequest", table) -> "KernelConfig":
         """This configuration with ``math="auto"`` made concrete for a request on a table:
-        ``"fp16"`` where the fp16 math mode applies (an fp16 table, the gated model from a Request,
+        ``"fp16"`` where :meth:`picks_fp16` (an fp16 table, the gated model from a Request,
         d a multiple of 16, E <= 8, the generated kernel with shared weights and whole warps) and the
         request and table stay within its range; ``"fp32"`` otherwise."""
         if self.math != "auto":
@@ -131,7 +135,7 @@ class KernelConfig:
         return replace(self, math="fp16" if self._fp16_applies(dreq, table) else "fp32")
 
     def _fp16_applies(self, dreq, table) -> bool:
-        if dreq.request is None or not self.fp16_shape(dreq.model, dreq.d, dreq.experts, table.dtype):
+        if dreq.request is None or not self.picks_fp16(dreq.model, dreq.d, dreq.experts, table.dtype):
             return False
         from .launches import check_range
         from .weights import f16_weights
@@ -143,10 +147,19 @@ class KernelConfig:
             return False
         return True
 
+    def picks_fp16(self, model: str, d: int, experts: int, table_dtype: str) -> bool:
+        """Whether this configuration scores requests of this shape on a table of this dtype in fp16
+        math, before the per-request range check: ``math="fp16"``, or ``"auto"`` on an fp16 table
+        where :meth:`fp16_shape` holds."""
+        if self.math == "auto":
+            return table_dtype == "fp16" and self.fp16_shape(model, d, experts, table_dtype)
+        return self.math == "fp16"
+
     def fp16_shape(self, model: str, d: int, experts: int, table_dtype: str) -> bool:
         """Whether the fp16 math mode applies to requests of this shape on a table of this dtype
-        under this configuration (:meth:`with_math` without the per-request range check)."""
-        return not (table_dtype != "fp16" or model != "gated" or d % 16 or experts > 8 or self.tensor_cores
+        under this configuration (fp16 or int8 rows, the gated model, d a multiple of 16, E <= 8,
+        the generated kernel with shared weights and whole warps)."""
+        return not (table_dtype not in ("fp16", "int8") or model != "gated" or d % 16 or experts > 8 or self.tensor_cores
                     or self.naive or self.weights == "param" or (self.block is not None and self.block % 32))
 
     def resolved(self, dreq: "DeviceRequest", topk_k: int = 0, compact: bool = False) -> "KernelConfig":

@@ -17,11 +17,13 @@ SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
 
 
 def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access: str, compact: bool,
-                   n: str = "n_items", row: str = "") -> None:
+                   n: str = "n_items", row: str = "", int8: bool = False) -> None:
     """Emit the loads of tile t (rows 16 t + g and 16 t + g + 8 of a warp's 32 ads, counted from
     ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
     row past the end or not eligible). ``n``: the name of the item count; ``row``: the candidate
-    list's row prefix (``"b, "`` in batched kernels)."""
+    list's row prefix (``"b, "`` in batched kernels). ``int8`` (fp16 math): 4 dims are 4 bytes, half
+    a word: the lane loads the word holding its dims (``c // 2 + 2 wi``; :func:`_emit_mma_f16_tile`
+    takes half ``c % 2``) and the row scale into ``sc{q}``."""
     for q in (2 * t, 2 * t + 1):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
         half = q % 2
         emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
@@ -40,11 +42,15 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
         emit(f"{ind}ur{q} = uint64(sr{q})")
         for wi in range(d // 16):
             emit(f"{ind}m{q}_{wi} = uint64(0)")
+        if int8:
+            emit(f"{ind}sc{q} = zero")
         emit(f"{ind}if okr{q}:")
         for wi in range(d // 16):
-            col = f"c4 + {4 * wi}"
+            col = f"c4h + {2 * wi}" if int8 else f"c4 + {4 * wi}"
             idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
             emit(f"{ind}    m{q}_{wi} = words[{idx}]")
+        if int8:
+            emit(f"{ind}    sc{q} = scale[ur{q}]")
 
 
 def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
@@ -86,17 +92,28 @@ def emit_f16_weights(emit, ind: str, d: int, row: str = "") -> None:
             emit(f"{ind}{name.format(j=j)} = wimg[{row}{(j * 32) * 8 + k} + lane * 8]")
 
 
-def _emit_mma_f16_tile(emit, ind: str, t: int, d: int) -> None:
+def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False) -> None:
     """Emit tile t's fp16 encoding and mma steps (m16n8k16, fp32 accumulation): per step j, each row
     word's two fp16 pairs through FiLM + ReLU in one half2 FMA and max each (``film_h2``, one
     rounding to fp16), straight into the A fragment: a0 / a2 = the low / high pair of row g's word,
-    a1 / a3 those of row g + 8 (:func:`.weights.mma_f16_image` assigns dims to k-slots to match)."""
+    a1 / a3 those of row g + 8 (:func:`.weights.mma_f16_image` assigns dims to k-slots to match).
+    ``int8``: the lane's 4 bytes (half ``c % 2`` of the loaded word: dims 4w..4w+3 with w = c + 4 j,
+    as in an fp16 row) first become the fp16 pairs ``q * s`` (``dequant_i8x4``; s the row scale
+    rounded to fp16), so the weights and the rest are the fp16 rows' own."""
     for r in range(4):
         emit(f"{ind}cg{t}_{r} = zero")
         emit(f"{ind}cv{t}_{r} = zero")
     rows = (2 * t, 2 * t + 1)
+    if int8:
+        for q in rows:
+            emit(f"{ind}s2{q} = half2_of(sc{q})")
     for j in range(d // 16):
         for q in rows:
+            if int8:
+                emit(f"{ind}lo{q}, hi{q} = dequant_i8x4(uint32((m{q}_{j} >> c4s) & uint64(0xFFFFFFFF)), s2{q})")
+                emit(f"{ind}ha{q} = film_h2(lo{q}, gm{j}_0, bt{j}_0)")
+                emit(f"{ind}hb{q} = film_h2(hi{q}, gm{j}_1, bt{j}_1)")
+                continue
             emit(f"{ind}ha{q} = film_h2(uint32(m{q}_{j} & uint64(0xFFFFFFFF)), gm{j}_0, bt{j}_0)")
             emit(f"{ind}hb{q} = film_h2(uint32(m{q}_{j} >> uint64(32)), gm{j}_1, bt{j}_1)")
         frag = [f"ha{rows[0]}", f"ha{rows[1]}", f"hb{rows[0]}", f"hb{rows[1]}"]
@@ -140,16 +157,17 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     soon as that tile is encoded, so loads stay in flight while the warp computes. ``math``:
     ``"fp32"`` (3xTF32 products) or ``"fp16"`` (h and the weights in fp16, fp32 accumulation)."""
     ind = "        "
+    int8 = dtype == "int8"
     if not prefetch:
         for t in range(2):
-            emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row)
+            emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8)
     for t in range(2):
         if math == "fp16":
-            _emit_mma_f16_tile(emit, ind, t, d)
+            _emit_mma_f16_tile(emit, ind, t, d, int8)
         else:
             _emit_mma_tile(emit, ind, t, d, terms)
         if prefetch:
-            emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row)
+            emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row, int8)
     _emit_mma_store(emit, ind)
 
 

@@ -52,8 +52,8 @@ from numba import cuda, float32, int16, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from ..device.bits import test_bit
-from ..device.intrinsics import (DECODE, PER_WORD, film_h2, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32,
-                                 mma_tf32_warp, tf32_round)
+from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, film_h2, half2_of, lds4, max_nan, mma_f16,
+                                 mma_f16_warp, mma_tf32, mma_tf32_warp, tf32_round)
 from ..topk.block import block_topk
 from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load
 from .weights import PAD, image_size, mma_image_size
@@ -132,6 +132,9 @@ class _Source:
             emit("    wbase = wid * 32")
             emit("    g8 = lane // 4")
             emit("    c4 = lane % 4")
+            if self.dtype == "int8":  # fp16 math: the word holding the lane's 4 bytes, and its half
+                emit("    c4h = c4 // 2")
+                emit("    c4s = uint64(32 * (c4 % 2))")
             emit(f"    msc = cuda.shared.array(({block // 32}, 32, 16), float32)")  # a warp: 32 ads x (8 logits, 8 values)
             if config.ENABLE_CUDASIM:
                 emit(f"    scr = cuda.shared.array(({block // 32}, 32, 10), float32)")
@@ -221,7 +224,8 @@ class _Source:
         if self.prefetch:  # the first round's words (see emit_mma)
             emit(f"    base = cuda.blockIdx.x * {per_round}")
             for t in range(2):
-                emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row)
+                emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row,
+                              self.dtype == "int8")
         if self.sample:  # positions 0..M of the sample; p: the candidate each one reads
             emit("    whole = n_req <= {}".format(self.sample))
             emit(f"    step = n_req // {self.sample // SAMPLE_RUN}")
@@ -530,8 +534,9 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             steps) or ``"fp16"``: h, the gate keys and the values in fp16 (FiLM + ReLU in half2, one
             rounding), the gate logits and value dots by ``mma.sync`` m16n8k16 with fp32
             accumulation, softmax, expert choice and combination in fp32 (docs/design.md, "Storage
-            and math"); fp16 rows, d a multiple of 16, E <= 8, whole warps; ``wimg`` is then
-            :func:`.weights.mma_f16_image` (uint32), each lane's share kept in registers.
+            and math"); fp16 or int8 rows (an int8 row dequantized to fp16 first: q times its scale
+            rounded to fp16, the product rounded once), d a multiple of 16, E <= 8, whole warps;
+            ``wimg`` is then :func:`.weights.mma_f16_image` (uint32), each lane's share kept in registers.
 
     Raises:
         ValueError: for a configuration the generator cannot build (before any compilation).
@@ -540,9 +545,9 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"values must be 'chosen' or 'all', got {values!r}")
     if math not in ("fp32", "fp16"):
         raise ValueError(f"math must be 'fp32' or 'fp16', got {math!r}")
-    if math == "fp16" and (model != "gated" or dtype != "fp16" or d % 16 or experts > 8 or block % 32 or mma
+    if math == "fp16" and (model != "gated" or dtype not in ("fp16", "int8") or d % 16 or experts > 8 or block % 32 or mma
                            or sample):
-        raise ValueError("math='fp16' takes the gated model, fp16 rows, d a multiple of 16, E <= 8 and whole warps; "
+        raise ValueError("math='fp16' takes the gated model, fp16 or int8 rows, d a multiple of 16, E <= 8 and whole warps; "
                          f"got {model}, {dtype}, d={d}, E={experts}, block={block}")
     if model not in MODELS or layout not in LAYOUTS or access not in ACCESS:
         raise ValueError(f"bad kernel configuration {model, layout, access}")
@@ -573,7 +578,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
            "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
-           "uint32": uint32}
+           "uint32": uint32, "half2_of": half2_of, "dequant_i8x4": dequant_i8x4}
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)

@@ -299,7 +299,7 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
     logit or value dot (``|h| * max_e sum_i |W[e, i]|``) beyond :data:`FP32_SAFE` (every score would
     be NaN, and nothing ranked, where the float64 reference ranks every ad). ``max|a|`` over the
     table's finite values (:meth:`DeviceAdTable.max_abs`)."""
-    from .weights import FP16_MAX
+    from .weights import FP16_MAX, fp16_rows_fit
 
     a = table.max_abs()
     img = dreq.host_image.astype(np.float64)
@@ -310,6 +310,9 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
         return
     d, E = dreq.d, dreq.experts
     h = float(np.abs(img[:d]).max()) * a + float(np.abs(img[d:2 * d]).max())
+    if math == "fp16" and not fp16_rows_fit(table):
+        raise ValueError(f"math='fp16': this int8 table's rows reach max|q| max(scale) = {a:.4g}, beyond the fp16 range "
+                         f"({FP16_MAX:g}), once dequantized; rescale the table or use math='fp32'")
     if math == "fp16" and not h <= FP16_MAX:
         raise ValueError(f"math='fp16': encoded ads could reach |gamma| max|a| + |beta| = {h:.4g}, beyond the "
                          f"fp16 range ({FP16_MAX:g}); rescale the request or the table, or use math='fp32'")

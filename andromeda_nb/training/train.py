@@ -182,9 +182,10 @@ def score_exported(V, G, gamma, beta, table: AdTable, k_experts: int, users_per_
 
 def _score_exported_fp16(V, G, gamma, beta, table: AdTable, k_experts: int, users_per_chunk: int, device
                          ) -> np.ndarray:
+    from ..reference import math_rows
     from ..score.weights import f16_weights
 
-    A = torch.as_tensor(np.asarray(table.dequantized(), np.float32), device=device)
+    A = torch.as_tensor(np.asarray(math_rows(table, "fp16"), np.float32), device=device)  # int8: dequantized to fp16
     b = torch.as_tensor(table.bias, device=device)
     n, E, d = V.shape
     out = np.empty((n, table.n_ads), np.float32)

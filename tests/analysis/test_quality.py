@@ -52,22 +52,23 @@ def test_precision_rows(k2, data):
     got = frame.set_index(["dtype", "metric"])["value"]
     assert got[("fp32", "recall@100_delta_pp")] == 0 and got[("fp32", "overlap@100_fp32")] == 1.0
     assert got[("fp32", "score_err_max")] == 0
-    for dt in ("bf16", "fp16", "fp16_math", "int8", "int8_dimscale"):
+    for dt in ("bf16", "fp16", "fp16_math", "int8", "int8_fp16_math", "int8_dimscale"):
         assert 0 <= got[(dt, "overlap@100_fp32")] <= 1 and got[(dt, "score_err_p50")] >= 0
     assert got[("int8", "bytes_per_ad")] == 16 + 8 and got[("fp16", "bytes_per_ad")] == 32 + 4
-    assert got[("fp16_math", "bytes_per_ad")] == 32 + 4
+    assert got[("fp16_math", "bytes_per_ad")] == 32 + 4 and got[("int8_fp16_math", "bytes_per_ad")] == 16 + 8
     # fp16 math rounds h and the weights too: more error than the fp16 table alone, never less
     assert got[("fp16_math", "score_err_p50")] >= got[("fp16", "score_err_p50")]
 
 
-def test_fp16_math_scores_are_the_fp16_model(rng):
-    """score_exported(math="fp16") (the precision experiment's fp16_math) equals the float64 oracle
-    of the fp16 math mode's model to fp32 accuracy, expert swaps at near-ties aside."""
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_fp16_math_scores_are_the_fp16_model(rng, dtype):
+    """score_exported(math="fp16") (the precision experiment's fp16_math and int8_fp16_math) equals
+    the float64 oracle of the fp16 math mode's model to fp32 accuracy, expert swaps at near-ties aside."""
     from andromeda_nb import Request, checks
     from andromeda_nb.model import AdTable
 
     d, E, K, n = 16, 6, 2, 300
-    table = AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype="fp16")
+    table = AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype=dtype)
     reqs = [Request.random(d, E, K, rng) for _ in range(3)]
     V, G, gamma, beta = (np.stack([getattr(r, f) for r in reqs]) for f in ("V", "G", "gamma", "beta"))
     got = score_exported(V, G, gamma, beta, table, K, math="fp16")

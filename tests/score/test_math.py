@@ -7,33 +7,98 @@ import pytest
 import andromeda_nb as anb
 from andromeda_nb import checks, reference
 from andromeda_nb.score import DeviceAdTable
+from andromeda_nb.score.table import DeviceRequest
 
 F16 = anb.KernelConfig(math="fp16")
 
 
-def table_of(rng, n, d, layout):
-    t = anb.AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype="fp16",
+def table_of(rng, n, d, layout, dtype="fp16"):
+    t = anb.AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype=dtype,
                                ad_ids=rng.choice(10 * n, n, replace=False))
     return t, DeviceAdTable(t, layout)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
 @pytest.mark.parametrize("layout", ["rows", "tiles"])
 @pytest.mark.parametrize("d, E, K", [(16, 1, 1), (32, 5, 2), (64, 8, 3)])
-def test_fp16_scores_equal_the_fp16_model(rng, layout, d, E, K):
-    """fp32 accuracy against the fp16 model (h, weights rounded to fp16; products exact, sums in
-    fp32), fp16-rounding distance from the fp32 model; n off the warp and block size."""
+def test_fp16_scores_equal_the_fp16_model(rng, dtype, layout, d, E, K):
+    """fp32 accuracy against the fp16 model (h, weights rounded to fp16, an int8 row dequantized to
+    fp16; products exact, sums in fp32), fp16-rounding distance from the fp32 model; n off the warp
+    and block size."""
     n = 77
-    t, dt = table_of(rng, n, d, layout)
+    t, dt = table_of(rng, n, d, layout, dtype)
     req = anb.Request.random(d, E, K, rng)
     got = anb.score_ads(req, dt, config=F16).copy_to_host()
     ref16, ref32 = reference.score(req, t, math="fp16"), reference.score(req, t)
     scale = checks.score_scale(req, t)
-    swappable = checks.near_tie_ads(req, t)  # an ad whose K-th and (K+1)-th logits nearly tie
+    swappable = checks.near_tie_ads(req, t, "fp16")  # an ad whose K-th and (K+1)-th logits nearly tie
     bad = ~swappable & (np.abs(got - ref16) > checks.SCORE_RTOL * scale)
     assert not bad.any(), np.abs(got - ref16)[bad].max() / scale
-    # fp16 rounding of h and the weights, no more; where the fp32 logits nearly tie, either set
+    # fp16 rounding of h and the weights (and an int8 row), no more; where the fp32 logits nearly
+    # tie, either set
     assert checks.compare_scores_to_fp32(got, req, t, "fp16")
     assert np.abs(got - ref32)[~checks.rounding_tie_ads(req, t)].max() < checks.FP16_RTOL * scale
+
+
+def test_int8_rows_dequantize_to_fp16_as_the_reference(rng):
+    """The kernel's int8 -> fp16 step (dequant_i8x4: q exact, times the fp16 scale, rounded once)
+    on every q from -128 to 127 against scales of every fp16 range: normal, subnormal (fewer
+    significant bits), past fp16 (inf), and zero; the words' byte order is the rows' dim order."""
+    from andromeda_nb.device.intrinsics import dequant_i8x4_host, half2_of_host
+
+    q = np.arange(-128, 128, dtype=np.int8)
+    scales = np.array([1.0, 0.0137, 3e-3, 1e-6, 2.0 ** -24, 500.0, 1e5, 0.0], np.float32)
+    words = np.tile(q.view(np.uint32), scales.size)  # 64 words of 4 bytes a scale
+    with np.errstate(over="ignore"):
+        s2 = np.repeat(half2_of_host(scales), q.size // 4)
+    lo, hi = dequant_i8x4_host(words, s2)
+    got = np.stack([lo, hi], axis=1).view(np.float16).reshape(scales.size, q.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = (q[None, :].astype(np.float64) * scales.astype(np.float16).astype(np.float64)[:, None]).astype(np.float16)
+    np.testing.assert_array_equal(got, want)
+    assert np.isinf(got[6]).any() and np.isfinite(got[5]).all() and (got[7] == 0).all()
+    assert (half2_of_host(np.float32(0.0137)) >> 16) == (half2_of_host(np.float32(0.0137)) & 0xFFFF)
+
+
+def test_int8_fp16_math_top_k_and_sparse_accesses(rng):
+    """int8 rows in fp16 math on the sparse accesses and the selection paths: the fused top-k equals
+    the top-k of the same kernel's scores; candidate lists and bitsets score the listed ads as the
+    whole pool does; the Pool's default stays fp32 math on int8 tables, math="fp16" serves them."""
+    t, dt = table_of(rng, 300, 32, "rows", "int8")
+    req = anb.Request.random(32, 6, 2, rng)
+    scores = anb.score_ads(req, dt, config=F16).copy_to_host()
+    mask = rng.random(300) < 0.4
+    for path in ("auto", "block"):
+        for eligible in (None, mask):
+            got = anb.score_topk(req, dt, 10, eligible=eligible, config=F16, path=path)
+            want = reference.topk(scores, 10, ids=t.ad_ids, eligible=eligible)
+            assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
+    cand = np.flatnonzero(mask).astype(np.int32)
+    got = anb.score_ads(req, dt, candidates=cand, config=F16).copy_to_host()
+    np.testing.assert_array_equal(got, scores[cand])
+    auto = anb.KernelConfig().with_math(DeviceRequest.of(req), dt)
+    assert auto.math == "fp32"  # int8 tables: fp16 math's quality effect is not measured, fp32 stays
+    pool = anb.Pool(t, config=F16, max_k=10)
+    got = pool.retrieve(req, k=10)
+    want = reference.topk(scores, 10, ids=t.ad_ids)
+    assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
+
+
+def test_int8_rows_beyond_fp16_are_refused(rng):
+    """An int8 table whose dequantized rows (max|q| max scale) would overflow fp16 is refused by
+    math="fp16" before anything launches, and scored in fp32 by the default."""
+    big = rng.standard_normal((64, 32)) * 1e5
+    big[0, 0] = 9e4  # 127 * scale past 65504 once the scale rounds to fp16
+    t = anb.AdTable.from_float(big, dtype="int8")
+    dt = DeviceAdTable(t, "rows")
+    req = anb.Request(V=np.ones((2, 32), np.float32), G=np.ones((2, 32), np.float32) * 1e-3,
+                      gamma=np.full(32, 1e-6, np.float32), beta=np.zeros(32, np.float32), k_experts=1)
+    with pytest.raises(ValueError, match="int8 table's rows"):
+        anb.score_ads(req, dt, config=F16)
+    with pytest.raises(ValueError, match="int8 table's rows"):
+        anb.Pool(t, config=F16).retrieve(req, k=3)
+    got = anb.score_ads(req, dt).copy_to_host()
+    np.testing.assert_allclose(got, reference.score(req, t), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("path", ["auto", "block"])
