@@ -4,8 +4,8 @@ from the rows of ``data/results/pipeline.csv`` (``python -m andromeda_nb.bench p
 Variants: ``retrieve`` (:meth:`~andromeda_nb.pipeline.Pool.retrieve` of ``batch`` requests),
 ``score_sparse`` (the device steps of one request after the match), ``match_eligible``,
 ``score_topk`` (the whole pool), ``retrieve_open_loop`` (requests at a set rate), the launch
-overheads ``launch_numba_dispatch`` / ``launch_bound``, and the live pool's ``pool_apply`` and
-``pool_soak``. Wall times are the public call's, warm;
+overheads ``launch_numba_dispatch`` / ``launch_bound`` (the live pool's rows: :mod:`.pool_report`).
+Wall times are the public call's, warm;
 ``device_seconds`` is the summed device time of the same calls' own work.
 """
 
@@ -25,10 +25,6 @@ TARGET_REQUESTS_PER_S_AT_32 = 5000
 TARGET_SPARSE_DEVICE_S = 55e-6
 TARGET_SCORE_TOPK_RATE = 0.85
 STEP_ORDER = ("weights", "match", "reset", "gather", "sample", "seed", "filter", "final0", "final1", "answers")
-
-
-#: the live pool's target: updates a second through Pool.apply (batches of 1,000 to 100,000)
-TARGET_UPDATES_PER_S = 1_000_000
 
 
 def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
@@ -185,23 +181,34 @@ def _filter_share(rows: pd.DataFrame) -> float:
     return r["filter"] / sparse if sparse else float("nan")
 
 
-def correctness_demo(n_ads: int, k: int, seed: int = 0) -> tuple[pd.DataFrame, bool]:
-    """A small benchmark world served by a :class:`~andromeda_nb.pipeline.Pool` (a batch of three
-    requests) against the reference: the host rules' match and the top-k of the kernel's own
-    scores (exact ids, order and scores). Returns a table a request and whether all matched."""
-    from .. import reference
+def demo_pool(n_ads: int, k: int, seed: int = 0):
+    """A small benchmark world (its rules, fp16 d64 rows) in a :class:`~andromeda_nb.pipeline.Pool`:
+    ``(pool, rules)``."""
     from ..datasets import synthetic
-    from ..model import AdTable, Request
+    from ..model import AdTable
     from ..pipeline import Pool
-    from ..score import score_ads
-    from ..targeting import TargetingIndex, make_profile
+    from ..targeting import TargetingIndex
 
     rng = np.random.default_rng(seed)
-    schema = synthetic.benchmark_schema()
-    rules = synthetic.generate_rules(schema, n_ads, seed=seed)
+    rules = synthetic.generate_rules(synthetic.benchmark_schema(), n_ads, seed=seed)
     table = AdTable.from_float(rng.standard_normal((n_ads, 64)), rng.standard_normal(n_ads), dtype="fp16",
                                ad_ids=rules.ad_ids)
-    pool = Pool(table, TargetingIndex(rules), max_batch=4, max_k=k)
+    return Pool(table, TargetingIndex(rules), max_batch=4, max_k=k), rules
+
+
+def correctness_demo(n_ads: int, k: int, seed: int = 0) -> tuple[pd.DataFrame, bool]:
+    """:func:`demo_pool` serving a batch of three requests against the reference: the host rules'
+    match and the top-k of the kernel's own scores (exact ids, order and scores). Returns a table a
+    request and whether all matched."""
+    from .. import reference
+    from ..datasets import synthetic
+    from ..model import Request
+    from ..score import score_ads
+    from ..targeting import make_profile
+
+    pool, rules = demo_pool(n_ads, k, seed)
+    schema = rules.schema
+    rng = np.random.default_rng(seed + 7)
     reqs = [Request.random(64, 6, 2, rng) for _ in range(3)]
     profiles = synthetic.generate_profiles(schema, 3, seed=seed + 1, max_values=synthetic.MAX_USER_VALUES)
     # a broad profile too (no values: only unconstrained categories pass), so one request holds many ads
@@ -235,24 +242,8 @@ def headline_metrics(rows: pd.DataFrame) -> dict:
         out["score_sparse_1e8_device_us"] = sparse["device_ms"] * 1e3
     if whole is not None:
         out["score_topk_1e8_device_over_wall"] = whole["device_ms"] / whole["wall_ms"]
-    apply = t[t["variant"] == "pool_apply"]
-    for _, r in apply.iterrows():
-        out[f"pool_apply_batch{int(r['batch'])}_updates_per_s"] = float(r["items_per_s"])
-    out["all_rows_verified"] = bool(t[t["variant"].isin(["retrieve", "score_topk", "score_sparse", "pool_apply"])]
-                                    ["ok"].all())
+    out["all_rows_verified"] = bool(t[t["variant"].isin(["retrieve", "score_topk", "score_sparse"])]["ok"].all())
     return out
-
-
-def soak_line(rows: pd.DataFrame) -> str:
-    """The newest soak (``pool_soak``: updates interleaved with requests, checked at checkpoints),
-    passed or not, as one finding; '' when none is committed."""
-    soak = rows[rows["variant"] == "pool_soak"]
-    if soak.empty:
-        return ""
-    r = soak.sort_values("timestamp").iloc[-1]
-    verdict = "nothing lost" if r["ok"] else "**a mismatch**"
-    return (f"- Live pool soak ({r['device']}, commit `{r['commit']}`, {int(r['n_ads']):,} ads): {verdict}. "
-            f"{r['notes']}. Checks: {r['verified']}")
 
 
 def launches_line(rows: pd.DataFrame) -> str:
@@ -310,13 +301,4 @@ def findings(rows: pd.DataFrame) -> str:
     graph = launches_line(rows)
     if graph:
         lines.append(graph)
-    soak = soak_line(rows)
-    if soak:
-        lines.append(soak)
-    applied = sorted((int(k.split("batch")[1].split("_")[0]), v) for k, v in m.items() if k.startswith("pool_apply"))
-    if applied:
-        best = max(v for _, v in applied)
-        lines.append("- Live updates (`Pool.apply`, creates / changes / retires with their rows): "
-                     + ", ".join(f"{v / 1e3:,.1f} K updates/s in batches of {b:,}" for b, v in applied)
-                     + f" (target {TARGET_UPDATES_PER_S / 1e6:g} M: {met(best >= TARGET_UPDATES_PER_S)}).")
     return "\n".join(lines)

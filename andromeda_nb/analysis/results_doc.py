@@ -17,7 +17,7 @@ import pandas as pd
 
 from .results import load
 
-SUITES = ("pipeline", "scoring", "topk", "targeting")
+SUITES = ("pipeline", "pool", "scoring", "topk", "targeting")
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 
 #: (label, suite, filters, how to show it): the README's headline rows, the newest verified row of each
@@ -33,6 +33,8 @@ HEADLINE = (
      dict(variant="score_sparse", n_ads=1e8, math="fp16"), "device"),
     ("batches of 32 requests, fp32 math (`KernelConfig(math=\"fp32\")`)", "pipeline",
      dict(variant="retrieve", n_ads=1e8, batch=32, math="fp32"), "throughput"),
+    ("`Pool.apply` of 10,000 mixed updates, end to end", "pool",
+     dict(variant="apply_end_to_end", batch=10_000), "updates"),
     ("dot product (two-tower), scores to memory", "scoring",
      dict(variant="dot_scores_to_memory", n_ads=1e8, dtype="fp16", d=64, layout="tiles", math="fp32"), "kernel"),
     ("gated E6 K2, scores to memory", "scoring",
@@ -84,6 +86,10 @@ def _cell(row: pd.Series, how: str) -> str:
                 f"(wall / device {wall / dev:.2f})")
     if how == "throughput":
         return f"{_num(row, 'requests_per_s'):,.0f} requests/s; {wall * 1e3:.2f} ms a batch, {dev * 1e3:.2f} ms device"
+    if how == "updates":
+        device = f", {dev * 1e3:.2f} ms device" if np.isfinite(dev) else ""
+        return (f"{_num(row, 'items_per_s') / 1e3:,.0f} K updates/s ({int(_num(row, 'n_ads')):,}-slot pool); "
+                f"{wall * 1e3:.1f} ms a batch{device}")
     if how == "device":
         return f"{dev * 1e6:.0f} us, {_num(row, 'items_per_s') / 1e9:.2f} G ads/s"
     return f"{_num(row, 'items_per_s') / 1e9:.1f} G items/s, {frac:.2f} of the read ceiling"

@@ -45,7 +45,7 @@ EXTRA = ["host_seconds_per_call", "layout", "path", "math", "seconds_p99", "devi
          "notes"]
 GIB = 1 << 30
 #: The suites: name -> module of this package.
-SUITES = ("scoring", "topk", "targeting", "pipeline")
+SUITES = ("scoring", "topk", "targeting", "pipeline", "pool")
 
 
 # ----------------------------------------------------------------------------- environment

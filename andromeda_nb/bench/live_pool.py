@@ -1,6 +1,6 @@
-"""The pipeline suite's live-pool measurements (phases ``during`` and ``soak`` of
-:mod:`.pipeline`): requests while update batches arrive, and updates interleaved with requests
-checked against a rebuild, a host mirror of the table and the float64 oracle."""
+"""The pool suite's measurements (:mod:`.pool`): ``Pool.apply`` end to end and on the device,
+requests while update batches arrive, and updates interleaved with requests checked against a
+rebuild, a host mirror of the table and the float64 oracle."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import time
 
 import numpy as np
 
-from .pipeline import D, E, K, KE, _log, _quantiles, _row, _timed, _verify
+from . import harness
+from .pipeline import D, E, K, KE, _host_profile, _log, _quantiles, _row, _timed, _verify
+
+#: (ops a batch, batches timed) of the apply rows
+APPLY_BATCHES = ((1_000, 20), (10_000, 10), (100_000, 5))
 
 #: the request latency during updates (:func:`_during_rows`, on the 10^7-ad pool): updates offered
 #: a second, their batch, timed requests
@@ -18,6 +22,101 @@ DURING_RATE, DURING_BATCH, DURING_CALLS = 100_000, 1_000, 200
 SOAK_UPDATES, SOAK_BATCH, SOAK_REQUESTS, SOAK_REQUEST_BATCH, SOAK_CHECKPOINTS = 10 ** 6, 10_000, 10 ** 4, 25, 10
 #: the soak's time budget: past it, it stops at its next checkpoint (each rebuilds the 10^7-ad index)
 SOAK_SECONDS = 420
+
+
+def _pool_row(*args, **kw) -> dict:
+    """A row of the pool suite (:func:`.pipeline._row`'s columns)."""
+    r = _row(*args, **kw)
+    r["suite"] = "pool"
+    return r
+
+
+def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
+    """Pool.apply of random batches (:class:`~.targeting_world.UpdateStream`: a third creates, a
+    third changes, a third retires, each create and change with a new fp16 row), built beforehand
+    in the documented format (:class:`~andromeda_nb.pipeline.PoolUpdate`): ``apply_end_to_end`` is
+    the wall time of the call with a final sync (then a request queued after it sees the batch),
+    warm (a first batch grows the pool once: the world has no spare slots), beside the device time
+    of the same batch sizes; ``apply_device`` is that device time alone: CUDA events around the
+    batch's copies and kernels (``Pool.trace``) behind a busy kernel. Checked after the timed
+    batches: the host index equals a rebuild of its rules, the device rows equal the host's on
+    sampled words, the device table's ad ids equal the index's on every slot, and sampled requests
+    equal the reference (CPU match on the index, top-k of the kernel's scores). Where the host time
+    of a 1,000-op batch goes: ``<out>/pipeline_host_profile_apply_<slots>.txt``."""
+    import types
+
+    from ..device import launch
+    from ..pipeline import PoolUpdate, StepTimes
+    from ..targeting import RETIRE
+    from .targeting_world import UpdateStream, rows_equal
+
+    cuda = launch.cuda()
+    stream = UpdateStream(world, seed=23)
+    rng = np.random.default_rng(29)
+
+    def update(size):
+        batch = stream.batch(size)
+        emb = (rng.standard_normal((size, D)) * 0.5).astype(np.float32)
+        return PoolUpdate(batch, emb, rng.standard_normal(size).astype(np.float32), batch.ops != RETIRE).checked()
+
+    pool.apply(update(APPLY_BATCHES[0][0]))  # warm: compiles the scatter, grows the pool once
+    cuda.synchronize()
+    measured = []
+    for size, calls in APPLY_BATCHES:
+        batches = [update(size) for _ in range(2 * calls + 1)]
+        pool.apply(batches[0])
+        cuda.synchronize()
+        walls = []
+        for b in batches[1:calls + 1]:
+            t0 = time.perf_counter()
+            pool.apply(b)
+            cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+        # the same sizes again, device time alone: the busy kernel outlasts the host's staging of
+        # the batch (its pinned copy), so the events time the copies and kernels, not the host
+        pool.trace = StepTimes(lambda: harness.busy(2.0 + size / 10_000))
+        try:
+            for b in batches[calls + 1:]:
+                pool.apply(b)
+            cuda.synchronize()
+            device = [c["apply"] for c in pool.trace.calls]
+        finally:
+            pool.trace = None
+        measured.append((size, calls, walls, device))
+    profiled = iter([update(APPLY_BATCHES[0][0]) for _ in range(10)])
+    _host_profile(lambda: (pool.apply(next(profiled)), cuda.synchronize()), 10, out_dir, f"apply_{pool.n_ads}")
+    index = pool.index.index
+    shim = types.SimpleNamespace(index=index, dev=pool.index, n=pool.n_ads)
+    checks = []
+    try:
+        index.assert_same(index.rebuild())
+        checks.append("index = rebuild")
+    except AssertionError as e:
+        checks.append(f"FAILED index != rebuild: {e}")
+    words = np.random.default_rng(3).choice(index.n_words, min(4096, index.n_words), replace=False)
+    checks.append("device rows = host" if rows_equal(shim, words) else "FAILED device rows != host")
+    same_ids = np.array_equal(pool.table.ad_ids.copy_to_host(), index.ad_ids)
+    checks.append("table ids = index ids" if same_ids else "FAILED table ids != index ids")
+    reqs, profs = reqs[:3], profiles[:3]
+    checks.append(_verify(pool, shim, reqs, profs, pool.retrieve(reqs, profs, K)))
+    ok = all(not c.startswith("FAILED") for c in checks)
+    verified = ("ok: " if ok else "FAILED: ") + "; ".join(checks)
+    out = []
+    for size, calls, walls, device in measured:
+        wall, p99 = _quantiles(walls)
+        dev, dev99 = _quantiles(device)
+        r = _pool_row(env, ceil, "apply_end_to_end", pool.n_ads, size, wall, p99, dev, size, 0, verified,
+                      notes=(f"{calls} batches of {size:,} mixed creates / changes / retires, wall with a final sync "
+                             f"(updates a second = items_per_s); device_seconds: the median of {calls} more batches "
+                             "(apply_device)"))
+        r.update(requests_per_s="", achieved_TBps="", fraction_of_read_ceiling="", bytes_per_item="")
+        out.append(r)
+        r = _pool_row(env, ceil, "apply_device", pool.n_ads, size, dev, dev99, dev, size, 0, verified,
+                      notes=(f"{calls} batches of {size:,}: the device time of the batch's copies and kernels (the "
+                             "index's bit flips and list entries, the table's slots), CUDA events behind a busy kernel"))
+        r.update(requests_per_s="", achieved_TBps="", fraction_of_read_ceiling="", bytes_per_item="")
+        out.append(r)
+    return out
 
 
 def _during_rows(env, ceil, world, pool, reqs, profiles, n, rate=DURING_RATE, calls=DURING_CALLS,
@@ -72,7 +171,7 @@ def _during_rows(env, ceil, world, pool, reqs, profiles, n, rate=DURING_RATE, ca
                  f"({applied * batch:,} in {elapsed:.2f} s; {t_apply:.2f} s of it in apply); latency = the "
                  f"retrieve call alone; p50 {p50 / _quantiles(alone)[0]:.2f}x, p99 "
                  f"{p99 / _quantiles(alone)[1]:.2f}x the latency alone")
-        r = _row(env, ceil, variant, n, 1, p50, p99, float("nan"), 1, 0, verified, access="bitset", notes=notes)
+        r = _pool_row(env, ceil, variant, n, 1, p50, p99, float("nan"), 1, 0, verified, access="bitset", notes=notes)
         r.update(items_per_s="", achieved_TBps="", fraction_of_read_ceiling="", device_seconds="",
                  bytes_per_item="", math=pool.config.math)
         rows.append(r)
@@ -266,7 +365,7 @@ def _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, 
     timed = done - 1  # the rates leave out the first batch and its calls (compilation)
     if not timed:  # a one-batch run: its only batch, compilation included
         t_apply, t_req, timed, served = first, first, 1, calls_per_batch * request_batch
-    r = _row(env, ceil, "pool_soak", n, batch, t_apply / timed, t_apply / timed, float("nan"), batch, 0,
+    r = _pool_row(env, ceil, "soak", n, batch, t_apply / timed, t_apply / timed, float("nan"), batch, 0,
              verified, notes=(f"{total:,} updates in batches of {batch:,} ({timed * batch / t_apply:,.0f} updates/s "
                               f"in apply), {done * calls_per_batch * request_batch:,} requests in calls of "
                               f"{request_batch} ({served / t_req:,.0f} requests/s), {n_checks} checkpoints; rates "

@@ -12,20 +12,17 @@ at least 50 calls, beside ``device_seconds``, the summed device time of the call
     retrieve_open_loop  requests arriving at a set rate (Poisson), served in batches of those waiting
                         (up to ``max_batch``); latency from arrival to answer, p50 and p99
     launch_*            host seconds of one launch: Numba's dispatch and a bound launch
-    pool_apply          Pool.apply of a batch of ``batch`` random updates (creates, changes, retires)
-    retrieve_alone / retrieve_during_updates
-                        one request a call, alone and while update batches arrive at 100 K/s
-    pool_soak           10^6 updates interleaved with 10^4 requests, checked at 10 checkpoints (index =
-                        rebuild, table = a host mirror of the updates, sampled answers = float64 oracle)
+
+The live pool's calls (``Pool.apply``, requests during updates, the soak) are the ``pool`` suite
+(:mod:`.pool`); it shares this suite's world, pool and checks.
 
 Every retrieve row is checked on sampled requests against the reference: the CPU match's eligible
 set and the top-k of the kernel's own scores (exact ids, order and scores).
 
 Phases (``--phases``; default all): ``retrieve`` (a case a batch size), ``match`` (no case of its
 own: ``match_eligible`` comes with retrieve's batch-1 case), ``launch``, ``open_loop`` (the largest
-pool only), ``score_topk``, ``fp16``, ``during``, ``apply`` and ``soak`` (pools up to 10^7, each size's last
-cases: they grow the pool); run pool
-size by pool size (10^7, 10^8, those up to ``--n-ads``).
+pool only), ``score_topk`` and ``fp16``; run pool size by pool size (10^7, 10^8, those up to
+``--n-ads``).
 ``--quick``: the largest pool, retrieve at batches 1, 8, 32, without the diagnostics.
 """
 
@@ -47,10 +44,6 @@ CALLS = 60  # timed calls a row (median and p99 of them)
 DEVICE_CALLS = 12  # traced calls a row (device time)
 OPEN_LOOP_RATES = (1000, 2000, 4000, 6000, 8000, 11000)
 OPEN_LOOP_REQUESTS = 3000
-#: (ops a batch, batches timed) of the Pool.apply rows
-APPLY_BATCHES = ((1_000, 20), (10_000, 10), (100_000, 5))
-#: the largest pool the apply rows run on (a first batch doubles the pool's slots)
-APPLY_MAX_ADS = 10 ** 7
 
 
 def _log(msg: str) -> None:
@@ -261,74 +254,6 @@ def _open_loop_rows(env, ceil, world, pool, reqs, profiles, n) -> list[dict]:
     return rows
 
 
-def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
-    """Pool.apply of random batches (:class:`~.targeting_world.UpdateStream`: a third creates, a
-    third changes, a third retires, each create and change with a new fp16 row): wall time of the
-    call with a final sync, warm (a first batch grows the pool once: the world has no spare slots).
-    Checked after the timed batches: the host index equals a rebuild of its rules, the device rows
-    equal the host's on sampled words, the device table's ad ids equal the index's on every slot,
-    and sampled requests equal the reference (CPU match on the index, top-k of the kernel's scores).
-    Where the host time of a 1,000-op batch goes: ``<out>/pipeline_host_profile_apply_<slots>.txt``."""
-    import types
-
-    from ..device import launch
-    from ..pipeline import PoolUpdate
-    from ..targeting import RETIRE
-    from .targeting_world import UpdateStream, rows_equal
-
-    cuda = launch.cuda()
-    stream = UpdateStream(world, seed=23)
-    rng = np.random.default_rng(29)
-
-    def update(size):
-        batch = stream.batch(size)
-        emb = (rng.standard_normal((size, D)) * 0.5).astype(np.float32)
-        return PoolUpdate(batch, emb, rng.standard_normal(size).astype(np.float32), batch.ops != RETIRE).checked()
-
-    pool.apply(update(APPLY_BATCHES[0][0]))  # warm: compiles the scatter, grows the pool once
-    cuda.synchronize()
-    rows = []
-    for size, calls in APPLY_BATCHES:
-        batches = [update(size) for _ in range(calls + 1)]
-        pool.apply(batches[0])
-        cuda.synchronize()
-        walls = []
-        for b in batches[1:]:
-            t0 = time.perf_counter()
-            pool.apply(b)
-            cuda.synchronize()
-            walls.append(time.perf_counter() - t0)
-        wall, p99 = _quantiles(walls)
-        rows.append((size, wall, p99, calls))
-    profiled = iter([update(APPLY_BATCHES[0][0]) for _ in range(10)])
-    _host_profile(lambda: (pool.apply(next(profiled)), cuda.synchronize()), 10, out_dir, f"apply_{pool.n_ads}")
-    index = pool.index.index
-    shim = types.SimpleNamespace(index=index, dev=pool.index, n=pool.n_ads)
-    checks = []
-    try:
-        index.assert_same(index.rebuild())
-        checks.append("index = rebuild")
-    except AssertionError as e:
-        checks.append(f"FAILED index != rebuild: {e}")
-    words = np.random.default_rng(3).choice(index.n_words, min(4096, index.n_words), replace=False)
-    checks.append("device rows = host" if rows_equal(shim, words) else "FAILED device rows != host")
-    same_ids = np.array_equal(pool.table.ad_ids.copy_to_host(), index.ad_ids)
-    checks.append("table ids = index ids" if same_ids else "FAILED table ids != index ids")
-    reqs, profs = reqs[:3], profiles[:3]
-    checks.append(_verify(pool, shim, reqs, profs, pool.retrieve(reqs, profs, K)))
-    ok = all(not c.startswith("FAILED") for c in checks)
-    verified = ("ok: " if ok else "FAILED: ") + "; ".join(checks)
-    out = []
-    for size, wall, p99, calls in rows:
-        r = _row(env, ceil, "pool_apply", pool.n_ads, size, wall, p99, float("nan"), size, 0, verified,
-                 notes=(f"{calls} batches of {size:,} ops timed (wall with a final sync; the device time is not "
-                        "separated: apply's uploads are synchronous copies); updates a second = items_per_s"))
-        r.update(requests_per_s="", achieved_TBps="", fraction_of_read_ceiling="", device_seconds="",
-                 bytes_per_item="")
-        out.append(r)
-    return out
-
-
 def _launch_rows(env, ceil, pool) -> list[dict]:
     """Host seconds of one launch of the batched filter kernel (13 arguments): Numba's dispatch
     against a bound launch of the same kernel and arguments."""
@@ -410,43 +335,6 @@ class OpenLoopCase(harness.Case):
 
 
 @dataclass(frozen=True)
-class ApplyCase(harness.Case):
-    """Pool.apply of update batches (:func:`_apply_rows`); pools up to :data:`APPLY_MAX_ADS`; the
-    pool size's last case (it grows the pool and moves it past the world it was built from)."""
-
-    n_ads: int | None = None
-    access: str = "bitset"
-
-    def variants(self) -> tuple[str, ...]:
-        return ("pool_apply",) * len(APPLY_BATCHES)
-
-
-@dataclass(frozen=True)
-class DuringCase(harness.Case):
-    """One request at a time alone, then while updates arrive (:func:`.live_pool._during_rows`);
-    pools up to :data:`APPLY_MAX_ADS`, after the other cases of its size (its updates grow the pool)."""
-
-    n_ads: int | None = None
-    access: str = "bitset"
-    math: str = "fp16"
-
-    def variants(self) -> tuple[str, ...]:
-        return ("retrieve_alone", "retrieve_during_updates")
-
-
-@dataclass(frozen=True)
-class SoakCase(harness.Case):
-    """Updates interleaved with requests, checked at checkpoints (:func:`.live_pool._soak_rows`);
-    pools up to :data:`APPLY_MAX_ADS`, after the apply case (it too grows its pool), fp32 math (the float64
-    oracle's tolerance)."""
-
-    variant: str = "pool_soak"
-    n_ads: int | None = None
-    access: str = "bitset"
-    math: str = "fp32"
-
-
-@dataclass(frozen=True)
 class ScoreTopkCase(harness.Case):
     """score_topk over the whole pool, tiles layout (:func:`_score_topk_row`)."""
 
@@ -471,9 +359,6 @@ PHASES = {
              *(RetrieveCase(B, diagnostics=False, math="fp16", profile_batch=True) for B in (1, 32)),
              *(RetrieveCase(B, diagnostics=False, math="fp16", launches="bound") for B in (1, 32)),
              ScoreTopkCase(math="fp16")),
-    "during": (DuringCase(),),
-    "apply": (ApplyCase(),),
-    "soak": (SoakCase(),),
 }
 DEFAULT_PHASES = tuple(PHASES)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)
@@ -490,8 +375,7 @@ def cases(options: harness.Options) -> dict:
     for phase, declared in PHASES.items():
         out[phase] = tuple(replace(c, n_ads=n) for n in sizes for c in declared
                            if not (options.quick and phase not in ("retrieve", "fp16"))
-                           and not (getattr(c, "largest_only", False) and n != sizes[-1])
-                           and not (isinstance(c, (ApplyCase, SoakCase, DuringCase)) and n > APPLY_MAX_ADS))
+                           and not (getattr(c, "largest_only", False) and n != sizes[-1]))
     return out
 
 
@@ -515,11 +399,6 @@ class Run(harness.Run):
         return rows
 
     def _measure(self, case):
-        if isinstance(case, SoakCase):
-            from .live_pool import _soak_run
-
-            self.close()  # the soak builds its own world (with spare slots) and pool
-            return [_soak_run(self.env, self.ceil, case.n_ads)]
         self.setup(case.n_ads, pool=not isinstance(case, ScoreTopkCase), math=getattr(case, "math", "fp32"))
         if isinstance(case, RetrieveCase):
             batches = (case.batch,)
@@ -535,17 +414,6 @@ class Run(harness.Run):
             return _launch_rows(self.env, self.ceil, self.pool)
         if isinstance(case, OpenLoopCase):
             return _open_loop_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
-        if isinstance(case, ApplyCase):
-            rows = _apply_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,
-                               self.options.out)
-            self.close()  # the pool grew past its world: the next case builds both again
-            return rows
-        if isinstance(case, DuringCase):
-            from .live_pool import _during_rows
-
-            rows = _during_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
-            self.close()  # the updates moved the pool past its world
-            return rows
         self.pool = self.table = None  # the tiles table takes their place
         if self.tiles is None:
             self.tiles = gpu_table(self.n, D, "fp16", "tiles", seed=1)

@@ -223,6 +223,17 @@ class DeviceTargetingIndex:
         """The host index version this device copy holds (as enqueued on the stream)."""
         return self._version
 
+    def stage(self, arrays) -> list:
+        """Device int64 views of ``arrays`` (int64), uploaded by one asynchronous copy through the
+        index's pinned staging ring on the stream its updates and requests run on (what a caller
+        updating a table beside the index, :meth:`~andromeda_nb.pipeline.Pool.apply`, launches
+        with, in order with them); each view is valid until the ring comes round again."""
+        return self._stager.upload([np.asarray(a, np.int64) for a in arrays], owned=False)
+
+    def check_fresh(self) -> None:
+        """RuntimeError when the host index holds updates this device copy has not applied."""
+        self._check_fresh()
+
     def _check_fresh(self):
         if self.index.version != self._version:
             raise RuntimeError("the host index holds updates this device copy has not applied (apply updates "

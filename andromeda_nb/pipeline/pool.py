@@ -301,13 +301,11 @@ class Pool:
         if need > self.n_free:
             self.index.index.check(update.targeting)  # a batch the index refuses never grows the pool
             self._grow(max(2 * self.n_ads, self.n_ads - self.n_free + need, 64))
-        delta = self.index.apply(update.targeting)
-        self._index_version = self.index.version
+        self.index.check_fresh()
+        delta = self.index.index.apply(update.targeting)  # the host index; its device copy below
         slots, last, row_op = final_rows(delta.slots, ops, sets)
-        if not slots.size:  # an empty batch
-            return delta
         t = self.table
-        if t.table is not None:  # the caller's host table no longer describes the slots: keep none of it
+        if t.table is not None and slots.size:  # the caller's host table no longer describes the slots
             t.max_abs()
             t.table, t.host_ad_ids = None, t.host_ad_ids.copy()
         packed = np.full(ops.size, -1, np.int64)  # op -> its row in `rows`
@@ -316,16 +314,41 @@ class Pool:
         new_ids = np.where(freed, FREE, update.targeting.ad_ids[last]).astype(np.int64)
         row_of = np.where(freed, FREED, np.where(row_op >= 0, packed[np.maximum(row_op, 0)], -1))
         W = t.words.shape[1] if t.layout == "rows" else t.words.shape[0]  # uint64 words a row
-        words = (np.ascontiguousarray(rows.embeddings).view(np.uint64).reshape(rows.n_ads, W) if rows.n_ads
-                 else np.zeros((1, W), np.uint64))
-        scale = rows.scale if rows.scale is not None else np.zeros(1, np.float32)
-        block = launch.default_block()
-        # a thread per (slot, word), not a grid-stride loop: the whole grid, in the simulator too
-        scatter_slots_kernel(t.layout == "tiles")[max(1, -(-slots.size * W // block)), block](
-            t.words, t.bias, t.scale, t.ad_ids, launch.to_device(slots), launch.to_device(new_ids),
-            launch.to_device(row_of), launch.to_device(words),
-            launch.to_device(rows.bias if rows.n_ads else np.zeros(1, np.float32)), launch.to_device(scale),
-            rows.scale is not None)
+        words = (np.ascontiguousarray(rows.embeddings).view(np.int64).reshape(-1) if rows.n_ads
+                 else np.zeros(W, np.int64))
+        n_rows = max(rows.n_ads, 1)
+
+        def as_int64(x):  # float32[n_rows] as int64 words (the staging buffers hold int64)
+            out = np.zeros(n_rows + n_rows % 2, np.float32)
+            out[:x.size] = x
+            return out.view(np.int64)
+
+        has_scale = rows.scale is not None
+        host = [slots.astype(np.int64), new_ids, row_of.astype(np.int64), words,
+                as_int64(rows.bias if rows.n_ads else np.zeros(0, np.float32)),
+                as_int64(rows.scale if has_scale and rows.n_ads else np.zeros(0, np.float32))]
+
+        def device_part():
+            # the index's delta, then the table's slots: one pinned asynchronous copy each, then a
+            # kernel each, all on the stream requests use: a request queued after sees the whole batch
+            self.index.apply_delta(delta)
+            d_slots, d_ids, d_row_of, d_words, d_bias, d_scale = self.index.stage(host)
+            if not slots.size:
+                return
+            block = launch.default_block()
+            # a thread per (slot, word), not a grid-stride loop: the whole grid, in the simulator too
+            scatter_slots_kernel(t.layout == "tiles")[max(1, -(-slots.size * W // block)), block](
+                t.words, t.bias, t.scale, t.ad_ids, d_slots, d_ids, d_row_of,
+                d_words.view(np.uint64).reshape(n_rows, W), d_bias.view(np.float32), d_scale.view(np.float32),
+                has_scale)
+
+        if self.trace is None:
+            device_part()
+        else:  # the device time of the batch's copies and kernels (bench: apply_device)
+            self.trace.run([("apply", device_part)])
+        self._index_version = self.index.version
+        if not slots.size:  # an empty batch
+            return delta
         t.relabel(slots, new_ids)
         # the largest |a| (the overflow checks): new rows can only raise it; a row overwritten or
         # freed (zeroed) may lower it: then recomputed over the table on the device when next needed

@@ -1,23 +1,53 @@
-"""The request-path notebook's findings from the committed pipeline rows, and the soak's line
-(passed or failed) from a row added to them."""
+"""The request-path notebook's findings from the committed pipeline and pool rows, and the soak's
+line (passed or failed) from a row added to them."""
 
 import pandas as pd
+import pytest
 
-from andromeda_nb.analysis import pipeline_report, results
+from andromeda_nb.analysis import pipeline_report, pool_report, results
 
 
-def test_findings_state_each_target_and_the_newest_soak():
+def test_findings_state_each_target():
     rows = results.load("pipeline")
     text = pipeline_report.findings(rows)
-    assert "One request" in text and "Batches of 32" in text
-    base = rows[rows["variant"] == "retrieve"].iloc[-1].copy()
+    assert "One request" in text and "Batches of 32" in text and "Live" not in text
+
+
+def test_pool_findings_state_each_target_and_the_newest_soak():
+    rows = results.load("pool")
+    text = pool_report.findings(rows)
+    assert "`Pool.apply` end to end" in text and "target 1 M/s at 10,000" in text
+    base = rows[rows["variant"] == "soak"].iloc[-1].copy()
     for verified, word in (("ok: 10/10 checkpoints", "nothing lost"), ("FAILED: after batch 3: x", "a mismatch")):
         soak = base.copy()
-        soak.update({"variant": "pool_soak", "verified": verified, "ok": verified.startswith("ok"),
+        soak.update({"verified": verified, "ok": verified.startswith("ok"),
                      "timestamp": "2999-01-01T00:00:00+00:00", "notes": "1,000 updates"})
-        line = pipeline_report.soak_line(pd.concat([rows, soak.to_frame().T], ignore_index=True))
+        line = pool_report.soak_line(pd.concat([rows, soak.to_frame().T], ignore_index=True))
         assert word in line and verified in line
-    assert pipeline_report.soak_line(rows[rows["variant"] != "pool_soak"]) == ""
+    assert pool_report.soak_line(rows[rows["variant"] != "soak"]) == ""
+
+
+def test_pool_tables_pair_end_to_end_with_device_and_alone_with_during():
+    rows = results.load("pool")
+    base = rows[rows["variant"] == "apply_end_to_end"].iloc[-1].copy()
+    extra = []
+    for variant, items, secs in (("apply_end_to_end", 5e5, 0.02), ("apply_device", 5e6, 0.002),
+                                 ("retrieve_alone", "", 0.4e-3), ("retrieve_during_updates", "", 0.6e-3)):
+        r = base.copy()
+        r.update({"variant": variant, "items_per_s": items, "seconds_median": secs, "seconds_p99": 2 * secs,
+                  "commit": "zz2", "n_ads": 1e8, "batch": 10_000 if variant.startswith("apply") else 1, "ok": True,
+                  "timestamp": "2999-01-01T00:00:00+00:00", "notes": "updates offered at 100,000/s; x"})
+        extra.append(r)
+    both = pd.concat([rows, pd.DataFrame(extra)], ignore_index=True)
+    t = pool_report.apply_table(both)
+    assert list(t["commit"].unique()) == ["zz2"]
+    assert t.iloc[0].to_dict() | {} == {"n_ads": 100_000_000, "batch": 10_000, "updates_per_s": 5e5,
+                                        "device_updates_per_s": 5e6, "wall_ms": 20.0, "p99_ms": 40.0, "commit": "zz2"}
+    d = pool_report.during_table(both)
+    assert d.iloc[-1]["p50_ratio"] == pytest.approx(1.5) and d.iloc[-1]["p99_ratio"] == pytest.approx(1.5)
+    m = pool_report.headline_metrics(both)
+    assert m["apply_batch10000_updates_per_s"] == 5e5 and m["during_p50_ratio"] == pytest.approx(1.5)
+    assert "**not met**" in pool_report.findings(both)
 
 
 def test_launches_line_compares_graph_and_bound_in_one_run():

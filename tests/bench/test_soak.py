@@ -1,4 +1,4 @@
-"""The pipeline bench's soak (updates interleaved with requests, checked at checkpoints) on a tiny
+"""The pool bench's soak (updates interleaved with requests, checked at checkpoints) on a tiny
 world in the simulator: its checks pass on a correct pool and catch a table that stopped following
 the updates."""
 
@@ -40,7 +40,8 @@ def test_soak_checks_pass_on_a_live_pool(soak_world):
     world, table, reqs, profiles = soak_world
     pool = Pool(table, world.dev, max_batch=4, max_k=8, config=anb.KernelConfig(math="fp32"))
     row = _soak(world, table, reqs, profiles, pool)
-    assert row["variant"] == "pool_soak" and row["verified"].startswith("ok: 2/2 checkpoints"), row["verified"]
+    assert row["variant"] == "soak" and row["suite"] == "pool"
+    assert row["verified"].startswith("ok: 2/2 checkpoints"), row["verified"]
     assert pool.n_ads > 600  # the creates grew the pool once
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import andromeda_nb as anb
-from andromeda_nb.pipeline import Pool, PoolUpdate
+from andromeda_nb.pipeline import Pool, PoolUpdate, StepTimes
 from andromeda_nb.pipeline.updates import final_rows
 from andromeda_nb.targeting import CHANGE, CREATE, RETIRE, RuleError, TargetingIndex, TargetingRules
 
@@ -88,7 +88,12 @@ def test_updates_equal_a_rebuild(rng, dtype):
     slots0 = pool.n_ads
     for step in range(4):  # the first batch's creates outrun the spare slots
         update, ads = mirror.batch(rng, 12, *([("create",)] if step == 0 else []))
+        # odd steps through the traced path (the bench's device time): the same work between events
+        pool.trace = StepTimes() if step % 2 else None
         pool.apply(update)
+        if step % 2:
+            assert [list(c) for c in pool.trace.calls] == [["apply"]] and np.isfinite(pool.trace.calls[0]["apply"])
+        pool.trace = None
         mirror.ads = ads
         profs = [random_profile(rng, rules.schema) for _ in reqs[:-1]] + [{}]
         same_answers(pool, mirror.rebuilt(ads, dtype), reqs, profs)

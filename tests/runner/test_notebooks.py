@@ -227,6 +227,9 @@ def test_request_path_headlines(smoke):
     assert 0 < m["retrieve_1e8_device_ms"] < m["retrieve_1e8_p50_ms"] <= m["retrieve_1e8_p99_ms"]
     assert m["retrieve_1e8_wall_over_device"] >= 1 and m["retrieve_1e8_batch32_requests_per_s"] > 0
     assert 0 < m["score_topk_1e8_device_over_wall"] <= 1 and m["score_sparse_1e8_device_us"] > 0
-    applied = {k: v for k, v in m.items() if k.startswith("pool_apply_batch")}
-    assert set(applied) == {f"pool_apply_batch{b}_updates_per_s" for b in (1000, 10000, 100000)}
+    applied = {k: v for k, v in m.items() if k.startswith("apply_batch") and k.endswith("_updates_per_s")
+               and "device" not in k}
+    assert set(applied) == {f"apply_batch{b}_updates_per_s" for b in (1000, 10000, 100000)}
     assert all(v > 0 for v in applied.values())
+    # a slot holds its fp16 d64 row (128 bytes), bias and ad id, and its index bits
+    assert 128 + 4 + 8 < m["memory_bytes_per_ad"] < 1024
