@@ -40,6 +40,7 @@ from ..score.weights import (f16_weights, fp16_rows_fit, gated_images, image_siz
 from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, table_slots
 from ..topk.api import check_k
 from .bound_match import BoundMatch
+from .updates import rows_max_abs
 
 #: the seed is the r-th best of a 4,096-score sample of a request's candidates, r chosen so that
 #: about SEED_MARGIN_X2 / 2 * k candidates reach it, and r at least SEED_MIN_RANK. The kept count
@@ -267,96 +268,9 @@ class Pool:
             malformed rule, another schema); all before the pool's contents or capacity change.
             RuntimeError: the index was updated outside the pool.
         """
-        from ..targeting import CHANGE, CREATE, RETIRE, RuleError
-        from .kernels import FREED, scatter_slots_kernel
-        from .updates import PoolUpdate, final_rows
+        from .updates import apply_update
 
-        if not isinstance(update, PoolUpdate):
-            raise TypeError(f"update must be a PoolUpdate (PoolUpdate.from_columns), got {type(update).__name__}")
-        if self.index is None:
-            raise ValueError("a pool without a targeting index takes no updates (the index allocates the slots)")
-        if self.index.version != self._index_version or self.index.index.version != self._index_version:
-            raise RuntimeError("the targeting index was updated outside this pool: build a new Pool")
-        if update.targeting.schema != self.index.index.schema:
-            raise RuleError("update batch was built for another schema")
-        if update.d != self.table.d:
-            raise ValueError(f"the update's rows have d={update.d}, the pool's table d={self.table.d}")
-        update = update.checked()  # its arrays again (the caller may have changed them since)
-        ops = update.targeting.ops
-        sets = update.sets_row
-        # the rows in the table's storage, checked first (fp16 range; int8 rows quantized)
-        try:
-            rows = AdTable.from_float(update.embeddings[sets], update.bias[sets], dtype=self.table.dtype)
-        except ValueError as e:  # name the ads whose rows the table's dtype cannot hold
-            from ..score.weights import FP16_MAX
-
-            ids = update.targeting.ad_ids[sets]
-            over = ids[(np.abs(update.embeddings[sets]) > FP16_MAX).any(axis=1)]
-            named = over if over.size else ids
-            raise ValueError(f"{e} (ads {named[:8].tolist()}{' ...' if named.size > 8 else ''})") from None
-        # slots the batch takes from the free list: the peak of creates minus retires (a retired
-        # slot is reused by the batch's next create before a free one is taken)
-        step = np.where(ops == CREATE, 1, np.where(ops == RETIRE, -1, 0))
-        need = max(0, int(np.cumsum(step).max(initial=0)))
-        if need > self.n_free:
-            self.index.index.check(update.targeting)  # a batch the index refuses never grows the pool
-            self._grow(max(2 * self.n_ads, self.n_ads - self.n_free + need, 64))
-        self.index.check_fresh()
-        delta = self.index.index.apply(update.targeting)  # the host index; its device copy below
-        slots, last, row_op = final_rows(delta.slots, ops, sets)
-        t = self.table
-        if t.table is not None and slots.size:  # the caller's host table no longer describes the slots
-            t.max_abs()
-            t.table, t.host_ad_ids = None, t.host_ad_ids.copy()
-        packed = np.full(ops.size, -1, np.int64)  # op -> its row in `rows`
-        packed[sets] = np.arange(int(sets.sum()))
-        freed = ops[last] == RETIRE
-        new_ids = np.where(freed, FREE, update.targeting.ad_ids[last]).astype(np.int64)
-        row_of = np.where(freed, FREED, np.where(row_op >= 0, packed[np.maximum(row_op, 0)], -1))
-        W = t.words.shape[1] if t.layout == "rows" else t.words.shape[0]  # uint64 words a row
-        words = (np.ascontiguousarray(rows.embeddings).view(np.int64).reshape(-1) if rows.n_ads
-                 else np.zeros(W, np.int64))
-        n_rows = max(rows.n_ads, 1)
-
-        def as_int64(x):  # float32[n_rows] as int64 words (the staging buffers hold int64)
-            out = np.zeros(n_rows + n_rows % 2, np.float32)
-            out[:x.size] = x
-            return out.view(np.int64)
-
-        has_scale = rows.scale is not None
-        host = [slots.astype(np.int64), new_ids, row_of.astype(np.int64), words,
-                as_int64(rows.bias if rows.n_ads else np.zeros(0, np.float32)),
-                as_int64(rows.scale if has_scale and rows.n_ads else np.zeros(0, np.float32))]
-
-        def device_part():
-            # the index's delta, then the table's slots: one pinned asynchronous copy each, then a
-            # kernel each, all on the stream requests use: a request queued after sees the whole batch
-            self.index.apply_delta(delta)
-            d_slots, d_ids, d_row_of, d_words, d_bias, d_scale = self.index.stage(host)
-            if not slots.size:
-                return
-            block = launch.default_block()
-            # a thread per (slot, word), not a grid-stride loop: the whole grid, in the simulator too
-            scatter_slots_kernel(t.layout == "tiles")[max(1, -(-slots.size * W // block)), block](
-                t.words, t.bias, t.scale, t.ad_ids, d_slots, d_ids, d_row_of,
-                d_words.view(np.uint64).reshape(n_rows, W), d_bias.view(np.float32), d_scale.view(np.float32),
-                has_scale)
-
-        if self.trace is None:
-            device_part()
-        else:  # the device time of the batch's copies and kernels (bench: apply_device)
-            self.trace.run([("apply", device_part)])
-        self._index_version = self.index.version
-        if not slots.size:  # an empty batch
-            return delta
-        t.relabel(slots, new_ids)
-        # the largest |a| (the overflow checks): new rows can only raise it; a row overwritten or
-        # freed (zeroed) may lower it: then recomputed over the table on the device when next needed
-        if ((ops == RETIRE) | ((ops == CHANGE) & sets)).any():
-            t._max_abs = None
-        elif rows.n_ads:
-            t._max_abs = max(t.max_abs(), _host_max_abs(rows))
-        return delta
+        return apply_update(self, update)
 
     def _grow(self, n_slots: int) -> None:
         """The pool with ``n_slots`` slots: the index rebuilt from its current rules at that
@@ -431,9 +345,10 @@ class Pool:
                 f16_math = cfg.picks_fp16(shape[0], table.d, shape[1], table.dtype)
                 if cfg.math == "fp16":
                     mma_f16_words(table.d, shape[1])  # raises where the fp16 kernel does not take the shape
-                built = gated_images(*stack_requests(group), table.max_abs(), images, f16_math)
-                if table.dtype == "int8" and not fp16_rows_fit(table):
-                    built.over16[:] = True
+                built = self._gated_images(group, table.max_abs_bound(), images, f16_math)
+                if (built.bad32.any() or (f16_math and built.over16.any())) and not table.max_abs_is_exact():
+                    # the bound (stale after updates) would refuse or leave fp16 math: the exact value decides
+                    built = self._gated_images(group, table.max_abs(), images, f16_math)
                 refuse = built.bad32 | built.over16 if cfg.math == "fp16" else built.bad32
                 if refuse.any():
                     i = int(np.flatnonzero(refuse)[0])
@@ -463,6 +378,14 @@ class Pool:
                 out[(*shape, "fp32")] = ([m for m, h in zip(members, fp16) if not h], images[~fp16], None)
                 out[(*shape, "fp16")] = ([m for m, h in zip(members, fp16) if h], images[fp16], f16)
         return out
+
+    def _gated_images(self, group: list, max_abs: float, images: np.ndarray, f16_math: bool):
+        """:func:`~andromeda_nb.score.weights.gated_images` of a group on this pool's table at
+        ``max_abs``, an int8 table's rows past fp16 (:func:`fp16_rows_fit`) leaving fp16 math."""
+        built = gated_images(*stack_requests(group), max_abs, images, f16_math)
+        if self.table.dtype == "int8" and not fp16_rows_fit(self.table, max_abs):
+            built.over16[:] = True
+        return built
 
     def _targeted(self, group: "_Group", reqs: list, images: np.ndarray, f16, plans: list, k: int,
                   matched: bool = False) -> list:
@@ -585,13 +508,8 @@ def _device_table(table, index, layout: str) -> DeviceAdTable:
     placed = DeviceAdTable.from_device(launch.to_device(emb), launch.to_device(bias), table.dtype, layout,
                                        scale=None if scale is None else launch.to_device(scale),
                                        ad_ids=launch.to_device(ids.copy()))
-    placed._max_abs = _host_max_abs(table)  # its finite |a| (check_range), without a device pass
+    placed._max_abs = placed._max_abs_bound = rows_max_abs(table)  # its finite |a|, without a device pass
     return placed
-
-
-def _host_max_abs(table: AdTable) -> float:
-    vals = np.abs(table.dequantized())
-    return float(vals[np.isfinite(vals)].max(initial=0.0))
 
 
 def _grown_table(table: DeviceAdTable, n_slots: int) -> DeviceAdTable:
@@ -626,7 +544,7 @@ def _grown_table(table: DeviceAdTable, n_slots: int) -> DeviceAdTable:
         if scale is not None:
             scale[:n].copy_to_device(table.scale)
     out = DeviceAdTable.from_device(emb, bias, table.dtype, table.layout, scale=scale, ad_ids=ids)
-    out._max_abs = table.max_abs()
+    out._max_abs, out._max_abs_bound = getattr(table, "_max_abs", None), table.max_abs_bound()
     return out
 
 

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..device import launch
+from ..model import AdTable
+from ..score.table import FREE
 from ..targeting import CREATE, RETIRE, UpdateBatch
 
 
@@ -153,4 +156,106 @@ def final_rows(slots: np.ndarray, ops: np.ndarray, sets_row: np.ndarray) -> tupl
     return s[end], o[end], np.where(keep, -1, o[np.maximum(src, 0)])
 
 
-__all__ = ["PoolUpdate", "final_rows"]
+def apply_update(pool, update) -> "UpdateDelta":
+    """:meth:`Pool.apply <andromeda_nb.pipeline.Pool.apply>` (its docstring is the contract): the
+    batch checked whole, the host index updated, then its delta and the table's touched slots
+    copied and written on the device in stream order."""
+    from ..targeting import CHANGE, RuleError
+    from .kernels import FREED, scatter_slots_kernel
+
+    if not isinstance(update, PoolUpdate):
+        raise TypeError(f"update must be a PoolUpdate (PoolUpdate.from_columns), got {type(update).__name__}")
+    if pool.index is None:
+        raise ValueError("a pool without a targeting index takes no updates (the index allocates the slots)")
+    if pool.index.version != pool._index_version or pool.index.index.version != pool._index_version:
+        raise RuntimeError("the targeting index was updated outside this pool: build a new Pool")
+    if update.targeting.schema != pool.index.index.schema:
+        raise RuleError("update batch was built for another schema")
+    if update.d != pool.table.d:
+        raise ValueError(f"the update's rows have d={update.d}, the pool's table d={pool.table.d}")
+    update = update.checked()  # its arrays again (the caller may have changed them since)
+    ops = update.targeting.ops
+    sets = update.sets_row
+    # the rows in the table's storage, checked first (fp16 range; int8 rows quantized)
+    try:
+        rows = AdTable.from_float(update.embeddings[sets], update.bias[sets], dtype=pool.table.dtype)
+    except ValueError as e:  # name the ads whose rows the table's dtype cannot hold
+        from ..score.weights import FP16_MAX
+
+        ids = update.targeting.ad_ids[sets]
+        over = ids[(np.abs(update.embeddings[sets]) > FP16_MAX).any(axis=1)]
+        named = over if over.size else ids
+        raise ValueError(f"{e} (ads {named[:8].tolist()}{' ...' if named.size > 8 else ''})") from None
+    # slots the batch takes from the free list: the peak of creates minus retires (a retired
+    # slot is reused by the batch's next create before a free one is taken)
+    step = np.where(ops == CREATE, 1, np.where(ops == RETIRE, -1, 0))
+    need = max(0, int(np.cumsum(step).max(initial=0)))
+    if need > pool.n_free:
+        pool.index.index.check(update.targeting)  # a batch the index refuses never grows the pool
+        pool._grow(max(2 * pool.n_ads, pool.n_ads - pool.n_free + need, 64))
+    pool.index.check_fresh()
+    delta = pool.index.index.apply(update.targeting)  # the host index; its device copy below
+    slots, last, row_op = final_rows(delta.slots, ops, sets)
+    t = pool.table
+    if t.table is not None and slots.size:  # the caller's host table no longer describes the slots
+        t.max_abs_bound()
+        t.table, t.host_ad_ids = None, t.host_ad_ids.copy()
+    packed = np.full(ops.size, -1, np.int64)  # op -> its row in `rows`
+    packed[sets] = np.arange(int(sets.sum()))
+    freed = ops[last] == RETIRE
+    new_ids = np.where(freed, FREE, update.targeting.ad_ids[last]).astype(np.int64)
+    row_of = np.where(freed, FREED, np.where(row_op >= 0, packed[np.maximum(row_op, 0)], -1))
+    W = t.words.shape[1] if t.layout == "rows" else t.words.shape[0]  # uint64 words a row
+    words = (np.ascontiguousarray(rows.embeddings).view(np.int64).reshape(-1) if rows.n_ads
+             else np.zeros(W, np.int64))
+    n_rows = max(rows.n_ads, 1)
+
+    def as_int64(x):  # float32[n_rows] as int64 words (the staging buffers hold int64)
+        out = np.zeros(n_rows + n_rows % 2, np.float32)
+        out[:x.size] = x
+        return out.view(np.int64)
+
+    has_scale = rows.scale is not None
+    host = [slots.astype(np.int64), new_ids, row_of.astype(np.int64), words,
+            as_int64(rows.bias if rows.n_ads else np.zeros(0, np.float32)),
+            as_int64(rows.scale if has_scale and rows.n_ads else np.zeros(0, np.float32))]
+
+    def device_part():
+        # the index's delta, then the table's slots: one pinned asynchronous copy each, then a
+        # kernel each, all on the stream requests use: a request queued after sees the whole batch
+        pool.index.apply_delta(delta)
+        d_slots, d_ids, d_row_of, d_words, d_bias, d_scale = pool.index.stage(host)
+        if not slots.size:
+            return
+        block = launch.default_block()
+        # a thread per (slot, word), not a grid-stride loop: the whole grid, in the simulator too
+        scatter_slots_kernel(t.layout == "tiles")[max(1, -(-slots.size * W // block)), block](
+            t.words, t.bias, t.scale, t.ad_ids, d_slots, d_ids, d_row_of,
+            d_words.view(np.uint64).reshape(n_rows, W), d_bias.view(np.float32), d_scale.view(np.float32),
+            has_scale)
+
+    if pool.trace is None:
+        device_part()
+    else:  # the device time of the batch's copies and kernels (bench: apply_device)
+        pool.trace.run([("apply", device_part)])
+    pool._index_version = pool.index.version
+    if not slots.size:  # an empty batch
+        return delta
+    t.relabel(slots, new_ids)
+    # the largest |a| (the overflow checks): new rows can only raise it, a row overwritten or freed
+    # (zeroed) may lower it; the bound keeps the old value raised by the new rows (exact until a
+    # row is overwritten or freed), and a request asks for the exact one only where the bound
+    # would refuse it (a reduction over the table: milliseconds at 10^7 ads, not at every request)
+    bound = max(t.max_abs_bound(), rows_max_abs(rows)) if rows.n_ads else t.max_abs_bound()
+    exact = not ((ops == RETIRE) | ((ops == CHANGE) & sets)).any() and t.max_abs_is_exact()
+    t._max_abs, t._max_abs_bound = (bound if exact else None), bound
+    return delta
+
+
+def rows_max_abs(table: AdTable) -> float:
+    """The largest finite |a| of a host table's rows (dequantized), 0 for none."""
+    vals = np.abs(table.dequantized())
+    return float(vals[np.isfinite(vals)].max(initial=0.0))
+
+
+__all__ = ["PoolUpdate", "apply_update", "final_rows"]

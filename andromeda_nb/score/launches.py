@@ -298,10 +298,19 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
     encoded ads ``|h| <= max|gamma| max|a| + max|beta|`` beyond fp16 (``math="fp16"``), or a gate
     logit or value dot (``|h| * max_e sum_i |W[e, i]|``) beyond :data:`FP32_SAFE` (every score would
     be NaN, and nothing ranked, where the float64 reference ranks every ad). ``max|a|`` over the
-    table's finite values (:meth:`DeviceAdTable.max_abs`)."""
+    table's finite values (:meth:`DeviceAdTable.max_abs`; its free upper bound first, the exact
+    value only where the bound would refuse)."""
+    try:
+        _check_range(dreq, table, math, table.max_abs_bound())
+    except ValueError:
+        if table.max_abs_is_exact():
+            raise
+        _check_range(dreq, table, math, table.max_abs())
+
+
+def _check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str, a: float) -> None:
     from .weights import FP16_MAX, fp16_rows_fit
 
-    a = table.max_abs()
     img = dreq.host_image.astype(np.float64)
     if dreq.model == "dot":
         if a * float(np.abs(img).sum()) > FP32_SAFE:
@@ -310,7 +319,7 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
         return
     d, E = dreq.d, dreq.experts
     h = float(np.abs(img[:d]).max()) * a + float(np.abs(img[d:2 * d]).max())
-    if math == "fp16" and not fp16_rows_fit(table):
+    if math == "fp16" and not fp16_rows_fit(table, a):
         raise ValueError(f"math='fp16': this int8 table's rows reach max|q| max(scale) = {a:.4g}, beyond the fp16 range "
                          f"({FP16_MAX:g}), once dequantized; rescale the table or use math='fp32'")
     if math == "fp16" and not h <= FP16_MAX:

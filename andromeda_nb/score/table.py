@@ -116,8 +116,21 @@ class DeviceAdTable:
                 m = float(emb[np.isfinite(emb)].max(initial=0.0))
             else:
                 m = _device_max_abs(self)
-            self._max_abs = m
+            self._max_abs = self._max_abs_bound = m
         return self._max_abs
+
+    def max_abs_bound(self) -> float:
+        """An upper bound of :meth:`max_abs` that costs nothing after a live pool's update: the exact
+        value where known, else the last exact one raised by every row written since (an update
+        that overwrites or frees rows may lower the exact value; the bound keeps the old one). A
+        range check that passes on the bound passes on the exact value; one that fails on a stale
+        bound asks :meth:`max_abs` (a reduction over the table) before refusing."""
+        bound = getattr(self, "_max_abs_bound", None)
+        return self.max_abs() if bound is None else bound
+
+    def max_abs_is_exact(self) -> bool:
+        """Whether :meth:`max_abs_bound` is the exact value (no update since it was computed)."""
+        return getattr(self, "_max_abs", None) is not None
 
     def relabel(self, slots: np.ndarray, ad_ids: np.ndarray) -> None:
         """The host's view after the ad ids of ``slots`` changed on the device (a live pool's

@@ -103,13 +103,14 @@ def mma_image(request) -> np.ndarray:
 FP16_MAX = 65504.0
 
 
-def fp16_rows_fit(table) -> bool:
+def fp16_rows_fit(table, max_abs: float | None = None) -> bool:
     """Whether the fp16 math mode can hold a device table's rows: an int8 row dequantized to fp16
     (``q`` times its scale, :func:`~andromeda_nb.device.intrinsics.dequant_i8x4_host`) stays finite
     when ``max|q| max(scale)`` (:meth:`~.table.DeviceAdTable.max_abs`) does, with room for the
     scale's rounding to fp16 (up to 2^-11 relative) below 65520, where fp16 rounding reaches inf;
-    an fp16 row holds its values already."""
-    return table.dtype != "int8" or table.max_abs() * (1 + 2.0 ** -11) < 65520.0
+    an fp16 row holds its values already. ``max_abs``: the table's (default :meth:`max_abs`)."""
+    a = table.max_abs() if max_abs is None else max_abs
+    return table.dtype != "int8" or a * (1 + 2.0 ** -11) < 65520.0
 
 
 def f16_weights(request) -> dict:

@@ -207,6 +207,48 @@ def test_a_retired_large_ad_no_longer_bounds_the_math(rng):
     np.testing.assert_array_equal(after.scores, before.scores)
 
 
+def test_requests_after_updates_reduce_the_table_only_where_the_bound_refuses(rng, monkeypatch):
+    """After updates that overwrite or free rows, max|a| is only bounded (the old value): requests
+    that pass on the bound cost no reduction over the table (a full pass, milliseconds at 10^7
+    ads), and a request that would fail on the bound alone gets the exact value, once, and is
+    served as on a rebuilt pool."""
+    from andromeda_nb.score import table as T
+
+    calls = []
+    real = T._device_max_abs
+    monkeypatch.setattr(T, "_device_max_abs", lambda t: calls.append(1) or real(t))
+    rules = random_rules(rng, 20, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((20, D)) * 0.5, dtype="fp16", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules, capacity=24), max_batch=1, max_k=8)
+    pool.apply(PoolUpdate.from_columns(rules.schema, ["create"], [999], np.full((1, D), 6000.0)))
+    pool.apply(PoolUpdate.from_columns(rules.schema, ["change", "retire"], [int(rules.ad_ids[0]), 999],
+                                       np.full((2, D), 0.25), sets_row=np.array([True, False])))
+    assert not pool.table.max_abs_is_exact() and pool.table.max_abs_bound() == 6000.0
+    req = anb.Request.random(D, 2, 1, rng)
+    for _ in range(3):
+        pool.retrieve(req, {}, k=8)
+    assert calls == []  # the bound passed: no pass over the table
+    # gamma * 6000 past fp16, gamma * (the live rows' max) within it: the exact value decides
+    live_max = float(np.abs(table.dequantized()[1:]).max())
+    wide = anb.Request(V=req.V, G=req.G, gamma=np.full(D, 20000 / live_max, np.float32), beta=req.beta,
+                       k_experts=1)
+    fp16 = anb.KernelConfig(math="fp16")
+    strict = Pool(table, TargetingIndex(rules, capacity=24), max_batch=1, max_k=8, config=fp16)
+    strict.apply(PoolUpdate.from_columns(rules.schema, ["create"], [999], np.full((1, D), 6000.0)))
+    strict.apply(PoolUpdate.from_columns(rules.schema, ["change", "retire"], [int(rules.ad_ids[0]), 999],
+                                         np.full((2, D), 0.25), sets_row=np.array([True, False])))
+    got = strict.retrieve(wide, {}, k=8)
+    assert calls == [1] and strict.table.max_abs_is_exact()
+    mirror = Mirror(rules, table)
+    ads = dict(mirror.ads)
+    ads[int(rules.ad_ids[0])] = (ads[int(rules.ad_ids[0])][0], np.full(D, 0.25, np.float32), 0.0)
+    want = mirror.rebuilt(ads, "fp16")
+    want.config = fp16
+    ref = want.retrieve(wide, {}, k=8)
+    np.testing.assert_array_equal(got.ids, ref.ids)
+    np.testing.assert_array_equal(got.scores, ref.scores)
+
+
 def test_updates_behind_the_pools_back_are_refused(rng):
     """An update applied to the host index directly: the pool refuses to apply or serve, even where
     its next batch would grow it."""
