@@ -72,9 +72,11 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
             pool.apply(b)
             cuda.synchronize()
             walls.append(time.perf_counter() - t0)
-        # the same sizes again, device time alone: the busy kernel outlasts the host's staging of
-        # the batch (its pinned copy), so the events time the copies and kernels, not the host
-        pool.trace = StepTimes(lambda: harness.busy(2.0 + size / 10_000))
+        # the same sizes again, device time alone: the busy kernel must outlast the host's part of
+        # the device step (the delta's concatenation, the pinned copies, the launches), or the
+        # events time the host too: 1.5x the whole call's wall time covers it with room
+        busy_ms = max(2.0, 1.5e3 * _quantiles(walls)[0])
+        pool.trace = StepTimes(lambda: harness.busy(busy_ms))
         try:
             for b in batches[calls + 1:]:
                 pool.apply(b)
