@@ -156,6 +156,21 @@ def final_rows(slots: np.ndarray, ops: np.ndarray, sets_row: np.ndarray) -> tupl
     return s[end], o[end], np.where(keep, -1, o[np.maximum(src, 0)])
 
 
+def take_ops(update: PoolUpdate, mask: np.ndarray) -> PoolUpdate:
+    """The ops of ``update`` where ``mask`` (bool ``[k]``), in order, with their rules and rows (a
+    sharded pool's part for one shard)."""
+    t = update.targeting
+    mask = np.asarray(mask, bool)
+    idx = np.flatnonzero(mask)
+    sizes = np.diff(t.codes_ptr)[idx]
+    ptr = np.zeros(idx.size + 1, np.int64)
+    np.cumsum(sizes, out=ptr[1:])
+    take = np.concatenate([np.arange(t.codes_ptr[i], t.codes_ptr[i + 1]) for i in idx]) if idx.size else \
+        np.zeros(0, np.int64)
+    sub = UpdateBatch(t.schema, t.ops[idx], t.ad_ids[idx], t.live[idx], ptr, t.codes[take.astype(np.int64)])
+    return PoolUpdate(sub, update.embeddings[idx], update.bias[idx], update.sets_row[idx])
+
+
 def apply_update(pool, update) -> "UpdateDelta":
     """:meth:`Pool.apply <andromeda_nb.pipeline.Pool.apply>` (its docstring is the contract): the
     batch checked whole, the host index updated, then its delta and the table's touched slots
@@ -258,4 +273,4 @@ def rows_max_abs(table: AdTable) -> float:
     return float(vals[np.isfinite(vals)].max(initial=0.0))
 
 
-__all__ = ["PoolUpdate", "apply_update", "final_rows"]
+__all__ = ["PoolUpdate", "apply_update", "final_rows", "take_ops"]

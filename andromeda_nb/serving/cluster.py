@@ -1,0 +1,211 @@
+"""Serving a pool through Dask: two topologies and a sharded pool, on real workers.
+
+The source's second change: a request carries only the user's features and targeting query to one
+GPU server, which runs targeting, scoring and top-K and returns only the top-K; shipping candidate
+lists from CPU targeting hosts to remote GPU scorers had saturated the network. Both run here, on
+``dask.distributed`` actors (a worker holds its server between requests; an actor call goes
+straight to that worker):
+
+    Colocated       the request (its tensors and profile) goes to the worker holding the
+                    :class:`~andromeda_nb.pipeline.Pool`; only the top-k comes back.
+    RemoteScoring   targeting on a CPU worker (the host index's match), the eligible slots
+                    (int32) shipped to the GPU worker, which scores them and selects the top-k.
+    ShardedPool     the ads split among N workers by ``ad_id % N``, a Pool each; a request fans
+                    out, each shard returns its exact top-k, :func:`.merge.merge_topk` merges them
+                    exactly; updates go to the shard that owns the ad.
+
+Servers are built on their worker by a ``build`` function (a module-level function and its
+arguments, shipped by pickle), so a large pool is made where it lives rather than sent.
+:mod:`.transport` counts the bytes every comm carries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..pipeline.pool import Retrieved
+from .merge import merge_topk
+
+
+class PoolServer:
+    """A worker's pool (Dask actor): ``build(*args)`` returns its ``(table, index)``, a host or
+    device ad table and a :class:`~andromeda_nb.targeting.TargetingIndex`."""
+
+    def __init__(self, build, args=(), pool_options=None):
+        from ..pipeline import Pool
+
+        table, index = build(*args)
+        self.pool = Pool(table, index, **(pool_options or {}))
+
+    def retrieve(self, request, profile, k: int) -> Retrieved:
+        return self.pool.retrieve(request, profile, k=k)
+
+    def retrieve_batch(self, requests, profiles, k: int) -> list:
+        return self.pool.retrieve(list(requests), list(profiles), k=k)
+
+    def score_candidates(self, request, slots: np.ndarray, k: int) -> Retrieved:
+        """The top-k of ``slots`` (remote scoring: the targeting worker's eligible slots)."""
+        from ..score import score_topk
+
+        top = score_topk(request, self.pool.table, k, candidates=np.asarray(slots, np.int32))
+        return Retrieved(ids=top.ids, scores=top.scores, n_eligible=int(len(slots)), n_scored=int(top.count))
+
+    def check(self, update) -> None:
+        """Raise what :meth:`apply` would for a :class:`~andromeda_nb.pipeline.PoolUpdate`'s
+        targeting ops and rows (unknown or duplicate ads, malformed rules, the rows' width)."""
+        from ..targeting import RuleError
+
+        update = update.checked()
+        if update.d != self.pool.table.d:
+            raise ValueError(f"the update's rows have d={update.d}, the pool's table d={self.pool.table.d}")
+        if update.targeting.schema != self.pool.index.index.schema:
+            raise RuleError("update batch was built for another schema")
+        self.pool.index.index.check(update.targeting)
+
+    def apply(self, update) -> int:
+        """Apply a :class:`~andromeda_nb.pipeline.PoolUpdate`; the live ads after it."""
+        self.pool.apply(update)
+        return self.pool.n_ads - self.pool.n_free
+
+    def live_ads(self) -> int:
+        return self.pool.n_ads - self.pool.n_free
+
+
+class TargetingServer:
+    """A CPU worker's targeting index (Dask actor), built by the same ``build`` as its scorer's
+    pool (so slot for slot the same index): each request's match on the host, its eligible slots
+    sent to ``scorer`` (a :class:`PoolServer` actor) to score and select."""
+
+    def __init__(self, build, args, scorer):
+        from ..targeting import TargetingIndex
+
+        _, index = build(*args)
+        self.index = index if isinstance(index, TargetingIndex) else index.index
+        self.scorer = scorer
+
+    def retrieve(self, request, profile, k: int) -> Retrieved:
+        from ..targeting import mask_from_bits
+
+        words, _ = self.index.match_cpu(profile)
+        slots = np.flatnonzero(mask_from_bits(words, self.index.n_ads)).astype(np.int32)
+        return self.scorer.score_candidates(request, slots, k).result()
+
+
+def _actor(client, cls, args, worker):
+    return client.submit(cls, *args, actor=True, workers=[worker] if worker else None,
+                         allow_other_workers=worker is None).result()
+
+
+class Colocated:
+    """The co-located topology: one worker holds the pool and runs the whole request."""
+
+    def __init__(self, client, build, args=(), worker: str | None = None, **pool_options):
+        self.server = _actor(client, PoolServer, (build, args, pool_options), worker)
+
+    def retrieve(self, request, profile, k: int) -> Retrieved:
+        return self.server.retrieve(request, profile, k).result()
+
+
+class RemoteScoring:
+    """The remote-scoring topology: targeting on ``cpu_worker``, scoring and top-k on
+    ``gpu_worker``, the eligible slots between them."""
+
+    def __init__(self, client, build, args=(), cpu_worker: str | None = None, gpu_worker: str | None = None,
+                 **pool_options):
+        self.scorer = _actor(client, PoolServer, (build, args, pool_options), gpu_worker)
+        self.targeting = _actor(client, TargetingServer, (build, args, self.scorer), cpu_worker)
+
+    def retrieve(self, request, profile, k: int) -> Retrieved:
+        return self.targeting.retrieve(request, profile, k).result()
+
+
+def byte_model(topology: str, request, n_eligible: int, k: int) -> int:
+    """The payload bytes one request moves (no framing, no Dask messages of its own): the request's
+    tensors (V and G ``[E, d]``, gamma and beta ``[d]``, fp32) and the answer (``k`` int64 ids and
+    float32 scores), once each co-located; remote scoring sends both twice (through the targeting
+    worker) and the ``n_eligible`` int32 slots between the workers."""
+    E, d = request.V.shape
+    req, ans = (2 * E + 2) * d * 4, 12 * k
+    if topology == "colocated":
+        return req + ans
+    if topology == "remote":
+        return 2 * req + 4 * int(n_eligible) + 2 * ans
+    raise ValueError(f"topology must be 'colocated' or 'remote', got {topology!r}")
+
+
+def shard_of(ad_ids, n_shards: int) -> np.ndarray:
+    """The shard that owns each ad: ``ad_id % n_shards``."""
+    return np.asarray(ad_ids, np.int64) % n_shards
+
+
+class ShardedPool:
+    """A pool split among ``n_shards`` workers by :func:`shard_of`: ``build(shard, n_shards,
+    *args)`` returns the shard's ``(table, index)`` (its own ads only). Retrieval is exact: each
+    shard's top-k over its ads, merged (:func:`.merge.merge_topk`); a shard that fails fails the
+    request, never a partial answer."""
+
+    def __init__(self, client, build, n_shards: int, args=(), workers=None, **pool_options):
+        if isinstance(n_shards, bool) or not isinstance(n_shards, int) or n_shards < 1:
+            raise ValueError(f"n_shards must be a positive int, got {n_shards!r}")
+        workers = list(workers) if workers else [None]
+        self.n_shards = n_shards
+        self.shards = [_actor(client, PoolServer, (build, (s, n_shards, *args), pool_options),
+                              workers[s % len(workers)]) for s in range(n_shards)]
+
+    def retrieve(self, request, profile, k: int) -> Retrieved:
+        futures, parts = [], []
+        for i, s in enumerate(self.shards):
+            futures.append(self._guarded(i, lambda: s.retrieve(request, profile, k)))
+        for i, f in enumerate(futures):
+            parts.append(self._guarded(i, f.result))
+        return merge_topk(parts, k)
+
+    def _guarded(self, i: int, call):
+        try:
+            return call()
+        except Exception as e:  # a dead worker (the call or its result), a failed request: no partial answer
+            raise RuntimeError(f"shard {i} of {self.n_shards} failed ({type(e).__name__}: {e}); no answer: the "
+                               "other shards' would not be the whole pool's") from e
+
+    def apply(self, update) -> int:
+        """Route a :class:`~andromeda_nb.pipeline.PoolUpdate` op by op to the shards owning its
+        ads (their order kept within each shard); the live ads after it. Every shard checks its
+        part before any shard applies one, so a bad batch (an unknown or duplicate ad, a malformed
+        rule, rows of another width) is refused whole and no shard changes."""
+        from ..pipeline.updates import take_ops
+
+        owner = shard_of(update.targeting.ad_ids, self.n_shards)
+        parts = {s: take_ops(update, owner == s) for s in range(self.n_shards) if (owner == s).any()}
+        for f in [self.shards[s].check(part) for s, part in parts.items()]:
+            f.result()
+        for f in [self.shards[s].apply(part) for s, part in parts.items()]:
+            f.result()
+        return sum(f.result() for f in [s.live_ads() for s in self.shards])
+
+
+def demo_world(n_ads: int, seed: int = 0, d: int = 64):
+    """A small benchmark world to serve (tests, the serving notebook on any backend): the benchmark
+    schema's rules and fp16 rows, ``(AdTable, TargetingIndex)``; ad ids are the rules' own."""
+    from ..datasets import synthetic
+    from ..model import AdTable
+    from ..targeting import TargetingIndex
+
+    rules = synthetic.generate_rules(synthetic.benchmark_schema(), n_ads, seed=seed)
+    rng = np.random.default_rng(seed)
+    table = AdTable.from_float(rng.standard_normal((n_ads, d)) * 0.5, rng.standard_normal(n_ads), dtype="fp16",
+                               ad_ids=rules.ad_ids)
+    return table, TargetingIndex(rules)
+
+
+def demo_shard(shard: int, n_shards: int, n_ads: int, seed: int = 0, d: int = 64):
+    """Shard ``shard`` of :func:`demo_world`: its ads with ``ad_id % n_shards == shard`` (their rules
+    and rows), ``(AdTable, TargetingIndex)``."""
+    from ..model import AdTable
+    from ..targeting import TargetingIndex
+
+    table, index = demo_world(n_ads, seed, d)
+    mine = np.flatnonzero(shard_of(table.ad_ids, n_shards) == shard)
+    rules = index.current_rules().subset(mine)
+    part = AdTable(embeddings=table.embeddings[mine], bias=table.bias[mine], scale=None,
+                   ad_ids=table.ad_ids[mine], dtype=table.dtype)
+    return part, TargetingIndex(rules)
