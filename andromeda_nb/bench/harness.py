@@ -40,12 +40,13 @@ SCHEMA = (
     "fraction_of_read_ceiling verified"
 ).split()
 #: Columns after docs/design.md's schema: ``path`` (the top-K path of a row: block, filter, scan,
-#: unseeded, batched, onelaunch) and ``math`` (the arithmetic of a scoring kernel: fp32) where they apply.
+#: unseeded, batched, onelaunch) and ``math`` (the arithmetic of a scoring kernel: fp32) where they
+#: apply; the serving suite's ``n_gpus``, ``n_workers`` and ``transport_bytes_per_request``.
 EXTRA = ["host_seconds_per_call", "layout", "path", "math", "seconds_p99", "device_seconds", "requests_per_s",
-         "notes"]
+         "notes", "n_gpus", "n_workers", "transport_bytes_per_request"]
 GIB = 1 << 30
 #: The suites: name -> module of this package.
-SUITES = ("scoring", "topk", "targeting", "pipeline", "pool")
+SUITES = ("scoring", "topk", "targeting", "pipeline", "pool", "serving")
 
 
 # ----------------------------------------------------------------------------- environment

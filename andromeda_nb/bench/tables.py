@@ -11,8 +11,9 @@ import numpy as np
 from ..model import AdTable
 
 
-def gpu_table(n: int, d: int, dtype: str, layout: str, seed: int = 0, chunk: int = 1 << 23):
-    """A random ad table generated on the GPU: rows ~ N(0, 1), biases ~ N(0, 1), ad ids = slots.
+def gpu_table(n: int, d: int, dtype: str, layout: str, seed: int = 0, chunk: int = 1 << 23, ad_ids=None):
+    """A random ad table generated on the GPU: rows ~ N(0, 1), biases ~ N(0, 1), ad ids = slots
+    (or ``ad_ids``, int64 ``[n]``: a shard's own ads).
 
     Returns a :class:`~andromeda_nb.score.table.DeviceAdTable` (cupy-owned memory kept alive on it).
     """
@@ -44,8 +45,9 @@ def gpu_table(n: int, d: int, dtype: str, layout: str, seed: int = 0, chunk: int
         W = tile_width(dtype)
         store = cp.ascontiguousarray(store.reshape(n, d // W, W).transpose(1, 0, 2))
     bias = rs.standard_normal(n, dtype=cp.float32)
-    table = DeviceAdTable.from_device(store, bias, dtype, layout, scale=scale)
-    table._keep = (store, bias, scale)
+    ids = None if ad_ids is None else cp.asarray(np.asarray(ad_ids, np.int64))
+    table = DeviceAdTable.from_device(store, bias, dtype, layout, scale=scale, ad_ids=ids)
+    table._keep = (store, bias, scale, ids)
     return table
 
 

@@ -111,9 +111,11 @@ class RemoteScoring:
     ``gpu_worker``, the eligible slots between them."""
 
     def __init__(self, client, build, args=(), cpu_worker: str | None = None, gpu_worker: str | None = None,
-                 **pool_options):
+                 targeting_build=None, **pool_options):
+        """``targeting_build(*args)``: the targeting worker's ``(table, index)`` (default ``build``;
+        its table is not used: a build that makes none spares the CPU worker the rows)."""
         self.scorer = _actor(client, PoolServer, (build, args, pool_options), gpu_worker)
-        self.targeting = _actor(client, TargetingServer, (build, args, self.scorer), cpu_worker)
+        self.targeting = _actor(client, TargetingServer, (targeting_build or build, args, self.scorer), cpu_worker)
 
     def retrieve(self, request, profile, k: int) -> Retrieved:
         return self.targeting.retrieve(request, profile, k).result()

@@ -33,6 +33,7 @@ FIGURES = {
     "05_expert_count": ["expert_count_recall_vs_compute", "expert_count_worked_example"],
     "06_precision": ["precision_quality_vs_throughput"],
     "07_request_path": ["pipeline_batches", "pipeline_steps", "pipeline_load"],
+    "08_serving": ["serving_bytes"],
 }
 
 
@@ -218,6 +219,16 @@ def test_precision_headlines(smoke):
         for dt in ("bf16", "fp16", "int8", "int8_dimscale"):
             assert 0.9 < m[f"{ds}/{dt}/overlap@100_fp32"] <= 1
             assert abs(m[f"{ds}/{dt}/recall@100_delta_pp"]) <= 100
+
+
+@pytest.mark.notebook
+def test_serving_headlines(smoke):
+    """Every topology answered as the in-process pool; remote scoring moved more bytes than
+    co-location on the wire; the byte model puts the 10^8-ad ratio past the source's ~100x."""
+    m = metrics(smoke, "08_serving")
+    assert m["all_equal_to_in_process"] is True
+    assert 0 < m["colocated_bytes_per_request"] < m["remote_bytes_per_request"]
+    assert m["model_ratio_1e8_1pct"] > 100
 
 
 @pytest.mark.notebook

@@ -1,0 +1,134 @@
+"""The serving notebook's tables, figure and findings (``notebooks/08_serving.ipynb``): the two
+topologies and the sharded pool served live on a local Dask cluster (any backend), the byte model
+at the benchmark pool's size, and the GPU rows of ``data/results/serving.csv`` where committed
+(``python -m andromeda_nb.bench serving``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import plots
+
+#: the serving issue's targets (H200, 10^8-ad pool, 0.5-2 % eligible)
+TARGET_BYTES_RATIO = 100
+TARGET_COLOCATED_OVER_INPROCESS_S = 2e-3
+
+
+def run_live(n_ads: int, k: int, calls: int, n_shards: int, seed: int = 0, workers: int = 2) -> pd.DataFrame:
+    """Serve the same requests on a :func:`~andromeda_nb.serving.cluster.demo_world` pool in the
+    caller's process, co-located, by remote scoring and sharded in ``n_shards``, on a local cluster
+    of ``workers`` processes (TCP comms); a row per topology (:func:`~andromeda_nb.serving.measure.measure`)."""
+    from distributed import Client, LocalCluster
+
+    from ..datasets import synthetic
+    from ..model import Request
+    from ..pipeline import Pool
+    from ..serving import cluster as C
+    from ..serving.measure import measure
+
+    table, index = C.demo_world(n_ads, seed)
+    opts = dict(max_batch=1, max_k=k)
+    reference = Pool(table, index, **opts)
+    rng = np.random.default_rng(seed + 1)
+    profiles = synthetic.generate_profiles(index.schema, 4, seed=seed + 2, max_values=synthetic.MAX_USER_VALUES)
+    profiles[-1] = {}  # a broad request: only the unconstrained categories
+    pairs = [(Request.random(64, 6, 2, rng), p) for p in profiles]
+    rows = []
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+            Client(lc) as client:
+        w = list(client.scheduler_info()["workers"])
+        topologies = {
+            "inprocess_retrieve": (reference, None, None),
+            "colocated": (C.Colocated(client, C.demo_world, (n_ads, seed), worker=w[0], **opts), client, "colocated"),
+            "remote_scoring": (C.RemoteScoring(client, C.demo_world, (n_ads, seed), cpu_worker=w[1 % len(w)],
+                                               gpu_worker=w[0], **opts), client, "remote"),
+            "sharded": (C.ShardedPool(client, C.demo_shard, n_shards, (n_ads, seed), workers=w, **opts), client, None),
+        }
+        for name, (topo, cl, model) in topologies.items():
+            got = measure(cl, topo, pairs, k, calls, reference=reference, model=model)
+            rows.append({"topology": name, "p50_ms": got.p50_s * 1e3, "p99_ms": got.p99_s * 1e3,
+                         "requests_per_s": got.requests_per_s, "bytes_per_request": got.bytes_per_request,
+                         "model_bytes_per_request": got.model_bytes_per_request if model else np.nan,
+                         "mean_eligible": got.mean_eligible, "equal_to_in_process": got.ok})
+    return pd.DataFrame(rows).set_index("topology")
+
+
+def byte_model_table(n_ads: int = 10 ** 8, fractions=(0.005, 0.01, 0.02), k: int = 1000, E: int = 6,
+                     d: int = 64) -> pd.DataFrame:
+    """The byte model per request at the benchmark pool's size: co-located, remote scoring, and
+    their ratio, against the eligible fraction."""
+    from ..model import Request
+    from ..serving.cluster import byte_model
+
+    req = Request.random(d, E, 2, np.random.default_rng(0))
+    rows = []
+    for f in fractions:
+        n_elig = int(f * n_ads)
+        co, rs = byte_model("colocated", req, n_elig, k), byte_model("remote", req, n_elig, k)
+        rows.append({"eligible_fraction": f, "eligible": n_elig, "colocated_bytes": co, "remote_bytes": rs,
+                     "remote_over_colocated": rs / co})
+    return pd.DataFrame(rows)
+
+
+def bytes_figure(live: pd.DataFrame, model: pd.DataFrame, source: str):
+    """Bytes per request by topology (counted on the live cluster, beside the byte model) and the
+    model's remote / co-located ratio against the eligible fraction at 10^8 ads."""
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    shown = live.drop(index="inprocess_retrieve", errors="ignore")
+    x = np.arange(len(shown))
+    a.bar(x - 0.2, shown["bytes_per_request"], 0.4, label="counted on every comm")
+    a.bar(x + 0.2, shown["model_bytes_per_request"].fillna(0), 0.4, label="byte model (payload)")
+    a.set_xticks(x, shown.index)
+    a.set_ylabel("bytes per request")
+    a.set_title(f"live cluster: {live['mean_eligible'].mean():,.0f} eligible ads a request on average")
+    a.legend()
+    b.plot(model["eligible_fraction"] * 100, model["remote_over_colocated"], marker="o")
+    b.axhline(TARGET_BYTES_RATIO, ls="--", c="grey", label=f"the source's ~{TARGET_BYTES_RATIO}x")
+    b.set_xlabel("eligible ads (% of 10^8)")
+    b.set_ylabel("remote / co-located bytes (model)")
+    b.set_yscale("log")
+    b.legend()
+    plots.source_note(fig, source)
+    fig.tight_layout()
+    return fig
+
+
+def findings(live: pd.DataFrame, model: pd.DataFrame, gpu_rows: pd.DataFrame | None) -> str:
+    """What the live run and the byte model show, and the GPU rows where committed."""
+    co, rs = live.loc["colocated"], live.loc["remote_scoring"]
+    lines = [f"- Live cluster ({int(rs['mean_eligible']):,} eligible ads a request on average): remote scoring "
+             f"moved {rs['bytes_per_request']:,.0f} bytes a request on the wire, co-location "
+             f"{co['bytes_per_request']:,.0f} ({rs['bytes_per_request'] / co['bytes_per_request']:.1f}x); at this "
+             "size Dask's own messages are most of both.",
+             "- Every topology, the sharded pool included, answered every request as the in-process Pool did: "
+             + ("yes." if bool(live["equal_to_in_process"].all()) else "**no**."),
+             "- Byte model at 10^8 ads: remote scoring moves "
+             + ", ".join(f"{r.remote_over_colocated:,.0f}x co-location's bytes at {r.eligible_fraction:.1%} eligible"
+                         for r in model.itertuples())
+             + f" (the source reports about {TARGET_BYTES_RATIO}x)."]
+    if gpu_rows is None or gpu_rows.empty:
+        lines.append("- No GPU rows are committed yet (`python -m andromeda_nb.bench serving` on a GPU host writes "
+                     "`data/results/serving.csv`): the targets (>= 100x fewer bytes co-located, co-located latency "
+                     "within 2 ms of the in-process Pool's at 10^8 ads) are not measured.")
+    return "\n".join(lines)
+
+
+def gpu_rows(results_dir="data/results") -> pd.DataFrame | None:
+    """The committed GPU rows of the serving bench, or None where no run has written them."""
+    from . import results
+
+    try:
+        return results.measurements("serving", results_dir).rows
+    except FileNotFoundError:
+        return None
+
+
+def headline_metrics(live: pd.DataFrame, model: pd.DataFrame) -> dict:
+    co, rs = live.loc["colocated"], live.loc["remote_scoring"]
+    return {"all_equal_to_in_process": bool(live["equal_to_in_process"].all()),
+            "colocated_bytes_per_request": float(co["bytes_per_request"]),
+            "remote_bytes_per_request": float(rs["bytes_per_request"]),
+            "model_ratio_1e8_1pct": float(model.set_index("eligible_fraction").loc[0.01, "remote_over_colocated"])}

@@ -1,0 +1,168 @@
+"""Serving suite: one GPU's pool served through Dask (``python -m andromeda_nb.bench serving``).
+
+The same requests (gated E6 K2 fp16 d64, k = 1000, the benchmark world: ~1 % eligible) through each
+topology of :mod:`andromeda_nb.serving.cluster`, on a local cluster of two worker processes that
+share the GPU (``LocalCluster``: TCP comms, as between hosts). Rows (``data/results/serving.csv``):
+
+    inprocess_retrieve  the requests on a Pool in the caller's process (no Dask)
+    colocated           the request to the worker holding the Pool; the top-k back
+    remote_scoring      targeting on the other worker (the host index), the eligible slots (int32)
+                        to the Pool's worker, which scores and selects
+    sharded             the pool split between ``n_workers`` shards by ad id, merged exactly
+
+Each row: wall time of the call (warm, median and p99 of ``CALLS``), ``requests_per_s`` (one caller,
+calls back to back), ``transport_bytes_per_request`` (every TCP comm's bytes, client, scheduler and
+workers: :mod:`andromeda_nb.serving.transport`) with the byte model's prediction in the notes,
+and ``verified``: every request's answer equal to the in-process Pool's (ids, scores, eligible
+count). Pool sizes 10^7 and 10^8 (those up to ``--n-ads``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from . import harness
+
+D, E, KE, K = 64, 6, 2, 1000
+CALLS = 60
+PAIRS = 8  # distinct requests, in turn
+SIZES = (10 ** 7, 10 ** 8)
+WORKERS = 2
+
+
+def gpu_world(n: int, seed: int = 0, shard: int = 0, n_shards: int = 1):
+    """A worker's pool (the build function of its server): the benchmark world's rules of the ads
+    with ``ad_id % n_shards == shard`` and their fp16 rows generated on the GPU."""
+    from ..datasets import synthetic as syn
+    from ..serving.cluster import shard_of
+    from ..targeting import TargetingIndex
+    from .tables import gpu_table
+
+    rules = syn.generate_rules(syn.benchmark_schema(), n, seed=seed)
+    if n_shards > 1:
+        rules = rules.subset(np.flatnonzero(shard_of(rules.ad_ids, n_shards) == shard))
+    return gpu_table(len(rules.ad_ids), D, "fp16", "rows", seed=1 + shard, ad_ids=rules.ad_ids), TargetingIndex(rules)
+
+
+def gpu_shard(shard: int, n_shards: int, n: int, seed: int = 0):
+    return gpu_world(n, seed, shard, n_shards)
+
+
+def host_index(n: int, seed: int = 0):
+    """The targeting worker's side of remote scoring: the same rules' host index, no table."""
+    from ..datasets import synthetic as syn
+    from ..targeting import TargetingIndex
+
+    return None, TargetingIndex(syn.generate_rules(syn.benchmark_schema(), n, seed=seed))
+
+
+@dataclass(frozen=True)
+class ServingCase(harness.Case):
+    variant: str
+    n_ads: int | None = None
+    n_workers: int = 1
+    n_gpus: int = 1
+    batch: int = 1
+    k: int = K
+    access: str = "bitset"
+
+
+PHASES = {
+    "topologies": (ServingCase("inprocess_retrieve", n_workers=0), ServingCase("colocated"),
+                   ServingCase("remote_scoring", n_workers=2)),
+    "sharded": (ServingCase("sharded", n_workers=1), ServingCase("sharded", n_workers=2)),
+}
+DEFAULT_PHASES = tuple(PHASES)
+
+
+def cases(options: harness.Options) -> dict:
+    sizes = [n for n in SIZES if n <= options.n_ads]
+    return {phase: tuple(replace(c, n_ads=n) for n in sizes for c in declared) for phase, declared in PHASES.items()}
+
+
+def order(planned: list) -> list:
+    return sorted(planned, key=lambda p: p.case.n_ads)
+
+
+class Run(harness.Run):
+    """The cluster (started once), and per pool size the in-process reference pool and requests."""
+
+    def __init__(self, env, ceil, options):
+        super().__init__(env, ceil, options)
+        self.client = self.cluster = None
+        self.n = None
+
+    def measure(self, planned):
+        from ..serving import cluster as C
+        from ..serving.measure import measure
+
+        case = planned.case
+        self._setup(case.n_ads)
+        opts = dict(max_batch=1, max_k=K)
+        w = self.workers
+        if case.variant == "inprocess_retrieve":
+            topo, client, model = self.reference, None, None
+        elif case.variant == "colocated":
+            topo, client, model = C.Colocated(self.client, gpu_world, (case.n_ads,), worker=w[0], **opts), self.client, \
+                "colocated"
+        elif case.variant == "remote_scoring":
+            topo = C.RemoteScoring(self.client, gpu_world, (case.n_ads,), cpu_worker=w[1], gpu_worker=w[0],
+                                   targeting_build=host_index, **opts)
+            client, model = self.client, "remote"
+        else:
+            topo = C.ShardedPool(self.client, gpu_shard, case.n_workers, (case.n_ads,), workers=w, **opts)
+            client, model = self.client, None
+        try:
+            got = measure(client, topo, self.pairs, K, CALLS, reference=self.reference, model=model)
+        finally:
+            del topo
+            if client is not None:
+                self.client.run(_free_device_memory)
+        verified = (f"{'ok' if got.ok else 'FAILED'}: {got.checked - got.mismatches}/{got.checked} requests equal "
+                    "the in-process Pool's (ids, scores, eligible count)")
+        t = harness.Timing(got.p50_s, got.p50_s, got.p50_s, got.p50_s, CALLS)
+        r = harness.row("serving", self.env, self.ceil, t, 1, 0, None, verified, **case.columns(), d=D,
+                        dtype="fp16", experts=E, k_experts=KE,
+                        eligible_fraction=f"{got.mean_eligible / case.n_ads:.4g}",
+                        notes=(f"byte model {got.model_bytes_per_request:,.0f} bytes a request; "
+                               if model else "") + f"mean eligible {got.mean_eligible:,.0f}; {CALLS} calls, one caller")
+        r.update(seconds_p20="", seconds_p80="", seconds_p99=f"{got.p99_s:.6e}",
+                 requests_per_s=f"{got.requests_per_s:.6e}",
+                 transport_bytes_per_request=f"{got.bytes_per_request:.6e}", items_per_s="", achieved_TBps="",
+                 fraction_of_read_ceiling="", bytes_per_item="")
+        return [r]
+
+    def _setup(self, n: int) -> None:
+        from distributed import Client, LocalCluster
+
+        from ..datasets import synthetic as syn
+        from ..model import Request
+        from ..pipeline import Pool
+
+        if self.client is None:
+            self.cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True,
+                                        dashboard_address=None)
+            self.client = Client(self.cluster)
+            self.workers = list(self.client.scheduler_info()["workers"])
+        if n != self.n:
+            self.reference = None
+            table, index = gpu_world(n)
+            self.reference = Pool(table, index, max_batch=1, max_k=K)
+            rng = np.random.default_rng(5)
+            profiles = syn.generate_profiles(syn.benchmark_schema(), PAIRS, seed=202)
+            self.pairs = [(Request.random(D, E, KE, rng), p) for p in profiles]
+            self.n = n
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.cluster.close()
+            self.client = None
+
+
+def _free_device_memory() -> None:
+    import gc
+
+    gc.collect()

@@ -1,0 +1,72 @@
+"""One measurement of a serving topology as a caller sees it: the wall time of ``retrieve`` (warm,
+median and p99), requests a second, the bytes every comm carried per request (counted, beside the
+byte model's prediction), and whether the answers equal an in-process Pool's. The serving bench
+(:mod:`andromeda_nb.bench.serving`) and the serving notebook both call it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import transport
+from .cluster import byte_model
+
+
+@dataclass
+class Served:
+    """What :func:`measure` found for one topology."""
+
+    p50_s: float
+    p99_s: float
+    requests_per_s: float
+    bytes_per_request: float
+    model_bytes_per_request: float
+    mean_eligible: float
+    checked: int
+    mismatches: int
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0 and self.checked > 0
+
+
+def measure(client, topology, pairs, k: int, calls: int, reference=None, model: str | None = None) -> Served:
+    """Time ``calls`` calls of ``topology.retrieve`` over ``pairs`` ((request, profile), in turn)
+    after two warm calls, counting the bytes of all of them (``client``: its cluster; None for an
+    in-process pool, which moves none); answers of every pair's first call are compared with
+    ``reference.retrieve`` (ids, scores and eligible count exactly). ``model``: the topology's name
+    in :func:`.cluster.byte_model` (None: no prediction)."""
+    for req, prof in pairs[:2]:
+        topology.retrieve(req, prof, k)
+    walls, eligible, answers = [], [], {}
+
+    def run():
+        for c in range(calls):
+            req, prof = pairs[c % len(pairs)]
+            t0 = time.perf_counter()
+            out = topology.retrieve(req, prof, k)
+            walls.append(time.perf_counter() - t0)
+            eligible.append(out.n_eligible)
+            answers.setdefault(c % len(pairs), out)
+
+    if client is None:
+        run()
+        traffic = transport.Traffic()
+    else:
+        with transport.counting(client) as traffic:
+            run()
+    mismatches = 0
+    if reference is not None:
+        for i, out in answers.items():
+            req, prof = pairs[i]
+            want = reference.retrieve(req, prof, k=k)
+            mismatches += not (np.array_equal(out.ids, want.ids) and np.array_equal(out.scores, want.scores)
+                               and out.n_eligible == want.n_eligible)
+    predicted = (np.mean([byte_model(model, pairs[c % len(pairs)][0], eligible[c], k) for c in range(calls)])
+                 if model else 0.0)
+    return Served(p50_s=float(np.median(walls)), p99_s=float(np.quantile(walls, 0.99)),
+                  requests_per_s=calls / float(np.sum(walls)), bytes_per_request=traffic.total / calls,
+                  model_bytes_per_request=float(predicted), mean_eligible=float(np.mean(eligible)),
+                  checked=len(answers) if reference is not None else 0, mismatches=mismatches)
