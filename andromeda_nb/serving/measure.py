@@ -34,12 +34,11 @@ class Served:
 
 def measure(client, topology, pairs, k: int, calls: int, reference=None, model: str | None = None) -> Served:
     """Time ``calls`` calls of ``topology.retrieve`` over ``pairs`` ((request, profile), in turn)
-    after two warm calls, counting the bytes of all of them (``client``: its cluster; None for an
+    after a warm call, counting the bytes of all of them (``client``: its cluster; None for an
     in-process pool, which moves none); answers of every pair's first call are compared with
     ``reference.retrieve`` (ids, scores and eligible count exactly). ``model``: the topology's name
     in :func:`.cluster.byte_model` (None: no prediction)."""
-    for req, prof in pairs[:2]:
-        topology.retrieve(req, prof, k)
+    topology.retrieve(*pairs[0], k)  # warm: the first call sets up what the later ones reuse
     walls, eligible, answers = [], [], {}
 
     def run():

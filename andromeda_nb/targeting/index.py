@@ -95,6 +95,9 @@ class TargetingIndex:
         self.live = np.zeros(cap, bool)
         self.live[:n_base] = rules.live & (rules.ad_ids >= 0)
         self._overlay: dict[int, tuple[bool, np.ndarray]] = {}
+        # which slots the overlay holds: _rule_codes finds a batch's overlaid slots in O(batch),
+        # not by a set test against every slot rewritten since the build (it grows with the updates)
+        self._overlaid = np.zeros(cap, bool)
         self._id_slot: dict[int, int] = {}
         base_real = rules.ad_ids >= 0
         ids = rules.ad_ids
@@ -350,8 +353,7 @@ class TargetingIndex:
         """(ptr, codes, live) of the current rules of some slots: the build's columns, and for the
         slots an update rewrote since (the overlay) their new codes."""
         slots = np.asarray(slots, np.int64)
-        over = (np.flatnonzero(np.isin(slots, np.fromiter(self._overlay, np.int64, len(self._overlay))))
-                if self._overlay else np.zeros(0, np.int64))
+        over = np.flatnonzero(self._overlaid[slots]) if self._overlay else np.zeros(0, np.int64)
         base_slots = slots.copy()
         base_slots[over] = self.n_ads  # not a base slot: empty
         ptrs, vals, colhi = self._cols
@@ -704,6 +706,7 @@ class TargetingIndex:
         if n_popped:
             del free[-n_popped:]
         free.extend(pushed)
+        self._overlaid[slots] = True
         for j, s in enumerate(slots.tolist()):
             w = int(which[j])
             if w < 0:
