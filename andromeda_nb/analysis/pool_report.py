@@ -42,9 +42,40 @@ def apply_table(rows: pd.DataFrame) -> pd.DataFrame:
                     "device_updates_per_s": float(dev["items_per_s"]) if dev is not None else np.nan,
                     "wall_ms": float(e2e["seconds_median"]) * 1e3 if e2e is not None else np.nan,
                     "p99_ms": float(e2e["seconds_p99"]) * 1e3 if e2e is not None else np.nan,
-                    "commit": g["commit"].iloc[0]})
+                    "commit": g["commit"].iloc[0], "device": g["device"].iloc[0]})
     return pd.DataFrame(out, columns=["n_ads", "batch", "updates_per_s", "device_updates_per_s", "wall_ms",
-                                      "p99_ms", "commit"])
+                                      "p99_ms", "commit", "device"])
+
+
+def apply_figure(table: pd.DataFrame, path: str):
+    """Updates a second against batch size (log-log): end to end and the device's share (events
+    around the batch's copies and kernels; where the host's staging outlasted the busy kernel ahead
+    of them, host time too: an upper bound), a line per pool size, with the targets; ``path``: the
+    table the rows come from."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for n, g in table.groupby("n_ads"):
+        g = g.sort_values("batch")
+        ax.plot(g["batch"], g["updates_per_s"], marker="o", label=f"end to end, {n:,} slots")
+        if g["device_updates_per_s"].notna().any():
+            ax.plot(g["batch"], g["device_updates_per_s"], marker="s", ls="--",
+                    label=f"device share (at most), {n:,} slots")
+    for batch, target in TARGET_UPDATES_PER_S.items():
+        ax.scatter([batch], [target], marker="*", s=160, c="k", zorder=5)
+    ax.scatter([], [], marker="*", s=160, c="k", label="targets")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("updates a batch")
+    ax.set_ylabel("updates a second")
+    ax.set_title("Pool.apply: creates, changes and retires with their rows")
+    ax.legend(fontsize=8)
+    if len(table):
+        plots.source_note(fig, f"measured on {table['device'].iloc[0]} (commit {table['commit'].iloc[0]}); {path}")
+    fig.tight_layout()
+    return fig
 
 
 def during_table(rows: pd.DataFrame) -> pd.DataFrame:

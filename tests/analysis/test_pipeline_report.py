@@ -41,8 +41,9 @@ def test_pool_tables_pair_end_to_end_with_device_and_alone_with_during():
     both = pd.concat([rows, pd.DataFrame(extra)], ignore_index=True)
     t = pool_report.apply_table(both)
     assert list(t["commit"].unique()) == ["zz2"]
-    assert t.iloc[0].to_dict() | {} == {"n_ads": 100_000_000, "batch": 10_000, "updates_per_s": 5e5,
-                                        "device_updates_per_s": 5e6, "wall_ms": 20.0, "p99_ms": 40.0, "commit": "zz2"}
+    assert t.iloc[0].to_dict() == {"n_ads": 100_000_000, "batch": 10_000, "updates_per_s": 5e5,
+                                   "device_updates_per_s": 5e6, "wall_ms": 20.0, "p99_ms": 40.0, "commit": "zz2",
+                                   "device": base["device"]}
     d = pool_report.during_table(both)
     assert d.iloc[-1]["p50_ratio"] == pytest.approx(1.5) and d.iloc[-1]["p99_ratio"] == pytest.approx(1.5)
     m = pool_report.headline_metrics(both)

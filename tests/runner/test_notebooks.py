@@ -32,7 +32,7 @@ FIGURES = {
                      "targeting_memory", "targeting_layouts"],
     "05_expert_count": ["expert_count_recall_vs_compute", "expert_count_worked_example"],
     "06_precision": ["precision_quality_vs_throughput"],
-    "07_request_path": ["pipeline_batches", "pipeline_steps", "pipeline_load"],
+    "07_request_path": ["pipeline_batches", "pipeline_steps", "pipeline_load", "pool_apply"],
     "08_serving": ["serving_bytes"],
 }
 
