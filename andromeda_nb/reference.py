@@ -35,9 +35,9 @@ def math_rows(table: AdTable, math: str = "fp32") -> np.ndarray:
 def _rows(table, math: str = "fp32") -> tuple[np.ndarray, np.ndarray | None]:
     if isinstance(table, AdTable):
         if math == "fp16" and table.dtype == "int8":
-            # fp16 math dequantizes to fp16: q times the scale rounded to fp16, the product (exact
-            # in float64) rounded once, as the kernel's mul.rn.f16x2
-            s16 = table.scale.astype(np.float16).astype(np.float64)
+            # fp16 math dequantizes to fp16: q times the scale (at most 65504) rounded to fp16, the
+            # product (exact in float64) rounded once, as the kernel's mul.rn.f16x2
+            s16 = np.minimum(table.scale, np.float32(65504.0)).astype(np.float16).astype(np.float64)
             with np.errstate(over="ignore"):
                 a = (table.embeddings.astype(np.float64) * s16[:, None]).astype(np.float16)
             return a.astype(np.float64), table.bias.astype(np.float64)

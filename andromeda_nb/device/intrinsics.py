@@ -269,8 +269,11 @@ else:
 
         def codegen(context, builder, sig, args):
             fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType()])
-            # the row scale rounded to fp16 (cvt.rn), in both halves of a word
-            asm = ir.InlineAsm(fnty, "{ .reg .b16 h; cvt.rn.f16.f32 h, $1; mov.b32 $0, {h, h}; }", "=r,f")
+            # the row scale, at most fp16's largest finite (65504 = 0f477FE000), rounded to fp16 (cvt.rn),
+            # in both halves of a word: a scale past fp16 times q = 0 stays 0 (a row with any q != 0
+            # at such a scale is refused up front: fp16_rows_fit)
+            asm = ir.InlineAsm(fnty, "{ .reg .b16 h; .reg .f32 t; min.f32 t, $1, 0f477FE000; cvt.rn.f16.f32 h, t; "
+                               "mov.b32 $0, {h, h}; }", "=r,f")
             return builder.call(asm, list(args))
 
         return sig, codegen
@@ -298,8 +301,9 @@ else:
 
 
 def half2_of_host(s) -> np.ndarray:
-    """The float32 ``s`` rounded to fp16 (round to nearest even) in both halves of a uint32 word."""
-    h = np.asarray(s, np.float32).astype(np.float16)
+    """The float32 ``s``, at most 65504 (fp16's largest finite), rounded to fp16 (round to nearest
+    even) in both halves of a uint32 word."""
+    h = np.minimum(np.asarray(s, np.float32), np.float32(65504.0)).astype(np.float16)
     return np.ascontiguousarray(np.stack([h, h], axis=-1)).view(np.uint32).reshape(np.shape(s))
 
 

@@ -272,6 +272,13 @@ class Pool:
 
         return apply_update(self, update)
 
+    def check(self, update) -> None:
+        """Raise what :meth:`apply` would raise for ``update``, changing nothing (a sharded pool
+        checks every shard's part before any shard applies one)."""
+        from .updates import check_update
+
+        check_update(self, update)
+
     def _grow(self, n_slots: int) -> None:
         """The pool with ``n_slots`` slots: the index rebuilt from its current rules at that
         capacity (every slot in place, the new ones free) and uploaded, the table copied into the

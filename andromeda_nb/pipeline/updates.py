@@ -171,12 +171,13 @@ def take_ops(update: PoolUpdate, mask: np.ndarray) -> PoolUpdate:
     return PoolUpdate(sub, update.embeddings[idx], update.bias[idx], update.sets_row[idx])
 
 
-def apply_update(pool, update) -> "UpdateDelta":
-    """:meth:`Pool.apply <andromeda_nb.pipeline.Pool.apply>` (its docstring is the contract): the
-    batch checked whole, the host index updated, then its delta and the table's touched slots
-    copied and written on the device in stream order."""
-    from ..targeting import CHANGE, RuleError
-    from .kernels import FREED, scatter_slots_kernel
+def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, AdTable]:
+    """Everything :func:`apply_update` refuses, refused without changing anything: the batch's
+    type, schema and row width, its arrays (checked again: a caller may have changed them), its
+    rows in the table's storage (fp16 range, int8 quantized), and with ``index`` its targeting ops
+    against the index (unknown or duplicate ads, retires twice, malformed rules). Returns the
+    checked batch and its rows as the table stores them."""
+    from ..targeting import RuleError
 
     if not isinstance(update, PoolUpdate):
         raise TypeError(f"update must be a PoolUpdate (PoolUpdate.from_columns), got {type(update).__name__}")
@@ -189,7 +190,6 @@ def apply_update(pool, update) -> "UpdateDelta":
     if update.d != pool.table.d:
         raise ValueError(f"the update's rows have d={update.d}, the pool's table d={pool.table.d}")
     update = update.checked()  # its arrays again (the caller may have changed them since)
-    ops = update.targeting.ops
     sets = update.sets_row
     # the rows in the table's storage, checked first (fp16 range; int8 rows quantized)
     try:
@@ -201,6 +201,22 @@ def apply_update(pool, update) -> "UpdateDelta":
         over = ids[(np.abs(update.embeddings[sets]) > FP16_MAX).any(axis=1)]
         named = over if over.size else ids
         raise ValueError(f"{e} (ads {named[:8].tolist()}{' ...' if named.size > 8 else ''})") from None
+    if index:
+        pool.index.index.check(update.targeting)
+    return update, rows
+
+
+def apply_update(pool, update) -> "UpdateDelta":
+    """:meth:`Pool.apply <andromeda_nb.pipeline.Pool.apply>` (its docstring is the contract): the
+    batch checked whole, the host index updated, then its delta and the table's touched slots
+    copied and written on the device in stream order."""
+    from ..targeting import CHANGE
+    from .kernels import FREED, scatter_slots_kernel
+
+    # the index's own apply checks the ops again, whole, before it changes anything
+    update, rows = check_update(pool, update, index=False)
+    ops = update.targeting.ops
+    sets = update.sets_row
     # slots the batch takes from the free list: the peak of creates minus retires (a retired
     # slot is reused by the batch's next create before a free one is taken)
     step = np.where(ops == CREATE, 1, np.where(ops == RETIRE, -1, 0))
@@ -273,4 +289,4 @@ def rows_max_abs(table: AdTable) -> float:
     return float(vals[np.isfinite(vals)].max(initial=0.0))
 
 
-__all__ = ["PoolUpdate", "apply_update", "final_rows", "take_ops"]
+__all__ = ["PoolUpdate", "apply_update", "check_update", "final_rows", "take_ops"]

@@ -47,20 +47,13 @@ class PoolServer:
         """The top-k of ``slots`` (remote scoring: the targeting worker's eligible slots)."""
         from ..score import score_topk
 
-        top = score_topk(request, self.pool.table, k, candidates=np.asarray(slots, np.int32))
+        top = score_topk(request, self.pool.table, k, candidates=np.asarray(slots, np.int32), config=self.pool.config)
         return Retrieved(ids=top.ids, scores=top.scores, n_eligible=int(len(slots)), n_scored=int(top.count))
 
     def check(self, update) -> None:
-        """Raise what :meth:`apply` would for a :class:`~andromeda_nb.pipeline.PoolUpdate`'s
-        targeting ops and rows (unknown or duplicate ads, malformed rules, the rows' width)."""
-        from ..targeting import RuleError
-
-        update = update.checked()
-        if update.d != self.pool.table.d:
-            raise ValueError(f"the update's rows have d={update.d}, the pool's table d={self.pool.table.d}")
-        if update.targeting.schema != self.pool.index.index.schema:
-            raise RuleError("update batch was built for another schema")
-        self.pool.index.index.check(update.targeting)
+        """Raise what :meth:`apply` would for a :class:`~andromeda_nb.pipeline.PoolUpdate`
+        (:meth:`Pool.check <andromeda_nb.pipeline.Pool.check>`), changing nothing."""
+        self.pool.check(update)
 
     def apply(self, update) -> int:
         """Apply a :class:`~andromeda_nb.pipeline.PoolUpdate`; the live ads after it."""

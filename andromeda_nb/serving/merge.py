@@ -40,14 +40,24 @@ def merge_topk(parts: Sequence[Retrieved], k: int) -> Retrieved:
                              f"got {a.dtype} {a.shape} and {s.dtype} {s.shape}")
         if np.isnan(s).any():
             raise ValueError(f"shard {i}: a NaN score (an answer never holds one)")
+        if a.dtype.kind == "u" and a.size and a.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"shard {i}: ad ids must fit int64")
+        n_scored, n_eligible = int(p.n_scored), int(p.n_eligible)
+        if not 0 <= n_scored <= n_eligible:
+            raise ValueError(f"shard {i}: counts must hold 0 <= n_scored <= n_eligible, got {n_scored} and "
+                             f"{n_eligible}")
+        a = a.astype(np.int64)
         pad = a < 0
         if (a[pad] != -1).any() or (s[pad] != -np.inf).any():
             raise ValueError(f"shard {i}: pads must be id -1 with score -inf")
-        if int((~pad).sum()) < min(k, int(p.n_scored)):
-            raise ValueError(f"shard {i}: {int((~pad).sum())} ads for k = {k} with {p.n_scored} scored: a partial "
+        if int((~pad).sum()) < min(k, n_scored):
+            raise ValueError(f"shard {i}: {int((~pad).sum())} ads for k = {k} with {n_scored} scored: a partial "
                              "answer (the merge would not be exact)")
-        ids.append(a[~pad].astype(np.int64))
-        scores.append(s[~pad].astype(np.float64))
+        if np.unique(a[~pad]).size != int((~pad).sum()):
+            raise ValueError(f"shard {i}: an ad id appears twice in its answer")
+        ids.append(a[~pad])
+        # ranked as returned (float32): a score that only a wider type tells apart ties, to the lower id
+        scores.append(s[~pad].astype(np.float32))
     ids, scores = np.concatenate(ids), np.concatenate(scores)
     if np.unique(ids).size != ids.size:
         raise ValueError("an ad id answered from two shards (shards own disjoint ads)")

@@ -249,6 +249,28 @@ def test_requests_after_updates_reduce_the_table_only_where_the_bound_refuses(rn
     np.testing.assert_array_equal(got.scores, ref.scores)
 
 
+def test_check_refuses_what_apply_would_and_changes_nothing(rng):
+    """Pool.check (a sharded pool checks every part before any applies): the same refusals as
+    apply (unknown ad, a row past fp16, rows of another width), the pool untouched; a good batch
+    passes and applies after."""
+    rules = random_rules(rng, 12, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((12, D)), dtype="fp16", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules), max_batch=1, max_k=4)
+    big = np.zeros((1, D))
+    big[0, 0] = 7e4
+    for bad, err in ((PoolUpdate.from_columns(rules.schema, ["retire"], [10 ** 9], np.zeros((1, D))), RuleError),
+                     (PoolUpdate.from_columns(rules.schema, ["create"], [10 ** 9], big), ValueError),
+                     (PoolUpdate.from_columns(rules.schema, ["create"], [10 ** 9], np.zeros((1, D + 1))), ValueError)):
+        with pytest.raises(err):
+            pool.check(bad)
+    assert pool.index.version == 0 and pool.n_ads - pool.n_free == 12
+    good = PoolUpdate.from_columns(rules.schema, ["retire"], [int(rules.ad_ids[0])], np.zeros((1, D)))
+    pool.check(good)
+    assert pool.index.version == 0
+    pool.apply(good)
+    assert pool.n_ads - pool.n_free == 11
+
+
 def test_updates_behind_the_pools_back_are_refused(rng):
     """An update applied to the host index directly: the pool refuses to apply or serve, even where
     its next batch would grow it."""

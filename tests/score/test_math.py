@@ -53,10 +53,14 @@ def test_int8_rows_dequantize_to_fp16_as_the_reference(rng):
         s2 = np.repeat(half2_of_host(scales), q.size // 4)
     lo, hi = dequant_i8x4_host(words, s2)
     got = np.stack([lo, hi], axis=1).view(np.float16).reshape(scales.size, q.size)
+    held = np.minimum(scales, 65504.0).astype(np.float16).astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        want = (q[None, :].astype(np.float64) * scales.astype(np.float16).astype(np.float64)[:, None]).astype(np.float16)
+        want = (q[None, :].astype(np.float64) * held[:, None]).astype(np.float16)
     np.testing.assert_array_equal(got, want)
-    assert np.isinf(got[6]).any() and np.isfinite(got[5]).all() and (got[7] == 0).all()
+    # a scale past fp16 is held at 65504: q = 0 stays 0 (no NaN), the other q overflow (tables with
+    # them are refused up front, test_int8_rows_beyond_fp16_are_refused)
+    assert not np.isnan(got[6]).any() and (got[6][q == 0] == 0).all() and np.isinf(got[6][np.abs(q) > 1]).all()
+    assert np.isfinite(got[5]).all() and (got[7] == 0).all()
     assert (half2_of_host(np.float32(0.0137)) >> 16) == (half2_of_host(np.float32(0.0137)) & 0xFFFF)
 
 
@@ -82,6 +86,27 @@ def test_int8_fp16_math_top_k_and_sparse_accesses(rng):
     got = pool.retrieve(req, k=10)
     want = reference.topk(scores, 10, ids=t.ad_ids)
     assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
+
+
+def test_int8_zero_row_with_a_scale_past_fp16_scores_as_zero(rng):
+    """A hand-built int8 table may pair an all-zero row with a scale fp16 cannot hold: the row is
+    zero, so it scores as a zero row does (no NaN), in the kernel and the reference alike."""
+    d, n = 32, 40
+    q = np.clip(np.rint(rng.standard_normal((n, d)) * 40), -127, 127).astype(np.int8)
+    q[3] = 0
+    scale = np.full(n, 0.01, np.float32)
+    scale[3] = 1e6
+    t = anb.AdTable(embeddings=q, bias=rng.standard_normal(n).astype(np.float32), dtype="int8", scale=scale,
+                    ad_ids=np.arange(n))
+    req = anb.Request.random(d, 4, 2, rng)
+    got = anb.score_ads(req, DeviceAdTable(t, "rows"), config=F16).copy_to_host()
+    want = reference.score(req, t, math="fp16")
+    assert np.isfinite(got).all() and np.isfinite(want[3])
+    zero = reference.score(req, anb.AdTable(embeddings=np.zeros((1, d), np.int8), bias=t.bias[3:4], dtype="int8",
+                                            scale=np.zeros(1, np.float32), ad_ids=np.arange(1)), math="fp16")
+    assert want[3] == zero[0]
+    swappable = checks.near_tie_ads(req, t, "fp16")
+    assert (np.abs(got - want)[~swappable] <= checks.SCORE_RTOL * checks.score_scale(req, t)).all()
 
 
 def test_int8_rows_beyond_fp16_are_refused(rng):

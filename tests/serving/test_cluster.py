@@ -48,13 +48,18 @@ def same(got, want):
 
 
 def test_topologies_and_shards_answer_as_the_in_process_pool(served):
-    client, _, topologies, sharded = served
+    client, w, topologies, sharded = served
     table, index = C.demo_world(N, SEED)
     pool = anb.Pool(table, index, **OPTS)
+    # the pool's options reach every server: fp32 math where the default would take fp16
+    fp32 = dict(OPTS, config=anb.KernelConfig(math="fp32"))
+    pool32 = anb.Pool(table, index, **fp32)
+    remote32 = C.RemoteScoring(client, C.demo_world, (N, SEED), cpu_worker=w[1], gpu_worker=w[0], **fp32)
     for req, prof in requests(index.schema, 4, 11):
         want = pool.retrieve(req, prof, k=K)
         for topo in (*topologies.values(), sharded):
             same(topo.retrieve(req, prof, K), want)
+        same(remote32.retrieve(req, prof, K), pool32.retrieve(req, prof, k=K))
 
 
 def test_bytes_are_counted_on_every_comm_and_follow_the_byte_model(served):
@@ -108,6 +113,14 @@ def test_sharded_updates_reach_their_shard_and_bad_batches_change_none(served):
                                   sets_row=np.array([True, False]))
     with pytest.raises(RuleError):
         sharded.apply(bad)
+    assert sum(s.live_ads().result() for s in sharded.shards) == N - 5 + 7
+    # a valid retire on one shard beside a row the tables' fp16 cannot hold on another: none applies
+    keep_id = next(int(a) for a in ids[keep] if C.shard_of([a], 3)[0] == 0)
+    over = next(x for x in range(int(ids.max()) + 200, int(ids.max()) + 300) if x % 3 == 1)
+    huge = np.zeros((2, 64), np.float32)
+    huge[1, 0] = 7e4
+    with pytest.raises(ValueError, match="fp16"):
+        sharded.apply(PoolUpdate.from_columns(schema, ["retire", "create"], [keep_id, over], huge))
     assert sum(s.live_ads().result() for s in sharded.shards) == N - 5 + 7
 
 

@@ -54,10 +54,19 @@ def test_bad_or_partial_answers_are_refused():
                           n_scored=1),
                 Retrieved(ids=np.array([1, -1]), scores=np.array([1.0, 0.0], np.float32), n_eligible=1, n_scored=1),
                 Retrieved(ids=np.array([[1]]), scores=np.array([[1.0]], np.float32), n_eligible=1, n_scored=1),
-                Retrieved(ids=np.array([1.0]), scores=np.array([1.0], np.float32), n_eligible=1, n_scored=1)):
+                Retrieved(ids=np.array([1.0]), scores=np.array([1.0], np.float32), n_eligible=1, n_scored=1),
+                Retrieved(ids=np.array([2 ** 63], np.uint64), scores=np.array([1.0], np.float32), n_eligible=1,
+                          n_scored=1),
+                Retrieved(ids=np.array([1]), scores=np.array([1.0], np.float32), n_eligible=1, n_scored=-5),
+                Retrieved(ids=np.array([1]), scores=np.array([1.0], np.float32), n_eligible=1, n_scored=2),
+                Retrieved(ids=np.array([8, 8]), scores=np.array([1.0, 1.0], np.float32), n_eligible=2, n_scored=2)):
         with pytest.raises(ValueError, match="shard 1"):
             merge_topk([one, bad], 3)
     # a genuine -inf ad ranks ahead of every pad
     low = Retrieved(ids=np.array([9, -1]), scores=np.array([-np.inf, -np.inf], np.float32), n_eligible=1, n_scored=1)
     got = merge_topk([one, low], 4)
     assert got.ids.tolist() == [5, 3, 9, -1]
+    # ranked as returned, float32: scores only float64 tells apart tie, and the lower id leads
+    wide = Retrieved(ids=np.array([5]), scores=np.array([1.00000001]), n_eligible=1, n_scored=1)
+    narrow = Retrieved(ids=np.array([3]), scores=np.array([1.0], np.float32), n_eligible=1, n_scored=1)
+    assert merge_topk([wide, narrow], 2).ids.tolist() == [3, 5]
