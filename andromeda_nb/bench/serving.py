@@ -8,7 +8,9 @@ share the GPU (``LocalCluster``: TCP comms, as between hosts). Rows (``data/resu
     colocated           the request to the worker holding the Pool; the top-k back
     remote_scoring      targeting on the other worker (the host index), the eligible slots (int32)
                         to the Pool's worker, which scores and selects
-    sharded             the pool split between ``n_workers`` shards by ad id, merged exactly
+    sharded             the pool split between ``n_workers`` shards by ad id, merged exactly; the
+                        ``scaling`` phase (not in the default run): one worker a GPU, weak and strong
+                        scaling over 1, 2, 4 and 8 GPUs (those the host has), batches and single requests
 
 Each row: wall time of the call (warm, median and p99 of ``CALLS``), ``requests_per_s`` (one caller,
 calls back to back), ``transport_bytes_per_request`` (every TCP comm's bytes, client, scheduler and
@@ -69,17 +71,46 @@ class ServingCase(harness.Case):
     access: str = "bitset"
 
 
+@dataclass(frozen=True)
+class ScalingCase(harness.Case):
+    """The sharded pool with one worker a GPU (:func:`~andromeda_nb.serving.cluster.gpu_cluster`):
+    ``scaling="weak"`` holds 10^8 ads a GPU (``n_ads`` = 10^8 x ``n_gpus``), ``"strong"`` 10^8 in all;
+    two rows, batches of ``BATCH`` (requests a second) and single requests (latency, the merge's
+    share). Skipped (no rows) where the host has fewer GPUs."""
+
+    variant: str = "sharded"
+    n_gpus: int = 1
+    scaling: str = "weak"
+    n_ads: int | None = None
+    access: str = "bitset"
+    k: int = K
+
+    def variants(self) -> tuple[str, ...]:
+        return ("sharded", "sharded")
+
+
+#: the scaling phase's batch (requests a second) and GPU counts
+BATCH = 32
+GPU_COUNTS = (1, 2, 4, 8)
+PER_GPU = 10 ** 8
+
 PHASES = {
     "topologies": (ServingCase("inprocess_retrieve", n_workers=0), ServingCase("colocated"),
                    ServingCase("remote_scoring", n_workers=2)),
     "sharded": (ServingCase("sharded", n_workers=1), ServingCase("sharded", n_workers=2)),
+    # the multi-GPU issue's scale-out: weak (10^8 ads a GPU) and strong (10^8 in all) scaling
+    "scaling": tuple(ScalingCase(n_gpus=g, scaling=m, n_ads=PER_GPU * g if m == "weak" else PER_GPU)
+                     for m in ("weak", "strong") for g in GPU_COUNTS),
 }
-DEFAULT_PHASES = tuple(PHASES)
+DEFAULT_PHASES = ("topologies", "sharded")
 
 
 def cases(options: harness.Options) -> dict:
     sizes = [n for n in SIZES if n <= options.n_ads]
-    return {phase: tuple(replace(c, n_ads=n) for n in sizes for c in declared) for phase, declared in PHASES.items()}
+    out = {phase: tuple(replace(c, n_ads=n) for n in sizes for c in declared)
+           for phase, declared in PHASES.items() if phase != "scaling"}
+    out["scaling"] = PHASES["scaling"]
+    return out
 
 
 def order(planned: list) -> list:
@@ -99,6 +130,8 @@ class Run(harness.Run):
         from ..serving.measure import measure
 
         case = planned.case
+        if isinstance(case, ScalingCase):
+            return self._scaling(case)
         self._setup(case.n_ads)
         opts = dict(max_batch=1, max_k=K)
         w = self.workers
@@ -133,6 +166,48 @@ class Run(harness.Run):
                  transport_bytes_per_request=f"{got.bytes_per_request:.6e}", items_per_s="", achieved_TBps="",
                  fraction_of_read_ceiling="", bytes_per_item="")
         return [r]
+
+    def _scaling(self, case: ScalingCase) -> list[dict]:
+        from ..device import launch
+        from ..serving import cluster as C
+        from ..serving.measure import measure_sharded
+
+        available = len(launch.cuda().gpus)
+        if case.n_gpus > available:
+            print(f"[serving] {case.scaling} scaling at {case.n_gpus} GPUs: skipped ({available} on this host)")
+            return []
+        self.close()  # its own cluster: one worker a GPU
+        cluster, client = C.gpu_cluster(case.n_gpus)
+        try:
+            workers = list(client.scheduler_info()["workers"])
+            sharded = C.ShardedPool(client, C.generated_shard, case.n_gpus, (case.n_ads // case.n_gpus,),
+                                    workers=workers, max_batch=BATCH, max_k=K)
+            rng = np.random.default_rng(5)
+            from ..datasets import synthetic as syn
+            from ..model import Request
+
+            pairs = [(Request.random(D, E, KE, rng), p)
+                     for p in syn.generate_profiles(syn.benchmark_schema(), PAIRS, seed=202)]
+            got = measure_sharded(sharded, pairs, K, BATCH, CALLS)
+        finally:
+            client.close()
+            cluster.close()
+        verified = (f"{'ok' if got.ok else 'FAILED'}: {got.checked - got.mismatches}/{got.checked} shard answers "
+                    "equal their shard's reference (CPU match, top-k of the kernel's scores); the merge is exact")
+        rows = []
+        for batch, wall, p99, rps in ((BATCH, got.batch_p50_s, got.batch_p50_s, got.batch_requests_per_s),
+                                      (1, got.one_p50_s, got.one_p99_s, 1 / got.one_p50_s)):
+            t = harness.Timing(wall, wall, wall, wall, CALLS)
+            r = harness.row("serving", self.env, self.ceil, t, batch, 0, None, verified, **case.columns(), d=D,
+                            dtype="fp16", experts=E, k_experts=KE, batch=batch, n_workers=case.n_gpus,
+                            notes=(f"{case.scaling} scaling, {case.n_ads // case.n_gpus:,} ads a GPU; pool ads "
+                                   f"considered a second a GPU {rps * case.n_ads / case.n_gpus:.4g}"
+                                   + (f"; the client's merge {got.merge_share:.1%} of a request's wall time"
+                                      if batch == 1 else "")))
+            r.update(seconds_p20="", seconds_p80="", seconds_p99=f"{p99:.6e}", requests_per_s=f"{rps:.6e}",
+                     items_per_s="", achieved_TBps="", fraction_of_read_ceiling="", bytes_per_item="")
+            rows.append(r)
+        return rows
 
     def _setup(self, n: int) -> None:
         from distributed import Client, LocalCluster

@@ -63,6 +63,26 @@ class PoolServer:
     def live_ads(self) -> int:
         return self.pool.n_ads - self.pool.n_free
 
+    def check_answers(self, requests, profiles, k: int) -> tuple[int, int]:
+        """``(checked, mismatches)``: this pool's answers to the requests against the reference over
+        its own ads (the host index's match, the top-k of the kernel's own scores: ids, scores,
+        eligible count), where no reference pool can hold the whole sharded pool."""
+        from .. import reference
+        from ..score import score_ads
+        from ..targeting import mask_from_bits
+
+        table, index = self.pool.table, self.pool.index.index
+        outs = self.pool.retrieve(list(requests), list(profiles), k=k)
+        bad = 0
+        for req, prof, out in zip(requests, profiles, outs):
+            words, count = index.match_cpu(prof)
+            elig = mask_from_bits(words, index.n_ads) & (table.host_ad_ids >= 0)
+            scores = score_ads(req, table, config=self.pool.config).copy_to_host()
+            want = reference.topk(scores, k, ids=table.host_ad_ids, eligible=elig)
+            bad += not (np.array_equal(out.ids, want.ids) and np.array_equal(out.scores, want.scores)
+                        and out.n_eligible == int(elig.sum()))
+        return len(outs), bad
+
 
 class TargetingServer:
     """A CPU worker's targeting index (Dask actor), built by the same ``build`` as its scorer's
@@ -148,12 +168,27 @@ class ShardedPool:
                               workers[s % len(workers)]) for s in range(n_shards)]
 
     def retrieve(self, request, profile, k: int) -> Retrieved:
-        futures, parts = [], []
+        return self.retrieve_batch([request], [profile], k)[0]
+
+    def retrieve_batch(self, requests, profiles, k: int) -> list:
+        """A batch of requests: one call a shard (each shard's Pool serves the batch at once), the
+        answers merged request by request. ``merge_seconds`` holds the client's merge time of the
+        last call."""
+        import time
+
+        futures = []
         for i, s in enumerate(self.shards):
-            futures.append(self._guarded(i, lambda: s.retrieve(request, profile, k)))
-        for i, f in enumerate(futures):
-            parts.append(self._guarded(i, f.result))
-        return merge_topk(parts, k)
+            futures.append(self._guarded(i, lambda: s.retrieve_batch(requests, profiles, k)))
+        parts = [self._guarded(i, f.result) for i, f in enumerate(futures)]
+        t0 = time.perf_counter()
+        out = [merge_topk([p[b] for p in parts], k) for b in range(len(requests))]
+        self.merge_seconds = time.perf_counter() - t0
+        return out
+
+    def shard_checks(self, requests, profiles, k: int) -> list:
+        """Each shard's own check of its answers to the requests (:meth:`PoolServer.check_answers`):
+        a list a shard of ``(checked, mismatches)``."""
+        return [self._guarded(i, s.check_answers(requests, profiles, k).result) for i, s in enumerate(self.shards)]
 
     def _guarded(self, i: int, call):
         try:
@@ -176,6 +211,46 @@ class ShardedPool:
         for f in [self.shards[s].apply(part) for s, part in parts.items()]:
             f.result()
         return sum(f.result() for f in [s.live_ads() for s in self.shards])
+
+
+def gpu_cluster(n_gpus: int):
+    """A local cluster of one worker a GPU (``dask_cuda.LocalCUDACluster``: each worker sees its own
+    GPU; TCP comms, so no NVLink multicast), or for one GPU without dask-cuda a one-worker
+    ``LocalCluster``. Returns ``(cluster, client)``."""
+    from distributed import Client, LocalCluster
+
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        if n_gpus != 1:
+            raise RuntimeError(f"{n_gpus} GPU workers need dask-cuda (pip install dask-cuda)") from None
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
+    else:
+        cluster = LocalCUDACluster(n_workers=n_gpus, threads_per_worker=1, protocol="tcp", dashboard_address=None)
+    return cluster, Client(cluster)
+
+
+def generated_shard(shard: int, n_shards: int, n_per_shard: int, seed: int = 0, d: int = 64, dtype: str = "fp16"):
+    """Shard ``shard`` of a pool generated shard by shard (no host holds the whole pool's rules):
+    ``n_per_shard`` benchmark-world rules of its own (seed ``seed + shard``) with ad ids
+    ``j * n_shards + shard`` (so :func:`shard_of` owns them here), rows generated on the GPU
+    (numpy on the simulator). ``(table, TargetingIndex)``."""
+    from ..datasets import synthetic
+    from ..device import launch
+    from ..model import AdTable
+    from ..targeting import TargetingIndex
+
+    ids = np.arange(n_per_shard, dtype=np.int64) * n_shards + shard
+    rules = synthetic.generate_rules(synthetic.benchmark_schema(), n_per_shard, seed=seed + shard, ad_ids=ids)
+    if launch.backend.is_simulator():
+        rng = np.random.default_rng(seed + shard)
+        table = AdTable.from_float(rng.standard_normal((n_per_shard, d)), rng.standard_normal(n_per_shard),
+                                   dtype=dtype, ad_ids=ids)
+    else:
+        from ..bench.tables import gpu_table
+
+        table = gpu_table(n_per_shard, d, dtype, "rows", seed=1 + shard, ad_ids=ids)
+    return table, TargetingIndex(rules)
 
 
 def demo_world(n_ads: int, seed: int = 0, d: int = 64):

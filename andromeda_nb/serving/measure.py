@@ -69,3 +69,49 @@ def measure(client, topology, pairs, k: int, calls: int, reference=None, model: 
                   requests_per_s=calls / float(np.sum(walls)), bytes_per_request=traffic.total / calls,
                   model_bytes_per_request=float(predicted), mean_eligible=float(np.mean(eligible)),
                   checked=len(answers) if reference is not None else 0, mismatches=mismatches)
+
+
+@dataclass
+class Scaled:
+    """What :func:`measure_sharded` found for one sharded pool."""
+
+    batch_requests_per_s: float
+    batch_p50_s: float
+    one_p50_s: float
+    one_p99_s: float
+    merge_share: float
+    checked: int
+    mismatches: int
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0 and self.checked > 0
+
+
+def measure_sharded(sharded, pairs, k: int, batch: int, calls: int, checked: int = 4) -> Scaled:
+    """A :class:`~.cluster.ShardedPool` as a caller sees it: batches of ``batch`` requests
+    (requests a second, median wall of a batch) and single requests (median and p99, and the
+    share of a single request's wall time its client-side merge takes), ``calls`` of each after a
+    warm call; then each shard checks its answers to ``checked`` of the requests against its own
+    reference (:meth:`~.cluster.PoolServer.check_answers`: the merge of exact shard answers is
+    exact, tested apart)."""
+    reqs = [pairs[i % len(pairs)][0] for i in range(batch)]
+    profs = [pairs[i % len(pairs)][1] for i in range(batch)]
+    sharded.retrieve_batch(reqs, profs, k)
+    walls = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        sharded.retrieve_batch(reqs, profs, k)
+        walls.append(time.perf_counter() - t0)
+    ones, merges = [], []
+    for c in range(calls):
+        req, prof = pairs[c % len(pairs)]
+        t0 = time.perf_counter()
+        sharded.retrieve(req, prof, k)
+        ones.append(time.perf_counter() - t0)
+        merges.append(sharded.merge_seconds)
+    results = sharded.shard_checks(reqs[:checked], profs[:checked], k)
+    return Scaled(batch_requests_per_s=batch / float(np.median(walls)), batch_p50_s=float(np.median(walls)),
+                  one_p50_s=float(np.median(ones)), one_p99_s=float(np.quantile(ones, 0.99)),
+                  merge_share=float(np.sum(merges) / np.sum(ones)), checked=sum(c for c, _ in results),
+                  mismatches=sum(b for _, b in results))

@@ -52,7 +52,7 @@ ROWS_PER_PHASE = {
                   "layouts": 4, "density": 2, "categories": 3},
     "pipeline": {"retrieve": 16, "match": 0, "launch": 2, "open_loop": 6, "score_topk": 2, "fp16": 16},
     "pool": {"apply": 12, "during": 4, "soak": 1},
-    "serving": {"topologies": 6, "sharded": 4},
+    "serving": {"topologies": 6, "sharded": 4, "scaling": 16},
 }
 QUICK_ROWS_PER_PHASE = {
     "targeting": {"main": 4, "grouped": 11, "values": 2, "layouts": 2, "categories": 1},

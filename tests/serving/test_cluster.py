@@ -124,6 +124,22 @@ def test_sharded_updates_reach_their_shard_and_bad_batches_change_none(served):
     assert sum(s.live_ads().result() for s in sharded.shards) == N - 5 + 7
 
 
+def test_shards_generated_apart_serve_batches_and_check_themselves(served):
+    """The scale-out path: shards generated shard by shard (ids j * N + shard), a batch served as
+    the same requests one by one, every shard's answers equal to its own reference."""
+    from andromeda_nb.serving.measure import measure_sharded
+
+    client, w, _, _ = served
+    sharded = C.ShardedPool(client, C.generated_shard, 2, (200,), workers=w, max_batch=3, max_k=K)
+    pairs = requests(C.demo_world(50, SEED)[1].schema, 3, 13)
+    reqs, profs = [r for r, _ in pairs], [p for _, p in pairs]
+    batch = sharded.retrieve_batch(reqs, profs, K)
+    for (req, prof), got in zip(pairs, batch):
+        same(sharded.retrieve(req, prof, K), got)
+    got = measure_sharded(sharded, pairs, K, batch=3, calls=2, checked=2)
+    assert got.ok and got.checked == 4 and 0 <= got.merge_share <= 1 and got.batch_requests_per_s > 0
+
+
 def test_a_dead_shard_fails_the_request(served):
     """Last in the module: it kills a worker. The request errors; nothing partial comes back."""
     client, w, _, _ = served
