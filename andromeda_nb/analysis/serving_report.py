@@ -132,3 +132,54 @@ def headline_metrics(live: pd.DataFrame, model: pd.DataFrame) -> dict:
             "colocated_bytes_per_request": float(co["bytes_per_request"]),
             "remote_bytes_per_request": float(rs["bytes_per_request"]),
             "model_ratio_1e8_1pct": float(model.set_index("eligible_fraction").loc[0.01, "remote_over_colocated"])}
+
+
+def scaling_table(rows: pd.DataFrame | None) -> pd.DataFrame:
+    """The sharded pool against its GPU count (the serving bench's scaling rows, newest run): per
+    scaling mode and GPU count, requests a second at batches of 32, single-request p50, and pool ads
+    considered a second per GPU relative to one GPU's (the weak-scaling target: >= 0.9)."""
+    cols = ["scaling", "n_gpus", "n_ads", "batch_requests_per_s", "one_p50_ms", "ads_per_s_per_gpu",
+            "relative_to_one_gpu", "commit"]
+    if rows is None or rows.empty or "n_gpus" not in rows:
+        return pd.DataFrame(columns=cols)
+    r = rows[(rows["variant"] == "sharded") & rows["ok"] & rows["notes"].astype(str).str.contains("scaling")]
+    if r.empty:
+        return pd.DataFrame(columns=cols)
+    r = r[r["commit"] == r.sort_values("timestamp")["commit"].iloc[-1]]
+    out = []
+    for (mode, g), grp in r.groupby([r["notes"].str.split(" ").str[0], "n_gpus"]):
+        by = grp.set_index(grp["batch"].astype(int))
+        n = float(grp["n_ads"].iloc[0])
+        rps = float(by.loc[max(by.index), "requests_per_s"]) if len(by) else np.nan
+        out.append({"scaling": mode, "n_gpus": int(g), "n_ads": int(n), "batch_requests_per_s": rps,
+                    "one_p50_ms": float(by.loc[1, "seconds_median"]) * 1e3 if 1 in by.index else np.nan,
+                    "ads_per_s_per_gpu": rps * n / int(g), "commit": grp["commit"].iloc[0]})
+    t = pd.DataFrame(out)
+    base = t[t["n_gpus"] == 1].set_index("scaling")["ads_per_s_per_gpu"]
+    t["relative_to_one_gpu"] = t["ads_per_s_per_gpu"] / t["scaling"].map(base)
+    return t[cols].sort_values(["scaling", "n_gpus"]).reset_index(drop=True)
+
+
+def scaling_figure(table: pd.DataFrame, source: str):
+    """Weak scaling (pool ads a second per GPU, relative to one GPU) and strong scaling
+    (single-request latency) against the GPU count; a note where no rows are committed."""
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    weak, strong = table[table["scaling"] == "weak"], table[table["scaling"] == "strong"]
+    a.plot(weak["n_gpus"], weak["relative_to_one_gpu"], marker="o")
+    a.axhline(0.9, ls="--", c="grey", label="target 0.9")
+    a.set_xlabel("GPUs (10^8 ads each)")
+    a.set_ylabel("pool ads a second per GPU / one GPU's")
+    a.set_title("weak scaling, batches of 32")
+    a.legend()
+    b.plot(strong["n_gpus"], strong["one_p50_ms"], marker="o")
+    b.set_xlabel("GPUs (10^8 ads in all)")
+    b.set_ylabel("one request, p50 (ms)")
+    b.set_title("strong scaling")
+    if table.empty:
+        for ax in (a, b):
+            ax.text(0.5, 0.5, "no multi-GPU rows committed yet", ha="center", va="center", transform=ax.transAxes)
+    plots.source_note(fig, source)
+    fig.tight_layout()
+    return fig

@@ -33,7 +33,7 @@ FIGURES = {
     "05_expert_count": ["expert_count_recall_vs_compute", "expert_count_worked_example"],
     "06_precision": ["precision_quality_vs_throughput"],
     "07_request_path": ["pipeline_batches", "pipeline_steps", "pipeline_load", "pool_apply"],
-    "08_serving": ["serving_bytes"],
+    "08_serving": ["serving_bytes", "serving_scaling"],
 }
 
 
