@@ -64,9 +64,12 @@ def recall_tables(frame: pd.DataFrame, datasets) -> dict[str, dict[str, pd.DataF
 
 
 def recall_display(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """One dataset's recall tables as ``mean ± sd`` strings, with the number of seeds."""
+    """One dataset's recall tables as ``mean ± sd`` strings, the number of seeds, and recall@100's
+    95 % interval half-width."""
     t = pd.concat({m: p["mean"].map("{:.4f}".format) + " ± " + p["std"].fillna(0).map("{:.4f}".format)
                    for m, p in parts.items()}, axis=1)
+    if "recall@100" in parts and "ci95" in parts["recall@100"]:
+        t["recall@100 95 % ±"] = parts["recall@100"]["ci95"].map("{:.4f}".format)
     return t.assign(seeds=next(iter(parts.values()))["seeds"])
 
 
@@ -269,10 +272,24 @@ def example_findings(example: pd.DataFrame, by_interest: pd.DataFrame) -> str:
 # findings
 
 
-def verdict(tables, dataset: str) -> list[str]:
-    """Per mixture: recall@k relative to the single tower and recall@100 in points, with the
-    spread over seeds; the ranking model against the best retrieval model (the anchor must be
-    stronger for "close to ranking" to mean anything)."""
+def _paired(frame, dataset: str, a: str, b: str) -> str:
+    """`` (paired over n seeds: 95 % interval ±x pp[, within noise])`` for recall@100 of ``a``
+    minus ``b``, or '' where fewer than two seeds pair up (no frame: '')."""
+    if frame is None:
+        return ""
+    p = quality.paired_difference(frame, dataset, a, b)
+    if p["seeds"] < 2:
+        return ""
+    within = abs(p["mean"]) <= p["ci95"]
+    return (f" (paired over {p['seeds']} seeds: 95 % interval ±{100 * p['ci95']:.2f} pp"
+            + (", within noise)" if within else ")"))
+
+
+def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str]:
+    """Per mixture: recall@k relative to the single tower and recall@100 in points, with (given
+    the rows, ``frame``) the paired difference's 95 % interval over the seeds both ran; the ranking
+    model against the best retrieval model (the anchor must be stronger for "close to ranking" to
+    mean anything) and the best tuned baseline against the best project model, paired likewise."""
     if dataset not in tables:
         return [f"{dataset}: no results"]
     r, k = tables[dataset], FINDINGS_K[dataset]
@@ -284,11 +301,9 @@ def verdict(tables, dataset: str) -> list[str]:
     if "single_tower" in rk.index:
         for m in MIXTURES:
             if m in rk.index:
-                spread = (f" (sd {r100.loc[m, 'std']:.4f} against {r100.loc['single_tower', 'std']:.4f})"
-                          if seeds > 1 else "")
                 lines.append(f"  * {m}: recall@{k} {100 * (rk[m] / rk['single_tower'] - 1):+.1f} % against the single "
                              f"tower, recall@100 {100 * (r100.loc[m, 'mean'] - r100.loc['single_tower', 'mean']):+.2f} pp"
-                             + spread)
+                             + _paired(frame, dataset, m, "single_tower"))
     ours = r100[~r100.index.isin(quality.BASELINE_ORDER)]
     base = r100[r100.index.isin(quality.BASELINE_ORDER)]
     if len(base) and len(ours.drop([m for m in ("ranking", "true_model") if m in ours.index])):
@@ -299,14 +314,16 @@ def verdict(tables, dataset: str) -> list[str]:
                      f"({mine.idxmax()}) {mine.max():.4f}: "
                      + (f"the project's model leads by {100 * (mine.max() - base.loc[top, 'mean']):.2f} pp"
                         if mine.max() > base.loc[top, "mean"] else
-                        f"the baseline leads by {100 * (base.loc[top, 'mean'] - mine.max()):.2f} pp"))
+                        f"the baseline leads by {100 * (base.loc[top, 'mean'] - mine.max()):.2f} pp")
+                     + _paired(frame, dataset, mine.idxmax(), top))
     if "ranking" in ours.index:
         retrieval = ours.drop([m for m in ("ranking", "true_model") if m in ours.index])
         best = retrieval["mean"].idxmax()
         stronger = r100.loc["ranking", "mean"] > retrieval["mean"].max()
         lines.append(f"  * ranking model recall@100 {r100.loc['ranking', 'mean']:.4f} against the best retrieval model "
                      f"({best}) {retrieval['mean'].max():.4f}: " + ("the anchor is stronger" if stronger else
-                     "the anchor is NOT stronger: the 'close to ranking' comparison is not meaningful"))
+                     "the anchor is NOT stronger: the 'close to ranking' comparison is not meaningful")
+                     + _paired(frame, dataset, "ranking", best))
     return lines
 
 
@@ -343,7 +360,7 @@ def tuning_line(frame: pd.DataFrame) -> str:
 
 def findings(frame: pd.DataFrame, tables, datasets) -> str:
     """The notebook's conclusions as Markdown, every number computed from the rows."""
-    lines = [line for ds in datasets for line in verdict(tables, ds)]
+    lines = [line for ds in datasets for line in verdict(tables, ds, frame)]
     tuned = tuning_line(frame)
     if tuned:
         lines.append(tuned)

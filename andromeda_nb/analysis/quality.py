@@ -667,13 +667,39 @@ BASELINE_ORDER = ("baseline_most_popular", "baseline_itemknn_cosine", "baseline_
                   "baseline_bpr", "baseline_ease")
 
 
+def ci95(std, n):
+    """Half-width of the 95 % confidence interval of a mean of ``n`` values with sample standard
+    deviation ``std`` (Student's t); NaN below two values."""
+    from scipy import stats
+
+    n = np.asarray(n, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        half = stats.t.ppf(0.975, np.maximum(n - 1, 1)) * np.asarray(std, float) / np.sqrt(n)
+    return np.where(n >= 2, half, np.nan)
+
+
 def recall_table(frame: pd.DataFrame, dataset: str, metric: str = "recall@100", baselines: bool = True) -> pd.DataFrame:
-    """``model x (mean, std, seeds)`` of one metric (fp32 tables): the project's models in
-    :data:`MODEL_ORDER`, then (``baselines``) the standard baselines in :data:`BASELINE_ORDER`."""
+    """``model x (mean, std, seeds, ci95)`` of one metric (fp32 tables; ``ci95``: the mean's 95 %
+    interval half-width, :func:`ci95`): the project's models in :data:`MODEL_ORDER`, then
+    (``baselines``) the standard baselines in :data:`BASELINE_ORDER`."""
     experiments = ("expert_count", "baselines") if baselines else ("expert_count",)
     df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & frame["experiment"].isin(experiments)]
     s = df.groupby("model")["value"].agg(mean="mean", std="std", seeds="count")
+    s["ci95"] = ci95(s["std"], s["seeds"])
     return s.reindex([m for m in MODEL_ORDER + BASELINE_ORDER if m in s.index])
+
+
+def paired_difference(frame: pd.DataFrame, dataset: str, a: str, b: str, metric: str = "recall@100") -> dict:
+    """Model ``a`` minus model ``b`` on the seeds both ran (each seed: the same split and evaluated
+    users for both): ``mean`` and ``ci95`` (the 95 % interval half-width of the mean paired
+    difference) and ``seeds``."""
+    experiments = ("expert_count", "baselines")
+    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & frame["experiment"].isin(experiments)]
+    va = df[df["model"] == a].groupby("seed")["value"].mean()
+    vb = df[df["model"] == b].groupby("seed")["value"].mean()
+    d = (va - vb).dropna()
+    std = float(d.std()) if d.size > 1 else float("nan")
+    return {"mean": float(d.mean()) if d.size else float("nan"), "ci95": float(ci95(std, d.size)), "seeds": int(d.size)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -220,3 +220,25 @@ def test_routing_stats_refuse_bad_tops_and_non_finite_models(rng):
     bad[3, 2] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         quality.routing_stats(_fake_mixture(rng.standard_normal((4, d)), bad, 2), [0], np.array([[1, 3]]))
+
+
+def test_paired_difference_and_intervals():
+    """Paired over the seeds both models ran: a = b + (1, 2, 1, 2) points on seeds 0-3 (b's seed 4
+    has no partner): mean 1.5 points, 95 % half-width t(0.975, 3) sd / sqrt(4)."""
+    rows = []
+    for seed, (a, b) in enumerate([(0.41, 0.40), (0.43, 0.41), (0.41, 0.40), (0.44, 0.42), (None, 0.5)]):
+        for model, v in (("mixture_k2", a), ("single_tower", b)):
+            if v is not None:
+                rows.append(dict(dataset="ml-100k", model=model, metric="recall@100", value=v, seed=seed,
+                                 experiment="expert_count"))
+    frame = pd.DataFrame(rows)
+    p = quality.paired_difference(frame, "ml-100k", "mixture_k2", "single_tower")
+    assert p["seeds"] == 4 and p["mean"] == pytest.approx(0.015)
+    assert p["ci95"] == pytest.approx(3.182446 * np.std([0.01, 0.02, 0.01, 0.02], ddof=1) / 2, rel=1e-5)
+    t = quality.recall_table(frame, "ml-100k")
+    assert t.loc["single_tower", "seeds"] == 5 and np.isfinite(t.loc["single_tower", "ci95"])
+    assert np.isnan(quality.ci95(0.1, 1))
+    from andromeda_nb.analysis import expert_count_report as EC
+
+    assert EC._paired(frame, "ml-100k", "mixture_k2", "single_tower") == " (paired over 4 seeds: 95 % interval ±0.92 pp)"
+    assert EC._paired(frame.assign(value=0.4), "ml-100k", "mixture_k2", "single_tower").endswith("within noise)")
