@@ -38,14 +38,35 @@ def gpu_world(n: int, seed: int = 0, shard: int = 0, n_shards: int = 1):
     """A worker's pool (the build function of its server): the benchmark world's rules of the ads
     with ``ad_id % n_shards == shard`` and their fp16 rows generated on the GPU."""
     from ..datasets import synthetic as syn
+    from ..device import launch
+    from ..model import AdTable
     from ..serving.cluster import shard_of
     from ..targeting import TargetingIndex
+
+    # the whole pool's rules and rows, then this shard's: a shard's rows are the whole pool's rows of
+    # its ads (the in-process reference holds the same pool)
+    rules = syn.generate_rules(syn.benchmark_schema(), n, seed=seed)
+    mine = np.flatnonzero(shard_of(rules.ad_ids, n_shards) == shard)
+    if n_shards > 1:
+        rules = rules.subset(mine)
+    if launch.backend.is_simulator():  # the bench's own tests: rows from numpy
+        rng = np.random.default_rng(1)
+        emb, bias = rng.standard_normal((n, D)), rng.standard_normal(n)
+        return AdTable.from_float(emb[mine], bias[mine], ad_ids=rules.ad_ids), TargetingIndex(rules)
+    import cupy as cp
+
+    from ..score.table import DeviceAdTable
     from .tables import gpu_table
 
-    rules = syn.generate_rules(syn.benchmark_schema(), n, seed=seed)
-    if n_shards > 1:
-        rules = rules.subset(np.flatnonzero(shard_of(rules.ad_ids, n_shards) == shard))
-    return gpu_table(len(rules.ad_ids), D, "fp16", "rows", seed=1 + shard, ad_ids=rules.ad_ids), TargetingIndex(rules)
+    whole = gpu_table(n, D, "fp16", "rows", seed=1)
+    if n_shards == 1:
+        return whole, TargetingIndex(rules)
+    idx = cp.asarray(mine)
+    store, bias, ids = whole._keep[0][idx], whole._keep[1][idx], cp.asarray(rules.ad_ids)
+    del whole
+    table = DeviceAdTable.from_device(store, bias, "fp16", "rows", ad_ids=ids)
+    table._keep = (store, bias, ids)
+    return table, TargetingIndex(rules)
 
 
 def gpu_shard(shard: int, n_shards: int, n: int, seed: int = 0):

@@ -1,0 +1,41 @@
+"""The serving bench's measurements run end to end on simulator workers (tiny pools, few calls):
+every topology's row verified against the in-process pool, the sharded rows exact, the scaling
+phase's rows from one worker and none where the host lacks the GPUs. Slow: worker processes."""
+
+from dataclasses import replace
+
+import pytest
+
+from andromeda_nb.bench import harness
+from andromeda_nb.bench import serving as S
+
+pytest.importorskip("distributed")
+pytestmark = pytest.mark.slow
+
+
+class Planned:
+    def __init__(self, case):
+        self.case = case
+
+
+def test_every_serving_row_is_verified_on_simulator_workers(monkeypatch):
+    monkeypatch.setattr(S, "CALLS", 3)
+    monkeypatch.setattr(S, "PAIRS", 3)
+    monkeypatch.setattr(S, "BATCH", 2)
+    run = S.Run({"device": "simulator", "commit": "test"}, harness.Ceilings(1.0, 1.0, 1.0), harness.Options())
+    rows = []
+    try:
+        for c in S.PHASES["topologies"] + S.PHASES["sharded"]:
+            rows += run.measure(Planned(replace(c, n_ads=400)))
+        scaling = [c for c in S.PHASES["scaling"] if c.scaling == "strong" and c.n_gpus <= 2]
+        rows += run.measure(Planned(replace(scaling[0], n_ads=400)))
+        assert run.measure(Planned(replace(scaling[1], n_ads=400))) == []  # the simulator has one GPU
+    finally:
+        run.close()
+    by = [(r["variant"], r["n_workers"], r["batch"]) for r in rows]
+    assert by == [("inprocess_retrieve", 0, 1), ("colocated", 1, 1), ("remote_scoring", 2, 1), ("sharded", 1, 1),
+                  ("sharded", 2, 1), ("sharded", 1, 2), ("sharded", 1, 1)]
+    assert all(r["verified"].startswith("ok") for r in rows), [r["verified"] for r in rows]
+    moved = {r["variant"]: float(r["transport_bytes_per_request"]) for r in rows[:3]}
+    assert moved["inprocess_retrieve"] == 0 < moved["colocated"] < moved["remote_scoring"]
+    assert "byte model" in rows[1]["notes"] and "strong scaling" in rows[-1]["notes"]
