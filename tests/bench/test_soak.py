@@ -88,3 +88,19 @@ def test_requests_during_updates_rows(soak_world):
     assert [r["variant"] for r in rows] == ["retrieve_alone", "retrieve_during_updates"]
     assert all(r["verified"].startswith("ok") for r in rows), rows[0]["verified"]
     assert "applied" in rows[1]["notes"] and pool.n_ads > 600
+
+
+@pytest.mark.slow
+def test_apply_rows(soak_world, monkeypatch, tmp_path):
+    """The apply phase on a tiny world: end to end and device rows for each batch size, in order,
+    verified (index = rebuild, device rows = host, table ids = index ids, sampled requests)."""
+    world, table, reqs, profiles = soak_world
+    monkeypatch.setattr(L, "APPLY_BATCHES", ((20, 2), (40, 2)))
+    monkeypatch.setattr(L.harness, "busy", lambda ms: None)  # the simulator runs no busy kernel
+    pool = Pool(table, world.dev, max_batch=4, max_k=1000, config=anb.KernelConfig(math="fp32"))
+    env = {c: "" for c in harness.SCHEMA}
+    rows = L._apply_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, tmp_path)
+    assert [(r["variant"], r["batch"]) for r in rows] == [("apply_end_to_end", 20), ("apply_device", 20),
+                                                          ("apply_end_to_end", 40), ("apply_device", 40)]
+    assert all(r["suite"] == "pool" and r["verified"].startswith("ok: index = rebuild") for r in rows), rows[0]["verified"]
+    assert (tmp_path / f"pipeline_host_profile_apply_{pool.n_ads}.txt").exists()
