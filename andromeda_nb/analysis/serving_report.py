@@ -35,7 +35,7 @@ def run_live(n_ads: int, k: int, calls: int, n_shards: int, seed: int = 0, worke
     profiles[-1] = {}  # a broad request: only the unconstrained categories
     pairs = [(Request.random(64, 6, 2, rng), p) for p in profiles]
     rows = []
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
             Client(lc) as client:
         w = list(client.scheduler_info()["workers"])
         topologies = {

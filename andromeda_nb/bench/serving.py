@@ -239,7 +239,7 @@ class Run(harness.Run):
 
         if self.client is None:
             self.cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True,
-                                        dashboard_address=None)
+                                        dashboard_address=":0")
             self.client = Client(self.cluster)
             self.workers = list(self.client.scheduler_info()["workers"])
         if n != self.n:

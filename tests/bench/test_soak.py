@@ -45,6 +45,7 @@ def test_soak_checks_pass_on_a_live_pool(soak_world):
     assert pool.n_ads > 600  # the creates grew the pool once
 
 
+@pytest.mark.slow
 def test_the_soak_run_builds_a_pool_with_spare_slots(monkeypatch):
     """The bench's own soak world: spare slots (no growth), a pool from a host table, its sizes."""
     for name, value in (("SOAK_UPDATES", 120), ("SOAK_BATCH", 60), ("SOAK_REQUESTS", 8), ("SOAK_REQUEST_BATCH", 4),
@@ -56,6 +57,7 @@ def test_the_soak_run_builds_a_pool_with_spare_slots(monkeypatch):
     assert "pool 500 -> 620 slots" in row["notes"] and "stopped" not in row["notes"]
 
 
+@pytest.mark.slow
 def test_soak_finds_a_table_that_missed_an_update(soak_world, monkeypatch):
     world, table, reqs, profiles = soak_world
     pool = Pool(table, world.dev, max_batch=4, max_k=8, config=anb.KernelConfig(math="fp32"))

@@ -335,7 +335,7 @@ def small_request_cases(draw):
     return make_scores(rng, n, kind), k, mask, ids
 
 
-@settings(max_examples=12)
+@settings(max_examples=6)
 @given(small_request_cases())
 def test_batch_of_one_route_matches_oracle(case):
     """topk_scores through the batched path on a batch of one (or its rerun), against the oracle."""

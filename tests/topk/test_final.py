@@ -96,7 +96,7 @@ def test_radix_final_stops_when_a_bin_holds_exactly_the_rest(rng, stage_words):
             check_topk(TopK(got_id, got_s, None), scores, k, ids=ids if has_ids else None, msg=f"k={k} ids={has_ids}")
 
 
-@pytest.mark.parametrize("block", [64, 300])
+@pytest.mark.parametrize("block", [64, pytest.param(300, marks=pytest.mark.slow)])
 def test_radix_final_other_blocks(rng, block):
     """Blocks wider than the 256-bin histogram (the launch default is 1024) or not a power of two;
     a fill past the buffer is clamped to it; pads past the fill."""

@@ -165,7 +165,8 @@ def test_bench_topk_stages_run_in_order_and_answer(rng):
     assert seeded_exact(fws, k)
 
 
-@pytest.mark.parametrize("case", ["small_unseeded", "k_is_n", "seeded_filter", "seeded_rerun"])
+@pytest.mark.parametrize("case", ["small_unseeded", "k_is_n", "seeded_filter",
+                                  pytest.param("seeded_rerun", marks=pytest.mark.slow)])
 def test_k_beyond_the_block_topk_limit(monkeypatch, rng, case):
     """2048 < k <= 4096: answered by radix select only (the seeded filter path, else one pass
     keeping every eligible score), exact with NaN, ties, ids and an eligible set; pads past the
