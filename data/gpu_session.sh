@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU-host session in one call (the device tool runs it in the repo root; results land in $OUT).
 # Usage: bash data/gpu_session.sh STEP...   steps: info tests quickstart series bench:<suite>[:args] quality[:dataset] ptx
-# Needs the carried wheelhouse .whl/ (shared/tools/gpu-wheelhouse .whl): papermill, ipykernel, numpy 2.4.
+# Needs the carried wheelhouse .whl/ (shared/tools/gpu-wheelhouse .whl): papermill, ipykernel, numpy 2.4;
+# bench:serving also needs distributed (the wheelhouse built with --dask; dask-cuda for --phases scaling).
 set -uo pipefail
 OUT=${OUT:-build/gpu}
 mkdir -p "$OUT"
