@@ -84,9 +84,7 @@ def cases(options: harness.Options) -> dict:
     return out
 
 
-def order(planned: list) -> list:
-    """Pool size first (one world at a time), then the phases' order."""
-    return sorted(planned, key=lambda p: p.case.n_ads)
+order = pipeline.order  # pool size first (one world at a time), then the phases' order
 
 
 class Run(pipeline.Run):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import harness
+from .pipeline import order as pipeline_order
 
 D, E, KE, K = 64, 6, 2, 1000
 CALLS = 60
@@ -134,8 +135,7 @@ def cases(options: harness.Options) -> dict:
     return out
 
 
-def order(planned: list) -> list:
-    return sorted(planned, key=lambda p: p.case.n_ads)
+order = pipeline_order  # pool size first: one reference pool at a time
 
 
 class Run(harness.Run):
