@@ -31,7 +31,7 @@ def _pool_row(*args, **kw) -> dict:
     return r
 
 
-def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
+def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir, batches=APPLY_BATCHES, busy=None) -> list[dict]:
     """Pool.apply of random batches (:class:`~.targeting_world.UpdateStream`: a third creates, a
     third changes, a third retires, each create and change with a new fp16 row), built beforehand
     in the documented format (:class:`~andromeda_nb.pipeline.PoolUpdate`): ``apply_end_to_end`` is
@@ -42,7 +42,9 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
     batches: the host index equals a rebuild of its rules, the device rows equal the host's on
     sampled words, the device table's ad ids equal the index's on every slot, and sampled requests
     equal the reference (CPU match on the index, top-k of the kernel's scores). Where the host time
-    of a 1,000-op batch goes: ``<out>/pipeline_host_profile_apply_<slots>.txt``."""
+    of a batch of the first size goes: ``<out>/pipeline_host_profile_apply_<slots>.txt``.
+    ``batches``: (ops a batch, batches timed) a size; ``busy(ms)``: the kernel queued ahead of the
+    events (default :func:`.harness.busy`)."""
     import types
 
     from ..device import launch
@@ -59,15 +61,16 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
         emb = (rng.standard_normal((size, D)) * 0.5).astype(np.float32)
         return PoolUpdate(batch, emb, rng.standard_normal(size).astype(np.float32), batch.ops != RETIRE).checked()
 
-    pool.apply(update(APPLY_BATCHES[0][0]))  # warm: compiles the scatter, grows the pool once
+    busy = harness.busy if busy is None else busy
+    pool.apply(update(batches[0][0]))  # warm: compiles the scatter, grows the pool once
     cuda.synchronize()
     measured = []
-    for size, calls in APPLY_BATCHES:
-        batches = [update(size) for _ in range(2 * calls + 1)]
-        pool.apply(batches[0])
+    for size, calls in batches:
+        made = [update(size) for _ in range(2 * calls + 1)]
+        pool.apply(made[0])
         cuda.synchronize()
         walls = []
-        for b in batches[1:calls + 1]:
+        for b in made[1:calls + 1]:
             t0 = time.perf_counter()
             pool.apply(b)
             cuda.synchronize()
@@ -76,16 +79,16 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir) -> list[dict]:
         # the device step (the delta's concatenation, the pinned copies, the launches), or the
         # events time the host too: 1.5x the whole call's wall time covers it with room
         busy_ms = max(2.0, 1.5e3 * _quantiles(walls)[0])
-        pool.trace = StepTimes(lambda: harness.busy(busy_ms))
+        pool.trace = StepTimes(lambda: busy(busy_ms))
         try:
-            for b in batches[calls + 1:]:
+            for b in made[calls + 1:]:
                 pool.apply(b)
             cuda.synchronize()
             device = [c["apply"] for c in pool.trace.calls]
         finally:
             pool.trace = None
         measured.append((size, calls, walls, device))
-    profiled = iter([update(APPLY_BATCHES[0][0]) for _ in range(10)])
+    profiled = iter([update(batches[0][0]) for _ in range(10)])
     _host_profile(lambda: (pool.apply(next(profiled)), cuda.synchronize()), 10, out_dir, f"apply_{pool.n_ads}")
     index = pool.index.index
     shim = types.SimpleNamespace(index=index, dev=pool.index, n=pool.n_ads)
@@ -253,9 +256,11 @@ def _float64_check(pool, mirror, req, profile, out, k: int = K) -> str:
     return "" if got.ok else got.message
 
 
-def _soak_run(env, ceil, n: int) -> dict:
-    """The soak on its own world of ``n`` ads with spare slots (its batches never grow the pool:
-    the checkpoints' rebuilds stay at ``n`` slots) and a pool built from a host table in fp32 math."""
+def _soak_run(env, ceil, n: int, updates=SOAK_UPDATES, batch=SOAK_BATCH, requests=SOAK_REQUESTS,
+              request_batch=SOAK_REQUEST_BATCH, checkpoints=SOAK_CHECKPOINTS, k=K) -> dict:
+    """The soak (:func:`_soak_rows`, its sizes) on its own world of ``n`` ads with spare slots (its
+    batches never grow the pool: the checkpoints' rebuilds stay at ``n`` slots) and a pool built
+    from a host table in fp32 math."""
     from ..datasets import synthetic as syn
     from ..model import AdTable, Request
     from ..pipeline import Pool
@@ -263,18 +268,18 @@ def _soak_run(env, ceil, n: int) -> dict:
     from .targeting_world import World
 
     _log(f"soak world of {n:,} ads")
-    world = World(n, spare=2 * SOAK_BATCH)
+    world = World(n, spare=2 * batch)
     try:
         rng = np.random.default_rng(47)
         table = AdTable.from_float(rng.standard_normal((n, D), np.float32), rng.standard_normal(n, np.float32),
                                    dtype="fp16", ad_ids=world.rules.ad_ids)
-        pool = Pool(table, world.dev, max_batch=SOAK_REQUEST_BATCH, max_k=K, config=KernelConfig(math="fp32"))
+        pool = Pool(table, world.dev, max_batch=request_batch, max_k=k, config=KernelConfig(math="fp32"))
         del table
         profiles = syn.generate_profiles(world.schema, 64, seed=203)
         reqs = [Request.random(D, E, KE, rng) for _ in range(64)]
-        return _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, batch=SOAK_BATCH,
-                          requests=SOAK_REQUESTS, request_batch=SOAK_REQUEST_BATCH, checkpoints=SOAK_CHECKPOINTS,
-                          k=K, templates=min(100_000, n), seconds=SOAK_SECONDS)
+        return _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=updates, batch=batch, requests=requests,
+                          request_batch=request_batch, checkpoints=checkpoints, k=k, templates=min(100_000, n),
+                          seconds=SOAK_SECONDS)
     finally:
         world.free()
 

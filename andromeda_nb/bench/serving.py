@@ -141,8 +141,11 @@ order = pipeline_order  # pool size first: one reference pool at a time
 class Run(harness.Run):
     """The cluster (started once), and per pool size the in-process reference pool and requests."""
 
-    def __init__(self, env, ceil, options):
+    def __init__(self, env, ceil, options, calls: int = CALLS, pairs: int = PAIRS, batch: int = BATCH):
+        """``calls``: timed calls a row; ``pairs``: distinct requests, in turn; ``batch``: the scaling
+        phase's batch (the harness passes none: the module's values)."""
         super().__init__(env, ceil, options)
+        self.calls, self.n_pairs, self.batch = calls, pairs, batch
         self.client = self.cluster = None
         self.n = None
 
@@ -169,19 +172,20 @@ class Run(harness.Run):
             topo = C.ShardedPool(self.client, gpu_shard, case.n_workers, (case.n_ads,), workers=w, **opts)
             client, model = self.client, None
         try:
-            got = measure(client, topo, self.pairs, K, CALLS, reference=self.reference, model=model)
+            got = measure(client, topo, self.pairs, K, self.calls, reference=self.reference, model=model)
         finally:
             del topo
             if client is not None:
                 self.client.run(_free_device_memory)
         verified = (f"{'ok' if got.ok else 'FAILED'}: {got.checked - got.mismatches}/{got.checked} requests equal "
                     "the in-process Pool's (ids, scores, eligible count)")
-        t = harness.Timing(got.p50_s, got.p50_s, got.p50_s, got.p50_s, CALLS)
+        t = harness.Timing(got.p50_s, got.p50_s, got.p50_s, got.p50_s, self.calls)
         r = harness.row("serving", self.env, self.ceil, t, 1, 0, None, verified, **case.columns(), d=D,
                         dtype="fp16", experts=E, k_experts=KE,
                         eligible_fraction=f"{got.mean_eligible / case.n_ads:.4g}",
                         notes=(f"byte model {got.model_bytes_per_request:,.0f} bytes a request; "
-                               if model else "") + f"mean eligible {got.mean_eligible:,.0f}; {CALLS} calls, one caller")
+                               if model else "")
+                              + f"mean eligible {got.mean_eligible:,.0f}; {self.calls} calls, one caller")
         r.update(seconds_p20="", seconds_p80="", seconds_p99=f"{got.p99_s:.6e}",
                  requests_per_s=f"{got.requests_per_s:.6e}",
                  transport_bytes_per_request=f"{got.bytes_per_request:.6e}", items_per_s="", achieved_TBps="",
@@ -202,23 +206,23 @@ class Run(harness.Run):
         try:
             workers = list(client.scheduler_info()["workers"])
             sharded = C.ShardedPool(client, C.generated_shard, case.n_gpus, (case.n_ads // case.n_gpus,),
-                                    workers=workers, max_batch=BATCH, max_k=K)
+                                    workers=workers, max_batch=self.batch, max_k=K)
             rng = np.random.default_rng(5)
             from ..datasets import synthetic as syn
             from ..model import Request
 
             pairs = [(Request.random(D, E, KE, rng), p)
-                     for p in syn.generate_profiles(syn.benchmark_schema(), PAIRS, seed=202)]
-            got = measure_sharded(sharded, pairs, K, BATCH, CALLS)
+                     for p in syn.generate_profiles(syn.benchmark_schema(), self.n_pairs, seed=202)]
+            got = measure_sharded(sharded, pairs, K, self.batch, self.calls)
         finally:
             client.close()
             cluster.close()
         verified = (f"{'ok' if got.ok else 'FAILED'}: {got.checked - got.mismatches}/{got.checked} shard answers "
                     "equal their shard's reference (CPU match, top-k of the kernel's scores); the merge is exact")
         rows = []
-        for batch, wall, p99, rps in ((BATCH, got.batch_p50_s, got.batch_p50_s, got.batch_requests_per_s),
+        for batch, wall, p99, rps in ((self.batch, got.batch_p50_s, got.batch_p50_s, got.batch_requests_per_s),
                                       (1, got.one_p50_s, got.one_p99_s, 1 / got.one_p50_s)):
-            t = harness.Timing(wall, wall, wall, wall, CALLS)
+            t = harness.Timing(wall, wall, wall, wall, self.calls)
             r = harness.row("serving", self.env, self.ceil, t, batch, 0, None, verified, **case.columns(), d=D,
                             dtype="fp16", experts=E, k_experts=KE, batch=batch, n_workers=case.n_gpus,
                             notes=(f"{case.scaling} scaling, {case.n_ads // case.n_gpus:,} ads a GPU; pool ads "
@@ -247,7 +251,7 @@ class Run(harness.Run):
             table, index = gpu_world(n)
             self.reference = Pool(table, index, max_batch=1, max_k=K)
             rng = np.random.default_rng(5)
-            profiles = syn.generate_profiles(syn.benchmark_schema(), PAIRS, seed=202)
+            profiles = syn.generate_profiles(syn.benchmark_schema(), self.n_pairs, seed=202)
             self.pairs = [(Request.random(D, E, KE, rng), p) for p in profiles]
             self.n = n
 

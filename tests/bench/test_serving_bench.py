@@ -18,11 +18,9 @@ class Planned:
         self.case = case
 
 
-def test_every_serving_row_is_verified_on_simulator_workers(monkeypatch):
-    monkeypatch.setattr(S, "CALLS", 3)
-    monkeypatch.setattr(S, "PAIRS", 3)
-    monkeypatch.setattr(S, "BATCH", 2)
-    run = S.Run({"device": "simulator", "commit": "test"}, harness.Ceilings(1.0, 1.0, 1.0), harness.Options())
+def test_every_serving_row_is_verified_on_simulator_workers():
+    run = S.Run({"device": "simulator", "commit": "test"}, harness.Ceilings(1.0, 1.0, 1.0), harness.Options(),
+                calls=3, pairs=3, batch=2)
     rows = []
     try:
         for c in S.PHASES["topologies"] + S.PHASES["sharded"]:

@@ -46,13 +46,11 @@ def test_soak_checks_pass_on_a_live_pool(soak_world):
 
 
 @pytest.mark.slow
-def test_the_soak_run_builds_a_pool_with_spare_slots(monkeypatch):
+def test_the_soak_run_builds_a_pool_with_spare_slots():
     """The bench's own soak world: spare slots (no growth), a pool from a host table, its sizes."""
-    for name, value in (("SOAK_UPDATES", 120), ("SOAK_BATCH", 60), ("SOAK_REQUESTS", 8), ("SOAK_REQUEST_BATCH", 4),
-                        ("SOAK_CHECKPOINTS", 2), ("K", 8)):
-        monkeypatch.setattr(L, name, value)
     env = {c: "" for c in harness.SCHEMA}
-    row = L._soak_run(env, harness.Ceilings(1.0, 1.0, 1.0), 500)
+    row = L._soak_run(env, harness.Ceilings(1.0, 1.0, 1.0), 500, updates=120, batch=60, requests=8, request_batch=4,
+                      checkpoints=2, k=8)
     assert row["verified"].startswith("ok: 2/2 checkpoints"), row["verified"]
     assert "pool 500 -> 620 slots" in row["notes"] and "stopped" not in row["notes"]
 
@@ -93,15 +91,14 @@ def test_requests_during_updates_rows(soak_world):
 
 
 @pytest.mark.slow
-def test_apply_rows(soak_world, monkeypatch, tmp_path):
+def test_apply_rows(soak_world, tmp_path):
     """The apply phase on a tiny world: end to end and device rows for each batch size, in order,
     verified (index = rebuild, device rows = host, table ids = index ids, sampled requests)."""
     world, table, reqs, profiles = soak_world
-    monkeypatch.setattr(L, "APPLY_BATCHES", ((20, 2), (40, 2)))
-    monkeypatch.setattr(L.harness, "busy", lambda ms: None)  # the simulator runs no busy kernel
     pool = Pool(table, world.dev, max_batch=4, max_k=1000, config=anb.KernelConfig(math="fp32"))
     env = {c: "" for c in harness.SCHEMA}
-    rows = L._apply_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, tmp_path)
+    rows = L._apply_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, tmp_path,
+                         batches=((20, 2), (40, 2)), busy=lambda ms: None)  # the simulator runs no busy kernel
     assert [(r["variant"], r["batch"]) for r in rows] == [("apply_end_to_end", 20), ("apply_device", 20),
                                                           ("apply_end_to_end", 40), ("apply_device", 40)]
     assert all(r["suite"] == "pool" and r["verified"].startswith("ok: index = rebuild") for r in rows), rows[0]["verified"]
