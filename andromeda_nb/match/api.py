@@ -232,9 +232,6 @@ class DeviceTargetingIndex:
 
     def check_fresh(self) -> None:
         """RuntimeError when the host index holds updates this device copy has not applied."""
-        self._check_fresh()
-
-    def _check_fresh(self):
         if self.index.version != self._version:
             raise RuntimeError("the host index holds updates this device copy has not applied (apply updates "
                                "through DeviceTargetingIndex.apply, or apply_delta each delta in order)")
@@ -260,7 +257,7 @@ class DeviceTargetingIndex:
 
         Returns the :class:`~andromeda_nb.targeting.UpdateDelta` (bits changed, list writes).
         """
-        self._check_fresh()
+        self.check_fresh()
         delta = self.index.apply(batch)
         self.apply_delta(delta)
         return delta
@@ -532,7 +529,7 @@ def match_eligible(index: DeviceTargetingIndex, profile: Mapping, exclude_slots=
     if not isinstance(index, DeviceTargetingIndex):
         raise TypeError(f"index must be a DeviceTargetingIndex, got {type(index).__name__}")
     cfg = _config(config)
-    index._check_fresh()
+    index.check_fresh()
     prepared = index.prepare([profile], None if exclude_slots is None else [exclude_slots])
     out, counts = index.launch(prepared, config=cfg)
     return Eligible(words=out[0], n_ads=index.n_ads, _count=counts, _keep=prepared)
@@ -561,7 +558,7 @@ def match_batch(index: DeviceTargetingIndex, profiles: Sequence[Mapping], exclud
     excl = [None] * B if exclude_slots is None else list(exclude_slots)
     if len(excl) != B:
         raise ValueError(f"{B} profiles but {len(excl)} exclude lists")
-    index._check_fresh()
+    index.check_fresh()
     cuda = launch.cuda()
     out = cuda.device_array((B, max(index.n_words, 1)), np.uint64)
     counts = cuda.device_array(B, np.int64)

@@ -165,9 +165,8 @@ def take_ops(update: PoolUpdate, mask: np.ndarray) -> PoolUpdate:
     sizes = np.diff(t.codes_ptr)[idx]
     ptr = np.zeros(idx.size + 1, np.int64)
     np.cumsum(sizes, out=ptr[1:])
-    take = np.concatenate([np.arange(t.codes_ptr[i], t.codes_ptr[i + 1]) for i in idx]) if idx.size else \
-        np.zeros(0, np.int64)
-    sub = UpdateBatch(t.schema, t.ops[idx], t.ad_ids[idx], t.live[idx], ptr, t.codes[take.astype(np.int64)])
+    take = np.repeat(t.codes_ptr[idx] - ptr[:-1], sizes) + np.arange(int(ptr[-1]))  # each kept code's position
+    sub = UpdateBatch(t.schema, t.ops[idx], t.ad_ids[idx], t.live[idx], ptr, t.codes[take])
     return PoolUpdate(sub, update.embeddings[idx], update.bias[idx], update.sets_row[idx])
 
 

@@ -15,7 +15,19 @@ from .cluster import byte_model
 
 
 @dataclass
-class Served:
+class Checked:
+    """Answers compared with a reference: ``checked`` of them, ``mismatches`` that differed."""
+
+    checked: int
+    mismatches: int
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0 and self.checked > 0
+
+
+@dataclass
+class Served(Checked):
     """What :func:`measure` found for one topology."""
 
     p50_s: float
@@ -24,12 +36,6 @@ class Served:
     bytes_per_request: float
     model_bytes_per_request: float
     mean_eligible: float
-    checked: int
-    mismatches: int
-
-    @property
-    def ok(self) -> bool:
-        return self.mismatches == 0 and self.checked > 0
 
 
 def measure(client, topology, pairs, k: int, calls: int, reference=None, model: str | None = None) -> Served:
@@ -72,7 +78,7 @@ def measure(client, topology, pairs, k: int, calls: int, reference=None, model: 
 
 
 @dataclass
-class Scaled:
+class Scaled(Checked):
     """What :func:`measure_sharded` found for one sharded pool."""
 
     batch_requests_per_s: float
@@ -80,12 +86,6 @@ class Scaled:
     one_p50_s: float
     one_p99_s: float
     merge_share: float
-    checked: int
-    mismatches: int
-
-    @property
-    def ok(self) -> bool:
-        return self.mismatches == 0 and self.checked > 0
 
 
 def measure_sharded(sharded, pairs, k: int, batch: int, calls: int, checked: int = 4) -> Scaled:
