@@ -419,9 +419,10 @@ class Run(harness.Run):
             self.tiles = gpu_table(self.n, D, "fp16", "tiles", seed=1)
         return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, case.math, self.options.out)]
 
-    def setup(self, n: int, pool: bool = True, math: str = "fp32") -> None:
+    def setup(self, n: int, pool: bool = True, math: str = "fp32", host_bits=True) -> None:
         """The world and requests of ``n`` ads (a new size frees the last one's), and with ``pool``
-        the rows table and its Pool in ``math``."""
+        the rows table and its Pool in ``math``; ``host_bits`` of the world's device index (kept
+        for the reference checks; ``"auto"`` where the pool takes updates, as a user's would)."""
         from ..datasets import synthetic as syn
         from ..model import Request
         from ..pipeline import Pool
@@ -431,7 +432,7 @@ class Run(harness.Run):
             self.close()
             _log(f"world of {n:,} ads")
             self.n = n
-            self.world = World(n)
+            self.world = World(n, host_bits=host_bits)
             self.profiles = syn.generate_profiles(self.world.schema, max(BATCHES), seed=202)
             rng = np.random.default_rng(5)
             self.reqs = [Request.random(D, E, KE, rng) for _ in range(max(BATCHES))]

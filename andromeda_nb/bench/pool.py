@@ -97,7 +97,8 @@ class Run(pipeline.Run):
         if isinstance(case, SoakCase):
             self.close()  # the soak builds its own world (with spare slots) and pool
             return [_soak_run(self.env, self.ceil, case.n_ads)]
-        self.setup(case.n_ads, math=case.math if isinstance(case, DuringCase) else "fp32")
+        # the pool's default: the device works out the bits from the first update (host_bits="auto")
+        self.setup(case.n_ads, math=case.math if isinstance(case, DuringCase) else "fp32", host_bits="auto")
         try:
             if isinstance(case, ApplyCase):
                 return _apply_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,

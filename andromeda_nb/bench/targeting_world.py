@@ -59,11 +59,12 @@ def layout_name(index: TargetingIndex) -> str:
 
 
 class World:
-    """A generated world: rules, host index, device index, profiles, oracle sample."""
+    """A generated world: rules, host index, device index (``host_bits``: as
+    :class:`~andromeda_nb.match.DeviceTargetingIndex`), profiles, oracle sample."""
 
     def __init__(self, n: int, seed: int = 0, spare: int = 0, constrain_prob=0.3, exclude_prob=0.05,
                  index_kw=None, profiles: int = PROFILES, max_values: int = syn.MAX_USER_VALUES,
-                 rules: TargetingRules | None = None):
+                 rules: TargetingRules | None = None, host_bits=True):
         from ..match.api import DeviceTargetingIndex
 
         t = time.time()
@@ -75,7 +76,8 @@ class World:
         self.index = TargetingIndex(self.rules, n + spare, **(index_kw or {}))
         t_build = time.time() - t
         t = time.time()
-        self.dev = DeviceTargetingIndex(self.index)
+        # host_bits=True (the benches' reference world): the host rows stay for the CPU checks
+        self.dev = DeviceTargetingIndex(self.index, host_bits=host_bits)
         launch.cuda().synchronize()
         t_up = time.time() - t
         self.n = n

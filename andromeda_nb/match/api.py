@@ -192,23 +192,34 @@ class DeviceTargetingIndex:
     Updates go through :meth:`apply` (host index first, then one kernel on the stream); updating
     the host index directly afterwards makes this copy stale (it then raises).
 
-    ``host_bits=False`` drops the host index's bitset rows once they are on the device
-    (:meth:`~andromeda_nb.targeting.TargetingIndex.drop_host_bits`): the rows then live here only,
-    the host saves their memory and every update's host bit flips.
+    ``host_bits``: whether the host index keeps its bitset rows beside this copy. ``"auto"``
+    (default) keeps them until the first update (:meth:`before_update`), then drops them
+    (:meth:`~andromeda_nb.targeting.TargetingIndex.drop_host_bits`): from there the device works
+    out every update's bits from the touched slots' rules (a few codes an ad sent instead of
+    ~400 bit flips an ad worked out on the host and sent), and the host saves the rows' memory.
+    ``True`` keeps them (updates flip bits on both sides: the host's CPU match and
+    :meth:`~andromeda_nb.targeting.TargetingIndex.assert_same` keep working); ``False`` drops
+    them now.
     """
 
-    def __init__(self, index: TargetingIndex, staging_regions: int = 4, host_bits: bool = True):
+    def __init__(self, index: TargetingIndex, staging_regions: int = 4, host_bits="auto"):
         if not isinstance(index, TargetingIndex):
             raise TypeError(f"index must be a TargetingIndex, got {type(index).__name__}")
+        if not (host_bits in (True, False) or (isinstance(host_bits, str) and host_bits == "auto")):
+            raise ValueError(f"host_bits must be 'auto', True or False, got {host_bits!r}")
         self.index = index
-        self.rows = launch.to_device(index._need_bits("a device copy"))
-        if not host_bits:
+        self.host_bits = host_bits
+        # an index whose rows live on another device copy only: the rows of a rebuild (the same
+        # layout, so the same rows; its lists are not used)
+        self.rows = launch.to_device(index.bitsets if index.host_bits else index.rebuild().bitsets)
+        if host_bits is False:
             index.drop_host_bits()
         self.pool = launch.to_device(index.pool)
         self._version = index.version
         self._scratch = None
         self._stager = Stager(staging_regions)
         self._schema_view = None
+        self._flip = None  # the row meanings and popcounts flip_kernel needs, made on the first rules delta
 
     n_ads = property(lambda self: self.index.n_ads)
     n_words = property(lambda self: self.index.n_words)
@@ -258,9 +269,17 @@ class DeviceTargetingIndex:
         Returns the :class:`~andromeda_nb.targeting.UpdateDelta` (bits changed, list writes).
         """
         self.check_fresh()
+        self.before_update()
         delta = self.index.apply(batch)
         self.apply_delta(delta)
         return delta
+
+    def before_update(self) -> None:
+        """Call before the host index applies a batch whose delta this copy takes (:meth:`apply`
+        and :meth:`~andromeda_nb.pipeline.Pool.apply` do): with ``host_bits="auto"`` the host
+        drops its bitset rows at the first update, and the device works out the bits from then on."""
+        if self.host_bits == "auto" and self.index.host_bits:
+            self.index.drop_host_bits()
 
     def apply_delta(self, delta: UpdateDelta) -> None:
         """Enqueue one delta returned by ``self.index.apply`` (deltas must come in order: a
@@ -282,7 +301,50 @@ class DeviceTargetingIndex:
             block = launch.default_block()
             apply_kernel()[launch.grid_for(max(n_bits, n_pos), block), block](
                 self.rows, self.pool, buf, n_bits, n_pos, 0)
+        if delta.rules is not None and delta.rules[0].size:
+            self._flip_rows(*delta.rules)
         self._version = delta.version
+
+    #: touched slots a thread of :func:`~.kernels.flip_kernel` evaluates its row on
+    FLIP_SLOTS_PER_THREAD = 16
+
+    def _flip_rows(self, slots, ptr, codes, live) -> None:
+        """The device half of a batch whose host keeps no bitset rows: the touched slots' bits
+        from their final rules (:func:`~.kernels.flip_kernel`), the row popcounts on the device,
+        and their asynchronous copy back for the host index's :attr:`row_count`."""
+        from .kernels import flip_kernel
+
+        cuda, idx = launch.cuda(), self.index
+        if self._flip is None:
+            # the host's popcounts are exact up to here: it kept counting until the device took over
+            self._flip = {"meaning": launch.to_device(idx.row_meanings()), "group_ptr": launch.to_device(idx.group_ptr),
+                          "members": launch.to_device(idx.group_members), "cat_m": launch.to_device(idx.cat_m),
+                          "counts": launch.to_device(np.ascontiguousarray(idx.row_count, np.int64)),
+                          "host": cuda.pinned_array(idx.n_rows, np.int64), "event": None}
+        f = self._flip
+        n = int(slots.size)
+        (buf,) = self._stager.upload([np.concatenate([slots, live.astype(np.int64), ptr, codes])], owned=False)
+        block = launch.default_block()
+        per = self.FLIP_SLOTS_PER_THREAD
+        flip_kernel()[(-(-idx.n_rows // block), -(-n // per)), block](
+            self.rows, f["counts"], f["meaning"], f["group_ptr"], f["members"], f["cat_m"], idx.layout.carrier,
+            buf, n, per)
+        if f["event"] is not None:
+            f["event"].synchronize()  # the pinned counts are rewritten only once the last copy landed
+        f["counts"].copy_to_host(f["host"], stream=self._stager.stream)
+        f["event"] = cuda.event() if launch.backend.is_simulator() else cuda.event(timing=False)
+        f["event"].record(self._stager.stream)
+        idx._counts_from = self._fetch_counts
+
+    def _fetch_counts(self, out: np.ndarray, wait: bool) -> bool:
+        """Copy the device's row popcounts of the last batch into ``out``; without ``wait``, only
+        when their copy back has landed (returns whether it did)."""
+        ev = self._flip["event"]
+        if not (wait or launch.backend.is_simulator() or ev.query()):  # (the simulator runs in order, no query)
+            return False
+        ev.synchronize()
+        out[:] = self._flip["host"]
+        return True
 
     # ------------------------------------------------------------------ requests
 
@@ -355,7 +417,7 @@ class DeviceTargetingIndex:
                      if excl_ptr[-1] else np.zeros(0, np.int64))
         status, bad, flat, sizes, stats = plan_batch_kernel(
             keys, vals, B, len(idx.schema), idx.cat_m, multi, idx.n_ads, idx.n_rows, idx.layout.carrier, idx.group_ptr,
-            idx.group_members, idx.group_base, idx.constrained, idx.cat_group, idx.row_count, idx._vrow,
+            idx.group_members, idx.group_base, idx.constrained, idx.cat_group, idx.planning_counts(), idx._vrow,
             idx._vrow_ptr, idx._list_ptr, idx.l_live, idx.l_start, idx.l_len, idx.unc_row, excl_ptr, excl_vals,
             grouped, OP_FIRST, OP_CLOSE, OP_EXC, OP_ZERO)
         if status != OK:

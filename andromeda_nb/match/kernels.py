@@ -529,6 +529,107 @@ def apply_kernel():
     return kernel
 
 
+#: what a bitset row holds, as :meth:`~andromeda_nb.targeting.TargetingIndex.row_meanings` names
+#: it: ``(kind, arg, val)`` a row; a slot's bit in it, from the slot's rule (:func:`flip_kernel`)
+ROW_LIVE, ROW_UNC, ROW_INC, ROW_EXC, ROW_GROUP = 0, 1, 2, 3, 4
+
+
+@cuda.jit(device=True, inline=True)
+def lower_bound(codes, lo, hi, key):
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if codes[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@cuda.jit(device=True, inline=True)
+def has_code(codes, lo, hi, key):
+    p = lower_bound(codes, lo, hi, key)
+    return p < hi and codes[p] == key
+
+
+@cuda.jit(device=True, inline=True)
+def unconstrained(codes, lo, hi, c):
+    """No include code of category ``c`` in the rule ``codes[lo:hi]`` (sorted)."""
+    key = int64(c) << 33
+    p = lower_bound(codes, lo, hi, key)
+    return not (p < hi and codes[p] < key + (int64(1) << 32))
+
+
+@cuda.jit(device=True, inline=True)
+def allows(codes, lo, hi, c, v, m):
+    """Whether the rule admits value ``v`` of folded category ``c`` (``v == m``: the user has none)."""
+    unc = unconstrained(codes, lo, hi, c)
+    if v == m:
+        return unc
+    key = int64(c) << 33
+    return (unc or has_code(codes, lo, hi, key | v)) and not has_code(codes, lo, hi, key | (int64(1) << 32) | v)
+
+
+@functools.lru_cache(maxsize=None)
+def flip_kernel():
+    """Bring the touched slots' bits in every row to what their rules say: the device half of an
+    update batch where the host keeps no bitset rows (it sends each touched slot's final rule,
+    a few codes an op, instead of its ~400 bit flips an op).
+
+    ``buf int64 = [slots (n)] [live (n)] [ptr (n + 1)] [codes]``: slot ``slots[i]``'s rule is
+    ``codes[ptr[i]:ptr[i + 1]]`` (``(cat << 33) | (kind << 32) | value``, sorted), ``live[i]``
+    its live flag (a freed slot: not live, no codes). ``meaning int64 [3, n_rows]``: each row's
+    ``(kind, arg, val)`` (:data:`ROW_LIVE` ...). A thread owns one row and ``per`` consecutive
+    slots (grid ``(rows / block, slots / per)``): it evaluates the row's predicate on each rule,
+    reads the slot's bit and flips it (``atomic xor``, as :func:`apply_kernel`) where it
+    differs; the slots are distinct, so no two threads own a bit. The row's popcount changes go
+    into ``row_count`` with one ``atomic add`` a thread.
+    """
+
+    @cuda.jit
+    def kernel(rows, row_count, meaning, group_ptr, group_members, cat_m, carrier, buf, n, per):
+        r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if r >= rows.shape[0]:
+            return
+        kind = meaning[0, r]
+        arg = meaning[1, r]
+        val = meaning[2, r]
+        codes = buf[3 * n + 1:]
+        i0 = int64(cuda.blockIdx.y) * per
+        i1 = min(i0 + per, n)
+        change = int64(0)
+        for i in range(i0, i1):
+            s = buf[i]
+            lo = buf[2 * n + i]
+            hi = buf[2 * n + i + 1]
+            live = buf[n + i] != 0
+            if kind == ROW_LIVE:
+                bit = live
+            elif kind == ROW_UNC:
+                bit = unconstrained(codes, lo, hi, arg)
+            elif kind == ROW_INC:
+                bit = unconstrained(codes, lo, hi, arg) or has_code(codes, lo, hi, (arg << 33) | val)
+            elif kind == ROW_EXC:
+                bit = has_code(codes, lo, hi, (arg << 33) | (int64(1) << 32) | val)
+            else:  # a folded group's value combination: mixed radix over its members, first fastest
+                bit = live or arg != carrier
+                combo = val
+                for t in range(group_ptr[arg], group_ptr[arg + 1]):
+                    c = group_members[t]
+                    m = cat_m[c]
+                    if bit:
+                        bit = allows(codes, lo, hi, c, combo % (m + 1), m)
+                    combo //= m + 1
+            word = s >> 6
+            mask = uint64(1) << uint64(s & 63)
+            if ((rows[r, word] & mask) != 0) != bit:
+                cuda.atomic.xor(rows, (r, word), mask)
+                change += 1 if bit else -1
+        if change != 0:
+            cuda.atomic.add(row_count, r, change)
+
+    return kernel
+
+
 @functools.lru_cache(maxsize=None)
 def fill_kernel():
     """``rows[:, :] = value`` (uint64). Launch ``[grid, block]``, grid-stride over the words."""

@@ -73,7 +73,10 @@ class Pool:
             free table slots), a device table must already hold the index's ad id in every slot.
         index: a :class:`~andromeda_nb.targeting.TargetingIndex`, a
             :class:`~andromeda_nb.match.DeviceTargetingIndex`, or None (every request scores the
-            whole pool).
+            whole pool). A host index gets a device copy with ``host_bits="auto"``
+            (:class:`~andromeda_nb.match.DeviceTargetingIndex`): the first :meth:`apply` drops the
+            host's bitset rows and the device works out every update's bits; the host index
+            keeps its rules, lists and popcounts (its CPU match then needs ``index.rebuild()``).
         max_batch: requests per call the buffers hold (a larger batch is served in chunks).
         max_k: the largest k a call may ask for (1..4096).
         layout: the device table's layout for a host table: ``"auto"`` takes ``rows`` with an index
@@ -291,7 +294,7 @@ class Pool:
         list_dtype = old_index.list_dtype if old_index.list_dtype == np.int64 else "auto"
         index = DeviceTargetingIndex(TargetingIndex(old_index.current_rules(), n_slots, layout=old_index.layout,
                                                     list_dtype=list_dtype),
-                                     staging_regions=len(old_dev._stager.regions), host_bits=old_index.host_bits)
+                                     staging_regions=len(old_dev._stager.regions), host_bits=old_dev.host_bits)
         self.index, self.table, self._index_version = index, table, index.version
         self._size()
 

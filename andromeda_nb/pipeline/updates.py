@@ -224,6 +224,7 @@ def apply_update(pool, update) -> "UpdateDelta":
         pool.index.index.check(update.targeting)  # a batch the index refuses never grows the pool
         pool._grow(max(2 * pool.n_ads, pool.n_ads - pool.n_free + need, 64))
     pool.index.check_fresh()
+    pool.index.before_update()  # (host_bits="auto": the device works out the bits from the first update)
     delta = pool.index.index.apply(update.targeting)  # the host index; its device copy below
     slots, last, row_op = final_rows(delta.slots, ops, sets)
     t = pool.table

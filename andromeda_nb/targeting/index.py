@@ -95,6 +95,7 @@ class TargetingIndex:
         self.live = np.zeros(cap, bool)
         self.live[:n_base] = rules.live & (rules.ad_ids >= 0)
         self._overlay: dict[int, tuple[bool, np.ndarray]] = {}
+        self._counts_from = None  # the device's row popcounts, where it flips the bits (row_count)
         # which slots the overlay holds: _rule_codes finds a batch's overlaid slots in O(batch),
         # not by a set test against every slot rewritten since the build (it grows with the updates)
         self._overlaid = np.zeros(cap, bool)
@@ -273,6 +274,50 @@ class TargetingIndex:
         return self.n_rows * self.n_words * 8 + int(self._pool_used[0]) * self.pool.itemsize
 
     @property
+    def row_count(self) -> np.ndarray:
+        """Each row's popcount (int64 ``[n_rows]``). Where the device flips the bits (the host
+        keeps none: :meth:`drop_host_bits`), the device's counts after the last batch it was given,
+        waiting for their copy back; :meth:`planning_counts` does not wait."""
+        if self._counts_from is not None:
+            fetch, self._counts_from = self._counts_from, None
+            fetch(self._row_count, True)
+        return self._row_count
+
+    @row_count.setter
+    def row_count(self, counts: np.ndarray) -> None:
+        self._row_count, self._counts_from = counts, None
+
+    def planning_counts(self) -> np.ndarray:
+        """:attr:`row_count` without waiting for the device: until the last batch's counts are
+        back, those of an earlier batch (a plan uses them to order its categories, never to
+        decide what matches)."""
+        if self._counts_from is not None and self._counts_from(self._row_count, False):
+            self._counts_from = None
+        return self._row_count
+
+    def row_meanings(self) -> np.ndarray:
+        """What each bitset row holds, int64 ``[3, n_rows]`` of ``(kind, arg, val)``: ``ROW_LIVE``
+        (the live flag), ``ROW_UNC`` (category ``arg`` has no include value), ``ROW_INC`` (category
+        ``arg`` unconstrained or including ``val``), ``ROW_EXC`` (excluding ``val``), ``ROW_GROUP``
+        (folded group ``arg``'s value combination ``val``, mixed radix over its members, the first
+        fastest; ANDed with the live flag in the carrier group); kinds in
+        :mod:`andromeda_nb.match.kernels`, which evaluates them on the device."""
+        live, unc, inc, exc, group = range(5)  # = match.kernels.ROW_* (that module imports numba.cuda)
+        out = np.zeros((3, self.n_rows), np.int64)
+        out[0, 0] = live
+        for g in range(self.group_size.size):
+            b, n = int(self.group_base[g]), int(self.group_size[g])
+            out[0, b:b + n], out[1, b:b + n], out[2, b:b + n] = group, g, np.arange(n)
+        for c in range(len(self.schema)):
+            if self.cat_group[c] >= 0:
+                continue
+            out[0, self.unc_row[c]], out[1, self.unc_row[c]] = unc, c
+            for kind, row_of in ((inc, self._inc_row_of[c]), (exc, self._exc_row_of[c])):
+                vals = np.flatnonzero(row_of >= 0)
+                out[0, row_of[vals]], out[1, row_of[vals]], out[2, row_of[vals]] = kind, c, vals
+        return out
+
+    @property
     def host_bits(self) -> bool:
         """Whether this index still keeps its bitset rows on the host (see :meth:`drop_host_bits`)."""
         return self.bitsets is not None
@@ -281,11 +326,12 @@ class TargetingIndex:
         """Stop keeping the bitset rows on the host (for an index whose rows live on the device).
 
         Frees ``n_rows * n_words * 8`` bytes of host memory (most of the index: see
-        data/results/targeting_memory.csv) and the host half of every update's bit flips:
-        :meth:`apply` then still validates, allocates slots, diffs rules into bit flips (returned
-        in the delta for the device), updates the row popcounts, rules and lists, but flips no
-        host bits. Afterwards the host-bit methods
-        (:meth:`match_cpu`, :meth:`assert_same`, a new device copy) raise RuntimeError.
+        data/results/targeting_memory.csv) and every update's bit flips: :meth:`apply` then
+        still validates, allocates slots, updates rules and lists, and returns each touched
+        slot's final rule for the device, which works out the bits and the row popcounts
+        (:attr:`row_count` follows the device). Afterwards the host-bit methods
+        (:meth:`match_cpu`, :meth:`assert_same` without the device's rows, a new device copy)
+        raise RuntimeError.
         """
         self.bitsets = None
 
@@ -624,7 +670,7 @@ class TargetingIndex:
         ops, ids = batch.ops.tolist(), batch.ad_ids.tolist()
         # ---- net change per touched slot
         from .numba_common import threads
-        from .update_kernels import apply_bits, count_bits, diff, diff_par, list_ops, partition_codes
+        from .update_kernels import apply_bits, diff, diff_par, list_ops, partition_codes
 
         slots = np.fromiter(final.keys(), np.int64, len(final))
         order = np.argsort(slots)
@@ -649,16 +695,18 @@ class TargetingIndex:
         tables = (self.cat_m, self.cat_group, self.unc_row, self._dinc_ptr, self._dinc_vals, self._dinc_rows,
                   self._vrow_ptr, self._vrow, self._list_ptr, self.group_ptr, self.group_members, self.group_base,
                   self.group_size, self.layout.carrier, self._voff)
+        # with host rows, the bits too; without, the device works them out from the final rules
+        with_bits = self.bitsets is not None
         n_chunks = min(4 * threads(), slots.size // int(diff_chunk_slots))
         if n_chunks >= 2:  # chunks of slots in parallel, outputs in the same order as one call
             n_set, n_clr, n_lo = diff_par(
                 n_chunks, slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, *tables, nv, max_m,
-                self.n_rows, out_set, out_clr, out_lists, cons_delta)
+                self.n_rows, out_set, out_clr, out_lists, cons_delta, with_bits)
         else:
             n_set, n_clr, n_lo = diff(
                 slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, *tables,
                 np.zeros(nv, np.bool_), np.zeros(nv, np.bool_), np.zeros(max_m + 1, np.int8), out_set, out_clr,
-                out_lists, cons_delta)
+                out_lists, cons_delta, with_bits)
         lops = out_lists[:n_lo]
         # ---- lists: make room (moves need up to twice a list's size), then apply on the host
         if n_lo:
@@ -687,14 +735,12 @@ class TargetingIndex:
         else:
             pos = np.zeros(0, np.int64)
         set_codes, clr_codes = out_set[:n_set], out_clr[:n_clr]
-        n_parts = 4 * threads()
-        order = np.empty(set_codes.size + clr_codes.size, np.int64)
-        starts = np.empty(n_parts + 1, np.int64)
-        if self.bitsets is not None:
+        if with_bits:
+            n_parts = 4 * threads()
+            order = np.empty(set_codes.size + clr_codes.size, np.int64)
+            starts = np.empty(n_parts + 1, np.int64)
             partition_codes(set_codes, clr_codes, n_parts, order, starts)
             apply_bits(self.bitsets, set_codes, clr_codes, self.row_count, order, starts)
-        else:  # rows on the device only: keep the popcounts (the planner orders categories by them)
-            count_bits(set_codes, clr_codes, self.row_count)
         # ---- commit the id map, rules and free list
         self.constrained += cons_delta
         for i, (op, ad) in enumerate(zip(ops, ids)):
@@ -720,7 +766,8 @@ class TargetingIndex:
         self.version += 1
         return UpdateDelta(bit_codes=np.concatenate([set_codes, clr_codes]), n_set=int(n_set), list_pos=pos,
                            list_vals=self.pool[pos].astype(np.int64), pool_size=int(self.pool.size),
-                           slots=op_slots, version=self.version)
+                           slots=op_slots, version=self.version,
+                           rules=None if with_bits else (slots, new_ptr, new_codes, new_live))
 
     # ------------------------------------------------------------------ CPU baseline
 

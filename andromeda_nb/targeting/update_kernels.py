@@ -69,12 +69,13 @@ def allows_vec(codes, lo, mid, hi, m, live, out, off):
 @njit(cache=True)
 def diff(slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_m, cat_group, unc_row,
          dinc_ptr, dinc_vals, dinc_rows, vrow_ptr, vrow, list_ptr, group_ptr, group_members, group_base,
-         group_size, carrier, voff, va, vb, mark, out_set, out_clr, out_lists, cons_delta):
+         group_size, carrier, voff, va, vb, mark, out_set, out_clr, out_lists, cons_delta, with_bits=True):
     """Net bit flips and list operations of the touched slots (old state -> new state).
 
     Rule codes: ``(cat << 33) | (kind << 32) | value``, sorted per slot. Output codes:
     ``row << 40 | slot``. List ops: ``(list id, slot, +1 add / -1 remove)`` rows of out_lists.
-    Returns (n_set, n_clr, n_list_ops).
+    ``with_bits=False``: list ops and constrained counts only (the device evaluates the rows:
+    :func:`~andromeda_nb.match.kernels.flip_kernel`), no bit codes. Returns (n_set, n_clr, n_list_ops).
     """
     C = cat_m.size
     G = group_size.size
@@ -96,7 +97,7 @@ def diff(slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_
         s = slots[i]
         lo_o, hi_o = old_ptr[i], old_ptr[i + 1]
         lo_n, hi_n = new_ptr[i], new_ptr[i + 1]
-        lv_changed = old_live[i] != new_live[i]
+        lv_changed = old_live[i] != new_live[i] and with_bits
         if lv_changed:
             if new_live[i]:
                 out_set[n_set] = s
@@ -136,11 +137,11 @@ def diff(slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_
                 b0, b1, b2 = lo_n, lo_n, lo_n
             cons_delta[c] += (1 if b2 > b0 else 0) - (1 if a2 > a0 else 0)
             if cat_group[c] >= 0:
-                gmark[cat_group[c]] = True
+                gmark[cat_group[c]] = with_bits
                 continue
             unc_o = a1 == a0
             unc_n = b1 == b0
-            if unc_o != unc_n:
+            if unc_o != unc_n and with_bits:
                 code = (unc_row[c] << 40) | s
                 if unc_n:
                     out_set[n_set] = code
@@ -155,7 +156,7 @@ def diff(slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_
                     mark[old_codes[q] & 0xFFFFFFFF] |= 1
                 for q in range(lo2, hi2):
                     mark[new_codes[q] & 0xFFFFFFFF] |= 2
-                if kind == 0 and not (unc_o and unc_n):
+                if kind == 0 and not (unc_o and unc_n) and with_bits:
                     for d in range(dinc_ptr[c], dinc_ptr[c + 1]):
                         v = dinc_vals[d]
                         bo = unc_o or (mark[v] & 1) != 0
@@ -178,7 +179,7 @@ def diff(slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_
                             continue
                         r = vrow[vrow_ptr[2 * c + kind] + v]
                         if r >= 0:
-                            if kind == 1:  # a dense exclude row (include rows were handled above)
+                            if kind == 1 and with_bits:  # a dense exclude row (include rows were handled above)
                                 if side == 1:
                                     out_set[n_set] = (r << 40) | s
                                     n_set += 1
@@ -295,7 +296,8 @@ def diff(slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_
 @njit(parallel=True, cache=True)
 def diff_par(n_chunks, slots, old_ptr, old_codes, old_live, new_ptr, new_codes, new_live, cat_m, cat_group,
              unc_row, dinc_ptr, dinc_vals, dinc_rows, vrow_ptr, vrow, list_ptr, group_ptr, group_members,
-             group_base, group_size, carrier, voff, nv, max_m, n_rows, out_set, out_clr, out_lists, cons_delta):
+             group_base, group_size, carrier, voff, nv, max_m, n_rows, out_set, out_clr, out_lists, cons_delta,
+             with_bits=True):
     """:func:`diff` over chunks of the slots in parallel, each chunk with its own scratch and its
     own region of the outputs (``n_rows + 1`` codes per slot, one list op per rule code), then
     the regions packed in chunk order: the same outputs, in the same order, as one call."""
@@ -317,7 +319,8 @@ def diff_par(n_chunks, slots, old_ptr, old_codes, old_live, new_ptr, new_codes, 
                        new_codes, new_live[i0:i1], cat_m, cat_group, unc_row, dinc_ptr, dinc_vals, dinc_rows,
                        vrow_ptr, vrow, list_ptr, group_ptr, group_members, group_base, group_size, carrier, voff,
                        np.zeros(nv, np.bool_), np.zeros(nv, np.bool_), np.zeros(max_m + 1, np.int8),
-                       out_set[i0 * per:i1 * per], out_clr[i0 * per:i1 * per], out_lists[l0:l1 + 1], cons[c])
+                       out_set[i0 * per:i1 * per], out_clr[i0 * per:i1 * per], out_lists[l0:l1 + 1], cons[c],
+                       with_bits)
         counts[c, 0] = a
         counts[c, 1] = b
         counts[c, 2] = d
@@ -468,12 +471,3 @@ def apply_bits(rows, set_codes, clr_codes, row_count, order, starts):
             s = code & mask40
             rows[r, s >> 6] ^= ONE << uint64(s & 63)
             row_count[r] += delta
-
-
-@njit(cache=True)
-def count_bits(set_codes, clr_codes, row_count):
-    """Row popcount changes of a delta's bit flips (when the host keeps no bits)."""
-    for i in range(set_codes.size):
-        row_count[set_codes[i] >> 40] += 1
-    for i in range(clr_codes.size):
-        row_count[clr_codes[i] >> 40] -= 1

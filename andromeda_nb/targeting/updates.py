@@ -214,6 +214,9 @@ class UpdateDelta:
     ``bit_codes`` int64: ``row << 40 | slot``, the first ``n_set`` to set, the rest to clear;
     ``list_pos`` / ``list_vals`` int64: pool positions and their new entries; ``pool_size``: the
     host pool's length (the device grows its pool to it first); ``slots``: the slot of each op.
+    ``rules``: where the host keeps no bitset rows, no bit codes but each touched slot's final
+    rule, ``(slots, ptr, codes, live)`` (slots sorted, ``codes[ptr[i]:ptr[i + 1]]`` the rule codes
+    of ``slots[i]``): the device works out the bits (:func:`~andromeda_nb.match.kernels.flip_kernel`).
     """
 
     bit_codes: np.ndarray
@@ -223,9 +226,11 @@ class UpdateDelta:
     pool_size: int
     slots: np.ndarray
     version: int
+    rules: tuple | None = None
 
     @property
     def bits_changed(self) -> int:
+        """Bits the host found changed (0 where the device works them out: ``rules``)."""
         return int(self.bit_codes.size)
 
     @property

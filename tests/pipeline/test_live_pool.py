@@ -74,15 +74,20 @@ def same_answers(pool, fresh, reqs, profs, k=12):
         assert got.n_eligible == want.n_eligible
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "int8"])
-def test_updates_equal_a_rebuild(rng, dtype):
+@pytest.mark.parametrize("dtype,host_bits", [("fp16", "auto"), ("int8", True)])
+def test_updates_equal_a_rebuild(rng, dtype, host_bits):
     """Random batches on a pool with a little spare capacity (it fills and grows): after each, the
-    answers of a batch of requests equal a rebuilt pool's, and the live count matches."""
+    answers of a batch of requests equal a rebuilt pool's, and the live count matches. The bits
+    worked out on the device (the default) or on the host (``host_bits=True``)."""
+    from andromeda_nb.match import DeviceTargetingIndex
+
     n = 60
     rules = random_rules(rng, n, p_constrain=0.3, p_exclude=0.1)
     table = anb.AdTable.from_float(rng.standard_normal((n, D)) * 0.5, rng.standard_normal(n), dtype=dtype,
                                    ad_ids=rules.ad_ids)
-    pool = Pool(table, TargetingIndex(rules, capacity=n + 6), max_batch=4, max_k=12)
+    index = TargetingIndex(rules, capacity=n + 6)
+    pool = Pool(table, index if host_bits == "auto" else DeviceTargetingIndex(index, host_bits=host_bits),
+                max_batch=4, max_k=12)
     mirror = Mirror(rules, table)
     reqs = [anb.Request.random(D, 3, 2, rng) for _ in range(3)]
     slots0 = pool.n_ads
@@ -101,6 +106,7 @@ def test_updates_equal_a_rebuild(rng, dtype):
         live_ids = set(pool.table.host_ad_ids[pool.table.host_ad_ids >= 0].tolist())
         assert live_ids == set(ads)
     assert pool.n_ads > slots0  # the creates outran the spare slots: the pool grew
+    assert pool.index.index.host_bits == (host_bits is True)  # (kept through the growth's rebuild too)
 
 
 def test_retired_slot_is_reused_and_never_returns_the_old_ad(rng):

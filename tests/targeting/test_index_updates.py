@@ -74,7 +74,7 @@ def test_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed, w
     config = data.draw(st.sampled_from(ALGORITHMS), label="config")
     host = TargetingIndex(rules, capacity=n + spare, **kw)
     assert host.list_dtype == (np.int64 if wide_lists else np.int32)
-    dev = DeviceTargetingIndex(host)
+    dev = DeviceTargetingIndex(host, host_bits=True)
     dev_only = DeviceTargetingIndex(TargetingIndex(rules, capacity=n + spare, **kw), host_bits=False)
     alive = list(rules.ad_ids.tolist())
     next_id = 10**6
@@ -120,7 +120,7 @@ def test_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed, w
 def test_retire_then_recreate_reuses_the_slot_and_changes_a_live_ad(rng):
     rules = TargetingRules.from_records(SCHEMA, [{"ad_id": i, "include": {"age": [i % 7]}} for i in range(70)])
     host = TargetingIndex(rules, dense_min=1)
-    dev = DeviceTargetingIndex(host)
+    dev = DeviceTargetingIndex(host, host_bits=True)
     slot = host.slot_of(13)
     dev.apply(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": 13}]))
     assert host.slot_of(13) is None and host.ad_ids[slot] == -1
@@ -137,7 +137,7 @@ def test_retire_then_recreate_reuses_the_slot_and_changes_a_live_ad(rng):
 def test_errors_change_nothing(rng):
     rules = random_rules(rng, 40, schema=SCHEMA)
     host = TargetingIndex(rules, capacity=42, dense_min=1)
-    dev = DeviceTargetingIndex(host)
+    dev = DeviceTargetingIndex(host, host_bits=True)
     before_rows, before_pool = dev.snapshot()
     ref = host.rebuild()
     ad = int(rules.ad_ids[0])
@@ -180,7 +180,7 @@ def test_requests_see_updates_issued_before_them_and_none_after(rng, config):
     them in issue order. Each request's answer is the oracle's on the rules of its own moment."""
     rules = random_rules(rng, 80, schema=SCHEMA)
     host = TargetingIndex(rules, capacity=120, dense_min=2)
-    dev = DeviceTargetingIndex(host)
+    dev = DeviceTargetingIndex(host, host_bits=True)
     prof = random_profile(rng, SCHEMA)
     steps, next_id = [], 10**6
     alive = list(rules.ad_ids.tolist())
@@ -223,7 +223,7 @@ def test_lists_compact_and_move_under_churn(rng):
     larger region) and shrink below half live (compacted in place); they still equal a rebuild."""
     rules = TargetingRules.from_records(SCHEMA, [{"ad_id": i, "include": {"interest": [i % 3]}} for i in range(60)])
     host = TargetingIndex(rules, capacity=300, dense_min=10**9)
-    dev = DeviceTargetingIndex(host)
+    dev = DeviceTargetingIndex(host, host_bits=True)
     alive, next_id = list(range(60)), 1000
     for k in range(6):
         recs = [{"op": "create", "ad_id": next_id + j, "include": {"interest": [j % 2]}} for j in range(30)]
@@ -241,7 +241,29 @@ def test_dropped_host_bits_refuse_host_bit_methods(rng):
     host = TargetingIndex(rules)
     dev = DeviceTargetingIndex(host, host_bits=False)
     assert not host.host_bits and dev.rows.shape == (host.n_rows, host.n_words)
-    for call in (lambda: host.match_cpu({}), lambda: host.assert_same(host.rebuild()),
-                 lambda: DeviceTargetingIndex(host)):
+    for call in (lambda: host.match_cpu({}), lambda: host.assert_same(host.rebuild())):
         with pytest.raises(RuntimeError, match="drop_host_bits"):
             call()
+    # a second device copy takes its rows from a rebuild, after updates the device worked out
+    dev.apply(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": int(rules.ad_ids[3])},
+                                                {"op": "change", "ad_id": int(rules.ad_ids[5]), "include": {"age": [2]}}]))
+    again = DeviceTargetingIndex(host)
+    np.testing.assert_array_equal(again.rows.copy_to_host(), dev.rows.copy_to_host())
+
+
+def test_auto_host_bits_last_until_the_first_update(rng):
+    """``host_bits="auto"`` (the default): the host keeps its rows (CPU match works) until the first
+    update; from then the device works out the bits and the popcounts, equal to a rebuild's."""
+    rules = random_rules(rng, 70, schema=SCHEMA)
+    host = TargetingIndex(rules, capacity=80, dense_min=2, exclude_dense_min=3, group_max=16)
+    dev = DeviceTargetingIndex(host)
+    host.match_cpu({})
+    ids = rules.ad_ids.tolist()
+    dev.apply(UpdateBatch.from_records(SCHEMA, [
+        {"op": "retire", "ad_id": ids[0]}, {"op": "create", "ad_id": 10**6, "include": {"age": [1, 4]}},
+        {"op": "change", "ad_id": ids[1], "live": False}, {"op": "change", "ad_id": ids[2], "exclude": {"age": [0]}}]))
+    assert not host.host_bits
+    ref = host.rebuild()
+    rows, pool = dev.snapshot()
+    host.assert_same(ref, bitsets=rows, pool=pool)  # rows, device popcounts, lists, rules
+    check_match(dev, {}, match_eligible(dev, {}), rules=host.current_rules())
