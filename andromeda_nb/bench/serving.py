@@ -242,8 +242,11 @@ class Run(harness.Run):
         from ..pipeline import Pool
 
         if self.client is None:
+            # no memory limit: a worker's memory is its pool (10^8 ads: tens of GB of rules, index
+            # and staging on the host), not Dask data; the nanny's limit (half the host each) would
+            # only restart it mid-build
             self.cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True,
-                                        dashboard_address=":0")
+                                        dashboard_address=":0", memory_limit=0)
             self.client = Client(self.cluster)
             self.workers = list(self.client.scheduler_info()["workers"])
         if n != self.n:

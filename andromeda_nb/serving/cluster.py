@@ -224,9 +224,11 @@ def gpu_cluster(n_gpus: int):
     except ImportError:
         if n_gpus != 1:
             raise RuntimeError(f"{n_gpus} GPU workers need dask-cuda (pip install dask-cuda)") from None
-        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                               memory_limit=0)  # (a worker's memory is its pool, not Dask data)
     else:
-        cluster = LocalCUDACluster(n_workers=n_gpus, threads_per_worker=1, protocol="tcp", dashboard_address=":0")
+        cluster = LocalCUDACluster(n_workers=n_gpus, threads_per_worker=1, protocol="tcp", dashboard_address=":0",
+                                   memory_limit=0)
     return cluster, Client(cluster)
 
 

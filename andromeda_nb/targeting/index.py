@@ -753,16 +753,12 @@ class TargetingIndex:
             del free[-n_popped:]
         free.extend(pushed)
         self._overlaid[slots] = True
-        for j, s in enumerate(slots.tolist()):
-            w = int(which[j])
-            if w < 0:
-                self.ad_ids[s] = -1
-                self.live[s] = False
-                self._overlay[s] = (False, np.zeros(0, np.int64))
-            else:
-                self.ad_ids[s] = batch.ad_ids[w]
-                self.live[s] = bool(batch.live[w])
-                self._overlay[s] = (bool(batch.live[w]), new_codes[new_ptr[j]:new_ptr[j + 1]].copy())
+        self.ad_ids[slots] = np.where(which >= 0, batch.ad_ids[np.maximum(which, 0)], -1)
+        self.live[slots] = new_live  # (a freed slot: not live, no codes)
+        # each slot's codes: views of this batch's array, which nothing writes again
+        bounds = new_ptr.tolist()
+        self._overlay.update(zip(slots.tolist(), zip(new_live.tolist(), [new_codes[a:b] for a, b in
+                                                                         zip(bounds[:-1], bounds[1:])])))
         self.version += 1
         return UpdateDelta(bit_codes=np.concatenate([set_codes, clr_codes]), n_set=int(n_set), list_pos=pos,
                            list_vals=self.pool[pos].astype(np.int64), pool_size=int(self.pool.size),
