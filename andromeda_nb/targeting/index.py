@@ -17,6 +17,7 @@ indexes hold the same bits.
 
 from __future__ import annotations
 
+import itertools
 from typing import Mapping
 
 import numpy as np
@@ -641,6 +642,37 @@ class TargetingIndex:
             op_slots[i] = s
         return pending, final, op_slots, n_popped, pushed
 
+    def _slots_of_ops(self, batch: UpdateBatch, free) -> tuple:
+        """:meth:`_allocate` as :meth:`apply` needs it: ``(each op's slot, slots taken from free,
+        freed slots no create took, the touched slots sorted, the op that sets each one's final
+        state (-1: freed), {ad: slot, None when retired})``. A batch whose ad ids are distinct
+        (the usual one) is allocated by one compiled pass; any other, or one that fails, by
+        :meth:`_allocate` (which names the failing ad)."""
+        from .update_kernels import allocate_distinct
+
+        k = len(batch)
+        ids, ops = batch.ad_ids, batch.ops
+        if k and np.unique(ids).size == k:
+            mapped = np.fromiter(map(self._id_slot.get, ids.tolist(), itertools.repeat(-1, k)), np.int64, k)
+            cur = np.where(mapped >= 0, mapped, self._base_slots(ids))
+            n_creates = int((ops == CREATE).sum())
+            tail = np.array(free[len(free) - min(n_creates, len(free)):], np.int64)
+            op_slots, pushed = np.empty(k, np.int64), np.empty(k, np.int64)
+            bad, n_popped, n_pushed = allocate_distinct(ops, cur, tail, op_slots, pushed)
+            if bad < 0:
+                order = np.lexsort((np.arange(k), op_slots))  # by slot, then op order
+                s = op_slots[order]
+                last = np.append(s[1:] != s[:-1], True)
+                slots, final_op = s[last], order[last]
+                creates = ops == CREATE
+                pending = dict(zip(ids[creates].tolist(), op_slots[creates].tolist()))
+                return (op_slots, int(n_popped), pushed[:n_pushed].tolist(), slots,
+                        np.where(ops[final_op] == RETIRE, -1, final_op), pending)
+        pending, final, op_slots, n_popped, pushed = self._allocate(batch, free)
+        slots = np.fromiter(final.keys(), np.int64, len(final))
+        order = np.argsort(slots)
+        return op_slots, n_popped, pushed, slots[order], np.fromiter(final.values(), np.int64, len(final))[order], pending
+
     def apply(self, batch: UpdateBatch, diff_chunk_slots: int = DIFF_CHUNK_SLOTS) -> UpdateDelta:
         """Apply an update batch to the host index (:mod:`~andromeda_nb.targeting.updates`) and
         return the delta for the device. Validates the whole batch first: on any error nothing
@@ -666,16 +698,11 @@ class TargetingIndex:
         batch.check_columns()
         # ---- validate and allocate, on a scratch view of the id map
         free = self._free
-        pending, final, op_slots, n_popped, pushed = self._allocate(batch, free)
-        ops, ids = batch.ops.tolist(), batch.ad_ids.tolist()
+        op_slots, n_popped, pushed, slots, which, pending = self._slots_of_ops(batch, free)
         # ---- net change per touched slot
         from .numba_common import threads
         from .update_kernels import apply_bits, diff, diff_par, list_ops, partition_codes
 
-        slots = np.fromiter(final.keys(), np.int64, len(final))
-        order = np.argsort(slots)
-        slots = slots[order]
-        which = np.fromiter(final.values(), np.int64, len(final))[order]
         old_ptr, old_codes, old_live = self._rule_codes(slots)
         sizes = np.where(which >= 0, batch.codes_ptr[np.maximum(which, 0) + 1] - batch.codes_ptr[np.maximum(which, 0)], 0)
         new_ptr = np.zeros(slots.size + 1, np.int64)
@@ -743,9 +770,8 @@ class TargetingIndex:
             apply_bits(self.bitsets, set_codes, clr_codes, self.row_count, order, starts)
         # ---- commit the id map, rules and free list
         self.constrained += cons_delta
-        for i, (op, ad) in enumerate(zip(ops, ids)):
-            if op == RETIRE:
-                self._id_slot.pop(ad, None)
+        for ad in batch.ad_ids[batch.ops == RETIRE].tolist():
+            self._id_slot.pop(ad, None)
         for ad, s in pending.items():
             if s is not None:
                 self._id_slot[ad] = s

@@ -11,6 +11,8 @@ import numpy as np
 from .numba_common import ONE
 from numba import njit, prange, uint64
 
+from .updates import CHANGE, CREATE
+
 
 #: slots from which :meth:`~.index.TargetingIndex._rule_codes` runs :data:`gather_codes_parallel`
 #: (a thread pool's start costs more than an update batch's few thousand slots take on one core)
@@ -471,3 +473,37 @@ def apply_bits(rows, set_codes, clr_codes, row_count, order, starts):
             s = code & mask40
             rows[r, s >> 6] ^= ONE << uint64(s & 63)
             row_count[r] += delta
+
+
+@njit(cache=True)
+def allocate_distinct(ops, cur, free_tail, op_slots, pushed):
+    """Each op's slot for a batch whose ad ids are distinct (as
+    :meth:`~.index.TargetingIndex._allocate`, without its id map: ``cur[i]`` is op ``i``'s ad's
+    slot now, -1 none): a create takes the slot the batch's last retire freed, else the next of
+    ``free_tail`` from its end; a change keeps its slot; a retire frees it. Returns ``(bad,
+    n_popped, n_pushed)``: ``bad`` the first op that fails (a create of an existing ad, a change
+    or retire of an unknown one, no free slot), -1 when none; ``pushed[:n_pushed]`` the freed
+    slots no create took."""
+    n_popped = 0
+    n_pushed = 0
+    for i in range(ops.size):
+        if ops[i] == CREATE:
+            if cur[i] >= 0:
+                return i, 0, 0
+            if n_pushed > 0:
+                n_pushed -= 1
+                s = pushed[n_pushed]
+            else:
+                if n_popped >= free_tail.size:
+                    return i, 0, 0
+                n_popped += 1
+                s = free_tail[free_tail.size - n_popped]
+        elif cur[i] < 0:
+            return i, 0, 0
+        else:
+            s = cur[i]
+            if ops[i] != CHANGE:
+                pushed[n_pushed] = s
+                n_pushed += 1
+        op_slots[i] = s
+    return -1, n_popped, n_pushed

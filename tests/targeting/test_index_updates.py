@@ -267,3 +267,34 @@ def test_auto_host_bits_last_until_the_first_update(rng):
     rows, pool = dev.snapshot()
     host.assert_same(ref, bitsets=rows, pool=pool)  # rows, device popcounts, lists, rules
     check_match(dev, {}, match_eligible(dev, {}), rules=host.current_rules())
+
+
+def test_distinct_batches_take_the_slots_the_general_path_gives(rng):
+    """A batch of distinct ad ids is allocated by the compiled pass: each op's slot, the free list
+    and the id map come out as the general path's (a create reuses the slot the batch's last
+    retire freed before a free one), and its failures raise the general path's errors."""
+    rules = random_rules(rng, 50, schema=SCHEMA)
+    ids = rules.ad_ids.tolist()
+    a, b = TargetingIndex(rules, capacity=70), TargetingIndex(rules, capacity=70)
+    for step in range(3):
+        olds = rng.choice(ids, 8, replace=False).tolist()
+        recs = ([{"op": "retire", "ad_id": x} for x in olds[:3]] + [{"op": "change", "ad_id": x} for x in olds[3:]]
+                + [{"op": "create", "ad_id": 10**6 + 10 * step + j} for j in range(5)])
+        order = rng.permutation(len(recs))
+        batch = UpdateBatch.from_records(SCHEMA, [recs[i] for i in order])
+        got = a._slots_of_ops(batch, list(a._free))
+        pending, final, op_slots, n_popped, pushed = b._allocate(batch, list(b._free))
+        np.testing.assert_array_equal(got[0], op_slots)
+        assert (got[1], got[2], {k: v for k, v in pending.items() if v is not None}) == (n_popped, pushed, got[5])
+        assert dict(zip(got[3].tolist(), got[4].tolist())) == final
+        a.apply(batch), b.apply(batch)
+        ids = [x for x in ids if x not in olds[:3]] + [r["ad_id"] for r in recs if r["op"] == "create"]
+    a.assert_same(b)
+    for bad, msg in (({"op": "create", "ad_id": ids[0]}, "already exists"), ({"op": "retire", "ad_id": 42424242},
+                                                                              "unknown ad")):
+        with pytest.raises(RuleError, match=msg):
+            a.apply(UpdateBatch.from_records(SCHEMA, [{"op": "change", "ad_id": ids[1]}, bad]))
+    full = [{"op": "create", "ad_id": 2 * 10**6 + j} for j in range(len(a._free) + 1)]
+    with pytest.raises(RuleError, match="no free slot"):
+        a.apply(UpdateBatch.from_records(SCHEMA, full))
+    a.assert_same(b)  # the refused batches changed nothing
