@@ -17,7 +17,7 @@ import pandas as pd
 
 from .results import load
 
-SUITES = ("pipeline", "pool", "scoring", "topk", "targeting")
+SUITES = ("pipeline", "pool", "serving", "scoring", "topk", "targeting")
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 
 #: (label, suite, filters, how to show it): the README's headline rows, the newest verified row of each
@@ -110,7 +110,7 @@ def headline(results_dir: str | Path = "data/results") -> str:
 
 _COLUMNS = ("variant", "n_ads", "batch", "d", "dtype", "experts", "k_experts", "layout", "math", "path", "access",
             "eligible_fraction", "k", "seconds_median", "seconds_p99", "device_seconds", "items_per_s",
-            "requests_per_s", "fraction_of_read_ceiling", "verified")
+            "requests_per_s", "n_workers", "transport_bytes_per_request", "fraction_of_read_ceiling", "verified")
 
 
 def _fmt(v) -> str:

@@ -391,7 +391,9 @@ class TargetingIndex:
         ids = self._sorted_ids
         if ids.size == 0:
             return np.full(ad_ids.size, -1, np.int64)
-        i = np.minimum(np.searchsorted(ids, ad_ids), ids.size - 1)
+        order = np.argsort(ad_ids)  # sorted needles: the search walks the (large) id array once
+        i = np.empty(ad_ids.size, np.int64)
+        i[order] = np.minimum(np.searchsorted(ids, ad_ids[order]), ids.size - 1)
         s = i if self._sorted_slots is None else self._sorted_slots[i]
         ok = (ids[i] == ad_ids) & (self.ad_ids[s] == ad_ids)
         return np.where(ok, s, -1).astype(np.int64)
@@ -652,7 +654,8 @@ class TargetingIndex:
 
         k = len(batch)
         ids, ops = batch.ad_ids, batch.ops
-        if k and np.unique(ids).size == k:
+        srt = np.sort(ids)
+        if k and (srt[1:] != srt[:-1]).all():
             mapped = np.fromiter(map(self._id_slot.get, ids.tolist(), itertools.repeat(-1, k)), np.int64, k)
             cur = np.where(mapped >= 0, mapped, self._base_slots(ids))
             n_creates = int((ops == CREATE).sum())
