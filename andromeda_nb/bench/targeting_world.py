@@ -306,8 +306,9 @@ def byte_model(n_ads: int, n_profiles: int = 20, seed: int = 0, layouts=None, sc
 def check_small_world(n_ads: int, n_profiles: int = 4, n_batches: int = 3, batch_size: int = 50, seed: int = 0):
     """Correctness on whatever backend is active: a benchmark-schema world of ``n_ads`` ads; every
     profile through ``match_eligible`` and ``match_batch`` against the oracle; then update batches
-    (creates, changes, retires), after each: device copy = host copy = a rebuild from the rule map,
-    and a request against the oracle on the current rules. Returns a DataFrame, one row per check."""
+    (creates, changes, retires) through the default device copy (the device works out the bits),
+    after each: the device's rows and lists and the host's rules = a rebuild from the rule map, and
+    a request against the oracle on the current rules. Returns a DataFrame, one row per check."""
     import pandas as pd
 
     from ..match.api import DeviceTargetingIndex, match_batch, match_eligible
@@ -333,7 +334,8 @@ def check_small_world(n_ads: int, n_profiles: int = 4, n_batches: int = 3, batch
         delta = dev.apply(stream.batch(batch_size))
         try:
             ref = host.rebuild()
-            host.assert_same(ref)
+            if host.host_bits:  # (the default device copy drops them at the first update)
+                host.assert_same(ref)
             rows, pool = dev.snapshot()
             host.assert_same(ref, bitsets=rows, pool=pool)
             same = True
@@ -342,7 +344,8 @@ def check_small_world(n_ads: int, n_profiles: int = 4, n_batches: int = 3, batch
         p = profiles[k % len(profiles)]
         want = reference.match(host.current_rules(), make_profile(schema, p))
         ok = bool(np.array_equal(match_eligible(dev, p).to_mask(), want))
-        out.append({"check": f"update batch {k} ({batch_size} ops, {delta.bits_changed} bits flipped)",
+        flips = "bits worked out on the device" if delta.rules is not None else f"{delta.bits_changed} bits flipped"
+        out.append({"check": f"update batch {k} ({batch_size} ops, {flips})",
                     "eligible": int(want.sum()), "ok": same and ok})
     return pd.DataFrame(out)
 
