@@ -180,8 +180,9 @@ class Run(harness.Run):
         verified = (f"{'ok' if got.ok else 'FAILED'}: {got.checked - got.mismatches}/{got.checked} requests equal "
                     "the in-process Pool's (ids, scores, eligible count)")
         t = harness.Timing(got.p50_s, got.p50_s, got.p50_s, got.p50_s, self.calls)
+        # math: the Pools' default (math="auto") on the fp16 table: fp16 math on the tensor cores
         r = harness.row("serving", self.env, self.ceil, t, 1, 0, None, verified, **case.columns(), d=D,
-                        dtype="fp16", experts=E, k_experts=KE,
+                        dtype="fp16", experts=E, k_experts=KE, math="fp16",
                         eligible_fraction=f"{got.mean_eligible / case.n_ads:.4g}",
                         notes=(f"byte model {got.model_bytes_per_request:,.0f} bytes a request; "
                                if model else "")
@@ -224,7 +225,7 @@ class Run(harness.Run):
                                       (1, got.one_p50_s, got.one_p99_s, 1 / got.one_p50_s)):
             t = harness.Timing(wall, wall, wall, wall, self.calls)
             r = harness.row("serving", self.env, self.ceil, t, batch, 0, None, verified, **case.columns(), d=D,
-                            dtype="fp16", experts=E, k_experts=KE, batch=batch, n_workers=case.n_gpus,
+                            dtype="fp16", experts=E, k_experts=KE, batch=batch, n_workers=case.n_gpus, math="fp16",
                             notes=(f"{case.scaling} scaling, {case.n_ads // case.n_gpus:,} ads a GPU; pool ads "
                                    f"considered a second a GPU {rps * case.n_ads / case.n_gpus:.4g}"
                                    + (f"; the client's merge {got.merge_share:.1%} of a request's wall time"
