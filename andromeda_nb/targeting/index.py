@@ -33,6 +33,12 @@ from .updates import CHANGE, CREATE, MAX_ROWS, RETIRE, SLOT_BITS, UpdateBatch, U
 DIFF_CHUNK_SLOTS = 64
 
 
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The positions ``starts[i] .. starts[i] + lens[i] - 1`` of every range, in order."""
+    ends = np.cumsum(lens)
+    return np.repeat(starts - (ends - lens), lens) + np.arange(int(ends[-1]) if ends.size else 0)
+
+
 class TargetingIndex:
     """Host-side bitset index over a pool of ad slots, updatable in place (rows and lists as
     :mod:`~andromeda_nb.targeting.layout` describes; updates as :mod:`~andromeda_nb.targeting.updates`).
@@ -95,11 +101,14 @@ class TargetingIndex:
         self.ad_ids[:n_base] = rules.ad_ids
         self.live = np.zeros(cap, bool)
         self.live[:n_base] = rules.live & (rules.ad_ids >= 0)
-        self._overlay: dict[int, tuple[bool, np.ndarray]] = {}
         self._counts_from = None  # the device's row popcounts, where it flips the bits (row_count)
-        # which slots the overlay holds: _rule_codes finds a batch's overlaid slots in O(batch),
-        # not by a set test against every slot rewritten since the build (it grows with the updates)
+        # the overlay: the rules an update rewrote since the build. Slot s (where _overlaid[s])
+        # holds _ov_codes[_ov_start[s]:_ov_start[s] + _ov_len[s]], an append-only arena compacted
+        # when more than half of it is dead; start and length arrays come with the first update
         self._overlaid = np.zeros(cap, bool)
+        self._ov_start = self._ov_len = None
+        self._ov_codes = np.zeros(0, np.int64)
+        self._ov_used = self._ov_held = 0  # arena codes written, codes the overlaid slots hold
         self._id_slot: dict[int, int] = {}
         base_real = rules.ad_ids >= 0
         ids = rules.ad_ids
@@ -402,7 +411,7 @@ class TargetingIndex:
         """(ptr, codes, live) of the current rules of some slots: the build's columns, and for the
         slots an update rewrote since (the overlay) their new codes."""
         slots = np.asarray(slots, np.int64)
-        over = np.flatnonzero(self._overlaid[slots]) if self._overlay else np.zeros(0, np.int64)
+        over = np.flatnonzero(self._overlaid[slots]) if self._ov_start is not None else np.zeros(0, np.int64)
         base_slots = slots.copy()
         base_slots[over] = self.n_ads  # not a base slot: empty
         ptrs, vals, colhi = self._cols
@@ -415,16 +424,15 @@ class TargetingIndex:
             ptr, codes = np.zeros(slots.size + 1, np.int64), np.zeros(0, np.int64)
         live = self.live[slots].copy()
         if over.size:
-            mine = [self._overlay[s][1] for s in slots[over].tolist()]
+            lens = self._ov_len[slots[over]]
             sizes = np.diff(ptr)
-            sizes[over] = [c.size for c in mine]
+            sizes[over] = lens
             new_ptr = np.zeros(slots.size + 1, np.int64)
             np.cumsum(sizes, out=new_ptr[1:])
             out = np.empty(int(new_ptr[-1]), np.int64)
             of = np.repeat(np.arange(slots.size, dtype=np.int64), np.diff(ptr))  # each base code's slot
             out[new_ptr[of] + np.arange(codes.size) - ptr[of]] = codes
-            for i, c in zip(over.tolist(), mine):
-                out[new_ptr[i]:new_ptr[i + 1]] = c
+            out[_ranges(new_ptr[over], lens)] = self._ov_codes[_ranges(self._ov_start[slots[over]], lens)]
             ptr, codes = new_ptr, out
         return ptr, codes, live
 
@@ -644,6 +652,35 @@ class TargetingIndex:
             op_slots[i] = s
         return pending, final, op_slots, n_popped, pushed
 
+    def _overlay_write(self, slots: np.ndarray, ptr: np.ndarray, codes: np.ndarray) -> None:
+        """The overlay's rules of ``slots`` become ``codes[ptr[i]:ptr[i + 1]]``: appended to the
+        arena (compacted first when more than half of it would be dead, grown by doubling)."""
+        if self._ov_start is None:
+            self._ov_start = np.zeros(self.n_ads, np.int64)
+            self._ov_len = np.zeros(self.n_ads, np.int64)
+        n = int(codes.size)
+        self._ov_held += n - int(self._ov_len[slots][self._overlaid[slots]].sum())
+        if self._ov_used + n > self._ov_codes.size:
+            if 2 * (self._ov_held - n) < self._ov_used:  # more than half dead: keep the held codes only
+                held = np.flatnonzero(self._overlaid)
+                held = held[~np.isin(held, slots, assume_unique=True)]  # (slots get new codes below)
+                lens = self._ov_len[held]
+                starts = np.zeros(held.size, np.int64)
+                np.cumsum(lens[:-1], out=starts[1:])
+                kept = self._ov_codes[_ranges(self._ov_start[held], lens)]
+                self._ov_start[held] = starts
+                self._ov_used = kept.size
+            else:
+                kept = self._ov_codes[:self._ov_used]
+            arena = np.empty(max(2 * (self._ov_used + n), 1 << 16), np.int64)
+            arena[:self._ov_used] = kept
+            self._ov_codes = arena
+        self._ov_codes[self._ov_used:self._ov_used + n] = codes
+        self._ov_start[slots] = self._ov_used + ptr[:-1]
+        self._ov_len[slots] = np.diff(ptr)
+        self._overlaid[slots] = True
+        self._ov_used += n
+
     def _slots_of_ops(self, batch: UpdateBatch, free) -> tuple:
         """:meth:`_allocate` as :meth:`apply` needs it: ``(each op's slot, slots taken from free,
         freed slots no create took, the touched slots sorted, the op that sets each one's final
@@ -781,13 +818,9 @@ class TargetingIndex:
         if n_popped:
             del free[-n_popped:]
         free.extend(pushed)
-        self._overlaid[slots] = True
         self.ad_ids[slots] = np.where(which >= 0, batch.ad_ids[np.maximum(which, 0)], -1)
         self.live[slots] = new_live  # (a freed slot: not live, no codes)
-        # each slot's codes: views of this batch's array, which nothing writes again
-        bounds = new_ptr.tolist()
-        self._overlay.update(zip(slots.tolist(), zip(new_live.tolist(), [new_codes[a:b] for a, b in
-                                                                         zip(bounds[:-1], bounds[1:])])))
+        self._overlay_write(slots, new_ptr, new_codes)
         self.version += 1
         return UpdateDelta(bit_codes=np.concatenate([set_codes, clr_codes]), n_set=int(n_set), list_pos=pos,
                            list_vals=self.pool[pos].astype(np.int64), pool_size=int(self.pool.size),

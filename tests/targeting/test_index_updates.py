@@ -298,3 +298,26 @@ def test_distinct_batches_take_the_slots_the_general_path_gives(rng):
     with pytest.raises(RuleError, match="no free slot"):
         a.apply(UpdateBatch.from_records(SCHEMA, full))
     a.assert_same(b)  # the refused batches changed nothing
+
+
+def test_rules_rewritten_many_times_stay_exact_through_the_overlays_compaction(rng):
+    """The rules updates write live in an arena that is compacted once more than half of it is
+    dead: rewriting a few ads' wide rules many times (past its first 2^16 codes) keeps every rule
+    and the index equal to a rebuild."""
+    rules = random_rules(rng, 40, schema=SCHEMA)
+    host = TargetingIndex(rules, capacity=48)
+    ids = rules.ad_ids.tolist()
+    for step in range(60):  # 40 ads x 35 codes a batch: past 2^16 codes at the 47th
+        recs = [{"op": "change", "ad_id": ad, "include": {"interest": sorted(rng.choice(30, 25, replace=False).tolist()),
+                                                          "audience": sorted(rng.choice(12, 9, replace=False).tolist())},
+                 "exclude": {"age": [int(rng.integers(7))]}} for ad in ids]
+        host.apply(UpdateBatch.from_records(SCHEMA, recs))
+        if step in (0, 59):
+            host.assert_same(host.rebuild())  # bits flipped from the old rules the overlay returned
+    assert host._ov_held == 40 * 35 and host._ov_used < 60 * 40 * 35  # compacted: the dead codes went
+    got = host.rules_of_slots(np.array([host.slot_of(ad) for ad in ids]))
+    for i, r in enumerate(recs):
+        p, v = got.include["interest"]
+        assert v[p[i]:p[i + 1]].tolist() == r["include"]["interest"]
+        p, v = got.exclude["age"]
+        assert v[p[i]:p[i + 1]].tolist() == r["exclude"]["age"]
