@@ -72,6 +72,8 @@ class PoolServer:
         from ..targeting import mask_from_bits
 
         table, index = self.pool.table, self.pool.index.index
+        if not index.host_bits:  # updates moved the rows to the device: the CPU match runs on a rebuild
+            index = index.rebuild()
         outs = self.pool.retrieve(list(requests), list(profiles), k=k)
         bad = 0
         for req, prof, out in zip(requests, profiles, outs):
