@@ -36,7 +36,7 @@ def run_live(n_ads: int, k: int, calls: int, n_shards: int, seed: int = 0, worke
     pairs = [(Request.random(64, 6, 2, rng), p) for p in profiles]
     rows = []
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
-            Client(lc) as client:
+            Client(lc, direct_to_workers=True) as client:
         w = list(client.scheduler_info()["workers"])
         topologies = {
             "inprocess_retrieve": (reference, None, None),

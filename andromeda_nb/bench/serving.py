@@ -248,7 +248,7 @@ class Run(harness.Run):
             # only restart it mid-build
             self.cluster = LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True,
                                         dashboard_address=":0", memory_limit=0)
-            self.client = Client(self.cluster)
+            self.client = Client(self.cluster, direct_to_workers=True)  # (module docstring of serving.cluster)
             self.workers = list(self.client.scheduler_info()["workers"])
         if n != self.n:
             self.reference = None

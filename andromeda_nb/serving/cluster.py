@@ -17,6 +17,11 @@ straight to that worker):
 Servers are built on their worker by a ``build`` function (a module-level function and its
 arguments, shipped by pickle), so a large pool is made where it lives rather than sent.
 :mod:`.transport` counts the bytes every comm carries.
+
+Make the client with ``Client(cluster, direct_to_workers=True)``: an actor call then goes straight
+to its worker. A default client sends it through the scheduler (``proxy``): two hops, the
+request's bytes written twice (34 against 17 KB a call of a top-1000 answer, measured on a local
+cluster), and a longer wait.
 """
 
 from __future__ import annotations
@@ -231,7 +236,7 @@ def gpu_cluster(n_gpus: int):
     else:
         cluster = LocalCUDACluster(n_workers=n_gpus, threads_per_worker=1, protocol="tcp", dashboard_address=":0",
                                    memory_limit=0)
-    return cluster, Client(cluster)
+    return cluster, Client(cluster, direct_to_workers=True)
 
 
 def generated_shard(shard: int, n_shards: int, n_per_shard: int, seed: int = 0, d: int = 64, dtype: str = "fp16"):

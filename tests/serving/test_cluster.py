@@ -24,7 +24,7 @@ OPTS = dict(max_batch=2, max_k=K)
 @pytest.fixture(scope="module")
 def served():
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
-    client = distributed.Client(cluster)
+    client = distributed.Client(cluster, direct_to_workers=True)
     w = list(client.scheduler_info()["workers"])
     topologies = {"colocated": C.Colocated(client, C.demo_world, (N, SEED), worker=w[0], **OPTS),
                   "remote": C.RemoteScoring(client, C.demo_world, (N, SEED), cpu_worker=w[1], gpu_worker=w[0], **OPTS)}
