@@ -186,6 +186,14 @@ def _encode_one(prof: dict, pos: dict, base: int, keys: list, vals: list) -> boo
     return True
 
 
+def flip_grid(n_rows: int, n_slots: int, block: int, per: int = 16, max_y: int = 65535) -> tuple[tuple, int]:
+    """:func:`~.kernels.flip_kernel`'s launch: ``((row blocks, slot blocks), slots a thread)``, at
+    least ``per`` slots a thread and more where the slot blocks would pass ``max_y`` (CUDA's
+    limit on a grid's second dimension)."""
+    per = max(per, -(-n_slots // max_y))
+    return (-(-n_rows // block), -(-n_slots // per)), per
+
+
 class DeviceTargetingIndex:
     """A :class:`~andromeda_nb.targeting.TargetingIndex` with its rows and lists on the device.
 
@@ -193,7 +201,8 @@ class DeviceTargetingIndex:
     the host index directly afterwards makes this copy stale (it then raises).
 
     ``host_bits``: whether the host index keeps its bitset rows beside this copy. ``"auto"``
-    (default) keeps them until the first update (:meth:`before_update`), then drops them
+    (default) keeps them until the first update that applies (``TargetingIndex.apply(...,
+    keep_host_bits=False)``), then drops them
     (:meth:`~andromeda_nb.targeting.TargetingIndex.drop_host_bits`): from there the device works
     out every update's bits from the touched slots' rules (a few codes an ad sent instead of
     ~400 bit flips an ad worked out on the host and sent), and the host saves the rows' memory.
@@ -205,13 +214,18 @@ class DeviceTargetingIndex:
     def __init__(self, index: TargetingIndex, staging_regions: int = 4, host_bits="auto"):
         if not isinstance(index, TargetingIndex):
             raise TypeError(f"index must be a TargetingIndex, got {type(index).__name__}")
-        if not (host_bits in (True, False) or (isinstance(host_bits, str) and host_bits == "auto")):
+        if isinstance(host_bits, (bool, np.bool_)):
+            host_bits = bool(host_bits)
+        elif not (isinstance(host_bits, str) and host_bits == "auto"):
             raise ValueError(f"host_bits must be 'auto', True or False, got {host_bits!r}")
         self.index = index
         self.host_bits = host_bits
-        # an index whose rows live on another device copy only: the rows of a rebuild (the same
-        # layout, so the same rows; its lists are not used)
-        self.rows = launch.to_device(index.bitsets if index.host_bits else index.rebuild().bitsets)
+        if index.host_bits:
+            self.rows = launch.to_device(index.bitsets)
+        else:  # its rows live on another device copy only: a rebuild's (the same layout: the same rows)
+            rebuilt = index.rebuild()
+            self.rows = launch.to_device(rebuilt.bitsets)
+            index.adopt_counts(rebuilt)
         if host_bits is False:
             index.drop_host_bits()
         self.pool = launch.to_device(index.pool)
@@ -269,17 +283,9 @@ class DeviceTargetingIndex:
         Returns the :class:`~andromeda_nb.targeting.UpdateDelta` (bits changed, list writes).
         """
         self.check_fresh()
-        self.before_update()
-        delta = self.index.apply(batch)
+        delta = self.index.apply(batch, keep_host_bits=self.host_bits is True)
         self.apply_delta(delta)
         return delta
-
-    def before_update(self) -> None:
-        """Call before the host index applies a batch whose delta this copy takes (:meth:`apply`
-        and :meth:`~andromeda_nb.pipeline.Pool.apply` do): with ``host_bits="auto"`` the host
-        drops its bitset rows at the first update, and the device works out the bits from then on."""
-        if self.host_bits == "auto" and self.index.host_bits:
-            self.index.drop_host_bits()
 
     def apply_delta(self, delta: UpdateDelta) -> None:
         """Enqueue one delta returned by ``self.index.apply`` (deltas must come in order: a
@@ -302,49 +308,53 @@ class DeviceTargetingIndex:
             apply_kernel()[launch.grid_for(max(n_bits, n_pos), block), block](
                 self.rows, self.pool, buf, n_bits, n_pos, 0)
         if delta.rules is not None and delta.rules[0].size:
-            self._flip_rows(*delta.rules)
+            self._flip_rows(*delta.rules, delta.version)
         self._version = delta.version
 
-    #: touched slots a thread of :func:`~.kernels.flip_kernel` evaluates its row on
-    FLIP_SLOTS_PER_THREAD = 16
+    #: touched slots a thread of :func:`~.kernels.flip_kernel` evaluates its row on (more where the
+    #: grid's second dimension would pass CUDA's 65,535 blocks), and the pinned buffers the row
+    #: popcount changes come back through
+    FLIP_SLOTS_PER_THREAD, MAX_GRID_Y, COUNT_BUFFERS = 16, 65535, 4
 
-    def _flip_rows(self, slots, ptr, codes, live) -> None:
+    def _flip_rows(self, slots, ptr, codes, live, version) -> None:
         """The device half of a batch whose host keeps no bitset rows: the touched slots' bits
-        from their final rules (:func:`~.kernels.flip_kernel`), the row popcounts on the device,
-        and their asynchronous copy back for the host index's :attr:`row_count`."""
+        from their final rules (:func:`~.kernels.flip_kernel`), and each row's popcount change,
+        copied back asynchronously for the host index (:meth:`TargetingIndex.row_count`)."""
         from .kernels import flip_kernel
 
         cuda, idx = launch.cuda(), self.index
         if self._flip is None:
-            # the host's popcounts are exact up to here: it kept counting until the device took over
             self._flip = {"meaning": launch.to_device(idx.row_meanings()), "group_ptr": launch.to_device(idx.group_ptr),
                           "members": launch.to_device(idx.group_members), "cat_m": launch.to_device(idx.cat_m),
-                          "counts": launch.to_device(np.ascontiguousarray(idx.row_count, np.int64)),
-                          "host": cuda.pinned_array(idx.n_rows, np.int64), "event": None}
+                          "host": [cuda.pinned_array(idx.n_rows, np.int64) for _ in range(self.COUNT_BUFFERS)],
+                          "version": [0] * self.COUNT_BUFFERS, "next": 0}
         f = self._flip
-        n = int(slots.size)
-        (buf,) = self._stager.upload([np.concatenate([slots, live.astype(np.int64), ptr, codes])], owned=False)
+        n, R = int(slots.size), idx.n_rows
+        # the rules, then R zeros the kernel adds each row's popcount change to
+        (buf,) = self._stager.upload([np.concatenate([slots, live.astype(np.int64), ptr, codes, np.zeros(R, np.int64)])],
+                                     owned=False)
+        change = buf[3 * n + 1 + codes.size:3 * n + 1 + codes.size + R]
         block = launch.default_block()
-        per = self.FLIP_SLOTS_PER_THREAD
-        flip_kernel()[(-(-idx.n_rows // block), -(-n // per)), block](
-            self.rows, f["counts"], f["meaning"], f["group_ptr"], f["members"], f["cat_m"], idx.layout.carrier,
-            buf, n, per)
-        if f["event"] is not None:
-            f["event"].synchronize()  # the pinned counts are rewritten only once the last copy landed
-        f["counts"].copy_to_host(f["host"], stream=self._stager.stream)
-        f["event"] = cuda.event() if launch.backend.is_simulator() else cuda.event(timing=False)
-        f["event"].record(self._stager.stream)
-        idx._counts_from = self._fetch_counts
+        grid, per = flip_grid(R, n, block, self.FLIP_SLOTS_PER_THREAD, self.MAX_GRID_Y)
+        flip_kernel()[grid, block](
+            self.rows, change, f["meaning"], f["group_ptr"], f["members"], f["cat_m"], idx.layout.carrier, buf, n, per)
+        i = f["next"]
+        f["next"] = (i + 1) % self.COUNT_BUFFERS
+        idx._fold_counts(wait=True, through=f["version"][i])  # the buffer's last change is folded in first
+        host = f["host"][i]
+        change.copy_to_host(host, stream=self._stager.stream)
+        ev = cuda.event() if launch.backend.is_simulator() else cuda.event(timing=False)
+        ev.record(self._stager.stream)
+        f["version"][i] = version
 
-    def _fetch_counts(self, out: np.ndarray, wait: bool) -> bool:
-        """Copy the device's row popcounts of the last batch into ``out``; without ``wait``, only
-        when their copy back has landed (returns whether it did)."""
-        ev = self._flip["event"]
-        if not (wait or launch.backend.is_simulator() or ev.query()):  # (the simulator runs in order, no query)
-            return False
-        ev.synchronize()
-        out[:] = self._flip["host"]
-        return True
+        def landed(wait: bool):
+            """The batch's popcount changes once their copy landed (waiting with ``wait``), else None."""
+            if not (wait or launch.backend.is_simulator() or ev.query()):  # (the simulator runs in order)
+                return None
+            ev.synchronize()
+            return host.copy()
+
+        idx._count_changes.append((version, landed))
 
     # ------------------------------------------------------------------ requests
 

@@ -581,12 +581,12 @@ def flip_kernel():
     ``(kind, arg, val)`` (:data:`ROW_LIVE` ...). A thread owns one row and ``per`` consecutive
     slots (grid ``(rows / block, slots / per)``): it evaluates the row's predicate on each rule,
     reads the slot's bit and flips it (``atomic xor``, as :func:`apply_kernel`) where it
-    differs; the slots are distinct, so no two threads own a bit. The row's popcount changes go
-    into ``row_count`` with one ``atomic add`` a thread.
+    differs; the slots are distinct, so no two threads own a bit. The row's popcount change goes
+    into ``change[row]`` (zero before) with one ``atomic add`` a thread.
     """
 
     @cuda.jit
-    def kernel(rows, row_count, meaning, group_ptr, group_members, cat_m, carrier, buf, n, per):
+    def kernel(rows, change, meaning, group_ptr, group_members, cat_m, carrier, buf, n, per):
         r = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if r >= rows.shape[0]:
             return
@@ -596,7 +596,7 @@ def flip_kernel():
         codes = buf[3 * n + 1:]
         i0 = int64(cuda.blockIdx.y) * per
         i1 = min(i0 + per, n)
-        change = int64(0)
+        diff = int64(0)
         for i in range(i0, i1):
             s = buf[i]
             lo = buf[2 * n + i]
@@ -623,9 +623,9 @@ def flip_kernel():
             mask = uint64(1) << uint64(s & 63)
             if ((rows[r, word] & mask) != 0) != bit:
                 cuda.atomic.xor(rows, (r, word), mask)
-                change += 1 if bit else -1
-        if change != 0:
-            cuda.atomic.add(row_count, r, change)
+                diff += 1 if bit else -1
+        if diff != 0:
+            cuda.atomic.add(change, r, diff)
 
     return kernel
 

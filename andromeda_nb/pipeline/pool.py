@@ -125,6 +125,7 @@ class Pool:
         # the table and bound launches follow the index through apply(); an update applied to the
         # index directly (slots reused, lists moved) makes the pool stale (retrieve refuses)
         self._index_version = None if index is None else index.version
+        self._failed = ""  # why the pool cannot serve any more (an update's device part failed)
         if layout == "auto":
             layout = "rows" if index is not None else "tiles"
         self.table = _device_table(table, index, layout)
@@ -200,7 +201,9 @@ class Pool:
             dreqs = [self._device_request(r) for r in reqs]
             out = [self._whole_pool(dr, k, ex) for dr, ex in zip(dreqs, excl)]
             return out[0] if single else out
-        if self.index.version != self._index_version:
+        if self._failed:
+            raise RuntimeError(f"{self._failed}: build a new Pool")
+        if self.index.version != self._index_version or self.index.index.version != self._index_version:
             raise RuntimeError("the targeting index was updated after this pool was built (its table would not "
                                "follow the new slots): build a new Pool")
         if profiles is None:

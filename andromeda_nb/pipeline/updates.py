@@ -182,6 +182,8 @@ def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, AdTable]
         raise TypeError(f"update must be a PoolUpdate (PoolUpdate.from_columns), got {type(update).__name__}")
     if pool.index is None:
         raise ValueError("a pool without a targeting index takes no updates (the index allocates the slots)")
+    if pool._failed:
+        raise RuntimeError(f"{pool._failed}: build a new Pool")
     if pool.index.version != pool._index_version or pool.index.index.version != pool._index_version:
         raise RuntimeError("the targeting index was updated outside this pool: build a new Pool")
     if update.targeting.schema != pool.index.index.schema:
@@ -224,8 +226,9 @@ def apply_update(pool, update) -> "UpdateDelta":
         pool.index.index.check(update.targeting)  # a batch the index refuses never grows the pool
         pool._grow(max(2 * pool.n_ads, pool.n_ads - pool.n_free + need, 64))
     pool.index.check_fresh()
-    pool.index.before_update()  # (host_bits="auto": the device works out the bits from the first update)
-    delta = pool.index.index.apply(update.targeting)  # the host index; its device copy below
+    # the host index (host_bits="auto": its rows go at the first batch that applies; the device
+    # works out the bits from then on); its device copy below
+    delta = pool.index.index.apply(update.targeting, keep_host_bits=pool.index.host_bits is True)
     slots, last, row_op = final_rows(delta.slots, ops, sets)
     t = pool.table
     if t.table is not None and slots.size:  # the caller's host table no longer describes the slots
@@ -265,10 +268,14 @@ def apply_update(pool, update) -> "UpdateDelta":
             d_words.view(np.uint64).reshape(n_rows, W), d_bias.view(np.float32), d_scale.view(np.float32),
             has_scale)
 
-    if pool.trace is None:
-        device_part()
-    else:  # the device time of the batch's copies and kernels (bench: apply_device)
-        pool.trace.run([("apply", device_part)])
+    try:
+        if pool.trace is None:
+            device_part()
+        else:  # the device time of the batch's copies and kernels (bench: apply_device)
+            pool.trace.run([("apply", device_part)])
+    except Exception as e:  # the host index took the batch, the device did not: nothing can serve now
+        pool._failed = f"an update's device part failed after the host index took it ({type(e).__name__}: {e})"
+        raise
     pool._index_version = pool.index.version
     if not slots.size:  # an empty batch
         return delta

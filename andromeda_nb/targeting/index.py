@@ -101,7 +101,10 @@ class TargetingIndex:
         self.ad_ids[:n_base] = rules.ad_ids
         self.live = np.zeros(cap, bool)
         self.live[:n_base] = rules.live & (rules.ad_ids >= 0)
-        self._counts_from = None  # the device's row popcounts, where it flips the bits (row_count)
+        # where the device flips the bits: each batch's row popcount changes, (index version, a
+        # callable giving them once their copy back landed), folded into row_count in order
+        self._count_changes: list = []
+        self._counts_version = 0  # the index version row_count describes
         # the overlay: the rules an update rewrote since the build. Slot s (where _overlaid[s])
         # holds _ov_codes[_ov_start[s]:_ov_start[s] + _ov_len[s]], an append-only arena compacted
         # when more than half of it is dead; start and length arrays come with the first update
@@ -280,30 +283,47 @@ class TargetingIndex:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the bitset rows and the used part of the list pool."""
+        """Bytes of the index: its bitset rows (wherever they live: host, device or both) and the
+        used part of the list pool."""
         return self.n_rows * self.n_words * 8 + int(self._pool_used[0]) * self.pool.itemsize
 
     @property
     def row_count(self) -> np.ndarray:
         """Each row's popcount (int64 ``[n_rows]``). Where the device flips the bits (the host
-        keeps none: :meth:`drop_host_bits`), the device's counts after the last batch it was given,
-        waiting for their copy back; :meth:`planning_counts` does not wait."""
-        if self._counts_from is not None:
-            fetch, self._counts_from = self._counts_from, None
-            fetch(self._row_count, True)
+        keeps none: :meth:`drop_host_bits`), as of the last batch a device copy applied, waiting
+        for its copy back; :meth:`planning_counts` does not wait."""
+        self._fold_counts(wait=True)
         return self._row_count
 
     @row_count.setter
     def row_count(self, counts: np.ndarray) -> None:
-        self._row_count, self._counts_from = counts, None
+        self._row_count, self._counts_version = counts, self.version
 
     def planning_counts(self) -> np.ndarray:
-        """:attr:`row_count` without waiting for the device: until the last batch's counts are
-        back, those of an earlier batch (a plan uses them to order its categories, never to
-        decide what matches)."""
-        if self._counts_from is not None and self._counts_from(self._row_count, False):
-            self._counts_from = None
+        """:attr:`row_count` without waiting for the device: the changes whose copy back has
+        landed (a plan uses the counts to order its categories, never to decide what matches)."""
+        self._fold_counts(wait=False)
         return self._row_count
+
+    def _fold_counts(self, wait: bool, through: int | None = None) -> None:
+        """Add the device's popcount changes to :attr:`row_count`, oldest first: those landed, or
+        with ``wait`` all (``through``: those of versions up to it). A batch two device copies
+        applied counts once."""
+        while self._count_changes and (through is None or self._count_changes[0][0] <= through):
+            version, landed = self._count_changes[0]
+            change = landed(wait or through is not None)
+            if change is None:
+                return
+            self._count_changes.pop(0)
+            if version > self._counts_version:
+                self._row_count += change
+                self._counts_version = version
+
+    def adopt_counts(self, rebuilt: "TargetingIndex") -> None:
+        """Take a rebuild's row popcounts (a device copy made from an index without host rows: a
+        batch no device applied left the counts behind)."""
+        self._count_changes.clear()
+        self._row_count, self._counts_version = rebuilt.row_count.copy(), self.version
 
     def row_meanings(self) -> np.ndarray:
         """What each bitset row holds, int64 ``[3, n_rows]`` of ``(kind, arg, val)``: ``ROW_LIVE``
@@ -629,7 +649,7 @@ class TargetingIndex:
             if op == CREATE:
                 if cur is not None:  # (check()'s slots are virtual, negative: not named)
                     raise RuleError(f"ad {ad}: create of an ad that already exists"
-                                    + (f" (slot {cur})" if cur >= 0 else " (created earlier in this batch)"))
+                                    + (" (created earlier in this batch)" if ad in pending else f" (slot {cur})"))
                 if pushed:
                     s = pushed.pop()
                 else:
@@ -713,7 +733,8 @@ class TargetingIndex:
         order = np.argsort(slots)
         return op_slots, n_popped, pushed, slots[order], np.fromiter(final.values(), np.int64, len(final))[order], pending
 
-    def apply(self, batch: UpdateBatch, diff_chunk_slots: int = DIFF_CHUNK_SLOTS) -> UpdateDelta:
+    def apply(self, batch: UpdateBatch, diff_chunk_slots: int = DIFF_CHUNK_SLOTS,
+              keep_host_bits: bool = True) -> UpdateDelta:
         """Apply an update batch to the host index (:mod:`~andromeda_nb.targeting.updates`) and
         return the delta for the device. Validates the whole batch first: on any error nothing
         changes.
@@ -723,6 +744,9 @@ class TargetingIndex:
             diff_chunk_slots: touched slots per parallel chunk of the diff (old rules -> bit flips
                 and list operations); with fewer than two chunks the diff runs in one call. Both
                 paths give the same delta, in the same order.
+            keep_host_bits: False drops the host's bitset rows (:meth:`drop_host_bits`) once the
+                batch is validated: the device works out this batch's bits and every later one's
+                (a refused batch drops nothing).
 
         Raises:
             RuleError: a create of an existing ad id, a change or retire of an unknown one, a batch
@@ -739,6 +763,8 @@ class TargetingIndex:
         # ---- validate and allocate, on a scratch view of the id map
         free = self._free
         op_slots, n_popped, pushed, slots, which, pending = self._slots_of_ops(batch, free)
+        if not keep_host_bits:
+            self.drop_host_bits()
         # ---- net change per touched slot
         from .numba_common import threads
         from .update_kernels import apply_bits, diff, diff_par, list_ops, partition_codes
@@ -808,6 +834,7 @@ class TargetingIndex:
             starts = np.empty(n_parts + 1, np.int64)
             partition_codes(set_codes, clr_codes, n_parts, order, starts)
             apply_bits(self.bitsets, set_codes, clr_codes, self.row_count, order, starts)
+            self._counts_version = self.version + 1
         # ---- commit the id map, rules and free list
         self.constrained += cons_delta
         for ad in batch.ad_ids[batch.ops == RETIRE].tolist():

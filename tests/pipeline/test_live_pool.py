@@ -282,11 +282,36 @@ def test_updates_behind_the_pools_back_are_refused(rng):
     index = TargetingIndex(rules, capacity=7)
     pool = Pool(anb.AdTable.from_float(rng.standard_normal((6, D)), dtype="fp32", ad_ids=rules.ad_ids), index,
                 max_k=4)
+    other = Pool(anb.AdTable.from_float(rng.standard_normal((6, D)), dtype="fp32", ad_ids=rules.ad_ids), index,
+                 max_k=4)
     index.apply(UpdateBatch.from_records(rules.schema, [{"op": "create", "ad_id": 777}]))
     with pytest.raises(RuntimeError, match="outside"):
         pool.apply(PoolUpdate.from_columns(rules.schema, ["create"] * 2, [900, 901], np.ones((2, D))))
-    with pytest.raises(RuntimeError):
-        pool.retrieve(anb.Request.random(D, 2, 1, rng), {}, k=4)
+    for p in (pool, other):  # (a second pool of the same index too: its device copy never saw the batch)
+        with pytest.raises(RuntimeError, match="updated after this pool was built"):
+            p.retrieve(anb.Request.random(D, 2, 1, rng), {}, k=4)
+
+
+def test_a_failed_device_part_leaves_a_pool_that_says_so(rng, monkeypatch):
+    """The host index took a batch whose device part then failed: the pool refuses to serve or
+    apply, naming the failure, instead of answering from a device copy one batch behind."""
+    from andromeda_nb.match import DeviceTargetingIndex
+
+    rules = random_rules(rng, 10)
+    pool = Pool(anb.AdTable.from_float(rng.standard_normal((10, D)), dtype="fp32", ad_ids=rules.ad_ids),
+                TargetingIndex(rules, capacity=12), max_k=4)
+
+    def fails(self, *args):
+        raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+
+    monkeypatch.setattr(DeviceTargetingIndex, "_flip_rows", fails)
+    update = PoolUpdate.from_columns(rules.schema, ["change"] * 2, rules.ad_ids[:2], np.ones((2, D)))
+    with pytest.raises(RuntimeError, match="CUDA_ERROR_INVALID_VALUE"):
+        pool.apply(update)
+    monkeypatch.undo()
+    for call in (lambda: pool.retrieve(anb.Request.random(D, 2, 1, rng), {}, k=4), lambda: pool.apply(update)):
+        with pytest.raises(RuntimeError, match="device part failed .*CUDA_ERROR_INVALID_VALUE.*build a new Pool"):
+            call()
 
 
 def test_columns_build_the_same_batch_as_records(rng):

@@ -321,3 +321,55 @@ def test_rules_rewritten_many_times_stay_exact_through_the_overlays_compaction(r
         assert v[p[i]:p[i + 1]].tolist() == r["include"]["interest"]
         p, v = got.exclude["age"]
         assert v[p[i]:p[i + 1]].tolist() == r["exclude"]["age"]
+
+
+def test_flip_grid_stays_within_cudas_second_dimension():
+    from andromeda_nb.match.api import flip_grid
+
+    assert flip_grid(1473, 10_000, 128) == ((12, 625), 16)
+    for n in (65535 * 16, 65535 * 16 + 1, 3 * 10**6, 10**8):
+        (gx, gy), per = flip_grid(1473, n, 128)
+        assert gy <= 65535 and gy * per >= n and (gy - 1) * per < n
+
+
+def test_popcounts_follow_two_device_copies_and_a_device_less_batch(rng):
+    """Row popcounts count each batch once: two device copies of one index applying the same
+    delta, and a batch applied on a host without rows and without a device copy (a device copy
+    made later takes a rebuild's counts)."""
+    rules = random_rules(rng, 30, schema=SCHEMA)
+    ids = rules.ad_ids.tolist()
+    batch = UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": ids[0]},
+                                              {"op": "change", "ad_id": ids[1], "include": {"age": [2]}},
+                                              {"op": "create", "ad_id": 10**6, "exclude": {"age": [1]}}])
+    host = TargetingIndex(rules, capacity=40)
+    both, auto = DeviceTargetingIndex(host, host_bits=True), DeviceTargetingIndex(host)
+    delta = auto.apply(batch)  # the host drops its rows: the delta carries rules, both copies flip
+    both.apply_delta(delta)
+    ref = host.rebuild()
+    for dev in (auto, both):
+        host.assert_same(ref, *dev.snapshot())  # rows, lists, popcounts
+    alone = TargetingIndex(rules, capacity=40)
+    alone.drop_host_bits()
+    alone.apply(batch)
+    dev = DeviceTargetingIndex(alone)
+    dev.apply(UpdateBatch.from_records(SCHEMA, [{"op": "change", "ad_id": ids[2], "include": {"age": [3]}}]))
+    alone.assert_same(alone.rebuild(), *dev.snapshot())
+
+
+def test_host_bits_take_booleans_and_auto_only_and_a_refused_batch_keeps_the_rows(rng):
+    rules = random_rules(rng, 12, schema=SCHEMA)
+    for bad in (0, 1, 1.0, None, "yes", "AUTO"):
+        with pytest.raises(ValueError, match="host_bits"):
+            DeviceTargetingIndex(TargetingIndex(rules), host_bits=bad)
+    host = TargetingIndex(rules)
+    DeviceTargetingIndex(host, host_bits=np.False_)
+    assert not host.host_bits
+    host = TargetingIndex(rules, capacity=16)
+    dev = DeviceTargetingIndex(host)
+    with pytest.raises(RuleError, match="unknown ad"):
+        dev.apply(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": 10**7}]))
+    assert host.host_bits and host.version == 0  # refused: nothing changed, the rows stay
+    dup = UpdateBatch.from_records(SCHEMA, [{"op": "create", "ad_id": 10**7}, {"op": "create", "ad_id": 10**7}])
+    for call in (host.check, dev.apply):
+        with pytest.raises(RuleError, match="created earlier in this batch"):
+            call(dup)
