@@ -92,7 +92,7 @@ def during_table(rows: pd.DataFrame) -> pd.DataFrame:
                                                             u["seconds_median"], u["seconds_p99"]))
         out.append({"n_ads": int(n), "alone_p50_ms": p50a, "alone_p99_ms": p99a, "during_p50_ms": p50u,
                     "during_p99_ms": p99u, "p50_ratio": p50u / p50a, "p99_ratio": p99u / p99a,
-                    "updates": str(u["notes"]).split(";")[0], "commit": g["commit"].iloc[0]})
+                    "updates": str(u["notes"]).split("; latency")[0], "commit": g["commit"].iloc[0]})
     return pd.DataFrame(out)
 
 

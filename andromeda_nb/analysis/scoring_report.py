@@ -99,16 +99,20 @@ def _math_lines(rows, dtype) -> list[str]:
     if t.empty:
         return ["**fp16 math** (`KernelConfig(math=\"fp16\")`): no committed run measured it."]
     mem = t[t["output"] == "scores to memory"]
+    def ratio(x, digits):  # a ratio the run measured, or says it did not
+        return f"{x:.{digits}f}" if np.isfinite(x) else "not measured in that run"
+
     parts = [f"E = {r.experts}, K = {r.k_experts}, d = {r.d}: {r.fp16_G:.1f} G ads/s, gated / dot "
-             f"{r.fp16_over_dot:.3f} (fp32 math {r.fp32_over_dot:.2f}; target {r.target:.2f}, "
-             + ("met" if r.fp16_over_dot <= r.target else "missed") + ")" for r in mem.itertuples()]
+             f"{ratio(r.fp16_over_dot, 3)} (fp32 math {ratio(r.fp32_over_dot, 2)}; target {r.target:.2f}, "
+             + ("met" if r.fp16_over_dot <= r.target else "missed" if np.isfinite(r.fp16_over_dot) else "not measured")
+             + ")" for r in mem.itertuples()]
     top = t[t["output"] == "top-1000"]
     line = ("**fp16 math** (`KernelConfig(math=\"fp16\")`: h, G and V in fp16, the gate and value dots on the "
             "tensor cores, fp32 accumulation; run " + _short(t["commit"].iloc[0]) + "), scores to memory: "
             + "; ".join(parts) + ".")
     if len(top):
-        line += (" Fused top-1000: " + "; ".join(f"E{r.experts} K{r.k_experts} d{r.d} gated / dot {r.fp16_over_dot:.2f}"
-                                              for r in top.itertuples()) + ".")
+        line += (" Fused top-1000: " + "; ".join(f"E{r.experts} K{r.k_experts} d{r.d} gated / dot "
+                                              f"{ratio(r.fp16_over_dot, 2)}" for r in top.itertuples()) + ".")
     return [line + " It is the default wherever it applies (`math=\"auto\"`): the precision notebook measured "
                    "its quality loss within the rule of docs/design.md."]
 

@@ -109,11 +109,54 @@ def findings(live: pd.DataFrame, model: pd.DataFrame, gpu_rows: pd.DataFrame | N
              + ", ".join(f"{r.remote_over_colocated:,.0f}x co-location's bytes at {r.eligible_fraction:.1%} eligible"
                          for r in model.itertuples())
              + f" (the source reports about {TARGET_BYTES_RATIO}x)."]
-    if gpu_rows is None or gpu_rows.empty:
+    table = gpu_table(gpu_rows)
+    if table.empty:
         lines.append("- No GPU rows are committed yet (`python -m andromeda_nb.bench serving` on a GPU host writes "
                      "`data/results/serving.csv`): the targets (>= 100x fewer bytes co-located, co-located latency "
                      "within 2 ms of the in-process Pool's at 10^8 ads) are not measured.")
+        return "\n".join(lines)
+    for n_ads, part in table.groupby("n_ads", sort=True):
+        part = part.set_index("variant")
+        where = f"{part['device'].iloc[0]}, commit {part['commit'].iloc[0]}, {int(n_ads):,} ads"
+        if not {"inprocess_retrieve", "colocated"} <= set(part.index):
+            lines.append(f"- GPU rows ({where}): only " + ", ".join(part.index) + " measured; the targets at this "
+                         "size are not.")
+            continue
+        ip, co = part.loc["inprocess_retrieve"], part.loc["colocated"]
+        extra = co["p50_ms"] - ip["p50_ms"]
+        text = (f"- GPU rows ({where}): co-located through Dask {co['p50_ms']:.2f} ms p50 against the in-process "
+                f"Pool's {ip['p50_ms']:.2f} ms: {extra:+.2f} ms (target within {TARGET_COLOCATED_OVER_INPROCESS_S * 1e3:.0f} "
+                f"ms: {'met' if extra <= TARGET_COLOCATED_OVER_INPROCESS_S * 1e3 else 'missed'})")
+        if "remote_scoring" in part.index:
+            rs = part.loc["remote_scoring"]
+            ratio = rs["bytes_per_request"] / co["bytes_per_request"]
+            text += (f"; remote scoring {rs['p50_ms']:.1f} ms and {ratio:.1f}x co-location's bytes on the wire "
+                     f"(the byte model: {rs['model_bytes'] / co['model_bytes']:.1f}x; target >= {TARGET_BYTES_RATIO}x)")
+        lines.append(text + ".")
+    if table["n_ads"].max() < 1e8 or "colocated" not in set(table.loc[table["n_ads"] >= 1e8, "variant"]):
+        lines.append("- The targets are stated at 10^8 ads, where no co-located GPU row is committed: not measured.")
     return "\n".join(lines)
+
+
+def gpu_table(rows: pd.DataFrame | None) -> pd.DataFrame:
+    """The topologies' GPU rows, the newest verified of each (variant, pool size, workers): wall
+    p50 / p99 (ms), requests a second, bytes a request on the wire and the byte model's count."""
+    cols = ["variant", "n_ads", "n_workers", "p50_ms", "p99_ms", "requests_per_s", "bytes_per_request", "model_bytes",
+            "device", "commit"]
+    if rows is None or rows.empty:
+        return pd.DataFrame(columns=cols)
+    ok = rows[rows["ok"] & rows["variant"].isin(["inprocess_retrieve", "colocated", "remote_scoring", "sharded"])]
+    ok = ok.sort_values("timestamp").groupby(["variant", "n_ads", "n_workers"], as_index=False).last()
+    num = {c: pd.to_numeric(ok[c], errors="coerce") for c in ("seconds_median", "seconds_p99", "requests_per_s",
+                                                               "transport_bytes_per_request", "n_workers")}
+    model = ok["notes"].str.extract(r"byte model ([\d,]+) bytes")[0].str.replace(",", "").astype(float)
+    out = pd.DataFrame({"variant": ok["variant"], "n_ads": ok["n_ads"], "n_workers": num["n_workers"].astype(int),
+                        "p50_ms": num["seconds_median"] * 1e3, "p99_ms": num["seconds_p99"] * 1e3,
+                        "requests_per_s": num["requests_per_s"], "bytes_per_request": num["transport_bytes_per_request"],
+                        "model_bytes": model, "device": ok["device"], "commit": ok["commit"].astype(str).str[:7]})
+    order = {"inprocess_retrieve": 0, "colocated": 1, "remote_scoring": 2, "sharded": 3}
+    return out.sort_values(["n_ads", "variant", "n_workers"], key=lambda c: c.map(order) if c.name == "variant" else c
+                           ).reset_index(drop=True)
 
 
 def gpu_rows(results_dir="data/results") -> pd.DataFrame | None:

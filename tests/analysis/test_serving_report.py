@@ -34,3 +34,34 @@ def test_byte_model_table_grows_with_the_eligible_ads():
     m = serving_report.byte_model_table(fractions=(0.005, 0.01, 0.02))
     assert (np.diff(m["remote_over_colocated"]) > 0).all()
     assert (m["colocated_bytes"] == m["colocated_bytes"].iloc[0]).all()
+
+
+def topology_rows():
+    """Made-up GPU rows as the serving bench writes them (strings, as read from the CSV): two runs
+    at 10^7 ads (the newer wins), an unverified row, and the in-process row alone at 10^8."""
+    rows = []
+    for commit, stamp, co in (("old0000", "2026-12-01", 9e-3), ("new1111", "2026-12-02", 1.5e-3)):
+        for variant, n_workers, secs, nbytes, notes in (
+                ("inprocess_retrieve", 0, 4e-4, 0, ""), ("colocated", 1, co, 20_000, "byte model 15,584 bytes a request; x"),
+                ("remote_scoring", 2, 2e-2, 500_000, "byte model 455,674 bytes a request; x")):
+            rows.append(dict(variant=variant, ok=True, n_ads=1e7, n_workers=str(n_workers), seconds_median=str(secs),
+                             seconds_p99=str(2 * secs), requests_per_s=str(1 / secs), transport_bytes_per_request=str(nbytes),
+                             notes=notes, device="GPU", commit=commit, timestamp=stamp))
+    rows.append(dict(rows[-2], ok=False, seconds_median="1"))  # a failed row never counts
+    rows.append(dict(rows[0], n_ads=1e8, commit="new1111", timestamp="2026-12-02"))
+    return pd.DataFrame(rows)
+
+
+def test_gpu_table_and_findings_quote_the_newest_verified_rows():
+    t = serving_report.gpu_table(topology_rows())
+    assert list(t["variant"]) == ["inprocess_retrieve", "colocated", "remote_scoring", "inprocess_retrieve"]
+    co = t[(t["variant"] == "colocated")].iloc[0]
+    assert co["commit"] == "new1111" and co["p50_ms"] == pytest.approx(1.5) and co["model_bytes"] == 15_584
+    live = pd.DataFrame({"mean_eligible": [10, 10], "bytes_per_request": [100.0, 1000.0],
+                         "equal_to_in_process": [True, True]}, index=["colocated", "remote_scoring"])
+    text = serving_report.findings(live, serving_report.byte_model_table(), topology_rows())
+    assert "+1.10 ms (target within 2 ms: met)" in text and "25.0x co-location's bytes" in text
+    assert "100,000,000 ads): only inprocess_retrieve measured" in text
+    assert "no co-located GPU row is committed: not measured" in text
+    assert serving_report.gpu_table(None).empty and "No GPU rows" in serving_report.findings(
+        live, serving_report.byte_model_table(), None)
