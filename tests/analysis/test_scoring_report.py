@@ -115,7 +115,7 @@ def test_fp16_math_rows_are_their_own_mode():
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("overrides", [{"dtype": "int8"},
+@pytest.mark.parametrize("overrides", [pytest.param({"dtype": "int8"}, marks=pytest.mark.slow),
                                        pytest.param({"d": 128, "dtype": "bf16"}, marks=pytest.mark.slow),
                                        pytest.param({"experts": 8, "k_experts": 4}, marks=pytest.mark.slow)])
 def test_scoring_notebook_runs_for_other_parameters(tmp_path, overrides):
