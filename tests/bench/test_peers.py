@@ -28,6 +28,23 @@ def test_torch_peer_scores_the_fp16_model(rng, d, E, K, compiled):
     assert not np.array_equal(out.numpy(), anb.reference.score(req, table).astype(np.float32))
 
 
+def test_h_is_rounded_to_fp16_once(rng):
+    """Values a hair off fp16 rounding midpoints (where float64 -> fp32 -> fp16 rounds twice and
+    goes the wrong way), both signs, zeros, subnormals, NaN and inf: the peer's rounding equals
+    numpy's single float64 -> fp16 rounding."""
+    from andromeda_nb.bench.peers import _round_to_f16_once
+
+    lo = rng.standard_normal(4000).astype(np.float16)
+    lo[:100] = rng.integers(1, 100, 100).astype(np.float16) * np.float16(2.0 ** -24)  # subnormals
+    mid = (lo.astype(np.float64) + np.nextafter(lo, np.float16(np.inf)).astype(np.float64)) / 2
+    nudge = np.abs(mid) * 2.0 ** -30 * rng.choice([-1.0, 1.0, 0.0], mid.size)
+    x = np.concatenate([mid + nudge, rng.standard_normal(1000) * 100, [0.0, -0.0, np.nan, np.inf, -np.inf]])
+    want = x.astype(np.float16)
+    got = _round_to_f16_once(torch.as_tensor(x)).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
 def test_torch_peer_breaks_expert_ties_to_the_lower_expert(rng):
     """Equal gate keys tie every expert: the model (and the kernel) take the lower experts."""
     from andromeda_nb.bench.peers import peer_weights, torch_gated_scores
