@@ -60,12 +60,12 @@ class Stager:
             else:
                 host[off] = 0
             off += n
-        dev[:total].copy_to_device(host[:total], stream=self.stream)
+        launch.view1d(dev, 0, total).copy_to_device(host[:total], stream=self.stream)
         ev = self.cuda.event() if launch.backend.is_simulator() else self.cuda.event(timing=False)
         ev.record(self.stream)
         reg["event"] = ev
         views, off = [], 0
         for n in sizes:
-            views.append(dev[off:off + n])
+            views.append(launch.view1d(dev, off, n))
             off += n
         return views

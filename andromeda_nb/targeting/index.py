@@ -25,7 +25,7 @@ from .bits import WORD_BITS, bits_from_mask, table_slots
 from .layout import FOLD_MAX, GROUP_MAX, IndexLayout, MatchPlan, choose_layout, list_dtype_for
 from .rules import TargetingRules
 from .schema import make_profile
-from .index_updates import IndexUpdates, _ranges
+from .index_updates import IndexUpdates, _ranges, dense_id_table
 from .updates import MAX_ROWS, SLOT_BITS
 
 
@@ -102,6 +102,8 @@ class TargetingIndex(IndexUpdates):
         self._ov_start = self._ov_len = None
         self._ov_codes = np.zeros(0, np.int64)
         self._ov_used = self._ov_held = 0  # arena codes written, codes the overlaid slots hold
+        # ad id -> slot: a direct table while the ids are dense (:func:`dense_id_table`); else the
+        # build's ids sorted (searched) and a dict of the ids an update moved since
         self._id_slot: dict[int, int] = {}
         base_real = rules.ad_ids >= 0
         ids = rules.ad_ids
@@ -110,6 +112,7 @@ class TargetingIndex(IndexUpdates):
         else:
             order = np.argsort(ids, kind="stable")
             self._sorted_ids, self._sorted_slots = ids[order], order
+        self._slot_by_id = dense_id_table(ids, cap)
         free = np.concatenate([np.arange(cap - 1, n_base - 1, -1), np.flatnonzero(~base_real)[::-1]])
         self._free = free.astype(np.int64).tolist()  # a stack: pop() gives the lowest free slot first
 
@@ -394,16 +397,10 @@ class TargetingIndex(IndexUpdates):
     def slot_of(self, ad_id: int) -> int | None:
         """The slot holding ``ad_id`` now, or None."""
         ad_id = int(ad_id)
-        s = self._id_slot.get(ad_id)
-        if s is not None:
-            return s
-        ids = self._sorted_ids
-        i = int(np.searchsorted(ids, ad_id))
-        if i < ids.size and ids[i] == ad_id:
-            s = i if self._sorted_slots is None else int(self._sorted_slots[i])
-            if self.ad_ids[s] == ad_id:
-                return s
-        return None
+        if ad_id < 0:
+            return None
+        s = int(self._current_slots(np.array([ad_id], np.int64))[0])
+        return s if s >= 0 else None
 
     def _base_slots(self, ad_ids: np.ndarray) -> np.ndarray:
         """Slots of ad ids that still sit where the build put them (-1 otherwise)."""

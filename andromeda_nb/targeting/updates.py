@@ -212,7 +212,8 @@ class UpdateDelta:
     """What one :meth:`TargetingIndex.apply` changed, ready for the device.
 
     ``bit_codes`` int64: ``row << 40 | slot``, the first ``n_set`` to set, the rest to clear;
-    ``list_pos`` / ``list_vals`` int64: pool positions and their new entries; ``pool_size``: the
+    ``list_pos`` / ``list_vals`` int64: pool positions and their new entries (a position written
+    twice comes twice, with its final entry both times); ``pool_size``: the
     host pool's length (the device grows its pool to it first); ``slots``: the slot of each op.
     ``rules``: where the host keeps no bitset rows, no bit codes but each touched slot's final
     rule, ``(slots, ptr, codes, live)`` (slots sorted, ``codes[ptr[i]:ptr[i + 1]]`` the rule codes

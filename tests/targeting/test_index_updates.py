@@ -285,7 +285,8 @@ def test_distinct_batches_take_the_slots_the_general_path_gives(rng):
         got = a._slots_of_ops(batch, list(a._free))
         pending, final, op_slots, n_popped, pushed = b._allocate(batch, list(b._free))
         np.testing.assert_array_equal(got[0], op_slots)
-        assert (got[1], got[2], {k: v for k, v in pending.items() if v is not None}) == (n_popped, pushed, got[5])
+        assert (got[1], got[2]) == (n_popped, pushed)
+        assert dict(zip(*(x.tolist() for x in got[5]))) == {k: v for k, v in pending.items() if v is not None}
         assert dict(zip(got[3].tolist(), got[4].tolist())) == final
         a.apply(batch), b.apply(batch)
         ids = [x for x in ids if x not in olds[:3]] + [r["ad_id"] for r in recs if r["op"] == "create"]
@@ -373,3 +374,40 @@ def test_host_bits_take_booleans_and_auto_only_and_a_refused_batch_keeps_the_row
     for call in (host.check, dev.apply):
         with pytest.raises(RuleError, match="created earlier in this batch"):
             call(dup)
+
+
+@pytest.mark.parametrize("first_id", [0, 10 ** 12])
+def test_the_id_map_follows_ids_past_its_table_and_sparse_ids(rng, first_id):
+    """The ad id -> slot map (a direct table while the ids are dense, grown by doubling; once an id
+    lands far past it, or from the build on, the build's sorted ids and a dict of moved ids) gives
+    every held ad's slot and None for any other id, through creates past the table, far past it,
+    retires, slot reuse and changes; the index equals a rebuild throughout."""
+    from ..helpers import random_rule
+
+    recs = [{"ad_id": first_id + 3 * i, "live": True, **random_rule(rng, SCHEMA)} for i in range(40)]
+    index = TargetingIndex(TargetingRules.from_records(SCHEMA, recs), capacity=60)
+    held = {r["ad_id"] for r in recs}
+    gone = set()
+
+    def step(records):
+        index.apply(UpdateBatch.from_records(SCHEMA, records))
+        for r in records:
+            (held.discard if r["op"] == "retire" else held.add)(r["ad_id"])
+            (gone.add if r["op"] == "retire" else gone.discard)(r["ad_id"])
+        slot_ids = {int(a): s for s, a in enumerate(index.ad_ids) if a >= 0}
+        assert set(slot_ids) == held
+        assert all(index.slot_of(a) == s for a, s in slot_ids.items())
+        assert all(index.slot_of(a) is None for a in gone | {first_id + 1, first_id + 10 ** 6, 2 ** 62})
+        index.assert_same(index.rebuild())
+
+    near = first_id + 5000  # past the smallest table (1024 ids), within the dense span: the table grows
+    step([{"op": "create", "ad_id": near + j, **random_rule(rng, SCHEMA)} for j in range(3)]
+         + [{"op": "retire", "ad_id": first_id}])
+    assert (index._slot_by_id is None) == (first_id > 0)
+    step([{"op": "create", "ad_id": first_id + 10 ** 9, **random_rule(rng, SCHEMA)},  # far: the map turns sparse
+          {"op": "retire", "ad_id": near}, {"op": "create", "ad_id": first_id, **random_rule(rng, SCHEMA)}])
+    assert index._slot_by_id is None
+    olds = rng.choice(sorted(held), 6, replace=False).tolist()
+    step([{"op": "retire", "ad_id": a} for a in olds[:3]]
+         + [{"op": "change", "ad_id": a, **random_rule(rng, SCHEMA)} for a in olds[3:]]
+         + [{"op": "create", "ad_id": a, **random_rule(rng, SCHEMA)} for a in olds[:2]])  # back, in reused slots
