@@ -186,7 +186,10 @@ class Run(harness.Run):
                         eligible_fraction=f"{got.mean_eligible / case.n_ads:.4g}",
                         notes=(f"byte model {got.model_bytes_per_request:,.0f} bytes a request; "
                                if model else "")
-                              + f"mean eligible {got.mean_eligible:,.0f}; {self.calls} calls, one caller")
+                              + f"mean eligible {got.mean_eligible:,.0f}; {self.calls} calls, one caller"
+                              + (f"; on the worker the pool took p50 {got.server_p50_s * 1e3:.3f} ms, a call doing "
+                                 f"nothing p50 {got.null_call_p50_s * 1e3:.3f} ms" if got.server_p50_s is not None
+                                 else ""))
         r.update(seconds_p20="", seconds_p80="", seconds_p99=f"{got.p99_s:.6e}",
                  requests_per_s=f"{got.requests_per_s:.6e}",
                  transport_bytes_per_request=f"{got.bytes_per_request:.6e}", items_per_s="", achieved_TBps="",

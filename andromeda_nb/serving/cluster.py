@@ -41,9 +41,24 @@ class PoolServer:
 
         table, index = build(*args)
         self.pool = Pool(table, index, **(pool_options or {}))
+        self._served: list[float] = []
 
     def retrieve(self, request, profile, k: int) -> Retrieved:
-        return self.pool.retrieve(request, profile, k=k)
+        import time
+
+        t0 = time.perf_counter()
+        out = self.pool.retrieve(request, profile, k=k)
+        self._served.append(time.perf_counter() - t0)
+        return out
+
+    def served_seconds(self) -> list:
+        """The wall time of each :meth:`retrieve` on this worker since the last call (and forget
+        them): what the pool took, without the trip to and from the caller."""
+        out, self._served = self._served, []
+        return out
+
+    def ping(self) -> None:
+        """Nothing: a call's round trip through Dask alone."""
 
     def retrieve_batch(self, requests, profiles, k: int) -> list:
         return self.pool.retrieve(list(requests), list(profiles), k=k)

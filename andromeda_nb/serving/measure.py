@@ -36,6 +36,11 @@ class Served(Checked):
     bytes_per_request: float
     model_bytes_per_request: float
     mean_eligible: float
+    #: where the topology has a :class:`~.cluster.PoolServer` that serves the whole request
+    #: (co-located): the median of its own retrieve time on the worker, and of a call that does
+    #: nothing (the round trip through Dask alone); None elsewhere
+    server_p50_s: float | None = None
+    null_call_p50_s: float | None = None
 
 
 def measure(client, topology, pairs, k: int, calls: int, reference=None, model: str | None = None) -> Served:
@@ -69,12 +74,22 @@ def measure(client, topology, pairs, k: int, calls: int, reference=None, model: 
             want = reference.retrieve(req, prof, k=k)
             mismatches += not (np.array_equal(out.ids, want.ids) and np.array_equal(out.scores, want.scores)
                                and out.n_eligible == want.n_eligible)
+    server = null = None
+    if hasattr(topology, "server"):  # the calls' time on the worker, and a null call's round trip
+        server = float(np.median(topology.server.served_seconds().result()[-calls:]))
+        nulls = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            topology.server.ping().result()
+            nulls.append(time.perf_counter() - t0)
+        null = float(np.median(nulls))
     predicted = (np.mean([byte_model(model, pairs[c % len(pairs)][0], eligible[c], k) for c in range(calls)])
                  if model else 0.0)
     return Served(p50_s=float(np.median(walls)), p99_s=float(np.quantile(walls, 0.99)),
                   requests_per_s=calls / float(np.sum(walls)), bytes_per_request=traffic.total / calls,
                   model_bytes_per_request=float(predicted), mean_eligible=float(np.mean(eligible)),
-                  checked=len(answers) if reference is not None else 0, mismatches=mismatches)
+                  checked=len(answers) if reference is not None else 0, mismatches=mismatches,
+                  server_p50_s=server, null_call_p50_s=null)
 
 
 @dataclass

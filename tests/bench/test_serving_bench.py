@@ -2,6 +2,7 @@
 every topology's row verified against the in-process pool, the sharded rows exact, the scaling
 phase's rows from one worker and none where the host lacks the GPUs. Slow: worker processes."""
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -37,3 +38,9 @@ def test_every_serving_row_is_verified_on_simulator_workers():
     moved = {r["variant"]: float(r["transport_bytes_per_request"]) for r in rows[:3]}
     assert moved["inprocess_retrieve"] == 0 < moved["colocated"] < moved["remote_scoring"]
     assert "byte model" in rows[1]["notes"] and "strong scaling" in rows[-1]["notes"]
+    # the co-located call split: the pool's own time on the worker and a null call's round trip,
+    # each a part of the whole call
+    got = re.search(r"pool took p50 ([\d.]+) ms, a call doing nothing p50 ([\d.]+) ms", rows[1]["notes"])
+    assert got, rows[1]["notes"]
+    whole_ms = 1e3 * float(rows[1]["seconds_median"])
+    assert all(0 < float(x) < whole_ms for x in got.groups()), (got.groups(), whole_ms)
