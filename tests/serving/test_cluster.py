@@ -62,6 +62,14 @@ def test_topologies_and_shards_answer_as_the_in_process_pool(served):
         same(remote32.retrieve(req, prof, K), pool32.retrieve(req, prof, k=K))
 
 
+def test_a_server_goes_where_the_scheduler_puts_it_when_no_worker_is_named(served):
+    client, _, _, _ = served
+    table, index = C.demo_world(300, SEED)
+    req, prof = requests(index.schema, 1, 3)[0]
+    same(C.Colocated(client, C.demo_world, (300, SEED), **OPTS).retrieve(req, prof, K),
+         anb.Pool(table, index, **OPTS).retrieve(req, prof, k=K))
+
+
 def test_bytes_are_counted_on_every_comm_and_follow_the_byte_model(served):
     """Remote scoring moves the eligible slots on top of what co-location moves: counted on the
     wire, and at least the byte model's slot bytes apart."""

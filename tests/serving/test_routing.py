@@ -51,3 +51,25 @@ def test_byte_model():
     assert byte_model("remote", req, 10 ** 6, 1000) == 2 * req_bytes + 4 * 10 ** 6 + 2 * ans
     with pytest.raises(ValueError, match="topology"):
         byte_model("carrier pigeon", req, 1, 1)
+
+
+@pytest.mark.slow  # a simulator pool: seconds
+def test_a_packed_call_runs_a_request_method_and_nothing_else(rng):
+    """The servers' one-pickle calls (what the topologies send): a request method's answer comes
+    back packed and equal to the pool's own; any other method is refused."""
+    import pickle
+
+    from andromeda_nb.datasets import synthetic
+    from andromeda_nb.serving import cluster as C
+
+    server = C.PoolServer(C.demo_world, (300, 0), dict(max_batch=1, max_k=8))
+    req = anb.Request.random(64, 6, 2, rng)
+    prof = synthetic.generate_profiles(server.pool.index.index.schema, 1, seed=int(rng.integers(1 << 30)))[0]
+    got = C._answer(server.call(pickle.dumps(("retrieve", req, prof, 8))))
+    want = server.pool.retrieve(req, prof, k=8)
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores, want.scores)
+    assert got.n_eligible == want.n_eligible
+    for method in ("apply", "__init__", "call"):
+        with pytest.raises(ValueError, match="through call"):
+            server.call(pickle.dumps((method, None)))
