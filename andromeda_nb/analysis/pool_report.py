@@ -145,7 +145,8 @@ def findings(rows: pd.DataFrame) -> str:
                              + (met(big.loc[b, "updates_per_s"] >= v) if b in big.index else "not measured")
                              for b, v in TARGET_UPDATES_PER_S.items())
         lines.append(f"- `Pool.apply` end to end ({n:,}-slot pool, commit `{t['commit'].iloc[0]}`): {parts}. {verdicts}. "
-                     "The host side (validation, the index's bit flips and list entries) is most of it.")
+                     "The host side (validation, slot allocation, the rules' diff into list entries, the copies "
+                     "and launches) is most of it.")
     d = during_table(rows)
     if len(d):
         r = d.iloc[-1]
