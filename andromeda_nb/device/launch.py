@@ -87,12 +87,14 @@ def view1d(x, start: int, n: int):
     """``x[start:start + n]`` of a 1-D contiguous device array, built directly: numba's general
     slicing costs ~60 us of host time a slice, and every update batch's staging slices its buffer
     several times."""
+    if x.ndim != 1 or not 0 <= start <= start + n <= x.shape[0]:
+        raise ValueError(f"view [{start}, {start + n}) of a device array of shape {x.shape}")
     if backend.is_simulator() or n == 0:
         return x[start:start + n]
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-    if x.ndim != 1 or not 0 <= start <= start + n <= x.shape[0]:
-        raise ValueError(f"view [{start}, {start + n}) of a device array of shape {x.shape}")
+    if not x.is_c_contiguous():
+        raise ValueError("view1d takes a contiguous device array")
     item = x.dtype.itemsize
     return DeviceNDArray((n,), (item,), x.dtype, stream=x.stream,
                          gpu_data=x.gpu_data.view(start * item, (start + n) * item))

@@ -55,7 +55,12 @@ class _PackedCalls:
     PACKED: tuple = ()
 
     def call(self, payload: bytes) -> bytes:
-        method, *args = pickle.loads(payload)
+        if not isinstance(payload, bytes):
+            raise TypeError(f"a packed call is bytes (serving.cluster._request), got {type(payload).__name__}")
+        call = pickle.loads(payload)
+        if not isinstance(call, tuple) or not call or not isinstance(call[0], str):
+            raise ValueError("a packed call is the pickle of a tuple (method name, *arguments)")
+        method, *args = call
         if method not in self.PACKED:
             raise ValueError(f"{type(self).__name__} serves {self.PACKED} through call(), not {method!r}")
         return pickle.dumps(getattr(self, method)(*args), protocol=5)
@@ -92,13 +97,29 @@ class PoolServer(_PackedCalls):
         """Nothing: a call's round trip through Dask alone."""
 
     def retrieve_batch(self, requests, profiles, k: int) -> list:
-        return self.pool.retrieve(list(requests), list(profiles), k=k)
+        """A batch (lists, or tuples: a pickled call may carry either) through the pool, whose
+        own checks name what is wrong with anything else."""
+        requests = list(requests) if isinstance(requests, tuple) else requests
+        profiles = list(profiles) if isinstance(profiles, tuple) else profiles
+        return self.pool.retrieve(requests, profiles, k=k)
 
     def score_candidates(self, request, slots: np.ndarray, k: int) -> Retrieved:
-        """The top-k of ``slots`` (remote scoring: the targeting worker's eligible slots)."""
+        """The top-k of ``slots`` (remote scoring: the targeting worker's eligible slots), with the
+        pool's limit on k, as a co-located request has.
+
+        Raises:
+            TypeError / ValueError: ``slots`` not a 1-D integer array of the pool's slots (checked
+                before the int32 the kernel reads), ``k`` past the pool's ``max_k``."""
         from ..score import score_topk
 
-        top = score_topk(request, self.pool.table, k, candidates=np.asarray(slots, np.int32), config=self.pool.config)
+        slots = np.asarray(slots)
+        if slots.dtype.kind not in "iu" or slots.ndim != 1:
+            raise TypeError(f"slots must be a 1-D integer array, got {slots.dtype} of shape {slots.shape}")
+        if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= self.pool.n_ads):
+            raise ValueError(f"slots must lie in 0..{self.pool.n_ads - 1}")
+        if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k > self.pool.max_k:
+            raise ValueError(f"k={k} exceeds this pool's max_k={self.pool.max_k}")
+        top = score_topk(request, self.pool.table, k, candidates=slots.astype(np.int32), config=self.pool.config)
         return Retrieved(ids=top.ids, scores=top.scores, n_eligible=int(len(slots)), n_scored=int(top.count))
 
     def check(self, update) -> None:

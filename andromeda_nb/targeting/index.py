@@ -395,9 +395,14 @@ class TargetingIndex(IndexUpdates):
         return out
 
     def slot_of(self, ad_id: int) -> int | None:
-        """The slot holding ``ad_id`` now, or None."""
+        """The slot holding ``ad_id`` now, or None (an id outside int64's range included).
+
+        Raises:
+            TypeError: ``ad_id`` not an integer."""
+        if isinstance(ad_id, (bool, np.bool_)) or not isinstance(ad_id, (int, np.integer)):
+            raise TypeError(f"ad_id must be an integer, got {type(ad_id).__name__}")
         ad_id = int(ad_id)
-        if ad_id < 0:
+        if not 0 <= ad_id < 1 << 63:
             return None
         s = int(self._current_slots(np.array([ad_id], np.int64))[0])
         return s if s >= 0 else None

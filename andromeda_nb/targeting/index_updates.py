@@ -181,8 +181,9 @@ class IndexUpdates:
         ids, slots = placed
         t = self._slot_by_id
         if t is not None and ids.size and int(ids.max()) >= t.size:
-            size = max(2 * t.size, int(ids.max()) + 1)
-            if size > DENSE_ID_SPAN * self.n_ads + (1 << 16):  # sparse now: the dict of moved ids
+            top, span = int(ids.max()) + 1, DENSE_ID_SPAN * self.n_ads + (1 << 16)
+            size = min(max(2 * t.size, top), span)
+            if top > span:  # sparse now: the dict of moved ids
                 held = np.flatnonzero(self.ad_ids >= 0)
                 moved = held[self._base_slots(self.ad_ids[held]) != held]
                 self._id_slot = dict(zip(self.ad_ids[moved].tolist(), moved.tolist()))

@@ -19,8 +19,8 @@ def test_switching_after_import_is_refused():
 
 
 def test_view1d_is_the_slice(rng):
-    """launch.view1d: the same elements as the slice, writes land in the parent, bounds checked
-    (on a GPU: the directly built view; in the simulator: the slice itself)."""
+    """launch.view1d: the same elements as the slice, writes land in the parent, bounds and shape
+    checked (on a GPU: the directly built view; in the simulator: the slice itself)."""
     import numpy as np
 
     from andromeda_nb.device import launch
@@ -33,6 +33,8 @@ def test_view1d_is_the_slice(rng):
     want = host.copy()
     want[10:13] = [7, 8, 9]
     np.testing.assert_array_equal(dev.copy_to_host(), want)
-    if not backend.is_simulator():
+    for start, n in ((290, 11), (-3, 2), (2, -1), (301, 0)):
         with pytest.raises(ValueError, match="view"):
-            launch.view1d(dev, 290, 11)
+            launch.view1d(dev, start, n)
+    with pytest.raises(ValueError, match="view"):
+        launch.view1d(launch.to_device(host.reshape(3, 100)), 0, 1)

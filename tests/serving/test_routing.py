@@ -73,3 +73,20 @@ def test_a_packed_call_runs_a_request_method_and_nothing_else(rng):
     for method in ("apply", "__init__", "call"):
         with pytest.raises(ValueError, match="through call"):
             server.call(pickle.dumps((method, None)))
+    for payload in (pickle.dumps(()), pickle.dumps(5), pickle.dumps("retrieve"), pickle.dumps({"retrieve": 0})):
+        with pytest.raises(ValueError, match="packed call"):
+            server.call(payload)
+    with pytest.raises(TypeError, match="packed call"):
+        server.call("retrieve")
+    # remote scoring's slots: checked before the kernel's int32, and k within the pool's max_k
+    n = server.pool.n_ads
+    for slots, err in ((np.array([0, 2 ** 32 + 1]), ValueError), (np.array([0.9, 1.5]), TypeError),
+                       (np.array([False, True]), TypeError), (np.array([[0, 1]]), TypeError),
+                       (np.array([-1, 2]), ValueError), (np.array([0, n]), ValueError)):
+        with pytest.raises(err, match="slots"):
+            server.call(pickle.dumps(("score_candidates", req, slots, 4)))
+    with pytest.raises(ValueError, match="max_k"):
+        server.call(pickle.dumps(("score_candidates", req, np.arange(20), 9)))
+    # a batch's errors are the pool's own
+    with pytest.raises(Exception, match="one mapping"):
+        server.call(pickle.dumps(("retrieve_batch", [req], prof, 8)))

@@ -397,12 +397,20 @@ def test_the_id_map_follows_ids_past_its_table_and_sparse_ids(rng, first_id):
         slot_ids = {int(a): s for s, a in enumerate(index.ad_ids) if a >= 0}
         assert set(slot_ids) == held
         assert all(index.slot_of(a) == s for a, s in slot_ids.items())
-        assert all(index.slot_of(a) is None for a in gone | {first_id + 1, first_id + 10 ** 6, 2 ** 62})
+        assert all(index.slot_of(a) is None for a in gone | {first_id + 1, first_id + 10 ** 6, 2 ** 62, 2 ** 64, -1})
+        for bad in (3.0, "3", True, None):
+            with pytest.raises(TypeError, match="ad_id"):
+                index.slot_of(bad)
         index.assert_same(index.rebuild())
 
     near = first_id + 5000  # past the smallest table (1024 ids), within the dense span: the table grows
     step([{"op": "create", "ad_id": near + j, **random_rule(rng, SCHEMA)} for j in range(3)]
          + [{"op": "retire", "ad_id": first_id}])
+    assert (index._slot_by_id is None) == (first_id > 0)
+    # ids up to the span (4 x 60 slots + 2^16) stay in the table, however it doubles
+    span = 4 * 60 + (1 << 16)
+    step([{"op": "create", "ad_id": first_id + span // 2, **random_rule(rng, SCHEMA)}])
+    step([{"op": "create", "ad_id": first_id + span - 1, **random_rule(rng, SCHEMA)}])
     assert (index._slot_by_id is None) == (first_id > 0)
     step([{"op": "create", "ad_id": first_id + 10 ** 9, **random_rule(rng, SCHEMA)},  # far: the map turns sparse
           {"op": "retire", "ad_id": near}, {"op": "create", "ad_id": first_id, **random_rule(rng, SCHEMA)}])
