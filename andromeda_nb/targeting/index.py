@@ -265,6 +265,7 @@ class TargetingIndex(IndexUpdates):
                     valss.append(np.ascontiguousarray(csr[cat.name][1], np.int32))
                     colhi.append((ci << 33) | (kind << 32))
         self._cols = (tuple(ptrs), tuple(valss), np.array(colhi, np.int64))
+        self._base_by_slot = None  # the same rules slot by slot, from the first update on (_hold_base_by_slot)
 
     @staticmethod
     def _dense_index(dense: np.ndarray, m: int) -> np.ndarray:
@@ -427,7 +428,11 @@ class TargetingIndex(IndexUpdates):
         base_slots = slots.copy()
         base_slots[over] = self.n_ads  # not a base slot: empty
         ptrs, vals, colhi = self._cols
-        if ptrs:
+        if self._base_by_slot is not None:
+            from .update_kernels import gather_slot_codes
+
+            ptr, codes = gather_slot_codes(*self._base_by_slot, base_slots, self._n_base)
+        elif ptrs:
             from .update_kernels import GATHER_PARALLEL_MIN, gather_codes, gather_codes_parallel
 
             run = gather_codes_parallel if slots.size >= GATHER_PARALLEL_MIN else gather_codes

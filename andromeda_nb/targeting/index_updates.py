@@ -102,6 +102,17 @@ class IndexUpdates:
             op_slots[i] = s
         return pending, final, op_slots, n_popped, pushed
 
+    def _hold_base_by_slot(self) -> None:
+        """The build's rules slot by slot, ``(ptr, codes)``, made at the first update: every batch
+        reads its touched slots' old rules, a contiguous run a slot here against ~2 x 40 random
+        reads a slot in the per-category columns. Costs 8 bytes a rule code and a slot (~110
+        bytes an ad in the benchmark world, ~13 codes an ad); a read-only index never makes it."""
+        if self._base_by_slot is None and self._cols[0]:
+            from .update_kernels import GATHER_PARALLEL_MIN, gather_codes, gather_codes_parallel
+
+            run = gather_codes_parallel if self._n_base >= GATHER_PARALLEL_MIN else gather_codes
+            self._base_by_slot = run(*self._cols, np.arange(self._n_base, dtype=np.int64), self._n_base)
+
     def _current_slots(self, ad_ids: np.ndarray) -> np.ndarray:
         """The slot holding each (non-negative) ad id now, -1 for none (int64)."""
         t = self._slot_by_id
@@ -238,6 +249,7 @@ class IndexUpdates:
         from .numba_common import threads
         from .update_kernels import apply_bits, diff, diff_par, list_ops, partition_codes
 
+        self._hold_base_by_slot()
         old_ptr, old_codes, old_live = self._rule_codes(slots)
         sizes = np.where(which >= 0, batch.codes_ptr[np.maximum(which, 0) + 1] - batch.codes_ptr[np.maximum(which, 0)], 0)
         new_ptr = np.zeros(slots.size + 1, np.int64)
@@ -248,7 +260,10 @@ class IndexUpdates:
         new_live = np.where(which >= 0, batch.live[np.maximum(which, 0)], False)
         C = len(self.schema)
         max_m = int(self.cat_m.max()) if C else 0
-        bound = slots.size * (self.n_rows + 1) + 4
+        # with host rows, the bits too; without, the device works them out from the final rules
+        # (and the diff writes no bit codes: no room for them)
+        with_bits = self.bitsets is not None
+        bound = slots.size * (self.n_rows + 1) + 4 if with_bits else 4
         out_set = np.empty(bound, np.int64)
         out_clr = np.empty(bound, np.int64)
         out_lists = np.empty((old_codes.size + new_codes.size + 1, 3), np.int64)
@@ -257,8 +272,6 @@ class IndexUpdates:
         tables = (self.cat_m, self.cat_group, self.unc_row, self._dinc_ptr, self._dinc_vals, self._dinc_rows,
                   self._vrow_ptr, self._vrow, self._list_ptr, self.group_ptr, self.group_members, self.group_base,
                   self.group_size, self.layout.carrier, self._voff)
-        # with host rows, the bits too; without, the device works them out from the final rules
-        with_bits = self.bitsets is not None
         n_chunks = min(4 * threads(), slots.size // int(diff_chunk_slots))
         if n_chunks >= 2:  # chunks of slots in parallel, outputs in the same order as one call
             n_set, n_clr, n_lo = diff_par(

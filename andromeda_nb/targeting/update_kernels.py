@@ -58,6 +58,27 @@ gather_codes_parallel = njit(parallel=True)(_gather_codes)  # not cached: one ca
 
 
 @njit(cache=True)
+def gather_slot_codes(ptr, codes, slots, n_base):
+    """:func:`_gather_codes` from the build's rules held slot by slot (``codes[ptr[s]:ptr[s + 1]]``
+    the codes of slot ``s``): a slot's codes are one contiguous run, where the columns scatter
+    them over ~2 x 40 arrays. Slots at or past ``n_base`` have none."""
+    k = slots.size
+    out_ptr = np.zeros(k + 1, np.int64)
+    for i in range(k):
+        s = slots[i]
+        out_ptr[i + 1] = out_ptr[i] + (ptr[s + 1] - ptr[s] if s < n_base else 0)
+    out = np.empty(out_ptr[k], np.int64)
+    for i in range(k):
+        s = slots[i]
+        if s < n_base:
+            o = out_ptr[i]
+            for q in range(ptr[s], ptr[s + 1]):
+                out[o] = codes[q]
+                o += 1
+    return out_ptr, out
+
+
+@njit(cache=True)
 def allows_vec(codes, lo, mid, hi, m, live, out, off):
     """Allows vector of one single-valued category: ``out[off + v]`` for v in 0..m (m: no value)."""
     unc = mid == lo

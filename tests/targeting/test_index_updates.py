@@ -419,3 +419,18 @@ def test_the_id_map_follows_ids_past_its_table_and_sparse_ids(rng, first_id):
     step([{"op": "retire", "ad_id": a} for a in olds[:3]]
          + [{"op": "change", "ad_id": a, **random_rule(rng, SCHEMA)} for a in olds[3:]]
          + [{"op": "create", "ad_id": a, **random_rule(rng, SCHEMA)} for a in olds[:2]])  # back, in reused slots
+
+
+def test_the_rules_held_slot_by_slot_are_the_columns_rules(rng):
+    """An update reads old rules from the build's rules held slot by slot (made at the first
+    update): the same codes, slot for slot, as the per-category columns give (free slots past
+    the build and repeated slots included)."""
+    index = TargetingIndex(random_rules(rng, 70, schema=SCHEMA), capacity=90)
+    slots = rng.integers(0, 90, 200)
+    want = index._rule_codes(slots)
+    assert index._base_by_slot is None  # a read-only index never makes it
+    index._hold_base_by_slot()
+    got = index._rule_codes(slots)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+    assert np.diff(want[0]).sum() > 0
