@@ -35,10 +35,34 @@ SIZES = (10 ** 7, 10 ** 8)
 WORKERS = 2
 
 
+#: what this process built last, one of each: a worker builds a pool (or the rules) once for every
+#: topology that asks for the same one (10^8 ads: ~70 s to generate the rules, as long again to
+#: index them on the host), so the 10^8-ad phases fit one GPU-host call; the servers only read them
+_LAST: dict = {}
+
+
+def _last(kind: str, key: tuple, make):
+    """``make()``, or this process's last ``kind`` built with ``key``."""
+    if _LAST.get(kind, (None,))[0] != key:
+        _LAST.pop(kind, None)  # the last one goes first (its memory, before the new one's)
+        _LAST[kind] = (key, make())
+    return _LAST[kind][1]
+
+
+def _rules(n: int, seed: int):
+    from ..datasets import synthetic as syn
+
+    return _last("rules", (n, seed), lambda: syn.generate_rules(syn.benchmark_schema(), n, seed=seed))
+
+
 def gpu_world(n: int, seed: int = 0, shard: int = 0, n_shards: int = 1):
     """A worker's pool (the build function of its server): the benchmark world's rules of the ads
-    with ``ad_id % n_shards == shard`` and their fp16 rows generated on the GPU."""
-    from ..datasets import synthetic as syn
+    with ``ad_id % n_shards == shard`` and their fp16 rows generated on the GPU (this process's last
+    one again where it asks for the same)."""
+    return _last("world", (n, seed, shard, n_shards), lambda: _gpu_world(n, seed, shard, n_shards))
+
+
+def _gpu_world(n: int, seed: int, shard: int, n_shards: int):
     from ..device import launch
     from ..model import AdTable
     from ..serving.cluster import shard_of
@@ -46,7 +70,7 @@ def gpu_world(n: int, seed: int = 0, shard: int = 0, n_shards: int = 1):
 
     # the whole pool's rules and rows, then this shard's: a shard's rows are the whole pool's rows of
     # its ads (the in-process reference holds the same pool)
-    rules = syn.generate_rules(syn.benchmark_schema(), n, seed=seed)
+    rules = _rules(n, seed)
     mine = np.flatnonzero(shard_of(rules.ad_ids, n_shards) == shard)
     if n_shards > 1:
         rules = rules.subset(mine)
@@ -76,10 +100,9 @@ def gpu_shard(shard: int, n_shards: int, n: int, seed: int = 0):
 
 def host_index(n: int, seed: int = 0):
     """The targeting worker's side of remote scoring: the same rules' host index, no table."""
-    from ..datasets import synthetic as syn
     from ..targeting import TargetingIndex
 
-    return None, TargetingIndex(syn.generate_rules(syn.benchmark_schema(), n, seed=seed))
+    return _last("host_index", (n, seed), lambda: (None, TargetingIndex(_rules(n, seed))))
 
 
 @dataclass(frozen=True)

@@ -424,3 +424,22 @@ def test_gpu_session_calls_the_bench_module_with_out_and_phases():
     text = (ROOT / "data" / "gpu_session.sh").read_text()
     assert 'python3 -m andromeda_nb.bench "$suite" --out "$OUT" $extra' in text
     assert harness.main(["topk", "--out", "build/x", "--phases", "small,stages", "--reps", "12", "--list"]) == 0
+
+
+def test_a_serving_worker_builds_each_world_once_and_keeps_only_the_last():
+    from andromeda_nb.bench import serving as S
+
+    made = []
+
+    def make(tag):
+        made.append(tag)
+        return [tag]
+
+    S._LAST.clear()
+    a = S._last("world", (1, 0), lambda: make("a"))
+    assert S._last("world", (1, 0), lambda: make("again")) is a  # the same build, not a new one
+    b = S._last("rules", (1, 0), lambda: make("b"))  # another kind keeps its own
+    c = S._last("world", (2, 0), lambda: make("c"))  # a new key replaces the last world
+    assert made == ["a", "b", "c"] and b == ["b"] and c == ["c"]
+    assert S._LAST["world"] == ((2, 0), ["c"]) and S._LAST["rules"][1] is b
+    S._LAST.clear()
