@@ -287,9 +287,13 @@ class DeviceTargetingIndex:
         self.apply_delta(delta)
         return delta
 
-    def apply_delta(self, delta: UpdateDelta) -> None:
+    def apply_delta(self, delta: UpdateDelta, also=()) -> list:
         """Enqueue one delta returned by ``self.index.apply`` (deltas must come in order: a
-        pipeline may run the host side ahead and feed the device later)."""
+        pipeline may run the host side ahead and feed the device later).
+
+        ``also``: int64 arrays staged in the same asynchronous copy as the delta (a pool's table
+        rows and slots: one copy a batch, each copy's host overhead paid once); returns their
+        device views, valid until the staging ring comes round again (:meth:`stage`)."""
         from .kernels import apply_kernel
 
         if delta.version != self._version + 1:
@@ -301,25 +305,36 @@ class DeviceTargetingIndex:
             self._stager.retain(self.pool)
             self.pool = grown
         n_bits, n_pos = delta.bit_codes.size, delta.list_pos.size
+        flips = delta.rules is not None and delta.rules[0].size > 0
+        parts = ([np.concatenate([delta.bit_codes, delta.list_pos, delta.list_vals])] if n_bits + n_pos else [])
+        if flips:
+            parts.append(self._flip_payload(*delta.rules))
+        also = [np.asarray(a, np.int64) for a in also]
+        views = self._stager.upload(parts + also, owned=False) if parts or also else []
         if n_bits + n_pos:
-            (buf,) = self._stager.upload([np.concatenate([delta.bit_codes, delta.list_pos, delta.list_vals])],
-                                         owned=False)
             block = launch.default_block()
             apply_kernel()[launch.grid_for(max(n_bits, n_pos), block), block](
-                self.rows, self.pool, buf, n_bits, n_pos, 0)
-        if delta.rules is not None and delta.rules[0].size:
-            self._flip_rows(*delta.rules, delta.version)
+                self.rows, self.pool, views[0], n_bits, n_pos, 0)
+        if flips:
+            self._flip_rows(views[len(parts) - 1], *delta.rules, delta.version)
         self._version = delta.version
+        return views[len(parts):]
 
     #: touched slots a thread of :func:`~.kernels.flip_kernel` evaluates its row on (more where the
     #: grid's second dimension would pass CUDA's 65,535 blocks), and the pinned buffers the row
     #: popcount changes come back through
     FLIP_SLOTS_PER_THREAD, MAX_GRID_Y, COUNT_BUFFERS = 16, 65535, 4
 
-    def _flip_rows(self, slots, ptr, codes, live, version) -> None:
+    def _flip_payload(self, slots, ptr, codes, live) -> np.ndarray:
+        """What :meth:`_flip_rows` reads, as one int64 array: the rules, then a zero a row that
+        the kernel adds the row's popcount change to."""
+        return np.concatenate([slots, live.astype(np.int64), ptr, codes, np.zeros(self.index.n_rows, np.int64)])
+
+    def _flip_rows(self, buf, slots, ptr, codes, live, version) -> None:
         """The device half of a batch whose host keeps no bitset rows: the touched slots' bits
-        from their final rules (:func:`~.kernels.flip_kernel`), and each row's popcount change,
-        copied back asynchronously for the host index (:meth:`TargetingIndex.row_count`)."""
+        from their final rules (:func:`~.kernels.flip_kernel`, reading ``buf``, the device copy of
+        :meth:`_flip_payload`), and each row's popcount change, copied back asynchronously for the
+        host index (:meth:`TargetingIndex.row_count`)."""
         from .kernels import flip_kernel
 
         cuda, idx = launch.cuda(), self.index
@@ -330,10 +345,7 @@ class DeviceTargetingIndex:
                           "version": [0] * self.COUNT_BUFFERS, "next": 0}
         f = self._flip
         n, R = int(slots.size), idx.n_rows
-        # the rules, then R zeros the kernel adds each row's popcount change to
-        (buf,) = self._stager.upload([np.concatenate([slots, live.astype(np.int64), ptr, codes, np.zeros(R, np.int64)])],
-                                     owned=False)
-        change = buf[3 * n + 1 + codes.size:3 * n + 1 + codes.size + R]
+        change = launch.view1d(buf, 3 * n + 1 + codes.size, R)
         block = launch.default_block()
         grid, per = flip_grid(R, n, block, self.FLIP_SLOTS_PER_THREAD, self.MAX_GRID_Y)
         flip_kernel()[grid, block](

@@ -255,10 +255,10 @@ def apply_update(pool, update) -> "UpdateDelta":
             as_int64(rows.scale if has_scale and rows.n_ads else np.zeros(0, np.float32))]
 
     def device_part():
-        # the index's delta, then the table's slots: one pinned asynchronous copy each, then a
-        # kernel each, all on the stream requests use: a request queued after sees the whole batch
-        pool.index.apply_delta(delta)
-        d_slots, d_ids, d_row_of, d_words, d_bias, d_scale = pool.index.stage(host)
+        # the index's delta and the table's slots in one pinned asynchronous copy, then the
+        # index's kernels and the table's, all on the stream requests use: a request queued after
+        # sees the whole batch
+        d_slots, d_ids, d_row_of, d_words, d_bias, d_scale = pool.index.apply_delta(delta, also=host)
         if not slots.size:
             return
         block = launch.default_block()
