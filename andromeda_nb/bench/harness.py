@@ -428,6 +428,7 @@ class Options:
     reps: int = 15
     quick: bool = False
     out: str = "data/results"
+    min_n_ads: int = 0  # cases of smaller pools are left out (a run of the largest size alone)
 
 
 @dataclass(frozen=True)
@@ -447,7 +448,8 @@ def suite_module(name: str):
 def plan(suite: str, phases: str | None, options: Options) -> list[Planned]:
     """The cases a run measures, in order: the chosen phases (comma-separated, default the suite's
     ``DEFAULT_PHASES``) of the suite's ``cases(options)`` mapping, in declaration order (the run
-    order), without the cases the options leave out (``run_in``, ``skip_with``, :meth:`Case.fits`).
+    order), without the cases the options leave out (``run_in``, ``skip_with``, :meth:`Case.fits`,
+    a pool below ``min_n_ads``: a case without its own ``n_ads`` has the run's).
 
     Raises:
         ValueError: an unknown suite or phase.
@@ -459,8 +461,13 @@ def plan(suite: str, phases: str | None, options: Options) -> list[Planned]:
     if unknown:
         raise ValueError(f"unknown {suite} phases {unknown}; known: {', '.join(declared)}")
     mode = "quick" if options.quick else "full"
+    def size(case) -> int:
+        n = getattr(case, "n_ads", None)
+        return options.n_ads if n is None else n
+
     out = [Planned(phase, case) for phase, cases in declared.items() if phase in chosen for case in cases
-           if case.run_in in ("both", mode) and case.skip_with not in chosen and case.fits(options)]
+           if case.run_in in ("both", mode) and case.skip_with not in chosen and case.fits(options)
+           and size(case) >= options.min_n_ads]
     order = getattr(module, "order", None)
     return order(out) if order else out
 
@@ -517,6 +524,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="data/results", help="folder for <suite>.csv (default data/results)")
     ap.add_argument("--quick", action="store_true", help="a small subset of cases (targeting, pipeline)")
     ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting/pipeline")
+    ap.add_argument("--min-n-ads", type=int, default=0,
+                    help="leave out the cases of smaller pools (e.g. the serving suite at 10^8 alone)")
     ap.add_argument("--reps", type=int, default=15, help="timed runs a case, median reported (at least 10: docs/design.md)")
     ap.add_argument("--phases", default=None, help="comma-separated phases of the suite (default: its default set)")
     ap.add_argument("--name", default=None, help="output file stem (default: the suite name)")
@@ -524,7 +533,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < MIN_REPS:
         ap.error(f"--reps must be at least {MIN_REPS} (a median of >= {MIN_REPS} timings; docs/design.md), got {args.reps}")
-    options = Options(n_ads=args.n_ads, reps=args.reps, quick=args.quick, out=args.out)
+    options = Options(n_ads=args.n_ads, reps=args.reps, quick=args.quick, out=args.out, min_n_ads=args.min_n_ads)
     try:
         planned = plan(args.suite, args.phases, options)
     except ValueError as exc:

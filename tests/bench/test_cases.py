@@ -443,3 +443,14 @@ def test_a_serving_worker_builds_each_world_once_and_keeps_only_the_last():
     assert made == ["a", "b", "c"] and b == ["b"] and c == ["c"]
     assert S._LAST["world"] == ((2, 0), ["c"]) and S._LAST["rules"][1] is b
     S._LAST.clear()
+
+
+def test_min_n_ads_leaves_out_the_smaller_pools():
+    """``--min-n-ads``: a run of the largest pool alone (the serving suite at 10^8, which would
+    otherwise measure 10^7 first); a case without its own size has the run's."""
+    big = harness.Options(n_ads=10 ** 8, min_n_ads=10 ** 8)
+    assert [p.case.n_ads for p in planned("serving", "topologies", big)] == [10 ** 8] * 3
+    both = [p.case.n_ads for p in planned("serving", "topologies", harness.Options(n_ads=10 ** 8))]
+    assert sorted(both) == [10 ** 7] * 3 + [10 ** 8] * 3
+    assert planned("scoring", options=harness.Options(n_ads=10 ** 8, min_n_ads=10 ** 8))  # the run's size
+    assert not planned("scoring", options=harness.Options(n_ads=10 ** 7, min_n_ads=10 ** 8))
