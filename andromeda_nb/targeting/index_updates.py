@@ -155,9 +155,9 @@ class IndexUpdates:
     def _slots_of_ops(self, batch: UpdateBatch, free) -> tuple:
         """:meth:`_allocate` as :meth:`apply` needs it: ``(each op's slot, slots taken from free,
         freed slots no create took, the touched slots sorted, the op that sets each one's final
-        state (-1: freed), (ad ids, their final slots or -1) for :meth:`_commit_ids`)``. A batch whose ad ids are distinct
-        (the usual one) is allocated by one compiled pass; any other, or one that fails, by
-        :meth:`_allocate` (which names the failing ad)."""
+        state (-1: freed), (ad ids, their final slots or -1) for :meth:`_commit_ids`)``. A batch
+        whose ad ids are distinct (the usual one) is allocated by one compiled pass; any other,
+        or one that fails, by :meth:`_allocate` (which names the failing ad)."""
         from .update_kernels import allocate_distinct
 
         k = len(batch)
@@ -183,7 +183,8 @@ class IndexUpdates:
         order = np.argsort(slots)
         placed = (np.fromiter(pending.keys(), np.int64, len(pending)),
                   np.fromiter((-1 if v is None else v for v in pending.values()), np.int64, len(pending)))
-        return op_slots, n_popped, pushed, slots[order], np.fromiter(final.values(), np.int64, len(final))[order], placed
+        final_ops = np.fromiter(final.values(), np.int64, len(final))[order]
+        return op_slots, n_popped, pushed, slots[order], final_ops, placed
 
     def _commit_ids(self, retired: np.ndarray, placed: tuple) -> None:
         """The id map after a batch: ``retired`` ids leave it, then ``placed = (ids, slots)`` (-1:
