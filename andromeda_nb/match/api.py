@@ -248,13 +248,6 @@ class DeviceTargetingIndex:
         """The host index version this device copy holds (as enqueued on the stream)."""
         return self._version
 
-    def stage(self, arrays) -> list:
-        """Device int64 views of ``arrays`` (int64), uploaded by one asynchronous copy through the
-        index's pinned staging ring on the stream its updates and requests run on (what a caller
-        updating a table beside the index, :meth:`~andromeda_nb.pipeline.Pool.apply`, launches
-        with, in order with them); each view is valid until the ring comes round again."""
-        return self._stager.upload([np.asarray(a, np.int64) for a in arrays], owned=False)
-
     def check_fresh(self) -> None:
         """RuntimeError when the host index holds updates this device copy has not applied."""
         if self.index.version != self._version:
@@ -293,7 +286,8 @@ class DeviceTargetingIndex:
 
         ``also``: int64 arrays staged in the same asynchronous copy as the delta (a pool's table
         rows and slots: one copy a batch, each copy's host overhead paid once); returns their
-        device views, valid until the staging ring comes round again (:meth:`stage`)."""
+        device views, valid until the staging ring comes round again (work launched after them on
+        the same stream is ordered before any later copy into the same buffer)."""
         from .kernels import apply_kernel
 
         if delta.version != self._version + 1:

@@ -29,12 +29,17 @@ cluster), and a longer wait.
 
 from __future__ import annotations
 
+import collections
 import pickle
 
 import numpy as np
 
 from ..pipeline.pool import Retrieved
 from .merge import merge_topk
+
+
+#: retrieve times a :class:`PoolServer` keeps for :meth:`PoolServer.served_seconds`
+SERVED_KEPT = 4096
 
 
 def _request(actor, method: str, *args):
@@ -77,7 +82,8 @@ class PoolServer(_PackedCalls):
 
         table, index = build(*args)
         self.pool = Pool(table, index, **(pool_options or {}))
-        self._served: list[float] = []
+        # the latest retrieve times (a bounded log: a long-lived server is never asked for them)
+        self._served = collections.deque(maxlen=SERVED_KEPT)
 
     def retrieve(self, request, profile, k: int) -> Retrieved:
         import time
@@ -88,9 +94,10 @@ class PoolServer(_PackedCalls):
         return out
 
     def served_seconds(self) -> list:
-        """The wall time of each :meth:`retrieve` on this worker since the last call (and forget
-        them): what the pool took, without the trip to and from the caller."""
-        out, self._served = self._served, []
+        """The wall time of each :meth:`retrieve` on this worker since the last call, the latest
+        ``SERVED_KEPT`` at most (and forget them): what the pool took, without the trip to and from the caller."""
+        out = list(self._served)
+        self._served.clear()
         return out
 
     def ping(self) -> None:
