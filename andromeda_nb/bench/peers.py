@@ -181,30 +181,13 @@ def triton_gated_scores(rows, bias, w: PeerWeights, out, block: int = 128, warps
 # ----------------------------------------------------------------------------- PyTorch
 
 
-def _round_to_f16_once(x64):
-    """``x64`` (float64) rounded once to fp16, as the model rounds h.
-
-    ``gamma * a + beta`` is exact in float64 (a product of two fp16 values has 22 bits), but
-    torch converts float64 to fp16 through fp32, and about one element in 2^14 lands on an fp16
-    rounding midpoint in fp32 and then rounds the wrong way (seen: an h one fp16 ulp off the
-    model's, a score off by 3x the fp32 tolerance). Rounding to fp32 *to odd* (toward zero, then
-    an inexact result gets its last bit set) keeps it off those midpoints, so the second rounding
-    is the correct one.
-    """
-    import torch
-
-    x32 = x64.float()
-    back = x32.double()
-    bits = x32.view(torch.int32) - (back.abs() > x64.abs()).to(torch.int32)  # toward zero
-    bits = bits | (back != x64).to(torch.int32)  # an inexact result is odd
-    return bits.view(torch.float32).half()
-
-
 def torch_gated_chunk(a, bias, gamma, beta, gate, value, E: int, K: int):
     """Scores of a chunk of rows ``a [c, d]`` (fp16), the fp16 model in tensor operations."""
     import torch
 
-    h16 = _round_to_f16_once(torch.relu(a.double() * gamma.double() + beta.double()))
+    from ..training.models import round_to_f16_once
+
+    h16 = round_to_f16_once(torch.relu(a.double() * gamma.double() + beta.double()))
     # under torch.compile, h16 leaves its graph as an fp16 tensor: a compiler keeping it in fp32
     # inside one fused kernel would compute another model (no-op in eager mode)
     torch._dynamo.graph_break()

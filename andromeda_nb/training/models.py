@@ -124,6 +124,24 @@ def gated_scores(V, G, gamma, beta, A, b, k_experts: int, return_gate: bool = Fa
     return scores
 
 
+def round_to_f16_once(x64):
+    """``x64`` (float64) rounded once to fp16, as the fp16 math mode's model rounds h
+    (``reference.score(math="fp16")``).
+
+    ``gamma * a + beta`` is exact in float64 (a product of two fp16 values has 22 bits), but
+    torch converts float64 to fp16 through fp32, and about one element in 2^14 lands on an fp16
+    rounding midpoint in fp32 and then rounds the wrong way (seen: an h one fp16 ulp off the
+    model's, a score off by 3x the fp32 tolerance). Rounding to fp32 *to odd* (toward zero, then
+    an inexact result gets its last bit set) keeps it off those midpoints, so the second rounding
+    is the correct one.
+    """
+    x32 = x64.float()
+    back = x32.double()
+    bits = x32.view(torch.int32) - (back.abs() > x64.abs()).to(torch.int32)  # toward zero
+    bits = bits | (back != x64).to(torch.int32)  # an inexact result is odd
+    return bits.view(torch.float32).half()
+
+
 class RetrievalNet(nn.Module):
     """Single tower (``experts=1``) or a gated mixture of ``experts`` user experts with top-K.
 

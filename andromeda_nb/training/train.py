@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..model import AdTable, Request
 from .data import GROUPS, HIST_LEN, InteractionData
-from .models import RankingNet, RetrievalNet, gated_scores
+from .models import RankingNet, RetrievalNet, gated_scores, round_to_f16_once
 
 #: The compared models: name -> (experts, k_experts); the ranking model has none.
 MODELS = {
@@ -196,7 +196,10 @@ def _score_exported_fp16(V, G, gamma, beta, table: AdTable, k_experts: int, user
     with torch.no_grad():
         for s in range(n):
             w = f16_weights(Request(V=V[s], G=G[s], gamma=gamma[s], beta=beta[s], k_experts=k_experts))
-            h = torch.relu(half(w["gamma"]) * A + half(w["beta"])).half().float()  # [n_ads, d]
+            # gamma * a + beta in float64, rounded once to fp16 as the model rounds h: fp32 then
+            # fp16 would round twice and put an h one fp16 ulp off now and then
+            h64 = torch.relu(half(w["gamma"]).double() * A.double() + half(w["beta"]).double())
+            h = round_to_f16_once(h64).float()  # [n_ads, d]
             logits, values = h @ half(w["G"]).T, h @ half(w["V"]).T  # G already holds 1 / sqrt(d)
             p = torch.softmax(logits, dim=-1)
             mask = torch.zeros_like(logits).scatter_(-1, torch.topk(logits, k_experts, dim=-1).indices, 1.0)

@@ -32,7 +32,7 @@ def test_h_is_rounded_to_fp16_once(rng):
     """Values a hair off fp16 rounding midpoints (where float64 -> fp32 -> fp16 rounds twice and
     goes the wrong way), both signs, zeros, subnormals, NaN and inf: the peer's rounding equals
     numpy's single float64 -> fp16 rounding."""
-    from andromeda_nb.bench.peers import _round_to_f16_once
+    from andromeda_nb.training.models import round_to_f16_once
 
     lo = rng.standard_normal(4000).astype(np.float16)
     lo[:100] = rng.integers(1, 100, 100).astype(np.float16) * np.float16(2.0 ** -24)  # subnormals
@@ -40,7 +40,7 @@ def test_h_is_rounded_to_fp16_once(rng):
     nudge = np.abs(mid) * 2.0 ** -30 * rng.choice([-1.0, 1.0, 0.0], mid.size)
     x = np.concatenate([mid + nudge, rng.standard_normal(1000) * 100, [0.0, -0.0, np.nan, np.inf, -np.inf]])
     want = x.astype(np.float16)
-    got = _round_to_f16_once(torch.as_tensor(x)).numpy()
+    got = round_to_f16_once(torch.as_tensor(x)).numpy()
     np.testing.assert_array_equal(got, want)
     assert np.array_equal(np.signbit(got), np.signbit(want))
 
