@@ -23,12 +23,13 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks \
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
-# the default tier (~6.5 minutes on 2 cores: its target is ~6); test-slow runs the long simulator tests (marked slow)
+# the default tier (~5.5 minutes on 2 cores: its target is ~6); test-slow runs the long simulator
+# tests (marked slow) and the notebook series under the smoke parameters (marked notebook)
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -rs -m "not slow and not browser" $(ARGS)
+	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -rs -m "not slow and not notebook and not browser" $(ARGS)
 
 test-slow: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -m "slow and not browser" $(ARGS)
+	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -m "(slow or notebook) and not browser" $(ARGS)
 
 # the browser tier: JupyterLab in headless Chromium (one server, so no workers); screenshots in
 # build/browser/. Skipped without chromium and chromedriver, a failure with CI=true.
