@@ -185,11 +185,18 @@ class BoundLaunch:
         self.kernel, self.grid, self.block, self.args, self.stream = kernel, grid, block, list(args), stream
         self._bound = None if backend.is_simulator() else _Bound(kernel, grid, block, self.args, stream)
 
-    def set_array(self, i: int, base, start: int, n: int) -> None:
+    def set_array(self, i: int, base, start: int, n: int, dtype=None) -> None:
         """Argument ``i`` (a 1-D array argument) becomes ``base[start : start + n]`` (``base`` a
-        1-D device array of the argument's dtype)."""
+        1-D device array of the argument's dtype). With ``dtype`` (the argument's, another than
+        ``base``'s): the ``n`` values of that dtype from element ``start`` of ``base`` on (a
+        float32 argument read out of an int64 staging buffer)."""
         if self._bound is None:
-            self.args[i] = base[start:start + n]
+            if dtype is None:
+                self.args[i] = base[start:start + n]
+            else:
+                size = np.dtype(dtype).itemsize
+                span = -(-n * size // base.dtype.itemsize)
+                self.args[i] = base[start:start + span].view(dtype)[:n]
         else:
             self._bound.set_array(i, persistent_address(base) + int(start) * base.dtype.itemsize, int(n))
 
@@ -399,26 +406,32 @@ def _driver_error(code: int) -> str:
     return f"CUresult {code}"
 
 
-def copy_async(dst, src, nbytes: int) -> None:
-    """Enqueue a copy of the first ``nbytes`` of ``src`` into ``dst`` on the default stream, one
-    of them a pinned host array and the other a device array (either direction), both persistent
-    buffers (:func:`persistent_address`), without Numba's per-copy checks (a serving loop copies
-    the same buffers every call). The simulator copies at once."""
-    nbytes = int(nbytes)
+def copy_async(dst, src, nbytes: int, src_offset: int = 0) -> None:
+    """Enqueue a copy of ``nbytes`` of ``src`` from byte ``src_offset`` on into the start of
+    ``dst`` on the default stream, one of them a pinned host array and the other a device array
+    (either direction), both persistent buffers (:func:`persistent_address`), without Numba's
+    per-copy checks (a serving loop copies the same buffers every call). The simulator copies at
+    once."""
+    nbytes, src_offset = int(nbytes), int(src_offset)
     if nbytes == 0:
         return
+    if not (0 <= src_offset and src_offset + nbytes <= src.nbytes and nbytes <= dst.nbytes):
+        raise ValueError(f"copy of {nbytes} bytes from byte {src_offset} of a {src.nbytes}-byte buffer into a "
+                         f"{dst.nbytes}-byte one")
     if backend.is_simulator():
         d = dst if isinstance(dst, np.ndarray) else dst._ary
         s = src if isinstance(src, np.ndarray) else src._ary
-        d.reshape(-1).view(np.uint8)[:nbytes] = s.reshape(-1).view(np.uint8)[:nbytes]
+        d.reshape(-1).view(np.uint8)[:nbytes] = s.reshape(-1).view(np.uint8)[src_offset:src_offset + nbytes]
         return
     lib = _libcuda()
     dev_to_host = isinstance(dst, np.ndarray)
     if lib is not None:
         if dev_to_host:
-            err = lib.cuMemcpyDtoHAsync_v2(persistent_address(dst), persistent_address(src), nbytes, _capturing)
+            err = lib.cuMemcpyDtoHAsync_v2(persistent_address(dst), persistent_address(src) + src_offset, nbytes,
+                                           _capturing)
         else:
-            err = lib.cuMemcpyHtoDAsync_v2(persistent_address(dst), persistent_address(src), nbytes, _capturing)
+            err = lib.cuMemcpyHtoDAsync_v2(persistent_address(dst), persistent_address(src) + src_offset, nbytes,
+                                           _capturing)
         if err:
             raise RuntimeError(f"asynchronous copy of {nbytes} bytes failed: {_driver_error(err)}")
         return
@@ -427,9 +440,9 @@ def copy_async(dst, src, nbytes: int) -> None:
     from cuda.bindings import driver as cu
 
     if dev_to_host:
-        (err,) = cu.cuMemcpyDtoHAsync(persistent_address(dst), persistent_address(src), nbytes, 0)
+        (err,) = cu.cuMemcpyDtoHAsync(persistent_address(dst), persistent_address(src) + src_offset, nbytes, 0)
     else:
-        (err,) = cu.cuMemcpyHtoDAsync(persistent_address(dst), persistent_address(src), nbytes, 0)
+        (err,) = cu.cuMemcpyHtoDAsync(persistent_address(dst), persistent_address(src) + src_offset, nbytes, 0)
     if err != cu.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"asynchronous copy of {nbytes} bytes failed: {err}")
 

@@ -234,6 +234,7 @@ class DeviceTargetingIndex:
         self._stager = Stager(staging_regions)
         self._schema_view = None
         self._flip = None  # the row meanings and popcounts flip_kernel needs, made on the first rules delta
+        self._apply_launch = None  # apply_kernel, bound on the first delta with bit codes or list writes
 
     n_ads = property(lambda self: self.index.n_ads)
     n_words = property(lambda self: self.index.n_words)
@@ -280,16 +281,16 @@ class DeviceTargetingIndex:
         self.apply_delta(delta)
         return delta
 
-    def apply_delta(self, delta: UpdateDelta, also=()) -> list:
+    def apply_delta(self, delta: UpdateDelta, also=()) -> tuple:
         """Enqueue one delta returned by ``self.index.apply`` (deltas must come in order: a
         pipeline may run the host side ahead and feed the device later).
 
         ``also``: int64 arrays staged in the same asynchronous copy as the delta (a pool's table
-        rows and slots: one copy a batch, each copy's host overhead paid once); returns their
-        device views, valid until the staging ring comes round again (work launched after them on
-        the same stream is ordered before any later copy into the same buffer)."""
-        from .kernels import apply_kernel
-
+        rows and slots: one copy a batch, each copy's host overhead paid once). Returns
+        ``(buffer, starts)``: ``also[i]`` is on the device at ``buffer[starts[i]:]``, valid until
+        the staging ring comes round again (work launched after it on the same stream is ordered
+        before any later copy into the same buffer). The delta's kernels are bound launches
+        (:class:`~andromeda_nb.device.launch.BoundLaunch`): no Numba dispatch a batch."""
         if delta.version != self._version + 1:
             raise RuntimeError(f"delta for version {delta.version} but the device copy is at {self._version}")
         cuda = launch.cuda()
@@ -304,15 +305,28 @@ class DeviceTargetingIndex:
         if flips:
             parts.append(self._flip_payload(*delta.rules))
         also = [np.asarray(a, np.int64) for a in also]
-        views = self._stager.upload(parts + also, owned=False) if parts or also else []
+        buf, starts = self._stager.upload_spans(parts + also) if parts or also else (None, [])
         if n_bits + n_pos:
-            block = launch.default_block()
-            apply_kernel()[launch.grid_for(max(n_bits, n_pos), block), block](
-                self.rows, self.pool, views[0], n_bits, n_pos, 0)
+            run = self._bound_apply()
+            run.set_array(2, buf, starts[0], n_bits + 2 * n_pos)
+            run.set_scalar(3, n_bits)
+            run.set_scalar(4, n_pos)
+            run.set_grid(launch.grid_for(max(n_bits, n_pos), run.block))
+            run()
         if flips:
-            self._flip_rows(views[len(parts) - 1], *delta.rules, delta.version)
+            self._flip_rows(buf, starts[len(parts) - 1], *delta.rules, delta.version)
         self._version = delta.version
-        return views[len(parts):]
+        return buf, starts[len(parts):]
+
+    def _bound_apply(self) -> "launch.BoundLaunch":
+        """:func:`~.kernels.apply_kernel` bound to the rows and the current list pool (bound again
+        when the pool grows); its buffer, counts and grid are set a batch."""
+        from .kernels import apply_kernel
+
+        if self._apply_launch is None or self._apply_launch.args[1] is not self.pool:
+            self._apply_launch = launch.BoundLaunch(apply_kernel(), 1, launch.default_block(),
+                                                    (self.rows, self.pool, launch.dummy(np.int64), 0, 0, 0))
+        return self._apply_launch
 
     #: touched slots a thread of :func:`~.kernels.flip_kernel` evaluates its row on (more where the
     #: grid's second dimension would pass CUDA's 65,535 blocks), and the pinned buffers the row
@@ -324,31 +338,40 @@ class DeviceTargetingIndex:
         the kernel adds the row's popcount change to."""
         return np.concatenate([slots, live.astype(np.int64), ptr, codes, np.zeros(self.index.n_rows, np.int64)])
 
-    def _flip_rows(self, buf, slots, ptr, codes, live, version) -> None:
+    def _flip_rows(self, buf, start, slots, ptr, codes, live, version) -> None:
         """The device half of a batch whose host keeps no bitset rows: the touched slots' bits
-        from their final rules (:func:`~.kernels.flip_kernel`, reading ``buf``, the device copy of
-        :meth:`_flip_payload`), and each row's popcount change, copied back asynchronously for the
-        host index (:meth:`TargetingIndex.row_count`)."""
+        from their final rules (:func:`~.kernels.flip_kernel`, reading ``buf[start:]``, the device
+        copy of :meth:`_flip_payload`), and each row's popcount change, copied back
+        asynchronously for the host index (:meth:`TargetingIndex.row_count`)."""
         from .kernels import flip_kernel
 
         cuda, idx = launch.cuda(), self.index
         if self._flip is None:
-            self._flip = {"meaning": launch.to_device(idx.row_meanings()), "group_ptr": launch.to_device(idx.group_ptr),
-                          "members": launch.to_device(idx.group_members), "cat_m": launch.to_device(idx.cat_m),
-                          "host": [cuda.pinned_array(idx.n_rows, np.int64) for _ in range(self.COUNT_BUFFERS)],
-                          "version": [0] * self.COUNT_BUFFERS, "next": 0}
+            f = self._flip = {
+                "meaning": launch.to_device(idx.row_meanings()), "group_ptr": launch.to_device(idx.group_ptr),
+                "members": launch.to_device(idx.group_members), "cat_m": launch.to_device(idx.cat_m),
+                "host": [cuda.pinned_array(idx.n_rows, np.int64) for _ in range(self.COUNT_BUFFERS)],
+                "version": [0] * self.COUNT_BUFFERS, "next": 0}
+            one = launch.dummy(np.int64)
+            f["launch"] = launch.BoundLaunch(flip_kernel(), (1, 1), launch.default_block(), (
+                self.rows, one, f["meaning"], f["group_ptr"], f["members"], f["cat_m"], idx.layout.carrier, one, 0, 1))
         f = self._flip
         n, R = int(slots.size), idx.n_rows
-        change = launch.view1d(buf, 3 * n + 1 + codes.size, R)
-        block = launch.default_block()
-        grid, per = flip_grid(R, n, block, self.FLIP_SLOTS_PER_THREAD, self.MAX_GRID_Y)
-        flip_kernel()[grid, block](
-            self.rows, change, f["meaning"], f["group_ptr"], f["members"], f["cat_m"], idx.layout.carrier, buf, n, per)
+        size = 3 * n + 1 + codes.size + R
+        change = start + 3 * n + 1 + codes.size  # the rows' popcount changes: the payload's last R
+        run = f["launch"]
+        grid, per = flip_grid(R, n, run.block, self.FLIP_SLOTS_PER_THREAD, self.MAX_GRID_Y)
+        run.set_array(1, buf, change, R)
+        run.set_array(7, buf, start, size)
+        run.set_scalar(8, n)
+        run.set_scalar(9, per)
+        run.set_grid(grid)
+        run()
         i = f["next"]
         f["next"] = (i + 1) % self.COUNT_BUFFERS
         idx._fold_counts(wait=True, through=f["version"][i])  # the buffer's last change is folded in first
         host = f["host"][i]
-        change.copy_to_host(host, stream=self._stager.stream)
+        launch.copy_async(host, buf, 8 * R, src_offset=8 * change)
         ev = cuda.event() if launch.backend.is_simulator() else cuda.event(timing=False)
         ev.record(self._stager.stream)
         f["version"][i] = version

@@ -36,7 +36,20 @@ class Stager:
     def upload(self, arrays: Sequence[np.ndarray], owned: bool = True) -> list:
         """Device int64 views of ``arrays`` (each at least one element long: an empty array gets
         one zero, so kernels can take it as an argument)."""
+        dev, starts, sizes = self._stage(arrays, owned)
+        return [launch.view1d(dev, off, n) for off, n in zip(starts, sizes)]
+
+    def upload_spans(self, arrays: Sequence[np.ndarray]) -> tuple:
+        """``arrays`` copied into the ring's next device buffer: ``(buffer, starts)``, array ``i``
+        at ``buffer[starts[i]:]`` (an empty one is one zero), for bound launches that point their
+        arguments there (:meth:`~andromeda_nb.device.launch.BoundLaunch.set_array`) without a
+        view object an array."""
+        dev, starts, _ = self._stage(arrays, owned=False)
+        return dev, starts
+
+    def _stage(self, arrays: Sequence[np.ndarray], owned: bool) -> tuple:
         sizes = [max(int(a.size), 1) for a in arrays]
+        starts = np.cumsum([0] + sizes[:-1]).tolist()
         total = sum(sizes)
         reg = self.regions[self.next]
         self.next = (self.next + 1) % len(self.regions)
@@ -53,19 +66,16 @@ class Stager:
                     self.retain(reg["dev"])
                 reg["dev"] = self.cuda.device_array(host.size, np.int64)
             dev = reg["dev"]
-        off = 0
-        for a, n in zip(arrays, sizes):
+        for a, off in zip(arrays, starts):
             if a.size:
                 host[off:off + a.size] = a
             else:
                 host[off] = 0
-            off += n
-        launch.view1d(dev, 0, total).copy_to_device(host[:total], stream=self.stream)
+        if owned:  # a new array each call: numba's copy (copy_async takes persistent buffers)
+            dev.copy_to_device(host[:total], stream=self.stream)
+        else:
+            launch.copy_async(dev, host, 8 * total)
         ev = self.cuda.event() if launch.backend.is_simulator() else self.cuda.event(timing=False)
         ev.record(self.stream)
         reg["event"] = ev
-        views, off = [], 0
-        for n in sizes:
-            views.append(launch.view1d(dev, off, n))
-            off += n
-        return views
+        return dev, starts, sizes

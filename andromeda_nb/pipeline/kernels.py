@@ -145,16 +145,18 @@ def pool_seed_kernel(block: int, per_thread: int, margin_x2: int, min_rank: int)
 @functools.lru_cache(maxsize=None)
 def scatter_slots_kernel(tiles: bool):
     """A live pool's table update (:meth:`~andromeda_nb.pipeline.Pool.apply`): entry ``j`` writes
-    ``ad_ids[slots[j]] = new_ids[j]`` and, where ``row_of[j] >= 0``, the row ``new_words[row_of[j]]``
-    (uint64 words), its bias and its int8 scale into that slot; ``row_of[j] == FREED`` zeroes the
-    slot's row, bias and scale (a free slot holds nothing a reduction over the table could see);
-    ``-1`` keeps them. Launch a thread per (entry, word), no grid-stride: thread ``t`` handles entry
-    ``t // n_w``, word ``t % n_w``. ``tiles``: the table's words are ``[n_w, n_ads]``, else
-    ``[n_ads, n_w]``."""
+    ``ad_ids[slots[j]] = new_ids[j]`` and, where ``row_of[j] >= 0``, row ``row_of[j]`` of
+    ``new_words`` (uint64, ``n_w`` words a row, flat), its bias and its int8 scale into that slot;
+    ``row_of[j] == FREED`` zeroes the slot's row, bias and scale (a free slot holds nothing a
+    reduction over the table could see); ``-1`` keeps them. ``n_w`` is the table's words a row.
+    Launch a thread per (entry, word), no grid-stride: thread ``t`` handles entry ``t // n_w``,
+    word ``t % n_w``. ``tiles``: the table's words are ``[n_w, n_ads]``, else ``[n_ads, n_w]``.
+    Every argument is a flat array or the table's own (a bound launch points them at a batch's
+    staging buffer)."""
 
     @cuda.jit
     def kernel(words, bias, scale, ad_ids, slots, new_ids, row_of, new_words, new_bias, new_scale, has_scale):
-        n_w = new_words.shape[1]
+        n_w = words.shape[0] if tiles else words.shape[1]
         t = cuda.grid(1)
         j = t // n_w
         w = t - j * n_w
@@ -163,7 +165,7 @@ def scatter_slots_kernel(tiles: bool):
         s = slots[j]
         r = row_of[j]
         if r >= 0 or r == FREED:
-            x = new_words[r, w] if r >= 0 else uint64(0)
+            x = new_words[r * n_w + w] if r >= 0 else uint64(0)
             if tiles:
                 words[w, s] = x
             else:

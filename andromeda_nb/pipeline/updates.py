@@ -258,15 +258,18 @@ def apply_update(pool, update) -> "UpdateDelta":
         # the index's delta and the table's slots in one pinned asynchronous copy, then the
         # index's kernels and the table's, all on the stream requests use: a request queued after
         # sees the whole batch
-        d_slots, d_ids, d_row_of, d_words, d_bias, d_scale = pool.index.apply_delta(delta, also=host)
+        buf, (s_slots, s_ids, s_row_of, s_words, s_bias, s_scale) = pool.index.apply_delta(delta, also=host)
         if not slots.size:
             return
-        block = launch.default_block()
+        run = _scatter_launch(pool)
+        for i, start, n in ((4, s_slots, slots.size), (5, s_ids, slots.size), (6, s_row_of, slots.size),
+                            (7, s_words, n_rows * W)):
+            run.set_array(i, buf, start, n, np.uint64 if i == 7 else None)
+        run.set_array(8, buf, s_bias, n_rows, np.float32)
+        run.set_array(9, buf, s_scale, n_rows, np.float32)
         # a thread per (slot, word), not a grid-stride loop: the whole grid, in the simulator too
-        scatter_slots_kernel(t.layout == "tiles")[max(1, -(-slots.size * W // block)), block](
-            t.words, t.bias, t.scale, t.ad_ids, d_slots, d_ids, d_row_of,
-            d_words.view(np.uint64).reshape(n_rows, W), d_bias.view(np.float32), d_scale.view(np.float32),
-            has_scale)
+        run.set_grid(max(1, -(-slots.size * W // run.block)))
+        run()
 
     try:
         if pool.trace is None:
@@ -288,6 +291,21 @@ def apply_update(pool, update) -> "UpdateDelta":
     exact = not ((ops == RETIRE) | ((ops == CHANGE) & sets)).any() and t.max_abs_is_exact()
     t._max_abs, t._max_abs_bound = (bound if exact else None), bound
     return delta
+
+
+def _scatter_launch(pool) -> "launch.BoundLaunch":
+    """:func:`~.kernels.scatter_slots_kernel` bound to the pool's table (bound again when the
+    pool grows into a new table); a batch points its flat arguments at its staging buffer."""
+    from .kernels import scatter_slots_kernel
+
+    t = pool.table
+    cached = getattr(pool, "_scatter", None)
+    if cached is None or cached[0] is not t:
+        i64, f32 = launch.dummy(np.int64), launch.dummy(np.float32)
+        run = launch.BoundLaunch(scatter_slots_kernel(t.layout == "tiles"), 1, launch.default_block(), (
+            t.words, t.bias, t.scale, t.ad_ids, i64, i64, i64, launch.dummy(np.uint64), f32, f32, t.dtype == "int8"))
+        pool._scatter = cached = (t, run)
+    return cached[1]
 
 
 def rows_max_abs(table: AdTable) -> float:

@@ -1,6 +1,7 @@
 """Backend selection errors are clear."""
 
 import pytest
+from numba import cuda
 
 from andromeda_nb.device import backend
 
@@ -38,3 +39,52 @@ def test_view1d_is_the_slice(rng):
             launch.view1d(dev, start, n)
     with pytest.raises(ValueError, match="view"):
         launch.view1d(launch.to_device(host.reshape(3, 100)), 0, 1)
+
+
+@cuda.jit
+def _take(out, src):
+    i = cuda.grid(1)
+    if i < src.shape[0]:
+        out[i] = src[i]
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float32", "uint64"])
+def test_bound_launch_points_an_argument_into_an_int64_buffer(rng, dtype):
+    """BoundLaunch.set_array: a 1-D argument pointed at a span of an int64 staging buffer, of the
+    buffer's dtype or read as another (float32 bias values, uint64 row words), call after call."""
+    import numpy as np
+
+    from andromeda_nb.device import launch
+
+    host = rng.integers(-2 ** 62, 2 ** 62, 64).astype(np.int64)
+    buf = launch.to_device(host)
+    out = launch.to_device(np.zeros(40, dtype))
+    run = launch.BoundLaunch(_take, 1, 64, (out, launch.dummy(dtype)))
+    for start, n in ((0, 40), (3, 17), (63, 1) if dtype != "float32" else (63, 2), (10, 0)):
+        out.copy_to_device(np.zeros(40, dtype))
+        run.set_array(1, buf, start, n, None if dtype == "int64" else dtype)
+        run()
+        want = host[start:].view(dtype)[:n]
+        got = out.copy_to_host()
+        np.testing.assert_array_equal(got[:n], want)
+        assert not got[n:].any()
+
+
+def test_copy_async_copies_from_a_byte_offset(rng):
+    """launch.copy_async: device to pinned host from a byte offset, and a span past either
+    buffer refused before anything is enqueued."""
+    import numpy as np
+
+    from andromeda_nb.device import launch
+
+    host = rng.integers(-2 ** 62, 2 ** 62, 50).astype(np.int64)
+    dev = launch.to_device(host)
+    pinned = launch.cuda().pinned_array(20, np.int64)
+    pinned[:] = 0
+    launch.copy_async(pinned, dev, 8 * 7, src_offset=8 * 33)
+    launch.cuda().synchronize()
+    np.testing.assert_array_equal(pinned[:7], host[33:40])
+    assert not pinned[7:].any()
+    for n, off in ((8 * 7, 8 * 44), (8 * 21, 0), (8, -8)):
+        with pytest.raises(ValueError, match="copy of"):
+            launch.copy_async(pinned, dev, n, src_offset=off)
