@@ -266,7 +266,8 @@ class AdTable:
         if dtype == "fp32":
             store = emb
         elif dtype == "fp16":
-            over = np.abs(emb[np.isfinite(emb)]) > FP16_MAX
+            # every value finite (the usual case): one reduction, no copy of the finite ones
+            over = (np.abs(emb) if finite else np.abs(emb[np.isfinite(emb)])) > FP16_MAX
             if over.any():
                 raise ValueError(
                     f"{int(over.sum())} embedding values exceed the fp16 range (|x| > {FP16_MAX}); "

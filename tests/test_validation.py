@@ -233,3 +233,25 @@ def test_a_host_bitset_with_padding_bits_is_refused():
         else:
             assert eligible_bitset(words, n).copy_to_host().tolist() == [0]
     assert eligible_bitset(np.array([1 << 5, 1 << 5], np.uint64), 70).copy_to_host().tolist() == [32, 32]
+
+
+def test_fp16_tables_refuse_values_past_fp16_with_or_without_nonfinite_ones(rng):
+    """AdTable.from_float(dtype="fp16"): a value past 65504 is refused with the count of such
+    values, whether every value is finite or NaN / inf are allowed beside it; NaN and inf alone are
+    kept where allowed, and 65504 itself is stored exactly."""
+    from andromeda_nb.model import AdTable
+
+    emb = rng.standard_normal((33, 16)).astype(np.float32)
+    emb[rng.integers(0, 33), rng.integers(0, 16)] = 65504.0
+    assert np.abs(AdTable.from_float(emb, dtype="fp16").embeddings.astype(np.float32)).max() == 65504.0
+    for nonfinite in (False, True):
+        bad = emb.copy()
+        bad[3, 5], bad[7, 0] = 7e4, -1e6
+        if nonfinite:
+            bad[0, 0], bad[1, 1] = np.nan, -np.inf
+        with pytest.raises(ValueError, match="^2 embedding values exceed the fp16 range"):
+            AdTable.from_float(bad, dtype="fp16", allow_nonfinite=nonfinite)
+    odd = emb.copy()
+    odd[0, 0], odd[1, 1] = np.nan, np.inf
+    got = AdTable.from_float(odd, dtype="fp16", allow_nonfinite=True).embeddings
+    assert np.isnan(got[0, 0]) and np.isposinf(got[1, 1])
