@@ -720,14 +720,20 @@ def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results
 
 def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
-            scoring_csv=SCORING, models=None, tune: bool = False) -> pd.DataFrame:
+            scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None) -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
-    ``tune``: every model tuned first, :func:`tune_models`).
+    ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
+    given; without ``tune``, a ``tuned_file``'s choices are trained).
 
     This is what ``python -m andromeda_nb.training`` runs.
     """
+    from ..training import tuning
+
     p = PRESETS[preset]
     path = Path(out) / "quality.csv"
+    if tuned_file is not None and not tune:  # a missing file or model refused before anything runs
+        for ds in datasets:
+            tuning.load_tuned(tuned_file, ds, models)
     frames = []
     for ds in datasets:
         data = load_data(ds, p, data_dir=data_dir)
@@ -742,6 +748,10 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             tuned, val = tune_models(data, p, models=models, device=device, progress=progress)
             write_rows(val, path)
             frames.append(val)
+            if tuned_file is not None:
+                tuning.save_tuned(tuned_file, ds, tuned)
+        elif tuned_file is not None:
+            tuned = tuning.load_tuned(tuned_file, ds, models)
         for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
                                               tuned=tuned)

@@ -27,7 +27,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--tune", action="store_true",
                     help="tune every model's learning rate and length on the training part's validation split first "
-                         "(the same six-point grid each: andromeda_nb.training.tuning)")
+                         "(the same grid each, lengths by early stopping: andromeda_nb.training.tuning)")
+    ap.add_argument("--tune-only", action="store_true", help="--tune, then no seed trains (with --tuned FILE: "
+                                                              "the seeds train from FILE in a later run)")
+    ap.add_argument("--tuned", default=None, metavar="FILE",
+                    help="with --tune: keep the chosen configurations in FILE (JSON, merged); without: train the "
+                         "configurations FILE keeps (a tuning run's seeds in a later session)")
     ap.add_argument("--compute-only", action="store_true",
                     help="only refresh the compute-per-ad rows (FLOPs, bytes, kernel ads/s from --scoring-csv); no training")
     ap.add_argument("--baselines", nargs="*", default=None, metavar="NAME",
@@ -73,9 +78,9 @@ def main(argv=None) -> int:
         PRESETS[preset] = replace(p, train={**p.train, **kv}, train_ml={**p.train_ml, **kv},
                                   ranking={**p.ranking, **kv}, ranking_ml={**p.ranking_ml, **kv})
     t0 = time.perf_counter()
-    run_all(preset, args.out, datasets=args.datasets, seeds=args.seeds, device=args.device,
+    run_all(preset, args.out, datasets=args.datasets, seeds=[] if args.tune_only else args.seeds, device=args.device,
             progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
-            models=args.models, tune=args.tune)
+            models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned)
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -53,6 +53,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     lb_coef: float = 0.01
     grad_clip: float = 5.0
+    #: train only the first ``stop_at`` steps of the ``steps``-long schedule (0: all of them): the
+    #: length early stopping chose on the validation split (:mod:`.tuning`); the same seed then
+    #: retraces the tuning run's first ``stop_at`` steps
+    stop_at: int = 0
 
 
 def make_net(name: str, data: InteractionData, cfg: TrainConfig):
@@ -79,13 +83,15 @@ class TrainedModel:
 
     Attributes:
         name, net, data, cfg, seed, device; ``history``: per-step loss (a list of floats);
-        ``seconds``: training wall time.
+        ``seconds``: training wall time; ``validation``: ``{steps: value}`` at the checkpoints of
+        :func:`train_model`.
     """
 
     def __init__(self, name, net, data, cfg, seed, device, history=None, seconds=0.0):
         self.name, self.net, self.data, self.cfg, self.seed = name, net, data, cfg, seed
         self.device = torch.device(device)
-        self.history = history or []
+        self.history = [] if history is None else history
+        self.validation = {}  # steps -> validation value at that checkpoint (train_model's checkpoints)
         self.seconds = seconds
         self._cats = _ad_cats(data, self.device)
 
@@ -214,17 +220,27 @@ def pick_device(device: str = "auto") -> torch.device:
 
 
 def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig(), seed: int = 0,
-                device: str = "auto", progress: bool = True) -> TrainedModel:
+                device: str = "auto", progress: bool = True, checkpoints=(), validate=None) -> TrainedModel:
     """Train one model (see the module docstring for the loss and sampling).
 
     Args:
         name: a key of :data:`MODELS`.
         data: :class:`~andromeda_nb.training.data.InteractionData`.
-        cfg: hyper-parameters; seed: seeds torch and numpy; device: ``"auto"``, ``"cpu"``, ``"cuda"``.
+        cfg: hyper-parameters (``cfg.stop_at``: stop after that many steps of the schedule); seed:
+            seeds torch and numpy; device: ``"auto"``, ``"cpu"``, ``"cuda"``.
+        checkpoints: step counts at which ``validate(model)`` (the model so far, in eval mode) is
+            called; its values go to ``model.validation`` ``{steps: value}`` (early stopping:
+            :func:`~andromeda_nb.training.tuning.tune`).
 
     Returns:
         :class:`TrainedModel`.
     """
+    n_steps = cfg.stop_at or cfg.steps
+    if not (isinstance(cfg.stop_at, (int, np.integer)) and 0 <= cfg.stop_at <= cfg.steps):
+        raise ValueError(f"stop_at must be an int in 0..steps={cfg.steps}, got {cfg.stop_at!r}")
+    checks = sorted({int(c) for c in checkpoints})
+    if checks and (validate is None or checks[0] < 1 or checks[-1] > n_steps):
+        raise ValueError(f"checkpoints must lie in 1..{n_steps} (the steps trained) and come with validate")
     dev = pick_device(device)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -245,11 +261,12 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     history = []
+    model = TrainedModel(name, net, data, cfg, seed, dev, history)
     perm = rng.permutation(n_ev)
     cursor = 0
     t0 = time.perf_counter()
     net.train()
-    bar = tqdm(range(cfg.steps), desc=f"{data.name}/{name}/seed{seed}", disable=not progress, leave=False)
+    bar = tqdm(range(n_steps), desc=f"{data.name}/{name}/seed{seed}", disable=not progress, leave=False)
     for step in bar:
         if cursor + B > n_ev:
             perm, cursor = rng.permutation(n_ev), 0
@@ -283,8 +300,14 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
         history.append(float(loss.detach()))
         if step % 50 == 0:
             bar.set_postfix(loss=f"{np.mean(history[-50:]):.3f}")
+        if checks and step + 1 == checks[0]:
+            checks.pop(0)
+            net.eval()
+            model.validation[step + 1] = float(validate(model))
+            net.train()
     net.eval()
-    return TrainedModel(name, net, data, cfg, seed, dev, history, time.perf_counter() - t0)
+    model.seconds = time.perf_counter() - t0
+    return model
 
 
 def config_dict(cfg: TrainConfig) -> dict:

@@ -1,5 +1,7 @@
 """Tuning the project's models on the training part's validation split (andromeda_nb.training.tuning)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -45,10 +47,13 @@ def test_tune_reads_only_the_training_part(data):
                                grid=grid, device="cpu")
     assert [p for p, _ in trials] == list(grid)
     assert all(0 <= v <= 1 for _, v in trials) and best == max(trials, key=lambda t: t[1])[0]
-    cfg = tuning.grid_config(PRESET.cfg("multi_interest", "mixture_k2"), {"lr_scale": 3.0, "steps_scale": 2})
-    assert cfg.lr == pytest.approx(3 * PRESET.cfg("multi_interest", "mixture_k2").lr)
-    assert cfg.steps == 2 * PRESET.cfg("multi_interest", "mixture_k2").steps
-    assert tuning.describe({"lr_scale": 3.0, "steps_scale": 1}).endswith("(grid edge: lr_scale)")
+    base = PRESET.cfg("multi_interest", "mixture_k2")
+    cfg = tuning.grid_config(base, {"lr_scale": 3.0, "steps_scale": 2})
+    assert cfg.lr == pytest.approx(3 * base.lr)
+    # the schedule of the grid's longest length (x4), stopped after the point's (x2)
+    assert cfg.steps == 4 * base.steps and cfg.stop_at == 2 * base.steps
+    assert tuning.grid_config(base, {"lr_scale": 1, "steps_scale": 4}).stop_at == 0  # the whole schedule
+    assert tuning.describe({"lr_scale": 3.0, "steps_scale": 1}).endswith("(grid edge: lr_scale, steps_scale)")
     assert "edge" not in tuning.describe({"lr_scale": 1.0, "steps_scale": 2})
     base = PRESET.cfg("multi_interest", "single_tower")
     for grid, match in (((), "empty grid"), (None, "sequence"), ({"lr_scale": 1, "steps_scale": 1}, "sequence"),
@@ -60,7 +65,44 @@ def test_tune_reads_only_the_training_part(data):
     for n_users in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="n_users"):
             tuning.tune("single_tower", data, base, n_users=n_users, grid=tuning.GRID[:1])
-    assert tuning.grid_config(base, {"lr_scale": 1, "steps_scale": 1e-9}).steps == 1
+    assert tuning.grid_config(base, {"lr_scale": 1, "steps_scale": 1e-9}).stop_at == 1
+
+
+def test_early_stopping_checkpoints_are_the_stopped_runs(data):
+    """A length's validation value, read at a checkpoint of the learning rate's one long run, is the
+    value of that length trained on its own (stop_at: the same seed retraces the run's first steps),
+    and the stopped model's parameters are the same."""
+    import torch
+
+    from andromeda_nb.training.train import train_model
+
+    base = PRESET.cfg("multi_interest", "single_tower")
+    grid = [{"lr_scale": 1.0, "steps_scale": s} for s in (1, 2, 3)]
+    best, trials = tuning.tune("single_tower", data, base, n_users=40, grid=grid, device="cpu")
+    view = tuning.validation_view(data)
+    rows = quality.eval_rows(view, 40, seed=0)
+    for point, value in trials:
+        cfg = tuning.grid_config(base, point, grid)
+        assert cfg.steps == 3 * base.steps and (cfg.stop_at or cfg.steps) == point["steps_scale"] * base.steps
+        alone = train_model("single_tower", view, cfg, seed=0, device="cpu", progress=False)
+        assert len(alone.history) == point["steps_scale"] * base.steps
+        top = quality.retrieve_top(alone, rows, tuning.TUNE_METRIC_K)
+        assert quality.recalls(view, rows, top, [tuning.TUNE_METRIC_K])["recall@100"] == value
+    seen = []
+    tm = train_model("single_tower", view, base, seed=0, device="cpu", progress=False, checkpoints=[2, base.steps],
+                     validate=lambda m: seen.append(len(m.history)) or len(seen))
+    assert seen == [2, base.steps] and tm.validation == {2: 1.0, base.steps: 2.0}
+    stopped = train_model("single_tower", view, replace(base, stop_at=2), seed=0, device="cpu",
+                          progress=False)
+    assert len(stopped.history) == 2 and stopped.history == tm.history[:2]
+    for bad in (dict(stop_at=base.steps + 1), dict(stop_at=-1)):
+        with pytest.raises(ValueError, match="stop_at"):
+            train_model("single_tower", view, replace(base, **bad), device="cpu", progress=False)
+    with pytest.raises(ValueError, match="checkpoints"):
+        train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=[base.steps + 1],
+                    validate=len)
+    assert torch.equal(stopped.net.ad.weight, train_model("single_tower", view, replace(base, stop_at=2),
+                                                           seed=0, device="cpu", progress=False).net.ad.weight)
 
 
 def test_tuned_models_train_every_seed_at_their_point(data):
@@ -75,3 +117,28 @@ def test_tuned_models_train_every_seed_at_their_point(data):
     assert len(frame[frame["metric"] == "train_seconds"]) == 2
     for name, (cfg, _) in tuned.items():  # the point chosen is one of the grid's
         assert any(cfg == tuning.grid_config(PRESET.cfg("multi_interest", name), p) for p in tuning.GRID)
+
+
+def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
+    """save_tuned merges a tuning run's choices into one JSON file, load_tuned gives back the same
+    TrainConfig and scorer note (of the models asked for), and a run told to train from a file that
+    lacks a model refuses before anything trains."""
+    base = PRESET.cfg("multi_interest", "single_tower")
+    a = {"single_tower": (tuning.grid_config(base, {"lr_scale": 3.0, "steps_scale": 2}), "note a")}
+    b = {"ranking": (replace(base, width=8), "note b")}
+    path = tmp_path / "tuned.json"
+    tuning.save_tuned(path, "multi_interest", a)
+    tuning.save_tuned(path, "multi_interest", b)
+    tuning.save_tuned(path, "ml-100k", b)
+    assert tuning.load_tuned(path, "multi_interest") == {**a, **b}
+    assert tuning.load_tuned(path, "multi_interest", ["single_tower"]) == a
+    assert tuning.load_tuned(path, "ml-100k") == b
+    assert tuning.load_tuned(path, "multi_interest")["single_tower"][0].stop_at == 2 * base.steps
+    with pytest.raises(ValueError, match="no tuned configuration of \\['mixture_k2'\\]"):
+        tuning.load_tuned(path, "multi_interest", ["single_tower", "mixture_k2"])
+    with pytest.raises(ValueError, match="no tuned configurations at"):
+        tuning.load_tuned(tmp_path / "none.json", "multi_interest")
+    with pytest.raises(ValueError, match="mixture_k2"):
+        quality.run_all("smoke", tmp_path, datasets=["ml-100k"], models=["mixture_k2"], tuned_file=path,
+                        progress=False)
+    assert not (tmp_path / "quality.csv").exists()
