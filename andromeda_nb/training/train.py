@@ -53,10 +53,6 @@ class TrainConfig:
     weight_decay: float = 0.0
     lb_coef: float = 0.01
     grad_clip: float = 5.0
-    #: train only the first ``stop_at`` steps of the ``steps``-long schedule (0: all of them): the
-    #: length early stopping chose on the validation split (:mod:`.tuning`); the same seed then
-    #: retraces the tuning run's first ``stop_at`` steps
-    stop_at: int = 0
 
 
 def make_net(name: str, data: InteractionData, cfg: TrainConfig):
@@ -226,8 +222,7 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
     Args:
         name: a key of :data:`MODELS`.
         data: :class:`~andromeda_nb.training.data.InteractionData`.
-        cfg: hyper-parameters (``cfg.stop_at``: stop after that many steps of the schedule); seed:
-            seeds torch and numpy; device: ``"auto"``, ``"cpu"``, ``"cuda"``.
+        cfg: hyper-parameters; seed: seeds torch and numpy; device: ``"auto"``, ``"cpu"``, ``"cuda"``.
         checkpoints: step counts at which ``validate(model)`` (the model so far, in eval mode) is
             called; its values go to ``model.validation`` ``{steps: value}`` (early stopping:
             :func:`~andromeda_nb.training.tuning.tune`).
@@ -235,12 +230,9 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
     Returns:
         :class:`TrainedModel`.
     """
-    n_steps = cfg.stop_at or cfg.steps
-    if not (isinstance(cfg.stop_at, (int, np.integer)) and 0 <= cfg.stop_at <= cfg.steps):
-        raise ValueError(f"stop_at must be an int in 0..steps={cfg.steps}, got {cfg.stop_at!r}")
     checks = sorted({int(c) for c in checkpoints})
-    if checks and (validate is None or checks[0] < 1 or checks[-1] > n_steps):
-        raise ValueError(f"checkpoints must lie in 1..{n_steps} (the steps trained) and come with validate")
+    if checks and (validate is None or checks[0] < 1 or checks[-1] > cfg.steps):
+        raise ValueError(f"checkpoints must lie in 1..{cfg.steps} (the steps trained) and come with validate")
     dev = pick_device(device)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -266,7 +258,7 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
     cursor = 0
     t0 = time.perf_counter()
     net.train()
-    bar = tqdm(range(n_steps), desc=f"{data.name}/{name}/seed{seed}", disable=not progress, leave=False)
+    bar = tqdm(range(cfg.steps), desc=f"{data.name}/{name}/seed{seed}", disable=not progress, leave=False)
     for step in bar:
         if cursor + B > n_ev:
             perm, cursor = rng.permutation(n_ev), 0

@@ -10,9 +10,11 @@ user's remaining training clicks excluded) wins. The held-out part is never read
 The budget: every model tries the same grid (:data:`GRID`: learning rate x training length); each
 point's other settings are the preset's. The length is chosen by early stopping: for each learning
 rate one run follows the longest length's schedule (warm-up, cosine decay over ``steps`` x the
-largest ``steps_scale``) and is validated at each length of the grid on the way, so a point
-``(lr, length)`` is the first ``length`` steps of that run (``TrainConfig.stop_at``). Tuning runs
-with seed 0; the chosen point is then trained with every seed on the whole training part and
+largest ``steps_scale``) and is validated at each length of the grid on the way: a point
+``(lr, length)`` scores that run's model after ``length`` steps. Tuning runs with seed 0; the chosen
+point is then trained with every seed on the whole training part, with its own schedule (the
+cosine decay over the chosen length: a checkpoint inside the long run had not decayed its
+learning rate yet, so the final model is, if anything, better than its validation score), and
 evaluated on the held-out part (:func:`~andromeda_nb.analysis.quality.tune_models`, then
 ``run_expert_count(..., tuned=...)``).
 
@@ -21,7 +23,7 @@ size (10,000 users and ads, 200,000 training clicks, batch 256, CPU, seed 0, 500
 its own cosine schedule) the K = 2 mixture's recall@100 went from 0.096 after 400 steps (half an
 epoch) to 0.345 after 2,000, the single tower's from 0.137 to 0.281, and then back down to 0.187
 after 6,000 (training loss 4.2 -> 2.2: it memorises); the true click model scores 0.530. A fixed
-length either stops far short of what the data allow or overfits. (The demo preset's 2,000 steps
+length either stops far short of what the data allow or overfits. (2,000 steps at the demo size
 are 2.6 epochs; the full preset's 1x-4x are 1.5-6 epochs of the 50,000-user world.)
 
 A tuning run's choices can be kept (:func:`save_tuned`, ``python -m andromeda_nb.training --tune
@@ -88,15 +90,11 @@ def check_grid(grid) -> tuple:
     return grid
 
 
-def grid_config(cfg, point: dict, grid=GRID):
-    """The preset's :class:`~.train.TrainConfig` at a grid point: the learning rate scaled, the
-    schedule as long as the grid's longest length (``steps`` x its largest ``steps_scale``), stopped
-    after the point's length (``stop_at``; at least one step)."""
-    grid = check_grid(grid)
+def grid_config(cfg, point: dict):
+    """The preset's :class:`~.train.TrainConfig` at a grid point (learning rate and steps scaled;
+    at least one step)."""
     check_grid([point])
-    horizon = max(1, int(round(cfg.steps * max(p["steps_scale"] for p in grid))))
-    stop = min(horizon, max(1, int(round(cfg.steps * point["steps_scale"]))))
-    return replace(cfg, lr=cfg.lr * point["lr_scale"], steps=horizon, stop_at=0 if stop == horizon else stop)
+    return replace(cfg, lr=cfg.lr * point["lr_scale"], steps=max(1, int(round(cfg.steps * point["steps_scale"]))))
 
 
 def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid=GRID, device="auto",
@@ -120,11 +118,11 @@ def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid
         return recalls(view, rows, retrieve_top(tm, rows, TUNE_METRIC_K), [TUNE_METRIC_K])[f"recall@{TUNE_METRIC_K}"]
 
     value = {}
+    longest = max(p["steps_scale"] for p in grid)
     for lr in dict.fromkeys(p["lr_scale"] for p in grid):  # one run a learning rate, in the grid's order
         points = [p for p in grid if p["lr_scale"] == lr]
-        configs = [grid_config(cfg, p, grid) for p in points]
-        stops = [c.stop_at or c.steps for c in configs]
-        run = replace(configs[0], stop_at=0 if max(stops) == configs[0].steps else max(stops))
+        stops = [grid_config(cfg, p).steps for p in points]
+        run = grid_config(cfg, {"lr_scale": lr, "steps_scale": longest})
         tm = train_model(name, view, run, seed=0, device=device, progress=progress, checkpoints=stops,
                          validate=validate)
         for p, stop in zip(points, stops):
@@ -141,7 +139,7 @@ def describe(point: dict, grid=GRID) -> str:
     edges = [e for e in grid_edges(point, grid) if len({p[e] for p in grid}) >= 3]
     longest = max(p["steps_scale"] for p in grid)
     return (f"tuned on the validation split: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g} "
-            f"(early stopping in a x{longest:g} schedule)"
+            f"(length by early stopping in a x{longest:g} run)"
             + (f" (grid edge: {', '.join(edges)})" if edges else ""))
 
 

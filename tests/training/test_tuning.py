@@ -50,9 +50,7 @@ def test_tune_reads_only_the_training_part(data):
     base = PRESET.cfg("multi_interest", "mixture_k2")
     cfg = tuning.grid_config(base, {"lr_scale": 3.0, "steps_scale": 2})
     assert cfg.lr == pytest.approx(3 * base.lr)
-    # the schedule of the grid's longest length (x4), stopped after the point's (x2)
-    assert cfg.steps == 4 * base.steps and cfg.stop_at == 2 * base.steps
-    assert tuning.grid_config(base, {"lr_scale": 1, "steps_scale": 4}).stop_at == 0  # the whole schedule
+    assert cfg.steps == 2 * base.steps  # the chosen length trains with its own schedule
     assert tuning.describe({"lr_scale": 3.0, "steps_scale": 1}).endswith("(grid edge: lr_scale, steps_scale)")
     assert "edge" not in tuning.describe({"lr_scale": 1.0, "steps_scale": 2})
     base = PRESET.cfg("multi_interest", "single_tower")
@@ -65,44 +63,45 @@ def test_tune_reads_only_the_training_part(data):
     for n_users in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="n_users"):
             tuning.tune("single_tower", data, base, n_users=n_users, grid=tuning.GRID[:1])
-    assert tuning.grid_config(base, {"lr_scale": 1, "steps_scale": 1e-9}).stop_at == 1
+    assert tuning.grid_config(base, {"lr_scale": 1, "steps_scale": 1e-9}).steps == 1
 
 
-def test_early_stopping_checkpoints_are_the_stopped_runs(data):
-    """A length's validation value, read at a checkpoint of the learning rate's one long run, is the
-    value of that length trained on its own (stop_at: the same seed retraces the run's first steps),
-    and the stopped model's parameters are the same."""
-    import torch
-
+def test_lengths_are_checkpoints_of_one_run_a_learning_rate(data):
+    """Each learning rate trains once, over the longest length's schedule; a length's value is that
+    run's validation recall@100 after that many steps (a checkpoint: the model so far, in eval
+    mode), and training goes on unchanged after each checkpoint."""
     from andromeda_nb.training.train import train_model
 
     base = PRESET.cfg("multi_interest", "single_tower")
-    grid = [{"lr_scale": 1.0, "steps_scale": s} for s in (1, 2, 3)]
+    grid = [{"lr_scale": lr, "steps_scale": s} for lr in (1.0, 3.0) for s in (1, 3)]
     best, trials = tuning.tune("single_tower", data, base, n_users=40, grid=grid, device="cpu")
     view = tuning.validation_view(data)
     rows = quality.eval_rows(view, 40, seed=0)
-    for point, value in trials:
-        cfg = tuning.grid_config(base, point, grid)
-        assert cfg.steps == 3 * base.steps and (cfg.stop_at or cfg.steps) == point["steps_scale"] * base.steps
-        alone = train_model("single_tower", view, cfg, seed=0, device="cpu", progress=False)
-        assert len(alone.history) == point["steps_scale"] * base.steps
-        top = quality.retrieve_top(alone, rows, tuning.TUNE_METRIC_K)
-        assert quality.recalls(view, rows, top, [tuning.TUNE_METRIC_K])["recall@100"] == value
+
+    def recall(tm):
+        return quality.recalls(view, rows, quality.retrieve_top(tm, rows, tuning.TUNE_METRIC_K),
+                               [tuning.TUNE_METRIC_K])[f"recall@{tuning.TUNE_METRIC_K}"]
+
+    for lr in (1.0, 3.0):
+        long = tuning.grid_config(base, {"lr_scale": lr, "steps_scale": 3})
+        tm = train_model("single_tower", view, long, seed=0, device="cpu", progress=False,
+                         checkpoints=[base.steps, 3 * base.steps], validate=recall)
+        assert sorted(tm.validation) == [base.steps, 3 * base.steps] and len(tm.history) == 3 * base.steps
+        for point, value in trials:
+            if point["lr_scale"] == lr:
+                assert value == tm.validation[point["steps_scale"] * base.steps]
+        plain = train_model("single_tower", view, long, seed=0, device="cpu", progress=False)
+        assert plain.history == tm.history and recall(plain) == tm.validation[3 * base.steps]
+    assert best == max(trials, key=lambda t: t[1])[0]
     seen = []
-    tm = train_model("single_tower", view, base, seed=0, device="cpu", progress=False, checkpoints=[2, base.steps],
+    tm = train_model("single_tower", view, base, seed=0, device="cpu", progress=False, checkpoints=[base.steps, 2],
                      validate=lambda m: seen.append(len(m.history)) or len(seen))
     assert seen == [2, base.steps] and tm.validation == {2: 1.0, base.steps: 2.0}
-    stopped = train_model("single_tower", view, replace(base, stop_at=2), seed=0, device="cpu",
-                          progress=False)
-    assert len(stopped.history) == 2 and stopped.history == tm.history[:2]
-    for bad in (dict(stop_at=base.steps + 1), dict(stop_at=-1)):
-        with pytest.raises(ValueError, match="stop_at"):
-            train_model("single_tower", view, replace(base, **bad), device="cpu", progress=False)
+    for bad in ([base.steps + 1], [0]):
+        with pytest.raises(ValueError, match="checkpoints"):
+            train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=bad, validate=len)
     with pytest.raises(ValueError, match="checkpoints"):
-        train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=[base.steps + 1],
-                    validate=len)
-    assert torch.equal(stopped.net.ad.weight, train_model("single_tower", view, replace(base, stop_at=2),
-                                                           seed=0, device="cpu", progress=False).net.ad.weight)
+        train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=[2])
 
 
 def test_tuned_models_train_every_seed_at_their_point(data):
@@ -133,7 +132,7 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
     assert tuning.load_tuned(path, "multi_interest") == {**a, **b}
     assert tuning.load_tuned(path, "multi_interest", ["single_tower"]) == a
     assert tuning.load_tuned(path, "ml-100k") == b
-    assert tuning.load_tuned(path, "multi_interest")["single_tower"][0].stop_at == 2 * base.steps
+    assert tuning.load_tuned(path, "multi_interest")["single_tower"][0].steps == 2 * base.steps
     with pytest.raises(ValueError, match="no tuned configuration of \\['mixture_k2'\\]"):
         tuning.load_tuned(path, "multi_interest", ["single_tower", "mixture_k2"])
     with pytest.raises(ValueError, match="no tuned configurations at"):
