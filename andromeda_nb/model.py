@@ -33,6 +33,18 @@ def all_unique(ids: np.ndarray) -> bool:
     return bool((np.diff(ids) > 0).all()) or np.unique(ids).size == ids.size
 
 
+def _to_f32(name: str, x: np.ndarray) -> np.ndarray:
+    """``x`` as contiguous float32; finite values past float32's range (they would become inf)
+    raise ValueError, with ``allow_nonfinite`` or not: the caller gave finite numbers."""
+    with np.errstate(over="ignore"):  # refused below, with a message
+        out = np.ascontiguousarray(x, dtype=np.float32)
+    if x.dtype.kind == "f" and x.dtype.itemsize > 4:
+        past = np.isinf(out) & np.isfinite(x)
+        if past.any():
+            raise ValueError(f"{int(past.sum())} {name} values are past float32's range (|x| > 3.4e38)")
+    return out
+
+
 def _as_f32(name: str, x, ndim: int) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiu":
@@ -244,14 +256,14 @@ class AdTable:
             raise TypeError(f"embeddings must be numeric, got dtype {emb.dtype}")
         if emb.ndim != 2:
             raise ValueError(f"embeddings must be [n_ads, d], got shape {emb.shape}")
-        emb = np.ascontiguousarray(emb, dtype=np.float32)
+        emb = _to_f32("embeddings", emb)
         n = emb.shape[0]
         b = np.zeros(n, np.float32) if bias is None else np.asarray(bias)
         if b.dtype.kind not in "fiu":
             raise TypeError(f"bias must be numeric, got dtype {b.dtype}")
         if b.shape != (n,):
             raise ValueError(f"bias must have shape ({n},), got {b.shape}")
-        b = np.ascontiguousarray(b, dtype=np.float32)
+        b = _to_f32("bias", b)
         finite = bool(np.all(np.isfinite(emb)) and np.all(np.isfinite(b)))
         if not finite and (dtype == "int8" or not allow_nonfinite):
             raise ValueError(

@@ -40,7 +40,7 @@ for step in "$@"; do
       # QUALITY_SEEDS="2" runs only those model seeds (a cut-off run's missing seeds)
       # QUALITY_MODELS="mixture_k2" trains only those models (the precision experiment needs mixture_k2)
       # QUALITY_TUNE=1 tunes every model on the validation split first (andromeda_nb.training.tuning);
-      # QUALITY_TUNE=only tunes and trains no seed
+      # QUALITY_TUNE=only tunes and trains no seed (QUALITY_TUNED keeps its choices)
       # QUALITY_TUNED=FILE keeps the tuned configurations there (with QUALITY_TUNE) or trains them (without)
       python3 -m andromeda_nb.training --preset full --out "$OUT/quality" --no-progress ${ds:+--datasets $ds} \
         ${QUALITY_SEEDS:+--seeds $QUALITY_SEEDS} ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNE:+--tune$([ "$QUALITY_TUNE" = only ] && echo -only)} \

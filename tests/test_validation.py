@@ -255,3 +255,13 @@ def test_fp16_tables_refuse_values_past_fp16_with_or_without_nonfinite_ones(rng)
     odd[0, 0], odd[1, 1] = np.nan, np.inf
     got = AdTable.from_float(odd, dtype="fp16", allow_nonfinite=True).embeddings
     assert np.isnan(got[0, 0]) and np.isposinf(got[1, 1])
+    # finite float64 input past float32 would become inf before any check: refused as such, NaN allowed or not
+    wide = emb.astype(np.float64)
+    wide[2, 3] = -1e39
+    for dtype in ("fp32", "fp16", "bf16"):
+        for allow in (False, True):
+            with pytest.raises(ValueError, match="1 embeddings values are past float32"):
+                AdTable.from_float(wide, dtype=dtype, allow_nonfinite=allow)
+    with pytest.raises(ValueError, match="33 bias values are past float32"):
+        AdTable.from_float(emb, np.full(33, 1e39), dtype="fp32", allow_nonfinite=True)
+    assert AdTable.from_float(emb.astype(np.float64), np.full(33, 3.4e38), dtype="fp32").bias[0] == np.float32(3.4e38)

@@ -728,12 +728,14 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     This is what ``python -m andromeda_nb.training`` runs.
     """
     from ..training import tuning
+    from ..training.train import MODELS
 
     p = PRESETS[preset]
     path = Path(out) / "quality.csv"
-    if tuned_file is not None and not tune:  # a missing file or model refused before anything runs
+    trained = tuple(MODELS) if models is None else tuple(models)
+    if tuned_file is not None:  # a file that cannot serve refused before anything trains
         for ds in datasets:
-            tuning.load_tuned(tuned_file, ds, models)
+            tuning.check_tuned_file(tuned_file) if tune else tuning.load_tuned(tuned_file, ds, p.name, trained)
     frames = []
     for ds in datasets:
         data = load_data(ds, p, data_dir=data_dir)
@@ -749,9 +751,9 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             write_rows(val, path)
             frames.append(val)
             if tuned_file is not None:
-                tuning.save_tuned(tuned_file, ds, tuned)
+                tuning.save_tuned(tuned_file, ds, p.name, tuned)
         elif tuned_file is not None:
-            tuned = tuning.load_tuned(tuned_file, ds, models)
+            tuned = tuning.load_tuned(tuned_file, ds, p.name, trained)
         for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
                                               tuned=tuned)

@@ -189,12 +189,14 @@ class BoundLaunch:
         """Argument ``i`` (a 1-D array argument) becomes ``base[start : start + n]`` (``base`` a
         1-D device array of the argument's dtype). With ``dtype`` (the argument's, another than
         ``base``'s): the ``n`` values of that dtype from element ``start`` of ``base`` on (a
-        float32 argument read out of an int64 staging buffer)."""
+        float32 argument read out of an int64 staging buffer). The span must lie inside ``base``."""
+        size = np.dtype(dtype if dtype is not None else base.dtype).itemsize
+        if not (0 <= start and 0 <= n and start * base.dtype.itemsize + n * size <= base.nbytes):
+            raise ValueError(f"span of {n} x {size} bytes from element {start} of a {base.nbytes}-byte buffer")
         if self._bound is None:
             if dtype is None:
                 self.args[i] = base[start:start + n]
             else:
-                size = np.dtype(dtype).itemsize
                 span = -(-n * size // base.dtype.itemsize)
                 self.args[i] = base[start:start + span].view(dtype)[:n]
         else:
@@ -412,12 +414,14 @@ def copy_async(dst, src, nbytes: int, src_offset: int = 0) -> None:
     (either direction), both persistent buffers (:func:`persistent_address`), without Numba's
     per-copy checks (a serving loop copies the same buffers every call). The simulator copies at
     once."""
+    if any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) for x in (nbytes, src_offset)):
+        raise ValueError(f"copy of {nbytes!r} bytes from byte {src_offset!r}: both must be ints")
     nbytes, src_offset = int(nbytes), int(src_offset)
-    if nbytes == 0:
-        return
-    if not (0 <= src_offset and src_offset + nbytes <= src.nbytes and nbytes <= dst.nbytes):
+    if not (0 <= src_offset and 0 <= nbytes and src_offset + nbytes <= src.nbytes and nbytes <= dst.nbytes):
         raise ValueError(f"copy of {nbytes} bytes from byte {src_offset} of a {src.nbytes}-byte buffer into a "
                          f"{dst.nbytes}-byte one")
+    if nbytes == 0:
+        return
     if backend.is_simulator():
         d = dst if isinstance(dst, np.ndarray) else dst._ary
         s = src if isinstance(src, np.ndarray) else src._ary

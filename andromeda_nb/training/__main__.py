@@ -39,6 +39,11 @@ def main(argv=None) -> int:
                     help="only the standard baselines (all, or those named: most_popular itemknn_cosine itemknn_bm25 "
                          "als bpr ease), tuned on the training part's validation split; CPU (the implicit library)")
     args = ap.parse_args(argv)
+    if args.tune_only and (args.seeds is not None or args.tuned is None):
+        ap.error("--tune-only trains no seed (drop --seeds) and keeps its choices only in --tuned FILE")
+    if args.tuned is not None and args.set and not (args.tune or args.tune_only):
+        ap.error("--set changes the preset's settings, which a run from --tuned FILE does not use (the file's "
+                 "configurations train whole): tune again with --tune --set ...")
     if args.baselines is not None:
         from ..training.baselines import BASELINES, EASE_MAX_ITEMS
 

@@ -230,9 +230,13 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
     Returns:
         :class:`TrainedModel`.
     """
+    checkpoints = list(checkpoints)
+    if any(isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)) for c in checkpoints):
+        raise ValueError(f"checkpoints must be step counts (ints), got {checkpoints!r}")
     checks = sorted({int(c) for c in checkpoints})
-    if checks and (validate is None or checks[0] < 1 or checks[-1] > cfg.steps):
-        raise ValueError(f"checkpoints must lie in 1..{cfg.steps} (the steps trained) and come with validate")
+    if checks and (not callable(validate) or checks[0] < 1 or checks[-1] > cfg.steps):
+        raise ValueError(f"checkpoints must lie in 1..{cfg.steps} (the steps trained) and come with a callable "
+                         f"validate, got {checks} and {validate!r}")
     dev = pick_device(device)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -294,9 +298,15 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
             bar.set_postfix(loss=f"{np.mean(history[-50:]):.3f}")
         if checks and step + 1 == checks[0]:
             checks.pop(0)
+            t_val = time.perf_counter()
             net.eval()
-            model.validation[step + 1] = float(validate(model))
+            value = validate(model)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) or (
+                    not np.isfinite(value)):
+                raise ValueError(f"validate returned {value!r} at step {step + 1}: a finite number is needed")
+            model.validation[step + 1] = float(value)
             net.train()
+            t0 += time.perf_counter() - t_val  # seconds: training time, validation left out
     net.eval()
     model.seconds = time.perf_counter() - t0
     return model

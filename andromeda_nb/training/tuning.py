@@ -143,27 +143,97 @@ def describe(point: dict, grid=GRID) -> str:
             + (f" (grid edge: {', '.join(edges)})" if edges else ""))
 
 
-def save_tuned(path, dataset: str, tuned: dict) -> Path:
-    """Merge ``tuned`` (:func:`~andromeda_nb.analysis.quality.tune_models`' ``{model: (TrainConfig,
-    scorer note)}``) into the JSON file ``path`` under ``dataset``; returns the path."""
+def _config_fields() -> dict:
+    from dataclasses import fields
+
+    from .train import TrainConfig
+
+    return {f.name: f.type for f in fields(TrainConfig)}
+
+
+def read_tuned(path) -> dict:
+    """The whole file of kept tuned configurations, ``{dataset: {"preset": name, "models": {model:
+    {"config": TrainConfig fields, "scorer": note}}}}``, checked: ValueError naming the file and
+    what is wrong (unreadable, not this format, a configuration of another version)."""
     path = Path(path)
-    kept = json.loads(path.read_text()) if path.exists() else {}
-    kept.setdefault(dataset, {}).update({m: {"config": asdict(c), "scorer": note} for m, (c, note) in tuned.items()})
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read tuned configurations from {path}: {e}") from None
+    types = _config_fields()
+
+    def bad(what):
+        return ValueError(f"{path} is not a file of tuned configurations: {what}")
+
+    if not isinstance(kept, dict):
+        raise bad("its top level is not an object")
+    for ds, entry in kept.items():
+        if not (isinstance(entry, dict) and set(entry) == {"preset", "models"} and isinstance(entry["preset"], str)
+                and isinstance(entry["models"], dict)):
+            raise bad(f"{ds!r} is not {{'preset': name, 'models': {{...}}}}")
+        for m, v in entry["models"].items():
+            if not (isinstance(v, dict) and set(v) == {"config", "scorer"} and isinstance(v["scorer"], str)
+                    and isinstance(v["config"], dict)):
+                raise bad(f"{ds}/{m} is not {{'config': {{...}}, 'scorer': note}}")
+            if set(v["config"]) != set(types):
+                raise bad(f"{ds}/{m}'s configuration has fields {sorted(v['config'])}, this version's TrainConfig "
+                          f"{sorted(types)}")
+            for k, x in v["config"].items():
+                ok = (isinstance(x, int) and not isinstance(x, bool)) if types[k] == "int" else (
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x))
+                if not ok:
+                    raise bad(f"{ds}/{m}'s {k} is {x!r}, not a finite {types[k]}")
+    return kept
+
+
+def check_tuned_file(path) -> None:
+    """Raise ValueError unless tuned configurations can be kept at ``path`` (before a tuning run
+    spends its time): not a folder, in a folder that exists or can be made, a file of this format
+    if it exists."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder: name a file to keep tuned configurations in")
+    parent = next((q for q in (path.parent, *path.parent.parents) if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"cannot keep tuned configurations at {path}: {parent} is a file")
+    if path.exists():
+        read_tuned(path)
+
+
+def save_tuned(path, dataset: str, preset: str, tuned: dict) -> Path:
+    """Keep ``tuned`` (:func:`~andromeda_nb.analysis.quality.tune_models`' ``{model: (TrainConfig,
+    scorer note)}``, tuned at ``preset``) in the JSON file ``path`` under ``dataset``: merged with
+    the models kept there for the same preset, replacing an entry of another preset. Returns the
+    path."""
+    path = Path(path)
+    check_tuned_file(path)
+    kept = read_tuned(path) if path.exists() else {}
+    entry = kept.get(dataset)
+    if entry is None or entry["preset"] != preset:
+        entry = kept[dataset] = {"preset": preset, "models": {}}
+    entry["models"].update({m: {"config": asdict(c), "scorer": note} for m, (c, note) in tuned.items()})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
     return path
 
 
-def load_tuned(path, dataset: str, models=None) -> dict:
-    """The tuned configurations :func:`save_tuned` kept for ``dataset`` (of ``models``, default all):
-    ``{model: (TrainConfig, scorer note)}``. Raises ValueError for a missing file or model."""
+def load_tuned(path, dataset: str, preset: str, models) -> dict:
+    """The tuned configurations of ``models`` on ``dataset`` that :func:`save_tuned` kept at
+    ``preset``: ``{model: (TrainConfig, scorer note)}``. Raises ValueError for a missing or
+    malformed file, another preset, or a model it does not hold (a model trained from it must
+    have been tuned)."""
     from .train import TrainConfig
 
     path = Path(path)
     if not path.exists():
         raise ValueError(f"no tuned configurations at {path} (tune first: --tune --tuned {path})")
-    kept = json.loads(path.read_text()).get(dataset, {})
-    missing = [m for m in (models or ()) if m not in kept]
+    entry = read_tuned(path).get(dataset)
+    if entry is None:
+        raise ValueError(f"{path} holds no tuned configuration on {dataset}")
+    if entry["preset"] != preset:
+        raise ValueError(f"{path} holds {dataset}'s configurations tuned at preset {entry['preset']!r}, not {preset!r}")
+    kept = entry["models"]
+    missing = [m for m in models if m not in kept]
     if missing:
         raise ValueError(f"{path} holds no tuned configuration of {missing} on {dataset} (it has {sorted(kept)})")
-    return {m: (TrainConfig(**v["config"]), v["scorer"]) for m, v in kept.items() if models is None or m in models}
+    return {m: (TrainConfig(**kept[m]["config"]), kept[m]["scorer"]) for m in models}

@@ -68,6 +68,10 @@ def test_bound_launch_points_an_argument_into_an_int64_buffer(rng, dtype):
         got = out.copy_to_host()
         np.testing.assert_array_equal(got[:n], want)
         assert not got[n:].any()
+    size = np.dtype(dtype).itemsize
+    for start, n in ((-3, 2), (2, -1), (64, 1), (0, 64 * 8 // size + 1), (63, 16 // size + 1)):
+        with pytest.raises(ValueError, match="span of"):  # on a GPU it would read past the buffer
+            run.set_array(1, buf, start, n, None if dtype == "int64" else dtype)
 
 
 def test_copy_async_copies_from_a_byte_offset(rng):
@@ -85,6 +89,7 @@ def test_copy_async_copies_from_a_byte_offset(rng):
     launch.cuda().synchronize()
     np.testing.assert_array_equal(pinned[:7], host[33:40])
     assert not pinned[7:].any()
-    for n, off in ((8 * 7, 8 * 44), (8 * 21, 0), (8, -8)):
+    for n, off in ((8 * 7, 8 * 44), (8 * 21, 0), (8, -8), (-16, 0), (7.9, 0), (8, 8.7), (True, 0)):
         with pytest.raises(ValueError, match="copy of"):
             launch.copy_async(pinned, dev, n, src_offset=off)
+    launch.copy_async(pinned, dev, 0, src_offset=8 * 50)  # nothing to copy, from the end: fine

@@ -97,11 +97,16 @@ def test_lengths_are_checkpoints_of_one_run_a_learning_rate(data):
     tm = train_model("single_tower", view, base, seed=0, device="cpu", progress=False, checkpoints=[base.steps, 2],
                      validate=lambda m: seen.append(len(m.history)) or len(seen))
     assert seen == [2, base.steps] and tm.validation == {2: 1.0, base.steps: 2.0}
-    for bad in ([base.steps + 1], [0]):
+    for bad in ([base.steps + 1], [0], [2.0], [True], ["3"]):
         with pytest.raises(ValueError, match="checkpoints"):
             train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=bad, validate=len)
-    with pytest.raises(ValueError, match="checkpoints"):
-        train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=[2])
+    for validate in (None, 5):
+        with pytest.raises(ValueError, match="checkpoints"):
+            train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=[2], validate=validate)
+    for value in (float("nan"), "0.7", None):
+        with pytest.raises(ValueError, match="validate returned"):
+            train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=[2],
+                        validate=lambda m, v=value: v)
 
 
 def test_tuned_models_train_every_seed_at_their_point(data):
@@ -119,25 +124,64 @@ def test_tuned_models_train_every_seed_at_their_point(data):
 
 
 def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
-    """save_tuned merges a tuning run's choices into one JSON file, load_tuned gives back the same
-    TrainConfig and scorer note (of the models asked for), and a run told to train from a file that
-    lacks a model refuses before anything trains."""
+    """save_tuned keeps a tuning run's choices per dataset and preset in one JSON file, load_tuned
+    gives back the same TrainConfig and scorer note of each model asked for, and a file that cannot
+    serve (missing, malformed, of another version or preset, lacking the dataset or a model) is
+    refused with the file named, before anything trains."""
+    import json
+
+    from andromeda_nb.training.__main__ import main
+
     base = PRESET.cfg("multi_interest", "single_tower")
     a = {"single_tower": (tuning.grid_config(base, {"lr_scale": 3.0, "steps_scale": 2}), "note a")}
     b = {"ranking": (replace(base, width=8), "note b")}
     path = tmp_path / "tuned.json"
-    tuning.save_tuned(path, "multi_interest", a)
-    tuning.save_tuned(path, "multi_interest", b)
-    tuning.save_tuned(path, "ml-100k", b)
-    assert tuning.load_tuned(path, "multi_interest") == {**a, **b}
-    assert tuning.load_tuned(path, "multi_interest", ["single_tower"]) == a
-    assert tuning.load_tuned(path, "ml-100k") == b
-    assert tuning.load_tuned(path, "multi_interest")["single_tower"][0].steps == 2 * base.steps
-    with pytest.raises(ValueError, match="no tuned configuration of \\['mixture_k2'\\]"):
-        tuning.load_tuned(path, "multi_interest", ["single_tower", "mixture_k2"])
+    tuning.save_tuned(path, "multi_interest", "smoke", a)
+    tuning.save_tuned(path, "multi_interest", "smoke", b)
+    tuning.save_tuned(path, "ml-100k", "smoke", b)
+    assert tuning.load_tuned(path, "multi_interest", "smoke", ["single_tower", "ranking"]) == {**a, **b}
+    assert tuning.load_tuned(path, "multi_interest", "smoke", ["single_tower"]) == a
+    assert tuning.load_tuned(path, "multi_interest", "smoke", ["single_tower"])["single_tower"][0].steps == 2 * base.steps
+    for args, match in ((("multi_interest", "smoke", ["single_tower", "mixture_k2"]), "of \\['mixture_k2'\\]"),
+                        (("multi_interest", "full", ["ranking"]), "tuned at preset 'smoke', not 'full'"),
+                        (("other", "smoke", ["ranking"]), "no tuned configuration on other")):
+        with pytest.raises(ValueError, match=match):
+            tuning.load_tuned(path, *args)
+    tuning.save_tuned(path, "ml-100k", "full", a)  # another preset replaces the dataset's entry
+    assert tuning.load_tuned(path, "ml-100k", "full", ["single_tower"]) == a
+    with pytest.raises(ValueError, match="ranking"):
+        tuning.load_tuned(path, "ml-100k", "full", ["ranking"])
+    good = json.loads(path.read_text())
+    cfg = good["multi_interest"]["models"]["single_tower"]["config"]
+    for text, match in (("{", "cannot read"), ("[]", "top level"), ('{"x": {"models": {}}}', "'x' is not"),
+                        (json.dumps({"d": {"preset": "smoke", "models": {"m": {"config": cfg}}}}), "d/m is not"),
+                        (json.dumps({"d": {"preset": "smoke", "models": {"m": {"config": {**cfg, "new": 1},
+                                                                               "scorer": ""}}}}), "fields"),
+                        (json.dumps({"d": {"preset": "smoke", "models": {"m": {"config": {**cfg, "steps": "ten"},
+                                                                               "scorer": ""}}}}), "steps is 'ten'"),
+                        (json.dumps({"d": {"preset": "smoke", "models": {"m": {"config": {**cfg, "lr": True},
+                                                                               "scorer": ""}}}}), "lr is True")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=match):
+            tuning.load_tuned(bad, "d", "smoke", ["m"])
+        with pytest.raises(ValueError, match=match):  # a tuning run refuses it before it tunes
+            quality.run_all("smoke", tmp_path, datasets=["ml-100k"], models=["single_tower"], tune=True,
+                            tuned_file=bad, progress=False)
     with pytest.raises(ValueError, match="no tuned configurations at"):
-        tuning.load_tuned(tmp_path / "none.json", "multi_interest")
+        tuning.load_tuned(tmp_path / "none.json", "multi_interest", "smoke", ["ranking"])
+    for where, match in ((tmp_path, "is a folder"), (path / "x.json", "is a file")):
+        with pytest.raises(ValueError, match=match):
+            quality.run_all("smoke", tmp_path, datasets=["ml-100k"], models=["single_tower"], tune=True,
+                            tuned_file=where, progress=False)
     with pytest.raises(ValueError, match="mixture_k2"):
-        quality.run_all("smoke", tmp_path, datasets=["ml-100k"], models=["mixture_k2"], tuned_file=path,
+        quality.run_all("smoke", tmp_path, datasets=["multi_interest"], models=["mixture_k2"], tuned_file=path,
                         progress=False)
+    with pytest.raises(ValueError, match="of \\['mixture_k1', 'mixture_k2', 'mixture_k4', 'dense_mixture'\\]"):  # all train
+        quality.run_all("smoke", tmp_path, datasets=["multi_interest"], tuned_file=path, progress=False)
+    assert not (tmp_path / "quality.csv").exists()
+    for argv in (["--tune-only", "--tuned", str(path), "--seeds", "1"], ["--tune-only"],
+                 ["--tuned", str(path), "--set", "steps=3"]):
+        with pytest.raises(SystemExit):  # argparse's error: refused before anything runs
+            main(["--preset", "smoke", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
