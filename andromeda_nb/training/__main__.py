@@ -17,7 +17,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="data/results", help="folder of quality.csv (rows are merged by key)")
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     ap.add_argument("--seeds", nargs="+", type=int, default=None)
-    ap.add_argument("--models", nargs="+", default=None, help="a subset of the models (default: all six)")
+    ap.add_argument("--models", nargs="+", default=None,
+                    help="a subset of the models (default: all six: single_tower mixture_k1 mixture_k2 mixture_k4 "
+                         "dense_mixture ranking)")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="override TrainConfig fields for every model, e.g. --set steps=10 batch=256")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -70,6 +72,21 @@ def main(argv=None) -> int:
         return 0
     import torch
 
+    from ..training.train import MODELS
+    from ..training.tuning import check_tuned_file, load_tuned
+
+    unknown = [m for m in args.models or () if m not in MODELS]
+    if unknown:
+        ap.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+    if args.tuned is not None:  # a file that cannot serve: a usage error, before anything runs
+        try:
+            if args.tune or args.tune_only:
+                check_tuned_file(args.tuned)
+            else:
+                for ds in args.datasets:
+                    load_tuned(args.tuned, ds, args.preset, args.models or tuple(MODELS))
+        except ValueError as e:
+            ap.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
     preset = args.preset

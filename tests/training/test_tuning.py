@@ -185,3 +185,7 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
         with pytest.raises(SystemExit):  # argparse's error: refused before anything runs
             main(["--preset", "smoke", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
+    for argv in (["--models", "foo"], ["--tuned", str(path), "--models", "mixture_k2"]):
+        with pytest.raises(SystemExit):  # unknown models, a file lacking one: usage errors before any row
+            main(["--preset", "smoke", "--datasets", "multi_interest", "--out", str(tmp_path), *argv])
+    assert not (tmp_path / "quality.csv").exists()
