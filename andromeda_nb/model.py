@@ -51,7 +51,7 @@ def _as_f32(name: str, x, ndim: int) -> np.ndarray:
         raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}")
     if arr.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    arr = _to_f32(name, arr)
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} holds non-finite values (NaN or inf)")
     return arr

@@ -732,10 +732,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
 
     p = PRESETS[preset]
     path = Path(out) / "quality.csv"
-    trained = tuple(MODELS) if models is None else tuple(models)
     if tuned_file is not None:  # a file that cannot serve refused before anything trains
-        for ds in datasets:
-            tuning.check_tuned_file(tuned_file) if tune else tuning.load_tuned(tuned_file, ds, p.name, trained)
+        tuning.check_tuned_use(tuned_file, datasets, p.name, models, tune)
     frames = []
     for ds in datasets:
         data = load_data(ds, p, data_dir=data_dir)
@@ -753,7 +751,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             if tuned_file is not None:
                 tuning.save_tuned(tuned_file, ds, p.name, tuned)
         elif tuned_file is not None:
-            tuned = tuning.load_tuned(tuned_file, ds, p.name, trained)
+            tuned = tuning.load_tuned(tuned_file, ds, p.name, tuple(MODELS) if models is None else tuple(models))
         for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
                                               tuned=tuned)

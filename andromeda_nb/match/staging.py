@@ -33,10 +33,10 @@ class Stager:
         """Keep a replaced device buffer alive: kernels queued on the stream may still read it."""
         self._kept.append(buffer)
 
-    def upload(self, arrays: Sequence[np.ndarray], owned: bool = True) -> list:
-        """Device int64 views of ``arrays`` (each at least one element long: an empty array gets
-        one zero, so kernels can take it as an argument)."""
-        dev, starts, sizes = self._stage(arrays, owned)
+    def upload(self, arrays: Sequence[np.ndarray]) -> list:
+        """Device int64 views of ``arrays`` in a new device array the caller owns (each at least one
+        element long: an empty array gets one zero, so kernels can take it as an argument)."""
+        dev, starts, sizes = self._stage(arrays, owned=True)
         return [launch.view1d(dev, off, n) for off, n in zip(starts, sizes)]
 
     def upload_spans(self, arrays: Sequence[np.ndarray]) -> tuple:

@@ -299,7 +299,7 @@ def _scatter_launch(pool) -> "launch.BoundLaunch":
     from .kernels import scatter_slots_kernel
 
     t = pool.table
-    cached = getattr(pool, "_scatter", None)
+    cached = pool._scatter
     if cached is None or cached[0] is not t:
         i64, f32 = launch.dummy(np.int64), launch.dummy(np.float32)
         run = launch.BoundLaunch(scatter_slots_kernel(t.layout == "tiles"), 1, launch.default_block(), (

@@ -73,18 +73,14 @@ def main(argv=None) -> int:
     import torch
 
     from ..training.train import MODELS
-    from ..training.tuning import check_tuned_file, load_tuned
+    from ..training.tuning import check_tuned_use
 
     unknown = [m for m in args.models or () if m not in MODELS]
     if unknown:
         ap.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
     if args.tuned is not None:  # a file that cannot serve: a usage error, before anything runs
         try:
-            if args.tune or args.tune_only:
-                check_tuned_file(args.tuned)
-            else:
-                for ds in args.datasets:
-                    load_tuned(args.tuned, ds, args.preset, args.models or tuple(MODELS))
+            check_tuned_use(args.tuned, args.datasets, args.preset, args.models, args.tune or args.tune_only)
         except ValueError as e:
             ap.error(str(e))
     if args.threads:

@@ -186,18 +186,30 @@ def read_tuned(path) -> dict:
     return kept
 
 
-def check_tuned_file(path) -> None:
-    """Raise ValueError unless tuned configurations can be kept at ``path`` (before a tuning run
-    spends its time): not a folder, in a folder that exists or can be made, a file of this format
-    if it exists."""
+def check_tuned_file(path) -> dict:
+    """What :func:`read_tuned` holds at ``path`` (``{}`` for no file yet), or ValueError unless
+    tuned configurations can be kept there (before a tuning run spends its time): not a folder, in
+    a folder that exists or can be made, a file of this format if it exists."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a folder: name a file to keep tuned configurations in")
     parent = next((q for q in (path.parent, *path.parent.parents) if q.exists()), None)
     if parent is not None and not parent.is_dir():
         raise ValueError(f"cannot keep tuned configurations at {path}: {parent} is a file")
-    if path.exists():
-        read_tuned(path)
+    return read_tuned(path) if path.exists() else {}
+
+
+def check_tuned_use(path, datasets, preset: str, models, tune: bool) -> None:
+    """ValueError unless the file ``path`` can serve a run over ``datasets`` at ``preset``: a
+    tuning run (``tune``) must be able to keep its choices there; any other run must find every
+    model of ``models`` (None: all of :data:`~.train.MODELS`) tuned there (:func:`load_tuned`)."""
+    from .train import MODELS
+
+    if tune:
+        check_tuned_file(path)
+        return
+    for ds in datasets:
+        load_tuned(path, ds, preset, tuple(MODELS) if models is None else tuple(models))
 
 
 def save_tuned(path, dataset: str, preset: str, tuned: dict) -> Path:
@@ -206,8 +218,7 @@ def save_tuned(path, dataset: str, preset: str, tuned: dict) -> Path:
     the models kept there for the same preset, replacing an entry of another preset. Returns the
     path."""
     path = Path(path)
-    check_tuned_file(path)
-    kept = read_tuned(path) if path.exists() else {}
+    kept = check_tuned_file(path)
     entry = kept.get(dataset)
     if entry is None or entry["preset"] != preset:
         entry = kept[dataset] = {"preset": preset, "models": {}}
