@@ -42,7 +42,7 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir, batches=APPLY_B
     batches: the host index equals a rebuild of its rules, the device rows equal the host's on
     sampled words, the device table's ad ids equal the index's on every slot, and sampled requests
     equal the reference (CPU match on the index, top-k of the kernel's scores). Where the host time
-    of a batch of the first size goes: ``<out>/pipeline_host_profile_apply_<slots>.txt``.
+    of a batch of the first two sizes goes: ``<out>/pipeline_host_profile_apply_<slots>_<size>.txt``.
     ``batches``: (ops a batch, batches timed) a size; ``busy(ms)``: the kernel queued ahead of the
     events (default :func:`.harness.busy`)."""
     import types
@@ -88,8 +88,10 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir, batches=APPLY_B
         finally:
             pool.trace = None
         measured.append((size, calls, walls, device))
-    profiled = iter([update(batches[0][0]) for _ in range(10)])
-    _host_profile(lambda: (pool.apply(next(profiled)), cuda.synchronize()), 10, out_dir, f"apply_{pool.n_ads}")
+    for size, _ in batches[:2]:
+        profiled = iter([update(size) for _ in range(10)])
+        _host_profile(lambda: (pool.apply(next(profiled)), cuda.synchronize()), 10, out_dir,
+                      f"apply_{pool.n_ads}_{size}")
     index = pool.index.index
     why, ref = _index_vs_rebuild(pool)
     checks = [f"FAILED {why}" if why else "index (device rows and lists, host rules) = rebuild"]
