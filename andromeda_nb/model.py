@@ -127,6 +127,25 @@ class Request:
         )
 
 
+#: values from which :func:`to_f16` converts on every core (compiled): below, numpy's conversion
+#: costs less than starting the parallel loop, and a small table needs no compiler
+F16_PARALLEL_MIN = 1 << 16
+
+
+def to_f16(x: np.ndarray) -> np.ndarray:
+    """float32 ``x`` as float16, rounded to nearest even (numpy's ``astype(np.float16)``, bit for
+    bit: overflow to inf, subnormals, NaN): large arrays on every core."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.size < F16_PARALLEL_MIN:
+        with np.errstate(over="ignore"):  # past the half range: inf, as the parallel path (callers check)
+            return x.astype(np.float16)
+    from .score.weight_kernels import to_f16 as convert
+
+    out = np.empty(x.shape, np.float16)
+    convert(x.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
+    return out
+
+
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """Round float32 values to bf16 (round to nearest even) and return the 16 bits as uint16.
 
@@ -285,7 +304,7 @@ class AdTable:
                     f"{int(over.sum())} embedding values exceed the fp16 range (|x| > {FP16_MAX}); "
                     "rescale the table or store it as bf16 or int8"
                 )
-            store = emb.astype(np.float16)
+            store = to_f16(emb)
         elif dtype == "bf16":
             store = to_bf16_bits(emb)
             over = np.isinf(from_bf16_bits(store)) & np.isfinite(emb)

@@ -265,3 +265,27 @@ def test_fp16_tables_refuse_values_past_fp16_with_or_without_nonfinite_ones(rng)
     with pytest.raises(ValueError, match="33 bias values are past float32"):
         AdTable.from_float(emb, np.full(33, 1e39), dtype="fp32", allow_nonfinite=True)
     assert AdTable.from_float(emb.astype(np.float64), np.full(33, 3.4e38), dtype="fp32").bias[0] == np.float32(3.4e38)
+
+
+@pytest.mark.parametrize("n", [1000, (1 << 16) + 3])  # numpy's conversion, then the parallel one
+def test_fp16_conversion_is_numpys_bit_for_bit(rng, n):
+    """model.to_f16 equals numpy's astype(float16) on every bit: random values over the whole
+    float32 range, exact ties at every half exponent (round to even), half subnormals and their
+    ties, the largest half and the first value past it (inf), inf, NaN with payloads, signed zeros."""
+    from andromeda_nb.model import to_f16
+
+    bits = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    e = rng.integers(-24, 16, n // 4)  # half exponents, subnormals included
+    m = rng.integers(0, 1 << 10, n // 4)
+    tie = np.ldexp((2 * ((1 << 10) + m) + 1).astype(np.float64), e - 11).astype(np.float32)  # midpoints
+    bits[:tie.size] = tie.view(np.uint32) ^ (rng.integers(0, 2, tie.size, dtype=np.uint32) << np.uint32(31))
+    edges = np.array([0.0, -0.0, 65504.0, 65520.0, 65519.99, np.inf, -np.inf, 2.0 ** -24, 2.0 ** -25,
+                      3 * 2.0 ** -26, 2.0 ** -26, 6.1e-5], np.float32).view(np.uint32)
+    bits[n // 2:n // 2 + edges.size] = edges
+    bits[-3:] = [0x7FC00000, 0xFF800001, 0x7F802000]  # NaNs: quiet, low payload, mid payload
+    x = bits.view(np.float32)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    got = to_f16(x.reshape(-1, 1)).view(np.uint16).reshape(-1)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)

@@ -424,22 +424,25 @@ class TargetingIndex(IndexUpdates):
         """(ptr, codes, live) of the current rules of some slots: the build's columns, and for the
         slots an update rewrote since (the overlay) their new codes."""
         slots = np.asarray(slots, np.int64)
+        live = self.live[slots].copy()
+        if self._base_by_slot is not None:  # (every update holds it) base and overlay in one pass
+            from .update_kernels import gather_slot_codes
+
+            none = np.zeros(1, np.int64)
+            ov = (none, none, none) if self._ov_start is None else (self._ov_start, self._ov_len, self._ov_codes)
+            ptr, codes = gather_slot_codes(*self._base_by_slot, self._n_base, self._overlaid, *ov, slots)
+            return ptr, codes, live
         over = np.flatnonzero(self._overlaid[slots]) if self._ov_start is not None else np.zeros(0, np.int64)
         base_slots = slots.copy()
         base_slots[over] = self.n_ads  # not a base slot: empty
         ptrs, vals, colhi = self._cols
-        if self._base_by_slot is not None:
-            from .update_kernels import gather_slot_codes
-
-            ptr, codes = gather_slot_codes(*self._base_by_slot, base_slots, self._n_base)
-        elif ptrs:
+        if ptrs:
             from .update_kernels import GATHER_PARALLEL_MIN, gather_codes, gather_codes_parallel
 
             run = gather_codes_parallel if slots.size >= GATHER_PARALLEL_MIN else gather_codes
             ptr, codes = run(ptrs, vals, colhi, base_slots, self._n_base)
         else:
             ptr, codes = np.zeros(slots.size + 1, np.int64), np.zeros(0, np.int64)
-        live = self.live[slots].copy()
         if over.size:
             lens = self._ov_len[slots[over]]
             sizes = np.diff(ptr)

@@ -297,7 +297,7 @@ class IndexUpdates:
                     self.pool = grown
             dirty = np.empty((2 * n_lo + 1, 2), np.int64)
             nd = list_ops(lops, self.l_start, self.l_len, self.l_cap, self.l_live, self.l_sorted, self.pool,
-                               self._pool_used, dirty)
+                          self._pool_used, dirty, threads())
             if nd < 0:
                 raise AssertionError(f"internal: list entry missing for op {lops[-1 - nd].tolist()}")
             dirty = dirty[:nd]

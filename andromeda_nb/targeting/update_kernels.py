@@ -57,21 +57,29 @@ gather_codes = njit(cache=True)(_gather_codes)
 gather_codes_parallel = njit(parallel=True)(_gather_codes)  # not cached: one cache entry per function
 
 
-@njit(cache=True)
-def gather_slot_codes(ptr, codes, slots, n_base):
-    """:func:`_gather_codes` from the build's rules held slot by slot (``codes[ptr[s]:ptr[s + 1]]``
-    the codes of slot ``s``): a slot's codes are one contiguous run, where the columns scatter
-    them over ~2 x 40 arrays. Slots at or past ``n_base`` have none."""
+@njit(parallel=True, cache=True)
+def gather_slot_codes(ptr, codes, n_base, overlaid, ov_start, ov_len, ov_codes, slots):
+    """:func:`_gather_codes` from rules held slot by slot: the build's (``codes[ptr[s]:ptr[s + 1]]``
+    the codes of slot ``s``, none at or past ``n_base``) unless the update overlay holds the slot's
+    current rule (``overlaid[s]``: ``ov_codes[ov_start[s]:][:ov_len[s]]``). A slot's codes are one
+    contiguous run, where the columns scatter them over ~2 x 40 arrays; the runs are copied in
+    parallel (random reads of large arrays, bound by memory latency)."""
     k = slots.size
     out_ptr = np.zeros(k + 1, np.int64)
-    for i in range(k):
+    for i in prange(k):
         s = slots[i]
-        out_ptr[i + 1] = out_ptr[i] + (ptr[s + 1] - ptr[s] if s < n_base else 0)
+        out_ptr[i + 1] = ov_len[s] if overlaid[s] else (ptr[s + 1] - ptr[s] if s < n_base else 0)
+    for i in range(k):
+        out_ptr[i + 1] += out_ptr[i]
     out = np.empty(out_ptr[k], np.int64)
-    for i in range(k):
+    for i in prange(k):
         s = slots[i]
-        if s < n_base:
-            o = out_ptr[i]
+        o = out_ptr[i]
+        if overlaid[s]:
+            for q in range(ov_start[s], ov_start[s] + ov_len[s]):
+                out[o] = ov_codes[q]
+                o += 1
+        elif s < n_base:
             for q in range(ptr[s], ptr[s + 1]):
                 out[o] = codes[q]
                 o += 1
@@ -374,83 +382,129 @@ def decode(x):
     return x if x >= 0 else -x - 1
 
 
-@njit(cache=True)
-def list_ops(ops, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty):
-    """Apply list ops (list id, slot, +1/-1) to the host list pool. ``dirty`` rows get
-    ``(start, length)`` of each pool range written. Returns the number of dirty ranges, or
-    ``-1 - i`` when op ``i`` removes an entry that is not there (an internal error)."""
-    nd = 0
-    for i in range(ops.shape[0]):
-        lid = ops[i, 0]
-        s = ops[i, 1]
-        st = l_start[lid]
-        if ops[i, 2] < 0:
-            pos = -1
-            lo = st
-            hi = st + l_sorted[lid]
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if decode(pool[mid]) < s:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if lo < st + l_sorted[lid] and pool[lo] == s:
-                pos = lo
+@njit(cache=True, inline="always")
+def _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty, nd, may_move):
+    """List op ``i`` of ``ops`` (list id, slot, +1 add / -1 remove) on the host list pool, its
+    written pool ranges appended to ``dirty`` from row ``nd`` (at most two). Returns the new
+    ``nd``; -1: the entry to remove is not there; -2: an add needs its list moved and
+    ``may_move`` is False (nothing changed)."""
+    lid = ops[i, 0]
+    s = ops[i, 1]
+    st = l_start[lid]
+    if ops[i, 2] < 0:
+        pos = -1
+        lo = st
+        hi = st + l_sorted[lid]
+        while lo < hi:  # the sorted head, then the appended tail
+            mid = (lo + hi) // 2
+            if decode(pool[mid]) < s:
+                lo = mid + 1
             else:
-                for q in range(st + l_sorted[lid], st + l_len[lid]):
-                    if pool[q] == s:
-                        pos = q
-                        break
-            if pos < 0:
-                return -1 - i
-            pool[pos] = -s - 1
-            l_live[lid] -= 1
-            dirty[nd, 0] = pos
-            dirty[nd, 1] = 1
-            nd += 1
-            if l_len[lid] >= 32 and 2 * l_live[lid] < l_len[lid]:  # compact in place
-                k = 0
-                for q in range(st, st + l_len[lid]):
-                    if pool[q] >= 0:
-                        pool[st + k] = pool[q]
-                        k += 1
-                pool[st:st + k].sort()
-                l_len[lid] = k
-                l_sorted[lid] = k
-                dirty[nd, 0] = st
-                dirty[nd, 1] = k
-                nd += 1
+                hi = mid
+        if lo < st + l_sorted[lid] and pool[lo] == s:
+            pos = lo
         else:
-            if l_len[lid] < l_cap[lid]:
-                q = st + l_len[lid]
-                pool[q] = s
-                if l_sorted[lid] == l_len[lid] and (l_len[lid] == 0 or decode(pool[q - 1]) < s):
-                    l_sorted[lid] += 1
-                l_len[lid] += 1
-                l_live[lid] += 1
-                dirty[nd, 0] = q
-                dirty[nd, 1] = 1
-                nd += 1
-            else:  # move to a region twice the live size at the end of the pool
-                cap = max(8, 2 * (l_live[lid] + 1))
-                ns = used[0]
-                used[0] += cap
-                k = 0
-                for q in range(st, st + l_len[lid]):
-                    if pool[q] >= 0:
-                        pool[ns + k] = pool[q]
-                        k += 1
-                pool[ns + k] = s
-                k += 1
-                pool[ns:ns + k].sort()
-                l_start[lid] = ns
-                l_len[lid] = k
-                l_cap[lid] = cap
-                l_sorted[lid] = k
-                l_live[lid] = k
-                dirty[nd, 0] = ns
-                dirty[nd, 1] = k
-                nd += 1
+            for q in range(st + l_sorted[lid], st + l_len[lid]):
+                if pool[q] == s:
+                    pos = q
+                    break
+        if pos < 0:
+            return -1
+        pool[pos] = -s - 1
+        l_live[lid] -= 1
+        dirty[nd, 0] = pos
+        dirty[nd, 1] = 1
+        nd += 1
+        if l_len[lid] >= 32 and 2 * l_live[lid] < l_len[lid]:  # compact in place
+            k = 0
+            for q in range(st, st + l_len[lid]):
+                if pool[q] >= 0:
+                    pool[st + k] = pool[q]
+                    k += 1
+            pool[st:st + k].sort()
+            l_len[lid] = k
+            l_sorted[lid] = k
+            dirty[nd, 0] = st
+            dirty[nd, 1] = k
+            nd += 1
+        return nd
+    if l_len[lid] < l_cap[lid]:
+        q = st + l_len[lid]
+        pool[q] = s
+        if l_sorted[lid] == l_len[lid] and (l_len[lid] == 0 or decode(pool[q - 1]) < s):
+            l_sorted[lid] += 1
+        l_len[lid] += 1
+        l_live[lid] += 1
+        dirty[nd, 0] = q
+        dirty[nd, 1] = 1
+        return nd + 1
+    if not may_move:
+        return -2
+    # move to a region twice the live size at the end of the pool
+    cap = max(8, 2 * (l_live[lid] + 1))
+    ns = used[0]
+    used[0] += cap
+    k = 0
+    for q in range(st, st + l_len[lid]):
+        if pool[q] >= 0:
+            pool[ns + k] = pool[q]
+            k += 1
+    pool[ns + k] = s
+    k += 1
+    pool[ns:ns + k].sort()
+    l_start[lid] = ns
+    l_len[lid] = k
+    l_cap[lid] = cap
+    l_sorted[lid] = k
+    l_live[lid] = k
+    dirty[nd, 0] = ns
+    dirty[nd, 1] = k
+    return nd + 1
+
+
+@njit(parallel=True, cache=True)
+def list_ops(ops, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty, n_parts):
+    """Apply list ops (list id, slot, +1/-1) to the host list pool (room for every move made
+    beforehand), in ``n_parts`` parallel parts (the threads). ``dirty`` (at least ``2 * len(ops)`` rows) gets ``(start, length)`` of each pool
+    range written, in op order. Returns the number of dirty ranges, or ``-1 - i`` when op ``i``
+    removes an entry that is not there (an internal error).
+
+    Lists are independent but for the pool's end, where a list that outgrows its region moves: the
+    lists are dealt to threads by id (each thread runs its lists' ops in order, skipping the
+    others: no sort), up to a list's first move; the moves (a list's region is twice its live
+    size: rare) and whatever follows them in their list then run in one thread, in op order."""
+    n = ops.shape[0]
+    done = np.zeros(n, np.int8)  # 1 applied, 0 left for the moves' pass, -1 failed
+    rows = np.zeros(n, np.int64)  # dirty rows of each op (at 2 * i)
+    blocked = np.zeros(l_start.size, np.bool_)  # a list that waits for a move
+    for p in prange(n_parts):
+        for i in range(n):
+            lid = ops[i, 0]
+            if lid % n_parts != p or blocked[lid]:
+                continue
+            r = _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty, 2 * i, False)
+            if r == -2:
+                blocked[lid] = True
+            elif r < 0:
+                done[i] = -1
+                blocked[lid] = True
+            else:
+                done[i] = 1
+                rows[i] = r - 2 * i
+    for i in range(n):
+        if done[i] < 0:
+            return -1 - i
+        if done[i] == 0 and blocked[ops[i, 0]]:
+            r = _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty, 2 * i, True)
+            if r < 0:
+                return -1 - i
+            rows[i] = r - 2 * i
+    nd = 0
+    for i in range(n):  # pack: each op's rows start at or after the packed end
+        for q in range(2 * i, 2 * i + rows[i]):
+            dirty[nd, 0] = dirty[q, 0]
+            dirty[nd, 1] = dirty[q, 1]
+            nd += 1
     return nd
 
 

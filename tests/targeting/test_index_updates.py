@@ -434,3 +434,61 @@ def test_the_rules_held_slot_by_slot_are_the_columns_rules(rng):
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g, w)
     assert np.diff(want[0]).sum() > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_list_ops_keep_every_list_whatever_the_thread_split(seed):
+    """update_kernels.list_ops on random adds and removes of a few small lists (sizes off 32, so
+    lists compact, move past their region and come back; one list's many ops in a row): every
+    list holds exactly its live slots, its sorted head is sorted, every pool position that changed
+    lies in a returned dirty range, and 1, 2 or 5 parallel parts give the same pool bit for bit."""
+    from andromeda_nb.targeting.update_kernels import decode, list_ops
+
+    rng = np.random.default_rng(seed)
+    n_lists, n_ops = 7, 600
+    start = np.arange(n_lists, dtype=np.int64) * 16
+    contents = [sorted(rng.choice(10_000, int(rng.integers(0, 9)), replace=False).tolist()) for _ in range(n_lists)]
+    pool0 = np.full(1 << 16, -1, np.int64)
+    for lid, c in enumerate(contents):
+        pool0[start[lid]:start[lid] + len(c)] = c
+    lens = np.array([len(c) for c in contents], np.int64)
+    state0 = dict(l_start=start, l_len=lens, l_cap=np.full(n_lists, 16, np.int64), l_live=lens.copy(),
+                  l_sorted=lens.copy(), pool=pool0, used=np.array([16 * n_lists], np.int64))
+    live = [set(c) for c in contents]
+    ops = np.zeros((n_ops, 3), np.int64)
+    for i in range(n_ops):
+        lid = int(rng.integers(0, n_lists)) if i % 100 else 3  # op 0, 100, ...: list 3; and a run of it below
+        lid = 5 if 300 <= i < 360 else lid
+        if live[lid] and rng.random() < (0.3 if i < 400 else 0.9):  # lists grow past 32, then compact
+            s = int(rng.choice(sorted(live[lid])))
+            live[lid].remove(s)
+            ops[i] = lid, s, -1
+        else:
+            s = int(rng.integers(0, 10_000))
+            while s in live[lid]:
+                s = int(rng.integers(0, 10_000))
+            live[lid].add(s)
+            ops[i] = lid, s, 1
+    results = []
+    for n_parts in (1, 2, 5):
+        st_ = {k: v.copy() for k, v in state0.items()}
+        dirty = np.empty((2 * n_ops + 1, 2), np.int64)
+        nd = list_ops(ops, st_["l_start"], st_["l_len"], st_["l_cap"], st_["l_live"], st_["l_sorted"], st_["pool"],
+                      st_["used"], dirty, n_parts)
+        assert nd > 0
+        pool = st_["pool"]
+        for lid in range(n_lists):
+            seg = pool[st_["l_start"][lid]:st_["l_start"][lid] + st_["l_len"][lid]]
+            assert sorted(seg[seg >= 0].tolist()) == sorted(live[lid]), (n_parts, lid)
+            assert st_["l_live"][lid] == len(live[lid]) and st_["l_len"][lid] <= st_["l_cap"][lid]
+            head = [decode(v) for v in seg[:st_["l_sorted"][lid]]]
+            assert head == sorted(head)
+        covered = np.zeros(pool.size, bool)
+        for a, n in dirty[:nd]:
+            covered[a:a + n] = True
+        assert not (pool != pool0)[~covered].any()
+        assert st_["used"][0] > 16 * n_lists  # some list moved
+        results.append(st_)
+    for other in results[1:]:
+        for k in state0:
+            np.testing.assert_array_equal(other[k], results[0][k], err_msg=k)
