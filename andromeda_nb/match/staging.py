@@ -47,6 +47,22 @@ class Stager:
         dev, starts, _ = self._stage(arrays, owned=False)
         return dev, starts
 
+    def _grow(self, total: int, ring: bool) -> None:
+        """Every region's buffers to hold ``total`` int64 (the next power of two), with ``ring``
+        its device buffer too: all at once, as the ring goes through every region and a pinned
+        allocation costs milliseconds (a batch size larger than any before pays once, not once a
+        region). A region's copy in flight finishes first; replaced device buffers are kept."""
+        size = 1 << int(np.ceil(np.log2(max(total, 1))))
+        for r in self.regions:
+            if r["event"] is not None:
+                r["event"].synchronize()
+            if r["host"].size < size:
+                r["host"] = self.cuda.pinned_array(size, np.int64)
+            if ring and (r["dev"] is None or r["dev"].size < size):
+                if r["dev"] is not None:
+                    self.retain(r["dev"])
+                r["dev"] = self.cuda.device_array(size, np.int64)
+
     def _stage(self, arrays: Sequence[np.ndarray], owned: bool) -> tuple:
         sizes = [max(int(a.size), 1) for a in arrays]
         starts = np.cumsum([0] + sizes[:-1]).tolist()
@@ -55,17 +71,10 @@ class Stager:
         self.next = (self.next + 1) % len(self.regions)
         if reg["event"] is not None:
             reg["event"].synchronize()
-        if reg["host"].size < total:
-            reg["host"] = self.cuda.pinned_array(1 << int(np.ceil(np.log2(total))), np.int64)
+        if reg["host"].size < total or (not owned and (reg["dev"] is None or reg["dev"].size < total)):
+            self._grow(max(total, reg["host"].size), ring=not owned)
         host = reg["host"]
-        if owned:
-            dev = self.cuda.device_array(total, np.int64)
-        else:
-            if reg["dev"] is None or reg["dev"].size < total:
-                if reg["dev"] is not None:
-                    self.retain(reg["dev"])
-                reg["dev"] = self.cuda.device_array(host.size, np.int64)
-            dev = reg["dev"]
+        dev = self.cuda.device_array(total, np.int64) if owned else reg["dev"]
         for a, off in zip(arrays, starts):
             if a.size:
                 host[off:off + a.size] = a
