@@ -27,6 +27,7 @@ from ..device import launch
 from ..model import AdTable, from_bf16_bits
 from ..score.table import FREE
 from ..targeting import CREATE, RETIRE, UpdateBatch
+from ..targeting.index_updates import order_by_slot
 
 
 @dataclass
@@ -141,7 +142,7 @@ def final_rows(slots: np.ndarray, ops: np.ndarray, sets_row: np.ndarray) -> tupl
     k = slots.size
     if k == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = np.lexsort((np.arange(k), slots))  # by slot, then op order
+    order = order_by_slot(slots)
     s, o = slots[order], order
     start = np.ones(k, bool)
     start[1:] = s[1:] != s[:-1]

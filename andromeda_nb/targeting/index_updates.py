@@ -40,6 +40,13 @@ def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return np.repeat(starts - (ends - lens), lens) + np.arange(int(ends[-1]) if ends.size else 0)
 
 
+def order_by_slot(slots: np.ndarray) -> np.ndarray:
+    """The ops' order by slot, then op order (``np.lexsort((arange, slots))``): one unstable sort of
+    distinct keys ``slot * k + i``, several times faster than a stable one (slots < 2^40, k < 2^23)."""
+    k = slots.size
+    return np.argsort(slots.astype(np.int64) * k + np.arange(k, dtype=np.int64))
+
+
 class IndexUpdates:
     """:class:`~.index.TargetingIndex`'s update half (validation, allocation, the overlay of
     rewritten rules, the diff into list operations and, with host rows, bit flips)."""
@@ -170,7 +177,7 @@ class IndexUpdates:
             op_slots, pushed = np.empty(k, np.int64), np.empty(k, np.int64)
             bad, n_popped, n_pushed = allocate_distinct(ops, cur, tail, op_slots, pushed)
             if bad < 0:
-                order = np.lexsort((np.arange(k), op_slots))  # by slot, then op order
+                order = order_by_slot(op_slots)
                 s = op_slots[order]
                 last = np.append(s[1:] != s[:-1], True)
                 slots, final_op = s[last], order[last]

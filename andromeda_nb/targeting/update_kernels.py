@@ -87,6 +87,21 @@ def gather_slot_codes(ptr, codes, n_base, overlaid, ov_start, ov_len, ov_codes, 
 
 
 @njit(cache=True)
+def first_bad_code(ptr, codes, cards):
+    """The first rule code (index) that is negative, of no category or value of the schema
+    (``cards``: each category's cardinality), or not above the previous code of its op; -1 when
+    every code holds (:meth:`~.updates.UpdateBatch.check_columns`, one pass)."""
+    for i in range(ptr.size - 1):
+        for q in range(ptr[i], ptr[i + 1]):
+            c = codes[q]
+            if c < 0 or (c >> 33) >= cards.size or (c & 0xFFFFFFFF) >= cards[c >> 33]:
+                return q
+            if q > ptr[i] and codes[q - 1] >= c:
+                return q
+    return -1
+
+
+@njit(cache=True)
 def allows_vec(codes, lo, mid, hi, m, live, out, off):
     """Allows vector of one single-valued category: ``out[off + v]`` for v in 0..m (m: no value)."""
     unc = mid == lo

@@ -80,15 +80,12 @@ class UpdateBatch:
         if bad.any():
             raise RuleError(f"ad {int(ids[bad][0])}: a retire carries no rule and is not live")
         if codes.size:
-            cat, value = codes >> 33, codes & 0xFFFFFFFF
+            from .update_kernels import first_bad_code
+
             cards = np.array([c.cardinality for c in self.schema], np.int64)
-            ok = (codes >= 0) & (cat < cards.size)
-            ok &= value < cards[np.minimum(np.maximum(cat, 0), cards.size - 1)]
-            first = np.zeros(codes.size, bool)
-            first[ptr[:-1][sizes > 0]] = True
-            ok[1:] &= first[1:] | (np.diff(codes) > 0)
-            if not ok.all():
-                op = int(np.searchsorted(ptr, int(np.flatnonzero(~ok)[0]), side="right") - 1)
+            bad = first_bad_code(ptr.astype(np.int64, copy=False), codes.astype(np.int64, copy=False), cards)
+            if bad >= 0:
+                op = int(np.searchsorted(ptr, bad, side="right") - 1)
                 raise RuleError(f"ad {int(ids[op])}: its rule codes were changed (not of this schema, or not "
                                 "sorted and distinct)")
 

@@ -492,3 +492,35 @@ def test_list_ops_keep_every_list_whatever_the_thread_split(seed):
     for other in results[1:]:
         for k in state0:
             np.testing.assert_array_equal(other[k], results[0][k], err_msg=k)
+
+
+def test_rule_codes_changed_after_the_batch_was_built_are_refused():
+    """A batch's codes written after it was built (negative, another category, a value past the
+    category, unsorted or repeated within an op) are refused by check and apply, naming the op's
+    ad, and the index is left as it was; the same codes sorted again pass."""
+    rules = TargetingRules.from_records(SCHEMA, [{"ad_id": i, "include": {"age": [i % 7]}} for i in range(20)])
+    index = TargetingIndex(rules, 40)
+    recs = [{"op": "create", "ad_id": 100 + i, "include": {"age": [1, 3], "interest": [2, 9, 29]},
+             "exclude": {"country": [4]}} for i in range(5)] + [{"op": "retire", "ad_id": 3}]
+    batch = UpdateBatch.from_records(SCHEMA, recs)
+    index.check(batch)
+    n_cat = len(SCHEMA)
+    at = int(batch.codes_ptr[3])  # op 3's first code (ad 103)
+    for name, change in (("negative", lambda c: -1), ("category", lambda c: (n_cat << 33) | 1),
+                         ("value", lambda c: (c & ~0xFFFFFFFF) | 7), ("repeated", None), ("unsorted", "swap")):
+        b = UpdateBatch.from_records(SCHEMA, recs)
+        if change is None:
+            b.codes[at + 1] = b.codes[at]
+        elif change == "swap":
+            b.codes[at], b.codes[at + 1] = b.codes[at + 1], b.codes[at]
+        else:
+            b.codes[at] = change(b.codes[at])
+        for run in (index.check, index.apply):
+            with pytest.raises(RuleError, match="^ad 103: its rule codes were changed"):
+                run(b)
+        assert index.version == 0 and index.slot_of(103) is None, name
+    b = UpdateBatch.from_records(SCHEMA, recs)
+    b.codes[at + 1], b.codes[at] = b.codes[at], b.codes[at + 1]
+    b.codes[at:int(b.codes_ptr[4])].sort()
+    index.apply(b)
+    assert index.slot_of(103) is not None and index.slot_of(3) is None
