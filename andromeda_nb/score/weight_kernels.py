@@ -1,4 +1,4 @@
-"""Numba host kernel of a batch's weight images (:func:`andromeda_nb.score.weights.gated_images`):
+"""Numba host kernels of fp16 weights: a batch's weight images (:func:`andromeda_nb.score.weights.gated_images`):
 B stacked gated requests to their float32 images, their fp16 images' sources and their range
 checks in one compiled pass.
 
