@@ -134,8 +134,9 @@ F16_PARALLEL_MIN = 1 << 14
 
 def to_f16(x: np.ndarray) -> np.ndarray:
     """float32 ``x`` as float16, rounded to nearest even (numpy's ``astype(np.float16)``, bit for
-    bit: overflow to inf, subnormals, NaN): large arrays on every core."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    bit: overflow to inf, subnormals, NaN): large arrays on every core. Other input is rounded to
+    float32 first (float64: twice, as :meth:`AdTable.from_float` stores it)."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(np.shape(x))  # (a 0-d array stays 0-d)
     if x.size < F16_PARALLEL_MIN:
         with np.errstate(over="ignore"):  # past the half range: inf, as the parallel path (callers check)
             return x.astype(np.float16)

@@ -290,3 +290,4 @@ def test_fp16_conversion_is_numpys_bit_for_bit(rng, below):
     got = to_f16(x.reshape(-1, 1)).view(np.uint16).reshape(-1)
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
+    assert to_f16(np.float32(65520.0)).shape == () and np.isposinf(to_f16(np.float32(65520.0)))  # 0-d stays 0-d

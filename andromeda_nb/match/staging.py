@@ -36,6 +36,8 @@ class Stager:
     def upload(self, arrays: Sequence[np.ndarray]) -> list:
         """Device int64 views of ``arrays`` in a new device array the caller owns (each at least one
         element long: an empty array gets one zero, so kernels can take it as an argument)."""
+        if not len(arrays):
+            return []
         dev, starts, sizes = self._stage(arrays, owned=True)
         return [launch.view1d(dev, off, n) for off, n in zip(starts, sizes)]
 

@@ -102,8 +102,8 @@ def grid_config(cfg, point: dict):
 def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid=GRID, device="auto",
          progress: bool = False) -> tuple[dict, list]:
     """The grid point of model ``name`` with the best validation recall@100 (seed 0, at most
-    ``n_users`` evaluated users): one training run a learning rate, validated at each of the grid's
-    lengths. Returns (best point, [(point, validation recall@100), ...] in the grid's order)."""
+    ``n_users`` evaluated users; ties to the point nearest the preset's settings): one training run
+    a learning rate, validated at each of the grid's lengths. Returns (best point, [(point, validation recall@100), ...] in the grid's order)."""
     from ..analysis.quality import eval_rows, recalls, retrieve_top
     from .train import train_model
 
@@ -130,7 +130,9 @@ def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid
         for p, stop in zip(points, stops):
             value[id(p)] = tm.validation[stop]
     trials = [(p, value[id(p)]) for p in grid]
-    return max(trials, key=lambda t: t[1])[0], trials
+    # ties (e.g. two lengths that round to the same steps in a tiny preset) go to the point nearest
+    # the preset's settings
+    return max(trials, key=lambda t: (t[1], -abs(np.log(t[0]["lr_scale"])) - abs(np.log(t[0]["steps_scale"]))))[0], trials
 
 
 def describe(point: dict, grid=GRID) -> str:

@@ -15,6 +15,7 @@ def test_staged_spans_and_views_equal_their_arrays(rng):
     """upload_spans: array i at buffer[starts[i]:] (an empty one a single zero); upload: views
     the caller owns, equal to the arrays after later uploads reuse the ring."""
     stager = Stager(regions=3, capacity=8)
+    assert stager.upload([]) == []  # nothing to upload: no views
     owned = stager.upload(arrays := _arrays(rng, [5, 0, 3]))
     for sizes in ([4, 0, 9], [1], [33, 2], [0, 0], [7, 70]):  # past the first capacity: growth
         want = _arrays(rng, sizes)

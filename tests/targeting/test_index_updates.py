@@ -524,3 +524,13 @@ def test_rule_codes_changed_after_the_batch_was_built_are_refused():
     b.codes[at:int(b.codes_ptr[4])].sort()
     index.apply(b)
     assert index.slot_of(103) is not None and index.slot_of(3) is None
+
+
+def test_order_by_slot_is_lexsort_by_slot_then_op(rng):
+    """index_updates.order_by_slot: ops by slot, then op order, as np.lexsort, slots repeated or
+    not; keys past int64 (huge slots, negative ones) take the lexsort itself."""
+    from andromeda_nb.targeting.index_updates import order_by_slot
+
+    for slots in (rng.integers(0, 50, 997), rng.integers(0, 1 << 40, 3000), np.array([], np.int64),
+                  np.array([1 << 61, 3, 1 << 61, 0]), np.array([4, -1, 4, -1])):
+        np.testing.assert_array_equal(order_by_slot(slots), np.lexsort((np.arange(slots.size), slots)))

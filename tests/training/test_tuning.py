@@ -46,7 +46,7 @@ def test_tune_reads_only_the_training_part(data):
     best, trials = tuning.tune("mixture_k2", blind, PRESET.cfg("multi_interest", "mixture_k2"), n_users=40,
                                grid=grid, device="cpu")
     assert [p for p, _ in trials] == list(grid)
-    assert all(0 <= v <= 1 for _, v in trials) and best == max(trials, key=lambda t: t[1])[0]
+    assert all(0 <= v <= 1 for _, v in trials) and [v for p, v in trials if p is best] == [max(v for _, v in trials)]
     base = PRESET.cfg("multi_interest", "mixture_k2")
     cfg = tuning.grid_config(base, {"lr_scale": 3.0, "steps_scale": 2})
     assert cfg.lr == pytest.approx(3 * base.lr)
@@ -93,7 +93,7 @@ def test_lengths_are_checkpoints_of_one_run_a_learning_rate(data):
                 assert value == tm.validation[point["steps_scale"] * base.steps]
         plain = train_model("single_tower", view, long, seed=0, device="cpu", progress=False)
         assert plain.history == tm.history and recall(plain) == tm.validation[3 * base.steps]
-    assert best == max(trials, key=lambda t: t[1])[0]
+    assert [v for p, v in trials if p is best] == [max(v for _, v in trials)]  # the best point is the best value
     seen = []
     tm = train_model("single_tower", view, base, seed=0, device="cpu", progress=False, checkpoints=[base.steps, 2],
                      validate=lambda m: seen.append(len(m.history)) or len(seen))
@@ -190,3 +190,15 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
         with pytest.raises(SystemExit):  # unknown models, a file lacking one: usage errors before any row
             main(["--preset", "smoke", "--datasets", "multi_interest", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
+
+
+def test_ties_go_to_the_point_nearest_the_preset(data):
+    """Two lengths that round to the same steps (a one-step preset: x0.5 and x1) train the same
+    model and tie: the preset's own length wins, not the grid's edge."""
+    from dataclasses import replace
+
+    base = replace(PRESET.cfg("multi_interest", "single_tower"), steps=1, warmup=0)
+    grid = [{"lr_scale": 1.0, "steps_scale": s} for s in (0.5, 1)]
+    best, trials = tuning.tune("single_tower", data, base, n_users=20, grid=grid, device="cpu")
+    assert [tuning.grid_config(base, p).steps for p, _ in trials] == [1, 1]
+    assert trials[0][1] == trials[1][1] and best == {"lr_scale": 1.0, "steps_scale": 1}
