@@ -455,18 +455,44 @@ def _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty,
         return nd + 1
     if not may_move:
         return -2
-    # move to a region twice the live size at the end of the pool
-    cap = max(8, 2 * (l_live[lid] + 1))
+    cap = max(8, 2 * (l_live[lid] + 1))  # a region twice the live size at the end of the pool
     ns = used[0]
     used[0] += cap
-    k = 0
-    for q in range(st, st + l_len[lid]):
+    return _move_list(lid, s, ns, cap, l_start, l_len, l_cap, l_live, l_sorted, pool, dirty, nd)
+
+
+@njit(cache=True, inline="always")
+def _move_list(lid, s, ns, cap, l_start, l_len, l_cap, l_live, l_sorted, pool, dirty, nd):
+    """List ``lid``'s live entries and the added slot ``s``, sorted, to the region of ``cap``
+    entries at ``ns``; the written range appended to ``dirty`` at row ``nd``. Returns ``nd + 1``.
+    A merge: the list's head is sorted (tombstones in place), its appended tail short."""
+    st = l_start[lid]
+    head_end = st + l_sorted[lid]
+    tail = np.empty(l_len[lid] - l_sorted[lid] + 1, np.int64)
+    t = 0
+    for q in range(head_end, st + l_len[lid]):
         if pool[q] >= 0:
-            pool[ns + k] = pool[q]
+            tail[t] = pool[q]
+            t += 1
+    tail[t] = s
+    t += 1
+    tail[:t].sort()
+    k = 0
+    j = 0
+    for q in range(st, head_end):
+        v = pool[q]
+        if v < 0:
+            continue
+        while j < t and tail[j] < v:
+            pool[ns + k] = tail[j]
             k += 1
-    pool[ns + k] = s
-    k += 1
-    pool[ns:ns + k].sort()
+            j += 1
+        pool[ns + k] = v
+        k += 1
+    while j < t:
+        pool[ns + k] = tail[j]
+        k += 1
+        j += 1
     l_start[lid] = ns
     l_len[lid] = k
     l_cap[lid] = cap
@@ -480,36 +506,53 @@ def _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty,
 @njit(parallel=True, cache=True)
 def list_ops(ops, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty, n_parts):
     """Apply list ops (list id, slot, +1/-1) to the host list pool (room for every move made
-    beforehand), in ``n_parts`` parallel parts (the threads). ``dirty`` (at least ``2 * len(ops)`` rows) gets ``(start, length)`` of each pool
-    range written, in op order. Returns the number of dirty ranges, or ``-1 - i`` when op ``i``
-    removes an entry that is not there (an internal error).
+    beforehand), in ``n_parts`` parallel parts (the threads). ``dirty`` (at least ``2 * len(ops)``
+    rows) gets ``(start, length)`` of each pool range written, in op order. Returns the number of
+    dirty ranges, or ``-1 - i`` when op ``i`` removes an entry that is not there (an internal error).
 
-    Lists are independent but for the pool's end, where a list that outgrows its region moves: the
+    Lists are independent but for the pool's end, where a list that outgrows its region moves. The
     lists are dealt to threads by id (each thread runs its lists' ops in order, skipping the
-    others: no sort), up to a list's first move; the moves (a list's region is twice its live
-    size: rare) and whatever follows them in their list then run in one thread, in op order."""
+    others: no sort) up to a list's first move; one thread then gives each such list its new region
+    (in the order of the ops that need them); the threads move the lists there and go on with their
+    ops; a list that outgrows even that region (rare) finishes in one thread, in op order. Where a
+    list lands does not depend on the thread count."""
     n = ops.shape[0]
-    done = np.zeros(n, np.int8)  # 1 applied, 0 left for the moves' pass, -1 failed
+    done = np.zeros(n, np.int8)  # 1 applied, 0 not yet, -1 failed
     rows = np.zeros(n, np.int64)  # dirty rows of each op (at 2 * i)
-    blocked = np.zeros(l_start.size, np.bool_)  # a list that waits for a move
-    for p in prange(n_parts):
-        for i in range(n):
-            lid = ops[i, 0]
-            if lid % n_parts != p or blocked[lid]:
-                continue
-            r = _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty, 2 * i, False)
-            if r == -2:
-                blocked[lid] = True
-            elif r < 0:
-                done[i] = -1
-                blocked[lid] = True
-            else:
-                done[i] = 1
-                rows[i] = r - 2 * i
+    blocked = np.zeros(l_start.size, np.int8)  # 1: waits for a move (its region below), 2: for a second
+    new_start = np.zeros(l_start.size, np.int64)
+    new_cap = np.zeros(l_start.size, np.int64)
+    for phase in range(2):
+        for p in prange(n_parts):
+            for i in range(n):
+                lid = ops[i, 0]
+                if lid % n_parts != p or done[i] != 0 or blocked[lid] == 2 or (phase == 0 and blocked[lid]):
+                    continue
+                if blocked[lid] == 1:  # phase 1: the add that needed the region, moved there
+                    r = _move_list(lid, ops[i, 1], new_start[lid], new_cap[lid], l_start, l_len, l_cap, l_live,
+                                   l_sorted, pool, dirty, 2 * i)
+                    blocked[lid] = 0
+                else:
+                    r = _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty, 2 * i, False)
+                if r == -2:
+                    blocked[lid] = 1 + phase
+                elif r < 0:
+                    done[i] = -1
+                    blocked[lid] = 2
+                else:
+                    done[i] = 1
+                    rows[i] = r - 2 * i
+        if phase == 0:
+            for i in range(n):  # the moves' regions, in op order
+                lid = ops[i, 0]
+                if done[i] == 0 and blocked[lid] == 1 and new_cap[lid] == 0:
+                    new_cap[lid] = max(8, 2 * (l_live[lid] + 1))
+                    new_start[lid] = used[0]
+                    used[0] += new_cap[lid]
     for i in range(n):
         if done[i] < 0:
             return -1 - i
-        if done[i] == 0 and blocked[ops[i, 0]]:
+        if done[i] == 0:  # a list's second move and its ops after it
             r = _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty, 2 * i, True)
             if r < 0:
                 return -1 - i
