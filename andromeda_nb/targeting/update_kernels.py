@@ -397,7 +397,7 @@ def decode(x):
     return x if x >= 0 else -x - 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty, nd, may_move):
     """List op ``i`` of ``ops`` (list id, slot, +1 add / -1 remove) on the host list pool, its
     written pool ranges appended to ``dirty`` from row ``nd`` (at most two). Returns the new
@@ -461,7 +461,7 @@ def _list_op(ops, i, l_start, l_len, l_cap, l_live, l_sorted, pool, used, dirty,
     return _move_list(lid, s, ns, cap, l_start, l_len, l_cap, l_live, l_sorted, pool, dirty, nd)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _move_list(lid, s, ns, cap, l_start, l_len, l_cap, l_live, l_sorted, pool, dirty, nd):
     """List ``lid``'s live entries and the added slot ``s``, sorted, to the region of ``cap``
     entries at ``ns``; the written range appended to ``dirty`` at row ``nd``. Returns ``nd + 1``.
