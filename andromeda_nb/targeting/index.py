@@ -25,7 +25,7 @@ from .bits import WORD_BITS, bits_from_mask, table_slots
 from .layout import FOLD_MAX, GROUP_MAX, IndexLayout, MatchPlan, choose_layout, list_dtype_for
 from .rules import TargetingRules
 from .schema import make_profile
-from .index_updates import IndexUpdates, _ranges, dense_id_table
+from .index_updates import IndexUpdates, dense_id_table
 from .updates import MAX_ROWS, SLOT_BITS
 
 
@@ -425,35 +425,21 @@ class TargetingIndex(IndexUpdates):
         slots an update rewrote since (the overlay) their new codes."""
         slots = np.asarray(slots, np.int64)
         live = self.live[slots].copy()
-        if self._base_by_slot is not None:  # (every update holds it) base and overlay in one pass
+        if self._base_by_slot is not None:  # every update made it: the base and the overlay in one pass
             from .update_kernels import gather_slot_codes
 
             none = np.zeros(1, np.int64)
             ov = (none, none, none) if self._ov_start is None else (self._ov_start, self._ov_len, self._ov_codes)
             ptr, codes = gather_slot_codes(*self._base_by_slot, self._n_base, self._overlaid, *ov, slots)
             return ptr, codes, live
-        over = np.flatnonzero(self._overlaid[slots]) if self._ov_start is not None else np.zeros(0, np.int64)
-        base_slots = slots.copy()
-        base_slots[over] = self.n_ads  # not a base slot: empty
+        # never updated (no overlay): the build's columns
         ptrs, vals, colhi = self._cols
-        if ptrs:
-            from .update_kernels import GATHER_PARALLEL_MIN, gather_codes, gather_codes_parallel
+        if not ptrs:
+            return np.zeros(slots.size + 1, np.int64), np.zeros(0, np.int64), live
+        from .update_kernels import GATHER_PARALLEL_MIN, gather_codes, gather_codes_parallel
 
-            run = gather_codes_parallel if slots.size >= GATHER_PARALLEL_MIN else gather_codes
-            ptr, codes = run(ptrs, vals, colhi, base_slots, self._n_base)
-        else:
-            ptr, codes = np.zeros(slots.size + 1, np.int64), np.zeros(0, np.int64)
-        if over.size:
-            lens = self._ov_len[slots[over]]
-            sizes = np.diff(ptr)
-            sizes[over] = lens
-            new_ptr = np.zeros(slots.size + 1, np.int64)
-            np.cumsum(sizes, out=new_ptr[1:])
-            out = np.empty(int(new_ptr[-1]), np.int64)
-            of = np.repeat(np.arange(slots.size, dtype=np.int64), np.diff(ptr))  # each base code's slot
-            out[new_ptr[of] + np.arange(codes.size) - ptr[of]] = codes
-            out[_ranges(new_ptr[over], lens)] = self._ov_codes[_ranges(self._ov_start[slots[over]], lens)]
-            ptr, codes = new_ptr, out
+        run = gather_codes_parallel if slots.size >= GATHER_PARALLEL_MIN else gather_codes
+        ptr, codes = run(ptrs, vals, colhi, slots, self._n_base)
         return ptr, codes, live
 
     def rules_of_slots(self, slots) -> TargetingRules:

@@ -116,7 +116,9 @@ class IndexUpdates:
         reads its touched slots' old rules, a contiguous run a slot here against ~2 x 40 random
         reads a slot in the per-category columns. Costs 8 bytes a rule code and a slot (~110
         bytes an ad in the benchmark world, ~13 codes an ad); a read-only index never makes it."""
-        if self._base_by_slot is None and self._cols[0]:
+        if self._base_by_slot is None and not self._cols[0]:  # no rule constrains anything
+            self._base_by_slot = (np.zeros(self._n_base + 1, np.int64), np.zeros(0, np.int64))
+        if self._base_by_slot is None:
             from .update_kernels import GATHER_PARALLEL_MIN, gather_codes, gather_codes_parallel
 
             run = gather_codes_parallel if self._n_base >= GATHER_PARALLEL_MIN else gather_codes
