@@ -450,21 +450,18 @@ class TargetingIndex(IndexUpdates):
             TypeError / ValueError: ``slots`` not a 1-D integer array of slots in ``0..n_ads-1``."""
         slots = table_slots(slots, self.n_ads)
         ptr, codes, live = self._rule_codes(slots)
-        op_of = np.repeat(np.arange(slots.size, dtype=np.int64), np.diff(ptr))
-        # the codes grouped by column (cat, kind) in one stable sort (slot order kept in a column)
-        column = (codes >> 32).astype(np.int16)
-        order = np.argsort(column, kind="stable")
-        bounds = np.searchsorted(column[order], np.arange(2 * len(self.schema) + 1))
+        from .update_kernels import codes_by_column
+
+        # columns (cat, kind) in use, numbered in order: their CSRs in one parallel pass
+        used = np.bincount(codes >> 32, minlength=2 * len(self.schema)) > 0
+        col_of = np.where(used, np.cumsum(used) - 1, -1).astype(np.int64)
+        col_ptr, vals, col_off = codes_by_column(ptr, codes, col_of)
         inc, exc = {}, {}
         for ci, cat in enumerate(self.schema):
             for kind, out in ((0, inc), (1, exc)):
-                lo, hi = bounds[2 * ci + kind], bounds[2 * ci + kind + 1]
-                if lo == hi:
-                    continue
-                sel = order[lo:hi]
-                p = np.zeros(slots.size + 1, np.int64)
-                np.cumsum(np.bincount(op_of[sel], minlength=slots.size), out=p[1:])
-                out[cat.name] = (p, (codes[sel] & 0xFFFFFFFF).astype(np.int32))
+                j = col_of[2 * ci + kind]
+                if j >= 0:
+                    out[cat.name] = (col_ptr[j], vals[col_off[j]:col_off[j + 1]])
         return TargetingRules(self.schema, self.ad_ids[slots].copy(), live, inc, exc)
 
     def current_rules(self) -> TargetingRules:

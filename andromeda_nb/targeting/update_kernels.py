@@ -86,6 +86,41 @@ def gather_slot_codes(ptr, codes, n_base, overlaid, ov_start, ov_len, ov_codes, 
     return out_ptr, out
 
 
+@njit(parallel=True, cache=True)
+def codes_by_column(ptr, codes, col_of):
+    """Rule codes held op by op (``codes[ptr[i]:ptr[i + 1]]``, sorted: a column's run is
+    contiguous) regrouped as one CSR per column, the rule format of
+    :class:`~.rules.TargetingRules`: ``col_ptr[j]`` (int64, ops + 1) and ``vals`` (int32 values,
+    column ``j``'s at ``vals[col_off[j]:col_off[j + 1]]``, op by op). ``col_of``: column (code >>
+    32) -> its row in ``col_ptr``, -1 for a column no code uses. In parallel over ops: every slot
+    of an index (a rebuild, a pool's growth) regroups in one pass instead of a sort by column."""
+    k = ptr.size - 1
+    n_cols = 0
+    for j in range(col_of.size):
+        n_cols = max(n_cols, col_of[j] + 1)
+    col_ptr = np.zeros((n_cols, k + 1), np.int64)
+    for i in prange(k):
+        for q in range(ptr[i], ptr[i + 1]):
+            col_ptr[col_of[codes[q] >> 32], i + 1] += 1
+    col_off = np.zeros(n_cols + 1, np.int64)
+    for j in prange(n_cols):
+        row = col_ptr[j]
+        for i in range(k):
+            row[i + 1] += row[i]
+    for j in range(n_cols):
+        col_off[j + 1] = col_off[j] + col_ptr[j, k]
+    vals = np.empty(col_off[n_cols], np.int32)
+    for i in prange(k):
+        last, o = -1, 0
+        for q in range(ptr[i], ptr[i + 1]):
+            j = col_of[codes[q] >> 32]
+            if j != last:
+                last, o = j, col_off[j] + col_ptr[j, i]
+            vals[o] = np.int32(codes[q] & 0xFFFFFFFF)
+            o += 1
+    return col_ptr, vals, col_off
+
+
 @njit(cache=True)
 def first_bad_code(ptr, codes, cards):
     """The first rule code (index) that is negative, of no category or value of the schema

@@ -121,6 +121,30 @@ def test_rules_do_not_alias_the_callers_buffers():
         TargetingIndex(TargetingRules.from_records(SCHEMA, []), capacity=60.9)
 
 
+def test_rules_of_slots_regroup_the_columns_exactly(rng):
+    """The rules read back, every column's CSR, equal the rules built from (spare slots free and
+    unconstrained; any slot order, repeats included)."""
+    from andromeda_nb.datasets import synthetic as syn
+
+    n = int(rng.integers(1, 400))
+    rules = syn.generate_rules(syn.benchmark_schema(), n, seed=int(rng.integers(1 << 30)), constrain_prob=0.4,
+                               exclude_prob=0.2)
+    host = TargetingIndex(rules, capacity=n + 37)
+    whole = host.current_rules()
+    assert whole.ad_ids[n:].tolist() == [-1] * 37 and not whole.live[n:].any()
+    for mine, theirs in ((whole.include, rules.include), (whole.exclude, rules.exclude)):
+        assert {k for k, (p, _) in theirs.items() if p[-1]} <= set(mine)
+        for name, (p, v) in mine.items():
+            q, w = theirs[name]
+            np.testing.assert_array_equal(p[:n + 1], q)
+            assert p[n + 1:].tolist() == [q[-1]] * 37  # spare slots: no values
+            np.testing.assert_array_equal(v, w)
+    some = rng.integers(0, n + 37, 60)
+    got = host.rules_of_slots(some)
+    for i, s in enumerate(some.tolist()):
+        assert got.rule(i) == whole.rule(s)
+
+
 def test_rules_of_slots_refuses_bad_slots(rng):
     from andromeda_nb.datasets import synthetic as syn
 
