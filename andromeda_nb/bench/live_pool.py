@@ -348,6 +348,7 @@ def _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, 
         if done % every == 0 or done == n_batches:
             t0 = time.perf_counter()
             differs, ref = _index_vs_rebuild(pool)
+            t_index = time.perf_counter() - t0
             why = [differs] if differs else []
             if not np.array_equal(pool.table.ad_ids.copy_to_host(), pool.index.index.ad_ids):
                 why.append("table ids != index ids")
@@ -366,7 +367,8 @@ def _soak_rows(env, ceil, world, pool, reqs, profiles, n, updates=SOAK_UPDATES, 
                 passed += 1
             t_check += time.perf_counter() - t0
             _log(f"soak: {done * batch:,} updates ({t_apply:.1f}s in apply), {served:,} requests ({t_req:.1f}s), "
-                 f"checkpoint {passed + len(failures)} {'ok' if not why else 'FAILED'} ({t_check:.1f}s in checks)")
+                 f"checkpoint {passed + len(failures)} {'ok' if not why else 'FAILED'} ({t_check:.1f}s in checks, "
+                 f"this one's index against its rebuild {t_index:.1f}s)")
             if time.perf_counter() - start > seconds and done < n_batches:
                 break
     n_checks = passed + len(failures)
