@@ -103,13 +103,14 @@ class PoolUpdate:
                 raise ValueError(f"ad {r.get('ad_id')}: a bias comes with its embedding (the row is written whole)")
         return cls._checked(targeting, emb, bias, sets)
 
-    def checked(self) -> "PoolUpdate":
+    def checked(self, finite: bool = True) -> "PoolUpdate":
         """This batch validated again (:meth:`Pool.apply` calls it: the arrays are the caller's to
-        change after the batch was built)."""
-        return self._checked(self.targeting, self.embeddings, self.bias, self.sets_row)
+        change after the batch was built). ``finite=False`` leaves the rows' values to the
+        caller (:func:`check_update` checks them as it stores them)."""
+        return self._checked(self.targeting, self.embeddings, self.bias, self.sets_row, finite)
 
     @classmethod
-    def _checked(cls, targeting, emb, bias, sets) -> "PoolUpdate":
+    def _checked(cls, targeting, emb, bias, sets, finite: bool = True) -> "PoolUpdate":
         k = len(targeting)
         for name, x, shape, dtype in (("embeddings", emb, (k, None), np.float32), ("bias", bias, (k,), np.float32),
                                       ("sets_row", sets, (k,), np.bool_)):
@@ -123,12 +124,58 @@ class PoolUpdate:
         bad = np.flatnonzero((targeting.ops == RETIRE) & sets)
         if bad.size:
             raise ValueError(f"ad {int(targeting.ad_ids[bad[0]])}: a retire sets no row")
-        finite = np.isfinite(emb).all(axis=1) & np.isfinite(bias)
-        bad = np.flatnonzero(sets & ~finite)
-        if bad.size:
-            raise ValueError(f"ad {int(targeting.ad_ids[bad[0]])}: its embedding or bias holds NaN, inf or a "
-                             "value past float32")
+        if finite:
+            ok = np.isfinite(emb).all(axis=1) & np.isfinite(bias)
+            bad = np.flatnonzero(sets & ~ok)
+            if bad.size:
+                raise ValueError(f"ad {int(targeting.ad_ids[bad[0]])}: its embedding or bias holds NaN, inf or a "
+                                 "value past float32")
         return cls(targeting, emb, bias, sets)
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """The rows a batch writes, in op order of the ops that set one, as the table stores them:
+    ``embeddings`` (the storage dtype's array or bits), ``bias`` float32, ``scale`` (int8) or
+    None, and ``max_abs`` their largest finite |a| as the kernel reads them."""
+
+    embeddings: np.ndarray
+    bias: np.ndarray
+    scale: np.ndarray | None
+    max_abs: float
+
+    @property
+    def n_ads(self) -> int:
+        return self.embeddings.shape[0]
+
+
+def stored_rows(update: PoolUpdate, dtype: str) -> StoredRows:
+    """The rows of ``update`` stored in ``dtype`` (fp16 range, int8 quantized), or the error that
+    names what they cannot hold. fp16, the pool's usual storage, in one compiled pass over the
+    batch (:func:`~andromeda_nb.score.weight_kernels.f16_rows`); the other dtypes, and any batch
+    that pass finds wrong, through :meth:`~andromeda_nb.model.AdTable.from_float` (its messages)."""
+    from ..score.weights import FP16_MAX
+
+    sets = update.sets_row
+    if dtype == "fp16" and update.embeddings.size:
+        from ..score.weight_kernels import f16_rows
+
+        emb = np.ascontiguousarray(update.embeddings)
+        n = int(np.count_nonzero(sets))
+        out = np.empty((n, emb.shape[1]), np.float16)
+        bias = np.empty(n, np.float32)
+        bad, top = f16_rows(emb, emb.view(np.uint32), update.bias, sets, FP16_MAX, out.view(np.uint16), bias)
+        if not bad:
+            return StoredRows(out, bias, None, float(np.uint16(top).view(np.float16)))
+    update.checked()  # non-finite values: the message names the first op
+    try:
+        rows = AdTable.from_float(update.embeddings[sets], update.bias[sets], dtype=dtype)
+    except ValueError as e:  # name the ads whose rows the table's dtype cannot hold
+        ids = update.targeting.ad_ids[sets]
+        over = ids[(np.abs(update.embeddings[sets]) > FP16_MAX).any(axis=1)]
+        named = over if over.size else ids
+        raise ValueError(f"{e} (ads {named[:8].tolist()}{' ...' if named.size > 8 else ''})") from None
+    return StoredRows(rows.embeddings, rows.bias, rows.scale, rows_max_abs(rows))
 
 
 def final_rows(slots: np.ndarray, ops: np.ndarray, sets_row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,7 +218,7 @@ def take_ops(update: PoolUpdate, mask: np.ndarray) -> PoolUpdate:
     return PoolUpdate(sub, update.embeddings[idx], update.bias[idx], update.sets_row[idx])
 
 
-def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, AdTable]:
+def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, StoredRows]:
     """Everything :func:`apply_update` refuses, refused without changing anything: the batch's
     type, schema and row width, its arrays (checked again: a caller may have changed them), its
     rows in the table's storage (fp16 range, int8 quantized), and with ``index`` its targeting ops
@@ -191,18 +238,9 @@ def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, AdTable]
         raise RuleError("update batch was built for another schema")
     if update.d != pool.table.d:
         raise ValueError(f"the update's rows have d={update.d}, the pool's table d={pool.table.d}")
-    update = update.checked()  # its arrays again (the caller may have changed them since)
-    sets = update.sets_row
-    # the rows in the table's storage, checked first (fp16 range; int8 rows quantized)
-    try:
-        rows = AdTable.from_float(update.embeddings[sets], update.bias[sets], dtype=pool.table.dtype)
-    except ValueError as e:  # name the ads whose rows the table's dtype cannot hold
-        from ..score.weights import FP16_MAX
-
-        ids = update.targeting.ad_ids[sets]
-        over = ids[(np.abs(update.embeddings[sets]) > FP16_MAX).any(axis=1)]
-        named = over if over.size else ids
-        raise ValueError(f"{e} (ads {named[:8].tolist()}{' ...' if named.size > 8 else ''})") from None
+    # its arrays again (the caller may have changed them since); the rows' values as they are stored
+    update = update.checked(finite=False)
+    rows = stored_rows(update, pool.table.dtype)
     if index:
         pool.index.index.check(update.targeting)
     return update, rows
@@ -288,7 +326,7 @@ def apply_update(pool, update) -> "UpdateDelta":
     # (zeroed) may lower it; the bound keeps the old value raised by the new rows (exact until a
     # row is overwritten or freed), and a request asks for the exact one only where the bound
     # would refuse it (a reduction over the table: milliseconds at 10^7 ads, not at every request)
-    bound = max(t.max_abs_bound(), rows_max_abs(rows)) if rows.n_ads else t.max_abs_bound()
+    bound = max(t.max_abs_bound(), rows.max_abs) if rows.n_ads else t.max_abs_bound()
     exact = not ((ops == RETIRE) | ((ops == CHANGE) & sets)).any() and t.max_abs_is_exact()
     t._max_abs, t._max_abs_bound = (bound if exact else None), bound
     return delta

@@ -123,3 +123,42 @@ def to_f16(bits32, out16):
     """``out16[i] = f16_bits(bits32[i])`` over flat arrays (uint32 in, uint16 out), in parallel."""
     for i in prange(bits32.size):
         out16[i] = f16_bits(bits32[i])
+
+
+@njit(parallel=True, cache=True)
+def f16_rows(emb, bits32, bias, sets, fp16_max, out16, out_bias):
+    """The rows of the ops that set one (``sets[i]``), packed in op order: ``out16`` their half
+    bits (:func:`f16_bits`), ``out_bias`` their biases. One pass, every core: the row checks of a
+    pool update, its storage and its largest |a| together. ``emb`` float32 ``[k, d]`` and
+    ``bits32`` the same memory as uint32. Returns ``(bad, top)``: ``bad`` 0 when every packed value
+    is finite and within ``fp16_max`` (else the caller's slower checks name what is wrong; nothing
+    it wrote is used), ``top`` the largest finite |half| as its bits (a half's magnitude orders as
+    its bits without the sign)."""
+    k, d = emb.shape
+    pos = np.empty(k, np.int64)
+    c = 0
+    for i in range(k):
+        pos[i] = c
+        c += 1 if sets[i] else 0
+    bad = np.zeros(k, np.uint8)
+    top = np.zeros(k, np.uint16)
+    for i in prange(k):
+        if not sets[i]:
+            continue
+        p = pos[i]
+        b = bias[i]
+        flag = 0 if np.isfinite(b) else 1
+        out_bias[p] = b
+        t = np.uint16(0)
+        for j in range(d):
+            x = emb[i, j]
+            if not (abs(x) <= fp16_max):  # NaN too
+                flag = 1
+            h = f16_bits(bits32[i, j])
+            out16[p, j] = h
+            m = h & np.uint16(0x7FFF)
+            if m < np.uint16(0x7C00) and m > t:
+                t = m
+        bad[i] = flag
+        top[i] = t
+    return bad.max() if k else np.uint8(0), top.max() if k else np.uint16(0)

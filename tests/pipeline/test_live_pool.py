@@ -6,7 +6,7 @@ import pytest
 
 import andromeda_nb as anb
 from andromeda_nb.pipeline import Pool, PoolUpdate, StepTimes
-from andromeda_nb.pipeline.updates import final_rows, rows_max_abs
+from andromeda_nb.pipeline.updates import final_rows, rows_max_abs, stored_rows
 from andromeda_nb.targeting import CHANGE, CREATE, RETIRE, RuleError, TargetingIndex, TargetingRules
 
 from ..helpers import random_profile, random_rule, random_rules
@@ -422,6 +422,50 @@ def test_growth_keeps_the_index_options(rng):
     assert pool.n_ads >= 12 and pool.index is not dev
     assert pool.index.index.list_dtype == np.int64 and not pool.index.index.host_bits
     assert len(pool.index._stager.regions) == 2
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "int8", "fp32"])
+def test_stored_rows_equal_the_table_of_the_rows_and_refuse_what_it_refuses(rng, dtype):
+    """A batch's rows as the pool stores them (fp16: one compiled pass) equal AdTable.from_float of
+    the rows that are set, bit for bit, with the same largest |a|; rows it cannot hold (NaN, inf,
+    past the fp16 range, in a row or a bias) are refused with the same message, and a row that is
+    not set is never looked at. Random magnitudes from subnormal to past 65504, ties to even
+    among them (odd multiples of 2^-11 round to even halves)."""
+    from andromeda_nb.targeting import UpdateBatch
+
+    schema = random_rules(rng, 4).schema
+    for trial in range(30):
+        k, d = int(rng.integers(1, 40)), int(rng.choice([1, 3, 8, 64]))
+        x = (rng.standard_normal((k, d)) * 10 ** rng.uniform(-9, 4.9)).astype(np.float32)
+        if trial % 4 == 1:  # exact ties between halves
+            x = ((rng.integers(-2000, 2000, (k, d)) * 2 + 1) * 2.0 ** -11).astype(np.float32)
+        b = rng.standard_normal(k).astype(np.float32)
+        ops = rng.choice([CREATE, CHANGE, RETIRE], k)
+        sets = (ops == CREATE) | ((ops == CHANGE) & (rng.random(k) < 0.5))
+        if trial % 5 == 2:  # a value the stored row cannot hold, in a row that is set or one that is not
+            i = int(rng.integers(k))
+            x[i, rng.integers(d)] = rng.choice([np.nan, np.inf, 65520.0, -1e5]) if trial % 2 else x[i, 0]
+            b[i] = np.nan if trial % 3 == 0 else b[i]
+        batch = UpdateBatch(schema, ops.astype(np.int8), np.arange(k, dtype=np.int64), np.ones(k, bool),
+                            np.zeros(k + 1, np.int64), np.zeros(0, np.int64))
+        update = PoolUpdate(batch, x, b, sets)
+        want_err = None
+        try:
+            update.checked()
+            want = anb.AdTable.from_float(x[sets], b[sets], dtype=dtype)
+        except ValueError as e:
+            want_err = str(e).split(" (ads")[0]
+        if want_err is not None:
+            with pytest.raises(ValueError) as got_err:
+                stored_rows(update, dtype)
+            assert str(got_err.value).startswith(want_err)
+            continue
+        got = stored_rows(update, dtype)
+        assert got.embeddings.dtype == want.embeddings.dtype
+        np.testing.assert_array_equal(got.embeddings.view(np.uint8), want.embeddings.view(np.uint8))
+        np.testing.assert_array_equal(got.bias, want.bias)
+        assert got.max_abs == rows_max_abs(want)
+        assert (got.scale is None) == (want.scale is None)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "int8", "fp32"])
