@@ -150,8 +150,9 @@ class StoredRows:
 
 
 def stored_rows(update: PoolUpdate, dtype: str) -> StoredRows:
-    """The rows of ``update`` stored in ``dtype`` (fp16 range, int8 quantized), or the error that
-    names what they cannot hold. fp16, the pool's usual storage, in one compiled pass over the
+    """The rows of ``update`` (a batch whose arrays passed :meth:`PoolUpdate.checked`, its values
+    left to this: ``finite=False``) stored in ``dtype`` (fp16 range, int8 quantized), or the error
+    that names what they cannot hold. fp16, the pool's usual storage, in one compiled pass over the
     batch (:func:`~andromeda_nb.score.weight_kernels.f16_rows`); the other dtypes, and any batch
     that pass finds wrong, through :meth:`~andromeda_nb.model.AdTable.from_float` (its messages)."""
     from ..score.weights import FP16_MAX
@@ -160,11 +161,14 @@ def stored_rows(update: PoolUpdate, dtype: str) -> StoredRows:
     if dtype == "fp16" and update.embeddings.size:
         from ..score.weight_kernels import f16_rows
 
-        emb = np.ascontiguousarray(update.embeddings)
+        # (a checked batch's arrays are these already; the kernel reads their bits)
+        emb = np.ascontiguousarray(update.embeddings, np.float32)
+        sets = np.asarray(sets, np.bool_)
         n = int(np.count_nonzero(sets))
         out = np.empty((n, emb.shape[1]), np.float16)
         bias = np.empty(n, np.float32)
-        bad, top = f16_rows(emb, emb.view(np.uint32), update.bias, sets, FP16_MAX, out.view(np.uint16), bias)
+        bad, top = f16_rows(emb, emb.view(np.uint32), np.asarray(update.bias, np.float32), sets, FP16_MAX,
+                            out.view(np.uint16), bias)
         if not bad:
             return StoredRows(out, bias, None, float(np.uint16(top).view(np.float16)))
     update.checked()  # non-finite values: the message names the first op
