@@ -18,13 +18,13 @@ learning rate yet, so the final model is, if anything, better than its validatio
 evaluated on the held-out part (:func:`~andromeda_nb.analysis.quality.tune_models`, then
 ``run_expert_count(..., tuned=...)``).
 
-Why lengths from 1/2x to 4x the preset's, chosen on validation: on the synthetic world at the demo
+Why lengths from 1/4x to 4x the preset's, chosen on validation: on the synthetic world at the demo
 size (10,000 users and ads, 200,000 training clicks, batch 256, CPU, seed 0, 500 users, each length
 its own cosine schedule) the K = 2 mixture's recall@100 went from 0.096 after 400 steps (half an
 epoch) to 0.345 after 2,000, the single tower's from 0.137 to 0.281, and then back down to 0.187
 after 6,000 (training loss 4.2 -> 2.2: it memorises); the true click model scores 0.530. A fixed
 length either stops far short of what the data allow or overfits. (2,000 steps at the demo size
-are 2.6 epochs; the full preset's 1/2x-4x are 0.75-6 epochs of the 50,000-user world.)
+are 2.6 epochs; the full preset's 1/4x-4x are 0.375-6 epochs of the 50,000-user world.)
 
 A tuning run's choices can be kept (:func:`save_tuned`, ``python -m andromeda_nb.training --tune
 --tuned FILE``) and trained from later (:func:`load_tuned`, ``--tuned FILE`` without ``--tune``), so
@@ -43,11 +43,14 @@ from .data import InteractionData
 
 #: the metric tuning maximises: validation recall at this k (the baselines' too)
 TUNE_METRIC_K = 100
-#: every model's grid: the preset's learning rate x 1/9 .. 9 and its steps x 1/2 .. 4 (the lengths:
+#: every model's grid: the preset's learning rate x 1/9 .. 9 and its steps x 1/4 .. 4 (the lengths:
 #: checkpoints of one run a learning rate, so a model's tuning trains 5 x 4 = 20 preset lengths).
 #: Wide because the narrower 3 x 3 grid (lr x 1/3 .. 3, steps x 1 .. 4) put all three of
-#: MovieLens-100K's project models on its edges (lr x3 or x1/3, steps x1; H200, preset full)
-GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3.0, 9.0) for st in (0.5, 1, 2, 4))
+#: MovieLens-100K's project models on its edges (lr x3 or x1/3, steps x1; H200, preset full), and
+#: then lr x 1/9 .. 9 with steps x 1/2 .. 4 put its ranking model and single tower at steps x1/2
+#: (lr x3); a shorter length is one more checkpoint of the same runs
+GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3.0, 9.0)
+             for st in (0.25, 0.5, 1, 2, 4))
 
 
 def validation_view(data: InteractionData) -> InteractionData:

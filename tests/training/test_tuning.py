@@ -51,7 +51,7 @@ def test_tune_reads_only_the_training_part(data):
     cfg = tuning.grid_config(base, {"lr_scale": 3.0, "steps_scale": 2})
     assert cfg.lr == pytest.approx(3 * base.lr)
     assert cfg.steps == 2 * base.steps  # the chosen length trains with its own schedule
-    assert tuning.describe({"lr_scale": 9.0, "steps_scale": 0.5}).endswith("(grid edge: lr_scale, steps_scale)")
+    assert tuning.describe({"lr_scale": 9.0, "steps_scale": 0.25}).endswith("(grid edge: lr_scale, steps_scale)")
     assert tuning.describe({"lr_scale": 1 / 9, "steps_scale": 2}).endswith("(grid edge: lr_scale)")
     assert "edge" not in tuning.describe({"lr_scale": 3.0, "steps_scale": 1})
     base = PRESET.cfg("multi_interest", "single_tower")
