@@ -420,10 +420,11 @@ class Run(harness.Run):
             self.tiles = gpu_table(self.n, D, "fp16", "tiles", seed=1)
         return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, case.math, self.options.out)]
 
-    def setup(self, n: int, pool: bool = True, math: str = "fp32", host_bits=True) -> None:
+    def setup(self, n: int, pool: bool = True, math: str = "fp32", host_bits=True, spare: int = 0) -> None:
         """The world and requests of ``n`` ads (a new size frees the last one's), and with ``pool``
         the rows table and its Pool in ``math``; ``host_bits`` of the world's device index (kept
-        for the reference checks; ``"auto"`` where the pool takes updates, as a user's would)."""
+        for the reference checks; ``"auto"`` where the pool takes updates, as a user's would);
+        ``spare`` free slots past the ads (the table's too)."""
         from ..datasets import synthetic as syn
         from ..model import Request
         from ..pipeline import Pool
@@ -433,7 +434,7 @@ class Run(harness.Run):
             self.close()
             _log(f"world of {n:,} ads")
             self.n = n
-            self.world = World(n, host_bits=host_bits)
+            self.world = World(n, spare=spare, host_bits=host_bits)
             self.profiles = syn.generate_profiles(self.world.schema, max(BATCHES), seed=202)
             rng = np.random.default_rng(5)
             self.reqs = [Request.random(D, E, KE, rng) for _ in range(max(BATCHES))]
@@ -444,7 +445,8 @@ class Run(harness.Run):
 
             self.tiles = None
             if self.table is None:
-                self.table = gpu_table(n, D, "fp16", "rows", seed=1)
+                ids = self.world.index.ad_ids
+                self.table = gpu_table(ids.size, D, "fp16", "rows", seed=1, ad_ids=ids if spare else None)
             self.pool = None  # its buffers go before the next pool's come
             self.pool = Pool(self.table, self.world.dev, max_batch=max(BATCHES), max_k=K,
                              config=KernelConfig(math=math))

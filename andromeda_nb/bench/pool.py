@@ -16,9 +16,11 @@ E6 K2 fp16 d64, k = 1000. Rows (``data/results/pool.csv``):
                             10 checkpoints (index = rebuild, table = a host mirror of the updates,
                             sampled answers = the float64 oracle over the live ads)
 
-Phases (``--phases``; default all): ``apply``, ``during`` (each grows its pool: the world has no
-spare slots, so each comes last at its size and rebuilds the world after) and ``soak`` (its own
-world with spare slots, 10^7 ads); pool sizes 10^7 and 10^8, those up to ``--n-ads``.
+Phases (``--phases``; default all): ``apply``, ``during`` (each grows its 10^7-ad pool: the world has
+no spare slots, so each comes last at its size and rebuilds the world after; the 10^8-ad world has
+spare slots and is checked by sampling, as neither its growth nor its rebuild fits the GPU host's
+memory: :data:`.live_pool.REBUILD_MAX_SLOTS`) and ``soak`` (its own world with spare slots, 10^7
+ads); pool sizes 10^7 and 10^8, those up to ``--n-ads`` (``--min-n-ads`` leaves out the smaller).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from . import harness
 from . import pipeline
-from .live_pool import APPLY_BATCHES
+from .live_pool import APPLY_BATCHES, REBUILD_MAX_SLOTS, SPARE_SLOTS
 
 #: the pool sizes of a run (those at most --n-ads)
 SIZES = (10 ** 7, 10 ** 8)
@@ -97,8 +99,11 @@ class Run(pipeline.Run):
         if isinstance(case, SoakCase):
             self.close()  # the soak builds its own world (with spare slots) and pool
             return [_soak_run(self.env, self.ceil, case.n_ads)]
-        # the pool's default: the device works out the bits from the first update (host_bits="auto")
-        self.setup(case.n_ads, math=case.math if isinstance(case, DuringCase) else "fp32", host_bits="auto")
+        # the pool's default: the device works out the bits from the first update (host_bits="auto");
+        # a pool past what a rebuild fits in the host's memory gets spare slots instead of growing
+        spare = SPARE_SLOTS if case.n_ads > REBUILD_MAX_SLOTS else 0
+        self.setup(case.n_ads, math=case.math if isinstance(case, DuringCase) else "fp32", host_bits="auto",
+                   spare=spare)
         try:
             if isinstance(case, ApplyCase):
                 return _apply_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles,

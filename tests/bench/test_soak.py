@@ -12,8 +12,7 @@ from andromeda_nb.bench import pipeline as P
 from andromeda_nb.pipeline import Pool
 
 
-@pytest.fixture
-def soak_world():
+def _world():
     from andromeda_nb.bench.targeting_world import World
     from andromeda_nb.model import Request
 
@@ -23,8 +22,14 @@ def soak_world():
                                    ad_ids=world.rules.ad_ids)
     reqs = [Request.random(P.D, P.E, P.KE, rng) for _ in range(4)]
     profiles = [dict(p) for p in world.profiles[:4]]
-    yield world, table, reqs, profiles
-    world.free()
+    return world, table, reqs, profiles
+
+
+@pytest.fixture
+def soak_world():
+    made = _world()
+    yield made
+    made[0].free()
 
 
 def _soak(world, table, reqs, profiles, pool):
@@ -106,3 +111,38 @@ def test_apply_rows(soak_world, tmp_path):
     for size in (20, 40):  # where the host time goes, by own and by cumulative time
         (profile,) = tmp_path.glob(f"pipeline_host_profile_apply_*_{size}.txt")
         assert profile.read_text().count("Ordered by") == 2
+
+
+@pytest.mark.slow
+def test_a_pool_too_large_to_rebuild_is_checked_by_sampling(soak_world, tmp_path, monkeypatch):
+    """Above REBUILD_MAX_SLOTS the apply and during phases check each sampled request against the
+    top-k over the device's own match and that match against the oracle on sampled slots (no
+    rebuild); the check fails when the oracle disagrees on one slot."""
+    from andromeda_nb import reference
+
+    world, table, reqs, profiles = soak_world
+    monkeypatch.setattr(L, "REBUILD_MAX_SLOTS", 100)
+    monkeypatch.setattr(L, "_index_vs_rebuild", lambda pool: pytest.fail("no rebuild above REBUILD_MAX_SLOTS"))
+    pool = Pool(table, world.dev, max_batch=4, max_k=1000, config=anb.KernelConfig(math="fp32"))
+    env = {c: "" for c in harness.SCHEMA}
+    rows = L._apply_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, tmp_path,
+                         batches=((20, 2),), busy=lambda ms: None)
+    assert rows[0]["verified"] == ("ok: table ids = index ids; ok: 3/3 sampled requests equal the reference over the "
+                                   f"device's match (top-k of the kernel's scores), the match = the oracle on "
+                                   f"{pool.n_ads:,} sampled slots"), rows[0]["verified"]
+    assert "spare slots" in rows[0]["notes"]
+    match = reference.match
+
+    def one_off(rules, profile):  # the oracle disagrees on one slot
+        out = match(rules, profile)
+        out[0] = not out[0]
+        return out
+
+    monkeypatch.setattr(reference, "match", one_off)
+    world, table, reqs, profiles = _world()  # a phase's own world, as the bench builds (its ads as they were)
+    pool = Pool(table, world.dev, max_batch=4, max_k=8)
+    rows = L._during_rows(env, harness.Ceilings(1.0, 1.0, 1.0), world, pool, reqs, profiles, 600, rate=1e6,
+                          calls=2, batch=30, k=8)
+    world.free()
+    assert rows[0]["verified"].startswith("FAILED: 0/1 sampled requests"), rows[0]["verified"]
+    assert "differs from the oracle at 1 of" in rows[0]["verified"]
