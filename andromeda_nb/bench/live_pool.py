@@ -24,9 +24,10 @@ SOAK_UPDATES, SOAK_BATCH, SOAK_REQUESTS, SOAK_REQUEST_BATCH, SOAK_CHECKPOINTS = 
 #: the soak's time budget: past it, it stops at its next checkpoint (each rebuilds the 10^7-ad index)
 SOAK_SECONDS = 420
 #: the largest pool whose index the checks rebuild, and that grows in the apply and during phases.
-#: Above it (the 10^8-ad world) neither fits the GPU host's 128 GB: the world's rules take ~37 GB
-#: (a CSR per column, 8-byte pointers), an index's rules read back as many again, its rebuild's
-#: host rows ~18 GB and the device's copied back ~18 GB more. Its world gets spare slots instead
+#: Above it (the 10^8-ad world) neither fits the GPU host's 128 GB: ten times what 10^7 ads took on
+#: the host (rules 4.1 GB: a CSR per column, 8-byte pointers; the index's rules read back 3.8 GB;
+#: a rebuild's rows 1.8 GB), the device's rows copied back and the updates' rules by slot come to
+#: ~130 GB at 10^8. Its world gets spare slots instead
 #: (:data:`SPARE_SLOTS`; growth is measured at 10^7) and its answers are checked by sampling
 #: (:func:`_verify_sampled`)
 REBUILD_MAX_SLOTS = 5 * 10 ** 7
