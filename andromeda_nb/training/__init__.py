@@ -3,7 +3,8 @@ model, on the synthetic multi-interest world and MovieLens-100K; export to Reque
 
 Modules: :mod:`.data` (features, signal groups, request context), :mod:`.models` (towers, gated
 mixtures, ranking model), :mod:`.train` (sampled softmax with logQ correction, training loop,
-:class:`~.train.TrainedModel` with ``export_request`` / ``export_table``).
+:class:`~.train.TrainedModel` with ``export_request`` / ``export_table``), :mod:`.served` (a MovieLens
+world serving a trained model: the quickstart's).
 
 Run every configuration for every seed and dataset (writes ``<out>/quality.csv``)::
 

@@ -31,3 +31,7 @@ def test_checks_metrics_and_findings():
     assert "on average 75% of a user's held-out movies" in text
     assert "simulator" in evaluation.run_note(4, 2, "fp16", "cudasim")
     assert "simulator" not in evaluation.run_note(4, 2, "fp16", "cuda")
+    assert evaluation.run_note(4, 2, "fp16", "cuda").endswith("placeholder SVD model") and "placeholder" in text
+    assert evaluation.run_note(6, 2, "fp16", "cuda", "mixture_k2").endswith("trained mixture_k2")
+    trained = evaluation.quickstart_findings(runs, table, pd.Series([0.5, 1.0]), "mixture_k2", "preset demo, 400 steps")
+    assert "trained `mixture_k2` (preset demo, 400 steps)" in trained and "placeholder" not in trained
