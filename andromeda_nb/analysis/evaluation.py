@@ -176,15 +176,17 @@ def quickstart_findings(runs: pd.DataFrame, table: pd.DataFrame, ceiling: pd.Ser
     k = table.index[-1]
     device, same, every = (table.loc[k, c] for c in RECALL_SOURCES)
     return "\n".join([
-        f"* {len(runs)} requests ran through targeting, fused scoring and top-K on the device; "
+        f"* {len(runs)} request{'s' if len(runs) != 1 else ''} ran through targeting, fused scoring and top-K on the device; "
         + ("every answer equals the oracle's (exact on the kernel's scores, near-ties only against float64, "
            "the same eligible count)." if ok.all() else f"**checks failed**: {', '.join(ok.index[~ok])}."),
         f"* {k}: {device:.3f} on the device against {same:.3f} for the float64 oracle on the same users and "
         f"{every:.3f} on every user. "
         + ("These belong to the **placeholder** model (an untrained gate over SVD-derived experts): a pipeline "
            "check, not the quality claim; notebooks 05 and 06 train real models." if model == "svd" else
-           f"These belong to the trained `{model}` ({trained}); notebook 05 compares the models at full size, "
-           "tuned, over five seeds, beside tuned baselines."),
+           f"These belong to the trained `{model}` ({trained}"
+           + ("; the smoke preset's few steps check the pipeline, they train no useful model" if "smoke" in trained
+              else "") + "); notebook 05 compares the models at full size, tuned, over five seeds, beside tuned "
+           "baselines."),
         f"* Targeting caps recall: on average {ceiling.mean():.0%} of a user's held-out movies are eligible at all "
         f"(median {ceiling.median():.0%}).",
     ])

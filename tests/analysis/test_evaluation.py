@@ -35,3 +35,7 @@ def test_checks_metrics_and_findings():
     assert evaluation.run_note(6, 2, "fp16", "cuda", "mixture_k2").endswith("trained mixture_k2")
     trained = evaluation.quickstart_findings(runs, table, pd.Series([0.5, 1.0]), "mixture_k2", "preset demo, 400 steps")
     assert "trained `mixture_k2` (preset demo, 400 steps)" in trained and "placeholder" not in trained
+    assert "2 requests ran" in trained and "1 request ran" in evaluation.quickstart_findings(runs[:1], table,
+                                                                                          pd.Series([0.5]))
+    assert "train no useful model" in evaluation.quickstart_findings(runs, table, pd.Series([0.5]), "mixture_k2",
+                                                                     "preset smoke, 6 steps in 0 s")
