@@ -25,6 +25,8 @@ from numba.cuda.core import config
 
 #: keeps sign, exponent and the 10 mantissa bits of TensorFloat-32
 TF32_MASK = 0xFFFFE000
+#: log2(e) rounded to fp32 (exp_approx: exp(x) = 2^(x log2 e))
+LOG2E = 1.4426950408889634
 
 if config.ENABLE_CUDASIM:
 
@@ -77,6 +79,17 @@ if config.ENABLE_CUDASIM:
     def dequant_i8x4(x, s2):
         lo, hi = dequant_i8x4_host(np.array([x], np.uint32), np.array([s2], np.uint32))
         return lo[0], hi[0]
+
+    def ld_half(words, i, j, half):
+        return np.uint32((int(words[int(i), int(j)]) >> (32 * int(half))) & 0xFFFFFFFF)
+
+    def exp_approx(x):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.float32(np.exp2(np.float32(x) * np.float32(LOG2E)))
+
+    def div_full(a, b):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return np.float32(np.float32(a) / np.float32(b))
 
 else:
     from llvmlite import ir
@@ -296,6 +309,55 @@ else:
             out = builder.call(asm, list(args))
             vals = [builder.extract_value(out, k) for k in range(2)]
             return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+
+    @intrinsic
+    def ld_half(typingctx, words, i, j, half):
+        """Half ``half`` (0: the low 32 bits) of ``words[i, j]`` (a 2-D uint64 array, indices in
+        range and non-negative) as one 4-byte load: a lane that needs 4 bytes of an 8-byte word
+        holds one register, not two."""
+        if not (isinstance(words, types.Array) and words.dtype == types.uint64 and words.ndim == 2
+                and all(isinstance(x, types.Integer) for x in (i, j, half))):
+            return None
+        sig = types.uint32(words, i, j, half)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ix = [builder.sext(a, _I64) if a.type.width < 64 else a for a in args[1:]]
+            st = [builder.extract_value(ary.strides, k) for k in range(2)]  # bytes
+            off = builder.add(builder.add(builder.mul(ix[0], st[0]), builder.mul(ix[1], st[1])),
+                              builder.shl(ix[2], ir.Constant(_I64, 2)))
+            ptr = builder.gep(builder.bitcast(ary.data, ir.PointerType(ir.IntType(8))), [off])
+            return builder.load(builder.bitcast(ptr, ir.PointerType(ir.IntType(32))), align=4)
+
+        return sig, codegen
+
+
+    @intrinsic
+    def exp_approx(typingctx, x):
+        """exp(x) as ``ex2.approx.ftz(x log2 e)``: one FMUL and one MUFU.EX2 against libdevice's ~10
+        instructions; relative error ~2^-22 plus the product's rounding (|x| 2^-24 log2 e), results
+        below 2^-126 flushed to zero (softmax weights there are 1e-38 of the largest)."""
+        sig = types.float32(types.float32)
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "{ .reg .f32 t; mul.f32 t, $1, 0f3FB8AA3B; ex2.approx.ftz.f32 $0, t; }", "=f,f")
+            return builder.call(asm, list(args))
+
+        return sig, codegen
+
+    @intrinsic
+    def div_full(typingctx, a, b):
+        """a / b as ``div.full.f32`` (at most 2 ulp off, no slow path) instead of the IEEE division."""
+        sig = types.float32(types.float32, types.float32)
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType(), ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "div.full.f32 $0, $1, $2;", "=f,f,f")
+            return builder.call(asm, list(args))
 
         return sig, codegen
 

@@ -22,8 +22,9 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
     ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
     row past the end or not eligible). ``n``: the name of the item count; ``row``: the candidate
     list's row prefix (``"b, "`` in batched kernels). ``int8`` (fp16 math): 4 dims are 4 bytes, half
-    a word: the lane loads the word holding its dims (``c // 2 + 2 wi``; :func:`_emit_mma_f16_tile`
-    takes half ``c % 2``) and the row scale into ``sc{q}``."""
+    a word: the lane loads only its half (``c % 2``) of the word holding its dims (``c // 2 + 2 wi``),
+    one register instead of two (``ld_half``; the register cap left int8 tiles spilling with whole
+    words), and the row scale into ``sc{q}``."""
     for q in (2 * t, 2 * t + 1):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
         half = q % 2
         emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
@@ -41,14 +42,14 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
                 emit(f"{ind}    okr{q} = test_bit(elig, ir{q}) != 0")
         emit(f"{ind}ur{q} = uint64(sr{q})")
         for wi in range(d // 16):
-            emit(f"{ind}m{q}_{wi} = uint64(0)")
+            emit(f"{ind}m{q}_{wi} = {'uint32' if int8 else 'uint64'}(0)")
         if int8:
             emit(f"{ind}sc{q} = zero")
         emit(f"{ind}if okr{q}:")
         for wi in range(d // 16):
             col = f"c4h + {2 * wi}" if int8 else f"c4 + {4 * wi}"
             idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
-            emit(f"{ind}    m{q}_{wi} = words[{idx}]")
+            emit(f"{ind}    m{q}_{wi} = ld_half(words, {idx}, c4o)" if int8 else f"{ind}    m{q}_{wi} = words[{idx}]")
         if int8:
             emit(f"{ind}    sc{q} = scale[ur{q}]")
 
@@ -97,8 +98,7 @@ def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False) -> No
     word's two fp16 pairs through FiLM + ReLU in one half2 FMA and max each (``film_h2``, one
     rounding to fp16), straight into the A fragment: a0 / a2 = the low / high pair of row g's word,
     a1 / a3 those of row g + 8 (:func:`.weights.mma_f16_image` assigns dims to k-slots to match).
-    ``int8``: the lane's 4 bytes (half ``c % 2`` of the loaded word: dims 4w..4w+3 with w = c + 4 j,
-    as in an fp16 row) first become the fp16 pairs ``q * s`` (``dequant_i8x4``; s the row scale
+    ``int8``: the lane's 4 bytes (dims 4w..4w+3 with w = c + 4 j, as in an fp16 row) first become the fp16 pairs ``q * s`` (``dequant_i8x4``; s the row scale
     rounded to fp16), so the weights and the rest are the fp16 rows' own."""
     for r in range(4):
         emit(f"{ind}cg{t}_{r} = zero")
@@ -110,7 +110,7 @@ def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False) -> No
     for j in range(d // 16):
         for q in rows:
             if int8:
-                emit(f"{ind}lo{q}, hi{q} = dequant_i8x4(uint32((m{q}_{j} >> c4s) & uint64(0xFFFFFFFF)), s2{q})")
+                emit(f"{ind}lo{q}, hi{q} = dequant_i8x4(m{q}_{j}, s2{q})")
                 emit(f"{ind}ha{q} = film_h2(lo{q}, gm{j}_0, bt{j}_0)")
                 emit(f"{ind}hb{q} = film_h2(hi{q}, gm{j}_1, bt{j}_1)")
                 continue

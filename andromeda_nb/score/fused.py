@@ -52,8 +52,8 @@ from numba import cuda, float32, int16, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from ..device.bits import test_bit
-from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, film_h2, half2_of, lds4, max_nan, mma_f16,
-                                 mma_f16_warp, mma_tf32, mma_tf32_warp, tf32_round)
+from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, div_full, exp_approx, film_h2, half2_of, ld_half,
+                                 lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp, tf32_round)
 from ..topk.block import block_topk
 from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load
 from .weights import PAD, image_size, mma_image_size
@@ -82,7 +82,7 @@ class _Source:
     """The kernel source for one configuration (see :func:`fused_kernel` for the arguments)."""
 
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
-                 guard, mma, mma_terms, prefetch, batched, sample, math="fp32"):
+                 guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto"):
         self.math = math
         mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
         self.model, self.d, self.E, self.K, self.dtype, self.layout = model, d, E, K, dtype, layout
@@ -94,6 +94,23 @@ class _Source:
         # simply (not through a compacted list, one round per top-K barrier pair)
         self.prefetch = (mma and prefetch and not (access == "bitset" and (fused or seed_filter))
                          and (items == 1 or not fused))
+        # the tensor-core kernels load the lane's bias a round ahead where its slot is its position
+        # (pool, a bitset tested position by position), else at the start of its round: a load
+        # issued where the score needs it, past the warp barriers (ptxas does not hoist it there),
+        # puts a whole memory latency on every round ("end", kept as a diagnostic)
+        self.bias_load = bias_load if mma else "end"
+        if bias_load == "ahead" and not (self.prefetch and access in ("pool", "bitset") and not batched):
+            self.bias_load = "start"
+        self.bias_ahead = self.bias_load == "ahead"
+        # fp16 math's softmax in fewer instructions (exp_approx, div_full: ~1e-6 relative, inside the
+        # fp32 accuracy it promises); the fp32 math keeps libdevice's exp and the IEEE division
+        self.fast_softmax = softmax == "fast" or (softmax == "auto" and math == "fp16")
+        # the K best experts by K passes over the E logits (~4 K E instructions) or by each expert's
+        # rank among them (~1.5 E (E - 1) + 2 E): ranks where that is fewer, with every value dot
+        # at hand (the tensor cores compute all E)
+        if choice == "auto":
+            choice = "ranks" if math == "fp16" and 3 * (E - 1) + 4 < 8 * K else "passes"
+        self.choice = choice
         self.batched, self.sample = batched, sample
         # an eligible bitset feeding a selection is compacted tile by tile (see _loop)
         self.compact = access == "bitset" and (fused or seed_filter)
@@ -134,7 +151,7 @@ class _Source:
             emit("    c4 = lane % 4")
             if self.dtype == "int8":  # fp16 math: the word holding the lane's 4 bytes, and its half
                 emit("    c4h = c4 // 2")
-                emit("    c4s = uint64(32 * (c4 % 2))")
+                emit("    c4o = c4 % 2")
             emit(f"    msc = cuda.shared.array(({block // 32}, 32, 16), float32)")  # a warp: 32 ads x (8 logits, 8 values)
             if config.ENABLE_CUDASIM:
                 emit(f"    scr = cuda.shared.array(({block // 32}, 32, 10), float32)")
@@ -203,6 +220,13 @@ class _Source:
         elif self.access == "bitset" and not self.compact:
             emit("        if ok:")
             emit("            ok = test_bit(elig, j) != 0")
+        if self.bias_load != "end":  # this round's bias (see bias_load)
+            if self.bias_ahead:
+                emit("        bj = bn")
+                emit("        jb = j + stride")
+                emit(f"        bn = bias[uint64(jb)] if jb < {self.n} else zero")
+            else:
+                emit("        bj = bias[uint64(slot)] if ok else zero")
         emit("        s = float32(math.nan)")
         # "offset" guard: the shared weight loads are addressed from wo, zero at run time but
         # unknown to ptxas (j < 2^62), so it cannot hoist them out of the loop either, without a fence
@@ -223,6 +247,9 @@ class _Source:
         emit(f"    stride = cuda.gridDim.x * {per_round}")
         if self.prefetch:  # the first round's words (see emit_mma)
             emit(f"    base = cuda.blockIdx.x * {per_round}")
+            if self.bias_ahead:
+                emit("    jb = base + tid")
+                emit(f"    bn = bias[uint64(jb)] if jb < {self.n} else zero")
             for t in range(2):
                 emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row,
                               self.dtype == "int8")
@@ -391,20 +418,39 @@ class _Source:
                     emit(f"{ind}a{e} = {terms}" if q == 0 else f"{ind}a{e} = a{e} + {terms}")
 
     def _softmax(self, ind: str) -> None:
-        """p[e] = exp(l[e] - max l) (unnormalised; z their sum)."""
+        """p[e] = exp(l[e] - m) (unnormalised; z their sum)."""
         emit, E = self.emit, self.E
         emit(f"{ind}m = l0")
         for e in range(1, E):
             emit(f"{ind}if l{e} > m:")
             emit(f"{ind}    m = l{e}")
+        exp = "exp_approx" if self.fast_softmax else "math.exp"
         for e in range(E):
-            emit(f"{ind}p{e} = math.exp(l{e} - m)")
+            emit(f"{ind}p{e} = {exp}(l{e} - m)")
         emit(f"{ind}z = " + " + ".join(f"p{e}" for e in range(E)))
 
     def _choose_and_combine(self, ind: str) -> None:
         """The K best experts by logit (ties: the lower index), each one's value dot times its p;
         s = sum / z + bias (p is not renormalised over the chosen experts)."""
         emit, d, E, K = self.emit, self.d, self.E, self.K
+        bias = "bias[us]" if self.bias_load == "end" else "bj"
+        if self.choice == "ranks":
+            # expert e's rank: the experts ahead of it (a larger logit, or an equal one at a lower
+            # index); the chosen are ranks 0..K-1. A NaN logit makes z, so s, NaN either way
+            for e in range(E):
+                emit(f"{ind}r{e} = 0")
+            for i in range(E):
+                for j in range(i + 1, E):
+                    emit(f"{ind}if l{j} > l{i}:")
+                    emit(f"{ind}    r{i} += 1")
+                    emit(f"{ind}else:")
+                    emit(f"{ind}    r{j} += 1")
+            emit(f"{ind}mixed = zero")
+            for e in range(E):
+                emit(f"{ind}if r{e} < {K}:")
+                emit(f"{ind}    mixed += p{e} * a{e}")
+            emit(f"{ind}s = {'div_full(mixed, z)' if self.fast_softmax else 'mixed / z'} + {bias}")
+            return
         emit(f"{ind}taken = 0")
         for r in range(K):
             emit(f"{ind}b = -1" if not self.batched else f"{ind}bx = -1")
@@ -430,7 +476,7 @@ class _Source:
                     emit(f"{ind}v{r} = {terms}" if q == 0 else f"{ind}v{r} = v{r} + {terms}")
             emit(f"{ind}wp{r} = bp")
         emit(f"{ind}mixed = " + " + ".join(f"wp{r} * v{r}" for r in range(K)))
-        emit(f"{ind}s = mixed / z + bias[us]")
+        emit(f"{ind}s = {'div_full(mixed, z)' if self.fast_softmax else 'mixed / z'} + {bias}")
 
     # ---------------------------------------------------------------- 5. output
 
@@ -487,9 +533,10 @@ class _Source:
 def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,
             block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False,
             weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
-            prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32") -> str:
+            prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
+            bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto") -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
-                   mma, mma_terms, prefetch, batched, sample, math).text()
+                   mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -497,7 +544,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  block: int, topk_cap: int = 0, has_ids: bool = True, values: str = "chosen",
                  max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False,
                  weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
-                 prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32"):
+                 prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
+                 bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto"):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -525,6 +573,15 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             shared weights; ``wimg`` is then :func:`.weights.mma_image`).
         mma_terms: products per mma step, 3 (3xTF32, the only accurate choice; 1 and 2 exist for
             diagnostics). prefetch: the tensor-core kernel loads the next round's rows early.
+        bias_load: where the tensor-core kernels load an ad's bias: ``"ahead"`` (a round early,
+            with pool and position-tested bitset access; elsewhere as ``"start"``), ``"start"`` (at
+            the start of its round) or ``"end"`` (where the score needs it: a diagnostic).
+        softmax: ``"fast"`` (``exp_approx`` and ``div_full``), ``"exact"`` (libdevice's exp, the IEEE
+            division) or ``"auto"``: fast in fp16 math, exact in fp32 math.
+        choice: how the K best experts are found: ``"passes"`` (K passes over the E logits),
+            ``"ranks"`` (each expert's rank; kernels holding every value dot: fp16 math, the TF32
+            tensor cores, ``values="all"``) or ``"auto"``: ranks in fp16 math where they take fewer
+            instructions (E8 K4, not E6 K2).
         batched: a batch of requests in one launch (candidates access, shared weights, scores to
             memory or the filter pass; launch ``[(grid, B), block]``; see the module docstring).
         sample: with ``batched`` and scores to memory: score the M = ``sample`` stratified sample
@@ -557,6 +614,12 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"bad weights / guard {weights!r} / {guard!r}")
     if mma_terms not in (1, 2, 3):
         raise ValueError(f"mma_terms must be 1, 2 or 3, got {mma_terms!r}")
+    if bias_load not in ("ahead", "start", "end"):
+        raise ValueError(f"bias_load must be 'ahead', 'start' or 'end', got {bias_load!r}")
+    if softmax not in ("auto", "fast", "exact") or choice not in ("auto", "passes", "ranks"):
+        raise ValueError(f"bad softmax / choice {softmax!r} / {choice!r}")
+    if choice == "ranks" and not (math == "fp16" or mma or values == "all"):
+        raise ValueError("choice='ranks' needs every expert's value dot (math='fp16', mma or values='all')")
     if mma and (model != "gated" or PER_WORD[dtype] != 4 or d % 16 or experts > 8 or block % 32
                 or weights != "shared"):
         raise ValueError("the tensor-core kernel takes the gated model, fp16 or bf16 rows, d a multiple of 16, "
@@ -573,16 +636,19 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"sample={sample}: a batched scores-to-memory kernel's sample, a multiple of {SAMPLE_RUN} "
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
-                  seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math)
+                  seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
            "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
-           "uint32": uint32, "half2_of": half2_of, "dequant_i8x4": dequant_i8x4}
+           "uint32": uint32, "half2_of": half2_of, "dequant_i8x4": dequant_i8x4, "ld_half": ld_half,
+           "exp_approx": exp_approx, "div_full": div_full}
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
     mma_tag = f"_mma{mma_terms}{'p' if prefetch else ''}" if mma else ("_f16" if math == "fp16" else "")
+    mma_tag += ("" if bias_load == "ahead" else f"_b{bias_load}") + ("" if softmax == "auto" else f"_{softmax}")
+    mma_tag += "" if choice == "auto" else f"_{choice}"
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")

@@ -262,3 +262,86 @@ def test_batch_range_check_agrees_with_each_requests(rng):
         assert list(built.bad32 | built.over16) == [refused["fp16"][i] for i in order], order
     assert refused["fp32"] == [False, False, True, True, False, False]
     assert refused["fp16"] == [False, True, True, True, True, True]
+
+
+@pytest.mark.parametrize("dtype, access", [("fp16", "pool"), ("int8", "pool"), ("fp16", "bitset"),
+                                           ("fp16", "candidates")])
+def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, access):
+    """One block strides over 77 items (three rounds of a warp's 32, the last one part full): a
+    bias loaded a round ahead, at its round's start or where the score needs it belongs to the
+    round's own ad (random biases, so a bias one round off or from the wrong lane shows)."""
+    from numba import cuda
+
+    from andromeda_nb.device import launch
+    from andromeda_nb.score.fused import fused_kernel
+    from andromeda_nb.score.launches import _resolve, _weight_args
+
+    n, d, E, K = 77, 32, 5, 2
+    t, dt = table_of(rng, n, d, "tiles", dtype)
+    req = anb.Request.random(d, E, K, rng)
+    dreq = DeviceRequest.of(req)
+    image, extra = _weight_args(dreq, _resolve(F16, dreq, dt, access))
+    want = reference.score(req, t, math="fp16")
+    mask = rng.random(n) < 0.6
+    cand = np.flatnonzero(rng.random(n) < 0.7).astype(np.int32)[::-1].copy()  # out of slot order
+    elig = np.packbits(mask, bitorder="little").view(np.uint8)
+    elig = np.pad(elig, (0, -elig.size % 8)).view(np.uint64)
+    items = cand.size if access == "candidates" else n
+    outs = []
+    for bias_load in ("ahead", "start", "end"):
+        kern = fused_kernel("gated", d, E, K, dtype, "tiles", access, 32, 0, True, "chosen", None, math="fp16",
+                            bias_load=bias_load)
+        out = cuda.to_device(np.full(items, np.nan, np.float32))
+        kern[1, 32](dt.words, dt.scale, dt.bias, image,
+                    cuda.to_device(elig) if access == "bitset" else launch.dummy(np.uint64),
+                    cuda.to_device(cand) if access == "candidates" else launch.dummy(np.int32), items, dt.ad_ids, 0,
+                    out, launch.dummy(np.float32), launch.dummy(np.int32), launch.dummy(np.int64), *extra)
+        outs.append(out.copy_to_host())
+    slots = cand if access == "candidates" else np.arange(n)
+    scored = mask if access == "bitset" else np.ones(items, bool)
+    scale = checks.score_scale(req, t)
+    swappable = checks.near_tie_ads(req, t, "fp16")[slots]
+    for got in outs:
+        assert np.isnan(got[~scored]).all()
+        assert (np.abs(got - want[slots]) <= checks.SCORE_RTOL * scale)[scored & ~swappable].all()
+        np.testing.assert_array_equal(got, outs[0])
+
+
+@pytest.mark.parametrize("K", [1, 3, 4])
+def test_the_ranked_choice_equals_the_passes_on_exact_ties(rng, K):
+    """E = 8 with gate keys repeated (experts 1 = 2 and 4 = 5: their logits tie exactly on every
+    ad), the fast softmax and the exact one: choosing the K best by ranks picks the same experts as
+    K passes (the lower index of a tie), so every score agrees to fp32 rounding; and both agree with
+    the fp16 model where no tie other than the exact ones is near."""
+    from numba import cuda
+
+    from andromeda_nb.device import launch
+    from andromeda_nb.score.fused import fused_kernel
+    from andromeda_nb.score.launches import _resolve, _weight_args
+
+    n, d, E = 77, 16, 8
+    t, dt = table_of(rng, n, d, "tiles")
+    req = anb.Request.random(d, E, K, rng)
+    G = req.G.copy()
+    G[2], G[5] = G[1], G[4]
+    req = anb.Request(V=req.V, G=G, gamma=req.gamma, beta=req.beta, k_experts=K)
+    dreq = DeviceRequest.of(req)
+    image, extra = _weight_args(dreq, _resolve(F16, dreq, dt, "pool"))
+    outs = {}
+    for choice in ("passes", "ranks"):
+        for softmax in ("exact", "fast"):
+            kern = fused_kernel("gated", d, E, K, "fp16", "tiles", "pool", 32, 0, True, "chosen", None, math="fp16",
+                                softmax=softmax, choice=choice)
+            out = cuda.to_device(np.full(n, np.nan, np.float32))
+            kern[2, 32](dt.words, dt.scale, dt.bias, image, launch.dummy(np.uint64), launch.dummy(np.int32), n,
+                        dt.ad_ids, 0, out, launch.dummy(np.float32), launch.dummy(np.int32), launch.dummy(np.int64),
+                        *extra)
+            outs[choice, softmax] = out.copy_to_host()
+    scale = checks.score_scale(req, t)
+    base = outs["passes", "exact"]
+    for got in outs.values():
+        assert np.abs(got - base).max() <= checks.SCORE_RTOL * scale
+    want = reference.score(req, t, math="fp16")
+    swappable = checks.near_tie_ads(req, t, "fp16")
+    assert swappable.mean() < 0.9  # most ads are checked against the model too
+    assert (np.abs(base - want) <= checks.SCORE_RTOL * scale)[~swappable].all()
