@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from . import harness
-from .pipeline import D, E, K, KE, _host_profile, _log, _quantiles, _row, _timed, _verify
+from .pipeline import D, E, K, KE, _host_profile, _is_topk_of_scores, _log, _quantiles, _row, _timed, _verify
 
 #: (ops a batch, batches timed) of the apply rows
 APPLY_BATCHES = ((1_000, 20), (10_000, 10), (100_000, 5))
@@ -219,7 +219,6 @@ def _verify_sampled(pool, reqs, profiles, outs, k: int = K, n_sample: int = SAMP
     index = rebuild check runs on the 10^7-ad pool (apply phase, soak)."""
     from .. import reference
     from ..match import match_eligible
-    from ..score import score_ads
     from ..targeting import make_profile
 
     index = pool.index.index
@@ -236,10 +235,7 @@ def _verify_sampled(pool, reqs, profiles, outs, k: int = K, n_sample: int = SAMP
             bad.append(f"request {b}: the match differs from the oracle at {int((elig[sample] != oracle).sum())} "
                        f"of {sample.size} sampled slots")
             continue
-        scores = score_ads(reqs[b], pool.table, config=pool.config).copy_to_host()
-        want = reference.topk(scores, k, ids=pool.table.host_ad_ids, eligible=elig)
-        if not (np.array_equal(outs[b].ids, want.ids) and np.array_equal(outs[b].scores, want.scores)
-                and outs[b].n_eligible == eligible.count == elig.sum()):
+        if not _is_topk_of_scores(pool, reqs[b], outs[b], elig, eligible.count, k):
             bad.append(f"request {b}: its answer differs from the top-k of the kernel's scores over its match")
     head = (f"ok: {len(sampled)}/{len(sampled)} sampled requests" if not bad else
             f"FAILED: {len(sampled) - len(bad)}/{len(sampled)} sampled requests")

@@ -64,24 +64,29 @@ def _row(env, ceil, variant, n, batch, wall, p99, device, items, bytes_per_item,
     return r
 
 
+def _is_topk_of_scores(pool, req, out, elig, count: int, k: int = K) -> bool:
+    """``out`` (a Retrieved) is the exact top-k of the kernel's own scores of ``req`` over the slots
+    in the mask ``elig``, and its eligible count is ``count`` (= the mask's)."""
+    from .. import reference
+    from ..score import score_ads
+
+    scores = score_ads(req, pool.table, config=pool.config).copy_to_host()
+    want = reference.topk(scores, k, ids=pool.table.host_ad_ids, eligible=elig)
+    return (np.array_equal(out.ids, want.ids) and np.array_equal(out.scores, want.scores)
+            and out.n_eligible == count == elig.sum())
+
+
 def _verify(pool, world, reqs, profiles, outs, k: int = K) -> str:
     """Sampled requests (the first, middle and last of the batch) against the reference: CPU match,
     the kernel's own scores, exact top-k."""
-    from .. import reference
     from ..match import match_cpu
-    from ..score import score_ads
     from ..targeting import mask_from_bits
 
     bad = 0
     sampled = sorted({0, len(outs) // 2, len(outs) - 1})
     for b in sampled:
         words, count = match_cpu(world.index, profiles[b])
-        elig = mask_from_bits(words, world.n)
-        scores = score_ads(reqs[b], pool.table, config=pool.config).copy_to_host()
-        want = reference.topk(scores, k, ids=pool.table.host_ad_ids, eligible=elig)
-        ok = (np.array_equal(outs[b].ids, want.ids) and np.array_equal(outs[b].scores, want.scores)
-              and outs[b].n_eligible == count == elig.sum())
-        bad += not ok
+        bad += not _is_topk_of_scores(pool, reqs[b], outs[b], mask_from_bits(words, world.n), count, k)
     return (f"{'ok' if not bad else 'FAILED'}: {len(sampled) - bad}/{len(sampled)} sampled requests equal the "
             "reference (CPU match, top-k of the kernel's scores)")
 
