@@ -35,24 +35,68 @@ SIZES = (10 ** 7, 10 ** 8)
 WORKERS = 2
 
 
-#: what this process built last, one of each: a worker builds a pool (or the rules) once for every
-#: topology that asks for the same one (10^8 ads: ~70 s to generate the rules, as long again to
-#: index them on the host), so the 10^8-ad phases fit one GPU-host call; the servers only read them
+#: what this process built last: its rules, and one world (a pool's table and index, or a host
+#: index) built from them. A worker builds a world once for every topology that asks for the same
+#: one, so the 10^8-ad phases fit one GPU-host call; the servers only read them. One world at a
+#: time: a 10^8-ad index holds ~21 GB of host memory, and three processes share the host
 _LAST: dict = {}
 
 
 def _last(kind: str, key: tuple, make):
-    """``make()``, or this process's last ``kind`` built with ``key``."""
+    """``make()``, or this process's last ``kind`` built with ``key``; building a world ("rules"
+    aside) drops the one held before it, of any kind, first (its memory, before the new one's)."""
     if _LAST.get(kind, (None,))[0] != key:
-        _LAST.pop(kind, None)  # the last one goes first (its memory, before the new one's)
+        for held in [k for k in _LAST if k == kind or (kind != "rules" and k != "rules")]:
+            del _LAST[held]
+        import gc
+
+        gc.collect()
         _LAST[kind] = (key, make())
     return _LAST[kind][1]
 
 
-def _rules(n: int, seed: int):
-    from ..datasets import synthetic as syn
+def rules_path(n: int, seed: int) -> str:
+    """Where this host's processes share the benchmark world's rules of ``n`` ads (a directory of
+    :meth:`TargetingRules.save <andromeda_nb.targeting.TargetingRules.save>`, in
+    ``andromeda-nb-rules`` under ``$ANDROMEDA_SCRATCH`` or the temporary directory)."""
+    import os
+    import tempfile
 
-    return _last("rules", (n, seed), lambda: syn.generate_rules(syn.benchmark_schema(), n, seed=seed))
+    root = os.path.join(os.environ.get("ANDROMEDA_SCRATCH") or tempfile.gettempdir(), "andromeda-nb-rules")
+    return os.path.join(root, f"benchmark-{n}-{seed}")
+
+
+def _rules(n: int, seed: int):
+    """The benchmark world's rules, memory-mapped from :func:`rules_path` (the first process to
+    ask generates and saves them): the caller's reference and both workers read one copy in the
+    page cache, where three copies of a 10^8-ad pool's rules (~37 GB each) would not fit the host."""
+    from ..datasets import synthetic as syn
+    from ..targeting import TargetingRules
+
+    def make():
+        path = rules_path(n, seed)
+        try:
+            return TargetingRules.load(path)
+        except FileNotFoundError:
+            pass
+        rules = syn.generate_rules(syn.benchmark_schema(), n, seed=seed)
+        try:
+            rules.save(path)
+        except OSError:  # another process saved them first: theirs are the same rules
+            pass
+        del rules
+        return TargetingRules.load(path)
+
+    return _last("rules", (n, seed), make)
+
+
+def drop_saved_rules() -> None:
+    """Remove every saved benchmark world (:func:`rules_path`) and this process's held worlds."""
+    import os
+    import shutil
+
+    _LAST.clear()
+    shutil.rmtree(os.path.dirname(rules_path(0, 0)), ignore_errors=True)
 
 
 def gpu_world(n: int, seed: int = 0, shard: int = 0, n_shards: int = 1):
@@ -170,7 +214,7 @@ class Run(harness.Run):
         super().__init__(env, ceil, options)
         self.calls, self.n_pairs, self.batch = calls, pairs, batch
         self.client = self.cluster = None
-        self.n = None
+        self.n = self.pool = self.reference = None
 
     def measure(self, planned):
         from ..serving import cluster as C
@@ -182,8 +226,10 @@ class Run(harness.Run):
         self._setup(case.n_ads)
         opts = dict(max_batch=1, max_k=K)
         w = self.workers
+        if case.variant != "inprocess_retrieve":
+            self._drop_reference_pool()  # the workers' worlds need the host memory it holds
         if case.variant == "inprocess_retrieve":
-            topo, client, model = self.reference, None, None
+            topo, client, model = self._reference_pool(), None, None
         elif case.variant == "colocated":
             topo, client, model = C.Colocated(self.client, gpu_world, (case.n_ads,), worker=w[0], **opts), self.client, \
                 "colocated"
@@ -277,22 +323,66 @@ class Run(harness.Run):
             self.client = Client(self.cluster, direct_to_workers=True)  # (module docstring of serving.cluster)
             self.workers = list(self.client.scheduler_info()["workers"])
         if n != self.n:
-            self.reference = None
-            table, index = gpu_world(n)
-            self.reference = Pool(table, index, max_batch=1, max_k=K)
+            self.pool = self.reference = None
+            drop_saved_rules()  # the last size's (workers that still map them keep them until they let go)
+            self.n = n
             rng = np.random.default_rng(5)
             profiles = syn.generate_profiles(syn.benchmark_schema(), self.n_pairs, seed=202)
             self.pairs = [(Request.random(D, E, KE, rng), p) for p in profiles]
-            self.n = n
+            self.reference = RecordedAnswers(self._reference_pool(), self.pairs, K)
+
+    def _reference_pool(self):
+        """The in-process Pool of this size's world (built again if :meth:`_drop_reference_pool` let it go)."""
+        from ..pipeline import Pool
+
+        if self.pool is None:
+            table, index = gpu_world(self.n)
+            self.pool = Pool(table, index, max_batch=1, max_k=K)
+        return self.pool
+
+    def _drop_reference_pool(self) -> None:
+        if self.pool is not None:
+            self.pool = None
+            _LAST.pop("world", None)
+            _free_device_memory()
 
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
             self.cluster.close()
             self.client = None
+        self.pool = self.reference = None
+        drop_saved_rules()
+
+
+class RecordedAnswers:
+    """An in-process Pool's answers to the run's requests, kept so that the Pool itself can go
+    before the Dask topologies start (its host memory is theirs): ``retrieve`` gives the recorded
+    answer of a request it was built with (the same request object and profile)."""
+
+    def __init__(self, pool, pairs, k: int):
+        self.k = k
+        self._answers = [(req, prof, pool.retrieve(req, prof, k=k)) for req, prof in pairs]
+
+    def retrieve(self, request, profile, k: int):
+        for req, prof, out in self._answers:
+            if req is request and prof is profile and k == self.k:
+                return out
+        raise KeyError("RecordedAnswers holds no answer to this request (only the pairs it was built with)")
 
 
 def _free_device_memory() -> None:
+    """Collect what a dropped server or pool held (its device arrays with it), and hand CuPy's
+    cached blocks back to the device for the next world."""
     import gc
 
     gc.collect()
+    try:
+        from ..device import launch
+
+        if not launch.backend.is_simulator():
+            import cupy as cp
+
+            cp.get_default_memory_pool().free_all_blocks()
+    except ImportError:
+        pass

@@ -179,7 +179,7 @@ def _ids(ad_ids, n_ads: int) -> np.ndarray:
     ids = np.asarray(ad_ids)
     if ids.shape != (n_ads,) or (n_ads and ids.dtype.kind not in "iu"):
         raise ValueError(f"ad_ids must be ({n_ads},) integers, got {ids.shape} {ids.dtype}")
-    return np.ascontiguousarray(ids, dtype=np.int64)
+    return np.array(ids, dtype=np.int64)  # a copy: the rules keep it (the caller's buffer stays theirs)
 
 
 def generate_rules(
@@ -269,7 +269,8 @@ def generate_rules(
                     out[cat.name] = col
     live = np.empty(n, np.bool_)
     kern["coins"](_hash_key(seed, C, 2), n, float(live_fraction), live)
-    return TargetingRules.from_columns(schema, ids, live, include, exclude)
+    # the arrays are this call's own: validated and kept, not copied (a 10^8-ad pool's rules are ~37 GB)
+    return TargetingRules.from_columns(schema, ids, live, include, exclude, copy=False)
 
 
 _MASK64 = (1 << 64) - 1

@@ -35,6 +35,8 @@ from .schema import RuleError, TargetingSchema, value_set
 
 #: Largest ad id (ids are stored as int64).
 MAX_AD_ID = np.iinfo(np.int64).max
+#: The layout :meth:`TargetingRules.save` writes (its ``rules.json`` names it).
+_SAVED_FORMAT = "andromeda-nb rules 1"
 #: Slots per parallel chunk of the rule-column scan.
 _SCAN_CHUNK = 1 << 16
 
@@ -161,7 +163,7 @@ class TargetingRules:
 
     @classmethod
     def from_columns(cls, schema: TargetingSchema, ad_ids, live=None, include=None, exclude=None,
-                     allow_free: bool = False) -> "TargetingRules":
+                     allow_free: bool = False, copy: bool = True) -> "TargetingRules":
         """Validate column arrays (see the class docstring) and build the rules without per-ad
         Python objects. Values within an ad's set are sorted and de-duplicated here (a column that
         is already canonical, as the generator writes them, is validated in one parallel pass and
@@ -169,6 +171,10 @@ class TargetingRules:
 
         Args:
             allow_free: accept ``-1`` ad ids as free slots (they must be non-live and unconstrained).
+            copy: keep copies of the arrays (default), so that a caller reusing its buffers cannot
+                change the rules underneath an index; ``False`` keeps canonical arrays as given
+                (no second copy of a 10^8-ad pool's ~37 GB: arrays made for these rules alone, or
+                the read-only memory maps of :meth:`load`).
 
         Raises:
             RuleError: duplicate or negative ad ids, a malformed CSR (indptr not starting at 0,
@@ -215,9 +221,91 @@ class TargetingRules:
                         raise RuleError(f"a free slot (ad_id -1) constrains category {name!r}")
         # copies: the index keeps these arrays as its source of truth for later updates, so a
         # caller reusing its buffers must not be able to change them underneath it
+        if not copy:
+            return cls(schema, ids, live, inc, exc)
         inc = {name: (ptr.copy(), vals.copy()) for name, (ptr, vals) in inc.items()}
         exc = {name: (ptr.copy(), vals.copy()) for name, (ptr, vals) in exc.items()}
         return cls(schema, ids.copy(), live.copy(), inc, exc)
+
+    def save(self, path) -> None:
+        """Write the rules to the directory ``path`` (created; it must not exist yet): the schema
+        as JSON and each array as ``.npy``, so that :meth:`load` can memory-map them. The
+        directory appears whole or not at all (written beside it, then renamed).
+
+        Raises:
+            FileExistsError: ``path`` exists.
+        """
+        import os
+        import tempfile
+
+        path = os.fspath(path)
+        if os.path.exists(path):
+            raise FileExistsError(f"{path} exists: rules are saved to a new directory")
+        parent = os.path.dirname(os.path.abspath(path))
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".rules-", dir=parent)
+        try:
+            cols = {"include": sorted(self.include), "exclude": sorted(self.exclude)}
+            meta = {"format": _SAVED_FORMAT, "n_ads": self.n_ads, "columns": cols,
+                    "schema": [[c.name, int(c.cardinality), bool(c.multi_valued)] for c in self.schema]}
+            with open(os.path.join(tmp, "rules.json"), "w") as f:
+                json.dump(meta, f)
+            np.save(os.path.join(tmp, "ad_ids.npy"), np.ascontiguousarray(self.ad_ids, np.int64))
+            np.save(os.path.join(tmp, "live.npy"), np.ascontiguousarray(self.live, np.bool_))
+            for kind, csr in (("include", self.include), ("exclude", self.exclude)):
+                for i, name in enumerate(cols[kind]):
+                    ptr, vals = csr[name]
+                    np.save(os.path.join(tmp, f"{kind}{i}.indptr.npy"), np.ascontiguousarray(ptr, np.int64))
+                    np.save(os.path.join(tmp, f"{kind}{i}.values.npy"), np.ascontiguousarray(vals, np.int32))
+            os.rename(tmp, path)
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @classmethod
+    def load(cls, path, mmap: bool = True) -> "TargetingRules":
+        """The rules :meth:`save` wrote to ``path``, validated as :meth:`from_columns` validates.
+        ``mmap=True`` maps the arrays read-only instead of reading them: processes on one host that
+        load the same rules share one copy in the page cache (a 10^8-ad pool's rules are ~37 GB).
+
+        Raises:
+            FileNotFoundError: no saved rules at ``path``; RuleError: a file that is not what
+            :meth:`save` writes (unknown format, a category the schema lacks, arrays of the wrong
+            shape or dtype, a malformed CSR or value, duplicate ad ids).
+        """
+        import os
+
+        from .schema import Category
+
+        path = os.fspath(path)
+        try:
+            with open(os.path.join(path, "rules.json")) as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no saved rules at {path} (TargetingRules.save writes rules.json there)") from None
+        if not isinstance(meta, dict) or meta.get("format") != _SAVED_FORMAT:
+            raise RuleError(f"{path}: not rules saved by TargetingRules.save (format {_SAVED_FORMAT})")
+        try:
+            schema = TargetingSchema(Category(str(n), int(m), bool(mv)) for n, m, mv in meta["schema"])
+            n, cols = int(meta["n_ads"]), {k: list(meta["columns"][k]) for k in ("include", "exclude")}
+        except (KeyError, TypeError, ValueError) as e:
+            raise RuleError(f"{path}: malformed rules.json ({e})") from None
+
+        def array(name, dtype, shape):
+            a = np.load(os.path.join(path, name), mmap_mode="r" if mmap else None, allow_pickle=False)
+            if a.dtype != dtype or a.shape != shape:
+                raise RuleError(f"{path}/{name}: expected {np.dtype(dtype)} of shape {shape}, got {a.dtype} of "
+                                f"shape {a.shape}")
+            return a
+
+        csr = {kind: {name: (array(f"{kind}{i}.indptr.npy", np.int64, (n + 1,)),
+                             np.load(os.path.join(path, f"{kind}{i}.values.npy"), mmap_mode="r" if mmap else None,
+                                     allow_pickle=False))
+                      for i, name in enumerate(names)} for kind, names in cols.items()}
+        ids, live = array("ad_ids.npy", np.int64, (n,)), array("live.npy", np.bool_, (n,))
+        return cls.from_columns(schema, ids, live, csr["include"], csr["exclude"], allow_free=True, copy=False)
 
     @classmethod
     def from_records(cls, schema: TargetingSchema, records: Iterable[Mapping]) -> "TargetingRules":

@@ -19,18 +19,21 @@ class Planned:
         self.case = case
 
 
-def test_every_serving_row_is_verified_on_simulator_workers():
+def test_every_serving_row_is_verified_on_simulator_workers(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANDROMEDA_SCRATCH", str(tmp_path / "scratch"))  # the processes' shared rules
     run = S.Run({"device": "simulator", "commit": "test"}, harness.Ceilings(1.0, 1.0, 1.0), harness.Options(),
                 calls=3, pairs=3, batch=2)
     rows = []
     try:
         for c in S.PHASES["topologies"] + S.PHASES["sharded"]:
             rows += run.measure(Planned(replace(c, n_ads=400)))
+        assert (tmp_path / "scratch" / "andromeda-nb-rules" / "benchmark-400-0" / "rules.json").exists()
         scaling = [c for c in S.PHASES["scaling"] if c.scaling == "strong" and c.n_gpus <= 2]
         rows += run.measure(Planned(replace(scaling[0], n_ads=400)))
         assert run.measure(Planned(replace(scaling[1], n_ads=400))) == []  # the simulator has one GPU
     finally:
         run.close()
+    assert not (tmp_path / "scratch" / "andromeda-nb-rules").exists()  # the saved rules go with the run
     by = [(r["variant"], r["n_workers"], r["batch"]) for r in rows]
     assert by == [("inprocess_retrieve", 0, 1), ("colocated", 1, 1), ("remote_scoring", 2, 1), ("sharded", 1, 1),
                   ("sharded", 2, 1), ("sharded", 1, 2), ("sharded", 1, 1)]

@@ -133,3 +133,77 @@ def test_frame_rejects_what_records_reject():
                                                         "kind": ["include", "include"], "value": [1, np.nan]}))
     ok = TargetingRules.from_frame(SCHEMA, pd.DataFrame({"ad_id": [1, 1], **base, "live": [False, False]}))
     assert ok.to_records() == [{"ad_id": 1, "live": False, "include": {"age": [1]}, "exclude": {"age": [2]}}]
+
+
+def _same_rules(a: TargetingRules, b: TargetingRules) -> bool:
+    return (a.schema == b.schema and np.array_equal(a.ad_ids, b.ad_ids) and np.array_equal(a.live, b.live)
+            and all(x.keys() == y.keys() and all(np.array_equal(x[k][0], y[k][0]) and np.array_equal(x[k][1], y[k][1])
+                                                 for k in x)
+                    for x, y in ((a.include, b.include), (a.exclude, b.exclude))))
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_saved_rules_load_equal_and_an_index_of_them_updates_like_one_of_the_originals(tmp_path, rng, mmap):
+    """Rules saved and loaded (memory-mapped read-only, or read) are the same rules, free slots
+    included, and an index built on them takes updates as one built on the originals does: the
+    index never writes into its base rules."""
+    from andromeda_nb.targeting import TargetingIndex, UpdateBatch
+
+    from ..helpers import random_rule, random_rules, random_schema
+
+    schema = random_schema()
+    rules = random_rules(rng, 90, schema=schema)
+    held = TargetingIndex(rules, capacity=100).current_rules()  # the index's 10 free slots: ad id -1
+    held.save(tmp_path / "r")
+    back = TargetingRules.load(tmp_path / "r", mmap=mmap)
+    assert _same_rules(held, back) and (back.ad_ids == -1).sum() == 10
+    assert all(ptr.flags.writeable != mmap for ptr, _ in back.include.values())  # mapped read-only, or read
+    a, b = TargetingIndex(held), TargetingIndex(back)
+    assert np.array_equal(a.bitsets, b.bitsets)
+    live = [int(i) for i in held.ad_ids if i >= 0]
+    ops = ([{"op": "retire", "ad_id": i} for i in live[:5]]
+           + [{"op": "change", "ad_id": i, **random_rule(rng, schema)} for i in live[5:15]]
+           + [{"op": "create", "ad_id": 10_000 + j, **random_rule(rng, schema)} for j in range(12)])
+    for index in (a, b):
+        index.apply(UpdateBatch.from_records(schema, ops))
+    assert np.array_equal(a.bitsets, b.bitsets) and _same_rules(a.current_rules(), b.current_rules())
+
+
+def test_saved_rules_refuse_an_existing_directory_and_malformed_files(tmp_path):
+    import json
+
+    rules = TargetingRules.from_columns(SCHEMA, [5, 6, 9], include={"age": (np.array([0, 1, 1, 3]),
+                                                                            np.array([2, 0, 6]))})
+    rules.save(tmp_path / "r")
+    with pytest.raises(FileExistsError, match="exists"):
+        rules.save(tmp_path / "r")
+    with pytest.raises(FileNotFoundError, match="no saved rules"):
+        TargetingRules.load(tmp_path / "nowhere")
+    meta = json.loads((tmp_path / "r" / "rules.json").read_text())
+    bad = dict(meta, format="something else")
+    (tmp_path / "r" / "rules.json").write_text(json.dumps(bad))
+    with pytest.raises(RuleError, match="not rules saved by"):
+        TargetingRules.load(tmp_path / "r")
+    (tmp_path / "r" / "rules.json").write_text(json.dumps(meta))
+    np.save(tmp_path / "r" / "include0.values.npy", np.array([2, 0, 7], np.int32))  # 7: past age's 0..6
+    with pytest.raises(RuleError, match="ad 9.*'age'.*out of range 0..6"):
+        TargetingRules.load(tmp_path / "r")
+    np.save(tmp_path / "r" / "include0.indptr.npy", np.array([0, 1, 3], np.int64))  # 3 ads need 4 pointers
+    with pytest.raises(RuleError, match=r"include0.indptr.npy: expected int64 of shape \(4,\)"):
+        TargetingRules.load(tmp_path / "r")
+    np.save(tmp_path / "r" / "include0.indptr.npy", np.array([0, 1, 1, 3], np.int64))
+    np.save(tmp_path / "r" / "include0.values.npy", np.array([2, 0, 6], np.int32))
+    np.save(tmp_path / "r" / "ad_ids.npy", np.array([5, 5, 9], np.int64))
+    with pytest.raises(RuleError, match="ad 5: duplicate ad_id"):
+        TargetingRules.load(tmp_path / "r")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rules-")]  # no half-written directory left
+
+
+def test_generated_rules_own_their_arrays(rng):
+    """The generator keeps its own arrays without a second copy, but never the caller's ids."""
+    from andromeda_nb.datasets import synthetic as syn
+
+    ids = np.arange(100, dtype=np.int64) * 3
+    rules = syn.generate_rules(syn.benchmark_schema(), 100, seed=1, ad_ids=ids)
+    ids[0] = 77
+    assert rules.ad_ids[0] == 0
