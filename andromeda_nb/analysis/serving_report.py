@@ -133,6 +133,18 @@ def findings(live: pd.DataFrame, model: pd.DataFrame, gpu_rows: pd.DataFrame | N
             text += (f"; remote scoring {rs['p50_ms']:.1f} ms and {ratio:.1f}x co-location's bytes on the wire "
                      f"(the byte model: {rs['model_bytes'] / co['model_bytes']:.1f}x; target >= {TARGET_BYTES_RATIO}x)")
         lines.append(text + ".")
+        shards = part.loc[["sharded"]].sort_values("n_workers") if "sharded" in part.index else None
+        if shards is not None and len(shards):
+            walls = ", ".join(f"{int(r.n_workers)} shard{'s' if r.n_workers > 1 else ''} {r.p50_ms:.2f} ms"
+                              for r in shards.itertuples())
+            text = (f"- Sharded ({where}; every answer exact, merged on the caller; the shards share one GPU): "
+                    f"p50 {walls}: one shard {shards['p50_ms'].iloc[0] - co['p50_ms']:+.2f} ms over the co-located call "
+                    "(the fan-out and the merge)")
+            if len(shards) > 1:
+                a, b = shards.iloc[0], shards.iloc[-1]
+                text += (f", {(b['p50_ms'] - a['p50_ms']) / (b['n_workers'] - a['n_workers']):+.2f} ms for each shard "
+                         "past the first")
+            lines.append(text + ".")
     if table["n_ads"].max() < 1e8 or "colocated" not in set(table.loc[table["n_ads"] >= 1e8, "variant"]):
         lines.append("- The targets are stated at 10^8 ads, where no co-located GPU row is committed: not measured.")
     return "\n".join(lines)

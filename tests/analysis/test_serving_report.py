@@ -65,3 +65,15 @@ def test_gpu_table_and_findings_quote_the_newest_verified_rows():
     assert "no co-located GPU row is committed: not measured" in text
     assert serving_report.gpu_table(None).empty and "No GPU rows" in serving_report.findings(
         live, serving_report.byte_model_table(), None)
+
+
+def test_findings_state_the_sharded_pools_overhead_over_the_colocated_call():
+    rows = topology_rows()
+    extra = [dict(rows.iloc[3].to_dict(), variant="sharded", n_workers=str(w), seconds_median=str(s), notes="x")
+             for w, s in ((2, 3.5e-3), (1, 2.25e-3))]  # the co-located call: 1.5 ms, commit new1111
+    rows = pd.concat([rows, pd.DataFrame(extra)], ignore_index=True)
+    live = pd.DataFrame({"mean_eligible": [10, 10], "bytes_per_request": [100.0, 1000.0],
+                         "equal_to_in_process": [True, True]}, index=["colocated", "remote_scoring"])
+    text = serving_report.findings(live, serving_report.byte_model_table(), rows)
+    assert "p50 1 shard 2.25 ms, 2 shards 3.50 ms: one shard +0.75 ms over the co-located call" in text
+    assert "+1.25 ms for each shard past the first" in text
