@@ -187,6 +187,8 @@ PHASES = {
     "topologies": (ServingCase("inprocess_retrieve", n_workers=0), ServingCase("colocated"),
                    ServingCase("remote_scoring", n_workers=2)),
     "sharded": (ServingCase("sharded", n_workers=1), ServingCase("sharded", n_workers=2)),
+    # the co-located call and its in-process reference alone (not in the default run)
+    "colocated": (ServingCase("inprocess_retrieve", n_workers=0), ServingCase("colocated")),
     # the multi-GPU issue's scale-out: weak (10^8 ads a GPU) and strong (10^8 in all) scaling
     "scaling": tuple(ScalingCase(n_gpus=g, scaling=m, n_ads=PER_GPU * g if m == "weak" else PER_GPU)
                      for m in ("weak", "strong") for g in GPU_COUNTS),
@@ -242,11 +244,16 @@ class Run(harness.Run):
             client, model = self.client, None
         try:
             got = measure(client, topo, self.pairs, K, self.calls, reference=self.reference, model=model)
+            threaded = None
+            if case.variant == "colocated":  # the same calls handed to the actor's thread, for the notes
+                topo.on_loop = False
+                threaded = measure(client, topo, self.pairs, K, self.calls, reference=self.reference, model=model)
         finally:
             del topo
             if client is not None:
                 self.client.run(_free_device_memory)
-        verified = (f"{'ok' if got.ok else 'FAILED'}: {got.checked - got.mismatches}/{got.checked} requests equal "
+        ok = got.ok and (threaded is None or threaded.ok)
+        verified = (f"{'ok' if ok else 'FAILED'}: {got.checked - got.mismatches}/{got.checked} requests equal "
                     "the in-process Pool's (ids, scores, eligible count)")
         t = harness.Timing(got.p50_s, got.p50_s, got.p50_s, got.p50_s, self.calls)
         # math: the Pools' default (math="auto") on the fp16 table: fp16 math on the tensor cores
@@ -258,7 +265,10 @@ class Run(harness.Run):
                               + f"mean eligible {got.mean_eligible:,.0f}; {self.calls} calls, one caller"
                               + (f"; on the worker the pool took p50 {got.server_p50_s * 1e3:.3f} ms, a call doing "
                                  f"nothing p50 {got.null_call_p50_s * 1e3:.3f} ms" if got.server_p50_s is not None
-                                 else ""))
+                                 else "")
+                              + (f"; on the worker's event loop (the default); the same calls on the actor's thread "
+                                 f"p50 {threaded.p50_s * 1e3:.3f} ms, p99 {threaded.p99_s * 1e3:.3f} ms "
+                                 f"({'equal answers' if threaded.ok else 'ANSWERS DIFFER'})" if threaded else ""))
         r.update(seconds_p20="", seconds_p80="", seconds_p99=f"{got.p99_s:.6e}",
                  requests_per_s=f"{got.requests_per_s:.6e}",
                  transport_bytes_per_request=f"{got.bytes_per_request:.6e}", items_per_s="", achieved_TBps="",

@@ -42,12 +42,18 @@ from .merge import merge_topk
 SERVED_KEPT = 4096
 
 
-def _request(actor, method: str, *args):
+def _request(actor, method: str, *args, on_loop: bool = False):
     """Call ``method(*args)`` of a server actor with its arguments in one pickle (its future's
     result is the answer, packed the same way: :func:`_answer`). Dask sends bytes as one frame,
     where it serialises each of a request's dozen small arrays (tensors, profile) on its own:
-    ~1.3 ms a call more, measured on a local cluster."""
-    return actor.call(pickle.dumps((method, *args), protocol=5))
+    ~1.3 ms a call more, measured on a local cluster.
+
+    ``on_loop``: run the call on the worker's event loop rather than handing it to the actor's
+    thread and back (Dask's ``separate_thread=False``): for a call that returns in about a
+    millisecond and waits on nothing of Dask's. A call that waits on another actor (the targeting
+    server's) must not: it would block the loop that brings its answer."""
+    payload = pickle.dumps((method, *args), protocol=5)
+    return actor.call(payload, separate_thread=False) if on_loop else actor.call(payload)
 
 
 def _answer(payload: bytes):
@@ -184,7 +190,7 @@ class TargetingServer(_PackedCalls):
 
         words, _ = self.index.match_cpu(profile)
         slots = np.flatnonzero(mask_from_bits(words, self.index.n_ads)).astype(np.int32)
-        return _answer(_request(self.scorer, "score_candidates", request, slots, k).result())
+        return _answer(_request(self.scorer, "score_candidates", request, slots, k, on_loop=True).result())
 
 
 def _actor(client, cls, args, worker):
@@ -194,13 +200,17 @@ def _actor(client, cls, args, worker):
 
 
 class Colocated:
-    """The co-located topology: one worker holds the pool and runs the whole request."""
+    """The co-located topology: one worker holds the pool and runs the whole request.
 
-    def __init__(self, client, build, args=(), worker: str | None = None, **pool_options):
+    ``on_loop``: each request runs on the worker's event loop (default), or on the actor's
+    thread (:func:`_request`)."""
+
+    def __init__(self, client, build, args=(), worker: str | None = None, on_loop: bool = True, **pool_options):
         self.server = _actor(client, PoolServer, (build, args, pool_options), worker)
+        self.on_loop = on_loop
 
     def retrieve(self, request, profile, k: int) -> Retrieved:
-        return _answer(_request(self.server, "retrieve", request, profile, k).result())
+        return _answer(_request(self.server, "retrieve", request, profile, k, on_loop=self.on_loop).result())
 
 
 class RemoteScoring:
@@ -262,7 +272,7 @@ class ShardedPool:
 
         futures = []
         for i, s in enumerate(self.shards):
-            futures.append(self._guarded(i, lambda: _request(s, "retrieve_batch", requests, profiles, k)))
+            futures.append(self._guarded(i, lambda: _request(s, "retrieve_batch", requests, profiles, k, on_loop=True)))
         parts = [self._guarded(i, lambda: _answer(f.result())) for i, f in enumerate(futures)]
         t0 = time.perf_counter()
         out = [merge_topk([p[b] for p in parts], k) for b in range(len(requests))]

@@ -38,7 +38,8 @@ class Served(Checked):
     mean_eligible: float
     #: where the topology has a :class:`~.cluster.PoolServer` that serves the whole request
     #: (co-located): the median of its own retrieve time on the worker, and of a call that does
-    #: nothing (the round trip through Dask alone); None elsewhere
+    #: nothing (the round trip through Dask alone, on the event loop or the actor's thread as the
+    #: topology's calls run); None elsewhere
     server_p50_s: float | None = None
     null_call_p50_s: float | None = None
 
@@ -80,7 +81,8 @@ def measure(client, topology, pairs, k: int, calls: int, reference=None, model: 
         nulls = []
         for _ in range(calls):
             t0 = time.perf_counter()
-            topology.server.ping().result()
+            (topology.server.ping(separate_thread=False) if getattr(topology, "on_loop", False)
+             else topology.server.ping()).result()
             nulls.append(time.perf_counter() - t0)
         null = float(np.median(nulls))
     predicted = (np.mean([byte_model(model, pairs[c % len(pairs)][0], eligible[c], k) for c in range(calls)])
