@@ -23,6 +23,16 @@ def cuda():
     return backend.cuda_module()
 
 
+def ensure_context() -> None:
+    """Make the device's context current on the calling thread (Numba's primary context). A
+    thread that has not touched the device has none, and the driver entry points this module
+    calls directly (bound launches, :func:`copy_async`, graphs) would fail there with
+    CUDA_ERROR_INVALID_CONTEXT: e.g. a pool built on one thread and called on another (a Dask
+    worker's event loop). Numba's check is a thread-local lookup after the first call."""
+    if not backend.is_simulator():
+        cuda().current_context()
+
+
 def default_block() -> int:
     return SIM_BLOCK if backend.is_simulator() else GPU_BLOCK
 

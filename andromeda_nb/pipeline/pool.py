@@ -185,6 +185,7 @@ class Pool:
                 that reads them (arguments, profiles and request shapes before any launch at all; a
                 request's weights may be range-checked while its batch's match runs).
         """
+        launch.ensure_context()  # this thread may not be the one that built the pool
         k = check_k(k)
         if k > self.max_k:
             raise ValueError(f"k={k} exceeds this pool's max_k={self.max_k} (its buffers' width)")
@@ -277,6 +278,7 @@ class Pool:
         """
         from .updates import apply_update
 
+        launch.ensure_context()
         return apply_update(self, update)
 
     def check(self, update) -> None:

@@ -393,3 +393,27 @@ def test_importing_the_request_path_leaves_the_cuda_backend_unchosen():
     code = ("import sys, andromeda_nb.pipeline, andromeda_nb.analysis.evaluation, andromeda_nb.serving; "
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported'")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_a_pool_built_on_one_thread_answers_on_another(rng):
+    """A thread that never touched the device has no current context; the pool makes it current
+    (a Dask worker builds its pool on one thread and may serve it on another): the answers and
+    an update applied there are the pool's own."""
+    import threading
+
+    rules, table, index = world(rng, 300)
+    pool = Pool(table, index, max_batch=2, max_k=20)
+    req, prof = anb.Request.random(D, 3, 2, rng), random_profile(rng, rules.schema)
+    got = {}
+
+    def serve():
+        try:
+            got["out"] = pool.retrieve(req, prof, k=20)
+        except Exception as e:  # the assertion below names it
+            got["error"] = e
+
+    t = threading.Thread(target=serve)
+    t.start()
+    t.join()
+    assert "error" not in got, got.get("error")
+    check_pool_answer(got["out"], req, rules, pool, prof, 20)
