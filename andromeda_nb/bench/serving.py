@@ -76,27 +76,35 @@ def _rules(n: int, seed: int):
     def make():
         path = rules_path(n, seed)
         try:
-            return TargetingRules.load(path)
+            rules = TargetingRules.load(path)
         except FileNotFoundError:
-            pass
-        rules = syn.generate_rules(syn.benchmark_schema(), n, seed=seed)
-        try:
-            rules.save(path)
-        except OSError:  # another process saved them first: theirs are the same rules
-            pass
-        del rules
-        return TargetingRules.load(path)
+            rules = syn.generate_rules(syn.benchmark_schema(), n, seed=seed)
+            try:
+                rules.save(path)
+                _SAVED.add(path)
+            except FileExistsError:  # another process saved them first: theirs are the same rules
+                pass
+            del rules
+            rules = TargetingRules.load(path)
+        if rules.schema != syn.benchmark_schema() or rules.n_ads != n:
+            raise RuntimeError(f"{path} holds other rules than the benchmark world's {n} ads (another build's?); "
+                               "remove it")
+        return rules
 
     return _last("rules", (n, seed), make)
 
 
+#: the worlds this process saved (:func:`drop_saved_rules` removes them, and no other run's)
+_SAVED: set = set()
+
+
 def drop_saved_rules() -> None:
-    """Remove every saved benchmark world (:func:`rules_path`) and this process's held worlds."""
-    import os
+    """Remove the benchmark worlds this process saved (:func:`rules_path`), and drop the worlds it holds."""
     import shutil
 
     _LAST.clear()
-    shutil.rmtree(os.path.dirname(rules_path(0, 0)), ignore_errors=True)
+    while _SAVED:
+        shutil.rmtree(_SAVED.pop(), ignore_errors=True)
 
 
 def gpu_world(n: int, seed: int = 0, shard: int = 0, n_shards: int = 1):

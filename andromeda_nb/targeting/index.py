@@ -264,6 +264,11 @@ class TargetingIndex(IndexUpdates):
                     ptrs.append(np.ascontiguousarray(csr[cat.name][0], np.int64))
                     valss.append(np.ascontiguousarray(csr[cat.name][1], np.int32))
                     colhi.append((ci << 33) | (kind << 32))
+        if not all(a.flags.writeable for a in ptrs + valss):
+            # one array type for every column (Numba indexes a tuple at run time only when its
+            # members share a type): read-only views of all where any is read-only (memory-mapped
+            # rules with a column that loading made canonical)
+            ptrs, valss = [_read_only(a) for a in ptrs], [_read_only(a) for a in valss]
         self._cols = (tuple(ptrs), tuple(valss), np.array(colhi, np.int64))
         self._base_by_slot = None  # the same rules slot by slot, from the first update on (_hold_base_by_slot)
 
@@ -646,3 +651,9 @@ class TargetingIndex(IndexUpdates):
             return z, z, z
         return np.concatenate(starts), np.concatenate(lens), np.concatenate(dst)
 
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (``a`` itself stays as it was)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v

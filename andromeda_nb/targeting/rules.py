@@ -257,7 +257,12 @@ class TargetingRules:
                     ptr, vals = csr[name]
                     np.save(os.path.join(tmp, f"{kind}{i}.indptr.npy"), np.ascontiguousarray(ptr, np.int64))
                     np.save(os.path.join(tmp, f"{kind}{i}.values.npy"), np.ascontiguousarray(vals, np.int32))
-            os.rename(tmp, path)
+            try:
+                os.rename(tmp, path)
+            except OSError as e:  # another save got there first (a non-empty directory is not replaced)
+                if os.path.exists(path):
+                    raise FileExistsError(f"{path} exists: rules are saved to a new directory") from e
+                raise
         except BaseException:
             import shutil
 
@@ -271,9 +276,10 @@ class TargetingRules:
         load the same rules share one copy in the page cache (a 10^8-ad pool's rules are ~37 GB).
 
         Raises:
-            FileNotFoundError: no saved rules at ``path``; RuleError: a file that is not what
-            :meth:`save` writes (unknown format, a category the schema lacks, arrays of the wrong
-            shape or dtype, a malformed CSR or value, duplicate ad ids).
+            FileNotFoundError: no saved rules at ``path``; RuleError: anything that is not what
+            :meth:`save` writes, the file named (an unknown format, a malformed ``rules.json``, a
+            missing, truncated or unreadable array, one of the wrong shape or dtype, a file
+            ``rules.json`` does not name, a malformed CSR or value, duplicate ad ids).
         """
         import os
 
@@ -285,25 +291,49 @@ class TargetingRules:
                 meta = json.load(f)
         except FileNotFoundError:
             raise FileNotFoundError(f"no saved rules at {path} (TargetingRules.save writes rules.json there)") from None
+        except (OSError, ValueError) as e:
+            raise RuleError(f"{path}/rules.json: unreadable ({e})") from None
         if not isinstance(meta, dict) or meta.get("format") != _SAVED_FORMAT:
             raise RuleError(f"{path}: not rules saved by TargetingRules.save (format {_SAVED_FORMAT})")
+
+        def whole(x):
+            return isinstance(x, int) and not isinstance(x, bool)
+
         try:
-            schema = TargetingSchema(Category(str(n), int(m), bool(mv)) for n, m, mv in meta["schema"])
-            n, cols = int(meta["n_ads"]), {k: list(meta["columns"][k]) for k in ("include", "exclude")}
+            n, cols, cats = meta["n_ads"], meta["columns"], meta["schema"]
+            ok = (whole(n) and n >= 0 and isinstance(cats, list) and isinstance(cols, dict)
+                  and all(isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and whole(c[1])
+                          and isinstance(c[2], bool) for c in cats)
+                  and all(isinstance(cols.get(k), list) and all(isinstance(x, str) for x in cols[k])
+                          and len(set(cols[k])) == len(cols[k]) for k in ("include", "exclude")))
+            if not ok:
+                raise ValueError("n_ads must be a non-negative int, schema a list of [name, cardinality, "
+                                 "multi_valued], columns lists of distinct names")
+            schema = TargetingSchema(Category(*c) for c in cats)
         except (KeyError, TypeError, ValueError) as e:
-            raise RuleError(f"{path}: malformed rules.json ({e})") from None
+            raise RuleError(f"{path}/rules.json: malformed ({e})") from None
+        names = {"rules.json", "ad_ids.npy", "live.npy"} | {
+            f"{kind}{i}.{part}.npy" for kind in ("include", "exclude") for i in range(len(cols[kind]))
+            for part in ("indptr", "values")}
+        stray = sorted(set(os.listdir(path)) - names)
+        if stray:
+            raise RuleError(f"{path}: files rules.json does not name ({', '.join(stray[:4])}): not one save's rules")
+
+        def read(name):
+            try:
+                return np.load(os.path.join(path, name), mmap_mode="r" if mmap else None, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as e:
+                raise RuleError(f"{path}/{name}: unreadable ({type(e).__name__}: {e})") from None
 
         def array(name, dtype, shape):
-            a = np.load(os.path.join(path, name), mmap_mode="r" if mmap else None, allow_pickle=False)
+            a = read(name)
             if a.dtype != dtype or a.shape != shape:
                 raise RuleError(f"{path}/{name}: expected {np.dtype(dtype)} of shape {shape}, got {a.dtype} of "
                                 f"shape {a.shape}")
             return a
 
-        csr = {kind: {name: (array(f"{kind}{i}.indptr.npy", np.int64, (n + 1,)),
-                             np.load(os.path.join(path, f"{kind}{i}.values.npy"), mmap_mode="r" if mmap else None,
-                                     allow_pickle=False))
-                      for i, name in enumerate(names)} for kind, names in cols.items()}
+        csr = {kind: {name: (array(f"{kind}{i}.indptr.npy", np.int64, (n + 1,)), read(f"{kind}{i}.values.npy"))
+                      for i, name in enumerate(names_)} for kind, names_ in cols.items() if kind in ("include", "exclude")}
         ids, live = array("ad_ids.npy", np.int64, (n,)), array("live.npy", np.bool_, (n,))
         return cls.from_columns(schema, ids, live, csr["include"], csr["exclude"], allow_free=True, copy=False)
 

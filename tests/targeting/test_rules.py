@@ -207,3 +207,75 @@ def test_generated_rules_own_their_arrays(rng):
     rules = syn.generate_rules(syn.benchmark_schema(), 100, seed=1, ad_ids=ids)
     ids[0] = 77
     assert rules.ad_ids[0] == 0
+
+
+def test_loaded_rules_with_a_column_made_canonical_still_take_updates(tmp_path, rng):
+    """A saved column whose values loading sorts is a writable copy beside read-only mapped ones:
+    the index still reads every column (one array type for all) and updates as the originals do."""
+    from andromeda_nb.targeting import TargetingIndex, UpdateBatch
+
+    ptr = np.array([0, 2, 3, 4])
+    rules = TargetingRules.from_columns(SCHEMA, [5, 6, 9], include={"age": (ptr, np.array([1, 4, 0, 6])),
+                                                                    "interest": (ptr, np.array([3, 8, 2, 29]))})
+    rules.save(tmp_path / "r")
+    np.save(tmp_path / "r" / "include0.values.npy", np.array([4, 1, 0, 6], np.int32))  # age of ad 5, unsorted
+    back = TargetingRules.load(tmp_path / "r")
+    assert back.include["age"][1].flags.writeable and not back.include["interest"][1].flags.writeable
+    a, b = TargetingIndex(rules), TargetingIndex(back)
+    ops = [{"op": "change", "ad_id": 6, "include": {"age": [2]}}, {"op": "retire", "ad_id": 9},
+           {"op": "create", "ad_id": 11, "include": {"interest": [7]}}]
+    for index in (a, b):
+        index.apply(UpdateBatch.from_records(SCHEMA, ops))
+    assert np.array_equal(a.bitsets, b.bitsets) and _same_rules(a.current_rules(), b.current_rules())
+
+
+def test_loading_names_the_file_that_is_wrong(tmp_path):
+    import json
+
+    rules = TargetingRules.from_columns(SCHEMA, [5, 6, 9], include={"age": (np.array([0, 1, 1, 3]),
+                                                                            np.array([2, 0, 6]))})
+    rules.save(tmp_path / "r")
+    meta_path = tmp_path / "r" / "rules.json"
+    meta = json.loads(meta_path.read_text())
+    for bad, msg in ((dict(meta, schema=[["age", 7, "false"], ["interest", 30, True]]), "malformed"),
+                     (dict(meta, n_ads="3"), "malformed"), (dict(meta, columns={"include": "age", "exclude": []}),
+                                                            "malformed")):
+        meta_path.write_text(json.dumps(bad))
+        with pytest.raises(RuleError, match=msg):
+            TargetingRules.load(tmp_path / "r")
+    meta_path.write_text("{not json")
+    with pytest.raises(RuleError, match="rules.json: unreadable"):
+        TargetingRules.load(tmp_path / "r")
+    meta_path.write_text(json.dumps(meta))
+    np.save(tmp_path / "r" / "exclude0.values.npy", np.zeros(1, np.int32))  # a file no column names
+    with pytest.raises(RuleError, match="files rules.json does not name.*exclude0.values.npy"):
+        TargetingRules.load(tmp_path / "r")
+    (tmp_path / "r" / "exclude0.values.npy").unlink()
+    data = (tmp_path / "r" / "include0.indptr.npy").read_bytes()
+    (tmp_path / "r" / "include0.indptr.npy").write_bytes(data[:-8])  # truncated
+    for mmap in (True, False):
+        with pytest.raises(RuleError, match="include0.indptr.npy: unreadable"):
+            TargetingRules.load(tmp_path / "r", mmap=mmap)
+    (tmp_path / "r" / "live.npy").unlink()
+    (tmp_path / "r" / "include0.indptr.npy").write_bytes(data)
+    with pytest.raises(RuleError, match="live.npy: unreadable"):
+        TargetingRules.load(tmp_path / "r")
+
+
+def test_a_save_that_loses_the_race_for_its_path_says_the_path_exists(tmp_path, monkeypatch):
+    import os
+
+    rules = TargetingRules.from_columns(SCHEMA, [5, 6])
+    rename = os.rename
+
+    def another_save_first(src, dst):  # another process's directory lands between the check and the rename
+        os.makedirs(dst)
+        (tmp_path / "r" / "rules.json").write_text("theirs")
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", another_save_first)
+    with pytest.raises(FileExistsError, match="exists"):
+        rules.save(tmp_path / "r")
+    monkeypatch.undo()
+    assert (tmp_path / "r" / "rules.json").read_text() == "theirs"  # theirs stands, whole
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rules-")]
