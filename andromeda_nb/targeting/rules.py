@@ -137,8 +137,18 @@ class TargetingRules:
 
     def subset(self, slots) -> "TargetingRules":
         """The rules of some slots (in the given order) as a new, smaller TargetingRules: e.g. a
-        sample of a 10^8-ad pool for the oracle. Vectorised; no validation needed."""
-        slots = np.asarray(slots, dtype=np.int64)
+        sample of a 10^8-ad pool for the oracle. Vectorised.
+
+        Raises:
+            TypeError: ``slots`` not integers (a boolean mask would read as slots 0 and 1);
+            ValueError: a slot out of range.
+        """
+        slots = np.asarray(slots)
+        if slots.size and slots.dtype.kind not in "iu":
+            raise TypeError(f"slots must be integers, got {slots.dtype} (for a mask, pass np.flatnonzero(mask))")
+        slots = slots.astype(np.int64, copy=False).reshape(-1)
+        if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= self.n_ads):
+            raise ValueError(f"slots must lie in 0..{self.n_ads - 1}")
 
         def take(csr):
             out = {}

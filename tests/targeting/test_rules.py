@@ -109,6 +109,10 @@ def test_free_slots_and_subsets():
     with pytest.raises(RuleError, match="free slot.*constrains"):
         TargetingRules.from_columns(SCHEMA, [-1, 6, 7], np.array([False, True, True]),
                                     include={"age": (ptr, vals)}, allow_free=True)
+    with pytest.raises(TypeError, match="integers"):
+        r.subset(np.array([True, False, True]))
+    with pytest.raises(ValueError, match="0..2"):
+        r.subset([3])
     sub = r.subset([2, 0])
     assert sub.ad_ids.tolist() == [7, 5] and sub.rule(1).include == {"age": frozenset({2})}
     assert r.restrict(["interest"]).rule(0).include == {}
