@@ -146,12 +146,28 @@ def _same_rules(a: TargetingRules, b: TargetingRules) -> bool:
                     for x, y in ((a.include, b.include), (a.exclude, b.exclude))))
 
 
+def _indexes_update_alike(rules: TargetingRules, other: TargetingRules, ops) -> bool:
+    """Indexes of two rule sets hold the same bits when built, and after the same update records."""
+    from andromeda_nb.targeting import TargetingIndex, UpdateBatch
+
+    a, b = TargetingIndex(rules), TargetingIndex(other)
+    if not np.array_equal(a.bitsets, b.bitsets):
+        return False
+    for index in (a, b):
+        index.apply(UpdateBatch.from_records(rules.schema, ops))
+    return np.array_equal(a.bitsets, b.bitsets) and _same_rules(a.current_rules(), b.current_rules())
+
+
+def _three_ads() -> TargetingRules:
+    return TargetingRules.from_columns(SCHEMA, [5, 6, 9], include={"age": (np.array([0, 1, 1, 3]), np.array([2, 0, 6]))})
+
+
 @pytest.mark.parametrize("mmap", [True, False])
 def test_saved_rules_load_equal_and_an_index_of_them_updates_like_one_of_the_originals(tmp_path, rng, mmap):
     """Rules saved and loaded (memory-mapped read-only, or read) are the same rules, free slots
     included, and an index built on them takes updates as one built on the originals does: the
     index never writes into its base rules."""
-    from andromeda_nb.targeting import TargetingIndex, UpdateBatch
+    from andromeda_nb.targeting import TargetingIndex
 
     from ..helpers import random_rule, random_rules, random_schema
 
@@ -162,22 +178,17 @@ def test_saved_rules_load_equal_and_an_index_of_them_updates_like_one_of_the_ori
     back = TargetingRules.load(tmp_path / "r", mmap=mmap)
     assert _same_rules(held, back) and (back.ad_ids == -1).sum() == 10
     assert all(ptr.flags.writeable != mmap for ptr, _ in back.include.values())  # mapped read-only, or read
-    a, b = TargetingIndex(held), TargetingIndex(back)
-    assert np.array_equal(a.bitsets, b.bitsets)
     live = [int(i) for i in held.ad_ids if i >= 0]
     ops = ([{"op": "retire", "ad_id": i} for i in live[:5]]
            + [{"op": "change", "ad_id": i, **random_rule(rng, schema)} for i in live[5:15]]
            + [{"op": "create", "ad_id": 10_000 + j, **random_rule(rng, schema)} for j in range(12)])
-    for index in (a, b):
-        index.apply(UpdateBatch.from_records(schema, ops))
-    assert np.array_equal(a.bitsets, b.bitsets) and _same_rules(a.current_rules(), b.current_rules())
+    assert _indexes_update_alike(held, back, ops)
 
 
 def test_saved_rules_refuse_an_existing_directory_and_malformed_files(tmp_path):
     import json
 
-    rules = TargetingRules.from_columns(SCHEMA, [5, 6, 9], include={"age": (np.array([0, 1, 1, 3]),
-                                                                            np.array([2, 0, 6]))})
+    rules = _three_ads()
     rules.save(tmp_path / "r")
     with pytest.raises(FileExistsError, match="exists"):
         rules.save(tmp_path / "r")
@@ -216,8 +227,6 @@ def test_generated_rules_own_their_arrays(rng):
 def test_loaded_rules_with_a_column_made_canonical_still_take_updates(tmp_path, rng):
     """A saved column whose values loading sorts is a writable copy beside read-only mapped ones:
     the index still reads every column (one array type for all) and updates as the originals do."""
-    from andromeda_nb.targeting import TargetingIndex, UpdateBatch
-
     ptr = np.array([0, 2, 3, 4])
     rules = TargetingRules.from_columns(SCHEMA, [5, 6, 9], include={"age": (ptr, np.array([1, 4, 0, 6])),
                                                                     "interest": (ptr, np.array([3, 8, 2, 29]))})
@@ -225,19 +234,15 @@ def test_loaded_rules_with_a_column_made_canonical_still_take_updates(tmp_path, 
     np.save(tmp_path / "r" / "include0.values.npy", np.array([4, 1, 0, 6], np.int32))  # age of ad 5, unsorted
     back = TargetingRules.load(tmp_path / "r")
     assert back.include["age"][1].flags.writeable and not back.include["interest"][1].flags.writeable
-    a, b = TargetingIndex(rules), TargetingIndex(back)
     ops = [{"op": "change", "ad_id": 6, "include": {"age": [2]}}, {"op": "retire", "ad_id": 9},
            {"op": "create", "ad_id": 11, "include": {"interest": [7]}}]
-    for index in (a, b):
-        index.apply(UpdateBatch.from_records(SCHEMA, ops))
-    assert np.array_equal(a.bitsets, b.bitsets) and _same_rules(a.current_rules(), b.current_rules())
+    assert _indexes_update_alike(rules, back, ops)
 
 
 def test_loading_names_the_file_that_is_wrong(tmp_path):
     import json
 
-    rules = TargetingRules.from_columns(SCHEMA, [5, 6, 9], include={"age": (np.array([0, 1, 1, 3]),
-                                                                            np.array([2, 0, 6]))})
+    rules = _three_ads()
     rules.save(tmp_path / "r")
     meta_path = tmp_path / "r" / "rules.json"
     meta = json.loads(meta_path.read_text())
