@@ -166,6 +166,19 @@ class ServingCase(harness.Case):
     batch: int = 1
     k: int = K
     access: str = "bitset"
+    #: requests picked for this eligible fraction (:data:`ELIGIBLE`); None: the world's own (~1 %)
+    target_eligible: float | None = None
+
+
+#: the eligible phase's fractions (the issue's 0.5-2 %), and how many profiles are drawn to pick
+#: each fraction's requests from (by their eligible count in the in-process Pool)
+ELIGIBLE = (0.005, 0.02)
+DRAWN = 2048
+
+
+def pick_by_eligible(counts, n_ads: int, target: float, k: int) -> np.ndarray:
+    """The indices of the ``k`` counts whose fraction of ``n_ads`` lies closest to ``target``."""
+    return np.argsort(np.abs(np.asarray(counts) / n_ads - target), kind="stable")[:k]
 
 
 @dataclass(frozen=True)
@@ -197,6 +210,11 @@ PHASES = {
     "sharded": (ServingCase("sharded", n_workers=1), ServingCase("sharded", n_workers=2)),
     # the co-located call and its in-process reference alone (not in the default run)
     "colocated": (ServingCase("inprocess_retrieve", n_workers=0), ServingCase("colocated")),
+    # the topologies on requests picked for 0.5 % and 2 % eligible (the in-process rows timed while
+    # the run's reference Pool is up, before any worker builds its world)
+    "eligible": tuple(c for f in ELIGIBLE for c in (
+        ServingCase("inprocess_retrieve", n_workers=0, target_eligible=f), ServingCase("colocated", target_eligible=f),
+        ServingCase("remote_scoring", n_workers=2, target_eligible=f))),
     # the multi-GPU issue's scale-out: weak (10^8 ads a GPU) and strong (10^8 in all) scaling
     "scaling": tuple(ScalingCase(n_gpus=g, scaling=m, n_ads=PER_GPU * g if m == "weak" else PER_GPU)
                      for m in ("weak", "strong") for g in GPU_COUNTS),
@@ -218,11 +236,13 @@ order = pipeline_order  # pool size first: one reference pool at a time
 class Run(harness.Run):
     """The cluster (started once), and per pool size the in-process reference pool and requests."""
 
-    def __init__(self, env, ceil, options, calls: int = CALLS, pairs: int = PAIRS, batch: int = BATCH):
+    def __init__(self, env, ceil, options, calls: int = CALLS, pairs: int = PAIRS, batch: int = BATCH,
+                 drawn: int = DRAWN):
         """``calls``: timed calls a row; ``pairs``: distinct requests, in turn; ``batch``: the scaling
-        phase's batch (the harness passes none: the module's values)."""
+        phase's batch; ``drawn``: profiles drawn to pick the eligible phase's requests from (the
+        harness passes none: the module's values)."""
         super().__init__(env, ceil, options)
-        self.calls, self.n_pairs, self.batch = calls, pairs, batch
+        self.calls, self.n_pairs, self.batch, self.drawn = calls, pairs, batch, drawn
         self.client = self.cluster = None
         self.n = self.pool = self.reference = None
 
@@ -236,9 +256,13 @@ class Run(harness.Run):
         self._setup(case.n_ads)
         opts = dict(max_batch=1, max_k=K)
         w = self.workers
+        f = case.target_eligible
+        pairs = self.pairs if f is None else self.targeted[f]
         if case.variant != "inprocess_retrieve":
             self._drop_reference_pool()  # the workers' worlds need the host memory it holds
-        if case.variant == "inprocess_retrieve":
+        if case.variant == "inprocess_retrieve" and f is not None:
+            topo, client, model = None, None, None  # timed in _setup, while the pool was up
+        elif case.variant == "inprocess_retrieve":
             topo, client, model = self._reference_pool(), None, None
         elif case.variant == "colocated":
             topo, client, model = C.Colocated(self.client, gpu_world, (case.n_ads,), worker=w[0], **opts), self.client, \
@@ -251,11 +275,14 @@ class Run(harness.Run):
             topo = C.ShardedPool(self.client, gpu_shard, case.n_workers, (case.n_ads,), workers=w, **opts)
             client, model = self.client, None
         try:
-            got = measure(client, topo, self.pairs, K, self.calls, reference=self.reference, model=model)
             threaded = None
-            if case.variant == "colocated":  # the same calls handed to the actor's thread, for the notes
+            if topo is None:
+                got = self.inprocess_at[f]
+            else:
+                got = measure(client, topo, pairs, K, self.calls, reference=self.reference, model=model)
+            if case.variant == "colocated" and f is None:  # the same calls on the actor's thread, for the notes
                 topo.on_loop = False
-                threaded = measure(client, topo, self.pairs, K, self.calls, reference=self.reference, model=model)
+                threaded = measure(client, topo, pairs, K, self.calls, reference=self.reference, model=model)
         finally:
             del topo
             if client is not None:
@@ -268,8 +295,9 @@ class Run(harness.Run):
         r = harness.row("serving", self.env, self.ceil, t, 1, 0, None, verified, **case.columns(), d=D,
                         dtype="fp16", experts=E, k_experts=KE, math="fp16",
                         eligible_fraction=f"{got.mean_eligible / case.n_ads:.4g}",
-                        notes=(f"byte model {got.model_bytes_per_request:,.0f} bytes a request; "
-                               if model else "")
+                        notes=(f"requests picked for {f:.1%} eligible from {self.drawn} drawn profiles; " if f else "")
+                              + (f"byte model {got.model_bytes_per_request:,.0f} bytes a request; "
+                                 if model else "")
                               + f"mean eligible {got.mean_eligible:,.0f}; {self.calls} calls, one caller"
                               + (f"; on the worker the pool took p50 {got.server_p50_s * 1e3:.3f} ms, a call doing "
                                  f"nothing p50 {got.null_call_p50_s * 1e3:.3f} ms" if got.server_p50_s is not None
@@ -330,7 +358,7 @@ class Run(harness.Run):
 
         from ..datasets import synthetic as syn
         from ..model import Request
-        from ..pipeline import Pool
+        from ..serving.measure import measure
 
         if self.client is None:
             # no memory limit: a worker's memory is its pool (10^8 ads: tens of GB of rules, index
@@ -347,7 +375,16 @@ class Run(harness.Run):
             rng = np.random.default_rng(5)
             profiles = syn.generate_profiles(syn.benchmark_schema(), self.n_pairs, seed=202)
             self.pairs = [(Request.random(D, E, KE, rng), p) for p in profiles]
-            self.reference = RecordedAnswers(self._reference_pool(), self.pairs, K)
+            pool = self._reference_pool()
+            # the eligible phase's requests: drawn profiles picked by their eligible count, and
+            # their in-process timing now, while this process holds the pool
+            drawn = [(Request.random(D, E, KE, rng), p)
+                     for p in syn.generate_profiles(syn.benchmark_schema(), self.drawn, seed=303)]
+            counts = [pool.retrieve(r, p, k=1).n_eligible for r, p in drawn]
+            self.targeted = {f: [drawn[i] for i in pick_by_eligible(counts, n, f, self.n_pairs)] for f in ELIGIBLE}
+            self.reference = RecordedAnswers(pool, self.pairs + [x for f in ELIGIBLE for x in self.targeted[f]], K)
+            self.inprocess_at = {f: measure(None, pool, self.targeted[f], K, self.calls, reference=self.reference)
+                                 for f in ELIGIBLE}
 
     def _reference_pool(self):
         """The in-process Pool of this size's world (built again if :meth:`_drop_reference_pool` let it go)."""

@@ -77,3 +77,28 @@ def test_findings_state_the_sharded_pools_overhead_over_the_colocated_call():
     text = serving_report.findings(live, serving_report.byte_model_table(), rows)
     assert "p50 1 shard 2.25 ms, 2 shards 3.50 ms: one shard +0.75 ms over the co-located call" in text
     assert "+1.25 ms for each shard past the first" in text
+
+
+def test_eligible_table_sets_the_picked_fractions_beside_the_worlds_own():
+    rows = topology_rows()
+    base = rows.iloc[3].to_dict()  # a verified in-process row of commit new1111 at 10^7
+    picked = []
+    for frac, co, rs_bytes in (("0.005", 1.4e-3, 220_000.0), ("0.02", 1.6e-3, 820_000.0)):
+        for variant, w, secs, nbytes, model in (("inprocess_retrieve", 0, 3e-4, 0, ""),
+                                                ("colocated", 1, co, 20_000, "byte model 15,584 bytes a request; "),
+                                                ("remote_scoring", 2, 9e-3, rs_bytes, "byte model 200,000 bytes a request; ")):
+            picked.append(dict(base, variant=variant, n_workers=str(w), seconds_median=str(secs),
+                               transport_bytes_per_request=str(nbytes), eligible_fraction=frac,
+                               notes=f"requests picked for {float(frac):.1%} eligible from 2048 drawn profiles; {model}x"))
+    rows = pd.concat([rows.assign(eligible_fraction="0.0106"), pd.DataFrame(picked)], ignore_index=True)
+    # the newest-per-topology table keeps the world's own requests, not the picked ones
+    assert serving_report.gpu_table(rows)["p50_ms"].round(3).tolist()[:3] == [0.4, 1.5, 20.0]
+    t = serving_report.eligible_table(rows)
+    assert t["eligible_fraction"].tolist() == [0.005, 0.0106, 0.02]
+    assert t["remote_over_colocated"].round(1).tolist() == [11.0, 25.0, 41.0]
+    assert t["colocated_p50_ms"].round(2).tolist() == [1.4, 1.5, 1.6]
+    live = pd.DataFrame({"mean_eligible": [10, 10], "bytes_per_request": [100.0, 1000.0],
+                         "equal_to_in_process": [True, True]}, index=["colocated", "remote_scoring"])
+    text = serving_report.findings(live, serving_report.byte_model_table(), rows)
+    assert ("Against the eligible fraction (10,000,000 ads): 0.50% eligible: co-located 1.40 ms (+1.10 ms over "
+            "in-process), remote scoring 11x its bytes (model 13x)") in text

@@ -49,3 +49,29 @@ def test_every_serving_row_is_verified_on_simulator_workers(tmp_path, monkeypatc
                      rows[1]["notes"]), rows[1]["notes"]
     whole_ms = 1e3 * float(rows[1]["seconds_median"])
     assert all(0 < float(x) < whole_ms for x in got.groups()), (got.groups(), whole_ms)
+
+
+def test_the_eligible_phase_picks_requests_by_their_eligible_count(tmp_path, monkeypatch):
+    """Requests picked from drawn profiles for 0.5 % and 2 % eligible: the in-process rows timed
+    before the workers build, every row verified, the picked fractions ordered as their targets
+    and remote scoring's bytes growing with them."""
+    monkeypatch.setenv("ANDROMEDA_SCRATCH", str(tmp_path / "scratch"))
+    run = S.Run({"device": "simulator", "commit": "test"}, harness.Ceilings(1.0, 1.0, 1.0), harness.Options(),
+                calls=3, pairs=3, drawn=40)
+    try:
+        rows = [r for c in S.PHASES["eligible"] for r in run.measure(Planned(replace(c, n_ads=2000)))]
+    finally:
+        run.close()
+    assert [r["variant"] for r in rows] == ["inprocess_retrieve", "colocated", "remote_scoring"] * 2
+    assert all(r["verified"].startswith("ok") for r in rows), [r["verified"] for r in rows]
+    assert all("requests picked for" in r["notes"] for r in rows)
+    low, high = (float(rows[i]["eligible_fraction"]) for i in (0, 3))
+    assert low < high and all(r["eligible_fraction"] == rows[i // 3 * 3]["eligible_fraction"]
+                              for i, r in enumerate(rows))
+    assert float(rows[2]["transport_bytes_per_request"]) < float(rows[5]["transport_bytes_per_request"])
+
+
+def test_pick_by_eligible_takes_the_closest_fractions():
+    counts = [50, 5, 20, 19, 100, 21]
+    assert S.pick_by_eligible(counts, 1000, 0.02, 3).tolist() == [2, 3, 5]
+    assert S.pick_by_eligible(counts, 1000, 0.005, 1).tolist() == [1]
