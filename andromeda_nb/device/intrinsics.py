@@ -83,6 +83,17 @@ if config.ENABLE_CUDASIM:
     def ld_half(words, i, j, half):
         return np.uint32((int(words[int(i), int(j)]) >> (32 * int(half))) & 0xFFFFFFFF)
 
+    def _check_prefetch(arr, idx):
+        # no cache to warm; the index is checked as the device needs it (in range, non-negative)
+        if min(idx) < 0 or any(x >= n for x, n in zip(idx, arr.shape)):
+            raise IndexError(f"prefetch index {idx} outside {arr.shape}")
+
+    def prefetch_l2(arr, i):
+        _check_prefetch(arr, (int(i),))
+
+    def prefetch_l2_2d(arr, i, j):
+        _check_prefetch(arr, (int(i), int(j)))
+
     def exp_approx(x):
         with np.errstate(over="ignore", invalid="ignore"):
             return np.float32(np.exp2(np.float32(x) * np.float32(LOG2E)))
@@ -333,6 +344,39 @@ else:
             return builder.load(builder.bitcast(ptr, ir.PointerType(ir.IntType(32))), align=4)
 
         return sig, codegen
+
+
+    def _prefetch_l2_codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, value=args[0])
+        off = ir.Constant(_I64, 0)
+        for k, a in enumerate(args[1:]):
+            a = builder.sext(a, _I64) if a.type.width < 64 else a
+            off = builder.add(off, builder.mul(a, builder.extract_value(ary.strides, k)))
+        ptr = builder.gep(builder.bitcast(ary.data, ir.PointerType(ir.IntType(8))), [off])
+        fnty = ir.FunctionType(ir.VoidType(), [_I64])
+        asm = ir.InlineAsm(fnty, "{ .reg .u64 g; cvta.to.global.u64 g, $0; prefetch.global.L2 [g]; }", "l",
+                           side_effect=True)
+        builder.call(asm, [builder.ptrtoint(ptr, _I64)])
+        return context.get_dummy_value()
+
+    @intrinsic
+    def prefetch_l2(typingctx, arr, i):
+        """Ask L2 for the 128-byte line holding ``arr[i]`` (a 1-D array, ``i`` in range and
+        non-negative): ``prefetch.global.L2``, no register written, nothing waits for it. Lines
+        asked for a few rounds ahead are in L2 when the round's own loads come, so a kernel whose
+        registers bound its loads in flight keeps more DRAM requests outstanding."""
+        if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(i, types.Integer)):
+            return None
+        return types.void(arr, i), _prefetch_l2_codegen
+
+    @intrinsic
+    def prefetch_l2_2d(typingctx, arr, i, j):
+        """:func:`prefetch_l2` of ``arr[i, j]`` (a 2-D array)."""
+        if not (isinstance(arr, types.Array) and arr.ndim == 2 and isinstance(i, types.Integer)
+                and isinstance(j, types.Integer)):
+            return None
+        return types.void(arr, i, j), _prefetch_l2_codegen
 
 
     @intrinsic

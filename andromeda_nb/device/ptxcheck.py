@@ -83,6 +83,11 @@ def variants():
         k = FK.fused_kernel("gated", 64, 6, 2, "int8", layout, access, 256, 0, True, "chosen", None, 1, 1, False,
                             math="fp16")
         out.append((f"fused gated d64 E6 K2 int8 {layout} {access} cap0 math=fp16", k, f16_sig))
+    # L2 prefetch a few rounds ahead (l2_ahead): fp16 and int8 rows, scores and the filter pass
+    for dtype, layout in (("fp16", "tiles"), ("int8", "rows")):
+        k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, "pool", 256, 0, True, "chosen", None, 1, 1, False,
+                            math="fp16", l2_ahead=2)
+        out.append((f"fused gated d64 E6 K2 {dtype} {layout} pool cap0 math=fp16 l2_ahead=2", k, f16_sig))
     # the frontier's widest rows (--ptxas: d = 128 holds 234 registers a thread, one block of 256 an SM)
     k = FK.fused_kernel("gated", 128, 6, 2, "fp16", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False,
                         math="fp16")
@@ -100,6 +105,9 @@ def variants():
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "pool", 256, 0, True, "chosen", None, 1, 1, True,
                         math="fp16")
     out.append(("fused gated d64 E6K2 fp16 rows pool seed_filter math=fp16", k, f16_filter))
+    k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, True,
+                        math="fp16", l2_ahead=2)
+    out.append(("fused gated d64 E6K2 fp16 tiles pool seed_filter math=fp16 l2_ahead=2", k, f16_filter))
     # the request path's batched kernels (pipeline.Pool): the sample and the filter over candidate lists
     batched = (A(u64, 2), A(f32), A(f32), A(f32, 2), A(u64), A(i32, 2), A(i64), A(i64))
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "candidates", 256, 0, True, "chosen", None, 1, 1, False,

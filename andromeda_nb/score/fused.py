@@ -53,7 +53,8 @@ from numba.cuda.core import config
 
 from ..device.bits import test_bit
 from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, div_full, exp_approx, film_h2, half2_of, ld_half,
-                                 lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp, tf32_round)
+                                 lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp, prefetch_l2, prefetch_l2_2d,
+                                 tf32_round)
 from ..topk.block import block_topk
 from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load
 from .weights import PAD, image_size, mma_image_size
@@ -82,7 +83,8 @@ class _Source:
     """The kernel source for one configuration (see :func:`fused_kernel` for the arguments)."""
 
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
-                 guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto"):
+                 guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto",
+                 l2_ahead=0):
         self.math = math
         mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
         self.model, self.d, self.E, self.K, self.dtype, self.layout = model, d, E, K, dtype, layout
@@ -102,6 +104,9 @@ class _Source:
         if bias_load == "ahead" and not (self.prefetch and access in ("pool", "bitset") and not batched):
             self.bias_load = "start"
         self.bias_ahead = self.bias_load == "ahead"
+        # L2 prefetch of the round l2_ahead rounds on (pool access: the position is the slot, every
+        # row is read): the registers bound the rows in flight to one round ahead, L2 does not
+        self.l2_ahead = l2_ahead if (self.prefetch and access == "pool" and not batched) else 0
         # fp16 math's softmax in fewer instructions (exp_approx, div_full: ~1e-6 relative, inside the
         # fp32 accuracy it promises); the fp32 math keeps libdevice's exp and the IEEE division
         self.fast_softmax = softmax == "fast" or (softmax == "auto" and math == "fp16")
@@ -270,6 +275,8 @@ class _Source:
             emit(f"        base = base0 + it * {block}")
         else:
             emit("        base = base0")
+        if self.l2_ahead:
+            self._prefetch_l2()
         if self._fence():
             emit("        cuda.threadfence_block()")
         emit("        j = base + tid")
@@ -282,6 +289,32 @@ class _Source:
         else:
             emit(f"        ok = j < {self.n}")
         emit("        slot = j")
+
+    def _prefetch_l2(self) -> None:
+        """This warp's 32 ads of the round ``l2_ahead`` rounds on, asked of L2 line by line: their
+        ``2 NW`` lines of words (NW words a row; a line holds 16 words: on ``tiles`` word-row
+        ``w``'s 32 ads are lines ``2 w`` and ``2 w + 1``, on ``rows`` the 32 rows are contiguous),
+        then the bias line (and the int8 scale line), one line a lane, lanes past them idle."""
+        emit, NW = self.emit, self.d // self.W
+        lines = 2 * NW + 1 + (self.dtype == "int8")
+        emit(f"        pa = base + {self.l2_ahead} * stride + wbase")
+        emit(f"        if pa < {self.n}:")
+        for r in range((lines + 31) // 32):
+            emit(f"            ln = lane + {32 * r}")
+            emit(f"            if ln < {2 * NW}:")
+            if self.layout == "tiles":
+                emit("                pd = pa + 16 * (ln % 2)")
+                emit(f"                if pd < {self.n}:")
+                emit("                    prefetch_l2_2d(words, ln // 2, pd)")
+            else:
+                emit(f"                pd = pa + (ln * 16) // {NW}")
+                emit(f"                if pd < {self.n}:")
+                emit(f"                    prefetch_l2_2d(words, pd, (ln * 16) % {NW})")
+            emit(f"            elif ln == {2 * NW}:")
+            emit("                prefetch_l2(bias, pa)")
+            if self.dtype == "int8":
+                emit(f"            elif ln == {2 * NW + 1}:")
+                emit("                prefetch_l2(scale, pa)")
 
     def _loop_compacted_tiles(self) -> None:
         """An eligible bitset feeding a selection: each tile of BITS_PER_THREAD * block positions is
@@ -534,9 +567,9 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False,
             weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
             prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
-            bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto") -> str:
+            bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0) -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
-                   mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice).text()
+                   mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -545,7 +578,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False,
                  weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
                  prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
-                 bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto"):
+                 bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -582,6 +615,12 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             ``"ranks"`` (each expert's rank; kernels holding every value dot: fp16 math, the TF32
             tensor cores, ``values="all"``) or ``"auto"``: ranks in fp16 math where they take fewer
             instructions (E8 K4, not E6 K2).
+        l2_ahead: the tensor-core kernels on the full pool (``access="pool"``, one request) also
+            ask L2 for the rows of the round this many rounds on (0: not; see ``_prefetch_l2``).
+            A diagnostic: on the H200 (10^8 ads, fp16 math, tiles) 1 or 2 rounds ran within 1 % of
+            none (E6 K2 fp16 rows 3.56 ms, E8 K4 3.61, int8 E6 K2 2.66 ms), 3 or more slower (the
+            prefetched rounds evict each other from L2: 4 rounds, 4.8 ms): the rows in flight are
+            not what holds these kernels below the read ceiling.
         batched: a batch of requests in one launch (candidates access, shared weights, scores to
             memory or the filter pass; launch ``[(grid, B), block]``; see the module docstring).
         sample: with ``batched`` and scores to memory: score the M = ``sample`` stratified sample
@@ -616,6 +655,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"mma_terms must be 1, 2 or 3, got {mma_terms!r}")
     if bias_load not in ("ahead", "start", "end"):
         raise ValueError(f"bias_load must be 'ahead', 'start' or 'end', got {bias_load!r}")
+    if isinstance(l2_ahead, bool) or not isinstance(l2_ahead, int) or not 0 <= l2_ahead <= 8:
+        raise ValueError(f"l2_ahead must be an int in 0..8, got {l2_ahead!r}")
     if softmax not in ("auto", "fast", "exact") or choice not in ("auto", "passes", "ranks"):
         raise ValueError(f"bad softmax / choice {softmax!r} / {choice!r}")
     if choice == "ranks" and not (math == "fp16" or mma or values == "all"):
@@ -636,19 +677,20 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"sample={sample}: a batched scores-to-memory kernel's sample, a multiple of {SAMPLE_RUN} "
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
-                  seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice)
+                  seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice,
+                  l2_ahead)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
            "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
            "uint32": uint32, "half2_of": half2_of, "dequant_i8x4": dequant_i8x4, "ld_half": ld_half,
-           "exp_approx": exp_approx, "div_full": div_full}
+           "exp_approx": exp_approx, "div_full": div_full, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d}
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
     mma_tag = f"_mma{mma_terms}{'p' if prefetch else ''}" if mma else ("_f16" if math == "fp16" else "")
     mma_tag += ("" if bias_load == "ahead" else f"_b{bias_load}") + ("" if softmax == "auto" else f"_{softmax}")
-    mma_tag += "" if choice == "auto" else f"_{choice}"
+    mma_tag += ("" if choice == "auto" else f"_{choice}") + (f"_l2a{l2_ahead}" if l2_ahead else "")
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")

@@ -264,12 +264,15 @@ def test_batch_range_check_agrees_with_each_requests(rng):
     assert refused["fp16"] == [False, True, True, True, True, True]
 
 
-@pytest.mark.parametrize("dtype, access", [("fp16", "pool"), ("int8", "pool"), ("fp16", "bitset"),
-                                           ("fp16", "candidates")])
-def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, access):
+@pytest.mark.parametrize("dtype, access, layout", [("fp16", "pool", "tiles"), ("int8", "pool", "tiles"),
+                                                   ("int8", "pool", "rows"), ("fp16", "bitset", "tiles"),
+                                                   ("fp16", "candidates", "tiles")])
+def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, access, layout):
     """One block strides over 77 items (three rounds of a warp's 32, the last one part full): a
     bias loaded a round ahead, at its round's start or where the score needs it belongs to the
-    round's own ad (random biases, so a bias one round off or from the wrong lane shows)."""
+    round's own ad (random biases, so a bias one round off or from the wrong lane shows). On the
+    pool, L2 prefetches 1 or 3 rounds ahead change no score and ask only for lines inside the
+    arrays (the simulator's prefetch checks its index)."""
     from numba import cuda
 
     from andromeda_nb.device import launch
@@ -277,7 +280,7 @@ def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, a
     from andromeda_nb.score.launches import _resolve, _weight_args
 
     n, d, E, K = 77, 32, 5, 2
-    t, dt = table_of(rng, n, d, "tiles", dtype)
+    t, dt = table_of(rng, n, d, layout, dtype)
     req = anb.Request.random(d, E, K, rng)
     dreq = DeviceRequest.of(req)
     image, extra = _weight_args(dreq, _resolve(F16, dreq, dt, access))
@@ -288,9 +291,10 @@ def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, a
     elig = np.pad(elig, (0, -elig.size % 8)).view(np.uint64)
     items = cand.size if access == "candidates" else n
     outs = []
-    for bias_load in ("ahead", "start", "end"):
-        kern = fused_kernel("gated", d, E, K, dtype, "tiles", access, 32, 0, True, "chosen", None, math="fp16",
-                            bias_load=bias_load)
+    l2 = [("ahead", 1), ("ahead", 3), ("start", 2)] if access == "pool" else []
+    for bias_load, l2_ahead in [("ahead", 0), ("start", 0), ("end", 0)] + l2:
+        kern = fused_kernel("gated", d, E, K, dtype, layout, access, 32, 0, True, "chosen", None, math="fp16",
+                            bias_load=bias_load, l2_ahead=l2_ahead)
         out = cuda.to_device(np.full(items, np.nan, np.float32))
         kern[1, 32](dt.words, dt.scale, dt.bias, image,
                     cuda.to_device(elig) if access == "bitset" else launch.dummy(np.uint64),
