@@ -275,19 +275,19 @@ class Run(harness.Run):
             topo = C.ShardedPool(self.client, gpu_shard, case.n_workers, (case.n_ads,), workers=w, **opts)
             client, model = self.client, None
         try:
-            threaded = None
+            actor = None
             if topo is None:
                 got = self.inprocess_at[f]
             else:
                 got = measure(client, topo, pairs, K, self.calls, reference=self.reference, model=model)
-            if case.variant == "colocated" and f is None:  # the same calls on the actor's thread, for the notes
-                topo.on_loop = False
-                threaded = measure(client, topo, pairs, K, self.calls, reference=self.reference, model=model)
+            if case.variant == "colocated" and f is None:  # the same calls through the actor, for the notes
+                topo.route = "loop"
+                actor = measure(client, topo, pairs, K, self.calls, reference=self.reference, model=model)
         finally:
             del topo
             if client is not None:
                 self.client.run(_free_device_memory)
-        ok = got.ok and (threaded is None or threaded.ok)
+        ok = got.ok and (actor is None or actor.ok)
         verified = (f"{'ok' if ok else 'FAILED'}: {got.checked - got.mismatches}/{got.checked} requests equal "
                     "the in-process Pool's (ids, scores, eligible count)")
         t = harness.Timing(got.p50_s, got.p50_s, got.p50_s, got.p50_s, self.calls)
@@ -302,9 +302,9 @@ class Run(harness.Run):
                               + (f"; on the worker the pool took p50 {got.server_p50_s * 1e3:.3f} ms, a call doing "
                                  f"nothing p50 {got.null_call_p50_s * 1e3:.3f} ms" if got.server_p50_s is not None
                                  else "")
-                              + (f"; on the worker's event loop (the default); the same calls on the actor's thread "
-                                 f"p50 {threaded.p50_s * 1e3:.3f} ms, p99 {threaded.p99_s * 1e3:.3f} ms "
-                                 f"({'equal answers' if threaded.ok else 'ANSWERS DIFFER'})" if threaded else ""))
+                              + (f"; by the worker's handler (the default); the same calls to the actor on the event loop "
+                                 f"p50 {actor.p50_s * 1e3:.3f} ms, p99 {actor.p99_s * 1e3:.3f} ms "
+                                 f"({'equal answers' if actor.ok else 'ANSWERS DIFFER'})" if actor else ""))
         r.update(seconds_p20="", seconds_p80="", seconds_p99=f"{got.p99_s:.6e}",
                  requests_per_s=f"{got.requests_per_s:.6e}",
                  transport_bytes_per_request=f"{got.bytes_per_request:.6e}", items_per_s="", achieved_TBps="",

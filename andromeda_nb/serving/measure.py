@@ -81,8 +81,7 @@ def measure(client, topology, pairs, k: int, calls: int, reference=None, model: 
         nulls = []
         for _ in range(calls):
             t0 = time.perf_counter()
-            (topology.server.ping(separate_thread=False) if getattr(topology, "on_loop", False)
-             else topology.server.ping()).result()
+            topology.ping()
             nulls.append(time.perf_counter() - t0)
         null = float(np.median(nulls))
     predicted = (np.mean([byte_model(model, pairs[c % len(pairs)][0], eligible[c], k) for c in range(calls)])

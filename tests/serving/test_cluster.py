@@ -55,11 +55,18 @@ def test_topologies_and_shards_answer_as_the_in_process_pool(served):
     fp32 = dict(OPTS, config=anb.KernelConfig(math="fp32"))
     pool32 = anb.Pool(table, index, **fp32)
     remote32 = C.RemoteScoring(client, C.demo_world, (N, SEED), cpu_worker=w[1], gpu_worker=w[0], **fp32)
+    colocated = topologies["colocated"]
     for req, prof in requests(index.schema, 4, 11):
         want = pool.retrieve(req, prof, k=K)
         for topo in (*topologies.values(), sharded):
             same(topo.retrieve(req, prof, K), want)
+        for route in C.Colocated.ROUTES:  # the worker's handler, the actor on the loop, on its thread
+            colocated.route = route
+            same(colocated.retrieve(req, prof, K), want)
+        colocated.route = "direct"
         same(remote32.retrieve(req, prof, K), pool32.retrieve(req, prof, k=K))
+    with pytest.raises(ValueError, match="route"):
+        C.Colocated(client, C.demo_world, (N, SEED), route="scheduler")
 
 
 def test_a_server_goes_where_the_scheduler_puts_it_when_no_worker_is_named(served):
