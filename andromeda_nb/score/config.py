@@ -57,7 +57,7 @@ class KernelConfig:
             products summed: ~2^-22 relative error per product against fp32's 2^-24), a warp
             scoring 32 ads at once; every expert's value dot is computed (8 per tile). Gated
             model, fp16 or bf16 tables, d a multiple of 16, E <= 8, whole warps; the weight image
-            (192 d bytes) and the result tiles (64 bytes per thread) must fit in 48 KiB of shared
+            (192 d bytes) and the result tiles (68 bytes per thread) must fit in 48 KiB of shared
             memory (d <= 160 at block 256). Its error against the float64 reference can exceed
             the fp32 tolerance on rows of magnitude ~1000 (logits in the thousands); it measured
             no faster than the CUDA-core default (L1 / shared-pipe bound), so it is off.

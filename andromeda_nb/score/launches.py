@@ -70,16 +70,17 @@ def shared_bytes(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access:
     """Static shared memory per block of the generated kernel: the weight image, plus for a fused
     block top-K (``topk_k`` > 0) its buffer of 8-byte entries, plus for a bitset feeding a
     selection (``selects``: block top-K or filter) its per-tile list of eligible positions."""
-    from .fused import BITS_PER_THREAD
+    from .fused import BITS_PER_THREAD, MSC_PITCH
     from ..topk.block import buffer_capacity
 
     block = config.threads()
     cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
     listed = 2 * BITS_PER_THREAD * block + 4 * block if access == "bitset" and selects else 0
-    if config.math == "fp16":  # each warp's 32 x 16 result tile (the weights live in registers)
-        return 64 * block + 8 * cap + listed + 64
-    if config.tensor_cores:  # per-lane weight image and each warp's 32 x 16 result tile
-        return 4 * mma_image_size(dreq.d) + 64 * block + 8 * cap + listed + 64
+    tile = 4 * MSC_PITCH * block  # each warp's result tile: 32 ads x MSC_PITCH floats
+    if config.math == "fp16":  # the weights live in registers
+        return tile + 8 * cap + listed + 64
+    if config.tensor_cores:  # and the per-lane weight image
+        return 4 * mma_image_size(dreq.d) + tile + 8 * cap + listed + 64
     return 4 * image_size(dreq.model, dreq.d, dreq.experts) + 8 * cap + listed + 64
 
 

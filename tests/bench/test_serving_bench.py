@@ -45,7 +45,7 @@ def test_every_serving_row_is_verified_on_simulator_workers(tmp_path, monkeypatc
     # each a part of the whole call
     got = re.search(r"pool took p50 ([\d.]+) ms, a call doing nothing p50 ([\d.]+) ms", rows[1]["notes"])
     assert got, rows[1]["notes"]
-    assert re.search(r"the same calls on the actor's thread p50 [\d.]+ ms, p99 [\d.]+ ms \(equal answers\)",
+    assert re.search(r"the same calls to the actor on the event loop p50 [\d.]+ ms, p99 [\d.]+ ms \(equal answers\)",
                      rows[1]["notes"]), rows[1]["notes"]
     whole_ms = 1e3 * float(rows[1]["seconds_median"])
     assert all(0 < float(x) < whole_ms for x in got.groups()), (got.groups(), whole_ms)
