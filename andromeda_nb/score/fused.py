@@ -623,10 +623,9 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             instructions (E8 K4, not E6 K2).
         l2_ahead: the tensor-core kernels on the full pool (``access="pool"``, one request) also
             ask L2 for the rows of the round this many rounds on (0: not; see ``_prefetch_l2``).
-            A diagnostic: on the H200 (10^8 ads, fp16 math, tiles) 1 or 2 rounds ran within 1 % of
-            none (E6 K2 fp16 rows 3.56 ms, E8 K4 3.61, int8 E6 K2 2.66 ms), 3 or more slower (the
-            prefetched rounds evict each other from L2: 4 rounds, 4.8 ms): the rows in flight are
-            not what holds these kernels below the read ceiling.
+            A diagnostic, never faster on the H200 (10^8 ads, fp16 math, tiles, E6 K2 and E8 K4, fp16
+            and int8 rows): 1 or 2 rounds 1-8 % slower than none, 3 or more far slower (the
+            prefetched rounds evict each other from L2: 4 rounds, 1.45x the time).
         batched: a batch of requests in one launch (candidates access, shared weights, scores to
             memory or the filter pass; launch ``[(grid, B), block]``; see the module docstring).
         sample: with ``batched`` and scores to memory: score the M = ``sample`` stratified sample
