@@ -53,16 +53,20 @@ class TrainConfig:
     weight_decay: float = 0.0
     lb_coef: float = 0.01
     grad_clip: float = 5.0
+    #: 1: the ad side adds a projection of the ad's categories to its id embedding and bias
+    #: (:class:`~.models.AdFeatures`); 0: id embeddings alone (the models before issue 20)
+    ad_features: int = 1
 
 
 def make_net(name: str, data: InteractionData, cfg: TrainConfig):
     args = (data.n_users, data.n_ads, data.demo_cards, data.ad_cats.shape[1], data.ctx_cards)
     if name == "ranking":
-        return RankingNet(*args, d=cfg.d, width=cfg.width, hidden=cfg.hidden)
+        return RankingNet(*args, d=cfg.d, width=cfg.width, hidden=cfg.hidden, ad_features=bool(cfg.ad_features))
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {list(MODELS)}")
     E, K = MODELS[name]
-    return RetrievalNet(*args, d=cfg.d, experts=E, k_experts=K, width=cfg.width, hidden=cfg.hidden)
+    return RetrievalNet(*args, d=cfg.d, experts=E, k_experts=K, width=cfg.width, hidden=cfg.hidden,
+                        ad_features=bool(cfg.ad_features))
 
 
 def _to_torch(batch: dict, device) -> dict:
@@ -119,10 +123,11 @@ class TrainedModel:
         V, G, gamma, beta = (x[0] for x in self.request_tensors([self.data.row_of(user_id)]))
         return Request(V=V, G=G, gamma=gamma, beta=beta, k_experts=k_experts or self.k_experts)
 
+    @torch.no_grad()
     def ad_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(a [n_ads, d], b [n_ads])`` float32."""
-        return (self.net.ad.weight.detach().float().cpu().numpy().copy(),
-                self.net.ad_bias.detach().float().cpu().numpy().copy())
+        """``(a [n_ads, d], b [n_ads])`` float32 (the id embeddings plus the category projection)."""
+        a, b = self.net.ad_rows(torch.arange(self.data.n_ads, device=self.device), self._cats)
+        return a.float().cpu().numpy().copy(), b.float().cpu().numpy().copy()
 
     def export_table(self, dtype: str = "fp32") -> AdTable:
         """The ad table (``ad_ids`` = the data's ids, slot order) in a storage dtype."""
@@ -151,7 +156,7 @@ class TrainedModel:
                 cand = torch.arange(c0, min(A, c0 + cap), device=self.device)
                 if self.is_retrieval:
                     V, G, gamma, beta = state
-                    sc = gated_scores(V, G, gamma, beta, self.net.ad(cand), self.net.ad_bias[cand], self.net.k_experts)
+                    sc = gated_scores(V, G, gamma, beta, *self.net.ad_rows(cand, self._cats), self.net.k_experts)
                 else:
                     sc = self.net.score_state(state, cand, self._cats)
                 out[s: s + r.size, c0: c0 + cand.numel()] = sc.float().cpu().numpy()

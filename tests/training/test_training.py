@@ -129,3 +129,23 @@ def test_movielens_features_respect_the_temporal_split():
         ts = train.loc[train["user_id"] == uid, "timestamp"].to_numpy()
         np.testing.assert_array_equal(d.req_ctx[r], tdata._ml_context(np.array([held_ts[uid]]), ts)[0])
     assert (d.eligible(d.eval_rows[:3]).sum(axis=1) > 0).all()
+
+
+@pytest.mark.parametrize("name", ["single_tower", "mixture_k2", "ranking"])
+def test_ad_features_add_a_category_projection(data, name):
+    """With ad_features (the default) an ad's row is its id embedding plus a projection of its
+    categories, shared by every ad of a category; ad_features=0 leaves the id embedding alone."""
+    m = train_model(name, data, TINY, seed=0, device="cpu", progress=False)
+    proj = m.net.ad_feat.proj.weight.detach().numpy()  # [d + 1, n_cats]
+    cats = data.ad_cats
+    want_a = m.net.ad.weight.detach().numpy() + cats @ proj[:-1].T
+    want_b = m.net.ad_bias.detach().numpy() + cats @ proj[-1]
+    if name != "ranking":
+        a, b = m.ad_arrays()
+        np.testing.assert_allclose(a, want_a, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(b, want_b, rtol=1e-5, atol=1e-6)
+    plain = train_model(name, data, TrainConfig(**{**TINY.__dict__, "ad_features": 0}), seed=0, device="cpu",
+                        progress=False)
+    assert plain.net.ad_feat is None
+    if name != "ranking":
+        np.testing.assert_array_equal(plain.ad_arrays()[0], plain.net.ad.weight.detach().numpy())
