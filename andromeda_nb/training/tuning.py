@@ -53,6 +53,11 @@ GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3
              for st in (0.25, 0.5, 1, 2, 4))
 
 
+#: TrainConfig fields added after configurations were first kept, with the value that gives a
+#: configuration kept without them the model it was tuned as (``ad_features``: id embeddings alone)
+LEGACY_FIELDS = {"ad_features": 0}
+
+
 def validation_view(data: InteractionData) -> InteractionData:
     """``data`` without each user's last training click (users with at least two), which becomes the
     evaluated users' held-out click; the other fields follow (sequence lengths, the evaluation
@@ -182,6 +187,8 @@ def read_tuned(path) -> dict:
             if not (isinstance(v, dict) and set(v) == {"config", "scorer"} and isinstance(v["scorer"], str)
                     and isinstance(v["config"], dict)):
                 raise bad(f"{ds}/{m} is not {{'config': {{...}}, 'scorer': note}}")
+            for k, legacy in LEGACY_FIELDS.items():  # kept before the field existed: its old behaviour
+                v["config"].setdefault(k, legacy)
             if set(v["config"]) != set(types):
                 raise bad(f"{ds}/{m}'s configuration has fields {sorted(v['config'])}, this version's TrainConfig "
                           f"{sorted(types)}")

@@ -154,6 +154,11 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
         tuning.load_tuned(path, "ml-100k", "full", ["ranking"])
     good = json.loads(path.read_text())
     cfg = good["multi_interest"]["models"]["single_tower"]["config"]
+    # a configuration kept before ad_features existed loads as what it was tuned as: id embeddings alone
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"d": {"preset": "smoke", "models": {"m": {
+        "config": {k: v for k, v in cfg.items() if k != "ad_features"}, "scorer": ""}}}}))
+    assert tuning.load_tuned(old, "d", "smoke", ["m"])["m"][0] == replace(a["single_tower"][0], ad_features=0)
     for text, match in (("{", "cannot read"), ("[]", "top level"), ('{"x": {"models": {}}}', "'x' is not"),
                         (json.dumps({"d": {"preset": "smoke", "models": {"m": {"config": cfg}}}}), "d/m is not"),
                         (json.dumps({"d": {"preset": "smoke", "models": {"m": {"config": {**cfg, "new": 1},
