@@ -171,7 +171,7 @@ class RetrievalNet(nn.Module):
     """
 
     def __init__(self, n_users, n_ads, demo_cards, n_cats, ctx_cards, d: int = 64, experts: int = 6,
-                 k_experts: int = 2, width: int = 64, hidden: int = 128, ad_features: bool = True):
+                 k_experts: int = 2, width: int = 64, hidden: int = 128, ad_features: bool = False):
         super().__init__()
         if not 1 <= k_experts <= experts <= len(GROUPS):
             raise ValueError(f"need 1 <= k_experts <= experts <= {len(GROUPS)}, got K={k_experts}, E={experts}")
@@ -220,7 +220,7 @@ class RankingNet(nn.Module):
     and a top MLP. Far more work per ad than a retrieval model (``flops_per_pair``)."""
 
     def __init__(self, n_users, n_ads, demo_cards, n_cats, ctx_cards, d: int = 64, width: int = 64,
-                 hidden: int = 128, ad_features: bool = True):
+                 hidden: int = 128, ad_features: bool = False):
         super().__init__()
         self.d = d
         self.features = UserFeatures(n_users, n_ads, demo_cards, n_cats, width)

@@ -133,9 +133,11 @@ def test_movielens_features_respect_the_temporal_split():
 
 @pytest.mark.parametrize("name", ["single_tower", "mixture_k2", "ranking"])
 def test_ad_features_add_a_category_projection(data, name):
-    """With ad_features (the default) an ad's row is its id embedding plus a projection of its
-    categories, shared by every ad of a category; ad_features=0 leaves the id embedding alone."""
-    m = train_model(name, data, TINY, seed=0, device="cpu", progress=False)
+    """With ad_features an ad's row is its id embedding plus a projection of its categories, shared
+    by every ad of a category; ad_features=0 (the default) leaves the id embedding alone."""
+    assert TrainConfig().ad_features == 0
+    m = train_model(name, data, TrainConfig(**{**TINY.__dict__, "ad_features": 1}), seed=0, device="cpu",
+                    progress=False)
     proj = m.net.ad_feat.proj.weight.detach().numpy()  # [d + 1, n_cats]
     cats = data.ad_cats
     want_a = m.net.ad.weight.detach().numpy() + cats @ proj[:-1].T
