@@ -65,6 +65,11 @@ def test_topologies_and_shards_answer_as_the_in_process_pool(served):
             same(colocated.retrieve(req, prof, K), want)
         colocated.route = "direct"
         same(remote32.retrieve(req, prof, K), pool32.retrieve(req, prof, k=K))
+    # a bad request raises the pool's own error through the worker's handler, and the pool serves on
+    narrow = anb.Request.random(32, 6, 2, np.random.default_rng(1))
+    with pytest.raises(ValueError, match="d=32"):
+        colocated.retrieve(narrow, prof, K)
+    same(colocated.retrieve(req, prof, K), want)
     with pytest.raises(ValueError, match="route"):
         C.Colocated(client, C.demo_world, (N, SEED), route="scheduler")
 
