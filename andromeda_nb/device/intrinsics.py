@@ -279,9 +279,9 @@ else:
         def codegen(context, builder, sig, args):
             i32 = ir.IntType(32)
             fnty = ir.FunctionType(i32, [i32, i32, i32])
-            # h = max.NaN(x * g + b, 0) on two halves at once, rounded once to fp16 (HFMA2, HMNMX2)
-            asm = ir.InlineAsm(fnty, "{ .reg .b32 t, z; mov.b32 z, 0; fma.rn.f16x2 t, $1, $2, $3; "
-                               "max.NaN.f16x2 $0, t, z; }", "=r,r,r,r")
+            # h = max(x * g + b, 0) on two halves at once, rounded once to fp16, a NaN kept (as the
+            # canonical NaN): one HFMA2.RELU instead of an HFMA2 and an HMNMX2
+            asm = ir.InlineAsm(fnty, "fma.rn.relu.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
             return builder.call(asm, list(args))
 
         return sig, codegen
@@ -425,8 +425,8 @@ def dequant_i8x4_host(x, s2) -> tuple[np.ndarray, np.ndarray]:
 
 
 def film_h2_host(x, g, b) -> np.ndarray:
-    """``max.NaN(fma.rn.f16x2(x, g, b), 0)`` on uint32 words of two fp16 each: the product and sum
-    exact in float64, rounded once to fp16 (as the hardware's fused multiply-add), NaN kept.
+    """``fma.rn.relu.f16x2(x, g, b)`` (``max.NaN(fma, 0)``) on uint32 words of two fp16 each: the
+    product and sum exact in float64, rounded once to fp16 (as the hardware's fused multiply-add), NaN kept.
     Used by the simulator and the fp16-math reference."""
     def halves(w):
         return np.ascontiguousarray(np.asarray(w, np.uint32)).view(np.float16).astype(np.float64)
