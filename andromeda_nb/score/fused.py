@@ -73,6 +73,12 @@ SAMPLE_RUN = 32
 MSC_PITCH = 17
 
 
+def _insert_cost(E: int, K: int) -> int:
+    """Instructions of the one-pass insertion (choice "insert") about: expert e compares with
+    min(e, K) slots, and each slot's logit and value take two selects."""
+    return sum(min(e, K) * 5 for e in range(1, E))
+
+
 def sample_position(j: int, n: int, m: int) -> int:
     """The candidate position the batched sample kernel scores as sample ``j`` of ``m`` from a
     request of ``n`` candidates: all of them when ``n <= m`` (``j < n``), else run ``j //
@@ -119,7 +125,10 @@ class _Source:
         # rank among them (~1.5 E (E - 1) + 2 E): ranks where that is fewer, with every value dot
         # at hand (the tensor cores compute all E)
         if choice == "auto":
-            choice = "ranks" if math == "fp16" and 3 * (E - 1) + 4 < 8 * K else "passes"
+            choice = "passes"
+            if math == "fp16":  # every value dot at hand: the fewest instructions of the three
+                cost = {"insert": _insert_cost(E, K), "ranks": 3 * E * (E - 1) // 2 + 2 * E, "passes": 8 * K * E}
+                choice = min(cost, key=cost.get)
         self.choice = choice
         self.batched, self.sample = batched, sample
         # an eligible bitset feeding a selection is compacted tile by tile (see _loop)
@@ -459,14 +468,43 @@ class _Source:
     def _softmax(self, ind: str) -> None:
         """p[e] = exp(l[e] - m) (unnormalised; z their sum)."""
         emit, E = self.emit, self.E
-        emit(f"{ind}m = l0")
-        for e in range(1, E):
-            emit(f"{ind}if l{e} > m:")
-            emit(f"{ind}    m = l{e}")
+        if self.choice == "insert":  # m is the first slot's logit: the same chain of strict compares
+            self._insert(ind)
+            emit(f"{ind}m = sl0")
+        else:
+            emit(f"{ind}m = l0")
+            for e in range(1, E):
+                emit(f"{ind}if l{e} > m:")
+                emit(f"{ind}    m = l{e}")
         exp = "exp_approx" if self.fast_softmax else "math.exp"
         for e in range(E):
             emit(f"{ind}p{e} = {exp}(l{e} - m)")
         emit(f"{ind}z = " + " + ".join(f"p{e}" for e in range(E)))
+
+    def _insert(self, ind: str) -> None:
+        """The K best experts in one pass over the E logits: slots ``sl0 >= ... >= sl{K-1}`` (logit)
+        and ``sv*`` (value dot); expert e goes into the first slot whose logit it beats strictly,
+        the slots below shift down, or into slot e while fewer than K are seen. Slot r then holds
+        what the r-th of K passes picks (each pass: the first expert not taken, replaced by a
+        strictly larger logit), NaN logits included: over a prefix of the experts, slot r is pass r
+        over that prefix, and adding expert e keeps it so (a pass passes over e unless e beats its
+        pick strictly or it has none)."""
+        emit, E, K = self.emit, self.E, self.K
+        emit(f"{ind}sl0 = l0")
+        emit(f"{ind}sv0 = a0")
+        for e in range(1, E):
+            filled = min(e, K)
+            for r in range(filled):
+                emit(f"{ind}{'if' if r == 0 else 'elif'} l{e} > sl{r}:")
+                for t in range(min(filled, K - 1), r, -1):
+                    emit(f"{ind}    sl{t} = sl{t - 1}")
+                    emit(f"{ind}    sv{t} = sv{t - 1}")
+                emit(f"{ind}    sl{r} = l{e}")
+                emit(f"{ind}    sv{r} = a{e}")
+            if e < K:
+                emit(f"{ind}else:")
+                emit(f"{ind}    sl{e} = l{e}")
+                emit(f"{ind}    sv{e} = a{e}")
 
     def _choose_and_combine(self, ind: str) -> None:
         """The K best experts by logit (ties: the lower index), each one's value dot times its p;
@@ -488,6 +526,11 @@ class _Source:
             for e in range(E):
                 emit(f"{ind}if r{e} < {K}:")
                 emit(f"{ind}    mixed += p{e} * a{e}")
+            emit(f"{ind}s = {'div_full(mixed, z)' if self.fast_softmax else 'mixed / z'} + {bias}")
+            return
+        if self.choice == "insert":
+            exp = "exp_approx" if self.fast_softmax else "math.exp"
+            emit(f"{ind}mixed = " + " + ".join(f"{exp}(sl{r} - m) * sv{r}" for r in range(K)))
             emit(f"{ind}s = {'div_full(mixed, z)' if self.fast_softmax else 'mixed / z'} + {bias}")
             return
         emit(f"{ind}taken = 0")
@@ -618,9 +661,11 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         softmax: ``"fast"`` (``exp_approx`` and ``div_full``), ``"exact"`` (libdevice's exp, the IEEE
             division) or ``"auto"``: fast in fp16 math, exact in fp32 math.
         choice: how the K best experts are found: ``"passes"`` (K passes over the E logits),
-            ``"ranks"`` (each expert's rank; kernels holding every value dot: fp16 math, the TF32
-            tensor cores, ``values="all"``) or ``"auto"``: ranks in fp16 math where they take fewer
-            instructions (E8 K4, not E6 K2).
+            ``"ranks"`` (each expert's rank), ``"insert"`` (one pass inserting each expert into K
+            sorted slots; the last two for kernels holding every value dot: fp16 math, the TF32
+            tensor cores, ``values="all"``) or ``"auto"``: in fp16 math the one of the three with
+            the fewest instructions (insert at E6 K2, ranks at E8 K4), else passes. All three pick
+            the same experts (ties: the lower index).
         l2_ahead: the tensor-core kernels on the full pool (``access="pool"``, one request) also
             ask L2 for the rows of the round this many rounds on (0: not; see ``_prefetch_l2``).
             A diagnostic, never faster on the H200 (10^8 ads, fp16 math, tiles, E6 K2 and E8 K4, fp16
@@ -662,10 +707,10 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"bias_load must be 'ahead', 'start' or 'end', got {bias_load!r}")
     if isinstance(l2_ahead, bool) or not isinstance(l2_ahead, int) or not 0 <= l2_ahead <= 8:
         raise ValueError(f"l2_ahead must be an int in 0..8, got {l2_ahead!r}")
-    if softmax not in ("auto", "fast", "exact") or choice not in ("auto", "passes", "ranks"):
+    if softmax not in ("auto", "fast", "exact") or choice not in ("auto", "passes", "ranks", "insert"):
         raise ValueError(f"bad softmax / choice {softmax!r} / {choice!r}")
-    if choice == "ranks" and not (math == "fp16" or mma or values == "all"):
-        raise ValueError("choice='ranks' needs every expert's value dot (math='fp16', mma or values='all')")
+    if choice in ("ranks", "insert") and not (math == "fp16" or mma or values == "all"):
+        raise ValueError(f"choice={choice!r} needs every expert's value dot (math='fp16', mma or values='all')")
     if mma and (model != "gated" or PER_WORD[dtype] != 4 or d % 16 or experts > 8 or block % 32
                 or weights != "shared"):
         raise ValueError("the tensor-core kernel takes the gated model, fp16 or bf16 rows, d a multiple of 16, "

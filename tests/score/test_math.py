@@ -311,12 +311,44 @@ def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, a
         np.testing.assert_array_equal(got, outs[0])
 
 
-@pytest.mark.parametrize("K", [1, 3, 4])
+@pytest.mark.parametrize("E, K", [(6, 1), (6, 2), (8, 3), (8, 4), (5, 5)])
+def test_the_one_pass_insertion_picks_what_the_passes_pick(rng, E, K):
+    """The emitted selections run as plain Python on logits drawn from a few values (-inf, -1, 0,
+    1, inf, NaN: ties, infinities and NaN in every position): choice="insert" fills its K slots
+    with exactly the experts that K passes pick, in their order."""
+    from andromeda_nb.score.fused import _Source
+
+    def body(choice):
+        src = _Source("gated", 16, E, K, "fp16", "tiles", "pool", False, 32, "chosen", 1, False, "shared", "fence",
+                      True, 3, True, False, 0, math="fp16", choice=choice)
+        if choice == "insert":
+            src._insert("    ")
+            ret = ", ".join(f"sv{r}" for r in range(K))
+        else:
+            src._choose_and_combine("    ")
+            ret = ", ".join(f"v{r}" for r in range(K))
+        args = ", ".join([f"l{e}" for e in range(E)] + [f"a{e}" for e in range(E)] + [f"p{e}" for e in range(E)])
+        scope = {}
+        exec(f"def f({args}, z, bj, zero):\n" + "\n".join(src.lines) + f"\n    return ({ret},)\n", {"div_full": lambda a, b: a / b}, scope)
+        return scope["f"]
+
+    insert, passes = body("insert"), body("passes")
+    values = np.array([-np.inf, -1.0, 0.0, 1.0, np.inf, np.nan], np.float32)
+    for _ in range(3000):
+        logits = list(values[rng.integers(0, len(values), E)])
+        index = [np.float32(e) for e in range(E)]  # an expert's value dot names it
+        got = insert(*logits, *index, *index, np.float32(1), np.float32(0), np.float32(0))
+        want = passes(*logits, *index, *index, np.float32(1), np.float32(0), np.float32(0))
+        assert got == want, (logits, got, want)
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
 def test_the_ranked_choice_equals_the_passes_on_exact_ties(rng, K):
     """E = 8 with gate keys repeated (experts 1 = 2 and 4 = 5: their logits tie exactly on every
-    ad), the fast softmax and the exact one: choosing the K best by ranks picks the same experts as
-    K passes (the lower index of a tie), so every score agrees to fp32 rounding; and both agree with
-    the fp16 model where no tie other than the exact ones is near."""
+    ad), the fast softmax and the exact one: choosing the K best by ranks or by the one-pass
+    insertion picks the same experts as K passes (the lower index of a tie), so every score agrees
+    to fp32 rounding (the insertion's bit for bit); and all agree with the fp16 model where no tie
+    other than the exact ones is near."""
     from numba import cuda
 
     from andromeda_nb.device import launch
@@ -332,7 +364,7 @@ def test_the_ranked_choice_equals_the_passes_on_exact_ties(rng, K):
     dreq = DeviceRequest.of(req)
     image, extra = _weight_args(dreq, _resolve(F16, dreq, dt, "pool"))
     outs = {}
-    for choice in ("passes", "ranks"):
+    for choice in ("passes", "ranks", "insert"):
         for softmax in ("exact", "fast"):
             kern = fused_kernel("gated", d, E, K, "fp16", "tiles", "pool", 32, 0, True, "chosen", None, math="fp16",
                                 softmax=softmax, choice=choice)
@@ -343,6 +375,8 @@ def test_the_ranked_choice_equals_the_passes_on_exact_ties(rng, K):
             outs[choice, softmax] = out.copy_to_host()
     scale = checks.score_scale(req, t)
     base = outs["passes", "exact"]
+    for softmax in ("exact", "fast"):
+        np.testing.assert_array_equal(outs["insert", softmax], outs["passes", softmax])
     for got in outs.values():
         assert np.abs(got - base).max() <= checks.SCORE_RTOL * scale
     want = reference.score(req, t, math="fp16")
