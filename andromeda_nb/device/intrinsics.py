@@ -334,12 +334,18 @@ else:
             return None
         sig = types.uint32(words, i, j, half)
 
+        contiguous = words.layout == "C"
+
         def codegen(context, builder, sig, args):
             ary = context.make_array(sig.args[0])(context, builder, value=args[0])
             ix = [builder.sext(a, _I64) if a.type.width < 64 else a for a in args[1:]]
-            st = [builder.extract_value(ary.strides, k) for k in range(2)]  # bytes
-            off = builder.add(builder.add(builder.mul(ix[0], st[0]), builder.mul(ix[1], st[1])),
-                              builder.shl(ix[2], ir.Constant(_I64, 2)))
+            if contiguous:  # (i * columns + j) words: the element size a shift, as Numba indexes C arrays
+                word = builder.add(builder.mul(ix[0], builder.extract_value(ary.shape, 1)), ix[1])
+                row = builder.shl(word, ir.Constant(_I64, 3))
+            else:
+                st = [builder.extract_value(ary.strides, k) for k in range(2)]  # bytes
+                row = builder.add(builder.mul(ix[0], st[0]), builder.mul(ix[1], st[1]))
+            off = builder.add(row, builder.shl(ix[2], ir.Constant(_I64, 2)))
             ptr = builder.gep(builder.bitcast(ary.data, ir.PointerType(ir.IntType(8))), [off])
             return builder.load(builder.bitcast(ptr, ir.PointerType(ir.IntType(32))), align=4)
 
