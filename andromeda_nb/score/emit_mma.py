@@ -17,17 +17,14 @@ SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
 
 
 def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access: str, compact: bool,
-                   n: str = "n_items", row: str = "", int8: bool = False, f16: bool = False) -> None:
+                   n: str = "n_items", row: str = "", int8: bool = False) -> None:
     """Emit the loads of tile t (rows 16 t + g and 16 t + g + 8 of a warp's 32 ads, counted from
-    ``base``) into ``m{q}_*`` (zero for a row past the end or not eligible). ``n``: the name of the
-    item count; ``row``: the candidate list's row prefix (``"b, "`` in batched kernels).
-
-    The row words a lane loads: the TF32 kernels' words ``c + 4 wi``; in fp16 math (``f16``) the
-    lane's ``S = d / 16`` contiguous 4-dim groups ``cS + j`` (``cS = S c``; :func:`.weights.mma_f16_image`
-    assigns dims to k-slots to match): S fp16 words, or on int8 rows (a group is 4 bytes, half a
-    word) the S / 2 whole words that hold them where S is even (two groups a load, not one), else
-    each half on its own (``ld_half``); int8 rows also load the row scale into ``sc{q}``."""
-    S = d // 16
+    ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
+    row past the end or not eligible). ``n``: the name of the item count; ``row``: the candidate
+    list's row prefix (``"b, "`` in batched kernels). ``int8`` (fp16 math): 4 dims are 4 bytes, half
+    a word: the lane loads only its half (``c % 2``) of the word holding its dims (``c // 2 + 2 wi``),
+    one register instead of two (``ld_half``; the register cap left int8 tiles spilling with whole
+    words), and the row scale into ``sc{q}``."""
     for q in (2 * t, 2 * t + 1):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
         half = q % 2
         emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
@@ -44,23 +41,15 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
                 emit(f"{ind}if okr{q}:")
                 emit(f"{ind}    okr{q} = test_bit(elig, ir{q}) != 0")
         emit(f"{ind}ur{q} = uint64(sr{q})")
-        if not f16:
-            cols = [(f"c4 + {4 * wi}", None) for wi in range(S)]
-        elif not int8:
-            cols = [(f"cS + {j}", None) for j in range(S)]
-        elif S % 2 == 0:
-            cols = [(f"cSh + {w}", None) for w in range(S // 2)]
-        else:
-            cols = [(f"(cS + {j}) >> 1", f"(cS + {j}) & 1") for j in range(S)]
-        halves = cols[0][1] is not None
-        for wi in range(len(cols)):
-            emit(f"{ind}m{q}_{wi} = {'uint32' if halves else 'uint64'}(0)")
+        for wi in range(d // 16):
+            emit(f"{ind}m{q}_{wi} = {'uint32' if int8 else 'uint64'}(0)")
         if int8:
             emit(f"{ind}sc{q} = zero")
         emit(f"{ind}if okr{q}:")
-        for wi, (col, hf) in enumerate(cols):
+        for wi in range(d // 16):
+            col = f"c4h + {2 * wi}" if int8 else f"c4 + {4 * wi}"
             idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
-            emit(f"{ind}    m{q}_{wi} = ld_half(words, {idx}, {hf})" if halves else f"{ind}    m{q}_{wi} = words[{idx}]")
+            emit(f"{ind}    m{q}_{wi} = ld_half(words, {idx}, c4o)" if int8 else f"{ind}    m{q}_{wi} = words[{idx}]")
         if int8:
             emit(f"{ind}    sc{q} = scale[ur{q}]")
 
@@ -109,7 +98,7 @@ def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False) -> No
     word's two fp16 pairs through FiLM + ReLU in one half2 FMA and max each (``film_h2``, one
     rounding to fp16), straight into the A fragment: a0 / a2 = the low / high pair of row g's word,
     a1 / a3 those of row g + 8 (:func:`.weights.mma_f16_image` assigns dims to k-slots to match).
-    ``int8``: the step's 4 bytes (the dims of an fp16 row's word) first become the fp16 pairs ``q * s`` (``dequant_i8x4``; s the row scale
+    ``int8``: the lane's 4 bytes (dims 4w..4w+3 with w = c + 4 j, as in an fp16 row) first become the fp16 pairs ``q * s`` (``dequant_i8x4``; s the row scale
     rounded to fp16), so the weights and the rest are the fp16 rows' own."""
     for r in range(4):
         emit(f"{ind}cg{t}_{r} = zero")
@@ -118,13 +107,10 @@ def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False) -> No
     if int8:
         for q in rows:
             emit(f"{ind}s2{q} = half2_of(sc{q})")
-    S = d // 16
-    for j in range(S):
+    for j in range(d // 16):
         for q in rows:
-            if int8:  # the step's 4 bytes: half j % 2 of whole word j // 2 (S even), else their own register
-                four = (f"uint32(m{q}_{j // 2} {'& uint64(0xFFFFFFFF)' if j % 2 == 0 else '>> uint64(32)'})"
-                        if S % 2 == 0 else f"m{q}_{j}")
-                emit(f"{ind}lo{q}, hi{q} = dequant_i8x4({four}, s2{q})")
+            if int8:
+                emit(f"{ind}lo{q}, hi{q} = dequant_i8x4(m{q}_{j}, s2{q})")
                 emit(f"{ind}ha{q} = film_h2(lo{q}, gm{j}_0, bt{j}_0)")
                 emit(f"{ind}hb{q} = film_h2(hi{q}, gm{j}_1, bt{j}_1)")
                 continue
@@ -172,17 +158,16 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     ``"fp32"`` (3xTF32 products) or ``"fp16"`` (h and the weights in fp16, fp32 accumulation)."""
     ind = "        "
     int8 = dtype == "int8"
-    f16 = math == "fp16"
     if not prefetch:
         for t in range(2):
-            emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8, f16)
+            emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8)
     for t in range(2):
         if math == "fp16":
             _emit_mma_f16_tile(emit, ind, t, d, int8)
         else:
             _emit_mma_tile(emit, ind, t, d, terms)
         if prefetch:
-            emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row, int8, f16)
+            emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row, int8)
     _emit_mma_store(emit, ind)
 
 

@@ -168,10 +168,9 @@ class _Source:
             emit("    wbase = wid * 32")
             emit("    g8 = lane // 4")
             emit("    c4 = lane % 4")
-            if self.math == "fp16":  # the lane's first 4-dim group (emit_mma.emit_mma_load); int8: its word
-                emit(f"    cS = c4 * {self.d // 16}")
-                if self.dtype == "int8" and (self.d // 16) % 2 == 0:
-                    emit(f"    cSh = c4 * {self.d // 32}")
+            if self.dtype == "int8":  # fp16 math: the word holding the lane's 4 bytes, and its half
+                emit("    c4h = c4 // 2")
+                emit("    c4o = c4 % 2")
             # a warp: 32 ads x (8 logits, 8 values), MSC_PITCH floats an ad
             emit(f"    msc = cuda.shared.array(({block // 32}, 32, {MSC_PITCH}), float32)")
             if config.ENABLE_CUDASIM:
@@ -273,7 +272,7 @@ class _Source:
                 emit(f"    bn = bias[uint64(jb)] if jb < {self.n} else zero")
             for t in range(2):
                 emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row,
-                              self.dtype == "int8", self.math == "fp16")
+                              self.dtype == "int8")
         if self.sample:  # positions 0..M of the sample; p: the candidate each one reads
             emit("    whole = n_req <= {}".format(self.sample))
             emit(f"    step = n_req // {self.sample // SAMPLE_RUN}")

@@ -134,28 +134,16 @@ def f16_weights(request) -> dict:
     return out
 
 
-def _f16_lane_dims(d: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(g [steps, 32], dims [steps, 32, 4])``: lane ``l = 4 g + c``'s expert column g and the 4
-    dims it takes at step j: its ``S = d / 16`` groups of 4 are contiguous, group ``w = S c + j``
-    (dims 4w..4w+3, as two pairs, the low and the high), so on an int8 row (8 dims a word) a lane's
-    groups fill whole words when S is even."""
-    S = d // 16
-    steps, lanes = np.arange(S)[:, None], np.arange(32)[None, :]
-    g, w = lanes // 4, S * (lanes % 4) + steps  # [steps, 32]
-    return g, 4 * w[..., None] + np.arange(4)
-
-
 def mma_f16_image(request) -> np.ndarray:
     """The uint32 per-lane weight image of the fp16 tensor-core kernel, ``[d/16, 32, 8]``: for step
-    j and lane ``l = 4 g + c``, with ``w = (d / 16) c + j`` the 4-dim group the lane takes
-    (dims 4w..4w+3: an fp16 row's word w; :func:`_f16_lane_dims`)::
+    j and lane ``l = 4 g + c``, with ``w = c + 4 j`` the row word the lane loads (dims 4w..4w+3)::
 
         G'[g, 4w:4w+2], G'[g, 4w+2:4w+4], V[g, 4w:4w+2], V[g, 4w+2:4w+4],
         gamma[4w:4w+2], gamma[4w+2:4w+4], beta[4w:4w+2], beta[4w+2:4w+4]
 
     each a word of two fp16 (the lower dim in the low half). Why this order: mma.m16n8k16's A
     fragment gives lane c the k-columns 2c, 2c+1 and 2c+8, 2c+9, so a lane's two halves of one
-    4-dim group fill its k-slots; the dot products are sums over dims, so any fixed
+    8-byte row word (4 dims) fill its k-slots; the dot products are sums over dims, so any fixed
     assignment of dims to k-slots shared by h and the weights is exact. Experts g >= E are zero.
     Each lane keeps its 8 d/16 words in registers for the whole kernel."""
     E, d = request.V.shape
@@ -164,7 +152,10 @@ def mma_f16_image(request) -> np.ndarray:
     G = np.zeros((8, d), np.float16)
     V = np.zeros((8, d), np.float16)
     G[:E], V[:E] = w16["G"], w16["V"]
-    g, dims = _f16_lane_dims(d)
+    # lane l = 4 g + c reads row word w = c + 4 j: dims 4w..4w+3, as two pairs (the low, the high)
+    steps, lanes = np.arange(d // 16)[:, None], np.arange(32)[None, :]
+    g, w = lanes // 4, lanes % 4 + 4 * steps  # [steps, 32]
+    dims = 4 * w[..., None] + np.arange(4)  # [steps, 32, 4]
     experts = np.broadcast_to(g[..., None], dims.shape)
     img = np.stack([G[experts, dims], V[experts, dims], w16["gamma"][dims], w16["beta"][dims]], axis=2)
     return np.ascontiguousarray(img).view(np.uint32).reshape(-1)
@@ -197,7 +188,9 @@ def mma_f16_words(d: int, experts: int) -> int:
 def _mma_f16_index(d: int) -> np.ndarray:
     """Where each fp16 half of :func:`mma_f16_image` comes from in a request's fp16 source row
     ``[G' (8 d) | V (8 d) | gamma (d) | beta (d)]`` (experts past E zero): ``[d/16 * 32 * 8 * 2]``."""
-    g, dims = _f16_lane_dims(d)
+    steps, lanes = np.arange(d // 16)[:, None], np.arange(32)[None, :]
+    g, w = lanes // 4, lanes % 4 + 4 * steps
+    dims = 4 * w[..., None] + np.arange(4)  # [steps, 32, 4]
     rows = 8 * d
     parts = [g[..., None] * d + dims, rows + g[..., None] * d + dims, 2 * rows + dims, 2 * rows + d + dims]
     return np.ascontiguousarray(np.stack(parts, axis=2).reshape(-1), dtype=np.int64)
