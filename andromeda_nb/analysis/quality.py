@@ -276,14 +276,16 @@ def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **ex
 # experiment 1: expert count
 
 
-def tune_models(data, preset: Preset | str = "full", models=None, device="auto", progress: bool = True):
+def tune_models(data, preset: Preset | str = "full", models=None, device="auto", progress: bool = True,
+                workers: int = 1):
     """Each model's learning rate and length tuned on the validation split of the training part
     (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0). Returns
     ``({model: (TrainConfig, scorer note)}, rows)``: the rows hold each model's
     ``validation_recall@100`` at its chosen point (seed 0: the tuning seed); pass the dict to
     :func:`run_expert_count`, whose rows then carry the tuned point in their ``scorer`` column (and
     replace untuned rows of the same key when merged). Tune once and train every seed in the same
-    run: a re-tune may choose another point."""
+    run: a re-tune may choose another point. ``workers``: runs trained at once
+    (:func:`~andromeda_nb.training.tuning.tune_many`)."""
     from ..training import tuning
     from ..training.train import MODELS, pick_device
 
@@ -291,9 +293,11 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     dev = pick_device(device)
     meta = dict(commit=git_commit(), device=device_name(dev), experiment="expert_count", preset=preset.name)
     tuned, rows = {}, []
-    for name in (tuple(MODELS) if models is None else tuple(models)):
-        base = preset.cfg(data.name, name)
-        best, trials = tuning.tune(name, data, base, preset.eval_users.get(data.name), device=dev, progress=progress)
+    bases = {name: preset.cfg(data.name, name) for name in (tuple(MODELS) if models is None else tuple(models))}
+    results = tuning.tune_many(bases, data, preset.eval_users.get(data.name), device=dev, progress=progress,
+                               workers=workers)
+    for name, base in bases.items():
+        best, trials = results[name]
         tuned[name] = (tuning.grid_config(base, best), tuning.describe(best))
         E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
         rows.append(_row(data.name, name, E, K, "fp32", base.d, 0, "validation_recall@100",
@@ -720,10 +724,11 @@ def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results
 
 def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
-            scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None) -> pd.DataFrame:
+            scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1) -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
-    given; without ``tune``, a ``tuned_file``'s choices are trained).
+    given; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
+    trained at once).
 
     This is what ``python -m andromeda_nb.training`` runs.
     """
@@ -745,7 +750,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         prec_rows = eval_rows(data, p.precision_users.get(ds), seed=0)
         tuned = None
         if tune:
-            tuned, val = tune_models(data, p, models=models, device=device, progress=progress)
+            tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers)
             write_rows(val, path)
             frames.append(val)
             if tuned_file is not None:

@@ -32,6 +32,9 @@ def main(argv=None) -> int:
                          "(the same grid each, lengths by early stopping: andromeda_nb.training.tuning)")
     ap.add_argument("--tune-only", action="store_true", help="--tune, then no seed trains (with --tuned FILE: "
                                                               "the seeds train from FILE in a later run)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="with --tune: runs trained at once, each in its own process (a small model leaves a GPU "
+                         "mostly idle, so several share it)")
     ap.add_argument("--tuned", default=None, metavar="FILE",
                     help="with --tune: keep the chosen configurations in FILE (JSON, merged); without: train the "
                          "configurations FILE keeps (a tuning run's seeds in a later session)")
@@ -41,6 +44,8 @@ def main(argv=None) -> int:
                     help="only the standard baselines (all, or those named: most_popular itemknn_cosine itemknn_bm25 "
                          "als bpr ease), tuned on the training part's validation split; CPU (the implicit library)")
     args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error(f"--workers must be at least 1, got {args.workers}")
     if args.tune_only and (args.seeds is not None or args.tuned is None):
         ap.error("--tune-only trains no seed (drop --seeds) and keeps its choices only in --tuned FILE")
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):
@@ -98,7 +103,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     run_all(preset, args.out, datasets=args.datasets, seeds=[] if args.tune_only else args.seeds, device=args.device,
             progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
-            models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned)
+            models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers)
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
 

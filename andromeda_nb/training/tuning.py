@@ -108,39 +108,82 @@ def grid_config(cfg, point: dict):
 
 
 def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid=GRID, device="auto",
-         progress: bool = False) -> tuple[dict, list]:
+         progress: bool = False, workers: int = 1) -> tuple[dict, list]:
     """The grid point of model ``name`` with the best validation recall@100 (seed 0, at most
     ``n_users`` evaluated users; ties to the point nearest the preset's settings): one training run
-    a learning rate, validated at each of the grid's lengths. Returns (best point, [(point, validation recall@100), ...] in the grid's order)."""
-    from ..analysis.quality import eval_rows, recalls, retrieve_top
-    from .train import train_model
+    a learning rate, validated at each of the grid's lengths. Returns (best point, [(point,
+    validation recall@100), ...] in the grid's order). ``workers``: as :func:`tune_many`."""
+    return tune_many({name: cfg}, data, n_users, grid=grid, device=device, progress=progress, workers=workers)[name]
+
+
+def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, grid=GRID, device="auto",
+              progress: bool = False, workers: int = 1) -> dict:
+    """:func:`tune` for each ``{model: preset TrainConfig}`` of ``configs``: ``{model: (best point,
+    trials)}``.
+
+    ``workers`` > 1 trains that many of the runs (one a model and learning rate) at once, each in its
+    own process: the models are small, so one run leaves a GPU mostly idle waiting on Python, and
+    several runs share it (and a CPU's cores). A run's result does not depend on where it ran: each
+    trains from seed 0 with the calling process's torch thread count.
+    """
+    from ..analysis.quality import eval_rows
 
     grid = check_grid(grid)
     if n_users is not None and (isinstance(n_users, bool) or not isinstance(n_users, (int, np.integer))
                                 or n_users < 1):
         raise ValueError(f"n_users must be None or a positive int, got {n_users!r}")
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
     view = validation_view(data)
     if not view.eval_rows.size:
         raise ValueError(f"{data.name}: no evaluated user has two training clicks to hold one back for validation")
     rows = eval_rows(view, n_users, seed=0)
+    longest = max(p["steps_scale"] for p in grid)
+    jobs = []  # (model, lr scale, the run's config, its checkpoints): one run a model and learning rate
+    for name, cfg in configs.items():
+        for lr in dict.fromkeys(p["lr_scale"] for p in grid):  # in the grid's order
+            stops = [grid_config(cfg, p).steps for p in grid if p["lr_scale"] == lr]
+            jobs.append((name, lr, grid_config(cfg, {"lr_scale": lr, "steps_scale": longest}), stops))
+    if workers == 1 or len(jobs) == 1:
+        done = [_validated_run(name, view, rows, run, stops, device, progress) for name, _, run, stops in jobs]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        import torch
+
+        # spawn: a forked child cannot use a CUDA context its parent made
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)) as pool:
+            futures = [pool.submit(_validated_run, name, view, rows, run, stops, device, False)
+                       for name, _, run, stops in jobs]
+            done = [f.result() for f in futures]
+    out = {}
+    for name in configs:
+        value = {}
+        for (job_name, lr, _, stops), validation in zip(jobs, done):
+            if job_name == name:
+                for p, stop in zip([p for p in grid if p["lr_scale"] == lr], stops):
+                    value[id(p)] = validation[stop]
+        trials = [(p, value[id(p)]) for p in grid]
+        # ties (e.g. two lengths that round to the same steps in a tiny preset) go to the point
+        # nearest the preset's settings
+        best = max(trials, key=lambda t: (t[1], -abs(np.log(t[0]["lr_scale"])) - abs(np.log(t[0]["steps_scale"]))))
+        out[name] = best[0], trials
+    return out
+
+
+def _validated_run(name: str, view: InteractionData, rows, run, stops, device, progress) -> dict:
+    """``{steps: validation recall@100}`` of one run of model ``name`` on the validation view at each of
+    ``stops`` (seed 0)."""
+    from ..analysis.quality import recalls, retrieve_top
+    from .train import train_model
 
     def validate(tm) -> float:
         return recalls(view, rows, retrieve_top(tm, rows, TUNE_METRIC_K), [TUNE_METRIC_K])[f"recall@{TUNE_METRIC_K}"]
 
-    value = {}
-    longest = max(p["steps_scale"] for p in grid)
-    for lr in dict.fromkeys(p["lr_scale"] for p in grid):  # one run a learning rate, in the grid's order
-        points = [p for p in grid if p["lr_scale"] == lr]
-        stops = [grid_config(cfg, p).steps for p in points]
-        run = grid_config(cfg, {"lr_scale": lr, "steps_scale": longest})
-        tm = train_model(name, view, run, seed=0, device=device, progress=progress, checkpoints=stops,
-                         validate=validate)
-        for p, stop in zip(points, stops):
-            value[id(p)] = tm.validation[stop]
-    trials = [(p, value[id(p)]) for p in grid]
-    # ties (e.g. two lengths that round to the same steps in a tiny preset) go to the point nearest
-    # the preset's settings
-    return max(trials, key=lambda t: (t[1], -abs(np.log(t[0]["lr_scale"])) - abs(np.log(t[0]["steps_scale"]))))[0], trials
+    tm = train_model(name, view, run, seed=0, device=device, progress=progress, checkpoints=stops, validate=validate)
+    return dict(tm.validation)
 
 
 def describe(point: dict, grid=GRID) -> str:

@@ -207,3 +207,27 @@ def test_ties_go_to_the_point_nearest_the_preset(data):
     best, trials = tuning.tune("single_tower", data, base, n_users=20, grid=grid, device="cpu")
     assert [tuning.grid_config(base, p).steps for p, _ in trials] == [1, 1]
     assert trials[0][1] == trials[1][1] and best == {"lr_scale": 1.0, "steps_scale": 1}
+
+
+def test_runs_in_worker_processes_choose_what_one_process_chooses(data):
+    """tune_many with workers trains each (model, learning rate) run in its own process; the
+    values and choices equal those of the runs trained one after another here."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers take the caller's count: the same arithmetic
+    try:
+        grid = [{"lr_scale": lr, "steps_scale": s} for lr in (1 / 3, 3.0) for s in (1, 2)]
+        configs = {m: PRESET.cfg("multi_interest", m) for m in ("single_tower", "mixture_k2")}
+        here = tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu")
+        apart = tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", workers=3)
+    finally:
+        torch.set_num_threads(threads)
+    assert set(here) == set(apart) == set(configs)
+    for m in configs:
+        assert [p for p, _ in apart[m][1]] == grid
+        assert apart[m][1] == here[m][1] and apart[m][0] == here[m][0]
+    assert len({v for m in configs for _, v in here[m][1]}) > 1  # the runs differ: the comparison can fail
+    for workers in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="workers"):
+            tuning.tune_many(configs, data, grid=grid, workers=workers)
