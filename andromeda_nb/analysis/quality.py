@@ -724,11 +724,13 @@ def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results
 
 def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
-            scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1) -> pd.DataFrame:
+            scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
+            settings_note: str | None = None) -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
     given; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
-    trained at once).
+    trained at once; ``settings_note``: the scorer column of untuned rows trained at changed preset
+    settings, e.g. ``"preset settings with weight_decay=0.0001"``).
 
     This is what ``python -m andromeda_nb.training`` runs.
     """
@@ -757,6 +759,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
                 tuning.save_tuned(tuned_file, ds, p.name, tuned)
         elif tuned_file is not None:
             tuned = tuning.load_tuned(tuned_file, ds, p.name, tuple(MODELS) if models is None else tuple(models))
+        elif settings_note is not None:  # untuned, at changed settings: the rows say which
+            tuned = {m: (p.cfg(ds, m), settings_note) for m in (tuple(MODELS) if models is None else tuple(models))}
         for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
                                               tuned=tuned)

@@ -103,7 +103,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     run_all(preset, args.out, datasets=args.datasets, seeds=[] if args.tune_only else args.seeds, device=args.device,
             progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
-            models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers)
+            models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
+            settings_note=f"untuned: preset settings with {' '.join(args.set)}" if args.set else None)
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
 
