@@ -33,8 +33,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tune-only", action="store_true", help="--tune, then no seed trains (with --tuned FILE: "
                                                               "the seeds train from FILE in a later run)")
     ap.add_argument("--workers", type=int, default=1,
-                    help="with --tune: runs trained at once, each in its own process (a small model leaves a GPU "
-                         "mostly idle, so several share it)")
+                    help="with --tune: runs trained at once, each in its own process (CPU cores; on one GPU they "
+                         "share it and finish no sooner)")
     ap.add_argument("--tuned", default=None, metavar="FILE",
                     help="with --tune: keep the chosen configurations in FILE (JSON, merged); without: train the "
                          "configurations FILE keeps (a tuning run's seeds in a later session)")
