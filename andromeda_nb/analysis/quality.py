@@ -9,7 +9,8 @@ seed, metric, value, commit, device``) plus ``experiment`` (``expert_count``, ``
 
 - ``recall@k``: mean over evaluated users of recall@k of the held-out clicks, retrieving from every
   eligible ad (targeting applied, the user's training clicks excluded); ``recall@k_untargeted``:
-  the same from every ad but the training clicks (no targeting);
+  the same from every ad but the training clicks (no targeting); the ``targeting`` column says which
+  (``on`` / ``off``; empty for rows that retrieve nothing: compute, training time, score errors);
 - ``overlap@100_ranking``: mean ``|top100(model) ∩ top100(ranking)| / 100``;
 - precision rows (model ``mixture_k2``, one per dtype): ``recall@100``, ``recall@100_delta_pp``
   (minus fp32, percentage points), ``overlap@100_fp32``, ``score_err_p50/p99/p999/max`` (absolute
@@ -42,7 +43,7 @@ from tqdm.auto import tqdm
 from .metrics import recall_at_k, topk_overlap
 
 COLUMNS = ["dataset", "model", "experts", "k_experts", "dtype", "d", "seed", "metric", "value",
-           "commit", "device", "experiment", "preset", "scorer", "n_users"]
+           "commit", "device", "experiment", "preset", "scorer", "n_users", "targeting"]
 KEY = ["dataset", "model", "experts", "k_experts", "dtype", "d", "seed", "metric", "experiment", "preset"]
 RESULTS = Path("data/results/quality.csv")
 SCORING = Path("data/results/scoring.csv")
@@ -594,11 +595,27 @@ def kernel_check(tm, user_ids, k: int = 20, dtype: str = "fp32", max_ads: int | 
 # results files
 
 
+#: metrics of what a model retrieved (the rest: compute, training, score errors)
+_RETRIEVAL_METRIC = ("recall@", "validation_recall@", "overlap@", "routing_", "expert_share")
+
+
+def targeting_of(metric: str) -> str:
+    """A row's ``targeting`` column: ``off`` for a metric retrieved from every unseen ad
+    (``..._untargeted``), ``on`` for one retrieved from the eligible ads, ``""`` for a metric of no
+    retrieval."""
+    metric = str(metric)
+    if metric.endswith("_untargeted"):
+        return "off"
+    return "on" if metric.startswith(_RETRIEVAL_METRIC) else ""
+
+
 def write_rows(frame: pd.DataFrame, path=RESULTS) -> Path:
-    """Merge rows into a results CSV: rows with the same key (:data:`KEY`) are replaced."""
+    """Merge rows into a results CSV: rows with the same key (:data:`KEY`) are replaced; the
+    ``targeting`` column is set from each row's metric (:func:`targeting_of`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame = frame.reindex(columns=COLUMNS)
+    frame["targeting"] = [targeting_of(m) for m in frame["metric"]]
 
     def ints(df):  # "6.0" -> "6" in integer columns, so keys compare equal however they were read
         df = df.copy()
@@ -608,6 +625,7 @@ def write_rows(frame: pd.DataFrame, path=RESULTS) -> Path:
 
     if path.is_file():
         old = ints(pd.read_csv(path, dtype=str, keep_default_na=False).reindex(columns=COLUMNS, fill_value=""))
+        old["targeting"] = [targeting_of(m) for m in old["metric"]]
         new = ints(frame.astype(object).where(frame.notna(), "").astype(str))
         key_new = set(map(tuple, new[KEY].to_numpy()))
         old = old[[tuple(r) not in key_new for r in old[KEY].to_numpy()]]
@@ -630,6 +648,7 @@ def load_results(path=RESULTS) -> pd.DataFrame:
     df["value"] = pd.to_numeric(df["value"], errors="coerce")
     if "experiment" not in df.columns or df["experiment"].isna().any():
         df = _infer_experiment(df)
+    df["targeting"] = [targeting_of(m) for m in df["metric"]]
     return df.reindex(columns=[*COLUMNS, *[c for c in df.columns if c not in COLUMNS]])
 
 

@@ -117,11 +117,16 @@ def test_write_rows_replaces_by_key(tmp_path):
                 commit="abc", device="cpu", preset="smoke", scorer="x", n_users=3)
     quality.write_rows(pd.DataFrame([{**base, "metric": "recall@10", "value": 0.1},
                                      {**base, "metric": "recall@50", "value": 0.2}]), path)
-    quality.write_rows(pd.DataFrame([{**base, "metric": "recall@10", "value": 0.3}]), path)
+    quality.write_rows(pd.DataFrame([{**base, "metric": "recall@10", "value": 0.3},
+                                     {**base, "metric": "recall@10_untargeted", "value": 0.4, "targeting": "on"},
+                                     {**base, "metric": "train_seconds", "value": 5.0}]), path)
     df = quality.load_results(path)
-    assert len(df) == 2
+    assert len(df) == 4
     assert df.set_index("metric").loc["recall@10", "value"] == 0.3
     assert list(df.columns) == quality.COLUMNS
+    # the targeting column follows the metric, whatever a caller put there
+    assert df.set_index("metric")["targeting"].fillna("").to_dict() == {
+        "recall@10": "on", "recall@50": "on", "recall@10_untargeted": "off", "train_seconds": ""}
 
 
 def test_results_without_experiment_column_are_inferred(tmp_path):
