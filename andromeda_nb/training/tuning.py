@@ -140,11 +140,12 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         raise ValueError(f"{data.name}: no evaluated user has two training clicks to hold one back for validation")
     rows = eval_rows(view, n_users, seed=0)
     longest = max(p["steps_scale"] for p in grid)
-    jobs = []  # (model, lr scale, the run's config, its checkpoints): one run a model and learning rate
+    jobs = []  # (model, the lr's grid points, the run's config, its checkpoints): one run a model and lr
     for name, cfg in configs.items():
         for lr in dict.fromkeys(p["lr_scale"] for p in grid):  # in the grid's order
-            stops = [grid_config(cfg, p).steps for p in grid if p["lr_scale"] == lr]
-            jobs.append((name, lr, grid_config(cfg, {"lr_scale": lr, "steps_scale": longest}), stops))
+            points = [p for p in grid if p["lr_scale"] == lr]
+            jobs.append((name, points, grid_config(cfg, {"lr_scale": lr, "steps_scale": longest}),
+                         [grid_config(cfg, p).steps for p in points]))
     if workers == 1 or len(jobs) == 1:
         done = [_validated_run(name, view, rows, run, stops, device, progress) for name, _, run, stops in jobs]
     else:
@@ -162,9 +163,9 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     out = {}
     for name in configs:
         value = {}
-        for (job_name, lr, _, stops), validation in zip(jobs, done):
+        for (job_name, points, _, stops), validation in zip(jobs, done):
             if job_name == name:
-                for p, stop in zip([p for p in grid if p["lr_scale"] == lr], stops):
+                for p, stop in zip(points, stops):
                     value[id(p)] = validation[stop]
         trials = [(p, value[id(p)]) for p in grid]
         # ties (e.g. two lengths that round to the same steps in a tiny preset) go to the point

@@ -1,0 +1,167 @@
+"""The quality experiments' results file, ``data/results/quality.csv``: its columns, merging rows
+into it, reading it back, and the tables and intervals the notebooks show from it (the rows are
+described in :mod:`.quality`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ["dataset", "model", "experts", "k_experts", "dtype", "d", "seed", "metric", "value",
+           "commit", "device", "experiment", "preset", "scorer", "n_users", "targeting"]
+KEY = ["dataset", "model", "experts", "k_experts", "dtype", "d", "seed", "metric", "experiment", "preset"]
+RESULTS = Path("data/results/quality.csv")
+
+#: metrics of what a model retrieved (the rest: compute, training, score errors)
+_RETRIEVAL_METRIC = ("recall@", "validation_recall@", "overlap@", "routing_", "expert_share")
+
+
+def targeting_of(metric: str) -> str:
+    """A row's ``targeting`` column: ``off`` for a metric retrieved from every unseen ad
+    (``..._untargeted``), ``on`` for one retrieved from the eligible ads, ``""`` for a metric of no
+    retrieval."""
+    metric = str(metric)
+    if metric.endswith("_untargeted"):
+        return "off"
+    return "on" if metric.startswith(_RETRIEVAL_METRIC) else ""
+
+
+def write_rows(frame: pd.DataFrame, path=RESULTS) -> Path:
+    """Merge rows into a results CSV: rows with the same key (:data:`KEY`) are replaced; the
+    ``targeting`` column is set from each row's metric (:func:`targeting_of`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame = frame.reindex(columns=COLUMNS)
+
+    def ints(df):  # "6.0" -> "6" in integer columns, so keys compare equal however they were read
+        df = df.copy()
+        for c in ("experts", "k_experts", "d", "seed", "n_users"):
+            df[c] = [str(int(float(v))) if v not in ("", "nan", "None") else "" for v in df[c].astype(str)]
+        return df
+
+    if path.is_file():
+        old = ints(pd.read_csv(path, dtype=str, keep_default_na=False).reindex(columns=COLUMNS, fill_value=""))
+        new = ints(frame.astype(object).where(frame.notna(), "").astype(str))
+        key_new = set(map(tuple, new[KEY].to_numpy()))
+        old = old[[tuple(r) not in key_new for r in old[KEY].to_numpy()]]
+        merged = pd.concat([old, new], ignore_index=True)
+    else:
+        merged = ints(frame.astype(object).where(frame.notna(), "").astype(str))
+    merged["targeting"] = [targeting_of(m) for m in merged["metric"]]  # derived: whatever a caller or file held
+    merged = merged.sort_values(["dataset", "metric", "model", "dtype", "seed"], kind="mergesort")
+    tmp = path.with_suffix(".csv.tmp")
+    merged.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+def load_results(path=RESULTS) -> pd.DataFrame:
+    """The quality CSV with typed columns (empty frame with COLUMNS when missing)."""
+    path = Path(path)
+    if not path.is_file():
+        return pd.DataFrame(columns=COLUMNS)
+    df = pd.read_csv(path)
+    df["value"] = pd.to_numeric(df["value"], errors="coerce")
+    if "experiment" not in df.columns or df["experiment"].isna().any():
+        df = _infer_experiment(df)
+    df["targeting"] = [targeting_of(m) for m in df["metric"]]
+    return df.reindex(columns=[*COLUMNS, *[c for c in df.columns if c not in COLUMNS]])
+
+
+_COMPUTE_METRICS = {"flops_per_ad", "kernel_flops_per_ad", "kernel_ads_per_s"}
+_PRECISION_METRICS = {"recall@100_delta_pp", "overlap@100_fp32", "score_err_p50", "score_err_p99",
+                      "score_err_p999", "score_err_max"}
+
+
+def _infer_experiment(df: pd.DataFrame) -> pd.DataFrame:
+    """Fill a missing ``experiment`` column (files written before it existed): compute metrics,
+    precision metrics, ``bytes_per_ad`` without a seed = compute; a non-fp32 ``recall@100`` and the
+    second of two identical-key fp32 ``recall@100`` rows = precision; the rest = expert_count."""
+    df = df.copy()
+    exp = df["experiment"] if "experiment" in df.columns else pd.Series(np.nan, index=df.index)
+    seed_empty = df["seed"].isna() | (df["seed"].astype(str) == "")
+    guess = np.where(df["metric"].isin(_COMPUTE_METRICS) | ((df["metric"] == "bytes_per_ad") & seed_empty), "compute",
+                     np.where(df["metric"].isin(_PRECISION_METRICS) | (df["metric"] == "bytes_per_ad"), "precision",
+                              "expert_count"))
+    guess = pd.Series(guess, index=df.index)
+    rec = (df["metric"] == "recall@100") & (df["model"] != "true_model")
+    guess[rec & (df["dtype"].astype(str) != "fp32")] = "precision"
+    keys = ["dataset", "model", "dtype", "seed", "metric", "preset"]
+    dup = rec & (df["dtype"].astype(str) == "fp32") & df[keys].astype(str).duplicated(keep="first")
+    guess[dup] = "precision"
+    df["experiment"] = exp.where(exp.notna(), guess)
+    return df
+
+
+def summarize(frame: pd.DataFrame, metrics=None) -> pd.DataFrame:
+    """Mean, standard deviation and count over seeds per (dataset, model, dtype, metric)."""
+    df = frame if metrics is None else frame[frame["metric"].isin(metrics)]
+    g = df.groupby(["dataset", "model", "dtype", "metric"], dropna=False)["value"]
+    return g.agg(mean="mean", std="std", seeds="count").reset_index()
+
+
+MODEL_ORDER = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture", "ranking", "true_model")
+#: the standard baselines' rows (:func:`.quality.run_baselines`), in the tables' order
+BASELINE_ORDER = ("baseline_most_popular", "baseline_itemknn_cosine", "baseline_itemknn_bm25", "baseline_als",
+                  "baseline_bpr", "baseline_ease")
+
+
+def ci95(std, n):
+    """Half-width of the 95 % confidence interval of a mean of ``n`` values with sample standard
+    deviation ``std`` (Student's t); NaN below two values."""
+    from scipy import stats
+
+    n = np.asarray(n, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        half = stats.t.ppf(0.975, np.maximum(n - 1, 1)) * np.asarray(std, float) / np.sqrt(n)
+    return np.where(n >= 2, half, np.nan)
+
+
+def recall_table(frame: pd.DataFrame, dataset: str, metric: str = "recall@100", baselines: bool = True) -> pd.DataFrame:
+    """``model x (mean, std, seeds, ci95)`` of one metric (fp32 tables; ``ci95``: the mean's 95 %
+    interval half-width, :func:`ci95`): the project's models in :data:`MODEL_ORDER`, then
+    (``baselines``) the standard baselines in :data:`BASELINE_ORDER`."""
+    experiments = ("expert_count", "baselines") if baselines else ("expert_count",)
+    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & frame["experiment"].isin(experiments)]
+    s = df.groupby("model")["value"].agg(mean="mean", std="std", seeds="count")
+    s["ci95"] = ci95(s["std"], s["seeds"])
+    return s.reindex([m for m in MODEL_ORDER + BASELINE_ORDER if m in s.index])
+
+
+def paired_difference(frame: pd.DataFrame, dataset: str, a: str, b: str, metric: str = "recall@100") -> dict:
+    """Model ``a`` minus model ``b`` on the seeds both ran (each seed: the same split and evaluated
+    users for both): ``mean`` and ``ci95`` (the 95 % interval half-width of the mean paired
+    difference) and ``seeds``."""
+    experiments = ("expert_count", "baselines")
+    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & frame["experiment"].isin(experiments)]
+    va = df[df["model"] == a].groupby("seed")["value"].mean()
+    vb = df[df["model"] == b].groupby("seed")["value"].mean()
+    d = (va - vb).dropna()
+    std = float(d.std()) if d.size > 1 else float("nan")
+    return {"mean": float(d.mean()) if d.size else float("nan"), "ci95": float(ci95(std, d.size)), "seeds": int(d.size)}
+
+
+def committed(results_csv=RESULTS) -> tuple[pd.DataFrame, str, str | None]:
+    """The committed quality rows of one preset: ``full`` when the file has it, else the first
+    preset it holds. Returns ``(rows, source line, preset or None)``; an empty frame when the file
+    is missing or empty."""
+    frame = load_results(results_csv)
+    presets = set(frame["preset"].dropna()) if len(frame) else set()
+    pick = "full" if "full" in presets else (sorted(presets)[0] if presets else None)
+    if pick is None:
+        return frame, f"{results_csv} is empty or missing", None
+    return frame[frame["preset"] == pick], f"{results_csv}, preset {pick!r}", pick
+
+
+def trained_here_source(preset: str) -> str:
+    """The source line of rows trained in a notebook at ``preset`` size."""
+    return f"trained in this notebook, preset {preset!r}" + (
+        " (tiny: a pipeline check, not evidence)" if preset == "smoke" else "")
+
+
+def devices(frame: pd.DataFrame, metric_prefix: str = "recall") -> list[str]:
+    """The devices the rows of metrics starting with ``metric_prefix`` were computed on."""
+    return sorted(set(frame.loc[frame["metric"].str.startswith(metric_prefix), "device"].dropna().astype(str)))
