@@ -41,7 +41,8 @@ for step in "$@"; do
       # QUALITY_MODELS="mixture_k2" trains only those models (the precision experiment needs mixture_k2)
       # QUALITY_TUNE=1 tunes every model on the validation split first (andromeda_nb.training.tuning);
       # QUALITY_TUNE=only tunes and trains no seed (QUALITY_TUNED keeps its choices)
-      # QUALITY_TUNED=FILE keeps the tuned configurations there (with QUALITY_TUNE) or trains them (without)
+      # QUALITY_TUNED=FILE keeps the tuned configurations there (with QUALITY_TUNE) or trains them (without);
+      #   finished tuning runs go beside it (FILE.runs.json): a cut-off tuning run again with that file resumes
       # QUALITY_WORKERS=N trains N tuning runs at once (one a model and learning rate; on one GPU no faster)
       # QUALITY_SET="ad_features=1" changes TrainConfig fields of every model (with QUALITY_TUNE, or untuned)
       python3 -m andromeda_nb.training --preset full --out "$OUT/quality" --no-progress ${ds:+--datasets $ds} \

@@ -278,15 +278,15 @@ def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **ex
 
 
 def tune_models(data, preset: Preset | str = "full", models=None, device="auto", progress: bool = True,
-                workers: int = 1):
+                workers: int = 1, runs_file=None):
     """Each model's learning rate and length tuned on the validation split of the training part
     (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0). Returns
     ``({model: (TrainConfig, scorer note)}, rows)``: the rows hold each model's
     ``validation_recall@100`` at its chosen point (seed 0: the tuning seed); pass the dict to
     :func:`run_expert_count`, whose rows then carry the tuned point in their ``scorer`` column (and
     replace untuned rows of the same key when merged). Tune once and train every seed in the same
-    run: a re-tune may choose another point. ``workers``: runs trained at once
-    (:func:`~andromeda_nb.training.tuning.tune_many`)."""
+    run: a re-tune may choose another point. ``workers``: runs trained at once; ``runs_file``: where
+    finished runs are kept, so a cut-off tuning resumes (:func:`~andromeda_nb.training.tuning.tune_many`)."""
     from ..training import tuning
     from ..training.train import MODELS, pick_device
 
@@ -296,7 +296,7 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     tuned, rows = {}, []
     bases = {name: preset.cfg(data.name, name) for name in (tuple(MODELS) if models is None else tuple(models))}
     results = tuning.tune_many(bases, data, preset.eval_users.get(data.name), device=dev, progress=progress,
-                               workers=workers)
+                               workers=workers, runs_file=runs_file)
     for name, base in bases.items():
         best, trials = results[name]
         tuned[name] = (tuning.grid_config(base, best), tuning.describe(best))
@@ -613,7 +613,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             settings_note: str | None = None) -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
-    given; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
+    given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
+    cut-off tuning resumes; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
     trained at once; ``settings_note``: the scorer column of untuned rows trained at changed preset
     settings, e.g. ``"preset settings with weight_decay=0.0001"``).
 
@@ -637,7 +638,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         prec_rows = eval_rows(data, p.precision_users.get(ds), seed=0)
         tuned = None
         if tune:
-            tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers)
+            tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers,
+                                     runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file))
             write_rows(val, path)
             frames.append(val)
             if tuned_file is not None:

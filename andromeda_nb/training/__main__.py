@@ -36,8 +36,9 @@ def main(argv=None) -> int:
                     help="with --tune: runs trained at once, each in its own process (CPU cores; on one GPU they "
                          "share it and finish no sooner)")
     ap.add_argument("--tuned", default=None, metavar="FILE",
-                    help="with --tune: keep the chosen configurations in FILE (JSON, merged); without: train the "
-                         "configurations FILE keeps (a tuning run's seeds in a later session)")
+                    help="with --tune: keep the chosen configurations in FILE (JSON, merged) and each finished "
+                         "run beside it (FILE's name .runs.json: a cut-off tuning run again resumes there); without: "
+                         "train the configurations FILE keeps (a tuning run's seeds in a later session)")
     ap.add_argument("--compute-only", action="store_true",
                     help="only refresh the compute-per-ad rows (FLOPs, bytes, kernel ads/s from --scoring-csv); no training")
     ap.add_argument("--baselines", nargs="*", default=None, metavar="NAME",

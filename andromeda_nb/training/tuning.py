@@ -117,9 +117,14 @@ def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid
 
 
 def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, grid=GRID, device="auto",
-              progress: bool = False, workers: int = 1) -> dict:
+              progress: bool = False, workers: int = 1, runs_file=None) -> dict:
     """:func:`tune` for each ``{model: preset TrainConfig}`` of ``configs``: ``{model: (best point,
     trials)}``.
+
+    ``runs_file``: a JSON file that keeps each finished run's validation values as it finishes
+    (:func:`run_key` names a run: model, configuration, checkpoints and a digest of the data), so a
+    tuning cut off part-way (a time limit) resumes where it stopped: runs found there are not
+    trained again. Delete the file to train them again (e.g. after the training code changed).
 
     ``workers`` > 1 trains that many of the runs (one a model and learning rate) at once, each in its
     own process (on a CPU's cores, or sharing one GPU). A run's result does not depend on where it
@@ -146,20 +151,37 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
             points = [p for p in grid if p["lr_scale"] == lr]
             jobs.append((name, points, grid_config(cfg, {"lr_scale": lr, "steps_scale": longest}),
                          [grid_config(cfg, p).steps for p in points]))
-    if workers == 1 or len(jobs) == 1:
-        done = [_validated_run(name, view, rows, run, stops, device, progress) for name, _, run, stops in jobs]
+    kept = read_runs(runs_file) if runs_file is not None else {}
+    keys = [run_key(name, view, rows, run, stops) for name, _, run, stops in jobs]
+    todo = [i for i, key in enumerate(keys) if key not in kept]
+
+    def keep(i, validation):  # written run by run: a cut-off tuning keeps every finished run
+        kept[keys[i]] = {str(k): v for k, v in validation.items()}
+        if runs_file is not None:  # replaced whole: a run killed while writing leaves the last file
+            path = Path(runs_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(path.name + ".part")
+            part.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+            part.replace(path)
+
+    if workers == 1 or len(todo) <= 1:
+        for i in todo:
+            name, _, run, stops = jobs[i]
+            keep(i, _validated_run(name, view, rows, run, stops, device, progress))
     else:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         import torch
 
         # spawn: a forked child cannot use a CUDA context its parent made
         with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
                                  initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)) as pool:
-            futures = [pool.submit(_validated_run, name, view, rows, run, stops, device, False)
-                       for name, _, run, stops in jobs]
-            done = [f.result() for f in futures]
+            futures = {pool.submit(_validated_run, *jobs[i][:1], view, rows, *jobs[i][2:], device, False): i
+                       for i in todo}
+            for f in as_completed(futures):
+                keep(futures[f], f.result())
+    done = [{int(k): v for k, v in kept[key].items()} for key in keys]
     out = {}
     for name in configs:
         value = {}
@@ -173,6 +195,47 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         best = max(trials, key=lambda t: (t[1], -abs(np.log(t[0]["lr_scale"])) - abs(np.log(t[0]["steps_scale"]))))
         out[name] = best[0], trials
     return out
+
+
+def run_key(name: str, view: InteractionData, rows, run, stops) -> str:
+    """The name a tuning run is kept under in a runs file: the model, its whole configuration, its
+    checkpoints and a digest of the validation data and users it is scored on."""
+    import hashlib
+
+    h = hashlib.sha1(view.name.encode())
+    for a in (view.seq, view.seq_len, view.seq_ctx, view.req_ctx, view.demo, view.ad_cats, np.asarray(rows),
+              *(view.heldout[r] for r in np.asarray(rows))):
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    return json.dumps({"model": name, "config": asdict(run), "stops": [int(s) for s in stops],
+                       "data": h.hexdigest()}, sort_keys=True)
+
+
+def runs_file_of(tuned_file) -> Path:
+    """Where a tuning that keeps its choices in ``tuned_file`` keeps its finished runs:
+    ``<name>.runs.json`` beside it (``tuned.json`` -> ``tuned.runs.json``)."""
+    path = Path(tuned_file)
+    return path.with_name(path.stem + ".runs.json")
+
+
+def read_runs(path) -> dict:
+    """The runs kept in a runs file (``{}`` for no file yet), checked: ValueError naming the file
+    unless it is one (``{run key: {steps: validation value}}``)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder: name a file to keep tuning runs in")
+    if not path.exists():
+        return {}
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read tuning runs from {path}: {e}") from None
+    if not (isinstance(kept, dict) and all(
+            isinstance(v, dict) and v and all(k.isdigit() and isinstance(x, (int, float)) and not isinstance(x, bool)
+                                              for k, x in v.items()) for v in kept.values())):
+        raise ValueError(f"{path} is not a file of tuning runs ({{run key: {{steps: validation value}}}})")
+    return kept
 
 
 def _validated_run(name: str, view: InteractionData, rows, run, stops, device, progress) -> dict:
@@ -266,6 +329,7 @@ def check_tuned_use(path, datasets, preset: str, models, tune: bool) -> None:
 
     if tune:
         check_tuned_file(path)
+        read_runs(runs_file_of(path))
         return
     for ds in datasets:
         load_tuned(path, ds, preset, tuple(MODELS) if models is None else tuple(models))

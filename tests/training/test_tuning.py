@@ -231,3 +231,49 @@ def test_runs_in_worker_processes_choose_what_one_process_chooses(data):
     for workers in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="workers"):
             tuning.tune_many(configs, data, grid=grid, workers=workers)
+
+
+def test_a_cut_off_tuning_resumes_from_its_runs_file(data, tmp_path, monkeypatch):
+    """Each finished run is kept in the runs file as it finishes; a tuning cut off part-way and run
+    again trains only the runs that are missing and chooses what an uninterrupted tuning chooses."""
+    grid = [{"lr_scale": lr, "steps_scale": s} for lr in (1 / 3, 3.0) for s in (1, 2)]
+    configs = {m: PRESET.cfg("multi_interest", m) for m in ("single_tower", "mixture_k2")}
+    whole = tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu")
+    runs = tmp_path / "tuned.runs.json"
+    real, trained = tuning._validated_run, []
+
+    def cut_after(n):
+        def run(*args):
+            if len(trained) == n:
+                raise KeyboardInterrupt  # the time limit
+            trained.append(args[0])
+            return real(*args)
+        return run
+
+    monkeypatch.setattr(tuning, "_validated_run", cut_after(3))
+    with pytest.raises(KeyboardInterrupt):
+        tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
+    assert len(tuning.read_runs(runs)) == 3
+    trained.clear()
+    monkeypatch.setattr(tuning, "_validated_run", cut_after(99))
+    resumed = tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
+    assert trained == ["mixture_k2"] and len(tuning.read_runs(runs)) == 4  # only the missing run trained
+    assert resumed == whole
+    trained.clear()
+    assert tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs) == whole
+    assert trained == []
+    # another configuration or other users are other runs
+    other = {"single_tower": replace(configs["single_tower"], weight_decay=1e-3)}
+    tuning.tune_many(other, data, n_users=40, grid=grid[:2], device="cpu", runs_file=runs)
+    tuning.tune_many(configs, data, n_users=30, grid=grid[:2], device="cpu", runs_file=runs)
+    assert trained == ["single_tower", "single_tower", "mixture_k2"] and len(tuning.read_runs(runs)) == 7
+    assert tuning.runs_file_of(tmp_path / "tuned.json") == runs
+    for text in ("{", "[]", '{"a": {"x": 1}}', '{"a": {"3": "0.5"}}', '{"a": {}}'):
+        runs.write_text(text)
+        with pytest.raises(ValueError, match="tuning runs"):  # refused before anything trains
+            tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
+        with pytest.raises(ValueError, match="tuning runs"):
+            tuning.check_tuned_use(tmp_path / "tuned.json", ["multi_interest"], "smoke", None, tune=True)
+    with pytest.raises(ValueError, match="folder"):
+        tuning.tune_many(configs, data, grid=grid, runs_file=tmp_path)
+    assert len(trained) == 3
