@@ -165,11 +165,33 @@ def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+#: significant bits of an int8 row scale (:func:`round_scale_up`): with at most 7, -1152 times the
+#: scale is exact in fp16, so fp16 math dequantizes a pair in one fused multiply-add
+#: (:func:`~andromeda_nb.score.weights.fma_dequant_exact`)
+INT8_SCALE_BITS = 7
+
+
+def round_scale_up(s, xp=np):
+    """``s`` (>= 0) rounded up to :data:`INT8_SCALE_BITS` significant bits (0 stays 0), as float32:
+    at most 1/64 larger. ``xp``: numpy or cupy."""
+    m, e = xp.frexp(xp.asarray(s, dtype=xp.float64))
+    top = 2.0 ** INT8_SCALE_BITS
+    return xp.ldexp(xp.ceil(m * top) / top, e).astype(xp.float32)
+
+
+def int8_row_scale(amax, xp=np):
+    """The int8 scale of rows whose largest ``|x|`` is ``amax`` (float32): ``amax / 127`` (in
+    float64, so a row dequantized at such a scale gets the same scale back) rounded up to
+    :data:`INT8_SCALE_BITS` significant bits (:func:`round_scale_up`), so ``|x| / scale <= 127``."""
+    return round_scale_up(xp.asarray(amax, dtype=xp.float64) / 127.0, xp)
+
+
 def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-row int8 quantization: ``x[i] ~= q[i] * scale[i]``.
 
-    ``scale[i] = max|x[i]| / 127`` and ``q = clip(round(x / scale), -127, 127)``, so -128 is never
-    emitted and the dequantized range is symmetric. An all-zero row gets scale 0 and q = 0 (it
+    ``scale[i] = max|x[i]| / 127`` rounded up to 7 significant bits (:func:`int8_row_scale`) and
+    ``q = clip(round(x / scale), -127, 127)``, so -128 is never emitted and the dequantized range
+    is symmetric. An all-zero row gets scale 0 and q = 0 (it
     dequantizes to exactly 0). The table never holds a NaN; scoring still computes in fp32 (docs/design.md),
     so rows near the fp32 limit (|x| ~ 1e38) can overflow the encode or the dot products to inf
     and then NaN, as an fp32 table of the same values would, where the float64 oracle stays finite.
@@ -187,7 +209,7 @@ def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not np.all(np.isfinite(x)):
         raise ValueError("int8 quantization needs finite values (an int8 table never holds NaN)")
     amax = np.abs(x).max(axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
-    scale = (amax / np.float32(127.0)).astype(np.float32)
+    scale = int8_row_scale(amax)
     safe = np.where(scale > 0, scale, np.float32(1.0))
     q = np.clip(np.rint(x / safe[:, None]), -127, 127).astype(np.int8)
     return q, scale

@@ -292,8 +292,11 @@ PHASES = {
                                  in_math(scores("gated", d=d), m))),
     # int8 rows in fp16 math (dequantized to fp16 in the tile) against fp16 rows in fp16 math, int8
     # in fp32 math and the dot products of both dtypes: scores to memory over MATH_MODELS, and the
-    # fused top-1000 (filter path) at d = 64, one run (the target: gated int8 >= 1.6x fp16)
+    # fused top-1000 (filter path) at d = 64, one run (the target: gated int8 >= 1.6x fp16);
+    # first the E6 K2 int8 rows dequantized by a subtract and a multiply (dequant="mul"), against the
+    # default's one fused multiply-add a pair (dequant=fma in the notes)
     "int8_math": (
+        replace(in_math(scores("gated", "int8"), "fp16"), config=cfg(math="fp16", dequant="mul")),
         *(in_math(scores("dot", dt, d), "fp32") for d in (64, 128) for dt in ("fp16", "int8")),
         *(in_math(scores("gated", dt, d, E, K), m) for d, E, K in MATH_MODELS
           for dt, m in (("fp16", "fp16"), ("int8", "fp16"), ("int8", "fp32"))),
@@ -417,6 +420,8 @@ def config_note(config) -> str:
         parts.append("tensor_cores (3xTF32 mma)")
     if config.math != "fp32":
         parts.append(f"math={config.math} (mma.m16n8k16, fp32 accumulate)")
+    if config.dequant == "fma":
+        parts.append("dequant=fma (one HFMA2 a pair of int8 values)")
     return " ".join(parts)
 
 

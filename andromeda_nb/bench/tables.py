@@ -19,7 +19,7 @@ def gpu_table(n: int, d: int, dtype: str, layout: str, seed: int = 0, chunk: int
     """
     import cupy as cp
 
-    from ..model import STORAGE_DTYPES
+    from ..model import STORAGE_DTYPES, int8_row_scale
     from ..score.naive import tile_width
     from ..score.table import DeviceAdTable
 
@@ -37,7 +37,7 @@ def gpu_table(n: int, d: int, dtype: str, layout: str, seed: int = 0, chunk: int
             u = x.view(cp.uint32).astype(cp.uint64)
             store[lo:hi] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cp.uint16)
         else:
-            s = cp.abs(x).max(axis=1) / 127
+            s = int8_row_scale(cp.abs(x).max(axis=1), cp)  # as quantize_int8_rows
             scale[lo:hi] = s
             store[lo:hi] = cp.clip(cp.rint(x / cp.where(s > 0, s, 1)[:, None]), -127, 127).astype(cp.int8)
         del x

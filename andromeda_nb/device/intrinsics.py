@@ -80,6 +80,14 @@ if config.ENABLE_CUDASIM:
         lo, hi = dequant_i8x4_host(np.array([x], np.uint32), np.array([s2], np.uint32))
         return lo[0], hi[0]
 
+    def dequant_offset_h2(s2):
+        return dequant_offset_h2_host(np.array([s2], np.uint32))[0]
+
+    def dequant_i8x4_fma(x, s2, c2):
+        lo, hi = dequant_i8x4_fma_host(np.array([x], np.uint32), np.array([s2], np.uint32),
+                                       np.array([c2], np.uint32))
+        return lo[0], hi[0]
+
     def ld_half(words, i, j, half):
         return np.uint32((int(words[int(i), int(j)]) >> (32 * int(half))) & 0xFFFFFFFF)
 
@@ -325,6 +333,39 @@ else:
 
 
     @intrinsic
+    def dequant_offset_h2(typingctx, s2):
+        sig = types.uint32(types.uint32)
+
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
+            # c = -1152 * s in both halves (0xE480 is -1152 in fp16), once a row
+            asm = ir.InlineAsm(fnty, "{ .reg .b32 k; mov.b32 k, 0xE480E480; mul.rn.f16x2 $0, $1, k; }", "=r,r")
+            return builder.call(asm, list(args))
+
+        return sig, codegen
+
+    @intrinsic
+    def dequant_i8x4_fma(typingctx, x, s2, c2):
+        sig = types.UniTuple(types.uint32, 2)(types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            ret = ir.LiteralStructType([i32, i32])
+            fnty = ir.FunctionType(ret, [i32, i32, i32])
+            # dequant_i8x4 with its subtract and multiply fused: (1152 + q) * s + c, c = -1152 s
+            # (dequant_offset_h2), is q * s rounded once (a zero scale: +0 for -0), whenever c is exact
+            # (fma_dequant_exact: every scale of the table has at most 7 significant bits): one HFMA2
+            # a pair instead of an HADD2 and an HMUL2
+            asm = ir.InlineAsm(fnty, "{ .reg .b32 t, m; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64646464; "
+                               "prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; "
+                               "fma.rn.f16x2 $0, $0, $3, $4; fma.rn.f16x2 $1, $1, $3, $4; }", "=&r,=&r,r,r,r")
+            out = builder.call(asm, list(args))
+            vals = [builder.extract_value(out, k) for k in range(2)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
     def ld_half(typingctx, words, i, j, half):
         """Half ``half`` (0: the low 32 bits) of ``words[i, j]`` (a 2-D uint64 array, indices in
         range and non-negative) as one 4-byte load: a lane that needs 4 bytes of an 8-byte word
@@ -427,6 +468,30 @@ def dequant_i8x4_host(x, s2) -> tuple[np.ndarray, np.ndarray]:
     s = np.ascontiguousarray(np.asarray(s2, np.uint32)).view(np.float16).reshape(-1, 2)[:, :1].astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         a = np.ascontiguousarray((q * s).astype(np.float16))
+    return a[:, :2].copy().view(np.uint32).reshape(-1), a[:, 2:].copy().view(np.uint32).reshape(-1)
+
+
+def _halves(w) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(w, np.uint32)).view(np.float16).reshape(-1, 2).astype(np.float64)
+
+
+def dequant_offset_h2_host(s2) -> np.ndarray:
+    """``mul.rn.f16x2(s2, -1152)`` on uint32 words of two fp16 each (exact in float64, rounded
+    once to fp16, inf past its range)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = (_halves(s2) * -1152.0).astype(np.float16)
+    return np.ascontiguousarray(c).view(np.uint32).reshape(-1)
+
+
+def dequant_i8x4_fma_host(x, s2, c2) -> tuple[np.ndarray, np.ndarray]:
+    """Words of four int8 (byte 0 lowest) to two words of fp16 pairs ``(1152 + q) * s + c``
+    (``s`` and ``c`` the low halves of ``s2`` and ``c2``), the product and sum exact in float64 and
+    rounded once to fp16, as ``fma.rn.f16x2``: :func:`dequant_i8x4_host`'s bits when ``c`` is
+    ``-1152 s`` exactly."""
+    q = np.ascontiguousarray(np.asarray(x, np.uint32)).view(np.int8).reshape(-1, 4).astype(np.float64)
+    s, c = _halves(s2)[:, :1], _halves(c2)[:, :1]
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.ascontiguousarray(((1152.0 + q) * s + c).astype(np.float16))
     return a[:, :2].copy().view(np.uint32).reshape(-1), a[:, 2:].copy().view(np.uint32).reshape(-1)
 
 

@@ -79,10 +79,12 @@ def variants():
                             math="fp16")
         out.append((f"fused gated d64 E6 K2 fp16 {layout} {access} cap{cap} math=fp16", k, f16_sig))
     # int8 rows in fp16 math (dequantized to fp16 pairs in the tile): scores, the filter's access
-    for layout, access in (("rows", "pool"), ("tiles", "pool"), ("rows", "candidates")):
+    # (dequant="fma": one fused multiply-add a pair, for tables whose scales allow it)
+    for layout, access, dequant in (("rows", "pool", "mul"), ("tiles", "pool", "mul"), ("rows", "candidates", "mul"),
+                                    ("tiles", "pool", "fma"), ("rows", "candidates", "fma")):
         k = FK.fused_kernel("gated", 64, 6, 2, "int8", layout, access, 256, 0, True, "chosen", None, 1, 1, False,
-                            math="fp16")
-        out.append((f"fused gated d64 E6 K2 int8 {layout} {access} cap0 math=fp16", k, f16_sig))
+                            math="fp16", dequant=dequant)
+        out.append((f"fused gated d64 E6 K2 int8 {layout} {access} cap0 math=fp16 dequant={dequant}", k, f16_sig))
     # L2 prefetch a few rounds ahead (l2_ahead): fp16 and int8 rows, scores and the filter pass
     for dtype, layout in (("fp16", "tiles"), ("int8", "rows")):
         k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, "pool", 256, 0, True, "chosen", None, 1, 1, False,

@@ -35,8 +35,8 @@ from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
 from ..score.launches import check_range
-from ..score.weights import (f16_weights, fp16_rows_fit, gated_images, image_size, mma_f16_image, mma_f16_words,
-                             stack_requests)
+from ..score.weights import (f16_weights, fma_dequant_exact, fp16_rows_fit, gated_images, image_size, mma_f16_image,
+                             mma_f16_words, stack_requests)
 from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, table_slots
 from ..topk.api import check_k
 from .bound_match import BoundMatch
@@ -525,6 +525,7 @@ def _device_table(table, index, layout: str) -> DeviceAdTable:
                                        scale=None if scale is None else launch.to_device(scale),
                                        ad_ids=launch.to_device(ids.copy()))
     placed._max_abs = placed._max_abs_bound = rows_max_abs(table)  # its finite |a|, without a device pass
+    placed._fma_dequant = table.dtype == "int8" and fma_dequant_exact(table.scale)  # (free slots: scale 0)
     return placed
 
 
@@ -561,6 +562,7 @@ def _grown_table(table: DeviceAdTable, n_slots: int) -> DeviceAdTable:
             scale[:n].copy_to_device(table.scale)
     out = DeviceAdTable.from_device(emb, bias, table.dtype, table.layout, scale=scale, ad_ids=ids)
     out._max_abs, out._max_abs_bound = getattr(table, "_max_abs", None), table.max_abs_bound()
+    out._fma_dequant = getattr(table, "_fma_dequant", None)  # the new slots' scale 0 is exact
     return out
 
 
@@ -655,7 +657,7 @@ class _Group:
         launch.copy_async(self.stage_dev, self.stage_host, 4 * B * (self.size + self.f16_words))
 
     def steps(self, B: int, k: int) -> list:
-        key = (B, k)
+        key = (B, k, self.config.resolved_dequant(self.pool.table))  # a live pool's updates may end "fma"
         if key not in self._steps:
             self._steps[key] = self._bind(B, k)
         return self._steps[key]
@@ -663,11 +665,12 @@ class _Group:
     def graph(self, B: int, k: int):
         """The weights' copy, the bound steps and the answers' copies of B requests as one CUDA
         graph (:func:`~andromeda_nb.device.launch.capture_graph`), or None where none is captured."""
-        key = (B, k)
+        key = (B, k, self.config.resolved_dequant(self.pool.table))
         if key not in self._graphs:
             buf = self.pool._buffers
+            steps = self.steps(B, k)
             self._graphs[key] = launch.capture_graph(
-                [lambda: self.copy_weights(B), *(step for _, step in self.steps(B, k)), lambda: buf.copy_answers(B)])
+                [lambda: self.copy_weights(B), *(step for _, step in steps), lambda: buf.copy_answers(B)])
         return self._graphs[key]
 
     def _bind(self, B: int, k: int) -> list:
@@ -713,7 +716,7 @@ class _Group:
                                                pool.candidate_capacity, k, buf.ranks, buf.fws.seeds, buf.fws.counts,
                                                buf.fws.fill))
         filter_kernel = fused_kernel(*common, 0, True, cfg.values, cfg.max_registers, 1, 1, True, "shared", cfg.guard,
-                                     False, batched=True, math=cfg.math)
+                                     False, batched=True, math=cfg.math, dequant=cfg.resolved_dequant(table))
         images = images16 if images16 is not None else images32
         filt = launch.BoundLaunch(filter_kernel, (per_request(pool.candidate_capacity, block), B), block,
                                   (table.words, table.scale, table.bias, images, dummy(np.uint64), buf.cand,

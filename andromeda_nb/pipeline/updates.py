@@ -276,6 +276,7 @@ def apply_update(pool, update) -> "UpdateDelta":
     t = pool.table
     if t.table is not None and slots.size:  # the caller's host table no longer describes the slots
         t.max_abs_bound()
+        t.fma_dequant()
         t.table, t.host_ad_ids = None, t.host_ad_ids.copy()
     packed = np.full(ops.size, -1, np.int64)  # op -> its row in `rows`
     packed[sets] = np.arange(int(sets.sum()))
@@ -333,6 +334,10 @@ def apply_update(pool, update) -> "UpdateDelta":
     bound = max(t.max_abs_bound(), rows.max_abs) if rows.n_ads else t.max_abs_bound()
     exact = not ((ops == RETIRE) | ((ops == CHANGE) & sets)).any() and t.max_abs_is_exact()
     t._max_abs, t._max_abs_bound = (bound if exact else None), bound
+    if has_scale and rows.n_ads and getattr(t, "_fma_dequant", None):  # new scales may end it, never start it
+        from ..score.weights import fma_dequant_exact
+
+        t._fma_dequant = fma_dequant_exact(rows.scale)
     return delta
 
 

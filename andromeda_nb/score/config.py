@@ -76,6 +76,12 @@ class KernelConfig:
             The default because fp16 math measured 1.4x (E6 K2) to 1.7x (E8 K4) faster on the
             H200 and kept recall@100 within 0.02 point of fp32, top-100 overlap >= 0.998, on both
             datasets (the precision notebook; the rule: at most 0.1 point, overlap >= 0.99).
+        dequant: how fp16 math widens an int8 table's rows: ``"mul"`` (per pair of values a
+            subtract and a multiply by the row scale), ``"fma"`` (one fused multiply-add, the same
+            bits, where every scale of the table has at most 7 significant bits and is at most 56:
+            :meth:`~.table.DeviceAdTable.fma_dequant`, true for tables quantized here) or ``"auto"``
+            (default): ``"fma"`` where the table allows it, else ``"mul"``. ``"fma"`` on a table
+            whose scales do not allow it is refused (it would change the scores).
     """
 
     values: str = "chosen"
@@ -89,10 +95,12 @@ class KernelConfig:
     guard: str = "fence"
     tensor_cores: bool = False
     math: str = "auto"
+    dequant: str = "auto"
 
     def __post_init__(self):
         for name, allowed in (("weights", ("auto", "shared", "param")), ("guard", ("fence", "offset")),
-                              ("values", ("chosen", "all")), ("math", ("auto", "fp32", "fp16"))):
+                              ("values", ("chosen", "all")), ("math", ("auto", "fp32", "fp16")),
+                              ("dequant", ("auto", "mul", "fma"))):
             v = getattr(self, name)
             if not isinstance(v, str) or v not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
@@ -129,10 +137,24 @@ class KernelConfig:
         """This configuration with ``math="auto"`` made concrete for a request on a table:
         ``"fp16"`` where :meth:`picks_fp16` (an fp16 table, the gated model from a Request,
         d a multiple of 16, E <= 8, the generated kernel with shared weights and whole warps) and the
-        request and table stay within its range; ``"fp32"`` otherwise."""
-        if self.math != "auto":
-            return self
-        return replace(self, math="fp16" if self._fp16_applies(dreq, table) else "fp32")
+        request and table stay within its range; ``"fp32"`` otherwise; and ``dequant`` made
+        concrete (``"fma"`` where fp16 math reads an int8 table that allows it, else ``"mul"``).
+
+        Raises:
+            ValueError: ``dequant="fma"`` where it does not apply or would change the scores."""
+        cfg = self if self.math != "auto" else replace(self, math="fp16" if self._fp16_applies(dreq, table) else "fp32")
+        return replace(cfg, dequant=cfg.resolved_dequant(table))
+
+    def resolved_dequant(self, table) -> str:
+        """``dequant`` made concrete for this configuration's (concrete) math on ``table``: ``"fma"``
+        where fp16 math reads an int8 table that allows it (unless ``"mul"`` is asked for), else
+        ``"mul"``; ValueError for ``"fma"`` anywhere else."""
+        fma = self.math == "fp16" and table.dtype == "int8" and table.fma_dequant()
+        if self.dequant == "fma" and not fma:
+            raise ValueError("dequant='fma' needs fp16 math on an int8 table whose every row scale has at most 7 "
+                             "significant bits and is at most 56 (quantize_int8_rows makes such scales); use "
+                             "dequant='auto'")
+        return "fma" if fma and self.dequant != "mul" else "mul"
 
     def _fp16_applies(self, dreq, table) -> bool:
         if dreq.request is None or not self.picks_fp16(dreq.model, dreq.d, dreq.experts, table.dtype):

@@ -93,13 +93,15 @@ def emit_f16_weights(emit, ind: str, d: int, row: str = "") -> None:
             emit(f"{ind}{name.format(j=j)} = wimg[{row}{(j * 32) * 8 + k} + lane * 8]")
 
 
-def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False) -> None:
+def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False, dequant: str = "mul") -> None:
     """Emit tile t's fp16 encoding and mma steps (m16n8k16, fp32 accumulation): per step j, each row
     word's two fp16 pairs through FiLM + ReLU in one half2 FMA and max each (``film_h2``, one
     rounding to fp16), straight into the A fragment: a0 / a2 = the low / high pair of row g's word,
     a1 / a3 those of row g + 8 (:func:`.weights.mma_f16_image` assigns dims to k-slots to match).
     ``int8``: the lane's 4 bytes (dims 4w..4w+3 with w = c + 4 j, as in an fp16 row) first become the fp16 pairs ``q * s`` (``dequant_i8x4``; s the row scale
-    rounded to fp16), so the weights and the rest are the fp16 rows' own."""
+    rounded to fp16), so the weights and the rest are the fp16 rows' own; ``dequant="fma"``: the
+    same values in one fused multiply-add a pair (``dequant_i8x4_fma``, the offset ``-1152 s`` made
+    once a row), for tables whose scales allow it."""
     for r in range(4):
         emit(f"{ind}cg{t}_{r} = zero")
         emit(f"{ind}cv{t}_{r} = zero")
@@ -107,10 +109,13 @@ def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False) -> No
     if int8:
         for q in rows:
             emit(f"{ind}s2{q} = half2_of(sc{q})")
+            if dequant == "fma":
+                emit(f"{ind}c2{q} = dequant_offset_h2(s2{q})")
     for j in range(d // 16):
         for q in rows:
             if int8:
-                emit(f"{ind}lo{q}, hi{q} = dequant_i8x4(m{q}_{j}, s2{q})")
+                emit(f"{ind}lo{q}, hi{q} = dequant_i8x4_fma(m{q}_{j}, s2{q}, c2{q})" if dequant == "fma" else
+                     f"{ind}lo{q}, hi{q} = dequant_i8x4(m{q}_{j}, s2{q})")
                 emit(f"{ind}ha{q} = film_h2(lo{q}, gm{j}_0, bt{j}_0)")
                 emit(f"{ind}hb{q} = film_h2(hi{q}, gm{j}_1, bt{j}_1)")
                 continue
@@ -150,12 +155,14 @@ def _emit_mma_store(emit, ind: str) -> None:
 
 
 def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
-              prefetch: bool = False, n: str = "n_items", row: str = "", math: str = "fp32") -> None:
+              prefetch: bool = False, n: str = "n_items", row: str = "", math: str = "fp32",
+              dequant: str = "mul") -> None:
     """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
     needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
     soon as that tile is encoded, so loads stay in flight while the warp computes. ``math``:
-    ``"fp32"`` (3xTF32 products) or ``"fp16"`` (h and the weights in fp16, fp32 accumulation)."""
+    ``"fp32"`` (3xTF32 products) or ``"fp16"`` (h and the weights in fp16, fp32 accumulation);
+    ``dequant``: :func:`_emit_mma_f16_tile`'s (int8 rows in fp16 math)."""
     ind = "        "
     int8 = dtype == "int8"
     if not prefetch:
@@ -163,7 +170,7 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
             emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8)
     for t in range(2):
         if math == "fp16":
-            _emit_mma_f16_tile(emit, ind, t, d, int8)
+            _emit_mma_f16_tile(emit, ind, t, d, int8, dequant)
         else:
             _emit_mma_tile(emit, ind, t, d, terms)
         if prefetch:

@@ -52,9 +52,9 @@ from numba import cuda, float32, int16, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from ..device.bits import test_bit
-from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, div_full, exp_approx, film_h2, half2_of, ld_half,
-                                 lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp, prefetch_l2, prefetch_l2_2d,
-                                 tf32_round)
+from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, div_full,
+                                 exp_approx, film_h2, half2_of, ld_half, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32,
+                                 mma_tf32_warp, prefetch_l2, prefetch_l2_2d, tf32_round)
 from ..topk.block import block_topk
 from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load
 from .weights import PAD, image_size, mma_image_size
@@ -95,8 +95,8 @@ class _Source:
 
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
                  guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto",
-                 l2_ahead=0):
-        self.math = math
+                 l2_ahead=0, dequant="mul"):
+        self.math, self.dequant = math, dequant
         mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
         self.model, self.d, self.E, self.K, self.dtype, self.layout = model, d, E, K, dtype, layout
         self.access, self.fused, self.block, self.items = access, fused, block, items
@@ -254,7 +254,7 @@ class _Source:
         emit("        wo = int64(j >> 62)" if offset else "        wo = 0")
         if self.mma:
             emit_mma(self.emit, self.d, self.dtype, self.layout, self.access, self.compact, self.mma_terms,
-                     self.prefetch, self.n, self.row, self.math)
+                     self.prefetch, self.n, self.row, self.math, self.dequant)
 
     def _fence(self) -> bool:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it would
@@ -616,9 +616,10 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             block: int, values: str = "chosen", items: int = 1, seed_filter: bool = False,
             weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
             prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
-            bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0) -> str:
+            bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
+            dequant: str = "mul") -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
-                   mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead).text()
+                   mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead, dequant).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -627,7 +628,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  max_registers: int | None = None, items: int = 1, every: int = 1, seed_filter: bool = False,
                  weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
                  prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
-                 bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0):
+                 bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
+                 dequant: str = "mul"):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -683,6 +685,10 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             and math"); fp16 or int8 rows (an int8 row dequantized to fp16 first: q times its scale
             rounded to fp16, the product rounded once), d a multiple of 16, E <= 8, whole warps;
             ``wimg`` is then :func:`.weights.mma_f16_image` (uint32), each lane's share kept in registers.
+        dequant: how fp16 math dequantizes int8 rows: ``"mul"`` (a subtract and a multiply a pair of
+            values, any scale) or ``"fma"`` (one fused multiply-add a pair, the same scores, for tables
+            whose every scale passes :func:`.weights.fma_dequant_exact`:
+            :meth:`.table.DeviceAdTable.fma_dequant`).
 
     Raises:
         ValueError: for a configuration the generator cannot build (before any compilation).
@@ -695,6 +701,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                            or sample):
         raise ValueError("math='fp16' takes the gated model, fp16 or int8 rows, d a multiple of 16, E <= 8 and whole warps; "
                          f"got {model}, {dtype}, d={d}, E={experts}, block={block}")
+    if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
+        raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} ({math}, {dtype})")
     if model not in MODELS or layout not in LAYOUTS or access not in ACCESS:
         raise ValueError(f"bad kernel configuration {model, layout, access}")
     if d % PER_WORD[dtype]:
@@ -728,12 +736,13 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
                   seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice,
-                  l2_ahead)
+                  l2_ahead, dequant)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
            "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
-           "uint32": uint32, "half2_of": half2_of, "dequant_i8x4": dequant_i8x4, "ld_half": ld_half,
+           "uint32": uint32, "half2_of": half2_of, "dequant_i8x4": dequant_i8x4,
+           "dequant_i8x4_fma": dequant_i8x4_fma, "dequant_offset_h2": dequant_offset_h2, "ld_half": ld_half,
            "exp_approx": exp_approx, "div_full": div_full, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d}
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
@@ -741,6 +750,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     mma_tag = f"_mma{mma_terms}{'p' if prefetch else ''}" if mma else ("_f16" if math == "fp16" else "")
     mma_tag += ("" if bias_load == "ahead" else f"_b{bias_load}") + ("" if softmax == "auto" else f"_{softmax}")
     mma_tag += ("" if choice == "auto" else f"_{choice}") + (f"_l2a{l2_ahead}" if l2_ahead else "")
+    mma_tag += "_fma" if dequant == "fma" else ""
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")

@@ -119,6 +119,19 @@ class DeviceAdTable:
             self._max_abs = self._max_abs_bound = m
         return self._max_abs
 
+    def fma_dequant(self) -> bool:
+        """Whether fp16 math may dequantize this int8 table's rows with one fused multiply-add a pair
+        (:func:`.weights.fma_dequant_exact` over every row scale; always true for tables quantized
+        by :func:`~andromeda_nb.model.quantize_int8_rows` with scales up to 56), computed once (from
+        the host table, else from a copy of the device scales); a live pool's updates keep it."""
+        if getattr(self, "_fma_dequant", None) is None:
+            from .weights import fma_dequant_exact
+
+            scale = self.table.scale if self.table is not None else (
+                self.scale.copy_to_host() if self.dtype == "int8" else None)
+            self._fma_dequant = self.dtype == "int8" and fma_dequant_exact(scale)
+        return self._fma_dequant
+
     def max_abs_bound(self) -> float:
         """An upper bound of :meth:`max_abs` that costs nothing after a live pool's update: the exact
         value where known, else the last exact one raised by every row written since (an update

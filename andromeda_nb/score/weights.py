@@ -113,6 +113,25 @@ def fp16_rows_fit(table, max_abs: float | None = None) -> bool:
     return table.dtype != "int8" or a * (1 + 2.0 ** -11) < 65520.0
 
 
+def fma_dequant_exact(scale) -> bool:
+    """Whether fp16 math may dequantize these int8 row scales (float32) in one fused multiply-add a
+    pair (:func:`~andromeda_nb.device.intrinsics.dequant_i8x4_fma_host`, the values of
+    :func:`~andromeda_nb.device.intrinsics.dequant_i8x4_host`, a zero's sign aside, so the same
+    scores: the mma sums from +0): ``-1152 s`` exact in fp16 for each
+    scale ``s`` as the kernel rounds it, true for scales of at most 7 significant bits up to 56
+    (:func:`~andromeda_nb.model.round_scale_up`, which :func:`~andromeda_nb.model.quantize_int8_rows`
+    applies)."""
+    from ..device.intrinsics import dequant_offset_h2_host, half2_of_host
+
+    scale = np.asarray(scale, np.float32).ravel()
+    if not scale.size:
+        return True
+    s2 = half2_of_host(scale)
+    s = np.ascontiguousarray(s2).view(np.float16)[::2].astype(np.float64)
+    c = np.ascontiguousarray(dequant_offset_h2_host(s2)).view(np.float16)[::2].astype(np.float64)
+    return bool(np.all(c == -1152.0 * s))
+
+
 def f16_weights(request) -> dict:
     """The request's weights as the fp16 math mode reads them (float16 arrays): ``gamma``, ``beta``,
     ``G`` (= G / sqrt(d), rounded to fp32 as the fp32 image holds it, then to fp16) and ``V``. The

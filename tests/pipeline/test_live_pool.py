@@ -17,10 +17,11 @@ D = 16
 class Mirror:
     """The live ads as the test expects them: ad id -> (record, embedding, bias)."""
 
-    def __init__(self, rules: TargetingRules, table: anb.AdTable):
+    def __init__(self, rules: TargetingRules, table: anb.AdTable, rows=None):
         self.schema = rules.schema
         recs = rules.to_records()
-        emb = table.dequantized()
+        # the rows the table was made from (an int8 table's dequantized rows quantize to other scales)
+        emb = table.dequantized() if rows is None else np.asarray(rows, np.float32)
         self.ads = {int(r["ad_id"]): (r, emb[i].astype(np.float32), float(table.bias[i]))
                     for i, r in enumerate(recs)}
         self.next_id = max(self.ads, default=0) + 1
@@ -83,12 +84,12 @@ def test_updates_equal_a_rebuild(rng, dtype, host_bits):
 
     n = 60
     rules = random_rules(rng, n, p_constrain=0.3, p_exclude=0.1)
-    table = anb.AdTable.from_float(rng.standard_normal((n, D)) * 0.5, rng.standard_normal(n), dtype=dtype,
-                                   ad_ids=rules.ad_ids)
+    rows = (rng.standard_normal((n, D)) * 0.5).astype(np.float32)
+    table = anb.AdTable.from_float(rows, rng.standard_normal(n), dtype=dtype, ad_ids=rules.ad_ids)
     index = TargetingIndex(rules, capacity=n + 6)
     pool = Pool(table, index if host_bits == "auto" else DeviceTargetingIndex(index, host_bits=host_bits),
                 max_batch=4, max_k=12)
-    mirror = Mirror(rules, table)
+    mirror = Mirror(rules, table, rows)
     reqs = [anb.Request.random(D, 3, 2, rng) for _ in range(3)]
     slots0 = pool.n_ads
     for step in range(4):  # the first batch's creates outrun the spare slots
@@ -486,3 +487,36 @@ def test_rows_max_abs_is_the_largest_finite_value_the_kernel_reads(rng, dtype):
             continue
         vals = np.abs(table.dequantized())
         assert rows_max_abs(table) == vals[np.isfinite(vals)].max(initial=0.0)
+
+
+def test_an_update_whose_scale_ends_the_fused_dequantization_rebinds_the_kernels(rng):
+    """An int8 pool in fp16 math dequantizes with one fused multiply-add a pair while every scale
+    allows it; an ad whose scale does not (|a| ~ 8000: scale > 56) turns it off, and the batched
+    launches bound before are bound again: answers equal a rebuilt pool's, before and after."""
+    from andromeda_nb.targeting import TargetingRules
+
+    f16 = anb.KernelConfig(math="fp16")
+    rules = random_rules(rng, 30, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    rows = rng.standard_normal((30, D)).astype(np.float32)
+    table = anb.AdTable.from_float(rows, rng.standard_normal(30), dtype="int8", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules, capacity=32), config=f16, max_batch=2, max_k=8)
+    reqs = [anb.Request.random(D, 3, 2, rng) for _ in range(2)]
+    assert pool.table.fma_dequant()
+    mul = Pool(table, TargetingIndex(rules), config=anb.KernelConfig(math="fp16", dequant="mul"), max_batch=2, max_k=8)
+    same_answers(pool, mul, reqs, [{}, {}], k=8)
+    big = np.full((1, D), 8000.0)
+    big[0, ::2] *= -1
+    pool.apply(PoolUpdate.from_columns(rules.schema, ["create"], [999], big, np.zeros(1)))
+    assert not pool.table.fma_dequant()
+    recs = rules.to_records() + [{"ad_id": 999, "live": True}]
+    rebuilt_rules = TargetingRules.from_records(rules.schema, recs)
+    rebuilt = anb.AdTable.from_float(np.vstack([rows, big]), np.append(table.bias, 0.0), dtype="int8",
+                                     ad_ids=rebuilt_rules.ad_ids)
+    fresh = Pool(rebuilt, TargetingIndex(rebuilt_rules), config=f16, max_batch=2, max_k=8)
+    assert not fresh.table.fma_dequant()
+    same_answers(pool, fresh, reqs, [{}, {}], k=8)
+    for req in reqs:  # every ad's score, the large one's too (finite: no overflowed offset)
+        a, b = (dict(zip(t.host_ad_ids.tolist(), anb.score_ads(req, t, config=f16).copy_to_host().tolist()))
+                for t in (pool.table, fresh.table))
+        a = {i: v for i, v in a.items() if i >= 0}
+        assert a == b and np.isfinite(a[999])

@@ -64,6 +64,53 @@ def test_int8_rows_dequantize_to_fp16_as_the_reference(rng):
     assert (half2_of_host(np.float32(0.0137)) >> 16) == (half2_of_host(np.float32(0.0137)) & 0xFFFF)
 
 
+def test_fused_dequantization_gives_the_bits_of_the_subtract_and_multiply(rng):
+    """dequant="fma" ((1152 + q) s - 1152 s in one fused multiply-add) equals dequant_i8x4's q s on
+    every q (as values: a zero scale's -0 becomes +0, which the mma's sums from +0 cannot tell) and on scales of 7 significant bits up to 56 (normal, subnormal in fp16, zero), the ones
+    quantize_int8_rows makes; a scale of more bits or past 56 does not allow it, and "auto" then
+    keeps the subtract and multiply; in the kernel both give the same scores."""
+    from andromeda_nb.device.intrinsics import (dequant_i8x4_fma_host, dequant_i8x4_host, dequant_offset_h2_host,
+                                                half2_of_host)
+    from andromeda_nb.model import round_scale_up
+    from andromeda_nb.score.weights import fma_dequant_exact
+
+    q = np.arange(-128, 128, dtype=np.int8)
+    scales = round_scale_up(np.concatenate([rng.uniform(0, 56, 200), 10.0 ** rng.uniform(-12, 1, 200), [56.0, 0.0]])
+                            .astype(np.float32))
+    assert fma_dequant_exact(scales) and (scales <= 56).all()
+
+    def both(scales):
+        words = np.tile(q.view(np.uint32), scales.size)
+        s2 = np.repeat(half2_of_host(scales), q.size // 4)
+        c2 = dequant_offset_h2_host(s2)
+        return dequant_i8x4_fma_host(words, s2, c2), dequant_i8x4_host(words, s2)
+
+    def same(a, b):  # equal fp16 values (a zero's sign may differ: q s = -0 where fma gives +0)
+        return all(np.array_equal(x.view(np.float16), y.view(np.float16)) for x, y in zip(a, b))
+
+    fused, plain = both(scales)
+    assert same(fused, plain)
+    for bad in (np.float32(0.0137), np.float32(57.0), np.float32(1 + 3 * 2.0 ** -10)):
+        assert not fma_dequant_exact(np.append(scales, bad))
+        assert not same(*both(np.array([bad])))  # the check guards a real difference
+    t, dt = table_of(rng, 90, 32, "tiles", "int8")
+    req = anb.Request.random(32, 6, 2, rng)
+    assert dt.fma_dequant() and F16.with_math(DeviceRequest.of(req), dt).dequant == "fma"
+    mul = anb.KernelConfig(math="fp16", dequant="mul")
+    np.testing.assert_array_equal(anb.score_ads(req, dt, config=F16).copy_to_host(),
+                                  anb.score_ads(req, dt, config=mul).copy_to_host())
+    hand = anb.AdTable(embeddings=t.embeddings, bias=t.bias, dtype="int8", scale=t.scale * np.float32(1.01),
+                       ad_ids=t.ad_ids)
+    dh = DeviceAdTable(hand, "rows")
+    assert not dh.fma_dequant() and F16.with_math(DeviceRequest.of(req), dh).dequant == "mul"
+    with pytest.raises(ValueError, match="dequant='fma'"):
+        anb.score_ads(req, dh, config=anb.KernelConfig(math="fp16", dequant="fma"))
+    with pytest.raises(ValueError, match="dequant='fma'"):
+        anb.score_ads(req, DeviceAdTable(table_of(rng, 9, 32, "rows")[0]), config=anb.KernelConfig(dequant="fma"))
+    with pytest.raises(ValueError, match="dequant"):
+        anb.KernelConfig(dequant="fast")
+
+
 def test_int8_fp16_math_top_k_and_sparse_accesses(rng):
     """int8 rows in fp16 math on the sparse accesses and the selection paths: the fused top-k equals
     the top-k of the same kernel's scores; candidate lists and bitsets score the listed ads as the
