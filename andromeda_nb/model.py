@@ -181,7 +181,7 @@ def round_scale_up(s, xp=np):
 
 def int8_row_scale(amax, xp=np):
     """The int8 scale of rows whose largest ``|x|`` is ``amax`` (float32): ``amax / 127`` (in
-    float64, so a row dequantized at such a scale gets the same scale back) rounded up to
+    float64, so a dequantized row whose largest ``|q|`` is 127 gets its scale back) rounded up to
     :data:`INT8_SCALE_BITS` significant bits (:func:`round_scale_up`), so ``|x| / scale <= 127``."""
     return round_scale_up(xp.asarray(amax, dtype=xp.float64) / 127.0, xp)
 
@@ -203,9 +203,11 @@ def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ``(q, scale)``: ``[n, d]`` int8 and ``[n]`` float32.
 
     Raises:
-        ValueError: non-finite input.
+        ValueError: input not [n, d], or non-finite.
     """
     x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"int8 quantization takes rows [n, d], got shape {x.shape}")
     if not np.all(np.isfinite(x)):
         raise ValueError("int8 quantization needs finite values (an int8 table never holds NaN)")
     amax = np.abs(x).max(axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
@@ -261,6 +263,8 @@ class AdTable:
                 raise ValueError(f"scale must be float32 ({n},), got {self.scale.dtype} {self.scale.shape}")
             if n and not (np.all(np.isfinite(self.scale)) and self.scale.min() >= 0):
                 raise ValueError("int8 row scales must be finite and non-negative")
+            if not np.all(np.isfinite(self.bias)):  # as from_float: an int8 table never holds NaN or inf
+                raise ValueError("an int8 table's biases must be finite")
         if n and self.ad_ids.min() < 0:
             raise ValueError("ad_ids must be non-negative")
         if not all_unique(self.ad_ids):

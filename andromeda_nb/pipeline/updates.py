@@ -225,7 +225,7 @@ def take_ops(update: PoolUpdate, mask: np.ndarray) -> PoolUpdate:
 def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, StoredRows]:
     """Everything :func:`apply_update` refuses, refused without changing anything: the batch's
     type, schema and row width, its arrays (checked again: a caller may have changed them), its
-    rows in the table's storage (fp16 range, int8 quantized), and with ``index`` its targeting ops
+    rows in the table's storage (fp16 range, int8 quantized; with ``dequant="fma"`` scales it allows), and with ``index`` its targeting ops
     against the index (unknown or duplicate ads, retires twice, malformed rules). Returns the
     checked batch and its rows as the table stores them."""
     from ..targeting import RuleError
@@ -245,6 +245,12 @@ def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, StoredRo
     # its arrays again (the caller may have changed them since); the rows' values as they are stored
     update = update.checked(finite=False)
     rows = stored_rows(update, pool.table.dtype)
+    if pool.config.dequant == "fma" and rows.scale is not None and rows.n_ads:
+        from ..score.weights import fma_dequant_exact
+
+        if not fma_dequant_exact(rows.scale):  # the pool could serve no request after it
+            raise ValueError("this pool's config asks for dequant='fma', and the batch's rows quantize to a scale "
+                             "past 56 (|a| > 7112): serve the pool with dequant='auto', or rescale the rows")
     if index:
         pool.index.index.check(update.targeting)
     return update, rows
@@ -276,7 +282,6 @@ def apply_update(pool, update) -> "UpdateDelta":
     t = pool.table
     if t.table is not None and slots.size:  # the caller's host table no longer describes the slots
         t.max_abs_bound()
-        t.fma_dequant()
         t.table, t.host_ad_ids = None, t.host_ad_ids.copy()
     packed = np.full(ops.size, -1, np.int64)  # op -> its row in `rows`
     packed[sets] = np.arange(int(sets.sum()))
@@ -334,7 +339,9 @@ def apply_update(pool, update) -> "UpdateDelta":
     bound = max(t.max_abs_bound(), rows.max_abs) if rows.n_ads else t.max_abs_bound()
     exact = not ((ops == RETIRE) | ((ops == CHANGE) & sets)).any() and t.max_abs_is_exact()
     t._max_abs, t._max_abs_bound = (bound if exact else None), bound
-    if has_scale and rows.n_ads and getattr(t, "_fma_dequant", None):  # new scales may end it, never start it
+    # new scales may end it; a row that ended it and is gone again does not start it (that would take a
+    # pass over the device's scales): the kernels stay correct, one instruction an int8 pair slower
+    if has_scale and rows.n_ads and getattr(t, "_fma_dequant", None):
         from ..score.weights import fma_dequant_exact
 
         t._fma_dequant = fma_dequant_exact(rows.scale)

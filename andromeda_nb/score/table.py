@@ -105,6 +105,10 @@ class DeviceAdTable:
         self.table = table
         self.host_ad_ids = table.ad_ids
         self.n_free = 0
+        if table.dtype == "int8":  # of the scales copied above (the caller may change its arrays later)
+            from .weights import fma_dequant_exact
+
+            self._fma_dequant = fma_dequant_exact(table.scale)
 
     def max_abs(self) -> float:
         """The largest finite ``|a|`` stored in the table (an int8 table: ``127 * max scale``), computed
@@ -122,14 +126,13 @@ class DeviceAdTable:
     def fma_dequant(self) -> bool:
         """Whether fp16 math may dequantize this int8 table's rows with one fused multiply-add a pair
         (:func:`.weights.fma_dequant_exact` over every row scale; always true for tables quantized
-        by :func:`~andromeda_nb.model.quantize_int8_rows` with scales up to 56), computed once (from
-        the host table, else from a copy of the device scales); a live pool's updates keep it."""
+        by :func:`~andromeda_nb.model.quantize_int8_rows` with scales up to 56): decided when the host
+        table's scales are uploaded, for a table made :meth:`from_device` once from a copy of its
+        device scales; a live pool's updates keep it."""
         if getattr(self, "_fma_dequant", None) is None:
             from .weights import fma_dequant_exact
 
-            scale = self.table.scale if self.table is not None else (
-                self.scale.copy_to_host() if self.dtype == "int8" else None)
-            self._fma_dequant = self.dtype == "int8" and fma_dequant_exact(scale)
+            self._fma_dequant = self.dtype == "int8" and fma_dequant_exact(self.scale.copy_to_host())
         return self._fma_dequant
 
     def max_abs_bound(self) -> float:

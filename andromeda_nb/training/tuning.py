@@ -153,16 +153,26 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
                          [grid_config(cfg, p).steps for p in points]))
     kept = read_runs(runs_file) if runs_file is not None else {}
     keys = [run_key(name, view, rows, run, stops) for name, _, run, stops in jobs]
-    todo = [i for i, key in enumerate(keys) if key not in kept]
+    # a kept run lacking one of its checkpoints (a file edited by hand) trains again
+    todo = [i for i, key in enumerate(keys) if not {str(s) for s in jobs[i][3]} <= set(kept.get(key, ()))]
 
-    def keep(i, validation):  # written run by run: a cut-off tuning keeps every finished run
-        kept[keys[i]] = {str(k): v for k, v in validation.items()}
-        if runs_file is not None:  # replaced whole: a run killed while writing leaves the last file
-            path = Path(runs_file)
+    def write():  # replaced whole: a run killed while writing leaves the last file
+        path = Path(runs_file)
+        try:
             path.parent.mkdir(parents=True, exist_ok=True)
             part = path.with_name(path.name + ".part")
             part.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
             part.replace(path)
+        except OSError as e:
+            raise ValueError(f"cannot keep tuning runs at {path}: {e}") from None
+
+    def keep(i, validation):  # written run by run: a cut-off tuning keeps every finished run
+        kept[keys[i]] = {str(k): v for k, v in validation.items()}
+        if runs_file is not None:
+            write()
+
+    if runs_file is not None:
+        write()  # a file that cannot be written refused before anything trains
 
     if workers == 1 or len(todo) <= 1:
         for i in todo:
@@ -232,9 +242,10 @@ def read_runs(path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read tuning runs from {path}: {e}") from None
     if not (isinstance(kept, dict) and all(
-            isinstance(v, dict) and v and all(k.isdigit() and isinstance(x, (int, float)) and not isinstance(x, bool)
-                                              for k, x in v.items()) for v in kept.values())):
-        raise ValueError(f"{path} is not a file of tuning runs ({{run key: {{steps: validation value}}}})")
+            isinstance(v, dict) and v and all(k.isascii() and k.isdigit() and isinstance(x, (int, float))
+                                              and not isinstance(x, bool) and 0 <= x <= 1 for k, x in v.items())
+            for v in kept.values())):
+        raise ValueError(f"{path} is not a file of tuning runs ({{run key: {{steps: validation recall in 0..1}}}})")
     return kept
 
 

@@ -520,3 +520,25 @@ def test_an_update_whose_scale_ends_the_fused_dequantization_rebinds_the_kernels
                 for t in (pool.table, fresh.table))
         a = {i: v for i, v in a.items() if i >= 0}
         assert a == b and np.isfinite(a[999])
+
+
+def test_a_pool_that_asks_for_the_fused_dequantization_refuses_what_would_end_it(rng):
+    """dequant="fma" (not "auto") is refused up front on a table whose scales do not allow it, and
+    an update whose rows would end it is refused whole, the pool serving on unchanged."""
+    fma = anb.KernelConfig(math="fp16", dequant="fma")
+    rules = random_rules(rng, 20, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((20, D)), dtype="int8", ad_ids=rules.ad_ids)
+    odd = anb.AdTable(embeddings=table.embeddings, bias=table.bias, dtype="int8", scale=table.scale * np.float32(1.01),
+                      ad_ids=table.ad_ids)
+    for bad, config in ((odd, fma), (table, anb.KernelConfig(dequant="fma"))):
+        with pytest.raises(ValueError, match="dequant='fma'"):
+            Pool(bad, TargetingIndex(rules), config=config)
+    pool = Pool(table, TargetingIndex(rules, capacity=24), config=fma, max_batch=1, max_k=5)
+    req = anb.Request.random(D, 3, 2, rng)
+    before = pool.retrieve(req, {}, k=5)
+    with pytest.raises(ValueError, match="scale past 56"):
+        pool.apply(PoolUpdate.from_columns(rules.schema, ["create"], [999], np.full((1, D), 8000.0)))
+    assert pool.table.fma_dequant() and 999 not in pool.table.host_ad_ids
+    after = pool.retrieve(req, {}, k=5)
+    np.testing.assert_array_equal(after.ids, before.ids)
+    np.testing.assert_array_equal(after.scores, before.scores)

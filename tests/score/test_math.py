@@ -71,7 +71,7 @@ def test_fused_dequantization_gives_the_bits_of_the_subtract_and_multiply(rng):
     keeps the subtract and multiply; in the kernel both give the same scores."""
     from andromeda_nb.device.intrinsics import (dequant_i8x4_fma_host, dequant_i8x4_host, dequant_offset_h2_host,
                                                 half2_of_host)
-    from andromeda_nb.model import round_scale_up
+    from andromeda_nb.model import quantize_int8_rows, round_scale_up
     from andromeda_nb.score.weights import fma_dequant_exact
 
     q = np.arange(-128, 128, dtype=np.int8)
@@ -109,6 +109,18 @@ def test_fused_dequantization_gives_the_bits_of_the_subtract_and_multiply(rng):
         anb.score_ads(req, DeviceAdTable(table_of(rng, 9, 32, "rows")[0]), config=anb.KernelConfig(dequant="fma"))
     with pytest.raises(ValueError, match="dequant"):
         anb.KernelConfig(dequant="fast")
+    # the device table's flag describes the scales it uploaded, whatever the caller's array holds later
+    sc = np.full(t.n_ads, 0.0137, np.float32)
+    late = DeviceAdTable(anb.AdTable(embeddings=t.embeddings, bias=t.bias, dtype="int8", scale=sc, ad_ids=t.ad_ids))
+    sc[:] = 0.0078125
+    assert not late.fma_dequant()
+    for bad in (np.ones(5), np.ones((2, 3, 4))):
+        with pytest.raises(ValueError, match=r"\[n, d\]"):
+            quantize_int8_rows(bad)
+    b = t.bias.copy()
+    b[3] = np.nan
+    with pytest.raises(ValueError, match="biases must be finite"):
+        anb.AdTable(embeddings=t.embeddings, bias=b, dtype="int8", scale=t.scale, ad_ids=t.ad_ids)
 
 
 def test_int8_fp16_math_top_k_and_sparse_accesses(rng):

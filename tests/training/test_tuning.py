@@ -1,5 +1,6 @@
 """Tuning the project's models on the training part's validation split (andromeda_nb.training.tuning)."""
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -268,7 +269,14 @@ def test_a_cut_off_tuning_resumes_from_its_runs_file(data, tmp_path, monkeypatch
     tuning.tune_many(configs, data, n_users=30, grid=grid[:2], device="cpu", runs_file=runs)
     assert trained == ["single_tower", "single_tower", "mixture_k2"] and len(tuning.read_runs(runs)) == 7
     assert tuning.runs_file_of(tmp_path / "tuned.json") == runs
-    for text in ("{", "[]", '{"a": {"x": 1}}', '{"a": {"3": "0.5"}}', '{"a": {}}'):
+    # a kept run that lacks one of its checkpoints trains again
+    runs.write_text(json.dumps({k: {s: v for s, v in list(vals.items())[1:]} for k, vals in
+                                json.loads(runs.read_text()).items()}))
+    trained.clear()
+    assert tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs) == whole
+    assert len(trained) == 4
+    for text in ("{", "[]", '{"a": {"x": 1}}', '{"a": {"3": "0.5"}}', '{"a": {}}', '{"a": {"3": NaN}}',
+                 '{"a": {"3": 1.5}}', '{"a": {"\u00b2": 0.5}}'):
         runs.write_text(text)
         with pytest.raises(ValueError, match="tuning runs"):  # refused before anything trains
             tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
@@ -276,4 +284,7 @@ def test_a_cut_off_tuning_resumes_from_its_runs_file(data, tmp_path, monkeypatch
             tuning.check_tuned_use(tmp_path / "tuned.json", ["multi_interest"], "smoke", None, tune=True)
     with pytest.raises(ValueError, match="folder"):
         tuning.tune_many(configs, data, grid=grid, runs_file=tmp_path)
-    assert len(trained) == 3
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ValueError, match="cannot keep tuning runs"):  # refused before anything trains
+        tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=tmp_path / "a_file" / "r.json")
+    assert len(trained) == 4
