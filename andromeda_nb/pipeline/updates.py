@@ -225,9 +225,10 @@ def take_ops(update: PoolUpdate, mask: np.ndarray) -> PoolUpdate:
 def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, StoredRows]:
     """Everything :func:`apply_update` refuses, refused without changing anything: the batch's
     type, schema and row width, its arrays (checked again: a caller may have changed them), its
-    rows in the table's storage (fp16 range, int8 quantized; with ``dequant="fma"`` scales it allows), and with ``index`` its targeting ops
-    against the index (unknown or duplicate ads, retires twice, malformed rules). Returns the
-    checked batch and its rows as the table stores them."""
+    rows in the table's storage (fp16 range, int8 quantized; with ``dequant="fma"`` scales it
+    allows), and with ``index`` its targeting ops against the index (unknown or duplicate ads,
+    retires twice, malformed rules). Returns the checked batch and its rows as the table stores
+    them."""
     from ..targeting import RuleError
 
     if not isinstance(update, PoolUpdate):

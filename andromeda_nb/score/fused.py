@@ -702,7 +702,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError("math='fp16' takes the gated model, fp16 or int8 rows, d a multiple of 16, E <= 8 and whole warps; "
                          f"got {model}, {dtype}, d={d}, E={experts}, block={block}")
     if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
-        raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} ({math}, {dtype})")
+        raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} "
+                         f"({math}, {dtype})")
     if model not in MODELS or layout not in LAYOUTS or access not in ACCESS:
         raise ValueError(f"bad kernel configuration {model, layout, access}")
     if d % PER_WORD[dtype]:

@@ -66,7 +66,8 @@ def test_int8_rows_dequantize_to_fp16_as_the_reference(rng):
 
 def test_fused_dequantization_gives_the_bits_of_the_subtract_and_multiply(rng):
     """dequant="fma" ((1152 + q) s - 1152 s in one fused multiply-add) equals dequant_i8x4's q s on
-    every q (as values: a zero scale's -0 becomes +0, which the mma's sums from +0 cannot tell) and on scales of 7 significant bits up to 56 (normal, subnormal in fp16, zero), the ones
+    every q (as values: a zero scale's -0 becomes +0, which the mma's sums from +0 cannot tell) and
+    on scales of 7 significant bits up to 56 (normal, subnormal in fp16, zero), the ones
     quantize_int8_rows makes; a scale of more bits or past 56 does not allow it, and "auto" then
     keeps the subtract and multiply; in the kernel both give the same scores."""
     from andromeda_nb.device.intrinsics import (dequant_i8x4_fma_host, dequant_i8x4_host, dequant_offset_h2_host,
