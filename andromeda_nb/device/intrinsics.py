@@ -310,26 +310,33 @@ else:
 
         return sig, codegen
 
-    @intrinsic
-    def dequant_i8x4(typingctx, x, s2):
-        sig = types.UniTuple(types.uint32, 2)(types.uint32, types.uint32)
+    def _two_words(n_in: int, text: str):
+        """(signature, codegen) of an intrinsic of ``n_in`` uint32 arguments whose inline PTX
+        ``text`` writes two uint32 results ($0, $1; the arguments are $2...)."""
+        sig = types.UniTuple(types.uint32, 2)(*([types.uint32] * n_in))
 
         def codegen(context, builder, sig, args):
             i32 = ir.IntType(32)
-            ret = ir.LiteralStructType([i32, i32])
-            fnty = ir.FunctionType(ret, [i32, i32])
-            # four int8 q (byte 0 lowest) -> fp16 pairs (q0, q1), (q2, q3) times the fp16 scale in s2:
-            # the byte with its sign bit flipped, bb = q + 128, becomes the fp16 bits 0x64bb = 1024 + bb
-            # exactly (one PRMT a pair), minus 1152 = q exactly (HADD2), times s rounded once (HMUL2)
-            asm = ir.InlineAsm(fnty, "{ .reg .b32 t, m, c; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64646464; "
-                               "mov.b32 c, 0x64806480; prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; "
-                               "sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; "
-                               "mul.rn.f16x2 $0, $0, $3; mul.rn.f16x2 $1, $1, $3; }", "=&r,=&r,r,r")
+            fnty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [i32] * n_in)
+            asm = ir.InlineAsm(fnty, text, "=&r,=&r," + ",".join(["r"] * n_in))
             out = builder.call(asm, list(args))
             vals = [builder.extract_value(out, k) for k in range(2)]
             return context.make_tuple(builder, sig.return_type, vals)
 
         return sig, codegen
+
+    #: the int8 bytes of a word as fp16 pairs with 1152 added: the byte with its sign bit flipped,
+    #: bb = q + 128, becomes the fp16 bits 0x64bb = 1024 + bb exactly (one PRMT a pair)
+    _BIASED_PAIRS = ("xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64646464; "
+                     "prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; ")
+
+    @intrinsic
+    def dequant_i8x4(typingctx, x, s2):
+        # four int8 q (byte 0 lowest) -> fp16 pairs (q0, q1), (q2, q3) times the fp16 scale in s2:
+        # 1152 + q, minus 1152 = q exactly (HADD2), times s rounded once (HMUL2)
+        return _two_words(2, "{ .reg .b32 t, m, c; " + _BIASED_PAIRS + "mov.b32 c, 0x64806480; "
+                          "sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; "
+                          "mul.rn.f16x2 $0, $0, $3; mul.rn.f16x2 $1, $1, $3; }")
 
 
     @intrinsic
@@ -346,24 +353,12 @@ else:
 
     @intrinsic
     def dequant_i8x4_fma(typingctx, x, s2, c2):
-        sig = types.UniTuple(types.uint32, 2)(types.uint32, types.uint32, types.uint32)
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            ret = ir.LiteralStructType([i32, i32])
-            fnty = ir.FunctionType(ret, [i32, i32, i32])
-            # dequant_i8x4 with its subtract and multiply fused: (1152 + q) * s + c, c = -1152 s
-            # (dequant_offset_h2), is q * s rounded once (a zero scale: +0 for -0), whenever c is exact
-            # (fma_dequant_exact: every scale of the table has at most 7 significant bits): one HFMA2
-            # a pair instead of an HADD2 and an HMUL2
-            asm = ir.InlineAsm(fnty, "{ .reg .b32 t, m; xor.b32 t, $2, 0x80808080; mov.b32 m, 0x64646464; "
-                               "prmt.b32 $0, t, m, 0x4140; prmt.b32 $1, t, m, 0x4342; "
-                               "fma.rn.f16x2 $0, $0, $3, $4; fma.rn.f16x2 $1, $1, $3, $4; }", "=&r,=&r,r,r,r")
-            out = builder.call(asm, list(args))
-            vals = [builder.extract_value(out, k) for k in range(2)]
-            return context.make_tuple(builder, sig.return_type, vals)
-
-        return sig, codegen
+        # dequant_i8x4 with its subtract and multiply fused: (1152 + q) * s + c, c = -1152 s
+        # (dequant_offset_h2), is q * s rounded once (a zero scale: +0 for -0), whenever c is exact
+        # (fma_dequant_exact: every scale of the table has at most 7 significant bits): one HFMA2
+        # a pair instead of an HADD2 and an HMUL2
+        return _two_words(3, "{ .reg .b32 t, m; " + _BIASED_PAIRS
+                          + "fma.rn.f16x2 $0, $0, $3, $4; fma.rn.f16x2 $1, $1, $3, $4; }")
 
     @intrinsic
     def ld_half(typingctx, words, i, j, half):
@@ -464,10 +459,18 @@ def dequant_i8x4_host(x, s2) -> tuple[np.ndarray, np.ndarray]:
     """Words of four int8 (byte 0 lowest) to two words of fp16 pairs ``q * s``: the product of q and
     the fp16 scale (the low half of ``s2``) exact, rounded once to fp16, as ``mul.rn.f16x2``. Used
     by the simulator; the fp16-math reference computes the same values (:func:`~andromeda_nb.reference.gate`)."""
-    q = np.ascontiguousarray(np.asarray(x, np.uint32)).view(np.int8).reshape(-1, 4).astype(np.float64)
-    s = np.ascontiguousarray(np.asarray(s2, np.uint32)).view(np.float16).reshape(-1, 2)[:, :1].astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        a = np.ascontiguousarray((q * s).astype(np.float16))
+        return _pair_words(_int8_values(x) * _halves(s2)[:, :1])
+
+
+def _int8_values(x) -> np.ndarray:
+    """uint32 words of four int8 (byte 0 lowest) as float64 ``[n, 4]``."""
+    return np.ascontiguousarray(np.asarray(x, np.uint32)).view(np.int8).reshape(-1, 4).astype(np.float64)
+
+
+def _pair_words(v) -> tuple[np.ndarray, np.ndarray]:
+    """float64 ``[n, 4]`` rounded once to fp16, as two uint32 words of pairs (values 0, 1 and 2, 3)."""
+    a = np.ascontiguousarray(np.asarray(v).astype(np.float16))
     return a[:, :2].copy().view(np.uint32).reshape(-1), a[:, 2:].copy().view(np.uint32).reshape(-1)
 
 
@@ -488,11 +491,8 @@ def dequant_i8x4_fma_host(x, s2, c2) -> tuple[np.ndarray, np.ndarray]:
     (``s`` and ``c`` the low halves of ``s2`` and ``c2``), the product and sum exact in float64 and
     rounded once to fp16, as ``fma.rn.f16x2``: :func:`dequant_i8x4_host`'s bits when ``c`` is
     ``-1152 s`` exactly."""
-    q = np.ascontiguousarray(np.asarray(x, np.uint32)).view(np.int8).reshape(-1, 4).astype(np.float64)
-    s, c = _halves(s2)[:, :1], _halves(c2)[:, :1]
     with np.errstate(over="ignore", invalid="ignore"):
-        a = np.ascontiguousarray(((1152.0 + q) * s + c).astype(np.float16))
-    return a[:, :2].copy().view(np.uint32).reshape(-1), a[:, 2:].copy().view(np.uint32).reshape(-1)
+        return _pair_words((1152.0 + _int8_values(x)) * _halves(s2)[:, :1] + _halves(c2)[:, :1])
 
 
 def film_h2_host(x, g, b) -> np.ndarray:

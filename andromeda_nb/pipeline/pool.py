@@ -132,10 +132,7 @@ class Pool:
         self.table = _device_table(table, index, layout)
         if self.config.math == "fp16" and self.table.dtype not in ("fp16", "int8"):
             raise ValueError(f"math='fp16' scores fp16 and int8 tables, this one is {self.table.dtype}")
-        if self.config.dequant == "fma" and not (self.config.math == "fp16" and self.table.fma_dequant()):
-            raise ValueError("dequant='fma' needs math='fp16' and an int8 table whose every row scale has at most 7 "
-                             "significant bits and is at most 56 (quantize_int8_rows makes such scales); use "
-                             "dequant='auto'")
+        self.config.resolved_dequant(self.table)  # dequant="fma" refused up front where it cannot serve
         frac = 1 / 8 if candidate_fraction == "auto" else candidate_fraction
         if isinstance(frac, (bool, np.bool_)) or not isinstance(frac, (int, float, np.integer, np.floating)) or not (
                 0 < frac <= 1):

@@ -137,12 +137,15 @@ class PoolUpdate:
 class StoredRows:
     """The rows a batch writes, in op order of the ops that set one, as the table stores them:
     ``embeddings`` (the storage dtype's array or bits), ``bias`` float32, ``scale`` (int8) or
-    None, and ``max_abs`` their largest finite |a| as the kernel reads them."""
+    None, ``max_abs`` their largest finite |a| as the kernel reads them, and ``fma_dequant``
+    whether their scales allow fp16 math's fused dequantization (:func:`~andromeda_nb.score.weights.fma_dequant_exact`;
+    true without scales)."""
 
     embeddings: np.ndarray
     bias: np.ndarray
     scale: np.ndarray | None
     max_abs: float
+    fma_dequant: bool = True
 
     @property
     def n_ads(self) -> int:
@@ -179,7 +182,10 @@ def stored_rows(update: PoolUpdate, dtype: str) -> StoredRows:
         over = ids[(np.abs(update.embeddings[sets]) > FP16_MAX).any(axis=1)]
         named = over if over.size else ids
         raise ValueError(f"{e} (ads {named[:8].tolist()}{' ...' if named.size > 8 else ''})") from None
-    return StoredRows(rows.embeddings, rows.bias, rows.scale, rows_max_abs(rows))
+    from ..score.weights import fma_dequant_exact
+
+    return StoredRows(rows.embeddings, rows.bias, rows.scale, rows_max_abs(rows),
+                      rows.scale is None or fma_dequant_exact(rows.scale))
 
 
 def final_rows(slots: np.ndarray, ops: np.ndarray, sets_row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -246,12 +252,9 @@ def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, StoredRo
     # its arrays again (the caller may have changed them since); the rows' values as they are stored
     update = update.checked(finite=False)
     rows = stored_rows(update, pool.table.dtype)
-    if pool.config.dequant == "fma" and rows.scale is not None and rows.n_ads:
-        from ..score.weights import fma_dequant_exact
-
-        if not fma_dequant_exact(rows.scale):  # the pool could serve no request after it
-            raise ValueError("this pool's config asks for dequant='fma', and the batch's rows quantize to a scale "
-                             "past 56 (|a| > 7112): serve the pool with dequant='auto', or rescale the rows")
+    if pool.config.dequant == "fma" and not rows.fma_dequant:  # the pool could serve no request after it
+        raise ValueError("this pool's config asks for dequant='fma', and the batch's rows quantize to a scale "
+                         "past 56 (|a| > 7112): serve the pool with dequant='auto', or rescale the rows")
     if index:
         pool.index.index.check(update.targeting)
     return update, rows
@@ -342,10 +345,8 @@ def apply_update(pool, update) -> "UpdateDelta":
     t._max_abs, t._max_abs_bound = (bound if exact else None), bound
     # new scales may end it; a row that ended it and is gone again does not start it (that would take a
     # pass over the device's scales): the kernels stay correct, one instruction an int8 pair slower
-    if has_scale and rows.n_ads and getattr(t, "_fma_dequant", None):
-        from ..score.weights import fma_dequant_exact
-
-        t._fma_dequant = fma_dequant_exact(rows.scale)
+    if getattr(t, "_fma_dequant", None):
+        t._fma_dequant = rows.fma_dequant
     return delta
 
 

@@ -152,7 +152,8 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
             jobs.append((name, points, grid_config(cfg, {"lr_scale": lr, "steps_scale": longest}),
                          [grid_config(cfg, p).steps for p in points]))
     kept = read_runs(runs_file) if runs_file is not None else {}
-    keys = [run_key(name, view, rows, run, stops) for name, _, run, stops in jobs]
+    digest = data_digest(view, rows)
+    keys = [run_key(name, digest, run, stops) for name, _, run, stops in jobs]
     # a kept run lacking one of its checkpoints (a file edited by hand) trains again
     todo = [i for i, key in enumerate(keys) if not {str(s) for s in jobs[i][3]} <= set(kept.get(key, ()))]
 
@@ -207,9 +208,8 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     return out
 
 
-def run_key(name: str, view: InteractionData, rows, run, stops) -> str:
-    """The name a tuning run is kept under in a runs file: the model, its whole configuration, its
-    checkpoints and a digest of the validation data and users it is scored on."""
+def data_digest(view: InteractionData, rows) -> str:
+    """A digest of the validation data and the users a tuning's runs are scored on."""
     import hashlib
 
     h = hashlib.sha1(view.name.encode())
@@ -218,8 +218,14 @@ def run_key(name: str, view: InteractionData, rows, run, stops) -> str:
         a = np.ascontiguousarray(a)
         h.update(str((a.dtype.str, a.shape)).encode())
         h.update(a.tobytes())
-    return json.dumps({"model": name, "config": asdict(run), "stops": [int(s) for s in stops],
-                       "data": h.hexdigest()}, sort_keys=True)
+    return h.hexdigest()
+
+
+def run_key(name: str, digest: str, run, stops) -> str:
+    """The name a tuning run is kept under in a runs file: the model, its whole configuration, its
+    checkpoints and the digest of its data (:func:`data_digest`)."""
+    return json.dumps({"model": name, "config": asdict(run), "stops": [int(s) for s in stops], "data": digest},
+                      sort_keys=True)
 
 
 def runs_file_of(tuned_file) -> Path:
