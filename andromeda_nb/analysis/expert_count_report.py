@@ -358,12 +358,30 @@ def tuning_line(frame: pd.DataFrame) -> str:
             "from the preset's settings: compare within one kind.")
 
 
+def tuning_effect_line(frame: pd.DataFrame, dataset: str) -> str:
+    """Where the rows hold a model both tuned and at the preset's settings: whether the tuning's
+    choice did better on the held-out part (paired over seeds), one clause a model; '' otherwise."""
+    eff = quality.tuning_effect(frame, dataset)
+    if eff.empty:
+        return ""
+    parts = [f"{m} {r['tuned']:.4f} against {r['preset']:.4f} ({100 * r['mean']:+.2f} pp"
+             + (f", paired over {int(r['seeds'])} seeds ±{100 * r['ci95']:.2f}" if r["seeds"] >= 2 else "") + ")"
+             for m, r in eff.iterrows()]
+    worse = [m for m, r in eff.iterrows() if r["seeds"] >= 2 and r["mean"] < -r["ci95"]]
+    return (f"{dataset}: tuned on the validation split against the preset's settings, held-out recall@100: "
+            + "; ".join(parts) + "." + (f" The tuning's choice did worse than the preset's settings for "
+                                        f"{', '.join(worse)}: a validation score that does not predict the held-out "
+                                        "one (andromeda_nb.training.tuning says how its lengths were trained)."
+                                        if worse else ""))
+
+
 def findings(frame: pd.DataFrame, tables, datasets) -> str:
     """The notebook's conclusions as Markdown, every number computed from the rows."""
     lines = [line for ds in datasets for line in verdict(tables, ds, frame)]
     tuned = tuning_line(frame)
     if tuned:
         lines.append(tuned)
+    lines += [line for ds in datasets if (line := tuning_effect_line(frame, ds))]
     cost = kernel_cost_line(frame)
     if cost:
         lines.append(f"Per ad, {cost}.")

@@ -3,7 +3,9 @@ models, as tidy frames and rows of ``data/results/quality.csv``. The notebooks' 
 and findings built on them: :mod:`.expert_count_report` and :mod:`.precision_report`.
 
 Rows have the quality columns of ``docs/design.md`` (``dataset, model, experts, k_experts, dtype, d,
-seed, metric, value, commit, device``) plus ``experiment`` (``expert_count``, ``precision`` or ``compute``), ``preset``
+seed, metric, value, commit, device``) plus ``experiment`` (``expert_count``, ``precision``, ``compute``,
+``baselines``, or ``preset_settings``: models trained at the preset's settings where ``expert_count`` holds
+tuned ones, kept to compare), ``preset``
 (the size preset that produced them), ``scorer`` (how the scores were computed) and ``n_users``
 (users evaluated). Metrics:
 
@@ -44,7 +46,7 @@ from .metrics import recall_at_k, topk_overlap
 # the results file's rows, read and written (re-exported: the notebooks and reports use quality.*)
 from .quality_results import (  # noqa: F401
     BASELINE_ORDER, COLUMNS, KEY, MODEL_ORDER, RESULTS, ci95, committed, devices, load_results, paired_difference,
-    recall_table, summarize, targeting_of, trained_here_source, write_rows)
+    recall_table, summarize, targeting_of, trained_here_source, tuning_effect, write_rows)
 
 SCORING = Path("data/results/scoring.csv")
 DATASETS = ("multi_interest", "ml-100k")
@@ -278,7 +280,7 @@ def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **ex
 
 
 def tune_models(data, preset: Preset | str = "full", models=None, device="auto", progress: bool = True,
-                workers: int = 1, runs_file=None):
+                workers: int = 1, runs_file=None, lengths: str = "own"):
     """Each model's learning rate and length tuned on the validation split of the training part
     (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0). Returns
     ``({model: (TrainConfig, scorer note)}, rows)``: the rows hold each model's
@@ -286,7 +288,8 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     :func:`run_expert_count`, whose rows then carry the tuned point in their ``scorer`` column (and
     replace untuned rows of the same key when merged). Tune once and train every seed in the same
     run: a re-tune may choose another point. ``workers``: runs trained at once; ``runs_file``: where
-    finished runs are kept, so a cut-off tuning resumes (:func:`~andromeda_nb.training.tuning.tune_many`)."""
+    finished runs are kept, so a cut-off tuning resumes; ``lengths``: how a length is trained
+    (:func:`~andromeda_nb.training.tuning.tune_many`)."""
     from ..training import tuning
     from ..training.train import MODELS, pick_device
 
@@ -296,10 +299,10 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     tuned, rows = {}, []
     bases = {name: preset.cfg(data.name, name) for name in (tuple(MODELS) if models is None else tuple(models))}
     results = tuning.tune_many(bases, data, preset.eval_users.get(data.name), device=dev, progress=progress,
-                               workers=workers, runs_file=runs_file)
+                               workers=workers, runs_file=runs_file, lengths=lengths)
     for name, base in bases.items():
         best, trials = results[name]
-        tuned[name] = (tuning.grid_config(base, best), tuning.describe(best))
+        tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths))
         E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
         rows.append(_row(data.name, name, E, K, "fp32", base.d, 0, "validation_recall@100",
                          max(v for _, v in trials), **{**meta, "scorer": tuned[name][1],
@@ -610,12 +613,13 @@ def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results
 def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
             scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
-            settings_note: str | None = None) -> pd.DataFrame:
+            settings_note: str | None = None, tune_lengths: str = "own") -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
     cut-off tuning resumes; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
-    trained at once; ``settings_note``: the scorer column of untuned rows trained at changed preset
+    trained at once; ``tune_lengths``: how the tuning trains a length (:func:`tune_models`);
+    ``settings_note``: the scorer column of untuned rows trained at changed preset
     settings, e.g. ``"preset settings with weight_decay=0.0001"``).
 
     This is what ``python -m andromeda_nb.training`` runs.
@@ -639,7 +643,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         tuned = None
         if tune:
             tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers,
-                                     runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file))
+                                     runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file),
+                                     lengths=tune_lengths)
             write_rows(val, path)
             frames.append(val)
             if tuned_file is not None:

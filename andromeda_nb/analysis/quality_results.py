@@ -144,6 +144,24 @@ def paired_difference(frame: pd.DataFrame, dataset: str, a: str, b: str, metric:
     return {"mean": float(d.mean()) if d.size else float("nan"), "ci95": float(ci95(std, d.size)), "seeds": int(d.size)}
 
 
+def tuning_effect(frame: pd.DataFrame, dataset: str, metric: str = "recall@100") -> pd.DataFrame:
+    """Per model with both kinds of rows: the tuned model (``expert_count``) minus the same model at
+    the preset's settings (``preset_settings``), paired on the seeds both ran (the same split and
+    users): ``tuned``, ``preset`` (means over those seeds), ``mean`` and ``ci95`` of the difference,
+    ``seeds``. Empty where no model has both."""
+    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric)]
+    out = {}
+    for model in [m for m in MODEL_ORDER if m in set(df["model"])]:
+        tuned = df[(df["model"] == model) & (df["experiment"] == "expert_count")].groupby("seed")["value"].mean()
+        preset = df[(df["model"] == model) & (df["experiment"] == "preset_settings")].groupby("seed")["value"].mean()
+        d = (tuned - preset).dropna()
+        if d.size:
+            std = float(d.std()) if d.size > 1 else float("nan")
+            out[model] = dict(tuned=float(tuned[d.index].mean()), preset=float(preset[d.index].mean()),
+                              mean=float(d.mean()), ci95=float(ci95(std, d.size)), seeds=int(d.size))
+    return pd.DataFrame.from_dict(out, orient="index", columns=["tuned", "preset", "mean", "ci95", "seeds"])
+
+
 def committed(results_csv=RESULTS) -> tuple[pd.DataFrame, str, str | None]:
     """The committed quality rows of one preset: ``full`` when the file has it, else the first
     preset it holds. Returns ``(rows, source line, preset or None)``; an empty frame when the file

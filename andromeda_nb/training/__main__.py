@@ -29,9 +29,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--tune", action="store_true",
                     help="tune every model's learning rate and length on the training part's validation split first "
-                         "(the same grid each, lengths by early stopping: andromeda_nb.training.tuning)")
+                         "(the same grid each: andromeda_nb.training.tuning)")
     ap.add_argument("--tune-only", action="store_true", help="--tune, then no seed trains (with --tuned FILE: "
                                                               "the seeds train from FILE in a later run)")
+    ap.add_argument("--tune-lengths", default="own", choices=["own", "checkpoints"],
+                    help="with --tune: each grid point trained as its own run, the schedule its seeds train with "
+                         "(default), or each length a checkpoint of one run a learning rate (about half the cost; "
+                         "biased toward the longest length and low learning rates)")
     ap.add_argument("--workers", type=int, default=1,
                     help="with --tune: runs trained at once, each in its own process (CPU cores; on one GPU they "
                          "share it and finish no sooner)")
@@ -105,6 +109,7 @@ def main(argv=None) -> int:
     run_all(preset, args.out, datasets=args.datasets, seeds=[] if args.tune_only else args.seeds, device=args.device,
             progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
             models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
+            tune_lengths=args.tune_lengths,
             settings_note=f"untuned: preset settings with {' '.join(args.set)}" if args.set else None)
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -8,14 +8,22 @@ what remains, and the grid point with the best validation recall@100 (targeting 
 user's remaining training clicks excluded) wins. The held-out part is never read.
 
 The budget: every model tries the same grid (:data:`GRID`: learning rate x training length); each
-point's other settings are the preset's. The length is chosen by early stopping: for each learning
-rate one run follows the longest length's schedule (warm-up, cosine decay over ``steps`` x the
-largest ``steps_scale``) and is validated at each length of the grid on the way: a point
-``(lr, length)`` scores that run's model after ``length`` steps. Tuning runs with seed 0; the chosen
-point is then trained with every seed on the whole training part, with its own schedule (the
-cosine decay over the chosen length: a checkpoint inside the long run had not decayed its
-learning rate yet, so the final model is, if anything, better than its validation score), and
-evaluated on the held-out part (:func:`~andromeda_nb.analysis.quality.tune_models`, then
+point's other settings are the preset's. By default (``lengths="own"``) each point trains its own
+run with its own schedule (warm-up, cosine decay over that length), so the model validated is the
+model the seeds then train (seed 0 against the others): 7.75 preset lengths a learning rate on the
+grid's 1/4x-4x. ``lengths="checkpoints"`` is about half the cost: one run a learning rate follows
+the longest length's schedule and is validated at each length on the way, so a point ``(lr,
+length)`` scores a model whose learning rate had not decayed yet, while the seeds train the point
+with its own, decayed schedule. That proxy misled: on the synthetic world (preset full,
+``ad_features=1 weight_decay=1e-4``, H200, 5 seeds, held-out recall@100) the points it chose did
+worse than the preset's own settings for the single tower (lr x1/3 steps x1: 0.190 against 0.197)
+and the ranking model (lr x1/9 steps x1: 0.192 against 0.206), beyond the seeds' 95 % interval, and
+no better for the K = 2 mixture (lr x1/3 steps x4: 0.200 against 0.207, within it). That fits a
+bias of undecayed checkpoints: the longest length is the only one whose schedule ended, and a low
+learning rate loses least while undecayed but trains least over its own short schedule.
+
+Tuning runs with seed 0; the chosen point is then trained with every seed on the whole training
+part and evaluated on the held-out part (:func:`~andromeda_nb.analysis.quality.tune_models`, then
 ``run_expert_count(..., tuned=...)``).
 
 Why lengths from 1/4x to 4x the preset's, chosen on validation: on the synthetic world at the demo
@@ -43,12 +51,12 @@ from .data import InteractionData
 
 #: the metric tuning maximises: validation recall at this k (the baselines' too)
 TUNE_METRIC_K = 100
-#: every model's grid: the preset's learning rate x 1/9 .. 9 and its steps x 1/4 .. 4 (the lengths:
-#: checkpoints of one run a learning rate, so a model's tuning trains 5 x 4 = 20 preset lengths).
+#: every model's grid: the preset's learning rate x 1/9 .. 9 and its steps x 1/4 .. 4 (a model's tuning
+#: trains 5 x 7.75 preset lengths, each point its own run; 5 x 4 with ``lengths="checkpoints"``).
 #: Wide because the narrower 3 x 3 grid (lr x 1/3 .. 3, steps x 1 .. 4) put all three of
 #: MovieLens-100K's project models on its edges (lr x3 or x1/3, steps x1; H200, preset full), and
 #: then lr x 1/9 .. 9 with steps x 1/2 .. 4 put its ranking model and single tower at steps x1/2
-#: (lr x3); a shorter length is one more checkpoint of the same runs
+#: (lr x3)
 GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3.0, 9.0)
              for st in (0.25, 0.5, 1, 2, 4))
 
@@ -56,6 +64,9 @@ GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3
 #: TrainConfig fields added after configurations were first kept, with the value that gives a
 #: configuration kept without them the model it was tuned as (``ad_features``: id embeddings alone)
 LEGACY_FIELDS = {"ad_features": 0}
+
+#: how a grid point's length is trained when tuning (:func:`tune_many`)
+LENGTHS = ("own", "checkpoints")
 
 
 def validation_view(data: InteractionData) -> InteractionData:
@@ -108,23 +119,30 @@ def grid_config(cfg, point: dict):
 
 
 def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid=GRID, device="auto",
-         progress: bool = False, workers: int = 1) -> tuple[dict, list]:
+         progress: bool = False, workers: int = 1, lengths: str = "own") -> tuple[dict, list]:
     """The grid point of model ``name`` with the best validation recall@100 (seed 0, at most
-    ``n_users`` evaluated users; ties to the point nearest the preset's settings): one training run
-    a learning rate, validated at each of the grid's lengths. Returns (best point, [(point,
-    validation recall@100), ...] in the grid's order). ``workers``: as :func:`tune_many`."""
-    return tune_many({name: cfg}, data, n_users, grid=grid, device=device, progress=progress, workers=workers)[name]
+    ``n_users`` evaluated users; ties to the point nearest the preset's settings). Returns (best
+    point, [(point, validation recall@100), ...] in the grid's order). ``workers``, ``lengths``: as
+    :func:`tune_many`."""
+    return tune_many({name: cfg}, data, n_users, grid=grid, device=device, progress=progress, workers=workers,
+                     lengths=lengths)[name]
 
 
 def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, grid=GRID, device="auto",
-              progress: bool = False, workers: int = 1, runs_file=None) -> dict:
+              progress: bool = False, workers: int = 1, runs_file=None, lengths: str = "own") -> dict:
     """:func:`tune` for each ``{model: preset TrainConfig}`` of ``configs``: ``{model: (best point,
     trials)}``.
+
+    ``lengths``: ``"own"`` trains each grid point as its own run, with the schedule the seeds then
+    train it with; ``"checkpoints"`` trains one run a learning rate over the longest length and
+    validates the shorter lengths on the way (about half the cost, biased: see the module's notes).
 
     ``runs_file``: a JSON file that keeps each finished run's validation values as it finishes
     (:func:`run_key` names a run: model, configuration, checkpoints and a digest of the data), so a
     tuning cut off part-way (a time limit) resumes where it stopped: runs found there are not
-    trained again. Delete the file to train them again (e.g. after the training code changed).
+    trained again. Delete the file to train them again (e.g. after the training code changed). An
+    own-length point is also found as the end of a kept run of the same configuration (the longest
+    length's run of a ``"checkpoints"`` tuning: training is the same with or without checkpoints).
 
     ``workers`` > 1 trains that many of the runs (one a model and learning rate) at once, each in its
     own process (on a CPU's cores, or sharing one GPU). A run's result does not depend on where it
@@ -140,13 +158,20 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         raise ValueError(f"n_users must be None or a positive int, got {n_users!r}")
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
+    if lengths not in LENGTHS:
+        raise ValueError(f"lengths must be one of {LENGTHS}, got {lengths!r}")
     view = validation_view(data)
     if not view.eval_rows.size:
         raise ValueError(f"{data.name}: no evaluated user has two training clicks to hold one back for validation")
     rows = eval_rows(view, n_users, seed=0)
     longest = max(p["steps_scale"] for p in grid)
-    jobs = []  # (model, the lr's grid points, the run's config, its checkpoints): one run a model and lr
+    jobs = []  # (model, its grid points, the run's config, its checkpoints): one a model and point, or model and lr
     for name, cfg in configs.items():
+        if lengths == "own":
+            for p in grid:
+                run = grid_config(cfg, p)
+                jobs.append((name, [p], run, [run.steps]))
+            continue
         for lr in dict.fromkeys(p["lr_scale"] for p in grid):  # in the grid's order
             points = [p for p in grid if p["lr_scale"] == lr]
             jobs.append((name, points, grid_config(cfg, {"lr_scale": lr, "steps_scale": longest}),
@@ -154,8 +179,23 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     kept = read_runs(runs_file) if runs_file is not None else {}
     digest = data_digest(view, rows)
     keys = [run_key(name, digest, run, stops) for name, _, run, stops in jobs]
-    # a kept run lacking one of its checkpoints (a file edited by hand) trains again
-    todo = [i for i, key in enumerate(keys) if not {str(s) for s in jobs[i][3]} <= set(kept.get(key, ()))]
+    ends = {}  # (model, config, data) -> the value at the end of a kept run (its own schedule's model)
+    for key, values in kept.items():
+        k = json.loads(key)
+        end = str(k["config"]["steps"])
+        if end in values:
+            ends[json.dumps([k["model"], k["config"], k["data"]], sort_keys=True)] = values[end]
+    for (name, _, run, stops), key in zip(jobs, keys):
+        end = ends.get(json.dumps([name, asdict(run), digest], sort_keys=True))
+        if key not in kept and lengths == "own" and end is not None:
+            kept[key] = {str(stops[0]): end}
+    # a kept run lacking one of its checkpoints (a file edited by hand) trains again; a run two
+    # points share (lengths that round to the same steps) trains once
+    todo, seen = [], set()
+    for i, key in enumerate(keys):
+        if key not in seen and not {str(s) for s in jobs[i][3]} <= set(kept.get(key, ())):
+            todo.append(i)
+        seen.add(key)
 
     def write():  # replaced whole: a run killed while writing leaves the last file
         path = Path(runs_file)
@@ -186,7 +226,7 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         import torch
 
         # spawn: a forked child cannot use a CUDA context its parent made
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("spawn"),
                                  initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)) as pool:
             futures = {pool.submit(_validated_run, *jobs[i][:1], view, rows, *jobs[i][2:], device, False): i
                        for i in todo}
@@ -268,15 +308,16 @@ def _validated_run(name: str, view: InteractionData, rows, run, stops, device, p
     return dict(tm.validation)
 
 
-def describe(point: dict, grid=GRID) -> str:
-    """The tuned point for a results row's scorer column, and which of its axes (of three values or
-    more: with two, either is an edge) sit at the grid's edge (a better point may lie past it)."""
+def describe(point: dict, grid=GRID, lengths: str = "own") -> str:
+    """The tuned point for a results row's scorer column (``lengths``: how the tuning trained its
+    lengths, :func:`tune_many`), and which of its axes (of three values or more: with two, either is
+    an edge) sit at the grid's edge (a better point may lie past it)."""
     from .baselines import grid_edges
 
     edges = [e for e in grid_edges(point, grid) if len({p[e] for p in grid}) >= 3]
     longest = max(p["steps_scale"] for p in grid)
-    return (f"tuned on the validation split: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g} "
-            f"(length by early stopping in a x{longest:g} run)"
+    how = "each length its own run" if lengths == "own" else f"length by early stopping in a x{longest:g} run"
+    return (f"tuned on the validation split: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g} ({how})"
             + (f" (grid edge: {', '.join(edges)})" if edges else ""))
 
 

@@ -69,6 +69,30 @@ def test_tuning_line_reads_the_scorer_column():
     assert EC.tuning_line(frame[frame["metric"] != "recall@100"]) == ""
 
 
+def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
+    """A model both tuned (expert_count) and at the preset's settings (preset_settings): the paired
+    difference on the seeds both ran, and a finding that says where the tuning's choice did worse."""
+    frame = pd.DataFrame(_rows("multi_interest", "single_tower", "recall@100", [0.20, 0.205, 0.195])
+                         + _rows("multi_interest", "single_tower", "recall@100", [0.22, 0.22, 0.22, 0.30],
+                                 experiment="preset_settings")
+                         + _rows("multi_interest", "mixture_k2", "recall@100", [0.25, 0.24])
+                         + _rows("multi_interest", "mixture_k2", "recall@100", [0.20, 0.21],
+                                 experiment="preset_settings")
+                         + _rows("multi_interest", "ranking", "recall@100", [0.3, 0.3]))
+    eff = quality.tuning_effect(frame, "multi_interest")
+    assert list(eff.index) == ["single_tower", "mixture_k2"]  # ranking has no preset-settings rows
+    d = np.array([0.20, 0.205, 0.195]) - 0.22  # seed 3 ran only at the preset's settings
+    assert eff.loc["single_tower", "seeds"] == 3 and eff.loc["single_tower", "preset"] == pytest.approx(0.22)
+    assert eff.loc["single_tower", "mean"] == pytest.approx(d.mean())
+    assert eff.loc["single_tower", "ci95"] == pytest.approx(quality.ci95(d.std(ddof=1), 3))
+    assert eff.loc["mixture_k2", "mean"] == pytest.approx(0.04)
+    line = EC.tuning_effect_line(frame, "multi_interest")
+    assert "single_tower 0.2000 against 0.2200 (-2.00 pp, paired over 3 seeds" in line
+    assert "did worse than the preset's settings for single_tower:" in line  # not mixture_k2 (it gained)
+    assert EC.tuning_effect_line(frame, "ml-100k") == "" and quality.tuning_effect(frame, "ml-100k").empty
+    assert line in EC.findings(frame, EC.recall_tables(frame, ["multi_interest"]), ["multi_interest"])
+
+
 def test_worked_example_findings():
     example = pd.DataFrame({"rank": [1, 2, 3, 4], "interest": ["other", "interest 0", "other", "interest 1"],
                             "chosen": ["a, b"] * 4})

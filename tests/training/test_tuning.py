@@ -68,22 +68,84 @@ def test_tune_reads_only_the_training_part(data):
     assert tuning.grid_config(base, {"lr_scale": 1, "steps_scale": 1e-9}).steps == 1
 
 
-def test_lengths_are_checkpoints_of_one_run_a_learning_rate(data):
-    """Each learning rate trains once, over the longest length's schedule; a length's value is that
-    run's validation recall@100 after that many steps (a checkpoint: the model so far, in eval
-    mode), and training goes on unchanged after each checkpoint."""
+def _recall(view, rows):
+    def recall(tm):
+        return quality.recalls(view, rows, quality.retrieve_top(tm, rows, tuning.TUNE_METRIC_K),
+                               [tuning.TUNE_METRIC_K])[f"recall@{tuning.TUNE_METRIC_K}"]
+    return recall
+
+
+def test_each_length_is_its_own_run_by_default(data, tmp_path, monkeypatch):
+    """By default a grid point's value is the validation recall@100 of a run trained at that point's
+    own length and schedule (the model its seeds then train); a kept checkpoints run's end stands in
+    for the own run of its length, and a cut-off own tuning resumes where it stopped."""
     from andromeda_nb.training.train import train_model
 
     base = PRESET.cfg("multi_interest", "single_tower")
     grid = [{"lr_scale": lr, "steps_scale": s} for lr in (1.0, 3.0) for s in (1, 3)]
     best, trials = tuning.tune("single_tower", data, base, n_users=40, grid=grid, device="cpu")
     view = tuning.validation_view(data)
-    rows = quality.eval_rows(view, 40, seed=0)
+    recall = _recall(view, quality.eval_rows(view, 40, seed=0))
+    for point, value in trials:
+        assert value == recall(train_model("single_tower", view, tuning.grid_config(base, point), seed=0,
+                                           device="cpu", progress=False))
+    assert len({v for _, v in trials}) > 1  # the points differ: the comparison can fail
+    assert "each length its own run" in tuning.describe(best)
+    assert "early stopping in a x3 run" in tuning.describe(best, grid, lengths="checkpoints")
+    with pytest.raises(ValueError, match="lengths"):
+        tuning.tune("single_tower", data, base, grid=grid, lengths="early")
 
-    def recall(tm):
-        return quality.recalls(view, rows, quality.retrieve_top(tm, rows, tuning.TUNE_METRIC_K),
-                               [tuning.TUNE_METRIC_K])[f"recall@{tuning.TUNE_METRIC_K}"]
+    runs = tmp_path / "tuned.runs.json"
+    real, trained = tuning._validated_run, []
 
+    def counted(*args):
+        trained.append(args[3].steps)
+        return real(*args)
+
+    monkeypatch.setattr(tuning, "_validated_run", counted)
+    checkpoints = tuning.tune_many({"single_tower": base}, data, n_users=40, grid=grid, device="cpu",
+                                   runs_file=runs, lengths="checkpoints")["single_tower"][1]
+    assert trained == [3 * base.steps] * 2  # one run a learning rate
+    for (p, own), (_, chk) in zip(trials, checkpoints):  # the longest length is the same model either way
+        if p["steps_scale"] == 3:
+            assert own == chk
+    trained.clear()
+    assert tuning.tune_many({"single_tower": base}, data, n_users=40, grid=grid, device="cpu",
+                            runs_file=runs)["single_tower"] == (best, trials)
+    assert trained == [base.steps] * 2  # the longest lengths came from the checkpoints runs' ends
+    assert len(tuning.read_runs(runs)) == 6  # 2 checkpoints runs, 4 own runs (2 of them their ends)
+
+    def cut_after(n):
+        def run(*args):
+            if len(trained) == n:
+                raise KeyboardInterrupt  # the time limit
+            trained.append(args[3].steps)
+            return real(*args)
+        return run
+
+    other = {"single_tower": replace(base, weight_decay=1e-3)}
+    trained.clear()
+    monkeypatch.setattr(tuning, "_validated_run", cut_after(3))
+    with pytest.raises(KeyboardInterrupt):
+        tuning.tune_many(other, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
+    trained.clear()
+    monkeypatch.setattr(tuning, "_validated_run", cut_after(99))
+    tuning.tune_many(other, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
+    assert len(trained) == 1 and len(tuning.read_runs(runs)) == 10  # only the missing point trained
+
+
+def test_lengths_can_be_checkpoints_of_one_run_a_learning_rate(data):
+    """With lengths="checkpoints" each learning rate trains once, over the longest length's
+    schedule; a length's value is that run's validation recall@100 after that many steps (a
+    checkpoint: the model so far, in eval mode), and training goes on unchanged after each
+    checkpoint."""
+    from andromeda_nb.training.train import train_model
+
+    base = PRESET.cfg("multi_interest", "single_tower")
+    grid = [{"lr_scale": lr, "steps_scale": s} for lr in (1.0, 3.0) for s in (1, 3)]
+    best, trials = tuning.tune("single_tower", data, base, n_users=40, grid=grid, device="cpu", lengths="checkpoints")
+    view = tuning.validation_view(data)
+    recall = _recall(view, quality.eval_rows(view, 40, seed=0))
     for lr in (1.0, 3.0):
         long = tuning.grid_config(base, {"lr_scale": lr, "steps_scale": 3})
         tm = train_model("single_tower", view, long, seed=0, device="cpu", progress=False,
@@ -236,10 +298,14 @@ def test_runs_in_worker_processes_choose_what_one_process_chooses(data):
 
 def test_a_cut_off_tuning_resumes_from_its_runs_file(data, tmp_path, monkeypatch):
     """Each finished run is kept in the runs file as it finishes; a tuning cut off part-way and run
-    again trains only the runs that are missing and chooses what an uninterrupted tuning chooses."""
+    again trains only the runs that are missing and chooses what an uninterrupted tuning chooses
+    (checkpoints runs here: one run a learning rate, several values a run)."""
+    from functools import partial
+
+    tune_many = partial(tuning.tune_many, lengths="checkpoints")
     grid = [{"lr_scale": lr, "steps_scale": s} for lr in (1 / 3, 3.0) for s in (1, 2)]
     configs = {m: PRESET.cfg("multi_interest", m) for m in ("single_tower", "mixture_k2")}
-    whole = tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu")
+    whole = tune_many(configs, data, n_users=40, grid=grid, device="cpu")
     runs = tmp_path / "tuned.runs.json"
     real, trained = tuning._validated_run, []
 
@@ -253,38 +319,38 @@ def test_a_cut_off_tuning_resumes_from_its_runs_file(data, tmp_path, monkeypatch
 
     monkeypatch.setattr(tuning, "_validated_run", cut_after(3))
     with pytest.raises(KeyboardInterrupt):
-        tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
+        tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
     assert len(tuning.read_runs(runs)) == 3
     trained.clear()
     monkeypatch.setattr(tuning, "_validated_run", cut_after(99))
-    resumed = tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
+    resumed = tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
     assert trained == ["mixture_k2"] and len(tuning.read_runs(runs)) == 4  # only the missing run trained
     assert resumed == whole
     trained.clear()
-    assert tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs) == whole
+    assert tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs) == whole
     assert trained == []
     # another configuration or other users are other runs
     other = {"single_tower": replace(configs["single_tower"], weight_decay=1e-3)}
-    tuning.tune_many(other, data, n_users=40, grid=grid[:2], device="cpu", runs_file=runs)
-    tuning.tune_many(configs, data, n_users=30, grid=grid[:2], device="cpu", runs_file=runs)
+    tune_many(other, data, n_users=40, grid=grid[:2], device="cpu", runs_file=runs)
+    tune_many(configs, data, n_users=30, grid=grid[:2], device="cpu", runs_file=runs)
     assert trained == ["single_tower", "single_tower", "mixture_k2"] and len(tuning.read_runs(runs)) == 7
     assert tuning.runs_file_of(tmp_path / "tuned.json") == runs
     # a kept run that lacks one of its checkpoints trains again
     runs.write_text(json.dumps({k: {s: v for s, v in list(vals.items())[1:]} for k, vals in
                                 json.loads(runs.read_text()).items()}))
     trained.clear()
-    assert tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs) == whole
+    assert tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs) == whole
     assert len(trained) == 4
     for text in ("{", "[]", '{"a": {"x": 1}}', '{"a": {"3": "0.5"}}', '{"a": {}}', '{"a": {"3": NaN}}',
                  '{"a": {"3": 1.5}}', '{"a": {"\u00b2": 0.5}}'):
         runs.write_text(text)
         with pytest.raises(ValueError, match="tuning runs"):  # refused before anything trains
-            tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
+            tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
         with pytest.raises(ValueError, match="tuning runs"):
             tuning.check_tuned_use(tmp_path / "tuned.json", ["multi_interest"], "smoke", None, tune=True)
     with pytest.raises(ValueError, match="folder"):
-        tuning.tune_many(configs, data, grid=grid, runs_file=tmp_path)
+        tune_many(configs, data, grid=grid, runs_file=tmp_path)
     (tmp_path / "a_file").write_text("")
     with pytest.raises(ValueError, match="cannot keep tuning runs"):  # refused before anything trains
-        tuning.tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=tmp_path / "a_file" / "r.json")
+        tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=tmp_path / "a_file" / "r.json")
     assert len(trained) == 4
