@@ -97,6 +97,8 @@ def routing_table(frame: pd.DataFrame, dataset: str) -> pd.DataFrame:
     standard deviation over seeds, with the balanced share 1/E and the collapsed share 1/K beside
     them (no share where K = E). Empty where no run reported them."""
     sel = (frame["dataset"] == dataset) & frame["metric"].isin(("expert_share_max", "routing_entropy"))
+    if "experiment" in frame:  # the models of the recall table, not those kept to compare (preset_settings)
+        sel &= frame["experiment"] == "expert_count"
     if not sel.any():
         return pd.DataFrame()
     g = frame[sel].assign(value=lambda f: f["value"].astype(float))
@@ -365,7 +367,8 @@ def tuning_effect_line(frame: pd.DataFrame, dataset: str) -> str:
     if eff.empty:
         return ""
     parts = [f"{m} {r['tuned']:.4f} against {r['preset']:.4f} ({100 * r['mean']:+.2f} pp"
-             + (f", paired over {int(r['seeds'])} seeds ±{100 * r['ci95']:.2f}" if r["seeds"] >= 2 else "") + ")"
+             + (f", paired over {int(r['seeds'])} seeds ±{100 * r['ci95']:.2f}" if r["seeds"] >= 2 else
+                ", one seed: no interval") + ")"
              for m, r in eff.iterrows()]
     worse = [m for m, r in eff.iterrows() if r["seeds"] >= 2 and r["mean"] < -r["ci95"]]
     return (f"{dataset}: tuned on the validation split against the preset's settings, held-out recall@100: "

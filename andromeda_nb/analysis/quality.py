@@ -5,7 +5,8 @@ and findings built on them: :mod:`.expert_count_report` and :mod:`.precision_rep
 Rows have the quality columns of ``docs/design.md`` (``dataset, model, experts, k_experts, dtype, d,
 seed, metric, value, commit, device``) plus ``experiment`` (``expert_count``, ``precision``, ``compute``,
 ``baselines``, or ``preset_settings``: models trained at the preset's settings where ``expert_count`` holds
-tuned ones, kept to compare), ``preset``
+tuned ones, kept to compare: an untuned run's rows, ``--set ...`` without ``--tune`` written to a folder of
+their own, merged under this name), ``preset``
 (the size preset that produced them), ``scorer`` (how the scores were computed) and ``n_users``
 (users evaluated). Metrics:
 
@@ -629,6 +630,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
 
     p = PRESETS[preset]
     path = Path(out) / "quality.csv"
+    if tune_lengths not in tuning.LENGTHS:  # refused before any row is written
+        raise ValueError(f"tune_lengths must be one of {tuning.LENGTHS}, got {tune_lengths!r}")
     if tuned_file is not None:  # a file that cannot serve refused before anything trains
         tuning.check_tuned_use(tuned_file, datasets, p.name, models, tune)
     frames = []

@@ -148,11 +148,15 @@ def tuning_effect(frame: pd.DataFrame, dataset: str, metric: str = "recall@100")
     """Per model with both kinds of rows: the tuned model (``expert_count``) minus the same model at
     the preset's settings (``preset_settings``), paired on the seeds both ran (the same split and
     users): ``tuned``, ``preset`` (means over those seeds), ``mean`` and ``ci95`` of the difference,
-    ``seeds``. Empty where no model has both."""
+    ``seeds``. Empty where no model has both. Tuned rows are those whose ``scorer`` says so; rows of
+    one preset only (ValueError otherwise: seeds of different worlds do not pair)."""
     df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric)]
+    if df["preset"].nunique() > 1:
+        raise ValueError(f"rows of several presets ({sorted(df['preset'].unique())}): pass one preset's rows")
+    tuned_rows = (df["experiment"] == "expert_count") & df["scorer"].astype(str).str.startswith("tuned")
     out = {}
     for model in [m for m in MODEL_ORDER if m in set(df["model"])]:
-        tuned = df[(df["model"] == model) & (df["experiment"] == "expert_count")].groupby("seed")["value"].mean()
+        tuned = df[(df["model"] == model) & tuned_rows].groupby("seed")["value"].mean()
         preset = df[(df["model"] == model) & (df["experiment"] == "preset_settings")].groupby("seed")["value"].mean()
         d = (tuned - preset).dropna()
         if d.size:

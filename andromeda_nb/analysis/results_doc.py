@@ -108,7 +108,8 @@ def headline(results_dir: str | Path = "data/results") -> str:
     return "\n".join(lines)
 
 
-_COLUMNS = ("variant", "n_ads", "batch", "d", "dtype", "experts", "k_experts", "layout", "math", "path", "access",
+_COLUMNS = ("variant", "n_ads", "batch", "d", "dtype", "experts", "k_experts", "layout", "math", "dequant", "path",
+            "access",
             "eligible_fraction", "k", "seconds_median", "seconds_p99", "device_seconds", "items_per_s",
             "requests_per_s", "n_workers", "transport_bytes_per_request", "fraction_of_read_ceiling", "verified")
 
@@ -120,6 +121,17 @@ def _fmt(v) -> str:
         return f"{v:.4g}"
     s = str(v)
     return s.replace("|", "/")[:60]
+
+
+def _dequant(rows: pd.DataFrame) -> pd.Series:
+    """How fp16 math dequantized int8 rows (``fma``: one fused multiply-add a pair, said in the notes;
+    ``mul``: a subtract and a multiply, the only way before the fused one); '' for other rows."""
+    if not {"dtype", "math"} <= set(rows.columns):
+        return pd.Series("", index=rows.index)
+    notes = rows["notes"].astype(str) if "notes" in rows else pd.Series("", index=rows.index)
+    int8_fp16 = (rows["dtype"].astype(str) == "int8") & (rows["math"].astype(str) == "fp16")
+    return pd.Series(np.where(int8_fp16, np.where(notes.str.contains("dequant=fma"), "fma", "mul"), ""),
+                     index=rows.index)
 
 
 def history(results_dir: str | Path = "data/results") -> str:
@@ -144,6 +156,7 @@ def history(results_dir: str | Path = "data/results") -> str:
             ceil = df[(df["commit"] == commit) & (df["variant"] == "ceiling_read_cupy_sum")]["achieved_TBps"]
             ceil_txt = f", read ceiling {float(ceil.iloc[0]):.2f} TB/s" if len(ceil) else ""
             out += [f"### {suite} at `{commit}` ({device}, {str(when)[:10]}{ceil_txt})", ""]
+            rows = rows.assign(dequant=_dequant(rows))
             cols = [c for c in _COLUMNS if c in rows and rows[c].astype(str).str.len().gt(0).any()]
             out.append("| " + " | ".join(cols) + " |")
             out.append("| " + " | ".join("---" for _ in cols) + " |")

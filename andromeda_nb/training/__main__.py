@@ -32,7 +32,7 @@ def main(argv=None) -> int:
                          "(the same grid each: andromeda_nb.training.tuning)")
     ap.add_argument("--tune-only", action="store_true", help="--tune, then no seed trains (with --tuned FILE: "
                                                               "the seeds train from FILE in a later run)")
-    ap.add_argument("--tune-lengths", default="own", choices=["own", "checkpoints"],
+    ap.add_argument("--tune-lengths", default=None, choices=["own", "checkpoints"],
                     help="with --tune: each grid point trained as its own run, the schedule its seeds train with "
                          "(default), or each length a checkpoint of one run a learning rate (about half the cost; "
                          "biased toward the longest length and low learning rates)")
@@ -53,6 +53,8 @@ def main(argv=None) -> int:
         ap.error(f"--workers must be at least 1, got {args.workers}")
     if args.tune_only and (args.seeds is not None or args.tuned is None):
         ap.error("--tune-only trains no seed (drop --seeds) and keeps its choices only in --tuned FILE")
+    if args.tune_lengths is not None and not (args.tune or args.tune_only):
+        ap.error("--tune-lengths says how --tune trains a length: give it with --tune or --tune-only")
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):
         ap.error("--set changes the preset's settings, which a run from --tuned FILE does not use (the file's "
                  "configurations train whole): tune again with --tune --set ...")
@@ -109,7 +111,7 @@ def main(argv=None) -> int:
     run_all(preset, args.out, datasets=args.datasets, seeds=[] if args.tune_only else args.seeds, device=args.device,
             progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
             models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
-            tune_lengths=args.tune_lengths,
+            tune_lengths=args.tune_lengths or "own",
             settings_note=f"untuned: preset settings with {' '.join(args.set)}" if args.set else None)
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0

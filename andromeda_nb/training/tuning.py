@@ -115,7 +115,8 @@ def grid_config(cfg, point: dict):
     """The preset's :class:`~.train.TrainConfig` at a grid point (learning rate and steps scaled;
     at least one step)."""
     check_grid([point])
-    return replace(cfg, lr=cfg.lr * point["lr_scale"], steps=max(1, int(round(cfg.steps * point["steps_scale"]))))
+    return replace(cfg, lr=float(cfg.lr * point["lr_scale"]),
+                   steps=max(1, int(round(cfg.steps * point["steps_scale"]))))
 
 
 def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid=GRID, device="auto",
@@ -144,8 +145,8 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     own-length point is also found as the end of a kept run of the same configuration (the longest
     length's run of a ``"checkpoints"`` tuning: training is the same with or without checkpoints).
 
-    ``workers`` > 1 trains that many of the runs (one a model and learning rate) at once, each in its
-    own process (on a CPU's cores, or sharing one GPU). A run's result does not depend on where it
+    ``workers`` > 1 trains that many of the runs (one a model and grid point, or a model and learning
+    rate with ``lengths="checkpoints"``) at once, each in its own process (on a CPU's cores, or sharing one GPU). A run's result does not depend on where it
     ran: each trains from seed 0 with the calling process's torch thread count. On one GPU it is no
     shortcut at preset full: 15 runs of the synthetic world's tuning at once kept an H200 busy and
     had not finished after 575 s, about the ~1,400 s they take one after another shared 15 ways.
@@ -160,6 +161,11 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     if lengths not in LENGTHS:
         raise ValueError(f"lengths must be one of {LENGTHS}, got {lengths!r}")
+    from .train import MODELS
+
+    unknown = [name for name in configs if name not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
     view = validation_view(data)
     if not view.eval_rows.size:
         raise ValueError(f"{data.name}: no evaluated user has two training clicks to hold one back for validation")
@@ -230,8 +236,14 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
                                  initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)) as pool:
             futures = {pool.submit(_validated_run, *jobs[i][:1], view, rows, *jobs[i][2:], device, False): i
                        for i in todo}
-            for f in as_completed(futures):
-                keep(futures[f], f.result())
+            failed = []
+            for f in as_completed(futures):  # every finished run kept, even after another one failed
+                try:
+                    keep(futures[f], f.result())
+                except Exception as e:  # noqa: BLE001 (raised below, once the other runs are kept)
+                    failed.append(e)
+            if failed:
+                raise failed[0]
     done = [{int(k): v for k, v in kept[key].items()} for key in keys]
     out = {}
     for name in configs:
@@ -287,12 +299,26 @@ def read_runs(path) -> dict:
         kept = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read tuning runs from {path}: {e}") from None
-    if not (isinstance(kept, dict) and all(
-            isinstance(v, dict) and v and all(k.isascii() and k.isdigit() and isinstance(x, (int, float))
-                                              and not isinstance(x, bool) and 0 <= x <= 1 for k, x in v.items())
+    if not (isinstance(kept, dict) and all(_is_run_key(k) for k in kept) and all(
+            isinstance(v, dict) and v and all(k.isascii() and k.isdigit() and k == str(int(k))
+                                              and isinstance(x, (int, float)) and not isinstance(x, bool)
+                                              and 0 <= x <= 1 for k, x in v.items())
             for v in kept.values())):
-        raise ValueError(f"{path} is not a file of tuning runs ({{run key: {{steps: validation recall in 0..1}}}})")
+        raise ValueError(f"{path} is not a file of tuning runs ({{run key: {{steps: validation recall in 0..1}}}}, "
+                         "each key a run_key)")
     return kept
+
+
+def _is_run_key(key: str) -> bool:
+    """Whether ``key`` has :func:`run_key`'s form (a JSON object naming a model, a configuration with
+    its steps, the checkpoints and the data's digest)."""
+    try:
+        k = json.loads(key)
+    except json.JSONDecodeError:
+        return False
+    return (isinstance(k, dict) and isinstance(k.get("model"), str) and isinstance(k.get("data"), str)
+            and isinstance(k.get("config"), dict) and isinstance(k["config"].get("steps"), int)
+            and isinstance(k.get("stops"), list) and all(isinstance(s, int) for s in k["stops"]))
 
 
 def _validated_run(name: str, view: InteractionData, rows, run, stops, device, progress) -> dict:
@@ -316,6 +342,8 @@ def describe(point: dict, grid=GRID, lengths: str = "own") -> str:
 
     edges = [e for e in grid_edges(point, grid) if len({p[e] for p in grid}) >= 3]
     longest = max(p["steps_scale"] for p in grid)
+    if lengths not in LENGTHS:
+        raise ValueError(f"lengths must be one of {LENGTHS}, got {lengths!r}")
     how = "each length its own run" if lengths == "own" else f"length by early stopping in a x{longest:g} run"
     return (f"tuned on the validation split: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g} ({how})"
             + (f" (grid edge: {', '.join(edges)})" if edges else ""))

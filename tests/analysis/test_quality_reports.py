@@ -10,9 +10,10 @@ from andromeda_nb.analysis import precision_report as PR
 from andromeda_nb.analysis import quality
 
 
-def _rows(dataset, model, metric, values, experiment="expert_count", dtype="fp32", **extra):
+def _rows(dataset, model, metric, values, experiment="expert_count", dtype="fp32", scorer="s", **extra):
     return [dict(dataset=dataset, model=model, experts=6, k_experts=2, dtype=dtype, d=64, seed=s, metric=metric,
-                 value=v, commit="x", device="cpu", experiment=experiment, preset="full", scorer="s", n_users=10, **extra)
+                 value=v, commit="x", device="cpu", experiment=experiment, preset="full", scorer=scorer, n_users=10,
+                 **extra)
             for s, v in enumerate(values)]
 
 
@@ -72,15 +73,20 @@ def test_tuning_line_reads_the_scorer_column():
 def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
     """A model both tuned (expert_count) and at the preset's settings (preset_settings): the paired
     difference on the seeds both ran, and a finding that says where the tuning's choice did worse."""
-    frame = pd.DataFrame(_rows("multi_interest", "single_tower", "recall@100", [0.20, 0.205, 0.195])
+    tuned = "tuned on the validation split: lr x1"
+    frame = pd.DataFrame(_rows("multi_interest", "single_tower", "recall@100", [0.20, 0.205, 0.195], scorer=tuned)
                          + _rows("multi_interest", "single_tower", "recall@100", [0.22, 0.22, 0.22, 0.30],
                                  experiment="preset_settings")
-                         + _rows("multi_interest", "mixture_k2", "recall@100", [0.25, 0.24])
+                         + _rows("multi_interest", "mixture_k2", "recall@100", [0.25, 0.24], scorer=tuned)
                          + _rows("multi_interest", "mixture_k2", "recall@100", [0.20, 0.21],
                                  experiment="preset_settings")
-                         + _rows("multi_interest", "ranking", "recall@100", [0.3, 0.3]))
+                         + _rows("multi_interest", "ranking", "recall@100", [0.3, 0.3])
+                         + _rows("multi_interest", "ranking", "recall@100", [0.2, 0.2], experiment="preset_settings")
+                         + _rows("multi_interest", "mixture_k2", "routing_entropy", [0.8, 0.6])
+                         + _rows("multi_interest", "mixture_k2", "routing_entropy", [0.1, 0.1],
+                                 experiment="preset_settings"))
     eff = quality.tuning_effect(frame, "multi_interest")
-    assert list(eff.index) == ["single_tower", "mixture_k2"]  # ranking has no preset-settings rows
+    assert list(eff.index) == ["single_tower", "mixture_k2"]  # ranking's expert_count rows are not tuned ones
     d = np.array([0.20, 0.205, 0.195]) - 0.22  # seed 3 ran only at the preset's settings
     assert eff.loc["single_tower", "seeds"] == 3 and eff.loc["single_tower", "preset"] == pytest.approx(0.22)
     assert eff.loc["single_tower", "mean"] == pytest.approx(d.mean())
@@ -91,6 +97,13 @@ def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
     assert "did worse than the preset's settings for single_tower:" in line  # not mixture_k2 (it gained)
     assert EC.tuning_effect_line(frame, "ml-100k") == "" and quality.tuning_effect(frame, "ml-100k").empty
     assert line in EC.findings(frame, EC.recall_tables(frame, ["multi_interest"]), ["multi_interest"])
+    one = frame[~((frame["model"] == "mixture_k2") & (frame["seed"] == 1))]
+    assert "mixture_k2 0.2500 against 0.2000 (+5.00 pp, one seed: no interval)" in EC.tuning_effect_line(one,
+                                                                                                          "multi_interest")
+    with pytest.raises(ValueError, match="presets"):  # seeds of another world do not pair
+        quality.tuning_effect(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")
+    # the routing table is the tuned models' (the recall table's), not the preset-settings rows'
+    assert EC.routing_table(frame, "multi_interest").loc["mixture_k2", "routing_entropy (mean)"] == pytest.approx(0.7)
 
 
 def test_worked_example_findings():

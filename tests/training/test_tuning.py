@@ -66,6 +66,10 @@ def test_tune_reads_only_the_training_part(data):
         with pytest.raises(ValueError, match="n_users"):
             tuning.tune("single_tower", data, base, n_users=n_users, grid=tuning.GRID[:1])
     assert tuning.grid_config(base, {"lr_scale": 1, "steps_scale": 1e-9}).steps == 1
+    lr = tuning.grid_config(base, {"lr_scale": np.float32(3), "steps_scale": 1}).lr
+    assert type(lr) is float and lr == pytest.approx(3 * base.lr)  # a numpy scale: a run key JSON can write
+    with pytest.raises(ValueError, match="lengths"):
+        tuning.describe({"lr_scale": 1.0, "steps_scale": 1}, lengths="early")
 
 
 def _recall(view, rows):
@@ -254,7 +258,8 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
         with pytest.raises(SystemExit):  # argparse's error: refused before anything runs
             main(["--preset", "smoke", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
-    for argv in (["--models", "foo"], ["--tuned", str(path), "--models", "mixture_k2"]):
+    for argv in (["--models", "foo"], ["--tuned", str(path), "--models", "mixture_k2"],
+                 ["--tune-lengths", "checkpoints", "--seeds", "0"]):  # how a tuning trains, without a tuning
         with pytest.raises(SystemExit):  # unknown models, a file lacking one: usage errors before any row
             main(["--preset", "smoke", "--datasets", "multi_interest", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
@@ -294,6 +299,21 @@ def test_runs_in_worker_processes_choose_what_one_process_chooses(data):
     for workers in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="workers"):
             tuning.tune_many(configs, data, grid=grid, workers=workers)
+
+
+def test_a_failed_run_in_a_worker_loses_no_other_run(data, tmp_path):
+    """A run that fails in a worker process is raised once the others finished, and every other
+    run is kept in the runs file; unknown models are refused before anything trains."""
+    grid = [{"lr_scale": 1.0, "steps_scale": s} for s in (1, 2)]
+    good = PRESET.cfg("multi_interest", "single_tower")
+    runs = tmp_path / "tuned.runs.json"
+    with pytest.raises(RuntimeError, match="negative dimension"):
+        tuning.tune_many({"single_tower": good, "mixture_k2": replace(good, d=-1)}, data, n_users=20, grid=grid,
+                         device="cpu", workers=2, runs_file=runs)
+    kept = [json.loads(k)["model"] for k in tuning.read_runs(runs)]
+    assert kept == ["single_tower", "single_tower"]
+    with pytest.raises(ValueError, match="unknown models"):
+        tuning.tune_many({"single": good}, data, grid=grid)
 
 
 def test_a_cut_off_tuning_resumes_from_its_runs_file(data, tmp_path, monkeypatch):
@@ -341,8 +361,10 @@ def test_a_cut_off_tuning_resumes_from_its_runs_file(data, tmp_path, monkeypatch
     trained.clear()
     assert tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs) == whole
     assert len(trained) == 4
-    for text in ("{", "[]", '{"a": {"x": 1}}', '{"a": {"3": "0.5"}}', '{"a": {}}', '{"a": {"3": NaN}}',
-                 '{"a": {"3": 1.5}}', '{"a": {"\u00b2": 0.5}}'):
+    key = json.dumps(next(iter(json.loads(runs.read_text()))))  # a real run key, as a JSON string
+    for text in ("{", "[]", '{"a": {"3": 0.5}}', '{"[1]": {"3": 0.5}}', '{"{\\"model\\": 1}": {"3": 0.5}}',
+                 *("{" + key + ": " + v + "}" for v in ('{"x": 1}', '{"3": "0.5"}', "{}", '{"3": NaN}', '{"3": 1.5}',
+                                                     '{"\u00b2": 0.5}', '{"03": 0.5}'))):
         runs.write_text(text)
         with pytest.raises(ValueError, match="tuning runs"):  # refused before anything trains
             tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=runs)
