@@ -35,3 +35,12 @@ def test_readme_stays_short_and_names_no_commit():
     assert len(README.splitlines()) <= 150
     prose = README.split("<!-- headline:start -->")[0] + README.split("<!-- headline:end -->")[1]
     assert not [w for w in re.findall(r"\b[0-9a-f]{7,12}\b", prose) if re.search(r"[a-f]", w) and re.search(r"\d", w)]
+
+
+def test_history_says_how_int8_rows_were_dequantized():
+    import pandas as pd
+
+    rows = pd.DataFrame(dict(dtype=["int8", "int8", "fp16", "int8"], math=["fp16", "fp16", "fp16", "fp32"],
+                             notes=["math=fp16 dequant=fma (one HFMA2)", "math=fp16", "dequant=fma", ""]))
+    assert results_doc._dequant(rows).tolist() == ["fma", "mul", "", ""]
+    assert results_doc._dequant(rows.drop(columns="notes")).tolist() == ["mul", "mul", "", ""]

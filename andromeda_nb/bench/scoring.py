@@ -422,6 +422,8 @@ def config_note(config) -> str:
         parts.append(f"math={config.math} (mma.m16n8k16, fp32 accumulate)")
     if config.dequant == "fma":
         parts.append("dequant=fma (one HFMA2 a pair of int8 values)")
+    elif config.dequant == "mul":
+        parts.append("dequant=mul (an HADD2 and an HMUL2 a pair of int8 values)")
     return " ".join(parts)
 
 
