@@ -75,7 +75,16 @@ def make_net(name: str, data: InteractionData, cfg: TrainConfig):
 
 
 def _to_torch(batch: dict, device) -> dict:
-    return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+    return {k: _on(v, device) for k, v in batch.items()}
+
+
+def _on(a: np.ndarray, device) -> torch.Tensor:
+    """``a`` on ``device``; to a GPU through pinned memory without waiting, so the host prepares the
+    next step's batch while the GPU runs this one (a copy from pageable memory would wait for it)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.as_tensor(a, device=device)
+    return torch.tensor(np.asarray(a)).pin_memory().to(device, non_blocking=True)
 
 
 def _ad_cats(data: InteractionData, device) -> torch.Tensor:
@@ -267,6 +276,14 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     history = []
+    pending = []  # the losses still on the device: read back every 50 steps, not every step (a read waits
+    # for the GPU, and the host then has no batch ready for the next step)
+
+    def flush():
+        if pending:
+            history.extend(torch.stack(pending).tolist())
+            pending.clear()
+
     model = TrainedModel(name, net, data, cfg, seed, dev, history)
     perm = rng.permutation(n_ev)
     cursor = 0
@@ -279,8 +296,8 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
         idx = perm[cursor: cursor + B]
         cursor += B
         batch = _to_torch(data.batch(rows_all[idx], t_all[idx]), dev)
-        pos = torch.as_tensor(data.seq[rows_all[idx], t_all[idx]], device=dev)
-        neg = torch.as_tensor(rng.integers(0, data.n_ads, N), device=dev)
+        pos = _on(data.seq[rows_all[idx], t_all[idx]], dev)
+        neg = _on(rng.integers(0, data.n_ads, N), dev)
         cand = torch.cat([pos, neg])
         logq = torch.log(B * pop[cand] + N / data.n_ads)
         if isinstance(net, RetrievalNet) and net.experts > 1:
@@ -303,10 +320,12 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
             torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
         opt.step()
         sched.step()
-        history.append(float(loss.detach()))
+        pending.append(loss.detach())
         if step % 50 == 0:
+            flush()
             bar.set_postfix(loss=f"{np.mean(history[-50:]):.3f}")
         if checks and step + 1 == checks[0]:
+            flush()
             checks.pop(0)
             t_val = time.perf_counter()
             net.eval()
@@ -317,6 +336,7 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
             model.validation[step + 1] = float(value)
             net.train()
             t0 += time.perf_counter() - t_val  # seconds: training time, validation left out
+    flush()  # waits for the last step: the seconds below are the training's
     net.eval()
     model.seconds = time.perf_counter() - t0
     return model
