@@ -231,11 +231,11 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
 
         import torch
 
-        # spawn: a forked child cannot use a CUDA context its parent made
+        # spawn: a forked child cannot use a CUDA context its parent made; the data go to each worker
+        # once (a full world's validation view pickles to ~200 MB), not with each run
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)) as pool:
-            futures = {pool.submit(_validated_run, *jobs[i][:1], view, rows, *jobs[i][2:], device, False): i
-                       for i in todo}
+                                 initializer=_start_worker, initargs=(torch.get_num_threads(), view, rows)) as pool:
+            futures = {pool.submit(_worker_run, jobs[i][0], *jobs[i][2:], device): i for i in todo}
             failed = []
             for f in as_completed(futures):  # every finished run kept, even after another one failed
                 try:
@@ -319,6 +319,20 @@ def _is_run_key(key: str) -> bool:
     return (isinstance(k, dict) and isinstance(k.get("model"), str) and isinstance(k.get("data"), str)
             and isinstance(k.get("config"), dict) and isinstance(k["config"].get("steps"), int)
             and isinstance(k.get("stops"), list) and all(isinstance(s, int) for s in k["stops"]))
+
+
+_WORKER = {}  # a tuning worker process's validation data (_start_worker)
+
+
+def _start_worker(threads: int, view: InteractionData, rows) -> None:
+    import torch
+
+    torch.set_num_threads(threads)  # the caller's count: the same arithmetic as one process
+    _WORKER.update(view=view, rows=rows)
+
+
+def _worker_run(name: str, run, stops, device) -> dict:
+    return _validated_run(name, _WORKER["view"], _WORKER["rows"], run, stops, device, False)
 
 
 def _validated_run(name: str, view: InteractionData, rows, run, stops, device, progress) -> dict:
