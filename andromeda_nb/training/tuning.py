@@ -14,13 +14,17 @@ model the seeds then train (seed 0 against the others): 7.75 preset lengths a le
 grid's 1/4x-4x. ``lengths="checkpoints"`` is about half the cost: one run a learning rate follows
 the longest length's schedule and is validated at each length on the way, so a point ``(lr,
 length)`` scores a model whose learning rate had not decayed yet, while the seeds train the point
-with its own, decayed schedule. That proxy misled: on the synthetic world (preset full,
-``ad_features=1 weight_decay=1e-4``, H200, 5 seeds, held-out recall@100) the points it chose did
-worse than the preset's own settings for the single tower (lr x1/3 steps x1: 0.190 against 0.197)
-and the ranking model (lr x1/9 steps x1: 0.192 against 0.206), beyond the seeds' 95 % interval, and
-no better for the K = 2 mixture (lr x1/3 steps x4: 0.200 against 0.207, within it). That fits a
-bias of undecayed checkpoints: the longest length is the only one whose schedule ended, and a low
-learning rate loses least while undecayed but trains least over its own short schedule.
+with its own, decayed schedule. The two differ: at the demo size (single tower, CPU, 300 users)
+every shorter length's checkpoint scored above its own run (lr x1/3: 0.077 against 0.063 at x1, 0.040
+against 0.037 at x1/2; lr x3: 0.273 against 0.250 and 0.147 against 0.143; data/results/
+quality_diagnostics.md): at that step the long run's learning rate has not decayed, and a model
+still far from converged gains from it. So checkpoints overrate short lengths, and the seeds then
+train a weaker model than the one chosen. On the synthetic world (preset full, ``ad_features=1
+weight_decay=1e-4``, H200, 5 seeds, held-out recall@100) the points chosen that way did worse than
+the preset's own settings for the single tower (lr x1/3 steps x1: 0.190 against 0.197) and the
+ranking model (lr x1/9 steps x1: 0.192 against 0.206), beyond the seeds' 95 % interval, and no
+better for the K = 2 mixture (lr x1/3 steps x4, the longest length, whose checkpoint is its own
+run's end: 0.200 against 0.207, within it).
 
 Tuning runs with seed 0; the chosen point is then trained with every seed on the whole training
 part and evaluated on the held-out part (:func:`~andromeda_nb.analysis.quality.tune_models`, then
