@@ -137,8 +137,12 @@ def paired_difference(frame: pd.DataFrame, dataset: str, a: str, b: str, metric:
     difference) and ``seeds``."""
     experiments = ("expert_count", "baselines")
     df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & frame["experiment"].isin(experiments)]
-    va = df[df["model"] == a].groupby("seed")["value"].mean()
-    vb = df[df["model"] == b].groupby("seed")["value"].mean()
+    return _paired(df[df["model"] == a].groupby("seed")["value"].mean(),
+                   df[df["model"] == b].groupby("seed")["value"].mean())
+
+
+def _paired(va: pd.Series, vb: pd.Series) -> dict:
+    """``va - vb`` (per-seed values) on the seeds both hold: ``mean``, ``ci95`` (:func:`ci95`), ``seeds``."""
     d = (va - vb).dropna()
     std = float(d.std()) if d.size > 1 else float("nan")
     return {"mean": float(d.mean()) if d.size else float("nan"), "ci95": float(ci95(std, d.size)), "seeds": int(d.size)}
@@ -158,11 +162,10 @@ def tuning_effect(frame: pd.DataFrame, dataset: str, metric: str = "recall@100")
     for model in [m for m in MODEL_ORDER if m in set(df["model"])]:
         tuned = df[(df["model"] == model) & tuned_rows].groupby("seed")["value"].mean()
         preset = df[(df["model"] == model) & (df["experiment"] == "preset_settings")].groupby("seed")["value"].mean()
-        d = (tuned - preset).dropna()
-        if d.size:
-            std = float(d.std()) if d.size > 1 else float("nan")
-            out[model] = dict(tuned=float(tuned[d.index].mean()), preset=float(preset[d.index].mean()),
-                              mean=float(d.mean()), ci95=float(ci95(std, d.size)), seeds=int(d.size))
+        both = (tuned - preset).dropna().index  # the seeds the difference pairs
+        if len(both):
+            out[model] = dict(tuned=float(tuned[both].mean()), preset=float(preset[both].mean()),
+                              **_paired(tuned, preset))
     return pd.DataFrame.from_dict(out, orient="index", columns=["tuned", "preset", "mean", "ci95", "seeds"])
 
 
