@@ -326,6 +326,13 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
                      f"({best}) {retrieval['mean'].max():.4f}: " + ("the anchor is stronger" if stronger else
                      "the anchor is NOT stronger: the 'close to ranking' comparison is not meaningful")
                      + _paired(frame, dataset, "ranking", best))
+    elif frame is not None and "experiment" in frame:
+        kept = frame[(frame["dataset"] == dataset) & (frame["model"] == "ranking") & (frame["metric"] == "recall@100")
+                     & (frame["experiment"] != "expert_count")]
+        if len(kept):
+            lines.append("  * ranking model: no rows among the models compared here, only "
+                         + ", ".join(sorted(kept["experiment"].astype(str).unique()))
+                         + " rows: the 'close to ranking' comparison waits for its tuned seeds")
     return lines
 
 
@@ -366,7 +373,10 @@ def tuning_effect_line(frame: pd.DataFrame, dataset: str) -> str:
     eff = quality.tuning_effect(frame, dataset)
     if eff.empty:
         return ""
-    parts = [f"{m} {r['tuned']:.4f} against {r['preset']:.4f} ({100 * r['mean']:+.2f} pp"
+    # every seed equal: the tuning chose the preset's settings, and the rows are the same runs
+    parts = [f"{m} chose the preset's settings ({r['tuned']:.4f}, the same runs)"
+             if r["seeds"] >= 2 and r["mean"] == 0 and r["ci95"] == 0 else
+             f"{m} {r['tuned']:.4f} against {r['preset']:.4f} ({100 * r['mean']:+.2f} pp"
              + (f", paired over {int(r['seeds'])} seeds ±{100 * r['ci95']:.2f}" if r["seeds"] >= 2 else
                 ", one seed: no interval") + ")"
              for m, r in eff.iterrows()]

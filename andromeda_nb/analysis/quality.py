@@ -4,9 +4,10 @@ and findings built on them: :mod:`.expert_count_report` and :mod:`.precision_rep
 
 Rows have the quality columns of ``docs/design.md`` (``dataset, model, experts, k_experts, dtype, d,
 seed, metric, value, commit, device``) plus ``experiment`` (``expert_count``, ``precision``, ``compute``,
-``baselines``, or ``preset_settings``: models trained at the preset's settings where ``expert_count`` holds
+``baselines``, ``preset_settings``: models trained at the preset's settings where ``expert_count`` holds
 tuned ones, kept to compare: an untuned run's rows, ``--set ...`` without ``--tune`` written to a folder of
-their own, merged under this name), ``preset``
+their own, merged under this name; or ``tuned_by_checkpoints``: models tuned with ``--tune-lengths
+checkpoints``, kept where own-length tuning replaced them), ``preset``
 (the size preset that produced them), ``scorer`` (how the scores were computed) and ``n_users``
 (users evaluated). Metrics:
 

@@ -45,6 +45,12 @@ def test_expert_count_tables_metrics_and_verdict():
     assert "mixture_k2: recall@50 +18.2 % against the single tower, recall@100 +2.00 pp" in text
     assert "the anchor is stronger" in text and "ml-100k: no results" in text
     assert "20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu)" in text
+    # a ranking model kept only at the preset's settings is not the anchor: the finding says so
+    no_anchor = frame[frame["model"] != "ranking"]
+    kept = frame[frame["model"] == "ranking"].assign(experiment="preset_settings")
+    text = EC.findings(pd.concat([no_anchor, kept]), EC.recall_tables(no_anchor, ["multi_interest"]), ["multi_interest"])
+    assert "ranking model: no rows among the models compared here, only preset_settings rows" in text
+    assert "anchor is" not in text
 
 
 def test_routing_table():
@@ -100,6 +106,11 @@ def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
     one = frame[~((frame["model"] == "mixture_k2") & (frame["seed"] == 1))]
     assert "mixture_k2 0.2500 against 0.2000 (+5.00 pp, one seed: no interval)" in EC.tuning_effect_line(one,
                                                                                                           "multi_interest")
+    same = frame[frame["model"] == "single_tower"]  # tuned to the preset's settings: the same runs as rows of both
+    same = pd.concat([same[same["experiment"] == "preset_settings"].assign(experiment="expert_count", scorer=tuned),
+                      same[same["experiment"] == "preset_settings"]])
+    assert "single_tower chose the preset's settings (0.2400, the same runs)" in EC.tuning_effect_line(
+        same, "multi_interest")
     with pytest.raises(ValueError, match="presets"):  # seeds of another world do not pair
         quality.tuning_effect(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")
     # the routing table is the tuned models' (the recall table's), not the preset-settings rows'
