@@ -22,17 +22,18 @@ START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 
 #: (label, suite, filters, how to show it): the README's headline rows, the newest verified row of each
 HEADLINE = (
-    # the public calls in their default math (math="auto": fp16 math on the fp16 benchmark table)
+    # the public calls in their default math (math="auto": fp16 math on the fp16 benchmark table; the
+    # int8 table's rows are docs/results.md's)
     ("one request through `Pool.retrieve`, 10^8 ads, ~1 % eligible", "pipeline",
-     dict(variant="retrieve", n_ads=1e8, batch=1, math="fp16"), "latency"),
+     dict(variant="retrieve", n_ads=1e8, batch=1, math="fp16", dtype="fp16"), "latency"),
     ("batches of 32 requests through `Pool.retrieve`, 10^8 ads", "pipeline",
-     dict(variant="retrieve", n_ads=1e8, batch=32, math="fp16"), "throughput"),
+     dict(variant="retrieve", n_ads=1e8, batch=32, math="fp16", dtype="fp16"), "throughput"),
     ("`score_topk` over the whole pool, 10^8 ads, top-1000", "pipeline",
-     dict(variant="score_topk", n_ads=1e8, math="fp16"), "latency"),
+     dict(variant="score_topk", n_ads=1e8, math="fp16", dtype="fp16"), "latency"),
     ("sparse scoring of one request's ~10^6 eligible ads (device)", "pipeline",
-     dict(variant="score_sparse", n_ads=1e8, math="fp16"), "device"),
+     dict(variant="score_sparse", n_ads=1e8, math="fp16", dtype="fp16"), "device"),
     ("batches of 32 requests, fp32 math (`KernelConfig(math=\"fp32\")`)", "pipeline",
-     dict(variant="retrieve", n_ads=1e8, batch=32, math="fp32"), "throughput"),
+     dict(variant="retrieve", n_ads=1e8, batch=32, math="fp32", dtype="fp16"), "throughput"),
     ("`Pool.apply` of 10,000 mixed updates, end to end", "pool",
      dict(variant="apply_end_to_end", batch=10_000), "updates"),
     ("dot product (two-tower), scores to memory", "scoring",

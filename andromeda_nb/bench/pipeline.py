@@ -21,7 +21,8 @@ set and the top-k of the kernel's own scores (exact ids, order and scores).
 
 Phases (``--phases``; default all): ``retrieve`` (a case a batch size), ``match`` (no case of its
 own: ``match_eligible`` comes with retrieve's batch-1 case), ``launch``, ``open_loop`` (the largest
-pool only), ``score_topk`` and ``fp16``; run pool size by pool size (10^7, 10^8, those up to
+pool only), ``score_topk``, ``fp16`` and ``int8`` (an int8 table in fp16 math: retrieve at batches 1
+and 32, score_topk); run pool size by pool size (10^7, 10^8, those up to
 ``--n-ads``).
 ``--quick``: the largest pool, retrieve at batches 1, 8, 32, without the diagnostics.
 """
@@ -34,6 +35,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..score.unfused import fused_bytes_per_ad
 from . import harness
 from .tables import gpu_table
 
@@ -55,10 +57,10 @@ def _quantiles(xs) -> tuple[float, float]:
     return statistics.median(xs), xs[min(len(xs) - 1, int(np.ceil(0.99 * len(xs))) - 1)]
 
 
-def _row(env, ceil, variant, n, batch, wall, p99, device, items, bytes_per_item, verified, **extra):
+def _row(env, ceil, variant, n, batch, wall, p99, device, items, bytes_per_item, verified, dtype="fp16", **extra):
     t = harness.Timing(wall, wall, wall, wall, CALLS)
     r = harness.row("pipeline", env, ceil, t, items, bytes_per_item, None, verified, variant=variant, n_ads=n, d=D,
-                    dtype="fp16", experts=E, k_experts=KE, k=K, batch=batch, **extra)
+                    dtype=dtype, experts=E, k_experts=KE, k=K, batch=batch, **extra)
     r.update(seconds_p20="", seconds_p80="", seconds_p99=f"{p99:.6e}", device_seconds=f"{device:.6e}",
              requests_per_s=f"{batch / wall:.6e}")
     return r
@@ -160,31 +162,34 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
         per_step = {s: statistics.median(c[s] for c in steps) for s in steps[0]}
         elig = float(np.mean([o.n_eligible for o in outs]))
         wall, p99 = _quantiles(walls)
-        request_bytes = match_bytes + n / 8 + elig * (4 + 4 + 128 + 4)
+        dtype = pool.table.dtype
+        per_ad = 4 + 4 + fused_bytes_per_ad(D, dtype)  # slot, score, row + bias (+ int8 scale)
+        request_bytes = match_bytes + n / 8 + elig * per_ad
         notes = ("device steps (us, median): " + ", ".join(f"{s} {v * 1e6:.1f}" for s, v in per_step.items())
                  + f"; bytes a request: match {match_bytes / 1e6:.1f} MB (host byte model), gather {n / 8e6:.1f} MB, "
-                 f"{elig:,.0f} eligible x 140 B")
+                 f"{elig:,.0f} eligible x {per_ad:.0f} B")
+        tag = f"{pool.n_ads}_{pool.config.math}" + ("" if dtype == "fp16" else f"_{dtype}")
         if B == 32 and variant != "retrieve_bound_launches":
             _host_profile(lambda: pool.retrieve(batch, profs, K), 30, args_out,
-                          f"{pool.n_ads}_{pool.config.math}_batch{B}{'_columns' if profile_batch else ''}")
+                          f"{tag}_batch{B}{'_columns' if profile_batch else ''}")
         if profile_batch:
             notes += "; profiles as one ProfileBatch (columns)"
         notes += f"; launches after the match: {pool.launches} (device steps timed one by one)"
-        rows.append(_row(env, ceil, variant, n, B, wall, p99, device, B * elig, request_bytes / elig, verified,
+        rows.append(_row(env, ceil, variant, n, B, wall, p99, device, B * elig, request_bytes / elig, verified, dtype,
                          access="bitset", eligible_fraction=f"{elig / n:.5f}", categories=len(world.schema),
                          layout=pool.table.layout, notes=notes))
         if B == 1 and variant == "retrieve":
             sparse = [sum(v for s, v in c.items() if s not in ("weights", "match", "answers")) for c in steps]
             dev = statistics.median(sparse)
             rows.append(_row(env, ceil, "score_sparse", n, 1, dev, _quantiles(sparse)[1], dev, elig,
-                             4 + 4 + 128 + 4 + n / 8 / elig, verified, access="bitset",
+                             per_ad + n / 8 / elig, verified, dtype, access="bitset",
                              eligible_fraction=f"{elig / n:.5f}", layout=pool.table.layout,
                              notes="device time of gather + sample + seed + filter + final (wall = device here)"))
             mt = [c["match"] for c in steps]
             match_dev = statistics.median(mt)
             if diagnostics:
                 rows.append(_match_row(env, ceil, world, profiles, n, match_dev, match_bytes))
-            _host_profile(lambda: pool.retrieve(batch, profs, K), 200, args_out, f"{pool.n_ads}_{pool.config.math}")
+            _host_profile(lambda: pool.retrieve(batch, profs, K), 200, args_out, tag)
     return rows
 
 
@@ -211,7 +216,8 @@ def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None)
     walls = _timed(lambda: score_topk(req, tiles, K, config=config), CALLS)
     wall, p99 = _quantiles(walls)
     if out_dir is not None:
-        _host_profile(lambda: score_topk(req, tiles, K, config=config), 30, out_dir, f"score_topk_{n}_{math}")
+        _host_profile(lambda: score_topk(req, tiles, K, config=config), 30, out_dir,
+                      f"score_topk_{n}_{math}" + ("" if tiles.dtype == "fp16" else f"_{tiles.dtype}"))
     dreq = DeviceRequest.of(req)
     sfw = next(ws for key, ws in tiles._workspaces.items() if key[:4] == ("filter", n, K, "pool"))
     device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, config, sfw),
@@ -220,7 +226,8 @@ def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None)
     want = reference.topk(scores, K, ids=tiles.host_ad_ids)
     ok = np.array_equal(top.ids, want.ids) and np.array_equal(top.scores, want.scores)
     verified = ("ok: equals the reference top-k of the kernel's scores" if ok else "FAILED")
-    return _row(env, ceil, "score_topk", n, 1, wall, p99, device, n, 128 + 4, verified, access="pool",
+    return _row(env, ceil, "score_topk", n, 1, wall, p99, device, n, fused_bytes_per_ad(D, tiles.dtype), verified,
+                tiles.dtype, access="pool",
                 eligible_fraction="1", layout="tiles",
                 notes="device: the same launches back to back behind a busy kernel (harness.time_device)")
 
@@ -304,6 +311,7 @@ class RetrieveCase(harness.Case):
     diagnostics: bool = True
     n_ads: int | None = None  # set per pool size by :func:`cases`
     math: str = "fp32"
+    dtype: str = "fp16"  # the pool table's storage
     run_in: str = "both"
     profile_batch: bool = False  # the profiles as one ProfileBatch (variant retrieve_profile_batch)
     launches: str = "auto"  # "bound": the pool's launches one by one, not its graph (retrieve_bound_launches)
@@ -349,6 +357,7 @@ class ScoreTopkCase(harness.Case):
     layout: str = "tiles"
     access: str = "pool"
     math: str = "fp32"
+    dtype: str = "fp16"
 
 
 #: phase -> cases, in run order within a pool size. ``match``: the ``match_eligible`` row comes with
@@ -365,6 +374,9 @@ PHASES = {
              *(RetrieveCase(B, diagnostics=False, math="fp16", profile_batch=True) for B in (1, 32)),
              *(RetrieveCase(B, diagnostics=False, math="fp16", launches="bound") for B in (1, 32)),
              ScoreTopkCase(math="fp16")),
+    # int8 tables (a scale a row) as a user calls them, in fp16 math (the rows widened into the fragments)
+    "int8": (*(RetrieveCase(B, diagnostics=False, math="fp16", dtype="int8") for B in (1, 32)),
+             ScoreTopkCase(math="fp16", dtype="int8")),
 }
 DEFAULT_PHASES = tuple(PHASES)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)
@@ -405,7 +417,8 @@ class Run(harness.Run):
         return rows
 
     def _measure(self, case):
-        self.setup(case.n_ads, pool=not isinstance(case, ScoreTopkCase), math=getattr(case, "math", "fp32"))
+        self.setup(case.n_ads, pool=not isinstance(case, ScoreTopkCase), math=getattr(case, "math", "fp32"),
+                   dtype=getattr(case, "dtype", "fp16"))
         if isinstance(case, RetrieveCase):
             batches = (case.batch,)
             # the same pool with its launches one by one (the attribute is read at each call)
@@ -421,13 +434,15 @@ class Run(harness.Run):
         if isinstance(case, OpenLoopCase):
             return _open_loop_rows(self.env, self.ceil, self.world, self.pool, self.reqs, self.profiles, self.n)
         self.pool = self.table = None  # the tiles table takes their place
-        if self.tiles is None:
-            self.tiles = gpu_table(self.n, D, "fp16", "tiles", seed=1)
+        if self.tiles is None or self.tiles.dtype != case.dtype:
+            self.tiles = None
+            self.tiles = gpu_table(self.n, D, case.dtype, "tiles", seed=1)
         return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, case.math, self.options.out)]
 
-    def setup(self, n: int, pool: bool = True, math: str = "fp32", host_bits=True, spare: int = 0) -> None:
+    def setup(self, n: int, pool: bool = True, math: str = "fp32", host_bits=True, spare: int = 0,
+              dtype: str = "fp16") -> None:
         """The world and requests of ``n`` ads (a new size frees the last one's), and with ``pool``
-        the rows table and its Pool in ``math``; ``host_bits`` of the world's device index (kept
+        the rows table (``dtype``) and its Pool in ``math``; ``host_bits`` of the world's device index (kept
         for the reference checks; ``"auto"`` where the pool takes updates, as a user's would);
         ``spare`` free slots past the ads (the table's too)."""
         from ..datasets import synthetic as syn
@@ -445,13 +460,14 @@ class Run(harness.Run):
             self.reqs = [Request.random(D, E, KE, rng) for _ in range(max(BATCHES))]
             self.match_bytes = _match_bytes(self.world, self.profiles)
             self.pool = self.tiles = None
-        if pool and (self.pool is None or self.pool.config.math != math):
+        if pool and (self.pool is None or self.pool.config.math != math or self.table.dtype != dtype):
             from ..score import KernelConfig
 
             self.tiles = None
-            if self.table is None:
+            if self.table is None or self.table.dtype != dtype:
+                self.pool = self.table = None  # their buffers go before the new table's come
                 ids = self.world.index.ad_ids
-                self.table = gpu_table(ids.size, D, "fp16", "rows", seed=1, ad_ids=ids if spare else None)
+                self.table = gpu_table(ids.size, D, dtype, "rows", seed=1, ad_ids=ids if spare else None)
             self.pool = None  # its buffers go before the next pool's come
             self.pool = Pool(self.table, self.world.dev, max_batch=max(BATCHES), max_k=K,
                              config=KernelConfig(math=math))
