@@ -25,9 +25,9 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
       python3 -c "import numpy, numba, numba_cuda, cupy, torch; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, 'torch', torch.__version__)" ;;
     tests)
-      # PYTEST_ARGS replaces the default selection (the whole suite), e.g. "tests/test_topk_kernel.py"
+      # PYTEST_ARGS replaces the default selection (the whole suite), e.g. "tests/topk/test_api.py"
       ANDROMEDA_TEST_BACKEND=cuda python3 -m pytest ${PYTEST_ARGS:-tests} -q -x -p no:cacheprovider \
-        --deselect tests/test_ptx.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1 ;;
+        --deselect tests/device/test_ptx.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1 ;;
     quickstart|series)
       only=(); [ "$step" = quickstart ] && only=(--only 01_quickstart)
       python3 -m andromeda_nb run --params full --backend cuda "${only[@]}" --out "$OUT/notebooks" \

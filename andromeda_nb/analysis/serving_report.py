@@ -161,7 +161,8 @@ def findings(live: pd.DataFrame, model: pd.DataFrame, gpu_rows: pd.DataFrame | N
             f"{r.eligible_fraction:.2%} eligible: co-located {r.colocated_p50_ms:.2f} ms"
             + (f" ({r.colocated_p50_ms - r.inprocess_retrieve_p50_ms:+.2f} ms over in-process)"
                if "inprocess_retrieve_p50_ms" in part.columns and pd.notna(r.inprocess_retrieve_p50_ms) else "")
-            + f", remote scoring {r.remote_over_colocated:,.0f}x its bytes (model {r.model_remote_over_colocated:,.0f}x)"
+            + (f", remote scoring {r.remote_over_colocated:,.0f}x its bytes (model {r.model_remote_over_colocated:,.0f}x)"
+               if pd.notna(r.remote_over_colocated) else ", no remote-scoring row at this fraction")
             for r in part.itertuples())
         lines.append(f"- Against the eligible fraction ({int(n_ads):,} ads): {points}.")
     if table["n_ads"].max() < 1e8 or "colocated" not in set(table.loc[table["n_ads"] >= 1e8, "variant"]):

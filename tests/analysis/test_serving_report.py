@@ -102,3 +102,8 @@ def test_eligible_table_sets_the_picked_fractions_beside_the_worlds_own():
     text = serving_report.findings(live, serving_report.byte_model_table(), rows)
     assert ("Against the eligible fraction (10,000,000 ads): 0.50% eligible: co-located 1.40 ms (+1.10 ms over "
             "in-process), remote scoring 11x its bytes (model 13x)") in text
+    # a fraction without a remote-scoring row says so (no "nanx" in the prose)
+    no_remote = rows[~((rows["variant"] == "remote_scoring") & (rows["eligible_fraction"] == "0.02"))]
+    text = serving_report.findings(live, serving_report.byte_model_table(), no_remote)
+    assert "2.00% eligible: co-located 1.60 ms (+1.30 ms over in-process), no remote-scoring row at this fraction" in text
+    assert "nan" not in text
