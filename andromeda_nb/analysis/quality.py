@@ -19,7 +19,9 @@ checkpoints``, kept where own-length tuning replaced them), ``preset``
 - precision rows (model ``mixture_k2``, one per dtype): ``recall@100``, ``recall@100_delta_pp``
   (minus fp32, percentage points), ``overlap@100_fp32``, ``score_err_p50/p99/p999/max`` (absolute
   score error against the fp32 table, divided by the user's fp32 score standard deviation over
-  eligible ads);
+  eligible ads); the fp16 math rows (``fp16_math``, ``int8_fp16_math``) also against fp32 math on
+  their own storage (:data:`FP16_MATH_STORAGE`), the choice ``KernelConfig(math="auto")`` makes for
+  a table already stored: ``recall@100_delta_pp_same_storage``, ``overlap@100_same_storage``;
 - compute rows (seed empty): ``flops_per_ad`` (the model of ``docs/design.md``: 2d + 2Ed + 2Kd + 4E
   + 2K; the ranking model's per-pair count), ``kernel_flops_per_ad`` (the FLOPs the measured fused kernel
   row counts: the K chosen experts' value dots only),
@@ -55,6 +57,8 @@ DATASETS = ("multi_interest", "ml-100k")
 KS = {"multi_interest": (50, 100, 500), "ml-100k": (10, 50, 100)}
 RETRIEVAL_MODELS = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture")
 PRECISION_DTYPES = ("fp32", "bf16", "fp16", "fp16_math", "int8", "int8_fp16_math", "int8_dimscale")
+#: the fp16 math rows' storage: what they are compared with in fp32 math (``*_same_storage`` metrics)
+FP16_MATH_STORAGE = {"fp16_math": "fp16", "int8_fp16_math": "int8"}
 
 
 @dataclass(frozen=True)
@@ -554,11 +558,14 @@ def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progr
     sd = np.array([base[i, elig[i]].std() if elig[i].any() else 1.0 for i in range(len(rows))])
     sd = np.where(sd > 0, sd, 1.0)
     out = []
-    for dt in dtypes:
+    done = {}  # dtype -> (top-100 rows, recall@100): the fp16 math rows' storage in fp32 math
+    # the storages first, so each fp16 math row finds its storage's fp32 math
+    for dt in sorted(dtypes, key=lambda d: d in FP16_MATH_STORAGE):
         table, req = tables[dt]
         sc = base if dt == "fp32" else model_scores(tm, rows, table, req, math="fp16" if dt.endswith("fp16_math") else "fp32")
         top = _topk_rows(sc, elig, 100)
         rec = recalls(data, rows, top, (100,))["recall@100"]
+        done[dt] = top, rec
         ov = float(np.mean([topk_overlap(x, y, 100) for x, y in zip(top, base_top)]))
         err = (np.abs(sc - base) / sd[:, None])[elig]
         E, K, d = tm.experts, tm.k_experts, tm.cfg.d
@@ -566,6 +573,14 @@ def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progr
                 "score_err_p50": np.quantile(err, 0.5), "score_err_p99": np.quantile(err, 0.99),
                 "score_err_p999": np.quantile(err, 0.999), "score_err_max": err.max(),
                 "bytes_per_ad": bytes_per_ad(d, dt)}
+        if dt in FP16_MATH_STORAGE:
+            st = FP16_MATH_STORAGE[dt]
+            st_top, st_rec = done[st] if st in done else (None, None)
+            if st_top is None:  # its storage not among the dtypes asked for: scored here, not written
+                st_top = _topk_rows(model_scores(tm, rows, tables[st][0], tables[st][1], math="fp32"), elig, 100)
+                st_rec = recalls(data, rows, st_top, (100,))["recall@100"]
+            vals["recall@100_delta_pp_same_storage"] = 100 * (rec - st_rec)
+            vals["overlap@100_same_storage"] = float(np.mean([topk_overlap(x, y, 100) for x, y in zip(top, st_top)]))
         for metric, v in vals.items():
             out.append(_row(data.name, tm.name, E, K, dt, d, tm.seed, metric, v, **meta))
     return pd.DataFrame(out, columns=COLUMNS)

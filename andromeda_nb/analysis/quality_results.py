@@ -73,7 +73,7 @@ def load_results(path=RESULTS) -> pd.DataFrame:
 
 _COMPUTE_METRICS = {"flops_per_ad", "kernel_flops_per_ad", "kernel_ads_per_s"}
 _PRECISION_METRICS = {"recall@100_delta_pp", "overlap@100_fp32", "score_err_p50", "score_err_p99",
-                      "score_err_p999", "score_err_max"}
+                      "score_err_p999", "score_err_max", "recall@100_delta_pp_same_storage", "overlap@100_same_storage"}
 
 
 def _infer_experiment(df: pd.DataFrame) -> pd.DataFrame:

@@ -58,6 +58,18 @@ def test_precision_rows(k2, data):
     assert got[("fp16_math", "bytes_per_ad")] == 32 + 4 and got[("int8_fp16_math", "bytes_per_ad")] == 16 + 8
     # fp16 math rounds h and the weights too: more error than the fp16 table alone, never less
     assert got[("fp16_math", "score_err_p50")] >= got[("fp16", "score_err_p50")]
+    # the fp16 math rows against fp32 math on their own storage (what math="auto" decides), only those rows
+    for dt, st in (("fp16_math", "fp16"), ("int8_fp16_math", "int8")):
+        assert got[(dt, "recall@100_delta_pp_same_storage")] == pytest.approx(
+            got[(dt, "recall@100_delta_pp")] - got[(st, "recall@100_delta_pp")], abs=1e-9)
+        assert 0 <= got[(dt, "overlap@100_same_storage")] <= 1
+    assert set(frame.loc[frame["metric"] == "overlap@100_same_storage", "dtype"]) == {"fp16_math", "int8_fp16_math"}
+    # without its storage among the dtypes, the storage is scored all the same (and not written)
+    alone = quality.run_precision(k2, rows, preset="smoke", dtypes=("fp32", "int8_fp16_math"))
+    assert set(alone["dtype"]) == {"fp32", "int8_fp16_math"}
+    again = alone.set_index(["dtype", "metric"])["value"]
+    for metric in ("recall@100_delta_pp_same_storage", "overlap@100_same_storage"):
+        assert again[("int8_fp16_math", metric)] == pytest.approx(got[("int8_fp16_math", metric)])
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "int8"])
