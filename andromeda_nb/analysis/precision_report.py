@@ -175,6 +175,21 @@ def _default_math() -> str:
     return KernelConfig().math
 
 
+def int8_default_line(int8: dict, datasets) -> str:
+    """The same rule for fp16 math on int8 tables, against fp32 math on the int8 table (``int8``:
+    ``{dataset: (Δ recall@100 pp, top-100 overlap)}`` of the same-storage metrics)."""
+    head = ("**fp16 math on int8 tables?** The same rule against fp32 math on the int8 table (what "
+            "`math=\"auto\"` chooses for a table already stored)")
+    if not int8:
+        return head + ": not measured (rows without the same-storage metrics); `\"auto\"` keeps fp32 math there."
+    ok = set(int8) >= set(datasets) and all(abs(dpp) <= DEFAULT_MATH_DELTA_PP and ov >= DEFAULT_MATH_OVERLAP
+                                            for dpp, ov in int8.values())
+    missing = [ds for ds in datasets if ds not in int8]
+    return (head + ". " + "; ".join(f"{ds}: {dpp:+.3f} pp, overlap {ov:.4f}" for ds, (dpp, ov) in int8.items())
+            + (f"; {', '.join(missing)}: not measured" if missing else "") + ": "
+            + ("the data allow it." if ok else "not met on every dataset; `\"auto\"` keeps fp32 math on int8 tables."))
+
+
 def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
     """The notebook's conclusions as Markdown: bytes and memory per dtype with the measured rates,
     each dataset and lower-precision dtype against the target, and the score error's range."""
@@ -182,10 +197,13 @@ def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
     any_s = next(iter(summary.values()), None)
     if any_s is not None and {"fp16", "int8"} <= set(any_s.index):
         b16, b8 = (any_s.loc[d, ("mean", "bytes_per_ad")] for d in ("fp16", "int8"))
-        g16, g8 = kernel_rate(thr, "fp16"), kernel_rate(thr, "int8")
         cfg = ", ".join(f"{k} = {v}" for k, v in KERNEL_CONFIG.items())
-        speed = (f"the fused kernel ({cfg}) runs int8 at {g8 / g16:.2f}x fp16's measured ads/s" if np.isfinite(g8 / g16)
-                 else "the kernel's int8 and fp16 rates are not both measured")
+        rates = {m: (kernel_rate(thr, i8), kernel_rate(thr, f16))
+                 for m, i8, f16 in (("fp16", "int8_fp16_math", "fp16_math"), ("fp32", "int8", "fp16"))}
+        rates = {m: g8 / g16 for m, (g8, g16) in rates.items() if np.isfinite(g8 / g16)}
+        speed = ("the fused kernel (" + cfg + ") runs int8 at "
+                 + ", ".join(f"{r:.2f}x fp16's measured ads/s in {m} math" for m, r in rates.items())
+                 if rates else "the kernel's int8 and fp16 rates are not both measured")
         lines.append(f"int8 stores {b8:.0f} bytes an ad against fp16's {b16:.0f} (a 10^{int(np.log10(POOL_ADS))}-ad "
                      f"table: {b8 * POOL_ADS / 1e9:.1f} GB against {b16 * POOL_ADS / 1e9:.1f} GB); {speed}.")
     for ds, s in summary.items():
@@ -208,6 +226,13 @@ def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
                      + (("the data allow it" + (f"; the kernels' default is math={_default_math()!r}." if _default_math() != "fp32" else
                                                 "; the kernels' default is still fp32 math (not yet switched).")) if ok
                         else "not met, fp32 math stays the default."))
+    int8 = {ds: (s.loc["int8_fp16_math", ("mean", "recall@100_delta_pp_same_storage")],
+                 s.loc["int8_fp16_math", ("mean", "overlap@100_same_storage")])
+            for ds, s in summary.items() if "int8_fp16_math" in s.index
+            and ("mean", "overlap@100_same_storage") in s.columns
+            and np.isfinite(s.loc["int8_fp16_math", ("mean", "overlap@100_same_storage")])}
+    if summary:
+        lines.append(int8_default_line(int8, list(summary)))
     half = [s.loc[[d for d in ("fp16", "fp16_math", "bf16") if d in s.index], ("mean", "score_err_max")]
             for s in summary.values()]
     half = pd.concat(half) if half else pd.Series(dtype=float)

@@ -154,7 +154,12 @@ def test_precision_summary_metrics_and_findings(tmp_path):
     assert np.isnan(table.loc["fp32", "ads/s (H200)"])
     text = PR.findings(summary, thr)
     assert "int8 stores 72 bytes an ad against fp16's 132" in text and "7.2 GB against 13.2 GB" in text
-    assert "runs int8 at 0.90x fp16's measured ads/s" in text
+    assert "runs int8 at 0.90x fp16's measured ads/s in fp32 math" in text
+    fast = pd.concat([thr, pd.DataFrame({"items_per_s": [3e10, 4.5e10], "device": ["H200"] * 2},
+                                        index=pd.Index(["fp16_math", "int8_fp16_math"]))])
+    assert "runs int8 at 1.50x fp16's measured ads/s in fp16 math, 0.90x fp16's measured ads/s in fp32 math" in (
+        PR.findings(summary, fast))
+    assert "**fp16 math on int8 tables?**" in text and "not measured" in text
     assert "ml-100k, fp16: Δ recall@100 +0.100 pp, top-100 overlap 0.9950: meets the target" in text
     assert "ml-100k, int8: Δ recall@100 -0.800 pp, top-100 overlap 0.9700: **misses**" in text
     assert "maximum* score error is 1.5 to 1.5" in text
@@ -168,3 +173,15 @@ def test_kernel_throughput_of_the_precision_configuration(tmp_path):
     thr = PR.throughput(csv)
     assert thr["items_per_s"].to_dict() == {"fp16": 2e10, "int8": 1.8e10}
     assert PR.kernel_rate(thr, "int8_dimscale") == 1.8e10 and np.isnan(PR.kernel_rate(thr, "bf16"))
+
+
+def test_int8_default_rule_against_fp32_math_on_the_int8_table():
+    """fp16 math on int8 tables meets the default rule only within 0.1 pp and overlap 0.99 on every dataset."""
+    both = ["ml-100k", "multi_interest"]
+    assert PR.int8_default_line({"ml-100k": (-0.05, 0.995), "multi_interest": (0.02, 0.991)}, both).endswith(
+        "the data allow it.")
+    for bad in ({"ml-100k": (-0.15, 0.995), "multi_interest": (0.02, 0.991)},
+                {"ml-100k": (-0.05, 0.985), "multi_interest": (0.02, 0.991)}):
+        assert "not met on every dataset" in PR.int8_default_line(bad, both)
+    one = PR.int8_default_line({"ml-100k": (0.0, 1.0)}, both)
+    assert "multi_interest: not measured" in one and "not met on every dataset" in one
