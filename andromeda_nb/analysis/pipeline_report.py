@@ -30,6 +30,7 @@ STEP_ORDER = ("weights", "match", "reset", "gather", "sample", "seed", "filter",
 def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
     out = rows.copy()
     out["math"] = out["math"].replace("", "fp32") if "math" in out else "fp32"  # older rows: fp32
+    out["dtype"] = out["dtype"].fillna("").replace("", "fp16") if "dtype" in out else "fp16"  # the benchmark table
     for col, src in (("wall_ms", "seconds_median"), ("p99_ms", "seconds_p99"), ("device_ms", "device_seconds")):
         out[col] = pd.to_numeric(out[src], errors="coerce") * 1e3 if src in out else np.nan
     out["requests_per_s"] = pd.to_numeric(out["requests_per_s"], errors="coerce") if "requests_per_s" in out else np.nan
@@ -38,10 +39,10 @@ def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def newest(rows: pd.DataFrame) -> pd.DataFrame:
-    """The newest verified row of each (variant, pool size, batch), with ``wall_ms``, ``p99_ms``,
+    """The newest verified row of each (variant, pool size, batch, math, table dtype), with ``wall_ms``, ``p99_ms``,
     ``device_ms`` and ``wall_over_device``."""
     ok = _with_ms(rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")])
-    return ok.sort_values("timestamp").groupby(["variant", "n_ads", "batch", "math"], dropna=False).tail(1)
+    return ok.sort_values("timestamp").groupby(["variant", "n_ads", "batch", "math", "dtype"], dropna=False).tail(1)
 
 
 def sweep_run(rows: pd.DataFrame, variant: str = "retrieve") -> pd.DataFrame:
@@ -57,7 +58,7 @@ def sweep_run(rows: pd.DataFrame, variant: str = "retrieve") -> pd.DataFrame:
 def batch_table(rows: pd.DataFrame) -> pd.DataFrame:
     """``retrieve`` against batch size and pool size (the newest whole sweep)."""
     t = sweep_run(rows)
-    t = t[(t["variant"] == "retrieve") & (t["math"] == "fp32")].sort_values(["n_ads", "batch"])
+    t = t[(t["variant"] == "retrieve") & (t["math"] == "fp32") & (t["dtype"] == "fp16")].sort_values(["n_ads", "batch"])
     return t[["n_ads", "batch", "wall_ms", "p99_ms", "device_ms", "wall_over_device", "requests_per_s",
               "eligible_fraction", "commit"]].reset_index(drop=True)
 
@@ -66,7 +67,7 @@ def steps(rows: pd.DataFrame) -> pd.DataFrame:
     """Where a one-request call's device time goes (microseconds a step, from the retrieve rows'
     notes) and the host's share (wall minus device), per pool size (the newest row of each)."""
     t = newest(rows)
-    t = t[(t["variant"] == "retrieve") & (t["batch"] == 1) & (t["math"] == "fp32")]
+    t = t[(t["variant"] == "retrieve") & (t["batch"] == 1) & (t["math"] == "fp32") & (t["dtype"] == "fp16")]
     out = []
     for _, r in t.iterrows():
         found = dict(re.findall(r"(\w+) ([0-9.]+)", str(r["notes"]).split(";")[0].split(":", 1)[-1]))
@@ -167,8 +168,9 @@ def load_figure(curve: pd.DataFrame, source: str):
 DEFAULT_PATH_MATH = "fp16"
 
 
-def _row(t: pd.DataFrame, variant: str, n: float, batch: float = 1, math: str = DEFAULT_PATH_MATH):
-    r = t[(t["variant"] == variant) & np.isclose(t["n_ads"], n) & np.isclose(t["batch"], batch) & (t["math"] == math)]
+def _row(t: pd.DataFrame, variant: str, n: float, batch: float = 1, math: str = DEFAULT_PATH_MATH, dtype: str = "fp16"):
+    r = t[(t["variant"] == variant) & np.isclose(t["n_ads"], n) & np.isclose(t["batch"], batch) & (t["math"] == math)
+          & (t["dtype"] == dtype)]
     return None if r.empty else r.iloc[-1]
 
 
@@ -251,7 +253,8 @@ def launches_line(rows: pd.DataFrame) -> str:
     and launched one by one (``retrieve_bound_launches``) on the same 10^8-ad pool and requests, as
     one finding per batch size; '' when no run holds both."""
     pair = rows[rows["variant"].isin(["retrieve", "retrieve_bound_launches"]) & rows["ok"]
-                & np.isclose(rows["n_ads"].astype(float), 1e8) & (rows["math"] == DEFAULT_PATH_MATH)]
+                & np.isclose(rows["n_ads"].astype(float), 1e8) & (rows["math"] == DEFAULT_PATH_MATH)
+                & (rows["dtype"].fillna("fp16").replace("", "fp16") == "fp16" if "dtype" in rows else True)]
     both = [c for c, g in pair.groupby("commit") if set(g["variant"]) == {"retrieve", "retrieve_bound_launches"}]
     if not both:
         return ""
@@ -298,7 +301,24 @@ def findings(rows: pd.DataFrame) -> str:
         f = m["score_topk_1e8_device_over_wall"]
         lines.append(f"- `score_topk` over the whole pool: the public call runs at {f:.2f} of its kernels' rate "
                      f"(target {TARGET_SCORE_TOPK_RATE}: {met(f >= TARGET_SCORE_TOPK_RATE)}).")
+    int8 = int8_line(t)
+    if int8:
+        lines.append(int8)
     graph = launches_line(rows)
     if graph:
         lines.append(graph)
     return "\n".join(lines)
+
+
+def int8_line(t: pd.DataFrame) -> str:
+    """The public calls on an int8 table (fp16 math) beside the fp16 table's, from :func:`newest`'s
+    rows at 10^8 ads; '' where no int8 row is committed."""
+    parts = []
+    for variant, batch, label in (("retrieve", 1, "one request"), ("retrieve", 32, "batches of 32"),
+                                  ("score_topk", 1, "`score_topk`")):
+        i8, f16 = _row(t, variant, 1e8, batch, dtype="int8"), _row(t, variant, 1e8, batch)
+        if i8 is None:
+            continue
+        than = f" (fp16 table: {f16['wall_ms']:.3f} ms, {f16['device_ms']:.3f} ms)" if f16 is not None else ""
+        parts.append(f"{label} {i8['wall_ms']:.3f} ms p50 wall, {i8['device_ms']:.3f} ms device{than}")
+    return ("- On an int8 table (fp16 math), 10^8 ads: " + "; ".join(parts) + ".") if parts else ""

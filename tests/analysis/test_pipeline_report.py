@@ -64,3 +64,19 @@ def test_launches_line_compares_graph_and_bound_in_one_run():
     assert "commit `zz1`" in line and "batch 1: 0.400 ms with the graph, 0.600 ms launched one by one" in line
     assert pipeline_report.launches_line(rows[rows["variant"] != "retrieve_bound_launches"]) == ""
     assert "one CUDA graph" in pipeline_report.findings(rows)  # the committed runs hold both
+
+
+def test_int8_rows_stay_out_of_the_fp16_headline_and_get_their_own_line():
+    rows = results.load("pipeline")
+    before = pipeline_report.headline_metrics(rows)
+    assert pipeline_report.int8_line(pipeline_report.newest(rows)) == ""  # none committed yet
+    new = rows[(rows["variant"].isin(["retrieve", "score_topk"])) & (rows["math"] == "fp16")
+               & (rows["n_ads"].astype(float) > 9e7)].sort_values("timestamp").groupby(["variant", "batch"]).tail(1)
+    new = new.assign(dtype="int8", timestamp="2999-01-01T00:00:00+00:00", seconds_median="0.0005",
+                     device_seconds="0.0002", commit="int8run")
+    both = pd.concat([rows, new], ignore_index=True)
+    assert pipeline_report.headline_metrics(both) == before  # the default path's rows are the fp16 table's
+    line = pipeline_report.int8_line(pipeline_report.newest(both))
+    assert line.startswith("- On an int8 table (fp16 math), 10^8 ads: one request 0.500 ms p50 wall, 0.200 ms device")
+    assert "`score_topk` 0.500 ms p50 wall" in line and line in pipeline_report.findings(both)
+    assert pipeline_report.batch_table(both)["commit"].ne("int8run").all()
