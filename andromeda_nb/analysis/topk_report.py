@@ -27,6 +27,8 @@ STAGE_LABELS = {"seed": "seed (its sample included)", "filter": "filter (filter 
                 "final_radix": "final by radix select (past 8,192 kept)",
                 "scan": "scan (scan path)", "merge": "merge, offer final (scan path)",
                 "merge_radix": "merge, radix final (scan path)", "all": "whole call (filter path, default)"}
+#: the stages that read every score (the others' fraction of the read ceiling is left empty)
+READS_ALL_SCORES = ("filter", "scan", "all")
 SCALING_METHODS = ("block_topk_seeded", "block_topk_seeded_batch_path", "block_topk_onelaunch", "torch.topk",
                    "cupy.argpartition")
 #: One colour a method in every top-K figure (a method not listed is grey).
@@ -80,11 +82,14 @@ def throughput_pivot(rows: pd.DataFrame) -> pd.DataFrame:
 
 def stage_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One call (or one batch) split by stage, each timed alone: ``n_ads, k, batch, stage, label,
-    latency_us, fraction_of_read_ceiling, commit``, in pipeline order."""
+    latency_us, fraction_of_read_ceiling, commit``, in pipeline order; the fraction only for the
+    stages that read every score (:data:`READS_ALL_SCORES`)."""
     st = label_cases(shown(rows))
     st = st[is_stage(st["variant"])]
     st = st.assign(stage=stage_of(st["variant"]))
     st = st.assign(label=st["stage"].map(STAGE_LABELS).fillna(st["stage"]))
+    # a row's fraction counts all n scores read; the other stages read a sample or a small buffer
+    st = st.assign(fraction_of_read_ceiling=st["fraction_of_read_ceiling"].where(st["stage"].isin(READS_ALL_SCORES)))
     return st[["n_ads", "k", "batch", "stage", "label", "latency_us", "fraction_of_read_ceiling", "commit"]]
 
 

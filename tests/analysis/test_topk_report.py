@@ -41,6 +41,10 @@ def test_cases_pivot_and_stages():
     assert list(pivot.index)[-1].endswith("x1024")  # batches last
     stages = TR.stage_table(ROWS)
     assert stages["stage"].tolist() == ["seed", "filter"] and stages["label"].iloc[0] == TR.STAGE_LABELS["seed"]
+    # the seed reads a sample: no fraction of the read ceiling; the filter reads every score: its own
+    frac = stages.set_index("stage")["fraction_of_read_ceiling"]
+    assert np.isnan(frac["seed"]) and frac["filter"] == pytest.approx(
+        ROWS.loc[ROWS["variant"].str.endswith("stage_filter"), "fraction_of_read_ceiling"].iloc[-1])
 
 
 def test_headline_metrics():
