@@ -22,7 +22,8 @@ committed ones); a kernel that is not installed is refused with :class:`KernelNo
 before any notebook runs. A notebook succeeds only when it ran to the end: a cell that raised
 (``SystemExit`` included, which papermill itself lets pass when its code is 0 or empty) or a code
 cell left unexecuted (after an early stop, or tagged ``skip-execution``) fails it. Progress bars
-are tqdm's text bars in the executed copies (:mod:`andromeda_nb.runner.text_progress`).
+are tqdm's text bars in the executed copies (:mod:`andromeda_nb.runner.text_progress`), each kept
+as a terminal would show it at the end (:func:`coalesce_streams`), not as its hundreds of updates.
 
 Outputs, under ``out_dir``: ``<stem>.ipynb`` for each notebook that ran to the end (written under
 a temporary name and renamed only on success), ``<stem>.FAILED.ipynb`` for the one that failed
@@ -67,6 +68,36 @@ KERNEL_ARGUMENTS = ("--ext=andromeda_nb.runner.text_progress",)
 RUNNER_KEYS = ("figures_dir", "metrics_dir")
 SERIES_FILE = "series.json"
 FAILED_SUFFIX = ".FAILED.ipynb"
+
+
+def coalesce_streams(nb):
+    """``nb`` (changed in place and returned) with each cell's consecutive outputs of one stream
+    (stdout, stderr) merged into one, and every line as a terminal shows it once written: each
+    carriage return starts overwriting the line from its first column. A text progress bar sends
+    one output an update; the executed copy keeps its final line."""
+    for cell in nb.cells:
+        merged = []
+        for out in cell.get("outputs", []):
+            last = merged[-1] if merged else None
+            if (out.get("output_type") == "stream" and last is not None and last.get("output_type") == "stream"
+                    and last.get("name") == out.get("name")):
+                last["text"] += out["text"]
+            else:
+                merged.append(out)
+        for out in merged:
+            if out.get("output_type") == "stream" and "\r" in out["text"]:
+                out["text"] = "\n".join(_overwritten(line) for line in out["text"].split("\n"))
+        if "outputs" in cell:
+            cell["outputs"] = merged
+    return nb
+
+
+def _overwritten(line: str) -> str:
+    parts = line.split("\r")
+    shown = ""
+    for part in parts:
+        shown = part + shown[len(part):]
+    return shown.rstrip() if len(parts) > 1 else shown  # a bar's padding spaces
 
 
 class SeriesError(RuntimeError):
@@ -601,6 +632,7 @@ def run_series(
                 bar.close()
                 raise SeriesError(f"notebook {item.name}.ipynb did not run to the end: {unfinished}"
                                   f"\n  executed copy: {_kernel_path(failed, Path.cwd().resolve())}")
+            nbformat.write(coalesce_streams(nbformat.read(tmp, as_version=4)), tmp)
             os.replace(tmp, final)
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -133,6 +133,8 @@ def test_successful_run_typed_yaml_params_series_json(series, monkeypatch):
     bar_text = "".join(o.get("text", "") for o in bar_outputs if o.output_type == "stream")
     assert "a bar: 100%" in bar_text and "3/3" in bar_text, bar_text
     assert "IProgress" not in bar_text
+    # one output for the bar, its final line only (a terminal's view, not each update)
+    assert [o.name for o in bar_outputs if o.output_type == "stream"] == ["stderr"] and "\r" not in bar_text
 
     record = json.loads((out / "series.json").read_text())
     assert [n["name"] for n in record["notebooks"]] == ["01_good"]
@@ -457,3 +459,21 @@ def test_series_kernels_get_sockets_of_their_own():
     if os.name == "posix":
         assert a.transport == b.transport == "ipc"
         assert os.path.isabs(a.ip) and a.ip != b.ip
+
+
+def test_coalesce_streams_keeps_each_stream_as_a_terminal_shows_it():
+    nb = new_notebook()
+    cell = new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="\rbar:   0%|   | 0/3"),
+                    nbformat.v4.new_output("stream", name="stderr", text="\rbar:  33%|#  | 1/3"),
+                    nbformat.v4.new_output("stream", name="stderr", text="\rbar: 100%|###| 3/3 \n"),
+                    nbformat.v4.new_output("stream", name="stdout", text="done\nab\rX\n"),
+                    nbformat.v4.new_output("execute_result", data={"text/plain": "1"}, execution_count=1),
+                    nbformat.v4.new_output("stream", name="stdout", text="after")]
+    nb.cells = [cell, new_markdown_cell("text")]
+    out = runner.coalesce_streams(nb).cells[0].outputs
+    assert [(o.output_type, o.get("name")) for o in out] == [("stream", "stderr"), ("stream", "stdout"),
+                                                              ("execute_result", None), ("stream", "stdout")]
+    assert out[0].text == "bar: 100%|###| 3/3\n"
+    assert out[1].text == "done\nXb\n"  # a carriage return overwrites from the first column
+    assert out[3].text == "after"  # not merged across another output
