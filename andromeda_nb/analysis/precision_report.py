@@ -187,7 +187,8 @@ def int8_default_line(int8: dict, datasets) -> str:
     missing = [ds for ds in datasets if ds not in int8]
     return (head + ". " + "; ".join(f"{ds}: {dpp:+.3f} pp, overlap {ov:.4f}" for ds, (dpp, ov) in int8.items())
             + (f"; {', '.join(missing)}: not measured" if missing else "") + ": "
-            + ("the data allow it." if ok else "not met on every dataset; `\"auto\"` keeps fp32 math on int8 tables."))
+            + ("the data allow it." if ok else ("not yet measured on every dataset" if missing else "not met on every dataset")
+                                               + "; `\"auto\"` keeps fp32 math on int8 tables."))
 
 
 def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
