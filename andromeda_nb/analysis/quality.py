@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -248,21 +247,10 @@ def true_model_top(data, rows, k: int) -> np.ndarray:
 
 
 def git_commit(root=None) -> str:
-    """The commit under test: ``$ANDROMEDA_COMMIT`` (set when the tree travels without .git), else
-    git's short hash (``-dirty`` with uncommitted changes to tracked files), else ``"unknown"``
-    (the convention of :func:`andromeda_nb.bench.harness.commit_id`)."""
-    env = os.environ.get("ANDROMEDA_COMMIT")
-    if env:
-        return env
-    root = Path(__file__).resolve().parents[1] if root is None else root
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return out + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    """The commit under test (:func:`andromeda_nb.provenance.commit_id`)."""
+    from ..provenance import commit_id
+
+    return commit_id(root)
 
 
 def device_name(device) -> str:

@@ -25,7 +25,6 @@ import functools
 import importlib
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -52,18 +51,10 @@ SUITES = ("scoring", "topk", "targeting", "pipeline", "pool", "serving")
 # ----------------------------------------------------------------------------- environment
 
 def commit_id() -> str:
-    """The commit under test: $ANDROMEDA_COMMIT (set when the tree travels without .git), else git."""
-    env = os.environ.get("ANDROMEDA_COMMIT")
-    if env:
-        return env
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             check=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-        return out + ("-dirty" if dirty else "")
-    except Exception:
-        return "unknown"
+    """The commit under test (:func:`andromeda_nb.provenance.commit_id`)."""
+    from ..provenance import commit_id as commit
+
+    return commit()
 
 
 def env_info() -> dict:
