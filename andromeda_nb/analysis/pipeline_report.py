@@ -113,7 +113,7 @@ def batch_figure(table: pd.DataFrame, source: str):
     b.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     a.set_ylabel("requests / s")
     b.set_ylabel("ms a request")
-    a.set_title("throughput")
+    a.set_title("throughput (fp32 math)")
     b.set_title("time a request: wall against device")
     fig.tight_layout()
     sweep = f"; this sweep: commit {table['commit'].iloc[0]}" if len(table) else ""
