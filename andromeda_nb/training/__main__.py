@@ -38,7 +38,8 @@ def main(argv=None) -> int:
                          "biased toward the longest length and low learning rates)")
     ap.add_argument("--workers", type=int, default=1,
                     help="with --tune: runs trained at once, each in its own process (CPU cores; on one GPU they "
-                         "share it and finish no sooner)")
+                         "share it: 4 at once trained ~103 steps/s in all, one alone ~85 before losses were read "
+                         "back every 50 steps)")
     ap.add_argument("--tuned", default=None, metavar="FILE",
                     help="with --tune: keep the chosen configurations in FILE (JSON, merged) and each finished "
                          "run beside it (FILE's name .runs.json: a cut-off tuning run again resumes there); without: "
