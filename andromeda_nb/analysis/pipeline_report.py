@@ -252,9 +252,10 @@ def launches_line(rows: pd.DataFrame) -> str:
     """The newest run that timed ``Pool.retrieve`` with its steps in one CUDA graph (``retrieve``)
     and launched one by one (``retrieve_bound_launches``) on the same 10^8-ad pool and requests, as
     one finding per batch size; '' when no run holds both."""
+    rows = _with_ms(rows)
     pair = rows[rows["variant"].isin(["retrieve", "retrieve_bound_launches"]) & rows["ok"]
                 & np.isclose(rows["n_ads"].astype(float), 1e8) & (rows["math"] == DEFAULT_PATH_MATH)
-                & (rows["dtype"].fillna("fp16").replace("", "fp16") == "fp16" if "dtype" in rows else True)]
+                & (rows["dtype"] == "fp16")]
     both = [c for c, g in pair.groupby("commit") if set(g["variant"]) == {"retrieve", "retrieve_bound_launches"}]
     if not both:
         return ""

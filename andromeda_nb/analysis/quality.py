@@ -547,13 +547,17 @@ def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progr
     sd = np.where(sd > 0, sd, 1.0)
     out = []
     done = {}  # dtype -> (top-100 rows, recall@100): the fp16 math rows' storage in fp32 math
-    # the storages first, so each fp16 math row finds its storage's fp32 math
-    for dt in sorted(dtypes, key=lambda d: d in FP16_MATH_STORAGE):
+    # the storages first (scored even where not asked for, then not written), so each fp16 math row
+    # finds its storage's fp32 math
+    storages = {FP16_MATH_STORAGE[d] for d in dtypes if d in FP16_MATH_STORAGE}
+    for dt in sorted(dict.fromkeys([*dtypes, *sorted(storages)]), key=lambda d: d in FP16_MATH_STORAGE):
         table, req = tables[dt]
         sc = base if dt == "fp32" else model_scores(tm, rows, table, req, math="fp16" if dt.endswith("fp16_math") else "fp32")
         top = _topk_rows(sc, elig, 100)
         rec = recalls(data, rows, top, (100,))["recall@100"]
         done[dt] = top, rec
+        if dt not in dtypes:
+            continue
         ov = float(np.mean([topk_overlap(x, y, 100) for x, y in zip(top, base_top)]))
         err = (np.abs(sc - base) / sd[:, None])[elig]
         E, K, d = tm.experts, tm.k_experts, tm.cfg.d
@@ -562,11 +566,7 @@ def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progr
                 "score_err_p999": np.quantile(err, 0.999), "score_err_max": err.max(),
                 "bytes_per_ad": bytes_per_ad(d, dt)}
         if dt in FP16_MATH_STORAGE:
-            st = FP16_MATH_STORAGE[dt]
-            st_top, st_rec = done[st] if st in done else (None, None)
-            if st_top is None:  # its storage not among the dtypes asked for: scored here, not written
-                st_top = _topk_rows(model_scores(tm, rows, tables[st][0], tables[st][1], math="fp32"), elig, 100)
-                st_rec = recalls(data, rows, st_top, (100,))["recall@100"]
+            st_top, st_rec = done[FP16_MATH_STORAGE[dt]]
             vals["recall@100_delta_pp_same_storage"] = 100 * (rec - st_rec)
             vals["overlap@100_same_storage"] = float(np.mean([topk_overlap(x, y, 100) for x, y in zip(top, st_top)]))
         for metric, v in vals.items():

@@ -102,6 +102,11 @@ def _match_bytes(world, profiles) -> float:
                           for p in profiles[:4]]))
 
 
+def _dtype_suffix(dtype: str) -> str:
+    """A host profile's name part for the table's dtype ('' for the benchmark's fp16 table)."""
+    return "" if dtype == "fp16" else f"_{dtype}"
+
+
 def _timed(fn, calls: int) -> list[float]:
     out = []
     for _ in range(calls):
@@ -168,7 +173,7 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
         notes = ("device steps (us, median): " + ", ".join(f"{s} {v * 1e6:.1f}" for s, v in per_step.items())
                  + f"; bytes a request: match {match_bytes / 1e6:.1f} MB (host byte model), gather {n / 8e6:.1f} MB, "
                  f"{elig:,.0f} eligible x {per_ad:.0f} B")
-        tag = f"{pool.n_ads}_{pool.config.math}" + ("" if dtype == "fp16" else f"_{dtype}")
+        tag = f"{pool.n_ads}_{pool.config.math}{_dtype_suffix(dtype)}"
         if B == 32 and variant != "retrieve_bound_launches":
             _host_profile(lambda: pool.retrieve(batch, profs, K), 30, args_out,
                           f"{tag}_batch{B}{'_columns' if profile_batch else ''}")
@@ -217,7 +222,7 @@ def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None)
     wall, p99 = _quantiles(walls)
     if out_dir is not None:
         _host_profile(lambda: score_topk(req, tiles, K, config=config), 30, out_dir,
-                      f"score_topk_{n}_{math}" + ("" if tiles.dtype == "fp16" else f"_{tiles.dtype}"))
+                      f"score_topk_{n}_{math}{_dtype_suffix(tiles.dtype)}")
     dreq = DeviceRequest.of(req)
     sfw = next(ws for key, ws in tiles._workspaces.items() if key[:4] == ("filter", n, K, "pool"))
     device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, config, sfw),
