@@ -306,9 +306,11 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
 
 
 def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=None, device="auto",
-                     progress: bool = True, keep_models: bool = False, tuned: dict | None = None):
+                     progress: bool = True, keep_models: bool = False, tuned: dict | None = None, tops_dir=None):
     """Train every model for every seed on ``data`` and evaluate them: at the preset's settings, or
-    at ``tuned``'s (:func:`tune_models`) where it names the model.
+    at ``tuned``'s (:func:`tune_models`) where it names the model. ``tops_dir``: each model's targeted
+    top-100 a seed is kept there (:func:`save_top`), so models trained in separate processes still get
+    their ``overlap@100_ranking`` rows (:func:`overlap_rows_from_tops`).
 
     Returns:
         ``(frame, trained)``: tidy rows (COLUMNS) and ``{(model, seed): TrainedModel}`` (only when
@@ -337,6 +339,8 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
             tm = train_model(name, data, configs[name], seed=seed, device=dev, progress=progress)
             top, free = retrieve_top(tm, rows, kmax, progress=progress, untargeted=True)
             tops[name] = top
+            if tops_dir is not None:
+                save_top(tops_dir, data.name, name, seed, rows, top)
             E, K = (tm.experts, tm.k_experts) if tm.is_retrieval else ("", "")
             meta["scorer"] = scorers.get(name, "torch_fp32_formula")
             for metric, v in recalls(data, rows, top, ks).items():
@@ -365,6 +369,50 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
                 rows_out.append(_row(data.name, "true_model", "", "", "", "", "", metric, v,
                                      **{**meta, "scorer": "ground_truth"}))
     return pd.DataFrame(rows_out, columns=COLUMNS), trained
+
+
+def save_top(tops_dir, dataset: str, model: str, seed: int, rows: np.ndarray, top: np.ndarray) -> Path:
+    """Keep a model's targeted top-100 (``[users, 100]`` ad ids) and its users' rows in
+    ``<tops_dir>/<dataset>_<model>_seed<seed>.npz``."""
+    path = Path(tops_dir) / f"{dataset}_{model}_seed{seed}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, rows=np.asarray(rows), top=np.asarray(top)[:, :100].astype(np.int32))
+    return path
+
+
+def overlap_rows_from_tops(tops_dirs, frame: pd.DataFrame) -> pd.DataFrame:
+    """``overlap@100_ranking`` rows of models trained apart from their seed's ranking model (two
+    processes sharing a GPU), from the tops they saved (:func:`save_top`; ``tops_dirs``: one folder or
+    several). A model's row copies its ``recall@100`` row in ``frame`` (the same dataset, model and
+    seed: its commit, device, scorer and users), so the rows say which runs they compare.
+
+    Raises:
+        ValueError: two tops of a seed that rank different users, or a top with no ``recall@100`` row.
+    """
+    files = {}
+    for folder in [tops_dirs] if isinstance(tops_dirs, (str, os.PathLike)) else tops_dirs:
+        for f in sorted(Path(folder).glob("*_seed*.npz")):
+            stem, seed = f.stem.rsplit("_seed", 1)
+            ds, model = next((d, stem[len(d) + 1:]) for d in DATASETS if stem.startswith(d + "_"))
+            files[(ds, model, int(seed))] = f
+    recall = frame[frame["metric"] == "recall@100"]
+    out = []
+    for (ds, model, seed), f in sorted(files.items()):
+        ref = files.get((ds, "ranking", seed))
+        if model == "ranking" or ref is None:
+            continue
+        a, b = np.load(f), np.load(ref)
+        if not np.array_equal(a["rows"], b["rows"]):
+            raise ValueError(f"{f.name} and {ref.name} rank different users: their overlap means nothing")
+        match = recall[(recall["dataset"] == ds) & (recall["model"] == model)
+                       & (recall["seed"].astype(str) == str(seed))]
+        if match.empty:
+            raise ValueError(f"{f.name}: no recall@100 row of {model} seed {seed} on {ds} to take its run's columns from")
+        row = match.iloc[-1].to_dict()
+        row.update(metric="overlap@100_ranking",
+                   value=float(np.mean([topk_overlap(x, y, 100) for x, y in zip(a["top"], b["top"])])))
+        out.append(row)
+    return pd.DataFrame(out, columns=frame.columns)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -618,14 +666,15 @@ def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results
 def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
             scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
-            settings_note: str | None = None, tune_lengths: str = "own") -> pd.DataFrame:
+            settings_note: str | None = None, tune_lengths: str = "own", save_tops: bool = False) -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
     cut-off tuning resumes; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
     trained at once; ``tune_lengths``: how the tuning trains a length (:func:`tune_models`);
     ``settings_note``: the scorer column of untuned rows trained at changed preset
-    settings, e.g. ``"preset settings with weight_decay=0.0001"``).
+    settings, e.g. ``"preset settings with weight_decay=0.0001"``; ``save_tops``: each model's top-100 a
+    seed kept in ``<out>/tops``, :func:`save_top`).
 
     This is what ``python -m andromeda_nb.training`` runs.
     """
@@ -662,7 +711,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             tuned = {m: (p.cfg(ds, m), settings_note) for m in (tuple(MODELS) if models is None else tuple(models))}
         for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
-                                              tuned=tuned)
+                                              tuned=tuned, tops_dir=Path(out) / "tops" if save_tops else None)
             prec = [run_precision(tm, prec_rows, preset=p.name) for (name, _), tm in sorted(trained.items())
                     if name == "mixture_k2"]
             done = pd.concat([frame, *prec], ignore_index=True)

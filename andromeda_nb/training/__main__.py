@@ -44,6 +44,9 @@ def main(argv=None) -> int:
                     help="with --tune: keep the chosen configurations in FILE (JSON, merged) and each finished "
                          "run beside it (FILE's name .runs.json: a cut-off tuning run again resumes there); without: "
                          "train the configurations FILE keeps (a tuning run's seeds in a later session)")
+    ap.add_argument("--save-tops", action="store_true",
+                    help="keep each model's top-100 a seed in <out>/tops: models trained in separate processes then "
+                         "get overlap@100_ranking rows from andromeda_nb.analysis.quality.overlap_rows_from_tops")
     ap.add_argument("--compute-only", action="store_true",
                     help="only refresh the compute-per-ad rows (FLOPs, bytes, kernel ads/s from --scoring-csv); no training")
     ap.add_argument("--baselines", nargs="*", default=None, metavar="NAME",
@@ -112,7 +115,7 @@ def main(argv=None) -> int:
     run_all(preset, args.out, datasets=args.datasets, seeds=[] if args.tune_only else args.seeds, device=args.device,
             progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
             models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
-            tune_lengths=args.tune_lengths or "own",
+            tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops,
             settings_note=f"untuned: preset settings with {' '.join(args.set)}" if args.set else None)
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0

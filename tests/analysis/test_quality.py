@@ -25,9 +25,9 @@ def k2(data):
                        progress=False)
 
 
-def test_expert_count_rows(data):
+def test_expert_count_rows(data, tmp_path):
     frame, trained = quality.run_expert_count(data, PRESET, models=["single_tower", "mixture_k2", "ranking"],
-                                              device="cpu", progress=False)
+                                              device="cpu", progress=False, tops_dir=tmp_path)
     assert list(frame.columns) == quality.COLUMNS
     rec = frame[frame["metric"].str.startswith("recall@")]
     assert set(rec["metric"]) == {f"recall@{k}{s}" for k in (50, 100, 500) for s in ("", "_untargeted")}
@@ -44,6 +44,18 @@ def test_expert_count_rows(data):
     assert 0 <= routing.loc["routing_entropy", "value"] <= 1
     table = quality.recall_table(frame, "multi_interest")
     assert list(table.index) == ["single_tower", "mixture_k2", "ranking", "true_model"]
+    # the kept tops give the same overlap rows as the run itself (models trained apart use these)
+    assert sorted(f.name for f in tmp_path.iterdir()) == [f"multi_interest_{m}_seed0.npz"
+                                                         for m in ("mixture_k2", "ranking", "single_tower")]
+    again = quality.overlap_rows_from_tops([tmp_path], frame.drop(ov.index))
+    cols = ["model", "seed", "metric", "scorer", "commit", "n_users"]
+    pd.testing.assert_frame_equal(again.sort_values("model")[cols + ["value"]].reset_index(drop=True),
+                                  ov.sort_values("model")[cols + ["value"]].reset_index(drop=True), check_dtype=False)
+    # tops of different users are refused, not compared
+    kept = np.load(tmp_path / "multi_interest_ranking_seed0.npz")
+    quality.save_top(tmp_path, "multi_interest", "ranking", 0, kept["rows"][::-1].copy(), kept["top"])
+    with pytest.raises(ValueError, match="different users"):
+        quality.overlap_rows_from_tops(tmp_path, frame)
 
 
 def test_precision_rows(k2, data):
