@@ -47,7 +47,10 @@ def test_expert_count_rows(data, tmp_path):
     # the kept tops give the same overlap rows as the run itself (models trained apart use these)
     assert sorted(f.name for f in tmp_path.iterdir()) == [f"multi_interest_{m}_seed0.npz"
                                                          for m in ("mixture_k2", "ranking", "single_tower")]
-    again = quality.overlap_rows_from_tops([tmp_path], frame.drop(ov.index))
+    # a precision run's recall@100 row of the same model and seed is not the run the overlap belongs to
+    other = frame[(frame["metric"] == "recall@100") & (frame["model"] == "mixture_k2")].assign(
+        experiment="precision", scorer="another run")
+    again = quality.overlap_rows_from_tops([tmp_path], pd.concat([frame.drop(ov.index), other]))
     cols = ["model", "seed", "metric", "scorer", "commit", "n_users"]
     pd.testing.assert_frame_equal(again.sort_values("model")[cols + ["value"]].reset_index(drop=True),
                                   ov.sort_values("model")[cols + ["value"]].reset_index(drop=True), check_dtype=False)

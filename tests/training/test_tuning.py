@@ -179,9 +179,13 @@ def test_lengths_can_be_checkpoints_of_one_run_a_learning_rate(data):
 
 def test_tuned_models_train_every_seed_at_their_point(data):
     # checkpoints: a third of the own runs' cost here (the default is tested above)
-    tuned, val = quality.tune_models(data, PRESET, models=["single_tower", "mixture_k2"], device="cpu",
+    # the tuning validates on the preset's tune_users, not on its (held-out) eval_users
+    preset = replace(PRESET, tune_users={"multi_interest": 25})
+    tuned, val = quality.tune_models(data, preset, models=["single_tower", "mixture_k2"], device="cpu",
                                      progress=False, lengths="checkpoints")
     assert set(tuned) == {"single_tower", "mixture_k2"} and list(val["metric"]) == ["validation_recall@100"] * 2
+    assert tuning.validation_users(data, 25) == 25 < tuning.validation_users(data, PRESET.eval_users["multi_interest"])
+    assert (val["n_users"] == 25).all()
     assert val["value"].between(0, 1).all() and val["scorer"].str.startswith("tuned on the validation split").all()
     assert val["scorer"].str.contains("length by early stopping").all()  # the note says how lengths were trained
     frame, _ = quality.run_expert_count(data, PRESET, models=["single_tower", "mixture_k2"], device="cpu",
