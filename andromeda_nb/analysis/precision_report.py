@@ -175,20 +175,33 @@ def _default_math() -> str:
     return KernelConfig().math
 
 
-def int8_default_line(int8: dict, datasets) -> str:
+def _auto_takes_fp16_on_int8() -> bool:
+    from ..score.config import KernelConfig
+
+    return KernelConfig().picks_fp16("gated", 64, 6, "int8")
+
+
+def int8_default_line(int8: dict, datasets, auto_fp16: bool | None = None) -> str:
     """The same rule for fp16 math on int8 tables, against fp32 math on the int8 table (``int8``:
-    ``{dataset: (Δ recall@100 pp, top-100 overlap)}`` of the same-storage metrics)."""
+    ``{dataset: (Δ recall@100 pp, top-100 overlap)}`` of the same-storage metrics), and what the
+    default does (``auto_fp16``: whether ``math="auto"`` takes fp16 math on int8 tables; default: as
+    :class:`~andromeda_nb.score.KernelConfig` does), so a default the data do not support shows."""
+    auto_fp16 = _auto_takes_fp16_on_int8() if auto_fp16 is None else auto_fp16
     head = ("**fp16 math on int8 tables?** The same rule against fp32 math on the int8 table (what "
             "`math=\"auto\"` chooses for a table already stored)")
+    default = "`\"auto\"` takes fp16 math on int8 tables" if auto_fp16 else "`\"auto\"` keeps fp32 math on int8 tables"
     if not int8:
-        return head + ": not measured (rows without the same-storage metrics); `\"auto\"` keeps fp32 math there."
+        return head + f": not measured (rows without the same-storage metrics); {default}" + (
+            ", which these rows do not support." if auto_fp16 else ".")
     ok = set(int8) >= set(datasets) and all(abs(dpp) <= DEFAULT_MATH_DELTA_PP and ov >= DEFAULT_MATH_OVERLAP
                                             for dpp, ov in int8.values())
     missing = [ds for ds in datasets if ds not in int8]
+    verdict = "met on every dataset" if ok else ("not yet measured on every dataset" if missing
+                                                 else "not met on every dataset")
     return (head + ". " + "; ".join(f"{ds}: {dpp:+.3f} pp, overlap {ov:.4f}" for ds, (dpp, ov) in int8.items())
-            + (f"; {', '.join(missing)}: not measured" if missing else "") + ": "
-            + ("the data allow it." if ok else ("not yet measured on every dataset" if missing else "not met on every dataset")
-                                               + "; `\"auto\"` keeps fp32 math on int8 tables."))
+            + (f"; {', '.join(missing)}: not measured" if missing else "") + f": {verdict}; {default}"
+            + ("." if ok == auto_fp16 else ", which these rows do not support." if auto_fp16
+               else ", though the data allow fp16 math."))
 
 
 def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:

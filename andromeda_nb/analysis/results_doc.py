@@ -22,14 +22,16 @@ START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 
 #: (label, suite, filters, how to show it): the README's headline rows, the newest verified row of each
 HEADLINE = (
-    # the public calls in their default math (math="auto": fp16 math on the fp16 benchmark table; the
-    # int8 table's rows are docs/results.md's)
+    # the public calls in their default math (math="auto": fp16 math on the fp16 benchmark table and on
+    # int8 tables; the int8 table's other rows are docs/results.md's)
     ("one request through `Pool.retrieve`, 10^8 ads, ~1 % eligible", "pipeline",
      dict(variant="retrieve", n_ads=1e8, batch=1, math="fp16", dtype="fp16"), "latency"),
     ("batches of 32 requests through `Pool.retrieve`, 10^8 ads", "pipeline",
      dict(variant="retrieve", n_ads=1e8, batch=32, math="fp16", dtype="fp16"), "throughput"),
     ("`score_topk` over the whole pool, 10^8 ads, top-1000", "pipeline",
      dict(variant="score_topk", n_ads=1e8, math="fp16", dtype="fp16"), "latency"),
+    ("`score_topk` over the whole pool, int8 table (a scale a row), 10^8 ads, top-1000", "pipeline",
+     dict(variant="score_topk", n_ads=1e8, math="fp16", dtype="int8"), "latency"),
     ("sparse scoring of one request's ~10^6 eligible ads (device)", "pipeline",
      dict(variant="score_sparse", n_ads=1e8, math="fp16", dtype="fp16"), "device"),
     ("batches of 32 requests, fp32 math (`KernelConfig(math=\"fp32\")`)", "pipeline",

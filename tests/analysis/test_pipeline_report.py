@@ -53,12 +53,12 @@ def test_pool_tables_pair_end_to_end_with_device_and_alone_with_during():
 
 def test_launches_line_compares_graph_and_bound_in_one_run():
     rows = results.load("pipeline")
-    base = rows[rows["variant"] == "retrieve"].iloc[-1].copy()
+    base = rows[(rows["variant"] == "retrieve") & (rows["dtype"] != "int8")].iloc[-1].copy()
     extra = []
     for variant, ms in (("retrieve", 0.4), ("retrieve_bound_launches", 0.6)):
         r = base.copy()
         r.update({"variant": variant, "seconds_median": ms / 1e3, "commit": "zz1", "n_ads": 1e8, "batch": 1,
-                  "ok": True, "timestamp": "2999-01-01T00:00:00+00:00"})
+                  "ok": True, "timestamp": "2999-01-01T00:00:00+00:00", "dtype": "fp16"})
         extra.append(r)
     line = pipeline_report.launches_line(pd.concat([rows, pd.DataFrame(extra)], ignore_index=True))
     assert "commit `zz1`" in line and "batch 1: 0.400 ms with the graph, 0.600 ms launched one by one" in line
@@ -67,9 +67,12 @@ def test_launches_line_compares_graph_and_bound_in_one_run():
 
 
 def test_int8_rows_stay_out_of_the_fp16_headline_and_get_their_own_line():
-    rows = results.load("pipeline")
+    committed = results.load("pipeline")
+    assert pipeline_report.int8_line(pipeline_report.newest(committed)).startswith("- On an int8 table")
+    rows = committed[committed["dtype"] != "int8"]
     before = pipeline_report.headline_metrics(rows)
-    assert pipeline_report.int8_line(pipeline_report.newest(rows)) == ""  # none committed yet
+    assert pipeline_report.headline_metrics(committed) == before
+    assert pipeline_report.int8_line(pipeline_report.newest(rows)) == ""  # no int8 row: no line
     new = rows[(rows["variant"].isin(["retrieve", "score_topk"])) & (rows["math"] == "fp16")
                & (rows["n_ads"].astype(float) > 9e7)].sort_values("timestamp").groupby(["variant", "batch"]).tail(1)
     new = new.assign(dtype="int8", timestamp="2999-01-01T00:00:00+00:00", seconds_median="0.0005",

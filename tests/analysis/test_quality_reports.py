@@ -178,10 +178,15 @@ def test_kernel_throughput_of_the_precision_configuration(tmp_path):
 def test_int8_default_rule_against_fp32_math_on_the_int8_table():
     """fp16 math on int8 tables meets the default rule only within 0.1 pp and overlap 0.99 on every dataset."""
     both = ["ml-100k", "multi_interest"]
-    assert PR.int8_default_line({"ml-100k": (-0.05, 0.995), "multi_interest": (0.02, 0.991)}, both).endswith(
-        "the data allow it.")
+    good = {"ml-100k": (-0.05, 0.995), "multi_interest": (0.02, 0.991)}
+    assert PR.int8_default_line(good, both).endswith(
+        "met on every dataset; `\"auto\"` takes fp16 math on int8 tables.")  # the default as KernelConfig has it
+    assert PR.int8_default_line(good, both, auto_fp16=False).endswith("though the data allow fp16 math.")
     for bad in ({"ml-100k": (-0.15, 0.995), "multi_interest": (0.02, 0.991)},
                 {"ml-100k": (-0.05, 0.985), "multi_interest": (0.02, 0.991)}):
-        assert "not met on every dataset" in PR.int8_default_line(bad, both)
+        line = PR.int8_default_line(bad, both)
+        assert "not met on every dataset" in line and line.endswith("which these rows do not support.")
+        assert PR.int8_default_line(bad, both, auto_fp16=False).endswith("keeps fp32 math on int8 tables.")
     one = PR.int8_default_line({"ml-100k": (0.0, 1.0)}, both)
     assert "multi_interest: not measured" in one and "not yet measured on every dataset" in one
+    assert PR.int8_default_line({}, both).endswith("which these rows do not support.")

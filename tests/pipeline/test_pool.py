@@ -57,8 +57,8 @@ def test_batch_equals_the_reference(rng, dtype):
     for req, prof, out, ex in zip(reqs, profs, outs, excl):
         elig = check_pool_answer(out, req, rules, pool, prof, 30, () if ex is None else ex)
         counts.append(int(elig.sum()))
-        math = pool.config.with_math(DeviceRequest.of(req), pool.table).math  # the default: fp16 on fp16 tables
-        assert math == ("fp16" if dtype == "fp16" else "fp32")
+        math = pool.config.with_math(DeviceRequest.of(req), pool.table).math
+        assert math == "fp16"  # the default on fp16 and int8 tables alike
         check_topk_against_float64(out.ids, out.scores, reference.score(req, table, math=math)[order],
                                    pool.table.host_ad_ids, 30, elig, checks.near_tie_ads(req, table, math)[order])
     assert counts[0] > 256 and counts[1] > 256 and 0 < counts[2] < 256 and counts[3] == 0

@@ -127,7 +127,7 @@ def test_fused_dequantization_gives_the_bits_of_the_subtract_and_multiply(rng):
 def test_int8_fp16_math_top_k_and_sparse_accesses(rng):
     """int8 rows in fp16 math on the sparse accesses and the selection paths: the fused top-k equals
     the top-k of the same kernel's scores; candidate lists and bitsets score the listed ads as the
-    whole pool does; the Pool's default stays fp32 math on int8 tables, math="fp16" serves them."""
+    whole pool does; the default (math="auto") serves them in fp16 math, in the Pool too."""
     t, dt = table_of(rng, 300, 32, "rows", "int8")
     req = anb.Request.random(32, 6, 2, rng)
     scores = anb.score_ads(req, dt, config=F16).copy_to_host()
@@ -141,11 +141,11 @@ def test_int8_fp16_math_top_k_and_sparse_accesses(rng):
     got = anb.score_ads(req, dt, candidates=cand, config=F16).copy_to_host()
     np.testing.assert_array_equal(got, scores[cand])
     auto = anb.KernelConfig().with_math(DeviceRequest.of(req), dt)
-    assert auto.math == "fp32"  # int8 tables: fp16 math's quality effect is not measured, fp32 stays
-    pool = anb.Pool(t, config=F16, max_k=10)
-    got = pool.retrieve(req, k=10)
-    want = reference.topk(scores, 10, ids=t.ad_ids)
-    assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
+    assert auto.math == "fp16"  # within the precision rule on both datasets against fp32 math on int8 rows
+    for config in (F16, anb.KernelConfig()):
+        got = anb.Pool(t, config=config, max_k=10).retrieve(req, k=10)
+        want = reference.topk(scores, 10, ids=t.ad_ids)
+        assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
 
 
 def test_int8_zero_row_with_a_scale_past_fp16_scores_as_zero(rng):
@@ -182,8 +182,12 @@ def test_int8_rows_beyond_fp16_are_refused(rng):
         anb.score_ads(req, dt, config=F16)
     with pytest.raises(ValueError, match="int8 table's rows"):
         anb.Pool(t, config=F16).retrieve(req, k=3)
+    assert anb.KernelConfig().with_math(DeviceRequest.of(req), dt).math == "fp32"  # the default falls back
     got = anb.score_ads(req, dt).copy_to_host()
     np.testing.assert_allclose(got, reference.score(req, t), rtol=1e-4, atol=1e-6)
+    got = anb.Pool(t, max_k=3).retrieve(req, k=3)
+    want = reference.topk(reference.score(req, t), 3, ids=t.ad_ids)
+    np.testing.assert_array_equal(got.ids, want.ids)
 
 
 @pytest.mark.parametrize("path", ["auto", "block"])

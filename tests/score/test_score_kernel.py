@@ -34,9 +34,9 @@ def make_table(rng, n, d, dtype, scale=1.0):
 
 @pytest.mark.parametrize("d,E,K,dtype,layout,n", CASES)
 def test_pool_scores_match_oracle(rng, d, E, K, dtype, layout, n):
-    """The default configuration (math="auto": fp16 math on fp16 tables where the shape allows, d a
-    multiple of 16 and E <= 8, everything else fp32) and, where that is fp16, math="fp32", each
-    against its model's oracle."""
+    """The default configuration (math="auto": fp16 math on fp16 and int8 tables where the shape
+    allows, d a multiple of 16 and E <= 8, everything else fp32) and, where that is fp16,
+    math="fp32", each against its model's oracle."""
     from andromeda_nb.score.table import DeviceRequest
 
     req = Request.random(d, E, K, rng)
@@ -45,7 +45,7 @@ def test_pool_scores_match_oracle(rng, d, E, K, dtype, layout, n):
     got = score_ads(req, dt).copy_to_host()
     assert got.dtype == np.float32 and got.shape == (n,)
     math = KernelConfig().with_math(DeviceRequest.of(req), dt).math
-    assert math == ("fp16" if dtype == "fp16" and d % 16 == 0 and E <= 8 else "fp32")
+    assert math == ("fp16" if dtype in ("fp16", "int8") and d % 16 == 0 and E <= 8 else "fp32")
     check_scores(got, req, table, math)
     if math == "fp16":
         check_scores(score_ads(req, dt, config=KernelConfig(math="fp32")).copy_to_host(), req, table, "fp32")
