@@ -35,8 +35,8 @@ from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
 from ..score.launches import check_range
-from ..score.weights import (f16_weights, fma_dequant_exact, fp16_rows_fit, gated_images, image_size, mma_f16_image,
-                             mma_f16_words, stack_requests)
+from ..score.weights import (f16_weights, fma_dequant_exact, fp16_rows_fit, fp16_rows_precise, gated_images,
+                             image_size, mma_f16_image, mma_f16_words, stack_requests)
 from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, table_slots
 from ..topk.api import check_k
 from .bound_match import BoundMatch
@@ -398,9 +398,11 @@ class Pool:
 
     def _gated_images(self, group: list, max_abs: float, images: np.ndarray, f16_math: bool):
         """:func:`~andromeda_nb.score.weights.gated_images` of a group on this pool's table at
-        ``max_abs``, an int8 table's rows past fp16 (:func:`fp16_rows_fit`) leaving fp16 math."""
-        built = gated_images(*stack_requests(group), max_abs, images, f16_math)
-        if self.table.dtype == "int8" and not fp16_rows_fit(self.table, max_abs):
+        ``max_abs``, an int8 table's rows past fp16 (:func:`fp16_rows_fit`) leaving fp16 math, and
+        rows too small for it leaving ``math="auto"``'s (:func:`fp16_rows_precise`)."""
+        table = self.table
+        built = gated_images(*stack_requests(group), max_abs, images, f16_math, int8=table.dtype == "int8")
+        if not fp16_rows_fit(table, max_abs) or (self.config.math == "auto" and not fp16_rows_precise(table, max_abs)):
             built.over16[:] = True
         return built
 

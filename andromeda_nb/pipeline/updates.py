@@ -369,7 +369,7 @@ def rows_max_abs(table: AdTable) -> float:
     """The largest finite |a| of a host table's rows as the kernel reads them, 0 for none. Without
     widening the rows: a 16-bit float's magnitude orders as its bits without the sign (finite
     below the exponent's all-ones), and an int8 row's largest |q * scale| is its largest |q|
-    times |scale| (fp32 rounding is monotonic)."""
+    times |scale|."""
     emb = table.embeddings
     if emb.size == 0:
         return 0.0
@@ -378,9 +378,9 @@ def rows_max_abs(table: AdTable) -> float:
         inf = np.uint16(0x7C00 if table.dtype == "fp16" else 0x7F80)
         top = np.where(bits < inf, bits, np.uint16(0)).max()
         return float(top.view(np.float16) if table.dtype == "fp16" else from_bf16_bits(top)[()])
-    if table.dtype == "int8":
-        q = np.abs(emb.astype(np.int16)).max(axis=1).astype(np.float32)
-        vals = q * np.abs(table.scale.astype(np.float32))
+    if table.dtype == "int8":  # in float64: a finite scale may take q * scale past fp32's range
+        q = np.abs(emb.astype(np.int16)).max(axis=1).astype(np.float64)
+        vals = q * np.abs(table.scale.astype(np.float64))
     else:
         vals = np.abs(emb.astype(np.float32, copy=False))
     return float(vals[np.isfinite(vals)].max(initial=0.0))

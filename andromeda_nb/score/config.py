@@ -161,14 +161,14 @@ class KernelConfig:
         if dreq.request is None or not self.picks_fp16(dreq.model, dreq.d, dreq.experts, table.dtype):
             return False
         from .launches import check_range
-        from .weights import f16_weights
+        from .weights import f16_weights, fp16_rows_precise
 
         try:
             f16_weights(dreq.request)
             check_range(dreq, table, "fp16")
         except ValueError:
             return False
-        return True
+        return fp16_rows_precise(table, table.max_abs_bound())
 
     def picks_fp16(self, model: str, d: int, experts: int, table_dtype: str) -> bool:
         """Whether this configuration scores requests of this shape on a table of this dtype in fp16

@@ -310,7 +310,7 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
 
 
 def _check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str, a: float) -> None:
-    from .weights import FP16_MAX, fp16_rows_fit
+    from .weights import F16_TINY, F16_U, FP16_MAX, fp16_rows16_bound, fp16_rows_fit
 
     img = dreq.host_image.astype(np.float64)
     if dreq.model == "dot":
@@ -319,13 +319,19 @@ def _check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str, a: float)
                              "rescale them")
         return
     d, E = dreq.d, dreq.experts
-    h = float(np.abs(img[:d]).max()) * a + float(np.abs(img[d:2 * d]).max())
+    gmax, bmax = float(np.abs(img[:d]).max()), float(np.abs(img[d:2 * d]).max())
+    h = gmax * a + bmax
     if math == "fp16" and not fp16_rows_fit(table, a):
         raise ValueError(f"math='fp16': this int8 table's rows reach max|q| max(scale) = {a:.4g}, beyond the fp16 range "
                          f"({FP16_MAX:g}), once dequantized; rescale the table or use math='fp32'")
-    if math == "fp16" and not h <= FP16_MAX:
-        raise ValueError(f"math='fp16': encoded ads could reach |gamma| max|a| + |beta| = {h:.4g}, beyond the "
-                         f"fp16 range ({FP16_MAX:g}); rescale the request or the table, or use math='fp32'")
+    # as fp16 math holds them: gamma, beta and an int8 row rounded to fp16 (each up to 2^-11 higher)
+    h16 = (gmax * (1 + F16_U) + F16_TINY) * fp16_rows16_bound(a, table.dtype == "int8") + bmax * (1 + F16_U) + F16_TINY
+    if math == "fp16" and not h16 <= FP16_MAX:
+        raise ValueError(f"math='fp16': encoded ads could reach |gamma| max|a| + |beta| = {h16:.4g} once rounded to "
+                         f"fp16, beyond the fp16 range ({FP16_MAX:g}); rescale the request or the table, or use math='fp32'")
+    if not h <= FP32_SAFE:
+        raise ValueError(f"encoded ads could reach |gamma| max|a| + |beta| = {h:.3g} on this table, beyond what fp32 "
+                         "holds (every score would be NaN); rescale the request or the table")
     G = np.abs(img[2 * d:2 * d + E * d].reshape(E, d)).sum(axis=1).max()
     V = np.abs(dreq.request.V.astype(np.float64)).sum(axis=1).max() if dreq.request is not None else 0.0
     if not h * max(G, V) <= FP32_SAFE:

@@ -111,12 +111,16 @@ class DeviceAdTable:
             self._fma_dequant = fma_dequant_exact(table.scale)
 
     def max_abs(self) -> float:
-        """The largest finite ``|a|`` stored in the table (an int8 table: ``127 * max scale``), computed
-        once (from the host table, else by a reduction on the device)."""
+        """The largest finite ``|a|`` stored in the table (an int8 table: ``max |q| scale`` in float64,
+        past fp32's range where a finite scale takes it there), computed once (from the host table,
+        else by a reduction on the device)."""
         if getattr(self, "_max_abs", None) is None:
             if self.table is not None:
                 t = self.table
-                emb = np.abs(t.dequantized() if t.dtype in ("bf16", "int8") else t.embeddings.astype(np.float32))
+                if t.dtype == "int8":
+                    emb = np.abs(t.embeddings.astype(np.int16)).max(axis=1, initial=0) * np.abs(t.scale.astype(np.float64))
+                else:
+                    emb = np.abs(t.dequantized() if t.dtype == "bf16" else t.embeddings.astype(np.float32))
                 m = float(emb[np.isfinite(emb)].max(initial=0.0))
             else:
                 m = _device_max_abs(self)

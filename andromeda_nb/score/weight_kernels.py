@@ -23,7 +23,8 @@ from numba import njit, prange  # noqa: E402
 
 
 @njit(cache=True)
-def gated_images_kernel(gamma, beta, G, V, max_abs, pad, f16_index, out32, src16, bad32, over16, fp32_safe, fp16_max):
+def gated_images_kernel(gamma, beta, G, V, max_abs, max_abs16, pad, f16_index, out32, src16, bad32, over16, fp32_safe,
+                        fp16_max, f16_u, f16_tiny):
     """Per request ``b`` of ``gamma, beta [B, d]``, ``G, V [B, E, d]`` (float32):
 
     - ``out32[b]``: the float32 image ``[gamma | beta | G / sqrt(d) | V rows of pitch d + pad]``
@@ -31,9 +32,11 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, pad, f16_index, out32, src16
     - ``src16[b, i]``: the fp16 bits (uint16) of ``s[f16_index[i]]``, ``s = [G' (8 d) | V (8 d) |
       gamma | beta]`` (experts past E zero): the fp16 image's halves (``src16`` may have 0 rows:
       not built);
-    - ``bad32[b]``: ``h * max(max_e sum_i |G'[e, i]|, max_e sum_i |V[e, i]|) <= fp32_safe`` fails,
-      ``h = max|gamma| max_abs + max|beta|`` (float64; a NaN fails);
-    - ``over16[b]``: ``h <= fp16_max`` fails, or a weight beyond ``fp16_max``.
+    - ``bad32[b]``: ``h <= fp32_safe`` or ``h * max(max_e sum_i |G'[e, i]|, max_e sum_i |V[e, i]|) <=
+      fp32_safe`` fails, ``h = max|gamma| max_abs + max|beta|`` (float64; a NaN fails);
+    - ``over16[b]``: a weight beyond ``fp16_max``, or ``h16 <= fp16_max`` fails, ``h16`` the same bound
+      on the values fp16 math holds: gamma and beta rounded to fp16 (``|x| (1 + f16_u) + f16_tiny``),
+      the rows at ``max_abs16`` (:func:`~andromeda_nb.score.weights.fp16_rows16_bound`).
     """
     B, E, d = G.shape
     sq = math.sqrt(d)
@@ -57,6 +60,7 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, pad, f16_index, out32, src16
                 bmax = abs(t)
             big = big or abs(g) > fp16_max or abs(t) > fp16_max
         h = np.float64(gmax) * max_abs + np.float64(bmax)
+        h16 = (np.float64(gmax) * (1 + f16_u) + f16_tiny) * max_abs16 + np.float64(bmax) * (1 + f16_u) + f16_tiny
         keys = 0.0
         vals = 0.0
         o = 2 * d
@@ -80,8 +84,8 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, pad, f16_index, out32, src16
                 keys = ks
             if not vs <= vals:
                 vals = vs
-        bad32[b] = not (h * max(keys, vals) <= fp32_safe) or math.isnan(keys) or math.isnan(vals)
-        over16[b] = big or not (h <= fp16_max)
+        bad32[b] = not (h <= fp32_safe and h * max(keys, vals) <= fp32_safe) or math.isnan(keys) or math.isnan(vals)
+        over16[b] = big or not (h16 <= fp16_max)
         for i in range(n16):
             src16[b, i] = f16_bits(s_bits[f16_index[i]])
 

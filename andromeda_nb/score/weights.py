@@ -103,6 +103,30 @@ def mma_image(request) -> np.ndarray:
 FP16_MAX = 65504.0
 
 
+#: fp16 rounding to nearest: ``|round16(x)| <= |x| (1 + F16_U) + F16_TINY`` (relative for normal values,
+#: half the smallest subnormal's step below them)
+F16_U, F16_TINY = 2.0 ** -11, 2.0 ** -25
+
+#: the smallest largest-|a| of an int8 table that ``math="auto"`` scores in fp16 math: its largest
+#: row scale (``max_abs / 127``) a normal fp16 value, so a row's rounding errors below fp16's
+#: subnormal step are at most fp16's relative rounding of the table's largest values
+F16_INT8_MIN_MAX_ABS = 127 * 2.0 ** -14
+
+
+def fp16_rows16_bound(max_abs: float, int8: bool) -> float:
+    """A bound on ``|a|`` as the fp16 math mode holds a row: an fp16 row's values exactly; an int8
+    row's ``round16(q round16(scale))``, two roundings above ``max|q| max(scale)``."""
+    return max_abs * (1 + F16_U) ** 2 + 2 * F16_TINY if int8 else max_abs
+
+
+def fp16_rows_precise(table, max_abs: float) -> bool:
+    """Whether ``math="auto"`` may widen this table's rows to fp16 without losing them to fp16's
+    subnormals: not an int8 table, or one whose largest value is 0 (every row zero) or at least
+    :data:`F16_INT8_MIN_MAX_ABS` (``max_abs``: its :meth:`~.table.DeviceAdTable.max_abs` or an upper
+    bound of it). Explicit ``math="fp16"`` computes its model on such a table all the same."""
+    return table.dtype != "int8" or max_abs == 0 or max_abs >= F16_INT8_MIN_MAX_ABS
+
+
 def fp16_rows_fit(table, max_abs: float | None = None) -> bool:
     """Whether the fp16 math mode can hold a device table's rows: an int8 row dequantized to fp16
     (``q`` times its scale, :func:`~andromeda_nb.device.intrinsics.dequant_i8x4_host`) stays finite
@@ -231,8 +255,9 @@ class GatedImages:
     f16: np.ndarray | None
 
 
-def gated_images(gamma, beta, G, V, max_abs: float, out: np.ndarray, f16: bool) -> GatedImages:
-    """Every image of B stacked gated requests (:func:`stack_requests`) on a table of ``max_abs``:
+def gated_images(gamma, beta, G, V, max_abs: float, out: np.ndarray, f16: bool, int8: bool = False) -> GatedImages:
+    """Every image of B stacked gated requests (:func:`stack_requests`) on a table of ``max_abs``
+    (``int8``: an int8 table's, whose rows fp16 math rounds once more, :func:`fp16_rows16_bound`):
     :func:`weight_image` of each into ``out[:B]`` (float32 ``[>= B, image_size]``, rows past B
     untouched), with ``f16`` their fp16 images, and the range checks of both maths, in one compiled
     pass (:func:`~andromeda_nb.score.weight_kernels.gated_images_kernel`). Equal word for word to
@@ -246,6 +271,6 @@ def gated_images(gamma, beta, G, V, max_abs: float, out: np.ndarray, f16: bool) 
     index = _F16_INDEX[d] if f16 and d % 16 == 0 else np.zeros(0, np.int64)
     src16 = np.empty((B if index.size else 0, index.size), np.uint16)
     bad32, over16 = np.empty(B, np.bool_), np.empty(B, np.bool_)
-    gated_images_kernel(gamma, beta, G, V, float(max_abs), PAD, index, out, src16, bad32, over16, FP32_SAFE,
-                        FP16_MAX)
+    gated_images_kernel(gamma, beta, G, V, float(max_abs), fp16_rows16_bound(float(max_abs), int8), PAD, index, out,
+                        src16, bad32, over16, FP32_SAFE, FP16_MAX, F16_U, F16_TINY)
     return GatedImages(bad32, over16, src16.view(np.uint32) if index.size else None)

@@ -447,3 +447,76 @@ def test_the_ranked_choice_equals_the_passes_on_exact_ties(rng, K):
     swappable = checks.near_tie_ads(req, t, "fp16")
     assert swappable.mean() < 0.9  # most ads are checked against the model too
     assert (np.abs(base - want) <= checks.SCORE_RTOL * scale)[~swappable].all()
+
+
+def _auto_math(req, dt):
+    return anb.KernelConfig().with_math(DeviceRequest.of(req), dt).math
+
+
+def test_fp16_range_counts_the_rounding_to_fp16(rng):
+    """The encoded ads' bound is taken on the values fp16 math holds: an int8 row whose fp32
+    max|q| scale (65,438) is within fp16 but whose fp16-rounded scale takes it to 65,472, plus a
+    beta of 60, overflows fp16; so does gamma 1.00735 (1.0078 in fp16) on an fp16 row of 65,024.
+    The default scores both in fp32 (the right top-k), explicit fp16 refuses them, in score_ads
+    and in the Pool alike."""
+    n, d = 40, 16
+    q = rng.integers(-20, 21, (n, d)).astype(np.int8)
+    q[0, 0] = 127
+    scale = np.ones(n, np.float32)
+    scale[0] = 515.26  # 127 scale = 65,438; 127 round16(scale) = 65,472
+    int8 = anb.AdTable(embeddings=q, bias=np.zeros(n, np.float32), dtype="int8", scale=scale, ad_ids=np.arange(n))
+    emb = rng.standard_normal((n, d))
+    emb[5, 3] = 65024.0
+    fp16 = anb.AdTable.from_float(emb, np.zeros(n), dtype="fp16", ad_ids=np.arange(n))
+    small = np.full((2, d), 1e-3, np.float32)
+    for t, gamma, beta in ((int8, 1.0, 60.0), (fp16, 1.00735, 0.0)):
+        dt = DeviceAdTable(t, "rows")
+        req = anb.Request(V=small, G=small, gamma=np.full(d, gamma, np.float32), beta=np.full(d, beta, np.float32),
+                          k_experts=1)
+        assert _auto_math(req, dt) == "fp32"
+        want = reference.topk(reference.score(req, t), 3, ids=t.ad_ids)
+        for got in (anb.score_topk(req, dt, 3), anb.Pool(t, max_k=3).retrieve(req, k=3)):
+            np.testing.assert_array_equal(got.ids, want.ids)
+        with pytest.raises(ValueError, match="once rounded to fp16"):
+            anb.score_ads(req, dt, config=F16)
+        with pytest.raises(ValueError, match="once rounded to fp16"):
+            anb.Pool(t, config=F16, max_k=3).retrieve(req, k=3)
+
+
+def test_int8_rows_below_fp16_normal_range_are_scored_in_fp32_by_default(rng):
+    """An int8 table whose largest row scale is an fp16 subnormal would lose its rows' precision
+    (down to zero) widened to fp16: the default scores it in fp32 math (the fp32 top-k), explicit
+    fp16 computes its own model; an all-zero table still takes fp16 math."""
+    n, d = 64, 16
+    t = anb.AdTable.from_float(rng.standard_normal((n, d)) * 1e-6, np.zeros(n), dtype="int8", ad_ids=np.arange(n))
+    dt = DeviceAdTable(t, "rows")
+    r = anb.Request.random(d, 4, 2, rng)
+    req = anb.Request(V=r.V, G=r.G, gamma=np.full(d, 3e4, np.float32), beta=np.zeros(d, np.float32), k_experts=2)
+    assert _auto_math(req, dt) == "fp32"
+    want = reference.topk(reference.score(req, t), 5, ids=t.ad_ids)
+    for got in (anb.score_topk(req, dt, 5), anb.Pool(t, max_k=5).retrieve(req, k=5)):
+        np.testing.assert_array_equal(got.ids, want.ids)
+    got16 = anb.score_ads(req, dt, config=F16).copy_to_host()
+    np.testing.assert_allclose(got16, reference.score(req, t, math="fp16"), rtol=1e-5, atol=1e-7)
+    zero = anb.AdTable(embeddings=np.zeros((n, d), np.int8), bias=np.zeros(n, np.float32), dtype="int8",
+                       scale=np.zeros(n, np.float32), ad_ids=np.arange(n))
+    assert _auto_math(req, DeviceAdTable(zero, "rows")) == "fp16"
+
+
+def test_int8_scale_past_fp32_is_refused_in_every_math(rng):
+    """A finite row scale whose products pass fp32's range (q 100, scale 3e38) makes every score of
+    that row NaN: each math refuses the request with a clear error before any launch, the Pool too."""
+    n, d = 40, 16
+    q = rng.integers(-50, 51, (n, d)).astype(np.int8)
+    q[3] = 100
+    s = np.full(n, 0.01, np.float32)
+    s[3] = 3e38
+    t = anb.AdTable(embeddings=q, bias=np.zeros(n, np.float32), dtype="int8", scale=s, ad_ids=np.arange(n))
+    dt = DeviceAdTable(t, "rows")
+    req = anb.Request.random(d, 4, 2, rng)
+    assert dt.max_abs() == pytest.approx(3e40)
+    for math in ("auto", "fp32", "fp16"):
+        with pytest.raises(ValueError, match="fp32|fp16"):
+            anb.score_ads(req, dt, config=anb.KernelConfig(math=math))
+        with pytest.raises(ValueError, match="fp32|fp16"):
+            anb.Pool(t, config=anb.KernelConfig(math=math), max_k=3).retrieve(req, k=3)
