@@ -388,6 +388,27 @@ def tuning_effect_line(frame: pd.DataFrame, dataset: str) -> str:
                                         if worse else ""))
 
 
+def preset_settings_line(frame: pd.DataFrame, dataset: str) -> str:
+    """The models at the preset's settings (``preset_settings`` rows) compared as the tuned ones are:
+    each mixture and the ranking model against the single tower, paired over seeds; '' without
+    such rows of the single tower. Not the tuning's choices: a reader sees what the tuning gave up."""
+    if "experiment" not in frame:
+        return ""
+    rows = frame[(frame["dataset"] == dataset) & (frame["experiment"] == "preset_settings")
+                 & (frame["metric"] == "recall@100")]
+    models = [m for m in (*MIXTURES, "ranking") if m in set(rows["model"])]
+    if "single_tower" not in set(rows["model"]) or not models:
+        return ""
+    parts = []
+    for m in models:
+        p = quality.paired_difference(frame, dataset, m, "single_tower", experiments=("preset_settings",))
+        if p["seeds"] >= 2:
+            parts.append(f"{m} {100 * p['mean']:+.2f} pp (paired over {p['seeds']} seeds ±{100 * p['ci95']:.2f}"
+                         + (", within noise)" if abs(p["mean"]) <= p["ci95"] else ")"))
+    return (f"{dataset} at the preset's settings (`preset_settings` rows, not the tuning's choices), recall@100 "
+            "against the single tower: " + "; ".join(parts) + ".") if parts else ""
+
+
 def findings(frame: pd.DataFrame, tables, datasets) -> str:
     """The notebook's conclusions as Markdown, every number computed from the rows."""
     lines = [line for ds in datasets for line in verdict(tables, ds, frame)]
@@ -395,6 +416,7 @@ def findings(frame: pd.DataFrame, tables, datasets) -> str:
     if tuned:
         lines.append(tuned)
     lines += [line for ds in datasets if (line := tuning_effect_line(frame, ds))]
+    lines += [line for ds in datasets if (line := preset_settings_line(frame, ds))]
     cost = kernel_cost_line(frame)
     if cost:
         lines.append(f"Per ad, {cost}.")

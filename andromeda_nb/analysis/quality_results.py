@@ -131,11 +131,11 @@ def recall_table(frame: pd.DataFrame, dataset: str, metric: str = "recall@100", 
     return s.reindex([m for m in MODEL_ORDER + BASELINE_ORDER if m in s.index])
 
 
-def paired_difference(frame: pd.DataFrame, dataset: str, a: str, b: str, metric: str = "recall@100") -> dict:
+def paired_difference(frame: pd.DataFrame, dataset: str, a: str, b: str, metric: str = "recall@100",
+                      experiments=("expert_count", "baselines")) -> dict:
     """Model ``a`` minus model ``b`` on the seeds both ran (each seed: the same split and evaluated
-    users for both): ``mean`` and ``ci95`` (the 95 % interval half-width of the mean paired
-    difference) and ``seeds``."""
-    experiments = ("expert_count", "baselines")
+    users for both) among the rows of ``experiments``: ``mean`` and ``ci95`` (the 95 % interval
+    half-width of the mean paired difference) and ``seeds``."""
     df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & frame["experiment"].isin(experiments)]
     return _paired(df[df["model"] == a].groupby("seed")["value"].mean(),
                    df[df["model"] == b].groupby("seed")["value"].mean())

@@ -113,6 +113,14 @@ def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
         same, "multi_interest")
     with pytest.raises(ValueError, match="presets"):  # seeds of another world do not pair
         quality.tuning_effect(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")
+    # the models at the preset's settings against its single tower, paired on their own seeds (0, 1)
+    at_preset = EC.preset_settings_line(frame, "multi_interest")
+    k2 = quality.paired_difference(frame, "multi_interest", "mixture_k2", "single_tower", experiments=("preset_settings",))
+    assert k2["seeds"] == 2 and k2["mean"] == pytest.approx(-0.015)
+    assert f"mixture_k2 -1.50 pp (paired over 2 seeds ±{100 * k2['ci95']:.2f}, within noise)" in at_preset
+    assert "ranking -2.00 pp (paired over 2 seeds ±0.00)" in at_preset
+    assert EC.preset_settings_line(frame, "ml-100k") == ""
+    assert at_preset in EC.findings(frame, EC.recall_tables(frame, ["multi_interest"]), ["multi_interest"])
     # the routing table is the tuned models' (the recall table's), not the preset-settings rows'
     assert EC.routing_table(frame, "multi_interest").loc["mixture_k2", "routing_entropy (mean)"] == pytest.approx(0.7)
 
