@@ -399,7 +399,10 @@ class Pool:
     def _gated_images(self, group: list, max_abs: float, images: np.ndarray, f16_math: bool):
         """:func:`~andromeda_nb.score.weights.gated_images` of a group on this pool's table at
         ``max_abs``, an int8 table's rows past fp16 (:func:`fp16_rows_fit`) leaving fp16 math, and
-        rows too small for it leaving ``math="auto"``'s (:func:`fp16_rows_precise`)."""
+        rows too small for it leaving ``math="auto"``'s (:func:`fp16_rows_precise`). On a stale upper
+        bound (updates since the last exact value) the second check can pass where the exact value
+        would not: a pool whose updates shrank every row below the threshold keeps fp16 math until
+        the bound is recounted."""
         table = self.table
         built = gated_images(*stack_requests(group), max_abs, images, f16_math, int8=table.dtype == "int8")
         if not fp16_rows_fit(table, max_abs) or (self.config.math == "auto" and not fp16_rows_precise(table, max_abs)):
