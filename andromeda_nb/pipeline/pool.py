@@ -402,7 +402,7 @@ class Pool:
         rows too small for it leaving ``math="auto"``'s (:func:`fp16_rows_precise`). On a stale upper
         bound (updates since the last exact value) the second check can pass where the exact value
         would not: a pool whose updates shrank every row below the threshold keeps fp16 math until
-        the bound is recounted."""
+        a range check asks for the exact value (:meth:`~.DeviceAdTable.max_abs`)."""
         table = self.table
         built = gated_images(*stack_requests(group), max_abs, images, f16_math, int8=table.dtype == "int8")
         if not fp16_rows_fit(table, max_abs) or (self.config.math == "auto" and not fp16_rows_precise(table, max_abs)):
