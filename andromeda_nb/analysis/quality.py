@@ -411,7 +411,7 @@ def overlap_rows_from_tops(tops_dirs, frame: pd.DataFrame) -> pd.DataFrame:
         if not np.array_equal(a["rows"], b["rows"]):
             raise ValueError(f"{f.name} and {ref.name} rank different users: their overlap means nothing")
         match = recall[(recall["dataset"] == ds) & (recall["model"] == model)
-                       & (recall["seed"].astype(str) == str(seed))]
+                       & (pd.to_numeric(recall["seed"], errors="coerce") == seed)]  # "0", "0.0" or 0
         if match.empty:
             raise ValueError(f"{f.name}: no recall@100 row of {model} seed {seed} on {ds} to take its run's columns from")
         row = match.iloc[-1].to_dict()

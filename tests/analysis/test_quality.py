@@ -274,3 +274,21 @@ def test_paired_difference_and_intervals():
 
     assert EC._paired(frame, "ml-100k", "mixture_k2", "single_tower") == " (paired over 4 seeds: 95 % interval ±0.92 pp)"
     assert EC._paired(frame.assign(value=0.4), "ml-100k", "mixture_k2", "single_tower").endswith("within noise)")
+
+
+def test_models_trained_in_separate_processes_get_their_overlap_rows(tmp_path):
+    """``python -m andromeda_nb.training --save-tops``: the ranking model and a retrieval model
+    trained by two runs (two folders, as two processes sharing a GPU do) give, from their kept
+    tops, the overlap rows one run of both writes itself."""
+    from andromeda_nb.training.__main__ import main
+
+    common = ["--preset", "smoke", "--datasets", "multi_interest", "--device", "cpu", "--no-progress", "--save-tops"]
+    for folder, models in (("both", ["single_tower", "ranking"]), ("a", ["single_tower"]), ("b", ["ranking"])):
+        assert main([*common, "--out", str(tmp_path / folder), "--models", *models]) == 0
+    both = quality.load_results(tmp_path / "both" / "quality.csv")
+    own = both[both["metric"] == "overlap@100_ranking"]
+    assert len(own) == 1 and 0 <= own["value"].iloc[0] <= 1
+    apart = pd.concat([quality.load_results(tmp_path / f / "quality.csv") for f in ("a", "b")], ignore_index=True)
+    assert not (apart["metric"] == "overlap@100_ranking").any()  # neither run held both models
+    rows = quality.overlap_rows_from_tops([tmp_path / "a" / "tops", tmp_path / "b" / "tops"], apart)
+    assert list(rows["model"]) == ["single_tower"] and rows["value"].iloc[0] == pytest.approx(own["value"].iloc[0])
