@@ -45,8 +45,9 @@ for step in "$@"; do
       #   finished tuning runs go beside it (FILE.runs.json): a cut-off tuning run again with that file resumes
       # QUALITY_TUNE_LENGTHS=checkpoints: lengths as checkpoints of one run a learning rate (default: own runs)
       # QUALITY_WORKERS=N trains N tuning runs at once (one a model and grid point; 4 on one H200: ~103 steps/s in all)
-      # QUALITY_SAVE_TOPS=1 keeps each model's top-100 a seed in $OUT/quality/tops (models trained in two
-      #   processes at once: analysis.quality.overlap_rows_from_tops gives their overlap@100_ranking rows)
+      # QUALITY_SAVE_TOPS=1 keeps each model's targeted top-100 per seed in $OUT/quality/tops: models trained
+      #   in separate runs (e.g. two processes sharing the GPU) then get their overlap@100_ranking rows from
+      #   analysis.quality.overlap_rows_from_tops (python -m andromeda_nb.training --help gives the recipe)
       # QUALITY_SET="ad_features=1" changes TrainConfig fields of every model (with QUALITY_TUNE, or untuned)
       python3 -m andromeda_nb.training --preset full --out "$OUT/quality" --no-progress ${ds:+--datasets $ds} \
         ${QUALITY_SEEDS:+--seeds $QUALITY_SEEDS} ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNE:+--tune$([ "$QUALITY_TUNE" = only ] && echo -only)} \

@@ -26,7 +26,9 @@ DEFAULT_MATH_OVERLAP = 0.99
 #: Pool size of the memory comparison.
 POOL_ADS = 10**8
 METRICS = ("recall@100", "recall@100_delta_pp", "overlap@100_fp32", "score_err_p50", "score_err_p99",
-           "score_err_p999", "score_err_max", "bytes_per_ad")
+           "score_err_p999", "score_err_max", "bytes_per_ad",
+           # the fp16 math rows against fp32 math on their own storage (what math="auto" decides)
+           "recall@100_delta_pp_same_storage", "overlap@100_same_storage")
 ERROR_QUANTILES = {"score_err_p50": "p50", "score_err_p99": "p99", "score_err_p999": "p99.9", "score_err_max": "max"}
 KERNEL_DTYPES = ("fp32", "bf16", "fp16", "int8")
 

@@ -73,10 +73,10 @@ class KernelConfig:
             ``"auto"`` (:meth:`with_math`): fp16 on fp16 and int8 tables where it applies and the
             request and table fit, else fp32.
             The default because fp16 math measured 1.4x (E6 K2) to 1.7x (E8 K4) faster on the
-            H200 and kept recall@100 within 0.02 point of fp32, top-100 overlap >= 0.998, on both
-            datasets (the precision notebook; the rule: at most 0.1 point, overlap >= 0.99); on
-            int8 tables, against fp32 math on the same int8 rows, within 0.01 point and overlap
-            >= 0.998 on both datasets, at 2.2x fp32 math's speed (H200, 10^8 ads, scores to memory).
+            H200 (fp16 tables, 10^8 ads, scores to memory, each ratio within one run) and kept recall@100 within 0.01 point
+            of fp32 (5-seed means), top-100 overlap >= 0.998, on both datasets (the precision
+            notebook; the rule: at most 0.1 point, overlap >= 0.99); on int8 tables, against fp32
+            math on the same int8 rows, the same, at 2.2x fp32 math's speed (E6 K2 d64, one run).
         dequant: how fp16 math widens an int8 table's rows: ``"mul"`` (per pair of values a
             subtract and a multiply by the row scale), ``"fma"`` (one fused multiply-add, the same
             bits, where every scale of the table has at most 7 significant bits and is at most 56:

@@ -45,8 +45,11 @@ def main(argv=None) -> int:
                          "run beside it (FILE's name .runs.json: a cut-off tuning run again resumes there); without: "
                          "train the configurations FILE keeps (a tuning run's seeds in a later session)")
     ap.add_argument("--save-tops", action="store_true",
-                    help="keep each model's top-100 a seed in <out>/tops: models trained in separate processes then "
-                         "get overlap@100_ranking rows from andromeda_nb.analysis.quality.overlap_rows_from_tops")
+                    help="keep each model's targeted top-100 per seed in <out>/tops (only overlap@100_ranking needs "
+                         "them): models trained in separate runs get those rows from "
+                         "andromeda_nb.analysis.quality.overlap_rows_from_tops([dirA/tops, dirB/tops], "
+                         "pd.concat([load_results(dirA/quality.csv), load_results(dirB/quality.csv)])), "
+                         "merged with write_rows")
     ap.add_argument("--compute-only", action="store_true",
                     help="only refresh the compute-per-ad rows (FLOPs, bytes, kernel ads/s from --scoring-csv); no training")
     ap.add_argument("--baselines", nargs="*", default=None, metavar="NAME",

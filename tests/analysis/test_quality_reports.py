@@ -168,6 +168,14 @@ def test_precision_summary_metrics_and_findings(tmp_path):
     assert "runs int8 at 1.50x fp16's measured ads/s in fp16 math, 0.90x fp16's measured ads/s in fp32 math" in (
         PR.findings(summary, fast))
     assert "**fp16 math on int8 tables?**" in text and "not measured" in text
+    # the same-storage metrics of int8_fp16_math rows reach the findings through load()
+    same = pd.DataFrame(_rows("ml-100k", "mixture_k2", "recall@100_delta_pp_same_storage", [0.02, 0.04],
+                              experiment="precision", dtype="int8_fp16_math")
+                        + _rows("ml-100k", "mixture_k2", "overlap@100_same_storage", [0.995, 0.997],
+                                experiment="precision", dtype="int8_fp16_math"))
+    quality.write_rows(same, path)
+    both = PR.summaries(PR.load(False, path, "smoke", ["ml-100k"])[0], ["ml-100k"])
+    assert "ml-100k: +0.030 pp, overlap 0.9960: met on every dataset" in PR.findings(both, thr)
     assert "ml-100k, fp16: Δ recall@100 +0.100 pp, top-100 overlap 0.9950: meets the target" in text
     assert "ml-100k, int8: Δ recall@100 -0.800 pp, top-100 overlap 0.9700: **misses**" in text
     assert "maximum* score error is 1.5 to 1.5" in text
