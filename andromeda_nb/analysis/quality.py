@@ -365,7 +365,7 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
             for name, top in tops.items():
                 if name == "ranking":
                     continue
-                ov = np.mean([topk_overlap(a, b, 100) for a, b in zip(top, tops["ranking"])])
+                ov = mean_overlap(top, tops["ranking"])
                 E, K = MODELS[name]
                 rows_out.append(_row(data.name, name, E, K, "fp32", configs[name].d, seed, "overlap@100_ranking",
                                      ov, **{**meta, "scorer": scorers.get(name, "torch_fp32_formula")}))
@@ -375,6 +375,11 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
                 rows_out.append(_row(data.name, "true_model", "", "", "", "", "", metric, v,
                                      **{**meta, "scorer": "ground_truth"}))
     return pd.DataFrame(rows_out, columns=COLUMNS), trained
+
+
+def mean_overlap(top: np.ndarray, ref: np.ndarray, k: int = 100) -> float:
+    """The mean over users (rows) of :func:`~.metrics.topk_overlap` of two ``[users, >= k]`` top lists."""
+    return float(np.mean([topk_overlap(a, b, k) for a, b in zip(top, ref)]))
 
 
 def save_top(tops_dir, dataset: str, model: str, seed: int, rows: np.ndarray, top: np.ndarray) -> Path:
@@ -416,7 +421,7 @@ def overlap_rows_from_tops(tops_dirs, frame: pd.DataFrame) -> pd.DataFrame:
             raise ValueError(f"{f.name}: no recall@100 row of {model} seed {seed} on {ds} to take its run's columns from")
         row = match.iloc[-1].to_dict()
         row.update(metric="overlap@100_ranking",
-                   value=float(np.mean([topk_overlap(x, y, 100) for x, y in zip(a["top"], b["top"])])))
+                   value=mean_overlap(a["top"], b["top"]))
         out.append(row)
     return pd.DataFrame(out, columns=frame.columns)
 
@@ -612,7 +617,7 @@ def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progr
         done[dt] = top, rec
         if dt not in dtypes:
             continue
-        ov = float(np.mean([topk_overlap(x, y, 100) for x, y in zip(top, base_top)]))
+        ov = mean_overlap(top, base_top)
         err = (np.abs(sc - base) / sd[:, None])[elig]
         E, K, d = tm.experts, tm.k_experts, tm.cfg.d
         vals = {"recall@100": rec, "recall@100_delta_pp": 100 * (rec - base_rec), "overlap@100_fp32": ov,
@@ -622,7 +627,7 @@ def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progr
         if dt in FP16_MATH_STORAGE:
             st_top, st_rec = done[FP16_MATH_STORAGE[dt]]
             vals["recall@100_delta_pp_same_storage"] = 100 * (rec - st_rec)
-            vals["overlap@100_same_storage"] = float(np.mean([topk_overlap(x, y, 100) for x, y in zip(top, st_top)]))
+            vals["overlap@100_same_storage"] = mean_overlap(top, st_top)
         for metric, v in vals.items():
             out.append(_row(data.name, tm.name, E, K, dt, d, tm.seed, metric, v, **meta))
     return pd.DataFrame(out, columns=COLUMNS)

@@ -33,14 +33,13 @@ import numpy as np
 from ..device import launch
 from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
-from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape
+from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape, rows_max_abs
 from ..score.launches import check_range
 from ..score.weights import (f16_weights, fma_dequant_exact, fp16_rows_fit, fp16_rows_precise, gated_images,
                              image_size, mma_f16_image, mma_f16_words, stack_requests)
 from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, table_slots
 from ..topk.api import check_k
 from .bound_match import BoundMatch
-from .updates import rows_max_abs
 
 #: the seed is the r-th best of a 4,096-score sample of a request's candidates, r chosen so that
 #: about SEED_MARGIN_X2 / 2 * k candidates reach it, and r at least SEED_MIN_RANK. The kept count

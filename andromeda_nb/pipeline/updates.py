@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..device import launch
-from ..model import AdTable, from_bf16_bits
-from ..score.table import FREE
+from ..model import AdTable
+from ..score.table import FREE, rows_max_abs
 from ..targeting import CREATE, RETIRE, UpdateBatch
 from ..targeting.index_updates import order_by_slot
 
@@ -363,27 +363,6 @@ def _scatter_launch(pool) -> "launch.BoundLaunch":
             t.words, t.bias, t.scale, t.ad_ids, i64, i64, i64, launch.dummy(np.uint64), f32, f32, t.dtype == "int8"))
         pool._scatter = cached = (t, run)
     return cached[1]
-
-
-def rows_max_abs(table: AdTable) -> float:
-    """The largest finite |a| of a host table's rows as the kernel reads them, 0 for none. Without
-    widening the rows: a 16-bit float's magnitude orders as its bits without the sign (finite
-    below the exponent's all-ones), and an int8 row's largest |q * scale| is its largest |q|
-    times |scale|."""
-    emb = table.embeddings
-    if emb.size == 0:
-        return 0.0
-    if table.dtype in ("fp16", "bf16"):
-        bits = emb.view(np.uint16) & np.uint16(0x7FFF)
-        inf = np.uint16(0x7C00 if table.dtype == "fp16" else 0x7F80)
-        top = np.where(bits < inf, bits, np.uint16(0)).max()
-        return float(top.view(np.float16) if table.dtype == "fp16" else from_bf16_bits(top)[()])
-    if table.dtype == "int8":  # in float64: a finite scale may take q * scale past fp32's range
-        q = np.abs(emb.astype(np.int16)).max(axis=1).astype(np.float64)
-        vals = q * np.abs(table.scale.astype(np.float64))
-    else:
-        vals = np.abs(emb.astype(np.float32, copy=False))
-    return float(vals[np.isfinite(vals)].max(initial=0.0))
 
 
 __all__ = ["PoolUpdate", "apply_update", "check_update", "final_rows", "take_ops"]

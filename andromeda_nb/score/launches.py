@@ -310,7 +310,7 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
 
 
 def _check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str, a: float) -> None:
-    from .weights import F16_TINY, F16_U, FP16_MAX, fp16_rows16_bound, fp16_rows_fit
+    from .weights import FP16_MAX, fp16_encoded_bound, fp16_rows_fit
 
     img = dreq.host_image.astype(np.float64)
     if dreq.model == "dot":
@@ -324,8 +324,8 @@ def _check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str, a: float)
     if math == "fp16" and not fp16_rows_fit(table, a):
         raise ValueError(f"math='fp16': this int8 table's rows reach max|q| max(scale) = {a:.4g}, beyond the fp16 range "
                          f"({FP16_MAX:g}), once dequantized; rescale the table or use math='fp32'")
-    # as fp16 math holds them: gamma, beta and an int8 row rounded to fp16 (each up to 2^-11 higher)
-    h16 = (gmax * (1 + F16_U) + F16_TINY) * fp16_rows16_bound(a, table.dtype == "int8") + bmax * (1 + F16_U) + F16_TINY
+    cg, cb, c0 = fp16_encoded_bound(a, table.dtype == "int8")  # gamma, beta, an int8 row as fp16 rounds them
+    h16 = cg * gmax + cb * bmax + c0
     if math == "fp16" and not h16 <= FP16_MAX:
         raise ValueError(f"math='fp16': encoded ads could reach |gamma| max|a| + |beta| = {h16:.4g} once rounded to "
                          f"fp16, beyond the fp16 range ({FP16_MAX:g}); rescale the request or the table, or use math='fp32'")

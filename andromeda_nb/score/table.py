@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..device import launch
-from ..model import MAX_EXPERTS, STORAGE_DTYPES, AdTable, Request, all_unique
+from ..model import MAX_EXPERTS, STORAGE_DTYPES, AdTable, Request, all_unique, from_bf16_bits
 from ..topk.api import MAX_ITEMS
 from .config import MAX_D, PARAM_FLOATS
 
@@ -116,12 +116,7 @@ class DeviceAdTable:
         else by a reduction on the device)."""
         if getattr(self, "_max_abs", None) is None:
             if self.table is not None:
-                t = self.table
-                if t.dtype == "int8":
-                    emb = np.abs(t.embeddings.astype(np.int16)).max(axis=1, initial=0) * np.abs(t.scale.astype(np.float64))
-                else:
-                    emb = np.abs(t.dequantized() if t.dtype == "bf16" else t.embeddings.astype(np.float32))
-                m = float(emb[np.isfinite(emb)].max(initial=0.0))
+                m = rows_max_abs(self.table)
             else:
                 m = _device_max_abs(self)
             self._max_abs = self._max_abs_bound = m
@@ -340,6 +335,27 @@ class DeviceRequest:
             G = (r.G.astype(np.float64) / np.sqrt(r.d)).astype(np.float32).ravel()
             self._naive = tuple(launch.to_device(a) for a in (G, r.V.ravel(), r.gamma, r.beta))
         return self._naive
+
+
+def rows_max_abs(table: AdTable) -> float:
+    """The largest finite |a| of a host table's rows as the kernel reads them, 0 for none. Without
+    widening the rows: a 16-bit float's magnitude orders as its bits without the sign (finite
+    below the exponent's all-ones), and an int8 row's largest |q * scale| is its largest |q|
+    times |scale|."""
+    emb = table.embeddings
+    if emb.size == 0:
+        return 0.0
+    if table.dtype in ("fp16", "bf16"):
+        bits = emb.view(np.uint16) & np.uint16(0x7FFF)
+        inf = np.uint16(0x7C00 if table.dtype == "fp16" else 0x7F80)
+        top = np.where(bits < inf, bits, np.uint16(0)).max()
+        return float(top.view(np.float16) if table.dtype == "fp16" else from_bf16_bits(top)[()])
+    if table.dtype == "int8":  # in float64: a finite scale may take q * scale past fp32's range
+        q = np.abs(emb.astype(np.int16)).max(axis=1).astype(np.float64)
+        vals = q * np.abs(table.scale.astype(np.float64))
+    else:
+        vals = np.abs(emb.astype(np.float32, copy=False))
+    return float(vals[np.isfinite(vals)].max(initial=0.0))
 
 
 def _device_max_abs(table: DeviceAdTable) -> float:

@@ -23,8 +23,8 @@ from numba import njit, prange  # noqa: E402
 
 
 @njit(cache=True)
-def gated_images_kernel(gamma, beta, G, V, max_abs, max_abs16, pad, f16_index, out32, src16, bad32, over16, fp32_safe,
-                        fp16_max, f16_u, f16_tiny):
+def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, out32, src16, bad32, over16, fp32_safe,
+                        fp16_max):
     """Per request ``b`` of ``gamma, beta [B, d]``, ``G, V [B, E, d]`` (float32):
 
     - ``out32[b]``: the float32 image ``[gamma | beta | G / sqrt(d) | V rows of pitch d + pad]``
@@ -34,9 +34,9 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, max_abs16, pad, f16_index, o
       not built);
     - ``bad32[b]``: ``h <= fp32_safe`` or ``h * max(max_e sum_i |G'[e, i]|, max_e sum_i |V[e, i]|) <=
       fp32_safe`` fails, ``h = max|gamma| max_abs + max|beta|`` (float64; a NaN fails);
-    - ``over16[b]``: a weight beyond ``fp16_max``, or ``h16 <= fp16_max`` fails, ``h16`` the same bound
-      on the values fp16 math holds: gamma and beta rounded to fp16 (``|x| (1 + f16_u) + f16_tiny``),
-      the rows at ``max_abs16`` (:func:`~andromeda_nb.score.weights.fp16_rows16_bound`).
+    - ``over16[b]``: a weight beyond ``fp16_max``, or ``h16 <= fp16_max`` fails, ``h16 = cg max|gamma|
+      + cb max|beta| + c0`` the same bound on the values fp16 math holds
+      (:func:`~andromeda_nb.score.weights.fp16_encoded_bound`).
     """
     B, E, d = G.shape
     sq = math.sqrt(d)
@@ -60,7 +60,7 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, max_abs16, pad, f16_index, o
                 bmax = abs(t)
             big = big or abs(g) > fp16_max or abs(t) > fp16_max
         h = np.float64(gmax) * max_abs + np.float64(bmax)
-        h16 = (np.float64(gmax) * (1 + f16_u) + f16_tiny) * max_abs16 + np.float64(bmax) * (1 + f16_u) + f16_tiny
+        h16 = cg * np.float64(gmax) + cb * np.float64(bmax) + c0
         keys = 0.0
         vals = 0.0
         o = 2 * d

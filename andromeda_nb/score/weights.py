@@ -113,10 +113,13 @@ F16_U, F16_TINY = 2.0 ** -11, 2.0 ** -25
 F16_INT8_MIN_MAX_ABS = 127 * 2.0 ** -14
 
 
-def fp16_rows16_bound(max_abs: float, int8: bool) -> float:
-    """A bound on ``|a|`` as the fp16 math mode holds a row: an fp16 row's values exactly; an int8
-    row's ``round16(q round16(scale))``, two roundings above ``max|q| max(scale)``."""
-    return max_abs * (1 + F16_U) ** 2 + 2 * F16_TINY if int8 else max_abs
+def fp16_encoded_bound(max_abs: float, int8: bool) -> tuple[float, float, float]:
+    """``(cg, cb, c0)`` with ``|h| <= cg max|gamma| + cb max|beta| + c0`` for h as fp16 math forms it,
+    ``fma(round16(gamma), a16, round16(beta))`` before its own rounding: gamma and beta rounded to
+    fp16, and ``a16`` an fp16 row's values exactly or an int8 row's ``round16(q round16(scale))``, two
+    roundings above ``max|q| max(scale)`` (``max_abs``)."""
+    a16 = max_abs * (1 + F16_U) ** 2 + 2 * F16_TINY if int8 else max_abs
+    return (1 + F16_U) * a16, 1 + F16_U, F16_TINY * (a16 + 1)
 
 
 def fp16_rows_precise(table, max_abs: float) -> bool:
@@ -257,7 +260,7 @@ class GatedImages:
 
 def gated_images(gamma, beta, G, V, max_abs: float, out: np.ndarray, f16: bool, int8: bool = False) -> GatedImages:
     """Every image of B stacked gated requests (:func:`stack_requests`) on a table of ``max_abs``
-    (``int8``: an int8 table's, whose rows fp16 math rounds once more, :func:`fp16_rows16_bound`):
+    (``int8``: an int8 table's, whose rows fp16 math rounds once more, :func:`fp16_encoded_bound`):
     :func:`weight_image` of each into ``out[:B]`` (float32 ``[>= B, image_size]``, rows past B
     untouched), with ``f16`` their fp16 images, and the range checks of both maths, in one compiled
     pass (:func:`~andromeda_nb.score.weight_kernels.gated_images_kernel`). Equal word for word to
@@ -271,6 +274,6 @@ def gated_images(gamma, beta, G, V, max_abs: float, out: np.ndarray, f16: bool, 
     index = _F16_INDEX[d] if f16 and d % 16 == 0 else np.zeros(0, np.int64)
     src16 = np.empty((B if index.size else 0, index.size), np.uint16)
     bad32, over16 = np.empty(B, np.bool_), np.empty(B, np.bool_)
-    gated_images_kernel(gamma, beta, G, V, float(max_abs), fp16_rows16_bound(float(max_abs), int8), PAD, index, out,
-                        src16, bad32, over16, FP32_SAFE, FP16_MAX, F16_U, F16_TINY)
+    gated_images_kernel(gamma, beta, G, V, float(max_abs), *fp16_encoded_bound(float(max_abs), int8), PAD, index, out,
+                        src16, bad32, over16, FP32_SAFE, FP16_MAX)
     return GatedImages(bad32, over16, src16.view(np.uint32) if index.size else None)
