@@ -37,6 +37,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
              PyTorch (:mod:`.peers`), beside the fused kernel and the dot product, same tables
     int8_math: int8 rows in fp16 math beside fp16 rows in fp16 math, int8 in fp32 math and the dot
              products, scores to memory (d 64 E6 K2, E8 K4; d 128) and the fused top-1000
+    int8_occupancy: int8 rows in fp16 math at register caps, block sizes and grids of one wave
+             (more resident warps against spills), beside fp16 rows, one run
     frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
              fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
 
@@ -301,6 +303,19 @@ PHASES = {
         *(in_math(scores("gated", dt, d, E, K), m) for d, E, K in MATH_MODELS
           for dt, m in (("fp16", "fp16"), ("int8", "fp16"), ("int8", "fp32"))),
         *(in_math(fused("gated", dt, path="filter"), "fp16") for dt in ("fp16", "int8"))),
+    # int8 rows in fp16 math are bound by neither bytes nor issue at 16 warps an SM (127 registers
+    # uncapped, two blocks of 256): more resident warps for more row bytes in flight, against the
+    # spills a register cap costs (ptxas, sm_90: 96 -> 128 bytes a thread, 80 -> 288, 64 -> 392),
+    # each grid one wave of resident blocks; fp16 rows at the default beside them, scores to memory
+    # and the fused top-1000, one run
+    "int8_occupancy": (
+        in_math(scores("gated", "fp16"), "fp16"), in_math(fused("gated", "fp16", path="filter"), "fp16"),
+        *(replace(in_math(scores("gated", "int8"), "fp16"), config=cfg(math="fp16", **c)) for c in (
+            {}, {"blocks_per_sm": 2}, {"max_registers": 96, "block": 128, "blocks_per_sm": 5},
+            {"max_registers": 80, "blocks_per_sm": 3}, {"max_registers": 72, "block": 128, "blocks_per_sm": 7},
+            {"max_registers": 64, "blocks_per_sm": 4})),
+        *(replace(in_math(fused("gated", "int8", path="filter"), "fp16"), config=cfg(math="fp16", **c)) for c in (
+            {}, {"max_registers": 80, "blocks_per_sm": 3}, {"max_registers": 64, "blocks_per_sm": 4}))),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),
