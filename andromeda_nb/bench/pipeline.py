@@ -382,6 +382,9 @@ PHASES = {
     # int8 tables (a scale a row) as a user calls them, in fp16 math (the rows widened into the fragments)
     "int8": (*(RetrieveCase(B, diagnostics=False, math="fp16", dtype="int8") for B in (1, 32)),
              ScoreTopkCase(math="fp16", dtype="int8")),
+    # score_topk on fp16 and int8 tables of the same pool, in the math the default picks (fp16 on
+    # both), one run: the ratio of the int8 target as the user calls it
+    "score_topk_dtypes": (ScoreTopkCase(math="fp16"), ScoreTopkCase(math="fp16", dtype="int8")),
 }
 DEFAULT_PHASES = tuple(PHASES)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)
