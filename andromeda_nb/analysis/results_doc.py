@@ -112,7 +112,7 @@ def headline(results_dir: str | Path = "data/results") -> str:
 
 
 _COLUMNS = ("variant", "n_ads", "batch", "d", "dtype", "experts", "k_experts", "layout", "math", "dequant", "path",
-            "access",
+            "launch", "access",
             "eligible_fraction", "k", "seconds_median", "seconds_p99", "device_seconds", "items_per_s",
             "requests_per_s", "n_workers", "transport_bytes_per_request", "fraction_of_read_ceiling", "verified")
 
@@ -126,15 +126,28 @@ def _fmt(v) -> str:
     return s.replace("|", "/")[:60]
 
 
-def _dequant(rows: pd.DataFrame) -> pd.Series:
-    """How fp16 math dequantized int8 rows (``fma``: one fused multiply-add a pair, said in the notes;
-    ``mul``: a subtract and a multiply, the only way before the fused one); '' for other rows."""
+def _dequant(rows: pd.DataFrame, unsaid: str = "mul") -> pd.Series:
+    """How fp16 math dequantized int8 rows, as the notes say (``dequant=fma``: one fused multiply-add
+    a pair; ``dequant=mul``: a subtract and a multiply); notes that do not say: ``unsaid`` (the scoring
+    suite's ``mul``, the only way before the fused one; '' where a suite did not record it); '' for
+    other rows."""
     if not {"dtype", "math"} <= set(rows.columns):
         return pd.Series("", index=rows.index)
     notes = rows["notes"].astype(str) if "notes" in rows else pd.Series("", index=rows.index)
     int8_fp16 = (rows["dtype"].astype(str) == "int8") & (rows["math"].astype(str) == "fp16")
-    return pd.Series(np.where(int8_fp16, np.where(notes.str.contains("dequant=fma"), "fma", "mul"), ""),
-                     index=rows.index)
+    said = notes.str.extract(r"dequant=(fma|mul)", expand=False).fillna(unsaid)
+    return pd.Series(np.where(int8_fp16, said, ""), index=rows.index)
+
+
+#: the launch settings a scoring row's notes name (``block=256 maxreg=128 blocks/SM=3 ...``)
+_LAUNCH = r"\b(?:block|maxreg|blocks/SM|weights|guard|sync_every)=\S+"
+
+
+def _launch(rows: pd.DataFrame) -> pd.Series:
+    """The launch settings in each row's notes (the ``launch`` column: rows of one run that differ
+    only there), '' where none."""
+    notes = rows["notes"].astype(str) if "notes" in rows else pd.Series("", index=rows.index)
+    return notes.str.findall(_LAUNCH).str.join(" ").str.rstrip(";,")
 
 
 def history(results_dir: str | Path = "data/results") -> str:
@@ -159,7 +172,7 @@ def history(results_dir: str | Path = "data/results") -> str:
             ceil = df[(df["commit"] == commit) & (df["variant"] == "ceiling_read_cupy_sum")]["achieved_TBps"]
             ceil_txt = f", read ceiling {float(ceil.iloc[0]):.2f} TB/s" if len(ceil) else ""
             out += [f"### {suite} at `{commit}` ({device}, {str(when)[:10]}{ceil_txt})", ""]
-            rows = rows.assign(dequant=_dequant(rows))
+            rows = rows.assign(dequant=_dequant(rows, "mul" if suite == "scoring" else ""), launch=_launch(rows))
             cols = [c for c in _COLUMNS if c in rows and rows[c].astype(str).str.len().gt(0).any()]
             out.append("| " + " | ".join(cols) + " |")
             out.append("| " + " | ".join("---" for _ in cols) + " |")

@@ -180,6 +180,7 @@ def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_
         if profile_batch:
             notes += "; profiles as one ProfileBatch (columns)"
         notes += f"; launches after the match: {pool.launches} (device steps timed one by one)"
+        notes += _dequant_note(pool.config, pool.table)
         rows.append(_row(env, ceil, variant, n, B, wall, p99, device, B * elig, request_bytes / elig, verified, dtype,
                          access="bitset", eligible_fraction=f"{elig / n:.5f}", categories=len(world.schema),
                          layout=pool.table.layout, notes=notes))
@@ -209,6 +210,14 @@ def _match_row(env, ceil, world, profiles, n, match_dev, match_bytes) -> dict:
                 notes="items: pool ads; device: prep + match + post of Pool.retrieve's match step")
 
 
+def _dequant_note(config, table) -> str:
+    """How fp16 math widened an int8 table's rows (``"; dequant=fma"`` or ``mul``: the results doc's
+    ``dequant`` column), '' for other tables and maths."""
+    if table.dtype != "int8" or config.math != "fp16":
+        return ""
+    return f"; dequant={config.resolved_dequant(table)}"
+
+
 def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None) -> dict:
     from .. import reference
     from ..score import KernelConfig, score_ads, score_topk
@@ -234,7 +243,8 @@ def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None)
     return _row(env, ceil, "score_topk", n, 1, wall, p99, device, n, fused_bytes_per_ad(D, tiles.dtype), verified,
                 tiles.dtype, access="pool",
                 eligible_fraction="1", layout="tiles",
-                notes="device: the same launches back to back behind a busy kernel (harness.time_device)")
+                notes="device: the same launches back to back behind a busy kernel (harness.time_device)"
+                + _dequant_note(config.with_math(dreq, tiles), tiles))
 
 
 def _open_loop_rows(env, ceil, world, pool, reqs, profiles, n) -> list[dict]:

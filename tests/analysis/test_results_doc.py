@@ -1,0 +1,23 @@
+"""docs/results.md's derived columns: how int8 rows were dequantized and a row's launch settings."""
+
+import pandas as pd
+
+from andromeda_nb.analysis.results_doc import _dequant, _launch
+
+
+def _rows(notes, dtype="int8", math="fp16"):
+    return pd.DataFrame({"dtype": [dtype] * len(notes), "math": [math] * len(notes), "notes": notes})
+
+
+def test_dequant_reads_the_notes_and_leaves_unsaid_rows_to_the_suite():
+    rows = _rows(["block=256; dequant=fma (one HFMA2)", "x; dequant=mul", "no word of it"])
+    assert list(_dequant(rows, "mul")) == ["fma", "mul", "mul"]
+    assert list(_dequant(rows, "")) == ["fma", "mul", ""]
+    assert list(_dequant(_rows(["dequant=fma"], dtype="fp16"))) == [""]  # only int8 rows in fp16 math
+    assert list(_dequant(_rows(["dequant=fma"], math="fp32"))) == [""]
+
+
+def test_launch_keeps_only_the_launch_settings():
+    rows = _rows(["values=chosen block=128 items=1 maxreg=96 blocks/SM=5 math=fp16 (mma); scores",
+                  "weights=param guard=offset;", "device: the same launches"])
+    assert list(_launch(rows)) == ["block=128 maxreg=96 blocks/SM=5", "weights=param guard=offset", ""]
