@@ -45,7 +45,22 @@ def load(run_experiments: bool, results_csv, run_preset: str, datasets, scoring_
         frame, source, pick = quality.committed(results_csv)
         if pick != "full":
             source += " (no full-preset rows: run `python -m andromeda_nb.training --preset full`)"
+        frame = _fresh_compute_rows(frame, datasets, scoring_csv, pick)
     return frame[frame["dataset"].isin(datasets)], source
+
+
+def _fresh_compute_rows(frame: pd.DataFrame, datasets, scoring_csv, preset: str) -> pd.DataFrame:
+    """``frame`` with its compute rows (FLOPs, bytes, the kernel's ads/s) made again from today's
+    ``scoring_csv``: the committed ones hold the kernel rates of the day they were written."""
+    comp = frame["experiment"] == "compute"
+    fresh = []
+    for ds in datasets:
+        rows = frame[comp & (frame["dataset"] == ds)]
+        if len(rows):
+            dtypes = tuple(dict.fromkeys(str(x) for x in rows["dtype"] if str(x) not in ("", "nan")))
+            fresh.append(quality.compute_rows(ds, d=int(float(rows["d"].iloc[0])), dtypes=dtypes or ("fp16",),
+                                              scoring_csv=scoring_csv, preset=preset))
+    return pd.concat([frame[~comp], *fresh], ignore_index=True) if fresh else frame
 
 
 # --------------------------------------------------------------------------------------------------
@@ -345,8 +360,8 @@ def kernel_cost_line(frame: pd.DataFrame) -> str:
         return ""
     one, k2 = per_model.loc["single_tower"], per_model.loc["mixture_k2"]
     return (f"the cost that matters is the kernel's measured ads/s (`kernel_ads_per_s`): {one['value'] / 1e9:.1f} G ads/s "
-            f"for one vector, {k2['value'] / 1e9:.1f} G for K = 2 ({k2['device']}), set today by instruction issue "
-            "rather than bytes (notebook 02)")
+            f"for one vector, {k2['value'] / 1e9:.1f} G for K = 2 ({k2['device']}; fp16 tables in fp32 math, the "
+            "newest run of each), set by instruction issue rather than bytes in fp32 math (notebook 02)")
 
 
 def tuning_line(frame: pd.DataFrame) -> str:

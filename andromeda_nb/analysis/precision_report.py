@@ -65,11 +65,11 @@ def load(run_experiments: bool, results_csv, run_preset: str, datasets) -> tuple
 
 def throughput(scoring_csv) -> pd.DataFrame:
     """The fused kernel's best measured ads/s per dtype at :data:`KERNEL_CONFIG` (index: dtype;
-    columns ``items_per_s``, ``device``); empty when not measured."""
+    columns ``items_per_s``, ``device``, ``commit``: each dtype's newest run); empty when not measured."""
     thr = quality.kernel_throughput(scoring_csv)
     for key, value in KERNEL_CONFIG.items():
         thr = thr[thr[key] == value]
-    return thr.set_index("dtype")[["items_per_s", "device"]]
+    return thr.set_index("dtype")[["items_per_s", "device", "commit"]]
 
 
 def summaries(prec: pd.DataFrame, datasets) -> dict[str, pd.DataFrame]:
@@ -87,6 +87,13 @@ def summaries(prec: pd.DataFrame, datasets) -> dict[str, pd.DataFrame]:
 def kernel_rate(thr: pd.DataFrame, dtype: str) -> float:
     """Measured ads/s of the kernel that reads ``dtype`` (``int8_dimscale`` is an int8 table)."""
     return float(thr["items_per_s"].get(dtype.replace("_dimscale", ""), np.nan)) if len(thr) else float("nan")
+
+
+def one_run(thr: pd.DataFrame, *dtypes: str) -> bool:
+    """Whether the rates of ``dtypes`` in ``thr`` (:func:`throughput`) come from one run."""
+    if "commit" not in thr.columns:
+        return False
+    return len({str(thr["commit"].get(d, "")) for d in dtypes}) == 1
 
 
 def display_table(s: pd.DataFrame, thr: pd.DataFrame) -> pd.DataFrame:
@@ -214,11 +221,12 @@ def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
     if any_s is not None and {"fp16", "int8"} <= set(any_s.index):
         b16, b8 = (any_s.loc[d, ("mean", "bytes_per_ad")] for d in ("fp16", "int8"))
         cfg = ", ".join(f"{k} = {v}" for k, v in KERNEL_CONFIG.items())
-        rates = {m: (kernel_rate(thr, i8), kernel_rate(thr, f16))
-                 for m, i8, f16 in (("fp16", "int8_fp16_math", "fp16_math"), ("fp32", "int8", "fp16"))}
-        rates = {m: g8 / g16 for m, (g8, g16) in rates.items() if np.isfinite(g8 / g16)}
+        pairs = {m: (i8, f16) for m, i8, f16 in (("fp16", "int8_fp16_math", "fp16_math"), ("fp32", "int8", "fp16"))}
+        rates = {m: kernel_rate(thr, i8) / kernel_rate(thr, f16) for m, (i8, f16) in pairs.items()}
+        rates = {m: (r, one_run(thr, *pairs[m])) for m, r in rates.items() if np.isfinite(r)}
         speed = ("the fused kernel (" + cfg + ") runs int8 at "
-                 + ", ".join(f"{r:.2f}x fp16's measured ads/s in {m} math" for m, r in rates.items())
+                 + ", ".join(f"{r:.2f}x fp16's measured ads/s in {m} math" + ("" if same else " (two runs)")
+                             for m, (r, same) in rates.items())
                  if rates else "the kernel's int8 and fp16 rates are not both measured")
         lines.append(f"int8 stores {b8:.0f} bytes an ad against fp16's {b16:.0f} (a 10^{int(np.log10(POOL_ADS))}-ad "
                      f"table: {b8 * POOL_ADS / 1e9:.1f} GB against {b16 * POOL_ADS / 1e9:.1f} GB); {speed}.")

@@ -496,12 +496,13 @@ def bytes_per_ad(d: int, dtype: str) -> int:
 
 
 def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
-    """The fused kernel's best ads/s per (dtype, d, experts, k_experts) over the whole pool
-    (``access == pool``, fused top-K: the block or the filter path, whichever measured faster),
-    with the device it was measured on; the fp16 math mode's rows as dtype ``fp16_math`` (fp16
-    tables) or ``int8_fp16_math``; empty when the file is missing."""
+    """The fused kernel's ads/s per (dtype, d, experts, k_experts) over the whole pool (``access ==
+    pool``, fused top-K), from the newest run that measured that key (its fastest verified row there:
+    the block or the filter path), with the device and commit of that run; the fp16 math mode's rows
+    as dtype ``fp16_math`` (fp16 tables) or ``int8_fp16_math``; empty when the file is missing.
+    Rates of two keys compare only where their ``commit`` is the same (one run)."""
     path = Path(scoring_csv)
-    cols = ["dtype", "d", "experts", "k_experts", "items_per_s", "flops_per_item", "device"]
+    cols = ["dtype", "d", "experts", "k_experts", "items_per_s", "flops_per_item", "device", "commit"]
     if not path.is_file():
         return pd.DataFrame(columns=cols)
     df = pd.read_csv(path)
@@ -521,9 +522,16 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
         df = df.assign(device="")
     if "flops_per_item" not in df.columns:
         df = df.assign(flops_per_item=np.nan)
+    for col in ("commit", "timestamp"):
+        if col not in df.columns:
+            df = df.assign(**{col: ""})
     df = df.dropna(subset=["d", "experts", "k_experts"])
-    df = df.astype({"d": int, "experts": int, "k_experts": int})
-    best = df.sort_values("items_per_s").groupby(["dtype", "d", "experts", "k_experts"], as_index=False).last()
+    df = df.astype({"d": int, "experts": int, "k_experts": int, "commit": str, "timestamp": str})
+    key = ["dtype", "d", "experts", "k_experts"]
+    # a run is a commit; its time, the newest row it wrote
+    run_time = df.groupby("commit")["timestamp"].transform("max")
+    newest = run_time == df.assign(_t=run_time).groupby(key)["_t"].transform("max")
+    best = df[newest].sort_values("items_per_s").groupby(key, as_index=False).last()
     return best[cols]
 
 

@@ -44,7 +44,7 @@ def test_expert_count_tables_metrics_and_verdict():
     text = EC.findings(frame, tables, ["multi_interest", "ml-100k"])
     assert "mixture_k2: recall@50 +18.2 % against the single tower, recall@100 +2.00 pp" in text
     assert "the anchor is stronger" in text and "ml-100k: no results" in text
-    assert "20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu)" in text
+    assert "20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu; fp16 tables in fp32 math, the newest run of each)" in text
     # a ranking model kept only at the preset's settings is not the anchor: the finding says so
     no_anchor = frame[frame["model"] != "ranking"]
     kept = frame[frame["model"] == "ranking"].assign(experiment="preset_settings")
@@ -156,17 +156,20 @@ def test_precision_summary_metrics_and_findings(tmp_path):
     assert list(summary) == ["ml-100k"] and list(summary["ml-100k"].index) == ["fp32", "fp16", "int8"]
     got = PR.metrics(summary)
     assert got["ml-100k/int8/recall@100_delta_pp"] == pytest.approx(-0.8) and got["ml-100k/fp32/overlap@100_fp32"] == 1
-    thr = pd.DataFrame({"items_per_s": [2e10, 1.8e10], "device": ["H200", "H200"]}, index=pd.Index(["fp16", "int8"]))
+    thr = pd.DataFrame({"items_per_s": [2e10, 1.8e10], "device": ["H200", "H200"], "commit": ["a", "a"]},
+                       index=pd.Index(["fp16", "int8"]))
     table = PR.display_table(summary["ml-100k"], thr)
     assert table.loc["int8", "bytes/ad"] == 72 and table.loc["int8", "ads/s (H200)"] == 1.8e10
     assert np.isnan(table.loc["fp32", "ads/s (H200)"])
     text = PR.findings(summary, thr)
     assert "int8 stores 72 bytes an ad against fp16's 132" in text and "7.2 GB against 13.2 GB" in text
     assert "runs int8 at 0.90x fp16's measured ads/s in fp32 math" in text
-    fast = pd.concat([thr, pd.DataFrame({"items_per_s": [3e10, 4.5e10], "device": ["H200"] * 2},
+    fast = pd.concat([thr, pd.DataFrame({"items_per_s": [3e10, 4.5e10], "device": ["H200"] * 2, "commit": ["b", "b"]},
                                         index=pd.Index(["fp16_math", "int8_fp16_math"]))])
     assert "runs int8 at 1.50x fp16's measured ads/s in fp16 math, 0.90x fp16's measured ads/s in fp32 math" in (
         PR.findings(summary, fast))
+    fast.loc["int8_fp16_math", "commit"] = "c"  # the ratio of two runs says so
+    assert "1.50x fp16's measured ads/s in fp16 math (two runs), 0.90x" in PR.findings(summary, fast)
     assert "**fp16 math on int8 tables?**" in text and "not measured" in text
     # the same-storage metrics of int8_fp16_math rows reach the findings through load()
     same = pd.DataFrame(_rows("ml-100k", "mixture_k2", "recall@100_delta_pp_same_storage", [0.02, 0.04],
@@ -191,6 +194,24 @@ def test_kernel_throughput_of_the_precision_configuration(tmp_path):
     assert PR.kernel_rate(thr, "int8_dimscale") == 1.8e10 and np.isnan(PR.kernel_rate(thr, "bf16"))
 
 
+def test_kernel_throughput_takes_each_key_from_its_newest_run(tmp_path):
+    """A faster row of an older run (or of a diagnostic configuration there) does not stand in for
+    the newest run's; rates compare as one run only where both dtypes' newest run is the same."""
+    csv = tmp_path / "scoring.csv"
+    rows = [("old", "2026-01-01T00:00:00+00:00", "fp16", "fp16", 3.2e10), ("old", "2026-01-01T00:00:00+00:00", "int8",
+            "fp16", 4.9e10), ("new", "2026-02-01T00:00:00+00:00", "fp16", "fp16", 3.0e10),
+            ("new", "2026-02-01T00:00:00+00:00", "int8", "fp16", 4.2e10), ("new", "2026-02-01T00:00:01+00:00", "int8",
+            "fp16", 4.4e10), ("old", "2026-01-01T00:00:00+00:00", "int8", "fp32", 1.2e10),
+            ("mid", "2026-01-15T00:00:00+00:00", "fp16", "fp32", 2.0e10)]
+    pd.DataFrame([dict(variant="gated_fused_topk_filter", device="H200", commit=c, timestamp=t, dtype=dt, math=m, d=64,
+                       experts=6, k_experts=2, access="pool", items_per_s=v, verified="ok")
+                  for c, t, dt, m, v in rows]).to_csv(csv, index=False)
+    thr = PR.throughput(csv)
+    assert thr["items_per_s"].to_dict() == {"fp16": 2.0e10, "fp16_math": 3.0e10, "int8": 1.2e10,
+                                             "int8_fp16_math": 4.4e10}
+    assert PR.one_run(thr, "int8_fp16_math", "fp16_math") and not PR.one_run(thr, "int8", "fp16")
+
+
 def test_int8_default_rule_against_fp32_math_on_the_int8_table():
     """fp16 math on int8 tables meets the default rule only within 0.1 pp and overlap 0.99 on every dataset."""
     both = ["ml-100k", "multi_interest"]
@@ -206,3 +227,18 @@ def test_int8_default_rule_against_fp32_math_on_the_int8_table():
     one = PR.int8_default_line({"ml-100k": (0.0, 1.0)}, both)
     assert "multi_interest: not measured" in one and "not yet measured on every dataset" in one
     assert PR.int8_default_line({}, both).endswith("which these rows do not support.")
+
+
+def test_committed_compute_rows_take_todays_kernel_rates(tmp_path):
+    """The committed rows' kernel ads/s are made again from the scoring rows the report is given."""
+    frame = _expert_count_frame()
+    old = frame[(frame["metric"] == "kernel_ads_per_s") & (frame["model"] == "mixture_k2")]
+    assert len(old) and (old["value"] == 1e10).all()
+    csv = tmp_path / "scoring.csv"
+    pd.DataFrame([dict(variant="gated_fused_topk_filter", device="H200", commit="x", timestamp="2026-01-01", dtype="fp16",
+                       math="fp32", d=int(float(old["d"].iloc[0])), experts=6, k_experts=2, access="pool",
+                       items_per_s=2.5e10, verified="ok")]).to_csv(csv, index=False)
+    fresh = EC._fresh_compute_rows(frame, ["multi_interest"], csv, "full")
+    got = fresh[(fresh["metric"] == "kernel_ads_per_s") & (fresh["model"] == "mixture_k2")]
+    assert got["value"].tolist() == [2.5e10] and got["device"].tolist() == ["H200"]
+    assert len(fresh[fresh["experiment"] != "compute"]) == len(frame[frame["experiment"] != "compute"])
