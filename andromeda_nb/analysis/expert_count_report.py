@@ -74,18 +74,42 @@ def recall_tables(frame: pd.DataFrame, datasets) -> dict[str, dict[str, pd.DataF
     for ds in datasets:
         parts = {f"recall@{k}": quality.recall_table(frame, ds, f"recall@{k}") for k in quality.KS[ds]}
         if all(len(p) for p in parts.values()):
+            if "recall@100" in parts:
+                parts["recall@100"] = parts["recall@100"].assign(trained=trained_as(frame, ds,
+                                                                                    parts["recall@100"].index))
             out[ds] = parts
     return out
 
 
+def trained_as(frame: pd.DataFrame, dataset: str, models) -> list[str]:
+    """How each model's recall rows were trained: ``tuned`` (the project's models whose ``scorer``
+    says so, and the baselines, tuned on the validation split), ``preset's settings``, ``mixed``
+    (seeds of both), ``generator`` (the true click model)."""
+    rec = frame[(frame["metric"] == "recall@100") & (frame["dataset"] == dataset)
+                & (frame["experiment"] == "expert_count")]  # the rows recall_table averages
+    out = []
+    for m in models:
+        if str(m).startswith("baseline_"):
+            out.append("tuned")
+            continue
+        scorer = rec.loc[rec["model"] == m, "scorer"].astype(str)
+        tuned = scorer.str.startswith("tuned")
+        out.append("generator" if m == "true_model" else "tuned" if len(tuned) and tuned.all()
+                   else "preset's settings" if not tuned.any() else "mixed")
+    return out
+
+
 def recall_display(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """One dataset's recall tables as ``mean ± sd`` strings, the number of seeds, and recall@100's
-    95 % interval half-width."""
+    """One dataset's recall tables as ``mean ± sd`` strings, the number of seeds, recall@100's
+    95 % interval half-width and how each model was trained (:func:`trained_as`)."""
     t = pd.concat({m: p["mean"].map("{:.4f}".format) + " ± " + p["std"].fillna(0).map("{:.4f}".format)
                    for m, p in parts.items()}, axis=1)
     if "recall@100" in parts and "ci95" in parts["recall@100"]:
         t["recall@100 95 % ±"] = parts["recall@100"]["ci95"].map("{:.4f}".format)
-    return t.assign(seeds=next(iter(parts.values()))["seeds"])
+    t = t.assign(seeds=next(iter(parts.values()))["seeds"])
+    if "trained" in parts.get("recall@100", {}):
+        t["trained"] = parts["recall@100"]["trained"]
+    return t
 
 
 def recall_metrics(tables) -> dict[str, float]:

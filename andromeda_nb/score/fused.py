@@ -258,8 +258,10 @@ class _Source:
 
     def _fence(self) -> bool:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it would
-        # hold all of them in registers and spill); the fused loop has barriers instead
-        return not self.fused and not self.param_weights and self.guard == "fence"
+        # hold all of them in registers and spill); the fused loop has barriers instead, and fp16
+        # math holds its weights in registers from the start (no shared weight loads to keep in the
+        # loop): there a fence (MEMBAR.SC.CTA a round) would only order memory for nothing
+        return not self.fused and not self.param_weights and self.guard == "fence" and self.math != "fp16"
 
     def _loop_grid_stride(self) -> None:
         emit, block, items = self.emit, self.block, self.items

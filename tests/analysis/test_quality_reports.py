@@ -242,3 +242,20 @@ def test_committed_compute_rows_take_todays_kernel_rates(tmp_path):
     got = fresh[(fresh["metric"] == "kernel_ads_per_s") & (fresh["model"] == "mixture_k2")]
     assert got["value"].tolist() == [2.5e10] and got["device"].tolist() == ["H200"]
     assert len(fresh[fresh["experiment"] != "compute"]) == len(frame[frame["experiment"] != "compute"])
+
+
+def test_recall_table_says_how_each_model_was_trained():
+    t = "tuned on the validation split: lr x3"
+    rows = (_rows("ml-100k", "single_tower", "recall@100", [0.4, 0.41], scorer=t)
+            + _rows("ml-100k", "mixture_k4", "recall@100", [0.38, 0.39], scorer="torch_fp32_formula")
+            + _rows("ml-100k", "mixture_k2", "recall@100", [0.42], scorer=t)
+            + _rows("ml-100k", "mixture_k2", "recall@100", [0.41], scorer="torch_fp32_formula")
+            # a preset_settings row of a tuned model does not make it mixed: the table averages expert_count rows
+            + _rows("ml-100k", "single_tower", "recall@100", [0.5], experiment="preset_settings")
+            + _rows("ml-100k", "baseline_als", "recall@100", [0.44], experiment="baselines", scorer="implicit"))
+    for k in quality.KS["ml-100k"]:
+        if k != 100:
+            rows += [dict(r, metric=f"recall@{k}") for r in rows if r["metric"] == "recall@100"]
+    shown = EC.recall_display(EC.recall_tables(pd.DataFrame(rows), ["ml-100k"])["ml-100k"])
+    assert shown["trained"].to_dict() == {"single_tower": "tuned", "mixture_k2": "mixed",
+                                          "mixture_k4": "preset's settings", "baseline_als": "tuned"}
