@@ -92,7 +92,9 @@ def trained_as(frame: pd.DataFrame, dataset: str, models) -> list[str]:
         if str(m).startswith("baseline_"):
             out.append("tuned")
             continue
-        scorer = rec.loc[rec["model"] == m, "scorer"].astype(str)
+        # rows without a scorer (a frame written before the column) count as the preset's settings
+        scorer = (rec.loc[rec["model"] == m, "scorer"] if "scorer" in rec else pd.Series("", index=rec.index[
+            rec["model"] == m])).fillna("").astype(str)
         tuned = scorer.str.startswith("tuned")
         out.append("generator" if m == "true_model" else "tuned" if len(tuned) and tuned.all()
                    else "preset's settings" if not tuned.any() else "mixed")

@@ -259,3 +259,9 @@ def test_recall_table_says_how_each_model_was_trained():
     shown = EC.recall_display(EC.recall_tables(pd.DataFrame(rows), ["ml-100k"])["ml-100k"])
     assert shown["trained"].to_dict() == {"single_tower": "tuned", "mixture_k2": "mixed",
                                           "mixture_k4": "preset's settings", "baseline_als": "tuned"}
+
+
+def test_trained_as_without_a_scorer_column():
+    frame = pd.DataFrame(_rows("ml-100k", "single_tower", "recall@100", [0.4])).drop(columns="scorer")
+    assert EC.trained_as(frame, "ml-100k", ["single_tower", "baseline_als", "mixture_k4"]) == [
+        "preset's settings", "tuned", "preset's settings"]
