@@ -50,16 +50,20 @@ def load(run_experiments: bool, results_csv, run_preset: str, datasets, scoring_
 
 
 def _fresh_compute_rows(frame: pd.DataFrame, datasets, scoring_csv, preset: str) -> pd.DataFrame:
-    """``frame`` with its compute rows (FLOPs, bytes, the kernel's ads/s) made again from today's
-    ``scoring_csv``: the committed ones hold the kernel rates of the day they were written."""
-    comp = frame["experiment"] == "compute"
+    """``frame`` with the kernel rows of its compute rows (the kernel's ads/s and the FLOPs of the
+    configuration measured) made again from today's ``scoring_csv``: the committed ones hold the
+    rates of the day they were written. The analytic rows (the model's FLOPs and bytes, which depend
+    on the dataset's settings) stay as committed."""
+    kernel = ("kernel_ads_per_s", "kernel_flops_per_ad")
+    comp = (frame["experiment"] == "compute") & frame["metric"].isin(kernel)
     fresh = []
     for ds in datasets:
         rows = frame[comp & (frame["dataset"] == ds)]
         if len(rows):
             dtypes = tuple(dict.fromkeys(str(x) for x in rows["dtype"] if str(x) not in ("", "nan")))
-            fresh.append(quality.compute_rows(ds, d=int(float(rows["d"].iloc[0])), dtypes=dtypes or ("fp16",),
-                                              scoring_csv=scoring_csv, preset=preset))
+            made = quality.compute_rows(ds, d=int(float(rows["d"].iloc[0])), dtypes=dtypes or ("fp16",),
+                                        scoring_csv=scoring_csv, preset=preset)
+            fresh.append(made[made["metric"].isin(kernel)])
     return pd.concat([frame[~comp], *fresh], ignore_index=True) if fresh else frame
 
 

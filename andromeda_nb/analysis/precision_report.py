@@ -90,10 +90,12 @@ def kernel_rate(thr: pd.DataFrame, dtype: str) -> float:
 
 
 def one_run(thr: pd.DataFrame, *dtypes: str) -> bool:
-    """Whether the rates of ``dtypes`` in ``thr`` (:func:`throughput`) come from one run."""
+    """Whether the rates of ``dtypes`` in ``thr`` (:func:`throughput`) come from one run (a commit
+    that is not recorded cannot tell: False)."""
     if "commit" not in thr.columns:
         return False
-    return len({str(thr["commit"].get(d, "")) for d in dtypes}) == 1
+    commits = {str(thr["commit"].get(d, "")) for d in dtypes}
+    return len(commits) == 1 and "" not in commits and "nan" not in commits
 
 
 def display_table(s: pd.DataFrame, thr: pd.DataFrame) -> pd.DataFrame:

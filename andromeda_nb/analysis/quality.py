@@ -526,6 +526,7 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
         if col not in df.columns:
             df = df.assign(**{col: ""})
     df = df.dropna(subset=["d", "experts", "k_experts"])
+    df = df.fillna({"commit": "", "timestamp": ""})  # a row that does not say is a run of its own kind
     df = df.astype({"d": int, "experts": int, "k_experts": int, "commit": str, "timestamp": str})
     key = ["dtype", "d", "experts", "k_experts"]
     # a run is a commit; its time, the newest row it wrote

@@ -146,7 +146,7 @@ _LAUNCH = r"\b(?:block|maxreg|blocks/SM|weights|guard|sync_every)=\S+"
 def _launch(rows: pd.DataFrame) -> pd.Series:
     """The launch settings in each row's notes (the ``launch`` column: rows of one run that differ
     only there), '' where none."""
-    notes = rows["notes"].astype(str) if "notes" in rows else pd.Series("", index=rows.index)
+    notes = rows["notes"].fillna("").astype(str) if "notes" in rows else pd.Series("", index=rows.index)
     return notes.str.findall(_LAUNCH).str.join(" ").str.rstrip(";,")
 
 

@@ -265,3 +265,26 @@ def test_trained_as_without_a_scorer_column():
     frame = pd.DataFrame(_rows("ml-100k", "single_tower", "recall@100", [0.4])).drop(columns="scorer")
     assert EC.trained_as(frame, "ml-100k", ["single_tower", "baseline_als", "mixture_k4"]) == [
         "preset's settings", "tuned", "preset's settings"]
+
+
+def test_fresh_compute_rows_keep_the_analytic_rows():
+    """Only the kernel's rows are made again: the committed FLOPs and bytes (which depend on the
+    dataset's settings, e.g. ML-100K's 19 genres) stay as written."""
+    from andromeda_nb.analysis import quality_results
+
+    frame, _, pick = quality_results.committed("data/results/quality.csv")
+    fresh = EC._fresh_compute_rows(frame, ["multi_interest", "ml-100k"], "data/results/scoring.csv", pick)
+    key = ["dataset", "model", "dtype", "metric"]
+    for metric in ("bytes_per_ad", "flops_per_ad"):
+        a = frame[(frame["experiment"] == "compute") & (frame["metric"] == metric)].sort_values(key)
+        b = fresh[(fresh["experiment"] == "compute") & (fresh["metric"] == metric)].sort_values(key)
+        assert a["value"].tolist() == b["value"].tolist() and len(a)
+
+
+def test_kernel_throughput_keeps_rows_that_do_not_say_their_run(tmp_path):
+    csv = tmp_path / "scoring.csv"
+    pd.DataFrame([dict(variant="gated_fused_topk", device="H200", commit=c, timestamp=t, dtype="fp16", d=64, experts=6,
+                       k_experts=2, access="pool", items_per_s=2e10, verified="ok")
+                  for c, t in ((None, "2026-01-01"),)]).to_csv(csv, index=False)
+    thr = PR.throughput(csv)
+    assert thr["items_per_s"].to_dict() == {"fp16": 2e10} and not PR.one_run(thr, "fp16", "fp16")

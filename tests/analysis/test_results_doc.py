@@ -21,3 +21,8 @@ def test_launch_keeps_only_the_launch_settings():
     rows = _rows(["values=chosen block=128 items=1 maxreg=96 blocks/SM=5 math=fp16 (mma); scores",
                   "weights=param guard=offset;", "device: the same launches"])
     assert list(_launch(rows)) == ["block=128 maxreg=96 blocks/SM=5", "weights=param guard=offset", ""]
+
+
+def test_launch_of_rows_without_notes():
+    assert list(_launch(_rows([float("nan"), float("nan")]))) == ["", ""]
+    assert list(_launch(pd.DataFrame({"dtype": ["fp16"]}))) == [""]
