@@ -91,15 +91,14 @@ def trained_as(frame: pd.DataFrame, dataset: str, models) -> list[str]:
     (seeds of both), ``generator`` (the true click model)."""
     rec = frame[(frame["metric"] == "recall@100") & (frame["dataset"] == dataset)
                 & (frame["experiment"] == "expert_count")]  # the rows recall_table averages
+    if "scorer" not in rec:  # a frame written before the column: the preset's settings
+        rec = rec.assign(scorer="")
     out = []
     for m in models:
         if str(m).startswith("baseline_"):
             out.append("tuned")
             continue
-        # rows without a scorer (a frame written before the column) count as the preset's settings
-        scorer = (rec.loc[rec["model"] == m, "scorer"] if "scorer" in rec else pd.Series("", index=rec.index[
-            rec["model"] == m])).fillna("").astype(str)
-        tuned = scorer.str.startswith("tuned")
+        tuned = rec.loc[rec["model"] == m, "scorer"].fillna("").astype(str).str.startswith("tuned")
         out.append("generator" if m == "true_model" else "tuned" if len(tuned) and tuned.all()
                    else "preset's settings" if not tuned.any() else "mixed")
     return out

@@ -126,6 +126,11 @@ def _fmt(v) -> str:
     return s.replace("|", "/")[:60]
 
 
+def _notes(rows: pd.DataFrame) -> pd.Series:
+    """Each row's notes as text ('' where a row or the frame has none)."""
+    return rows["notes"].fillna("").astype(str) if "notes" in rows else pd.Series("", index=rows.index)
+
+
 def _dequant(rows: pd.DataFrame, unsaid: str = "mul") -> pd.Series:
     """How fp16 math dequantized int8 rows, as the notes say (``dequant=fma``: one fused multiply-add
     a pair; ``dequant=mul``: a subtract and a multiply); notes that do not say: ``unsaid`` (the scoring
@@ -133,7 +138,7 @@ def _dequant(rows: pd.DataFrame, unsaid: str = "mul") -> pd.Series:
     other rows."""
     if not {"dtype", "math"} <= set(rows.columns):
         return pd.Series("", index=rows.index)
-    notes = rows["notes"].astype(str) if "notes" in rows else pd.Series("", index=rows.index)
+    notes = _notes(rows)
     int8_fp16 = (rows["dtype"].astype(str) == "int8") & (rows["math"].astype(str) == "fp16")
     said = notes.str.extract(r"dequant=(fma|mul)", expand=False).fillna(unsaid)
     return pd.Series(np.where(int8_fp16, said, ""), index=rows.index)
@@ -146,8 +151,7 @@ _LAUNCH = r"\b(?:block|maxreg|blocks/SM|weights|guard|sync_every)=\S+"
 def _launch(rows: pd.DataFrame) -> pd.Series:
     """The launch settings in each row's notes (the ``launch`` column: rows of one run that differ
     only there), '' where none."""
-    notes = rows["notes"].fillna("").astype(str) if "notes" in rows else pd.Series("", index=rows.index)
-    return notes.str.findall(_LAUNCH).str.join(" ").str.rstrip(";,")
+    return _notes(rows).str.findall(_LAUNCH).str.join(" ").str.rstrip(";,")
 
 
 def history(results_dir: str | Path = "data/results") -> str:
