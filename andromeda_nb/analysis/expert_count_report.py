@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import plots, quality
+from . import plots, quality, results
 
 #: The retrieval models compared with the single tower in the findings.
 MIXTURES = ("mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture")
@@ -98,7 +98,7 @@ def trained_as(frame: pd.DataFrame, dataset: str, models) -> list[str]:
         if str(m).startswith("baseline_"):
             out.append("tuned")
             continue
-        tuned = rec.loc[rec["model"] == m, "scorer"].fillna("").astype(str).str.startswith("tuned")
+        tuned = results.text(rec.loc[rec["model"] == m], "scorer").str.startswith("tuned")
         out.append("generator" if m == "true_model" else "tuned" if len(tuned) and tuned.all()
                    else "preset's settings" if not tuned.any() else "mixed")
     return out

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from . import plots
+from .results import text
 
 #: the request-path issue's targets (H200, 10^8-ad benchmark world, k = 1000)
 TARGET_P50_S = 0.4e-3
@@ -30,7 +31,7 @@ STEP_ORDER = ("weights", "match", "reset", "gather", "sample", "seed", "filter",
 def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
     out = rows.copy()
     out["math"] = out["math"].replace("", "fp32") if "math" in out else "fp32"  # older rows: fp32
-    out["dtype"] = out["dtype"].fillna("").replace("", "fp16") if "dtype" in out else "fp16"  # the benchmark table
+    out["dtype"] = text(out, "dtype").replace("", "fp16")  # the benchmark table
     for col, src in (("wall_ms", "seconds_median"), ("p99_ms", "seconds_p99"), ("device_ms", "device_seconds")):
         out[col] = pd.to_numeric(out[src], errors="coerce") * 1e3 if src in out else np.nan
     out["requests_per_s"] = pd.to_numeric(out["requests_per_s"], errors="coerce") if "requests_per_s" in out else np.nan

@@ -46,6 +46,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .metrics import recall_at_k, topk_overlap
+from .results import text
 # the results file's rows, read and written (re-exported: the notebooks and reports use quality.*)
 from .quality_results import (  # noqa: F401
     BASELINE_ORDER, COLUMNS, KEY, MODEL_ORDER, RESULTS, ci95, committed, devices, load_results, paired_difference,
@@ -511,7 +512,7 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     # fp32 math rows by storage dtype; the fp16 math mode's rows as "fp16_math" (fp16 tables) and
     # "int8_fp16_math"
-    math = df["math"].fillna("fp32").replace("", "fp32") if "math" in df.columns else pd.Series("fp32", df.index)
+    math = text(df, "math").replace("", "fp32")
     plain = df[df["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter", "tower_fused_topk"]) & (math == "fp32")]
     half = df[df["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter"]) & (math == "fp16")]
     df = pd.concat([plain, half.assign(dtype=half["dtype"].map({"fp16": "fp16_math", "int8": "int8_fp16_math"}))])
@@ -526,7 +527,8 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
         if col not in df.columns:
             df = df.assign(**{col: ""})
     df = df.dropna(subset=["d", "experts", "k_experts"])
-    df = df.fillna({"commit": "", "timestamp": ""})  # a row that does not say is a run of its own kind
+    # a row that does not say is a run of its own kind
+    df = df.assign(commit=text(df, "commit"), timestamp=text(df, "timestamp"))
     df = df.astype({"d": int, "experts": int, "k_experts": int, "commit": str, "timestamp": str})
     key = ["dtype", "d", "experts", "k_experts"]
     # a run is a commit; its time, the newest row it wrote

@@ -17,6 +17,15 @@ NUMERIC = ("n_ads", "d", "experts", "k_experts", "eligible_fraction", "categorie
            "ceiling_read_TBps", "ceiling_copy_TBps", "fraction_of_read_ceiling", "host_seconds_per_call")
 
 
+def text(rows: pd.DataFrame, col: str) -> pd.Series:
+    """Column ``col`` as strings, '' where a row (or the whole frame) has none. A column read from CSV
+    with no values at all is float NaN; it is cast to object first, since filling a float column with
+    a string is deprecated in pandas."""
+    if col not in rows:
+        return pd.Series("", index=rows.index, dtype=object)
+    return rows[col].astype(object).fillna("").astype(str)
+
+
 def load(suite: str, results_dir: str | Path = "data/results") -> pd.DataFrame:
     """The suite's table with numeric columns as numbers and a boolean ``ok`` (verified passed).
 

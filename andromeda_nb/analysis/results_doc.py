@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .results import load
+from .results import load, text
 
 SUITES = ("pipeline", "pool", "serving", "scoring", "topk", "targeting")
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -128,7 +128,7 @@ def _fmt(v) -> str:
 
 def _notes(rows: pd.DataFrame) -> pd.Series:
     """Each row's notes as text ('' where a row or the frame has none)."""
-    return rows["notes"].fillna("").astype(str) if "notes" in rows else pd.Series("", index=rows.index)
+    return text(rows, "notes")
 
 
 def _dequant(rows: pd.DataFrame, unsaid: str = "mul") -> pd.Series:

@@ -92,7 +92,7 @@ def measurements(results_dir) -> results.Measurements | None:
         m = results.measurements("targeting", results_dir)
     except FileNotFoundError:
         return None
-    parsed = m.rows["notes"].fillna("").str.findall(r"(\w+)=([-0-9.eE+]+)")
+    parsed = results.text(m.rows, "notes").str.findall(r"(\w+)=([-0-9.eE+]+)")
     rows = m.rows.assign(**{key: [float(dict(p).get(key, "nan")) for p in parsed] for key in NOTE_FIELDS},
                          G_ads_per_s=m.rows["items_per_s"] / 1e9)
     return results.Measurements(m.table, rows, m.path)

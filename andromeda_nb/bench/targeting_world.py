@@ -356,10 +356,12 @@ def load_results(path="data/results/targeting.csv"):
     import pandas as pd
     from pathlib import Path
 
+    from ..analysis.results import text
+
     if not Path(path).exists():
         return None
     df = pd.read_csv(path)
-    parsed = df["notes"].fillna("").str.findall(r"(\w+)=([-0-9.eE+]+)")
+    parsed = text(df, "notes").str.findall(r"(\w+)=([-0-9.eE+]+)")
     for key in ("bits_per_ad", "rows_per_request", "patches_per_request", "list_bytes_per_ad"):
         df[key] = [float(dict(p).get(key, "nan")) for p in parsed]
     return df
