@@ -44,6 +44,7 @@ for step in "$@"; do
       # QUALITY_TUNED=FILE keeps the tuned configurations there (with QUALITY_TUNE) or trains them (without);
       #   finished tuning runs go beside it (FILE.runs.json): a cut-off tuning run again with that file resumes
       # QUALITY_TUNE_LENGTHS=checkpoints: lengths as checkpoints of one run a learning rate (default: own runs)
+      # QUALITY_TUNE_BUDGET=S tunes for at most S seconds, stopping between runs (run again to resume)
       # QUALITY_WORKERS=N trains N tuning runs at once (one a model and grid point; 4 on one H200: ~103 steps/s in all)
       # QUALITY_SAVE_TOPS=1 keeps each model's targeted top-100 per seed in $OUT/quality/tops: models trained
       #   in separate runs (e.g. two processes sharing the GPU) then get their overlap@100_ranking rows from
@@ -52,6 +53,7 @@ for step in "$@"; do
       python3 -m andromeda_nb.training --preset full --out "$OUT/quality" --no-progress ${ds:+--datasets $ds} \
         ${QUALITY_SEEDS:+--seeds $QUALITY_SEEDS} ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNE:+--tune$([ "$QUALITY_TUNE" = only ] && echo -only)} \
         ${QUALITY_TUNED:+--tuned $QUALITY_TUNED} ${QUALITY_SET:+--set $QUALITY_SET} ${QUALITY_WORKERS:+--workers $QUALITY_WORKERS} \
+        ${QUALITY_TUNE_BUDGET:+--tune-budget $QUALITY_TUNE_BUDGET} \
         ${QUALITY_TUNE_LENGTHS:+--tune-lengths $QUALITY_TUNE_LENGTHS} ${QUALITY_SAVE_TOPS:+--save-tops} \
         2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
     ptx)

@@ -281,7 +281,7 @@ def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **ex
 
 
 def tune_models(data, preset: Preset | str = "full", models=None, device="auto", progress: bool = True,
-                workers: int = 1, runs_file=None, lengths: str = "own"):
+                workers: int = 1, runs_file=None, lengths: str = "own", budget_s: float | None = None):
     """Each model's learning rate and length tuned on the validation split of the training part
     (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0). Returns
     ``({model: (TrainConfig, scorer note)}, rows)``: the rows hold each model's
@@ -289,8 +289,8 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     :func:`run_expert_count`, whose rows then carry the tuned point in their ``scorer`` column (and
     replace untuned rows of the same key when merged). Tune once and train every seed in the same
     run: a re-tune may choose another point. ``workers``: runs trained at once; ``runs_file``: where
-    finished runs are kept, so a cut-off tuning resumes; ``lengths``: how a length is trained
-    (:func:`~andromeda_nb.training.tuning.tune_many`)."""
+    finished runs are kept, so a cut-off tuning resumes; ``lengths``: how a length is trained; ``budget_s``:
+    the seconds it may train (:func:`~andromeda_nb.training.tuning.tune_many`)."""
     from ..training import tuning
     from ..training.train import MODELS, pick_device
 
@@ -300,7 +300,7 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     tuned, rows = {}, []
     bases = {name: preset.cfg(data.name, name) for name in (tuple(MODELS) if models is None else tuple(models))}
     results = tuning.tune_many(bases, data, preset.tune_users.get(data.name), device=dev, progress=progress,
-                               workers=workers, runs_file=runs_file, lengths=lengths)
+                               workers=workers, runs_file=runs_file, lengths=lengths, budget_s=budget_s)
     for name, base in bases.items():
         best, trials = results[name]
         tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths))
@@ -688,12 +688,14 @@ def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results
 def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
             scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
-            settings_note: str | None = None, tune_lengths: str = "own", save_tops: bool = False) -> pd.DataFrame:
+            settings_note: str | None = None, tune_lengths: str = "own", save_tops: bool = False,
+            tune_budget_s: float | None = None) -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
     cut-off tuning resumes; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
-    trained at once; ``tune_lengths``: how the tuning trains a length (:func:`tune_models`);
+    trained at once; ``tune_lengths``: how the tuning trains a length, ``tune_budget_s``: the seconds a
+    dataset's tuning may train (:func:`tune_models`);
     ``settings_note``: the scorer column of untuned rows trained at changed preset
     settings, e.g. ``"preset settings with weight_decay=0.0001"``; ``save_tops``: each model's top-100 a
     seed kept in ``<out>/tops``, :func:`save_top`).
@@ -722,7 +724,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         if tune:
             tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers,
                                      runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file),
-                                     lengths=tune_lengths)
+                                     lengths=tune_lengths, budget_s=tune_budget_s)
             write_rows(val, path)
             frames.append(val)
             if tuned_file is not None:

@@ -40,6 +40,9 @@ def main(argv=None) -> int:
                     help="with --tune: runs trained at once, each in its own process (CPU cores; on one GPU they "
                          "share it: 4 at once trained ~103 steps/s in all, one alone ~85 before losses were read "
                          "back every 50 steps)")
+    ap.add_argument("--tune-budget", type=float, default=None, metavar="SECONDS",
+                    help="with --tune and --tuned FILE: train for at most this long (runs start longest first, each "
+                         "only while it can finish in time); runs left are resumed by the same command again")
     ap.add_argument("--tuned", default=None, metavar="FILE",
                     help="with --tune: keep the chosen configurations in FILE (JSON, merged) and each finished "
                          "run beside it (FILE's name .runs.json: a cut-off tuning run again resumes there); without: "
@@ -60,6 +63,10 @@ def main(argv=None) -> int:
         ap.error(f"--workers must be at least 1, got {args.workers}")
     if args.tune_only and (args.seeds is not None or args.tuned is None):
         ap.error("--tune-only trains no seed (drop --seeds) and keeps its choices only in --tuned FILE")
+    if args.tune_budget is not None and not ((args.tune or args.tune_only) and args.tuned is not None
+                                             and args.tune_budget > 0):
+        ap.error("--tune-budget SECONDS (> 0) goes with --tune or --tune-only and --tuned FILE (where the runs it "
+                 "leaves resume)")
     if args.tune_lengths is not None and not (args.tune or args.tune_only):
         ap.error("--tune-lengths says how --tune trains a length: give it with --tune or --tune-only")
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):
@@ -114,12 +121,18 @@ def main(argv=None) -> int:
         p = PRESETS[preset]
         PRESETS[preset] = replace(p, train={**p.train, **kv}, train_ml={**p.train_ml, **kv},
                                   ranking={**p.ranking, **kv}, ranking_ml={**p.ranking_ml, **kv})
+    from ..training.tuning import TuningIncomplete
+
     t0 = time.perf_counter()
-    run_all(preset, args.out, datasets=args.datasets, seeds=[] if args.tune_only else args.seeds, device=args.device,
-            progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
-            models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
-            tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops,
-            settings_note=f"untuned: preset settings with {' '.join(args.set)}" if args.set else None)
+    try:
+        run_all(preset, args.out, datasets=args.datasets, seeds=[] if args.tune_only else args.seeds,
+                device=args.device, progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
+                models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
+                tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops, tune_budget_s=args.tune_budget,
+                settings_note=f"untuned: preset settings with {' '.join(args.set)}" if args.set else None)
+    except TuningIncomplete as e:  # not a failure: the budget asked for it, and the runs are kept
+        print(f"{e} (after {time.perf_counter() - t0:.0f} s)")
+        return 0
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
 

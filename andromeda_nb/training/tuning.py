@@ -133,8 +133,14 @@ def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid
                      lengths=lengths)[name]
 
 
+class TuningIncomplete(RuntimeError):
+    """A tuning stopped at its time budget (:func:`tune_many`'s ``budget_s``) with runs left: the finished
+    ones are kept in its runs file, and the same call again resumes there."""
+
+
 def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, grid=GRID, device="auto",
-              progress: bool = False, workers: int = 1, runs_file=None, lengths: str = "own") -> dict:
+              progress: bool = False, workers: int = 1, runs_file=None, lengths: str = "own",
+              budget_s: float | None = None) -> dict:
     """:func:`tune` for each ``{model: preset TrainConfig}`` of ``configs``: ``{model: (best point,
     trials)}``.
 
@@ -156,6 +162,12 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     once trained the ranking model's runs at ~103 steps/s in all (H200), against ~85 for one run
     alone before its losses were read back every 50 steps (the two changes not measured apart);
     15 at once kept the GPU busy without finishing sooner than one after another.
+
+    ``budget_s``: seconds this call may train (a machine lent for a while). Runs start longest first,
+    and a run starts only while it can still finish in time at the slowest rate (seconds a step) seen
+    so far, so a call stops between runs instead of losing the runs it cut off; the first ``workers``
+    runs start whatever the budget, since nothing has been timed yet. With runs left, it raises
+    :class:`TuningIncomplete` once the started ones have finished and been kept (needs ``runs_file``).
     """
     from ..analysis.quality import eval_rows
 
@@ -167,6 +179,12 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     if lengths not in LENGTHS:
         raise ValueError(f"lengths must be one of {LENGTHS}, got {lengths!r}")
+    if budget_s is not None:
+        if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float, np.integer, np.floating)) \
+                or not budget_s > 0:
+            raise ValueError(f"budget_s must be None or positive seconds, got {budget_s!r}")
+        if runs_file is None:
+            raise ValueError("budget_s needs a runs_file: the runs a budget leaves are resumed from it")
     from .train import MODELS
 
     unknown = [name for name in configs if name not in MODELS]
@@ -227,13 +245,30 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     if runs_file is not None:
         write()  # a file that cannot be written refused before anything trains
 
+    import time
+
+    todo.sort(key=lambda i: -jobs[i][2].steps)  # longest first: a budget's end is filled by short runs
+    start, per_step = time.monotonic(), [0.0]  # the slowest seconds a step seen (0: none timed yet)
+
+    def fits(i) -> bool:
+        return budget_s is None or time.monotonic() - start + per_step[0] * jobs[i][2].steps <= budget_s
+
+    def timed(i, began, validation):
+        per_step[0] = max(per_step[0], (time.monotonic() - began) / max(jobs[i][2].steps, 1))
+        keep(i, validation)
+
+    left = []  # runs the budget did not start
     if workers == 1 or len(todo) <= 1:
-        for i in todo:
+        for n, i in enumerate(todo):
+            if n and not fits(i):
+                left.append(i)
+                continue
             name, _, run, stops = jobs[i]
-            keep(i, _validated_run(name, view, rows, run, stops, device, progress))
+            began = time.monotonic()
+            timed(i, began, _validated_run(name, view, rows, run, stops, device, progress))
     else:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
         import torch
 
@@ -241,15 +276,32 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         # once (a full world's validation view pickles to ~200 MB), not with each run
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_start_worker, initargs=(torch.get_num_threads(), view, rows)) as pool:
-            futures = {pool.submit(_worker_run, jobs[i][0], *jobs[i][2:], device): i for i in todo}
-            failed = []
-            for f in as_completed(futures):  # every finished run kept, even after another one failed
-                try:
-                    keep(futures[f], f.result())
-                except Exception as e:  # noqa: BLE001 (raised below, once the other runs are kept)
-                    failed.append(e)
+            waiting, running, failed = list(todo), {}, []
+
+            def submit():  # keep `workers` runs going, each one that still fits the budget
+                while waiting and len(running) < workers:
+                    i = waiting.pop(0)
+                    if not per_step[0] or fits(i):  # nothing timed yet: no estimate to go by
+                        running[pool.submit(_worker_run, jobs[i][0], *jobs[i][2:], device)] = (i, time.monotonic())
+                    else:
+                        left.append(i)
+
+            submit()
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:  # every finished run kept, even after another one failed
+                    i, began = running.pop(f)
+                    try:
+                        timed(i, began, f.result())
+                    except Exception as e:  # noqa: BLE001 (raised below, once the other runs are kept)
+                        failed.append(e)
+                submit()
             if failed:
                 raise failed[0]
+    if left:
+        raise TuningIncomplete(f"tuning stopped at its time budget ({budget_s:g} s): {len(left)} of {len(todo)} "
+                               f"runs left; {len(todo) - len(left)} finished and kept in {runs_file}: the same call "
+                               "again resumes there")
     done = [{int(k): v for k, v in kept[key].items()} for key in keys]
     out = {}
     for name in configs:

@@ -265,7 +265,8 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
             main(["--preset", "smoke", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
     for argv in (["--models", "foo"], ["--tuned", str(path), "--models", "mixture_k2"],
-                 ["--tune-lengths", "checkpoints", "--seeds", "0"]):  # how a tuning trains, without a tuning
+                 ["--tune-lengths", "checkpoints", "--seeds", "0"],  # how a tuning trains, without a tuning
+                 ["--tune-budget", "60", "--seeds", "0"], ["--tune-only", "--tuned", str(path), "--tune-budget", "0"]):
         with pytest.raises(SystemExit):  # unknown models, a file lacking one: usage errors before any row
             main(["--preset", "smoke", "--datasets", "multi_interest", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
@@ -382,3 +383,56 @@ def test_a_cut_off_tuning_resumes_from_its_runs_file(data, tmp_path, monkeypatch
     with pytest.raises(ValueError, match="cannot keep tuning runs"):  # refused before anything trains
         tune_many(configs, data, n_users=40, grid=grid, device="cpu", runs_file=tmp_path / "a_file" / "r.json")
     assert len(trained) == 4
+
+
+def test_a_time_budget_starts_runs_longest_first_and_only_those_that_fit(data, tmp_path, monkeypatch):
+    """With ``budget_s`` a run starts only while it can finish in time at the slowest seconds a step
+    seen so far (a clock here that each run moves on by its steps); the runs left raise
+    TuningIncomplete after the others were kept, and the same call again resumes and chooses what an
+    unbudgeted tuning chooses."""
+    import time
+
+    base = PRESET.cfg("multi_interest", "single_tower")
+    grid = [{"lr_scale": lr, "steps_scale": st} for lr in (1 / 3, 3.0) for st in (1, 2, 4)]
+    steps = {tuning.grid_config(base, p).steps for p in grid}
+    assert len(steps) == 3  # three lengths s < 2 s < 4 s (the budget below counts on them)
+    s1, s2, s4 = sorted(steps)
+    clock, trained = [0.0], []
+
+    def fake_run(name, view, rows, run, stops, device, progress):
+        clock[0] += run.steps  # one second a step
+        trained.append((run.lr, run.steps))
+        return {stops[0]: run.lr * 1e-3 + run.steps * 1e-6}
+
+    monkeypatch.setattr(tuning, "_validated_run", fake_run)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    whole = tuning.tune_many({"single_tower": base}, data, n_users=20, grid=grid, device="cpu")
+    trained.clear()
+    clock[0] = 0.0
+    runs = tmp_path / "tuned.runs.json"
+    # s4 (always, the first), not the second s4 (2 s4 > budget), s2, not the second s2, s1, not the second s1
+    with pytest.raises(tuning.TuningIncomplete, match="3 of 6 runs left"):
+        tuning.tune_many({"single_tower": base}, data, n_users=20, grid=grid, device="cpu", runs_file=runs,
+                         budget_s=s4 + s2 + s1)
+    assert [st for _, st in trained] == [s4, s2, s1] and len(tuning.read_runs(runs)) == 3
+    trained.clear()
+    assert tuning.tune_many({"single_tower": base}, data, n_users=20, grid=grid, device="cpu", runs_file=runs,
+                            budget_s=1e9) == whole
+    assert sorted(st for _, st in trained) == [s1, s2, s4]  # only the runs left
+    for bad in (0, -1.0, True, "60"):
+        with pytest.raises(ValueError, match="budget_s"):
+            tuning.tune_many({"single_tower": base}, data, grid=grid, runs_file=runs, budget_s=bad)
+    with pytest.raises(ValueError, match="runs_file"):
+        tuning.tune_many({"single_tower": base}, data, grid=grid, budget_s=60)
+
+
+def test_a_time_budget_with_workers_keeps_the_runs_it_started(data, tmp_path):
+    """In worker processes the first ``workers`` runs start whatever the budget (nothing is timed yet);
+    a budget they use up leaves every other run, and the started ones are kept."""
+    base = PRESET.cfg("multi_interest", "single_tower")
+    grid = [{"lr_scale": lr, "steps_scale": 1} for lr in (1 / 3, 1.0, 3.0)]
+    runs = tmp_path / "tuned.runs.json"
+    with pytest.raises(tuning.TuningIncomplete, match="1 of 3 runs left"):
+        tuning.tune_many({"single_tower": base}, data, n_users=20, grid=grid, device="cpu", workers=2,
+                         runs_file=runs, budget_s=1e-6)
+    assert len(tuning.read_runs(runs)) == 2
