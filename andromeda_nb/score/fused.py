@@ -495,19 +495,24 @@ class _Source:
         emit, E, K = self.emit, self.E, self.K
         emit(f"{ind}sl0 = l0")
         emit(f"{ind}sv0 = a0")
+        # branch-free: with c_r = (l_e > sl_r) and an empty slot's c taken as true, slot t becomes
+        # sl_{t-1} if some c_{r<t} holds (it shifts down), else l_e if c_t, else stays; written as
+        # selects, since lanes of a warp take different branches of the if / elif chain this is
+        # (both paths issued) and the chain compiled to branches even at E6 K2
         for e in range(1, E):
             filled = min(e, K)
             for r in range(filled):
-                emit(f"{ind}{'if' if r == 0 else 'elif'} l{e} > sl{r}:")
-                for t in range(min(filled, K - 1), r, -1):
-                    emit(f"{ind}    sl{t} = sl{t - 1}")
-                    emit(f"{ind}    sv{t} = sv{t - 1}")
-                emit(f"{ind}    sl{r} = l{e}")
-                emit(f"{ind}    sv{r} = a{e}")
-            if e < K:
-                emit(f"{ind}else:")
-                emit(f"{ind}    sl{e} = l{e}")
-                emit(f"{ind}    sv{e} = a{e}")
+                emit(f"{ind}c{r} = l{e} > sl{r}")
+            for r in range(1, filled):
+                emit(f"{ind}c{r} = c{r - 1} | c{r}")  # c_r now: some slot up to r taken by e
+            for t in range(min(e, K - 1), -1, -1):  # from the bottom: each slot reads the old one above
+                for slot, new in (("sl", f"l{e}"), ("sv", f"a{e}")):
+                    if t == 0:
+                        emit(f"{ind}{slot}0 = {new} if c0 else {slot}0")
+                    elif t == e:  # the empty slot: e's own unless it took a slot above
+                        emit(f"{ind}{slot}{t} = {slot}{t - 1} if c{t - 1} else {new}")
+                    else:
+                        emit(f"{ind}{slot}{t} = {slot}{t - 1} if c{t - 1} else ({new} if c{t} else {slot}{t})")
 
     def _choose_and_combine(self, ind: str) -> None:
         """The K best experts by logit (ties: the lower index), each one's value dot times its p;
