@@ -44,7 +44,8 @@ for step in "$@"; do
       # QUALITY_TUNED=FILE keeps the tuned configurations there (with QUALITY_TUNE) or trains them (without);
       #   finished tuning runs go beside it (FILE.runs.json): a cut-off tuning run again with that file resumes
       # QUALITY_TUNE_LENGTHS=checkpoints: lengths as checkpoints of one run a learning rate (default: own runs)
-      # QUALITY_TUNE_BUDGET=S tunes for at most S seconds, stopping between runs (run again to resume)
+      # QUALITY_TUNE_BUDGET=S starts tuning runs only while they can finish within S seconds (the first
+      #   QUALITY_WORKERS start regardless), stopping between runs; run again to resume
       # QUALITY_WORKERS=N trains N tuning runs at once (one a model and grid point; 4 on one H200: ~103 steps/s in all)
       # QUALITY_SAVE_TOPS=1 keeps each model's targeted top-100 per seed in $OUT/quality/tops: models trained
       #   in separate runs (e.g. two processes sharing the GPU) then get their overlap@100_ranking rows from

@@ -21,7 +21,7 @@ def test_the_example_of_one_request_runs():
 def test_where_things_live_names_existing_paths():
     table = README.split("## Where things live", 1)[1].split("\n\n", 2)[1]
     paths = re.findall(r"`([\w/]+\.(?:py|ipynb))`", table)
-    assert len(paths) >= 24  # six columns of four operations
+    assert len(paths) >= 24  # six path columns of the four kernel operations (serving adds four)
     missing = [p for p in paths if not (ROOT / p).exists()]
     assert not missing, missing
 

@@ -8,6 +8,9 @@ import argparse
 import sys
 import time
 
+#: the exit status of a tuning that stopped at its --tune-budget with runs left (EX_TEMPFAIL: run again)
+EXIT_TUNING_LEFT = 75
+
 
 def main(argv=None) -> int:
     from ..analysis.quality import DATASETS, PRESETS, refresh_compute, run_all
@@ -41,8 +44,11 @@ def main(argv=None) -> int:
                          "share it: 4 at once trained ~103 steps/s in all, one alone ~85 before losses were read "
                          "back every 50 steps)")
     ap.add_argument("--tune-budget", type=float, default=None, metavar="SECONDS",
-                    help="with --tune and --tuned FILE: train for at most this long (runs start longest first, each "
-                         "only while it can finish in time); runs left are resumed by the same command again")
+                    help="with --tune or --tune-only and --tuned FILE: each dataset's tuning starts runs, longest "
+                         "first, only while they can finish within SECONDS at the slowest rate seen so far (the first "
+                         "--workers runs start whatever it says: nothing is timed yet), so it stops between runs; "
+                         f"with runs left it exits with status {EXIT_TUNING_LEFT} before any seed trains, and the same "
+                         "command again resumes from FILE's runs")
     ap.add_argument("--tuned", default=None, metavar="FILE",
                     help="with --tune: keep the chosen configurations in FILE (JSON, merged) and each finished "
                          "run beside it (FILE's name .runs.json: a cut-off tuning run again resumes there); without: "
@@ -130,9 +136,9 @@ def main(argv=None) -> int:
                 models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
                 tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops, tune_budget_s=args.tune_budget,
                 settings_note=f"untuned: preset settings with {' '.join(args.set)}" if args.set else None)
-    except TuningIncomplete as e:  # not a failure: the budget asked for it, and the runs are kept
+    except TuningIncomplete as e:  # the budget asked for it, and the runs are kept: run again
         print(f"{e} (after {time.perf_counter() - t0:.0f} s)")
-        return 0
+        return EXIT_TUNING_LEFT
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
 

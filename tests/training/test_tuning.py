@@ -436,3 +436,16 @@ def test_a_time_budget_with_workers_keeps_the_runs_it_started(data, tmp_path):
         tuning.tune_many({"single_tower": base}, data, n_users=20, grid=grid, device="cpu", workers=2,
                          runs_file=runs, budget_s=1e-6)
     assert len(tuning.read_runs(runs)) == 2
+
+
+def test_the_cli_exits_75_when_the_budget_leaves_runs(tmp_path):
+    """``--tune-budget``: the first run starts whatever the budget, the rest are left; the command
+    says so and exits with EXIT_TUNING_LEFT (a script's cue to run it again), the run kept."""
+    from andromeda_nb.training.__main__ import EXIT_TUNING_LEFT, main
+
+    tuned = tmp_path / "tuned.json"
+    argv = ["--preset", "smoke", "--datasets", "multi_interest", "--models", "single_tower", "--tune-only",
+            "--tuned", str(tuned), "--tune-budget", "1e-9", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == EXIT_TUNING_LEFT == 75
+    assert len(tuning.read_runs(tuning.runs_file_of(tuned))) == 1
+    assert not tuned.exists()  # no choice made from a partial grid
