@@ -15,18 +15,22 @@ EXIT_TUNING_LEFT = 75
 def main(argv=None) -> int:
     from ..analysis.quality import DATASETS, PRESETS, refresh_compute, run_all
 
-    ap = argparse.ArgumentParser(prog="python -m andromeda_nb.training", description=__doc__)
-    ap.add_argument("--preset", default="full", choices=sorted(PRESETS))
-    ap.add_argument("--out", default="data/results", help="folder of quality.csv (rows are merged by key)")
-    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
-    ap.add_argument("--seeds", nargs="+", type=int, default=None)
+    ap = argparse.ArgumentParser(prog="python -m andromeda_nb.training", description=__doc__.replace("``", ""))
+    ap.add_argument("--preset", default="full", choices=sorted(PRESETS),
+                    help="sizes and training settings (andromeda_nb.analysis.quality.PRESETS): smoke (tests, "
+                         "seconds), demo (sized for a CPU), full (the committed rows, sized for a GPU); default full")
+    ap.add_argument("--out", default="data/results",
+                    help="folder of quality.csv (rows are merged by key); the default is the committed tables'")
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS),
+                    help="default: both")
+    ap.add_argument("--seeds", nargs="+", type=int, default=None, help="model seeds (default: the preset's)")
     ap.add_argument("--models", nargs="+", default=None,
                     help="a subset of the models (default: all six: single_tower mixture_k1 mixture_k2 mixture_k4 "
                          "dense_mixture ranking)")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="override TrainConfig fields for every model, e.g. --set steps=10 batch=256")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    ap.add_argument("--data-dir", default="data/ml-100k")
+    ap.add_argument("--data-dir", default="data/ml-100k", help="MovieLens-100K's folder (fetched there if missing)")
     ap.add_argument("--scoring-csv", default="data/results/scoring.csv")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--no-progress", action="store_true")
