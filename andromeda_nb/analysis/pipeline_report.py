@@ -30,7 +30,7 @@ STEP_ORDER = ("weights", "match", "reset", "gather", "sample", "seed", "filter",
 
 def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
     out = rows.copy()
-    out["math"] = out["math"].replace("", "fp32") if "math" in out else "fp32"  # older rows: fp32
+    out["math"] = text(out, "math").replace("", "fp32")  # older rows: fp32
     out["dtype"] = text(out, "dtype").replace("", "fp16")  # the benchmark table
     for col, src in (("wall_ms", "seconds_median"), ("p99_ms", "seconds_p99"), ("device_ms", "device_seconds")):
         out[col] = pd.to_numeric(out[src], errors="coerce") * 1e3 if src in out else np.nan

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -506,7 +507,7 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
     cols = ["dtype", "d", "experts", "k_experts", "items_per_s", "flops_per_item", "device", "commit"]
     if not path.is_file():
         return pd.DataFrame(columns=cols)
-    df = pd.read_csv(path)
+    df = pd.read_csv(path, dtype={"commit": str, "timestamp": str})  # a commit of digits stays text
     need = {"variant", "dtype", "d", "experts", "k_experts", "access", "items_per_s"}
     if not need <= set(df.columns):
         return pd.DataFrame(columns=cols)
@@ -694,8 +695,9 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
     cut-off tuning resumes; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
-    trained at once; ``tune_lengths``: how the tuning trains a length, ``tune_budget_s``: the seconds a
-    dataset's tuning may train (:func:`tune_models`);
+    trained at once; ``tune_lengths``: how the tuning trains a length, ``tune_budget_s``: the seconds the
+    tunings of all datasets together may take, counted from this call's start (seeds are not budgeted;
+    the first dataset's first runs start whatever is left, so every call gets somewhere; :func:`tune_models`);
     ``settings_note``: the scorer column of untuned rows trained at changed preset
     settings, e.g. ``"preset settings with weight_decay=0.0001"``; ``save_tops``: each model's top-100 a
     seed kept in ``<out>/tops``, :func:`save_top`).
@@ -711,6 +713,11 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         raise ValueError(f"tune_lengths must be one of {tuning.LENGTHS}, got {tune_lengths!r}")
     if tuned_file is not None:  # a file that cannot serve refused before anything trains
         tuning.check_tuned_use(tuned_file, datasets, p.name, models, tune)
+    if tune_budget_s is not None:  # one budget for every dataset's tuning, from this call's start
+        if not tune:
+            raise ValueError("tune_budget_s is a tuning's budget: give it with tune=True")
+        tuning.check_budget(tune_budget_s, None if tuned_file is None else tuning.runs_file_of(tuned_file))
+    t0 = time.monotonic()
     frames = []
     for ds in datasets:
         data = load_data(ds, p, data_dir=data_dir)
@@ -722,9 +729,15 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         prec_rows = eval_rows(data, p.precision_users.get(ds), seed=0)
         tuned = None
         if tune:
+            budget = None if tune_budget_s is None else tune_budget_s - (time.monotonic() - t0)
+            if budget is not None and budget <= 0:
+                if ds != datasets[0]:
+                    raise tuning.TuningIncomplete(f"tuning stopped at its time budget ({tune_budget_s:g} s) before "
+                                                  f"{ds}'s tuning began: the same call again resumes there")
+                budget = 1e-9  # the first tuning's first runs start whatever is left: every call gets somewhere
             tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers,
                                      runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file),
-                                     lengths=tune_lengths, budget_s=tune_budget_s)
+                                     lengths=tune_lengths, budget_s=budget)
             write_rows(val, path)
             frames.append(val)
             if tuned_file is not None:

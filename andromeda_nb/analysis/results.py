@@ -42,7 +42,7 @@ def load(suite: str, results_dir: str | Path = "data/results") -> pd.DataFrame:
     df["ok"] = df["verified"].str.startswith("ok")
     # the math mode: rows from before the column (and the rows it does not apply to) are fp32
     df["math"] = df["math"].replace("", "fp32") if "math" in df else "fp32"
-    df["regression_flag"] = df.get("notes", "").str.contains("REGRESSION")
+    df["regression_flag"] = text(df, "notes").str.contains("REGRESSION")
     return df
 
 

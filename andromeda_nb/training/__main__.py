@@ -48,9 +48,10 @@ def main(argv=None) -> int:
                          "share it: 4 at once trained ~103 steps/s in all, one alone ~85 before losses were read "
                          "back every 50 steps)")
     ap.add_argument("--tune-budget", type=float, default=None, metavar="SECONDS",
-                    help="with --tune or --tune-only and --tuned FILE: each dataset's tuning starts runs, longest "
-                         "first, only while they can finish within SECONDS at the slowest rate seen so far (the first "
-                         "--workers runs start whatever it says: nothing is timed yet), so it stops between runs; "
+                    help="with --tune or --tune-only and --tuned FILE: tuning runs start, longest first, only while "
+                         "they can finish within SECONDS of the command's start (all datasets together; seeds are "
+                         "not budgeted), their time predicted from the runs finished so far (the first --workers "
+                         "runs start whatever it says: nothing is timed yet), so it stops between runs; "
                          f"with runs left it exits with status {EXIT_TUNING_LEFT} before any seed trains, and the same "
                          "command again resumes from FILE's runs")
     ap.add_argument("--tuned", default=None, metavar="FILE",
@@ -73,10 +74,10 @@ def main(argv=None) -> int:
         ap.error(f"--workers must be at least 1, got {args.workers}")
     if args.tune_only and (args.seeds is not None or args.tuned is None):
         ap.error("--tune-only trains no seed (drop --seeds) and keeps its choices only in --tuned FILE")
-    if args.tune_budget is not None and not ((args.tune or args.tune_only) and args.tuned is not None
-                                             and args.tune_budget > 0):
-        ap.error("--tune-budget SECONDS (> 0) goes with --tune or --tune-only and --tuned FILE (where the runs it "
-                 "leaves resume)")
+    if args.tune_budget is not None and not (args.tune_budget > 0 and args.tune_budget != float("inf")):
+        ap.error(f"--tune-budget takes positive finite seconds, got {args.tune_budget}")
+    if args.tune_budget is not None and not ((args.tune or args.tune_only) and args.tuned is not None):
+        ap.error("--tune-budget goes with --tune or --tune-only and --tuned FILE (where the runs it leaves resume)")
     if args.tune_lengths is not None and not (args.tune or args.tune_only):
         ap.error("--tune-lengths says how --tune trains a length: give it with --tune or --tune-only")
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):

@@ -133,6 +133,18 @@ def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid
                      lengths=lengths)[name]
 
 
+def check_budget(budget_s, runs_file) -> None:
+    """Refuse a tuning time budget that is not positive seconds, or one without a runs file (the runs
+    a budget leaves are resumed from it)."""
+    if budget_s is None:
+        return
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float, np.integer, np.floating)) \
+            or not budget_s > 0:
+        raise ValueError(f"budget_s must be None or positive seconds, got {budget_s!r}")
+    if runs_file is None:
+        raise ValueError("budget_s needs a runs_file: the runs a budget leaves are resumed from it")
+
+
 class TuningIncomplete(RuntimeError):
     """A tuning stopped at its time budget (:func:`tune_many`'s ``budget_s``) with runs left: the finished
     ones are kept in its runs file, and the same call again resumes there."""
@@ -164,10 +176,11 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     15 at once kept the GPU busy without finishing sooner than one after another.
 
     ``budget_s``: seconds this call may train (a machine lent for a while). Runs start longest first,
-    and a run starts only while it can still finish in time at the slowest rate (seconds a step) seen
-    so far, so a call stops between runs instead of losing the runs it cut off; the first ``workers``
-    runs start whatever the budget, since nothing has been timed yet. With runs left, it raises
-    :class:`TuningIncomplete` once the started ones have finished and been kept (needs ``runs_file``).
+    and a run starts only while it can still finish in time, its time predicted from the runs
+    finished so far (:func:`_predicted_seconds`), so a call stops between runs instead of losing the
+    runs it cut off; the first ``workers`` runs start whatever the budget, since nothing has been
+    timed yet. With runs left, it raises :class:`TuningIncomplete` once the started ones have
+    finished and been kept (needs ``runs_file``).
     """
     from ..analysis.quality import eval_rows
 
@@ -179,12 +192,7 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         raise ValueError(f"workers must be a positive int, got {workers!r}")
     if lengths not in LENGTHS:
         raise ValueError(f"lengths must be one of {LENGTHS}, got {lengths!r}")
-    if budget_s is not None:
-        if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float, np.integer, np.floating)) \
-                or not budget_s > 0:
-            raise ValueError(f"budget_s must be None or positive seconds, got {budget_s!r}")
-        if runs_file is None:
-            raise ValueError("budget_s needs a runs_file: the runs a budget leaves are resumed from it")
+    check_budget(budget_s, runs_file)
     from .train import MODELS
 
     unknown = [name for name in configs if name not in MODELS]
@@ -248,19 +256,21 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     import time
 
     todo.sort(key=lambda i: -jobs[i][2].steps)  # longest first: a budget's end is filled by short runs
-    start, per_step = time.monotonic(), [0.0]  # the slowest seconds a step seen (0: none timed yet)
+    start, seen = time.monotonic(), []  # (steps, seconds) of every run finished, failed ones too
 
-    def fits(i) -> bool:
-        return budget_s is None or time.monotonic() - start + per_step[0] * jobs[i][2].steps <= budget_s
+    def fits(i) -> bool:  # nothing timed yet: no estimate to go by, the run starts
+        return budget_s is None or not seen or (
+            time.monotonic() - start + _predicted_seconds(seen, jobs[i][2].steps) <= budget_s)
 
-    def timed(i, began, validation):
-        per_step[0] = max(per_step[0], (time.monotonic() - began) / max(jobs[i][2].steps, 1))
-        keep(i, validation)
+    def timed(i, began, validation=None):
+        seen.append((jobs[i][2].steps, time.monotonic() - began))
+        if validation is not None:
+            keep(i, validation)
 
     left = []  # runs the budget did not start
     if workers == 1 or len(todo) <= 1:
-        for n, i in enumerate(todo):
-            if n and not fits(i):
+        for i in todo:
+            if not fits(i):
                 left.append(i)
                 continue
             name, _, run, stops = jobs[i]
@@ -281,7 +291,7 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
             def submit():  # keep `workers` runs going, each one that still fits the budget
                 while waiting and len(running) < workers:
                     i = waiting.pop(0)
-                    if not per_step[0] or fits(i):  # nothing timed yet: no estimate to go by
+                    if fits(i):
                         running[pool.submit(_worker_run, jobs[i][0], *jobs[i][2:], device)] = (i, time.monotonic())
                     else:
                         left.append(i)
@@ -294,14 +304,15 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
                     try:
                         timed(i, began, f.result())
                     except Exception as e:  # noqa: BLE001 (raised below, once the other runs are kept)
+                        timed(i, began)  # its time still counts toward the estimate
                         failed.append(e)
                 submit()
             if failed:
                 raise failed[0]
     if left:
-        raise TuningIncomplete(f"tuning stopped at its time budget ({budget_s:g} s): {len(left)} of {len(todo)} "
-                               f"runs left; {len(todo) - len(left)} finished and kept in {runs_file}: the same call "
-                               "again resumes there")
+        raise TuningIncomplete(f"tuning stopped at its time budget ({budget_s:g} s): {len(left)} of the {len(todo)} "
+                               f"runs this call had to train left; {len(todo) - len(left)} finished and kept in "
+                               f"{runs_file}: the same call again resumes there")
     done = [{int(k): v for k, v in kept[key].items()} for key in keys]
     out = {}
     for name in configs:
@@ -316,6 +327,16 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         best = max(trials, key=lambda t: (t[1], -abs(np.log(t[0]["lr_scale"])) - abs(np.log(t[0]["steps_scale"]))))
         out[name] = best[0], trials
     return out
+
+
+def _predicted_seconds(seen, steps: int) -> float:
+    """A run's seconds as a fixed cost (set-up, validation) plus a rate times its steps, from the
+    ``(steps, seconds)`` of the runs finished so far: the rate, the lowest seconds a step among them
+    (the longest runs', where the fixed cost is spread thinnest); the fixed cost, the most any of
+    them took beyond that rate. So it predicts at least each finished run's own time at its length
+    (runs slowed by others sharing the device included)."""
+    rate = min(t / max(s, 1) for s, t in seen)
+    return max(t - rate * s for s, t in seen) + rate * steps
 
 
 def data_digest(view: InteractionData, rows) -> str:

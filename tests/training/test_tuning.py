@@ -411,7 +411,7 @@ def test_a_time_budget_starts_runs_longest_first_and_only_those_that_fit(data, t
     clock[0] = 0.0
     runs = tmp_path / "tuned.runs.json"
     # s4 (always, the first), not the second s4 (2 s4 > budget), s2, not the second s2, s1, not the second s1
-    with pytest.raises(tuning.TuningIncomplete, match="3 of 6 runs left"):
+    with pytest.raises(tuning.TuningIncomplete, match="3 of the 6 runs"):
         tuning.tune_many({"single_tower": base}, data, n_users=20, grid=grid, device="cpu", runs_file=runs,
                          budget_s=s4 + s2 + s1)
     assert [st for _, st in trained] == [s4, s2, s1] and len(tuning.read_runs(runs)) == 3
@@ -432,7 +432,7 @@ def test_a_time_budget_with_workers_keeps_the_runs_it_started(data, tmp_path):
     base = PRESET.cfg("multi_interest", "single_tower")
     grid = [{"lr_scale": lr, "steps_scale": 1} for lr in (1 / 3, 1.0, 3.0)]
     runs = tmp_path / "tuned.runs.json"
-    with pytest.raises(tuning.TuningIncomplete, match="1 of 3 runs left"):
+    with pytest.raises(tuning.TuningIncomplete, match="1 of the 3 runs"):
         tuning.tune_many({"single_tower": base}, data, n_users=20, grid=grid, device="cpu", workers=2,
                          runs_file=runs, budget_s=1e-6)
     assert len(tuning.read_runs(runs)) == 2
@@ -449,3 +449,62 @@ def test_the_cli_exits_75_when_the_budget_leaves_runs(tmp_path):
     assert main(argv) == EXIT_TUNING_LEFT == 75
     assert len(tuning.read_runs(tuning.runs_file_of(tuned))) == 1
     assert not tuned.exists()  # no choice made from a partial grid
+
+
+def test_the_prediction_counts_a_fixed_cost_a_run(data, tmp_path, monkeypatch):
+    """Runs cost a fixed 100 s plus a second a step; once a long and a short run are timed, a run is
+    predicted at least at what it takes, so a budget that the next run would overrun leaves it
+    (seconds a step alone, from the long runs, predicted the short ones far too cheap)."""
+    import time
+
+    base = PRESET.cfg("multi_interest", "single_tower")
+    grid = [{"lr_scale": lr, "steps_scale": st} for lr in (1 / 3, 1.0, 3.0) for st in (1, 4)]
+    s1, s4 = sorted({tuning.grid_config(base, p).steps for p in grid})
+    clock, trained = [0.0], []
+
+    def fake_run(name, view, rows, run, stops, device, progress):
+        clock[0] += 100 + run.steps
+        trained.append(run.steps)
+        return {stops[0]: run.lr}
+
+    monkeypatch.setattr(tuning, "_validated_run", fake_run)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    assert tuning._predicted_seconds([(s4, 100 + s4), (s1, 100 + s1)], s1) == 100 + s1
+    # three long runs fit (the first untimed, the next two predicted at their own time), then one
+    # short one; a second short one would end 1 s past the budget
+    budget = 3 * (100 + s4) + 2 * (100 + s1) - 1
+    with pytest.raises(tuning.TuningIncomplete, match="2 of the 6 runs"):
+        tuning.tune_many({"single_tower": base}, data, n_users=20, grid=grid, device="cpu",
+                         runs_file=tmp_path / "r.json", budget_s=budget)
+    assert trained == [s4, s4, s4, s1] and clock[0] <= budget
+
+
+def test_one_budget_for_every_datasets_tuning(data, tmp_path, monkeypatch):
+    """run_all's tune_budget_s counts from the call's start over all datasets: a budget the first
+    dataset's tuning uses up leaves the second one's untouched, and a bad budget is refused before
+    any row is written."""
+    import time
+    from dataclasses import replace as dc_replace
+
+    clock, trained = [0.0], []
+
+    def fake_run(name, view, rows, run, stops, device, progress):
+        clock[0] += run.steps
+        trained.append(view.name)
+        return {stops[0]: run.lr}
+
+    monkeypatch.setattr(tuning, "_validated_run", fake_run)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(quality, "load_data", lambda ds, p, data_dir=None: dc_replace(data, name=ds))
+    base = PRESET.cfg("multi_interest", "single_tower")
+    whole = sum(tuning.grid_config(base, p).steps for p in tuning.GRID)  # the first dataset's whole tuning
+    with pytest.raises(tuning.TuningIncomplete, match="before ml-100k's tuning"):
+        quality.run_all("smoke", tmp_path, datasets=("multi_interest", "ml-100k"), seeds=[], device="cpu",
+                        progress=False, models=["single_tower"], tune=True, tuned_file=tmp_path / "t.json",
+                        tune_budget_s=whole)
+    assert trained == ["multi_interest"] * len(tuning.GRID) and clock[0] == whole
+    for bad, kw in ((float("nan"), {"tuned_file": tmp_path / "u.json"}), (60, {})):
+        with pytest.raises(ValueError, match="budget_s"):
+            quality.run_all("smoke", tmp_path / "bad", datasets=("multi_interest",), seeds=[], progress=False,
+                            models=["single_tower"], tune=True, tune_budget_s=bad, **kw)
+    assert not (tmp_path / "bad").exists()
