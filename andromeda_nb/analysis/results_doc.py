@@ -145,7 +145,7 @@ def _dequant(rows: pd.DataFrame, unsaid: str = "mul") -> pd.Series:
 
 
 #: the launch settings a scoring row's notes name (``block=256 maxreg=128 blocks/SM=3 ...``)
-_LAUNCH = r"\b(?:block|maxreg|blocks/SM|weights|guard|sync_every)=\S+"
+_LAUNCH = r"\b(?:block|maxreg|blocks/SM|weights|guard|sync_every|tile_order)=\S+"
 
 
 def _launch(rows: pd.DataFrame) -> pd.Series:

@@ -38,7 +38,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
     int8_math: int8 rows in fp16 math beside fp16 rows in fp16 math, int8 in fp32 math and the dot
              products, scores to memory (d 64 E6 K2, E8 K4; d 128) and the fused top-1000
     int8_occupancy: int8 rows in fp16 math at register caps, block sizes and grids of one wave
-             (more resident warps against spills), beside fp16 rows, one run
+             (more resident warps against spills), and with the tiles' mma steps alternating
+             (``tile_order="steps"``, fp16 rows too), beside fp16 rows, one run
     frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
              fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
 
@@ -315,7 +316,10 @@ PHASES = {
             {"max_registers": 80, "blocks_per_sm": 3}, {"max_registers": 72, "block": 128, "blocks_per_sm": 7},
             {"max_registers": 64, "blocks_per_sm": 4})),
         *(replace(in_math(fused("gated", "int8", path="filter"), "fp16"), config=cfg(math="fp16", **c)) for c in (
-            {}, {"max_registers": 80, "blocks_per_sm": 3}, {"max_registers": 64, "blocks_per_sm": 4}))),
+            {}, {"max_registers": 80, "blocks_per_sm": 3}, {"max_registers": 64, "blocks_per_sm": 4})),
+        # the two tiles' mma steps alternating (four accumulator chains in flight), both dtypes
+        *(replace(in_math(case, "fp16"), config=cfg(math="fp16", tile_order="steps"))
+          for dt in ("fp16", "int8") for case in (scores("gated", dt), fused("gated", dt, path="filter")))),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),
@@ -439,6 +443,8 @@ def config_note(config) -> str:
         parts.append("dequant=fma (one HFMA2 a pair of int8 values)")
     elif config.dequant == "mul":
         parts.append("dequant=mul (an HADD2 and an HMUL2 a pair of int8 values)")
+    if config.tile_order != "tiles":
+        parts.append(f"tile_order={config.tile_order}")
     return " ".join(parts)
 
 

@@ -85,6 +85,11 @@ def variants():
         k = FK.fused_kernel("gated", 64, 6, 2, "int8", layout, access, 256, 0, True, "chosen", None, 1, 1, False,
                             math="fp16", dequant=dequant)
         out.append((f"fused gated d64 E6 K2 int8 {layout} {access} cap0 math=fp16 dequant={dequant}", k, f16_sig))
+    # the two tiles' mma steps alternating (tile_order="steps"): int8 and fp16 rows
+    for dtype, layout, access in (("int8", "tiles", "pool"), ("fp16", "rows", "candidates")):
+        k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, access, 256, 0, True, "chosen", None, 1, 1, False,
+                            math="fp16", dequant="fma" if dtype == "int8" else "mul", tile_order="steps")
+        out.append((f"fused gated d64 E6 K2 {dtype} {layout} {access} cap0 math=fp16 tile_order=steps", k, f16_sig))
     # L2 prefetch a few rounds ahead (l2_ahead): fp16 and int8 rows, scores and the filter pass
     for dtype, layout in (("fp16", "tiles"), ("int8", "rows")):
         k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, "pool", 256, 0, True, "chosen", None, 1, 1, False,

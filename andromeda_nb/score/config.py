@@ -83,6 +83,12 @@ class KernelConfig:
             :meth:`~.table.DeviceAdTable.fma_dequant`, true for tables quantized here) or ``"auto"``
             (default): ``"fma"`` where the table allows it, else ``"mul"``. ``"fma"`` on a table
             whose scales do not allow it is refused (it would change the scores).
+        tile_order: the order of fp16 math's work within a round, a warp's two tiles of 16 ads:
+            ``"tiles"`` (default: tile 0's mma steps, its next-round loads, then tile 1's) or
+            ``"steps"`` (the tiles' steps alternating, then both tiles' loads: four independent
+            accumulator chains in one basic block; the int8 E6 K2 d64 loop in 390 SASS
+            instructions against 401, 123 registers against 127; not yet measured on a GPU).
+            The same scores either way; other kernels ignore it.
     """
 
     values: str = "chosen"
@@ -97,11 +103,12 @@ class KernelConfig:
     tensor_cores: bool = False
     math: str = "auto"
     dequant: str = "auto"
+    tile_order: str = "tiles"
 
     def __post_init__(self):
         for name, allowed in (("weights", ("auto", "shared", "param")), ("guard", ("fence", "offset")),
                               ("values", ("chosen", "all")), ("math", ("auto", "fp32", "fp16")),
-                              ("dequant", ("auto", "mul", "fma"))):
+                              ("dequant", ("auto", "mul", "fma")), ("tile_order", ("tiles", "steps"))):
             v = getattr(self, name)
             if not isinstance(v, str) or v not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")

@@ -102,28 +102,39 @@ def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False, dequa
     rounded to fp16), so the weights and the rest are the fp16 rows' own; ``dequant="fma"``: the
     same values in one fused multiply-add a pair (``dequant_i8x4_fma``, the offset ``-1152 s`` made
     once a row), for tables whose scales allow it."""
+    _emit_mma_f16_start(emit, ind, t, int8, dequant)
+    for j in range(d // 16):
+        _emit_mma_f16_step(emit, ind, t, j, int8, dequant)
+
+
+def _emit_mma_f16_start(emit, ind: str, t: int, int8: bool, dequant: str) -> None:
+    """Tile t's zero accumulators (and its int8 rows' scales as half2)."""
     for r in range(4):
         emit(f"{ind}cg{t}_{r} = zero")
         emit(f"{ind}cv{t}_{r} = zero")
-    rows = (2 * t, 2 * t + 1)
     if int8:
-        for q in rows:
+        for q in (2 * t, 2 * t + 1):
             emit(f"{ind}s2{q} = half2_of(sc{q})")
             if dequant == "fma":
                 emit(f"{ind}c2{q} = dequant_offset_h2(s2{q})")
-    for j in range(d // 16):
-        for q in rows:
-            if int8:
-                emit(f"{ind}lo{q}, hi{q} = dequant_i8x4_fma(m{q}_{j}, s2{q}, c2{q})" if dequant == "fma" else
-                     f"{ind}lo{q}, hi{q} = dequant_i8x4(m{q}_{j}, s2{q})")
-                emit(f"{ind}ha{q} = film_h2(lo{q}, gm{j}_0, bt{j}_0)")
-                emit(f"{ind}hb{q} = film_h2(hi{q}, gm{j}_1, bt{j}_1)")
-                continue
-            emit(f"{ind}ha{q} = film_h2(uint32(m{q}_{j} & uint64(0xFFFFFFFF)), gm{j}_0, bt{j}_0)")
-            emit(f"{ind}hb{q} = film_h2(uint32(m{q}_{j} >> uint64(32)), gm{j}_1, bt{j}_1)")
-        frag = [f"ha{rows[0]}", f"ha{rows[1]}", f"hb{rows[0]}", f"hb{rows[1]}"]
-        _emit_mma_f16_call(emit, ind, f"cg{t}", frag, f"wg{j}_0", f"wg{j}_1")
-        _emit_mma_f16_call(emit, ind, f"cv{t}", frag, f"wv{j}_0", f"wv{j}_1")
+
+
+def _emit_mma_f16_step(emit, ind: str, t: int, j: int, int8: bool, dequant: str) -> None:
+    """Step j of tile t: its rows' words j through FiLM + ReLU into the A fragment, then the gate
+    and value mma."""
+    rows = (2 * t, 2 * t + 1)
+    for q in rows:
+        if int8:
+            emit(f"{ind}lo{q}, hi{q} = dequant_i8x4_fma(m{q}_{j}, s2{q}, c2{q})" if dequant == "fma" else
+                 f"{ind}lo{q}, hi{q} = dequant_i8x4(m{q}_{j}, s2{q})")
+            emit(f"{ind}ha{q} = film_h2(lo{q}, gm{j}_0, bt{j}_0)")
+            emit(f"{ind}hb{q} = film_h2(hi{q}, gm{j}_1, bt{j}_1)")
+            continue
+        emit(f"{ind}ha{q} = film_h2(uint32(m{q}_{j} & uint64(0xFFFFFFFF)), gm{j}_0, bt{j}_0)")
+        emit(f"{ind}hb{q} = film_h2(uint32(m{q}_{j} >> uint64(32)), gm{j}_1, bt{j}_1)")
+    frag = [f"ha{rows[0]}", f"ha{rows[1]}", f"hb{rows[0]}", f"hb{rows[1]}"]
+    _emit_mma_f16_call(emit, ind, f"cg{t}", frag, f"wg{j}_0", f"wg{j}_1")
+    _emit_mma_f16_call(emit, ind, f"cv{t}", frag, f"wv{j}_0", f"wv{j}_1")
 
 
 def _emit_mma_f16_call(emit, ind, acc, a, b0, b1):
@@ -156,18 +167,32 @@ def _emit_mma_store(emit, ind: str) -> None:
 
 def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
               prefetch: bool = False, n: str = "n_items", row: str = "", math: str = "fp32",
-              dequant: str = "mul") -> None:
+              dequant: str = "mul", interleave: bool = False) -> None:
     """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
     needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
     soon as that tile is encoded, so loads stay in flight while the warp computes. ``math``:
     ``"fp32"`` (3xTF32 products) or ``"fp16"`` (h and the weights in fp16, fp32 accumulation);
-    ``dequant``: :func:`_emit_mma_f16_tile`'s (int8 rows in fp16 math)."""
+    ``dequant``: :func:`_emit_mma_f16_tile`'s (int8 rows in fp16 math); ``interleave`` (fp16 math):
+    the two tiles' steps alternate, and the next round's loads follow both."""
     ind = "        "
     int8 = dtype == "int8"
     if not prefetch:
         for t in range(2):
             emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8)
+    if interleave and math == "fp16":
+        # both tiles step by step: four independent accumulator chains in one basic block, where
+        # tile by tile the loads of tile 0 (a branch) sat between the tiles' chains
+        for t in range(2):
+            _emit_mma_f16_start(emit, ind, t, int8, dequant)
+        for j in range(d // 16):
+            for t in range(2):
+                _emit_mma_f16_step(emit, ind, t, j, int8, dequant)
+        if prefetch:
+            for t in range(2):
+                emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row, int8)
+        _emit_mma_store(emit, ind)
+        return
     for t in range(2):
         if math == "fp16":
             _emit_mma_f16_tile(emit, ind, t, d, int8, dequant)

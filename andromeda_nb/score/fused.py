@@ -95,8 +95,8 @@ class _Source:
 
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
                  guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto",
-                 l2_ahead=0, dequant="mul"):
-        self.math, self.dequant = math, dequant
+                 l2_ahead=0, dequant="mul", tile_order="tiles"):
+        self.math, self.dequant, self.tile_order = math, dequant, tile_order
         mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
         self.model, self.d, self.E, self.K, self.dtype, self.layout = model, d, E, K, dtype, layout
         self.access, self.fused, self.block, self.items = access, fused, block, items
@@ -254,7 +254,7 @@ class _Source:
         emit("        wo = int64(j >> 62)" if offset else "        wo = 0")
         if self.mma:
             emit_mma(self.emit, self.d, self.dtype, self.layout, self.access, self.compact, self.mma_terms,
-                     self.prefetch, self.n, self.row, self.math, self.dequant)
+                     self.prefetch, self.n, self.row, self.math, self.dequant, self.tile_order == "steps")
 
     def _fence(self) -> bool:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it would
@@ -625,9 +625,10 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
             prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
             bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
-            dequant: str = "mul") -> str:
+            dequant: str = "mul", tile_order: str = "tiles") -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
-                   mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead, dequant).text()
+                   mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead, dequant,
+                   tile_order).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -637,7 +638,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
                  prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
                  bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
-                 dequant: str = "mul"):
+                 dequant: str = "mul", tile_order: str = "tiles"):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -697,6 +698,10 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             values, any scale) or ``"fma"`` (one fused multiply-add a pair, the same scores, for tables
             whose every scale passes :func:`.weights.fma_dequant_exact`:
             :meth:`.table.DeviceAdTable.fma_dequant`).
+        tile_order: the order of fp16 math's mma work within a round (a warp's two tiles of 16 ads):
+            ``"tiles"`` (tile 0's steps, its next-round loads, then tile 1's) or ``"steps"`` (the
+            two tiles' steps alternating, then both tiles' loads: four independent accumulator
+            chains in one basic block). The same scores either way.
 
     Raises:
         ValueError: for a configuration the generator cannot build (before any compilation).
@@ -709,6 +714,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                            or sample):
         raise ValueError("math='fp16' takes the gated model, fp16 or int8 rows, d a multiple of 16, E <= 8 and whole warps; "
                          f"got {model}, {dtype}, d={d}, E={experts}, block={block}")
+    if tile_order not in ("tiles", "steps"):
+        raise ValueError(f"tile_order must be 'tiles' or 'steps', got {tile_order!r}")
     if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
         raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} "
                          f"({math}, {dtype})")
@@ -745,7 +752,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
                   seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice,
-                  l2_ahead, dequant)
+                  l2_ahead, dequant, tile_order)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
@@ -759,7 +766,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     mma_tag = f"_mma{mma_terms}{'p' if prefetch else ''}" if mma else ("_f16" if math == "fp16" else "")
     mma_tag += ("" if bias_load == "ahead" else f"_b{bias_load}") + ("" if softmax == "auto" else f"_{softmax}")
     mma_tag += ("" if choice == "auto" else f"_{choice}") + (f"_l2a{l2_ahead}" if l2_ahead else "")
-    mma_tag += "_fma" if dequant == "fma" else ""
+    mma_tag += ("_fma" if dequant == "fma" else "") + ("_steps" if tile_order == "steps" else "")
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")

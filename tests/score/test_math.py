@@ -336,7 +336,8 @@ def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, a
     bias loaded a round ahead, at its round's start or where the score needs it belongs to the
     round's own ad (random biases, so a bias one round off or from the wrong lane shows). On the
     pool, L2 prefetches 1 or 3 rounds ahead change no score and ask only for lines inside the
-    arrays (the simulator's prefetch checks its index)."""
+    arrays (the simulator's prefetch checks its index); the two tiles' mma steps alternating
+    (tile_order="steps") change no score either."""
     from numba import cuda
 
     from andromeda_nb.device import launch
@@ -355,10 +356,11 @@ def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, a
     elig = np.pad(elig, (0, -elig.size % 8)).view(np.uint64)
     items = cand.size if access == "candidates" else n
     outs = []
-    l2 = [("ahead", 1), ("ahead", 3), ("start", 2)] if access == "pool" else []
-    for bias_load, l2_ahead in [("ahead", 0), ("start", 0), ("end", 0)] + l2:
+    l2 = [("ahead", 1, "tiles"), ("ahead", 3, "tiles"), ("start", 2, "tiles")] if access == "pool" else []
+    for bias_load, l2_ahead, order in [("ahead", 0, "tiles"), ("start", 0, "tiles"), ("end", 0, "tiles"),
+                                       ("ahead", 0, "steps"), ("end", 0, "steps")] + l2:
         kern = fused_kernel("gated", d, E, K, dtype, layout, access, 32, 0, True, "chosen", None, math="fp16",
-                            bias_load=bias_load, l2_ahead=l2_ahead)
+                            bias_load=bias_load, l2_ahead=l2_ahead, tile_order=order)
         out = cuda.to_device(np.full(items, np.nan, np.float32))
         kern[1, 32](dt.words, dt.scale, dt.bias, image,
                     cuda.to_device(elig) if access == "bitset" else launch.dummy(np.uint64),
@@ -520,3 +522,26 @@ def test_int8_scale_past_fp32_is_refused_in_every_math(rng):
             anb.score_ads(req, dt, config=anb.KernelConfig(math=math))
         with pytest.raises(ValueError, match="fp32|fp16"):
             anb.Pool(t, config=anb.KernelConfig(math=math), max_k=3).retrieve(req, k=3)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_the_tile_order_changes_no_answer(rng, dtype):
+    """KernelConfig(tile_order="steps") through the public calls: the same scores bit for bit, and
+    the same top-k (block and filter paths, pool, candidates and a bitset); a bad value is refused."""
+    from dataclasses import replace
+
+    n, d, E, K = 150, 32, 6, 2
+    t, dt = table_of(rng, n, d, "tiles", dtype)
+    req = anb.Request.random(d, E, K, rng)
+    steps = replace(F16, tile_order="steps")
+    np.testing.assert_array_equal(anb.score_ads(req, dt, config=steps).copy_to_host(),
+                                  anb.score_ads(req, dt, config=F16).copy_to_host())
+    cand = np.flatnonzero(rng.random(n) < 0.5).astype(np.int32)
+    elig = rng.random(n) < 0.4
+    for kw in ({}, {"candidates": cand}, {"eligible": elig}):
+        for k in (5, 40):
+            a, b = anb.score_topk(req, dt, k, config=steps, **kw), anb.score_topk(req, dt, k, config=F16, **kw)
+            np.testing.assert_array_equal(a.ids, b.ids)
+            np.testing.assert_array_equal(a.scores, b.scores)
+    with pytest.raises(ValueError, match="tile_order"):
+        anb.KernelConfig(tile_order="rows")
