@@ -17,6 +17,11 @@ NUMERIC = ("n_ads", "d", "experts", "k_experts", "eligible_fraction", "categorie
            "ceiling_read_TBps", "ceiling_copy_TBps", "fraction_of_read_ceiling", "host_seconds_per_call")
 
 
+#: what the notes of a scoring row measured off the default launch say (the tile-order experiment,
+#: bench.scoring.config_note): such rows are history, never a headline or a report's rate
+EXPERIMENT = "tile_order="
+
+
 def text(rows: pd.DataFrame, col: str) -> pd.Series:
     """Column ``col`` as strings, '' where a row (or the whole frame) has none. A column read from CSV
     with no values at all is float NaN; it is cast to object first, since filling a float column with

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from . import results
 from ..score.unfused import (fused_bytes_per_ad, network_bytes_per_request, per_op_bytes_per_ad,
                              pre_fusion_bytes_per_ad)
 
@@ -72,6 +73,7 @@ def math_modes(rows: pd.DataFrame, dtype: str = "fp16") -> pd.DataFrame:
     such a run."""
     ok = rows[rows["ok"] & ~rows["regression_flag"] & (rows["dtype"] == dtype) & (rows["layout"] == "tiles")
               & (rows["access"] == "pool")]
+    ok = ok[~results.text(ok, "notes").str.contains(results.EXPERIMENT)]  # the default launches only
     f16 = ok[ok["variant"].str.startswith("gated") & (ok["math"] == "fp16")]
     columns = ["experts", "k_experts", "d", "output", "dot_G", "fp32_G", "fp16_G", "fp32_over_dot", "fp16_over_dot",
                "target", "commit"]

@@ -422,6 +422,7 @@ def scores_full(dreq, table, access, elig, cand, n_items, config):
 
 def config_note(config) -> str:
     from ..device import launch
+    from ..score.config import KernelConfig
 
     parts = ["naive" if config.naive else f"values={config.values}", f"block={config.threads()}",
              f"items={config.items}"]
@@ -443,7 +444,7 @@ def config_note(config) -> str:
         parts.append("dequant=fma (one HFMA2 a pair of int8 values)")
     elif config.dequant == "mul":
         parts.append("dequant=mul (an HADD2 and an HMUL2 a pair of int8 values)")
-    if config.tile_order != "tiles":
+    if config.kernel_tile_order() != KernelConfig.tile_order:  # only where it differs from the default
         parts.append(f"tile_order={config.tile_order}")
     return " ".join(parts)
 

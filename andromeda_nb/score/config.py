@@ -138,6 +138,11 @@ class KernelConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
 
+    def kernel_tile_order(self) -> str:
+        """``tile_order`` as the kernel generator takes it: only fp16 math has tiles to order (others
+        get the one kernel, "tiles")."""
+        return self.tile_order if self.math == "fp16" else "tiles"
+
     def threads(self) -> int:
         return self.block or launch.default_block()
 

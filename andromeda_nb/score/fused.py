@@ -714,8 +714,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                            or sample):
         raise ValueError("math='fp16' takes the gated model, fp16 or int8 rows, d a multiple of 16, E <= 8 and whole warps; "
                          f"got {model}, {dtype}, d={d}, E={experts}, block={block}")
-    if tile_order not in ("tiles", "steps"):
-        raise ValueError(f"tile_order must be 'tiles' or 'steps', got {tile_order!r}")
+    if tile_order not in ("tiles", "steps") or (tile_order == "steps" and math != "fp16"):
+        raise ValueError(f"tile_order must be 'tiles', or 'steps' with fp16 math; got {tile_order!r} ({math})")
     if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
         raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} "
                          f"({math}, {dtype})")

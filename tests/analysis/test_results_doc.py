@@ -26,3 +26,15 @@ def test_launch_keeps_only_the_launch_settings():
 def test_launch_of_rows_without_notes():
     assert list(_launch(_rows([float("nan"), float("nan")]))) == ["", ""]
     assert list(_launch(pd.DataFrame({"dtype": ["fp16"]}))) == [""]
+
+
+def test_a_headline_never_takes_an_experiments_row():
+    """The newest verified row of a case, among the default launches: a row the tile-order
+    experiment wrote later (its notes say so) is history only."""
+    from andromeda_nb.analysis.results_doc import _pick
+
+    df = pd.DataFrame({"ok": [True, True, True], "variant": ["v", "v", "v"], "timestamp": ["1", "2", "3"],
+                       "notes": ["block=256", "block=256 tile_order=steps", float("nan")],
+                       "items_per_s": [1.0, 9.0, 2.0]})
+    df.loc[2, "ok"] = False
+    assert _pick(df, {"variant": "v"})["timestamp"] == "1"

@@ -101,7 +101,9 @@ def test_fp16_math_rows_are_their_own_mode():
                                                                        math="fp16"),
                   _row("dot_scores_to_memory", 30e9, k=np.nan), _row("gated_fused_topk_filter", 19e9),
                   _row("gated_fused_topk_filter", 27e9, math="fp16"), _row("dot_fused_topk_filter", 33e9),
-                  _row("gated_scores_to_memory", 99e9, k=np.nan, math="fp16", ok=False))
+                  _row("gated_scores_to_memory", 99e9, k=np.nan, math="fp16", ok=False),
+                  _row("gated_scores_to_memory", 98e9, k=np.nan, math="fp16",  # an experiment, not the default
+                       notes="block=256 math=fp16 (mma) tile_order=steps"))
     got = SR.by_d_and_dtype(rows, 6, 2).set_index("model")
     assert got.loc["gated", "G_ads_per_s"] == pytest.approx(20.0)
     table, _ = SR.fusion_cost(rows, 64, "fp16")
@@ -302,3 +304,12 @@ def test_frontier_grid_matches_the_bench_phase():
     from andromeda_nb.bench import scoring as bench_scoring
 
     assert (SR.FRONTIER_D, SR.FRONTIER_EK) == (bench_scoring.FRONTIER_D, bench_scoring.FRONTIER_EK)
+
+
+def test_the_bench_notes_name_the_tile_order_only_where_it_is_not_the_default():
+    from andromeda_nb.bench.scoring import config_note
+    from andromeda_nb.score.config import KernelConfig
+
+    assert "tile_order=steps" in config_note(KernelConfig(math="fp16", tile_order="steps"))
+    for config in (KernelConfig(math="fp16"), KernelConfig(math="fp32", tile_order="steps")):
+        assert "tile_order" not in config_note(config)

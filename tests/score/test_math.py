@@ -545,3 +545,22 @@ def test_the_tile_order_changes_no_answer(rng, dtype):
             np.testing.assert_array_equal(a.scores, b.scores)
     with pytest.raises(ValueError, match="tile_order"):
         anb.KernelConfig(tile_order="rows")
+
+
+def test_fp32_math_ignores_the_tile_order(rng):
+    """Only fp16 math has tiles to order: an fp32-math config with tile_order="steps" runs the one
+    fp32 kernel (no second compile of the same source), and the generator refuses the pairing."""
+    from andromeda_nb.score.fused import fused_kernel
+
+    t, dt = table_of(rng, 40, 32, "rows")
+    req = anb.Request.random(32, 4, 2, rng)
+    fp32 = anb.KernelConfig(math="fp32")
+    assert anb.KernelConfig(math="fp32", tile_order="steps").kernel_tile_order() == "tiles"
+    assert anb.KernelConfig(math="fp16", tile_order="steps").kernel_tile_order() == "steps"
+    anb.score_ads(req, dt, config=fp32)
+    before = fused_kernel.cache_info().currsize
+    got = anb.score_ads(req, dt, config=anb.KernelConfig(math="fp32", tile_order="steps")).copy_to_host()
+    assert fused_kernel.cache_info().currsize == before
+    np.testing.assert_array_equal(got, anb.score_ads(req, dt, config=fp32).copy_to_host())
+    with pytest.raises(ValueError, match="tile_order"):
+        fused_kernel("gated", 32, 4, 2, "fp16", "rows", "pool", 32, tile_order="steps")
