@@ -24,11 +24,11 @@ START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 HEADLINE = (
     # the public calls in their default math (math="auto": fp16 math on the fp16 benchmark table and on
     # int8 tables; the int8 table's other rows are docs/results.md's)
-    ("one request through `Pool.retrieve`, 10^8 ads, ~1 % eligible", "pipeline",
+    ("one request through `Pool.retrieve`, fp16 table, 10^8 ads, ~1 % eligible", "pipeline",
      dict(variant="retrieve", n_ads=1e8, batch=1, math="fp16", dtype="fp16"), "latency"),
-    ("batches of 32 requests through `Pool.retrieve`, 10^8 ads", "pipeline",
+    ("batches of 32 requests through `Pool.retrieve`, fp16 table, 10^8 ads", "pipeline",
      dict(variant="retrieve", n_ads=1e8, batch=32, math="fp16", dtype="fp16"), "throughput"),
-    ("`score_topk` over the whole pool, 10^8 ads, top-1000", "pipeline",
+    ("`score_topk` over the whole pool, fp16 table, 10^8 ads, top-1000", "pipeline",
      dict(variant="score_topk", n_ads=1e8, math="fp16", dtype="fp16"), "latency"),
     ("`score_topk` over the whole pool, int8 table (a scale a row), 10^8 ads, top-1000", "pipeline",
      dict(variant="score_topk", n_ads=1e8, math="fp16", dtype="int8"), "latency"),
