@@ -524,13 +524,10 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
         df = df.assign(device="")
     if "flops_per_item" not in df.columns:
         df = df.assign(flops_per_item=np.nan)
-    for col in ("commit", "timestamp"):
-        if col not in df.columns:
-            df = df.assign(**{col: ""})
     df = df.dropna(subset=["d", "experts", "k_experts"])
-    # a row that does not say is a run of its own kind
+    # a row (or a table) that does not say is a run of its own kind
     df = df.assign(commit=text(df, "commit"), timestamp=text(df, "timestamp"))
-    df = df.astype({"d": int, "experts": int, "k_experts": int, "commit": str, "timestamp": str})
+    df = df.astype({"d": int, "experts": int, "k_experts": int})
     key = ["dtype", "d", "experts", "k_experts"]
     # a run is a commit; its time, the newest row it wrote
     run_time = df.groupby("commit")["timestamp"].transform("max")

@@ -38,6 +38,7 @@ def variants():
     def A(t, nd=1):
         return nt.Array(t, nd, "C")
 
+    from ..score import filter_kernels as FKF
     from ..score import fused as FK
 
     store = {"fp32": f32, "fp16": nt.float16, "bf16": nt.uint16, "int8": nt.int8}
@@ -138,9 +139,9 @@ def variants():
     from ..score.table_kernels import max_abs_kernel
 
     out.append(("table max_abs fp16", max_abs_kernel("fp16"), (A(u64), A(f32))))
-    out.append(("sample_prep cand", FK.sample_prep_kernel(True, False),
+    out.append(("sample_prep cand", FKF.sample_prep_kernel(True, False),
                 (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))
-    out.append(("sample_prep elig", FK.sample_prep_kernel(False, True),
+    out.append(("sample_prep elig", FKF.sample_prep_kernel(False, True),
                 (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))
     for every in (2, 4):  # the top-K barrier only every few rounds (KernelConfig.sync_every)
         k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "pool", 256, 2048, True, "chosen", None, 1, every)

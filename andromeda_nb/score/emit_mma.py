@@ -93,20 +93,6 @@ def emit_f16_weights(emit, ind: str, d: int, row: str = "") -> None:
             emit(f"{ind}{name.format(j=j)} = wimg[{row}{(j * 32) * 8 + k} + lane * 8]")
 
 
-def _emit_mma_f16_tile(emit, ind: str, t: int, d: int, int8: bool = False, dequant: str = "mul") -> None:
-    """Emit tile t's fp16 encoding and mma steps (m16n8k16, fp32 accumulation): per step j, each row
-    word's two fp16 pairs through FiLM + ReLU in one half2 FMA and max each (``film_h2``, one
-    rounding to fp16), straight into the A fragment: a0 / a2 = the low / high pair of row g's word,
-    a1 / a3 those of row g + 8 (:func:`.weights.mma_f16_image` assigns dims to k-slots to match).
-    ``int8``: the lane's 4 bytes (dims 4w..4w+3 with w = c + 4 j, as in an fp16 row) first become the fp16 pairs ``q * s`` (``dequant_i8x4``; s the row scale
-    rounded to fp16), so the weights and the rest are the fp16 rows' own; ``dequant="fma"``: the
-    same values in one fused multiply-add a pair (``dequant_i8x4_fma``, the offset ``-1152 s`` made
-    once a row), for tables whose scales allow it."""
-    _emit_mma_f16_start(emit, ind, t, int8, dequant)
-    for j in range(d // 16):
-        _emit_mma_f16_step(emit, ind, t, j, int8, dequant)
-
-
 def _emit_mma_f16_start(emit, ind: str, t: int, int8: bool, dequant: str) -> None:
     """Tile t's zero accumulators (and its int8 rows' scales as half2)."""
     for r in range(4):
@@ -120,8 +106,14 @@ def _emit_mma_f16_start(emit, ind: str, t: int, int8: bool, dequant: str) -> Non
 
 
 def _emit_mma_f16_step(emit, ind: str, t: int, j: int, int8: bool, dequant: str) -> None:
-    """Step j of tile t: its rows' words j through FiLM + ReLU into the A fragment, then the gate
-    and value mma."""
+    """Step j of tile t (after :func:`_emit_mma_f16_start`): its fp16 encoding and mma (m16n8k16,
+    fp32 accumulation): each row word's two fp16 pairs through FiLM + ReLU in one half2 FMA and max
+    each (``film_h2``, one rounding to fp16), straight into the A fragment: a0 / a2 = the low / high
+    pair of row g's word, a1 / a3 those of row g + 8 (:func:`.weights.mma_f16_image` assigns dims to
+    k-slots to match). ``int8``: the lane's 4 bytes (dims 4w..4w+3 with w = c + 4 j, as in an fp16
+    row) first become the fp16 pairs ``q * s`` (``dequant_i8x4``; s the row scale rounded to fp16), so the weights and the rest are the fp16 rows' own; ``dequant="fma"``: the
+    same values in one fused multiply-add a pair (``dequant_i8x4_fma``, the offset ``-1152 s`` made
+    once a row), for tables whose scales allow it."""
     rows = (2 * t, 2 * t + 1)
     for q in rows:
         if int8:
@@ -173,33 +165,28 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
     soon as that tile is encoded, so loads stay in flight while the warp computes. ``math``:
     ``"fp32"`` (3xTF32 products) or ``"fp16"`` (h and the weights in fp16, fp32 accumulation);
-    ``dequant``: :func:`_emit_mma_f16_tile`'s (int8 rows in fp16 math); ``interleave`` (fp16 math):
+    ``dequant``: :func:`_emit_mma_f16_step`'s (int8 rows in fp16 math); ``interleave`` (fp16 math):
     the two tiles' steps alternate, and the next round's loads follow both."""
     ind = "        "
     int8 = dtype == "int8"
     if not prefetch:
         for t in range(2):
             emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8)
-    if interleave and math == "fp16":
-        # both tiles step by step: four independent accumulator chains in one basic block, where
-        # tile by tile the loads of tile 0 (a branch) sat between the tiles' chains
-        for t in range(2):
-            _emit_mma_f16_start(emit, ind, t, int8, dequant)
-        for j in range(d // 16):
-            for t in range(2):
+    # interleaved: both tiles step by step, four independent accumulator chains in one basic block,
+    # where tile by tile the loads of tile 0 (a branch) sat between the tiles' chains
+    groups = [(0, 1)] if interleave and math == "fp16" else [(0,), (1,)]
+    for tiles in groups:
+        for t in tiles:
+            if math == "fp16":
+                _emit_mma_f16_start(emit, ind, t, int8, dequant)
+            else:
+                _emit_mma_tile(emit, ind, t, d, terms)
+        for j in range(d // 16 if math == "fp16" else 0):
+            for t in tiles:
                 _emit_mma_f16_step(emit, ind, t, j, int8, dequant)
         if prefetch:
-            for t in range(2):
+            for t in tiles:
                 emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row, int8)
-        _emit_mma_store(emit, ind)
-        return
-    for t in range(2):
-        if math == "fp16":
-            _emit_mma_f16_tile(emit, ind, t, d, int8, dequant)
-        else:
-            _emit_mma_tile(emit, ind, t, d, terms)
-        if prefetch:
-            emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row, int8)
     _emit_mma_store(emit, ind)
 
 

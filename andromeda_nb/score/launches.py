@@ -239,7 +239,8 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
         ``out_s[0]``, ``counts[0]`` (non-NaN scores; those at or above the seed). Exact when
         :func:`~andromeda_nb.topk.api.seeded_outcome` says "exact".
     """
-    from .fused import fused_kernel, sample_prep_kernel
+    from .filter_kernels import sample_prep_kernel
+    from .fused import fused_kernel
     from ..topk.api import launch_final, launch_seed_select
 
     config = _resolve(config or DEFAULT_CONFIG, dreq, table, access, selects=True)

@@ -46,6 +46,7 @@ the seeds of a long experiment can run in other sessions than its tuning.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -252,8 +253,6 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
 
     if runs_file is not None:
         write()  # a file that cannot be written refused before anything trains
-
-    import time
 
     todo.sort(key=lambda i: -jobs[i][2].steps)  # longest first: a budget's end is filled by short runs
     start, seen = time.monotonic(), []  # (steps, seconds) of every run finished, failed ones too
