@@ -33,9 +33,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def rng(request):
-    """A fresh seeded generator per test; the seed is printed on failure for reproduction."""
+    """A fresh seeded generator per test; the seed is printed on failure, and
+    ``ANDROMEDA_TEST_SEED=<seed>`` gives every test that seed again (to reproduce a failure)."""
     import numpy as np
 
-    seed = int.from_bytes(os.urandom(4), "little")
+    fixed = os.environ.get("ANDROMEDA_TEST_SEED")
+    seed = int(fixed) if fixed else int.from_bytes(os.urandom(4), "little")
     print(f"rng seed = {seed}")
     return np.random.default_rng(seed)

@@ -57,3 +57,39 @@ def test_compare_topk_float64_frees_only_the_swappable_ads():
     assert not checks.compare_topk_float64(got, ref, 2, ids).ok
     assert checks.compare_topk_float64(got, ref, 2, ids, swappable=np.array([False, True, True, False])).ok
     assert not checks.compare_topk_float64(got, ref, 2, ids, swappable=np.array([False, False, True, True])).ok
+
+
+def test_score_tolerance_allows_the_logits_fp32_rounding_on_large_rows(rng):
+    # one large value whose gate keys are equal across experts: logits in the thousands, their
+    # difference O(1), so the softmax is not saturated and an fp32 kernel's logit rounding moves the
+    # chosen weight p_e far more than SCORE_RTOL of the score scale allows
+    d, E = 32, 2
+    G = rng.standard_normal((E, d))
+    G[:, 3] = 1.0
+    V = rng.standard_normal(d)
+    req = Request(V=np.stack([V, -V]), G=G, gamma=rng.uniform(0.5, 1.5, d),  # the other expert's score: far
+                  beta=rng.standard_normal(d), k_experts=1)
+    emb = rng.standard_normal((5, d))
+    emb[2, 3] = 65000.0
+    table = AdTable.from_float(emb, rng.standard_normal(5))
+    g = reference.gate(req, table)
+    ref = reference.score(req, table)
+    delta = checks.logit_error_bound(req, table)
+    assert delta[2] > 100 * delta[[0, 1, 3, 4]].max()
+    # every logit moved by the bound against the chosen expert: what a correct fp32 kernel may return
+    logits = g.logits + np.where(g.chosen, -1.0, 1.0) * delta[:, None]
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    moved = np.where(g.chosen, p * g.values, 0.0).sum(axis=1) + table.bias
+    assert abs(moved[2] - ref[2]) > 10 * checks.SCORE_RTOL * checks.score_scale(req, table)
+    assert checks.compare_scores(moved, req, table).ok
+    # ...and no further: past the tolerance, or the other expert's score where the logits do not tie
+    tol, tie = checks.score_tolerance(req, table), checks.near_tie_ads(req, table)
+    for ad in np.flatnonzero(~tie):
+        off = moved.copy()
+        off[ad] = ref[ad] + 1.5 * tol[ad]
+        assert not checks.compare_scores(off, req, table).ok
+    if not tie[2]:  # the large row's O(1) gap is wider than 2 delta in ~98 % of draws
+        off = moved.copy()
+        off[2] = (g.p * g.values)[2, ~g.chosen[2]].sum() + table.bias[2]
+        assert not checks.compare_scores(off, req, table).ok
