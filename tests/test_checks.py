@@ -93,3 +93,76 @@ def test_score_tolerance_allows_the_logits_fp32_rounding_on_large_rows(rng):
         off = moved.copy()
         off[2] = (g.p * g.values)[2, ~g.chosen[2]].sum() + table.bias[2]
         assert not checks.compare_scores(off, req, table).ok
+
+
+def _fp32_model(req, table):
+    """The model computed in float32 throughout (numpy's order of sums): a correct fp32 kernel."""
+    f = np.float32
+    a = table.dequantized().astype(f)
+    h = np.maximum(req.gamma.astype(f) * a + req.beta.astype(f), f(0))
+    logits = h @ (req.G.astype(np.float64) / np.sqrt(req.d)).astype(f).T
+    values = h @ req.V.astype(f).T
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    top = np.argsort(-logits, axis=1, kind="stable")[:, : req.k_experts]
+    chosen = np.zeros(logits.shape, bool)
+    np.put_along_axis(chosen, top, True, axis=1)
+    return np.where(chosen, p * values, f(0)).sum(axis=1) + table.bias.astype(f)
+
+
+def test_checks_accept_fp32_where_floats_saturate_cancel_or_tie_three_ways(rng):
+    d = 16
+    # logits ~1e9 apart by 41: float64's softmax says p = 1, fp32's logits tie (p = 0.5 each)
+    G = np.zeros((2, d))
+    G[:, 0], G[0, 1:] = 4.0, 11.0
+    V = np.zeros((2, d))
+    V[:, 1:] = rng.uniform(0.5, 1.5, d - 1) * np.array([[1.0], [-1.0]])  # value dots of opposite signs
+    req = Request(V=V, G=G, gamma=np.ones(d), beta=np.zeros(d), k_experts=1)
+    rows = np.ones((3, d))
+    rows[2, 0] = 1e9
+    table = AdTable.from_float(rows, np.zeros(3))
+    got = _fp32_model(req, table)
+    assert abs(got[2] - reference.score(req, table)[2]) > 0.1
+    assert checks.compare_scores(got, req, table).ok
+    # gamma a + beta cancels (beta ~ +-5e4, h ~ 1): h's rounding is far above SCORE_RTOL of |h|'s scale
+    beta = rng.choice([-1.0, 1.0], d) * 5e4
+    gamma = rng.uniform(0.5, 1.5, d)
+    req = Request(V=rng.standard_normal((1, d)), G=np.zeros((1, d)), gamma=gamma, beta=beta, k_experts=1)
+    table = AdTable.from_float((-beta + rng.uniform(0, 2, (16, d))) / gamma, np.zeros(16))
+    got = _fp32_model(req, table)
+    assert np.abs(got - reference.score(req, table)).max() > 3 * checks.SCORE_RTOL * checks.score_scale(req, table)
+    assert checks.compare_scores(got, req, table).ok
+    # three experts whose logits tie within fp32's rounding: any two of the three, each its own score
+    G = np.tile(rng.standard_normal(d), (3, 1))
+    G[:, -1] += np.array([0.0, 1e-3, 2e-3])
+    req = Request(V=rng.standard_normal((3, d)), G=G, gamma=np.ones(d), beta=np.zeros(d), k_experts=2)
+    table = AdTable.from_float(np.abs(rng.standard_normal((5, d))) * np.r_[np.ones(d - 1), 1e-5], np.zeros(5))
+    for chosen in ([0, 1], [0, 2], [1, 2]):
+        g = reference.gate(req, table)
+        mask = np.zeros(3, bool)
+        mask[chosen] = True
+        assert checks.compare_scores((g.p * g.values)[:, mask].sum(axis=1), req, table).ok
+    assert checks.compare_scores(np.zeros(0), req, AdTable.from_float(np.zeros((0, d)))).ok
+
+
+def test_checks_still_reject_wrong_experts_and_weights_on_large_rows(rng):
+    # rows of magnitude 1e4 on the half of the dims the experts' keys share: logits ~1e4, gaps O(1)
+    d, E = 128, 2
+    G = rng.standard_normal((E, d))
+    G[:, : d // 2] = rng.standard_normal(d // 2)
+    V = rng.standard_normal(d)
+    req = Request(V=np.stack([V, -V]), G=G, gamma=np.ones(d), beta=np.zeros(d), k_experts=1)  # a wrong expert: far
+    rows = rng.standard_normal((200, d))
+    rows[:, : d // 2] = rng.choice([-1e4, 1e4], (200, d // 2))
+    table = AdTable.from_float(rows, np.zeros(200), dtype="fp16")
+    assert checks.compare_scores(_fp32_model(req, table), req, table).ok
+    g = reference.gate(req, table)
+    renormalised = np.where(g.chosen, g.values, 0.0).sum(axis=1)  # p_e / sum of the chosen p: 1 at K = 1
+    assert not checks.compare_scores(renormalised, req, table).ok
+    wrong = np.where(~g.chosen, g.p * g.values, 0.0).sum(axis=1)
+    far = ~checks.near_tie_ads(req, table)
+    assert far.mean() > 0.5
+    for ad in np.flatnonzero(far)[:20]:
+        off = reference.score(req, table)
+        off[ad] = wrong[ad]
+        assert not checks.compare_scores(off, req, table).ok, ad
