@@ -116,6 +116,48 @@ def _timed(fn, calls: int) -> list[float]:
     return out
 
 
+def _call_breakdown(call, calls: int) -> dict:
+    """Where a warm :func:`~andromeda_nb.score.score_topk` call's wall time goes, on the GPU's clock
+    (medians over ``calls`` calls, seconds): ``pre``, the host's work before the call's launches
+    (events at the call's start and as its recorded launches begin, the stream idle between calls, so
+    both record at host time); ``launches``, from then until the GPU has run them (kernels and any
+    gaps where the GPU waits for the host's next launch); ``after``, the wall time left: the answer's
+    copies, the synchronisation and the return. Set beside the launches' back-to-back device time,
+    ``launches`` says whether a call's kernels run slower than back to back. Empty where a call did
+    not take the filter path's recorded launches."""
+    from numba import cuda
+
+    from ..score import api
+
+    run, marks, parts = api._Replay.run, {}, {"pre": [], "launches": [], "after": []}
+
+    def marked_run(self, inputs):
+        marks["begin"] = cuda.event()
+        marks["begin"].record()
+        run(self, inputs)
+        marks["done"] = cuda.event()
+        marks["done"].record()
+
+    api._Replay.run = marked_run
+    try:
+        for _ in range(calls):
+            marks.clear()
+            start = cuda.event()
+            start.record()
+            t0 = time.perf_counter()
+            call()
+            wall = time.perf_counter() - t0
+            if "done" not in marks:
+                return {}
+            pre = cuda.event_elapsed_time(start, marks["begin"]) / 1e3
+            launches = cuda.event_elapsed_time(marks["begin"], marks["done"]) / 1e3
+            for key, v in (("pre", pre), ("launches", launches), ("after", wall - pre - launches)):
+                parts[key].append(v)
+    finally:
+        api._Replay.run = run
+    return {key: statistics.median(v) for key, v in parts.items()}
+
+
 def _host_profile(call, calls: int, out_dir, name: str) -> None:
     """Where the host time of a public call goes (cProfile of ``calls`` calls, by own time, then by cumulative time), to
     ``<out>/pipeline_host_profile_<name>.txt``."""
@@ -236,6 +278,7 @@ def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None)
     sfw = next(ws for key, ws in tiles._workspaces.items() if key[:4] == ("filter", n, K, "pool"))
     device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, config, sfw),
                                  reps=15).median
+    parts = _call_breakdown(lambda: score_topk(req, tiles, K, config=config), CALLS)
     scores = score_ads(req, tiles, config=config).copy_to_host()
     want = reference.topk(scores, K, ids=tiles.host_ad_ids)
     ok = np.array_equal(top.ids, want.ids) and np.array_equal(top.scores, want.scores)
@@ -244,7 +287,10 @@ def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None)
                 tiles.dtype, access="pool",
                 eligible_fraction="1", layout="tiles",
                 notes="device: the same launches back to back behind a busy kernel (harness.time_device)"
-                + _dequant_note(config.with_math(dreq, tiles), tiles))
+                + _dequant_note(config.with_math(dreq, tiles), tiles)
+                + ("; a call on the GPU's clock (medians of {CALLS}, _call_breakdown): host before its launches "
+                   "{pre:.3f} ms, its launches run {launches:.3f} ms, answer copies / sync / return {after:.3f} ms".format(
+                       CALLS=CALLS, **{k: v * 1e3 for k, v in parts.items()}) if parts else ""))
 
 
 def _open_loop_rows(env, ceil, world, pool, reqs, profiles, n) -> list[dict]:

@@ -454,3 +454,31 @@ def test_min_n_ads_leaves_out_the_smaller_pools():
     assert sorted(both) == [10 ** 7] * 3 + [10 ** 8] * 3
     assert planned("scoring", options=harness.Options(n_ads=10 ** 8, min_n_ads=10 ** 8))  # the run's size
     assert not planned("scoring", options=harness.Options(n_ads=10 ** 7, min_n_ads=10 ** 8))
+
+
+def test_call_breakdown_splits_a_calls_wall_time_at_its_launches(monkeypatch):
+    # events that record the host's clock (the stream idle): the breakdown's arithmetic on known times
+    import time
+
+    from numba import cuda
+
+    from andromeda_nb.bench import pipeline
+    from andromeda_nb.score import api
+
+    class HostEvent:
+        def record(self):
+            self.t = time.perf_counter()
+
+    monkeypatch.setattr(cuda, "event", HostEvent, raising=False)
+    monkeypatch.setattr(cuda, "event_elapsed_time", lambda a, b: (b.t - a.t) * 1e3, raising=False)
+    monkeypatch.setattr(api._Replay, "run", lambda self, inputs: time.sleep(0.03))
+
+    def call():
+        time.sleep(0.02)
+        api._Replay.run(None, {})
+        time.sleep(0.01)
+
+    before = api._Replay.run
+    parts = pipeline._call_breakdown(call, 3)
+    assert 0.02 <= parts["pre"] < 0.028 and 0.03 <= parts["launches"] < 0.038 and 0.01 <= parts["after"] < 0.018
+    assert api._Replay.run is before  # the marking wrapper is removed again
