@@ -212,9 +212,13 @@ def main(argv=None) -> int:
             print("stale (run python -m andromeda_nb.analysis.results_doc): " + ", ".join(stale), file=sys.stderr)
             return 1
         return 0
+    changed = [str(p) for p, want in ((doc, want_doc), (readme_path, want_readme))
+               if not p.exists() or p.read_text() != want]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(want_doc)
     readme_path.write_text(want_readme)
+    print(f"from {results}/*.csv: " + ("rewrote " + ", ".join(changed) if changed else
+                                      f"{doc} and the README's headline already match"))
     return 0
 
 

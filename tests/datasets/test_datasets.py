@@ -258,7 +258,11 @@ def test_requests_deterministic_and_finite_scores():
 
 @pytest.fixture(scope="module")
 def ml():
-    return mlmod.load(mlmod.fetch(REPO / "data" / "ml-100k"))
+    try:
+        path = mlmod.fetch(REPO / "data" / "ml-100k")
+    except RuntimeError as e:  # no PyPI and no files: skipped, like the training tests without them
+        pytest.skip(f"MovieLens-100K files not fetched: {e}")
+    return mlmod.load(path)
 
 
 @pytest.fixture(scope="module")
