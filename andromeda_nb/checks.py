@@ -51,9 +51,13 @@ class Check:
 def score_scale(request: Request, table: AdTable, math: str = "fp32") -> float:
     """The magnitude fp32 rounding errors scale with: max over ads of
     ``sum_e p_e * sum_j |V_ej h_j| + |b|`` (an upper bound of the magnitudes summed)."""
+    return _score_scale(request, table, reference.gate(request, table, math))
+
+
+def _score_scale(request: Request, table: AdTable, g) -> float:
+    """:func:`score_scale` with the gate ``g`` already computed."""
     a = table.dequantized()
     h = np.maximum(request.gamma * a + request.beta, 0.0)
-    g = reference.gate(request, table, math)
     mags = np.abs(h) @ np.abs(request.V.astype(np.float64)).T
     with np.errstate(invalid="ignore"):
         per_ad = (g.p * mags).sum(axis=1) + np.abs(table.bias)
@@ -90,7 +94,7 @@ def _fp16_logit_bound(request: Request, table: AdTable, unit: float = FP16_UNIT)
     each logit from the fp32 model's: gamma, beta (and an int8 row's dequantized values) rounded,
     ``unit 2 (|gamma a| + |beta|)``, h and G rounded, ``unit 2 |h|``, a term; then the fp32 sums."""
     m, h = _magnitudes(request, table)
-    return unit * _per_logit(request, 2 * m + 2 * h) + logit_error_bound(request, table)
+    return unit * _per_logit(request, 2 * m + 2 * h) + LOGIT_RTOL * _per_logit(request, m)
 
 
 def _weight_shift(logits: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -130,18 +134,30 @@ def _set_tolerance(request: Request, m: np.ndarray, g, chosen: np.ndarray, base:
     return base + np.where(np.isfinite(extra), extra, 0.0)
 
 
+def _tolerance_terms(request: Request, table: AdTable, math: str = "fp32", versus_fp32: bool = False) -> tuple:
+    """``(g, m, base, delta, h_unit)`` of :func:`_set_tolerance` (the gate, the magnitudes, the scale
+    term, the logits' allowance, h's unit roundoff), each computed once: for the kernel against its
+    own ``math``'s model, or (``versus_fp32``) the fp16 math mode against the fp32 model."""
+    g = reference.gate(request, table, "fp32" if versus_fp32 else math)
+    m, h = _magnitudes(request, table)
+    delta = LOGIT_RTOL * _per_logit(request, m)
+    if versus_fp32:
+        rounding = FP16_UNIT * _per_logit(request, 2 * m + 2 * h)  # as _fp16_logit_bound
+        return g, m, FP16_RTOL * _score_scale(request, table, g), rounding + delta, FP16_UNIT
+    return g, m, SCORE_RTOL * _score_scale(request, table, g), delta, FP32_UNIT
+
+
 def score_tolerance(request: Request, table: AdTable, math: str = "fp32") -> np.ndarray:
     """float64 ``[n_ads]``: how far a correct fp32-accumulating kernel's score may be from the float64
     oracle of ``math``'s model: ``SCORE_RTOL`` times the request's score scale, plus what the
     logits' rounding allowance (:func:`logit_error_bound`) can do through the softmax to the chosen
     experts' weights, plus h's rounding where ``gamma a + beta`` cancels (:func:`_set_tolerance`).
     The additions are small on ordinary rows and grow on rows of large magnitude."""
-    g = reference.gate(request, table, math)
-    return _set_tolerance(request, _magnitudes(request, table)[0], g, g.chosen,
-                          SCORE_RTOL * score_scale(request, table, math), logit_error_bound(request, table), FP32_UNIT)
+    g, m, base, delta, h_unit = _tolerance_terms(request, table, math)
+    return _set_tolerance(request, m, g, g.chosen, base, delta, h_unit)
 
 
-def _other_sets_match(got, bad, request, table, g, window, base, delta, h_unit) -> np.ndarray:
+def _other_sets_match(got, bad, request, table, g, m, window, base, delta, h_unit) -> np.ndarray:
     """bool ``[n_ads]``: ads of ``bad`` whose score is within its own tolerance of another expert
     set's, one the logits allow: every expert of the set at least the best left out minus ``window``
     (ties among three or more experts included)."""
@@ -153,7 +169,7 @@ def _other_sets_match(got, bad, request, table, g, window, base, delta, h_unit) 
         return ok
     rows = np.flatnonzero(bad)
     sub = type(g)(**{f: getattr(g, f)[rows] for f in ("logits", "p", "values", "chosen")})
-    m, bias = _magnitudes(request, table)[0][rows], np.asarray(table.bias, np.float64)[rows]
+    m, bias = m[rows], np.asarray(table.bias, np.float64)[rows]
     with np.errstate(invalid="ignore"):
         for members in combinations(range(E), K):
             s = np.zeros(E, bool)
@@ -166,21 +182,6 @@ def _other_sets_match(got, bad, request, table, g, window, base, delta, h_unit) 
             tol = _set_tolerance(request, m, sub, chosen, base, delta[rows], h_unit)
             ok[rows] |= possible & (np.abs(got[rows] - alt) <= tol)
     return ok
-
-
-def _alternative_scores(request: Request, table: AdTable, math: str = "fp32") -> np.ndarray:
-    """Every ad's score with the K-th and (K+1)-th experts swapped (NaN where K == E)."""
-    g = reference.gate(request, table, math)
-    K, E = request.k_experts, request.experts
-    if K == E:
-        return np.full(table.n_ads, np.nan)
-    order = np.argsort(-g.logits, axis=1, kind="stable")
-    alt = order[:, :K].copy()
-    alt[:, K - 1] = order[:, K]
-    chosen = np.zeros_like(g.chosen)
-    np.put_along_axis(chosen, alt, True, axis=1)
-    with np.errstate(invalid="ignore"):
-        return np.where(chosen, g.p * g.values, 0.0).sum(axis=1) + table.bias
 
 
 def _k_gap(g, K: int) -> np.ndarray:
@@ -231,14 +232,13 @@ def compare_scores_to_fp32(got, request: Request, table: AdTable, math: str) -> 
     nan_ref = np.isnan(ref)
     if not np.array_equal(np.isnan(got), nan_ref):
         return Check(False, "NaN pattern differs from the fp32 oracle")
-    g = reference.gate(request, table)
-    base, delta = FP16_RTOL * score_scale(request, table), _fp16_logit_bound(request, table)
-    tol = _set_tolerance(request, _magnitudes(request, table)[0], g, g.chosen, base, delta, FP16_UNIT)
+    g, m, base, delta, h_unit = _tolerance_terms(request, table, versus_fp32=True)
+    tol = _set_tolerance(request, m, g, g.chosen, base, delta, h_unit)
     err = np.where(nan_ref, 0.0, np.abs(got - np.where(nan_ref, 0.0, ref)))
     bad = err > tol
     n_alt = 0
     if bad.any():
-        ok_alt = _other_sets_match(got, bad, request, table, g, GATE_GAP + 2 * delta, base, delta, FP16_UNIT)
+        ok_alt = _other_sets_match(got, bad, request, table, g, m, GATE_GAP + 2 * delta, base, delta, h_unit)
         n_alt = int(ok_alt.sum())
         bad &= ~ok_alt
     if bad.any():
@@ -266,14 +266,13 @@ def compare_scores(got, request: Request, table: AdTable, math: str = "fp32") ->
     nan_ref = np.isnan(ref)
     if not np.array_equal(np.isnan(got), nan_ref):
         return Check(False, f"NaN pattern differs from the oracle at {np.flatnonzero(np.isnan(got) != nan_ref)[:5].tolist()}")
-    g = reference.gate(request, table, math)
-    base, delta = SCORE_RTOL * score_scale(request, table, math), logit_error_bound(request, table)
-    tol = _set_tolerance(request, _magnitudes(request, table)[0], g, g.chosen, base, delta, FP32_UNIT)
+    g, m, base, delta, h_unit = _tolerance_terms(request, table, math)
+    tol = _set_tolerance(request, m, g, g.chosen, base, delta, h_unit)
     err = np.where(nan_ref, 0.0, np.abs(got - np.where(nan_ref, 0.0, ref)))
     bad = err > tol
     n_alt = 0
     if bad.any():
-        ok_alt = _other_sets_match(got, bad, request, table, g, GATE_GAP + 2 * delta, base, delta, FP32_UNIT)
+        ok_alt = _other_sets_match(got, bad, request, table, g, m, GATE_GAP + 2 * delta, base, delta, h_unit)
         n_alt = int(ok_alt.sum())
         bad &= ~ok_alt
     worst = float(err[~bad].max(initial=0.0))

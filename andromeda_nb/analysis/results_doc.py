@@ -205,19 +205,17 @@ def main(argv=None) -> int:
     doc, readme_path = root / "docs" / "results.md", root / "README.md"
     want_doc = history(results)
     want_readme = _with_headline(readme_path.read_text(), headline(results))
+    stale = [str(p) for p, want in ((doc, want_doc), (readme_path, want_readme))
+             if not p.exists() or p.read_text() != want]
     if args.check:
-        stale = [str(p) for p, want in ((doc, want_doc), (readme_path, want_readme))
-                 if not p.exists() or p.read_text() != want]
         if stale:
             print("stale (run python -m andromeda_nb.analysis.results_doc): " + ", ".join(stale), file=sys.stderr)
             return 1
         return 0
-    changed = [str(p) for p, want in ((doc, want_doc), (readme_path, want_readme))
-               if not p.exists() or p.read_text() != want]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(want_doc)
     readme_path.write_text(want_readme)
-    print(f"from {results}/*.csv: " + ("rewrote " + ", ".join(changed) if changed else
+    print(f"from {results}/*.csv: " + ("rewrote " + ", ".join(stale) if stale else
                                       f"{doc} and the README's headline already match"))
     return 0
 
