@@ -34,9 +34,8 @@ from ..device import launch
 from ..model import AdTable, Request
 from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape, rows_max_abs
-from ..score.launches import check_range
-from ..score.weights import (f16_weights, fma_dequant_exact, fp16_rows_fit, fp16_rows_precise, gated_images,
-                             image_size, mma_f16_image, mma_f16_words, stack_requests)
+from ..score.launches import RefusedRequest, check_range, request_images
+from ..score.weights import fma_dequant_exact, image_size, mma_f16_image, mma_f16_words
 from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, table_slots
 from ..topk.api import check_k
 from .bound_match import BoundMatch
@@ -347,36 +346,21 @@ class Pool:
     def _request_images(self, reqs: list, shapes: dict) -> dict:
         """The requests (of :meth:`_request_shapes`) grouped by shape and math ``(model, E, K, math)``,
         each group's weight images stacked (float32 ``[n, size]``) and, in fp16 math, its per-lane
-        fp16 images; every request's weights checked for the ranges its math holds. ``math="auto"`` serves a request in
-        fp16 math where the mode applies to its shape and it stays within fp16's range, else in
-        fp32 (:meth:`~andromeda_nb.score.KernelConfig.with_math`). Gated :class:`Request` objects of
-        one shape build their images and range checks in one compiled pass over the whole group
-        (:func:`~andromeda_nb.score.weights.gated_images`)."""
+        fp16 images; every request's weights checked for the ranges its math holds. ``math="auto"``
+        serves a request in fp16 math where the mode applies to its shape and it stays within
+        fp16's range, else in fp32 (:meth:`~andromeda_nb.score.KernelConfig.with_math`). Gated
+        :class:`Request` objects of one shape build their images and range checks in one compiled
+        pass over the whole group (:func:`~andromeda_nb.score.launches.request_images`)."""
         cfg, table = self.config, self.table
         out = {}
         for shape, members in shapes.items():
             group = [reqs[j] for j in members]
             images = np.empty((len(group), image_size(shape[0], table.d, shape[1])), np.float32)
             if all(type(r) is Request for r in group):
-                f16_math = cfg.picks_fp16(shape[0], table.d, shape[1], table.dtype)
-                if cfg.math == "fp16":
-                    mma_f16_words(table.d, shape[1])  # raises where the fp16 kernel does not take the shape
-                built = self._gated_images(group, table.max_abs_bound(), images, f16_math)
-                if (built.bad32.any() or (f16_math and built.over16.any())) and not table.max_abs_is_exact():
-                    # the bound (stale after updates) would refuse or leave fp16 math: the exact value decides
-                    built = self._gated_images(group, table.max_abs(), images, f16_math)
-                refuse = built.bad32 | built.over16 if cfg.math == "fp16" else built.bad32
-                if refuse.any():
-                    i = int(np.flatnonzero(refuse)[0])
-                    try:
-                        if cfg.math == "fp16":
-                            f16_weights(group[i])  # a weight beyond fp16, named
-                        check_range(DeviceRequest.of(group[i]), table, "fp16" if cfg.math == "fp16" else "fp32")
-                    except ValueError as e:
-                        raise ValueError(f"request {members[i]} of the batch: {e}") from None
-                    raise AssertionError("the batch range check refused a request that check_range accepts")
-                fp16 = ~built.over16 if f16_math else np.zeros(len(group), bool)
-                f16 = built.f16 if fp16.all() else built.f16[fp16] if fp16.any() else None
+                try:
+                    fp16, f16 = request_images(group, table, cfg, images)
+                except RefusedRequest as e:
+                    raise ValueError(f"request {members[e.index]} of the batch: {e}") from None
             else:
                 drs = [DeviceRequest.of(r) for r in group]
                 for b, dr in enumerate(drs):
@@ -394,19 +378,6 @@ class Pool:
                 out[(*shape, "fp32")] = ([m for m, h in zip(members, fp16) if not h], images[~fp16], None)
                 out[(*shape, "fp16")] = ([m for m, h in zip(members, fp16) if h], images[fp16], f16)
         return out
-
-    def _gated_images(self, group: list, max_abs: float, images: np.ndarray, f16_math: bool):
-        """:func:`~andromeda_nb.score.weights.gated_images` of a group on this pool's table at
-        ``max_abs``, an int8 table's rows past fp16 (:func:`fp16_rows_fit`) leaving fp16 math, and
-        rows too small for it leaving ``math="auto"``'s (:func:`fp16_rows_precise`). On a stale upper
-        bound (updates since the last exact value) the second check can pass where the exact value
-        would not: a pool whose updates shrank every row below the threshold keeps fp16 math until
-        a range check asks for the exact value (:meth:`~.DeviceAdTable.max_abs`)."""
-        table = self.table
-        built = gated_images(*stack_requests(group), max_abs, images, f16_math, int8=table.dtype == "int8")
-        if not fp16_rows_fit(table, max_abs) or (self.config.math == "auto" and not fp16_rows_precise(table, max_abs)):
-            built.over16[:] = True
-        return built
 
     def _targeted(self, group: "_Group", reqs: list, images: np.ndarray, f16, plans: list, k: int,
                   matched: bool = False) -> list:

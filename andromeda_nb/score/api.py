@@ -14,8 +14,8 @@ from ..device import launch
 from ..model import TopK
 from ..topk.api import BLOCK_TOPK_MAX_K, MAX_K, check_k
 from .config import DEFAULT_CONFIG, PARAM_FLOATS, SHARED_BYTES, KernelConfig, check_config, with_config
-from .launches import (ScoreFilterWorkspace, _check_runnable, _launch, _prepare, check_shared, launch_score,
-                       launch_score_filter, launch_score_topk, shared_bytes, topk_workspace)
+from .launches import (ScoreFilterWorkspace, _check_runnable, _launch, _prepare, check_shared, checked_math,
+                       launch_score, launch_score_filter, launch_score_topk, shared_bytes, topk_workspace)
 from .table import DeviceAdTable, DeviceRequest
 
 __all__ = ["DEFAULT_CONFIG", "PARAM_FLOATS", "SHARED_BYTES", "DeviceAdTable", "DeviceRequest", "KernelConfig",
@@ -48,7 +48,7 @@ def score_ads(request, table: DeviceAdTable, eligible=None, candidates=None,
     """
     config = check_config(config)
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates)
-    config = config.with_math(dreq, table)
+    config = checked_math(config, dreq, table)
     if config.naive and dreq.model != "gated":
         raise ValueError("the naive kernel implements the gated model only")
     if not config.naive:
@@ -101,7 +101,7 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
         raise ValueError(f"k={k}: the fused block top-K supports k <= {BLOCK_TOPK_MAX_K} (its shared buffer); "
                          f"the filter path (path='filter', not naive) takes k <= {MAX_K}")
     dreq, access, elig, cand, n_items = _prepare(request, table, eligible, candidates, unique=True)
-    config = config.with_math(dreq, table)
+    config = checked_math(config, dreq, table)
     if config.naive and dreq.model != "gated":
         raise ValueError("the naive kernel implements the gated model only")
     # whether the block top-K can run for this request: else the fallback is scores to memory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -156,7 +157,19 @@ class KernelConfig:
         Raises:
             ValueError: ``dequant="fma"`` where it does not apply or would change the scores."""
         cfg = self if self.math != "auto" else replace(self, math="fp16" if self._fp16_applies(dreq, table) else "fp32")
-        return replace(cfg, dequant=cfg.resolved_dequant(table))
+        return cfg.with_dequant(table)
+
+    def with_dequant(self, table) -> "KernelConfig":
+        """This (concrete-math) configuration with ``dequant`` made concrete for ``table``
+        (:meth:`resolved_dequant`); itself when it already is (no copy: a call's hot path)."""
+        dequant = self.resolved_dequant(table)
+        return self if dequant == self.dequant else self.replaced("dequant", dequant)
+
+    def replaced(self, field: str, value) -> "KernelConfig":
+        """``dataclasses.replace(self, field=value)``, kept (:func:`_replaced`): a call's hot path
+        makes the same few concrete configurations again and again, and a validated copy costs
+        several microseconds."""
+        return _replaced(self, field, value)
 
     def resolved_dequant(self, table) -> str:
         """``dequant`` made concrete for this configuration's (concrete) math on ``table``: ``"fma"``
@@ -215,21 +228,33 @@ class KernelConfig:
             raise ValueError(f"topk_k must be a non-negative int, got {topk_k!r}")
         if not isinstance(compact, (bool, np.bool_)):
             raise ValueError(f"compact must be True or False, got {compact!r}")
-        weights = self.weights
-        if weights == "auto":
-            fits = dreq.param_floats <= PARAM_FLOATS
-            weights = ("param" if fits and not (self.tensor_cores or self.naive or compact or self.math == "fp16")
-                       and self.values == "chosen"
-                       else "shared")
-        regs = self.max_registers
-        if isinstance(regs, str):  # "auto"
-            if dreq.model == "gated" and dreq.d > REGISTER_CAP_MAX_D:
-                regs = None  # capped, the wide rows' kernels spill (96 or 128, either weights)
-            else:
-                regs = 96 if weights == "param" and dreq.model == "gated" and not topk_k else 128
-        if (weights, regs) == (self.weights, self.max_registers):
-            return self
-        return replace(self, weights=weights, max_registers=regs)
+        return _resolved(self, dreq.model, dreq.d, dreq.param_floats, int(topk_k), bool(compact))
+
+
+@lru_cache(maxsize=1024)
+def _replaced(self: KernelConfig, field: str, value) -> KernelConfig:
+    return replace(self, **{field: value})
+
+
+@lru_cache(maxsize=1024)
+def _resolved(self: KernelConfig, model: str, d: int, param_floats: int, topk_k: int, compact: bool) -> KernelConfig:
+    """:meth:`KernelConfig.resolved` for a request's shape (a pure function of it: kept, every call
+    of a shape resolves the same)."""
+    weights = self.weights
+    if weights == "auto":
+        fits = param_floats <= PARAM_FLOATS
+        weights = ("param" if fits and not (self.tensor_cores or self.naive or compact or self.math == "fp16")
+                   and self.values == "chosen"
+                   else "shared")
+    regs = self.max_registers
+    if isinstance(regs, str):  # "auto"
+        if model == "gated" and d > REGISTER_CAP_MAX_D:
+            regs = None  # capped, the wide rows' kernels spill (96 or 128, either weights)
+        else:
+            regs = 96 if weights == "param" and model == "gated" and not topk_k else 128
+    if (weights, regs) == (self.weights, self.max_registers):
+        return self
+    return replace(self, weights=weights, max_registers=regs)
 
 
 DEFAULT_CONFIG = KernelConfig()

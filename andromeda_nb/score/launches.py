@@ -20,7 +20,8 @@ from ..model import all_unique
 from .config import DEFAULT_CONFIG, SHARED_BYTES, KernelConfig
 from ..targeting import bits_from_mask
 from .table import FREE, DeviceAdTable, DeviceRequest
-from .weights import image_size, mma_image_size
+from .weights import f16_weights, fp16_rows_fit, fp16_rows_precise, gated_images, image_size, mma_f16_words, \
+    mma_image_size, stack_requests
 
 
 def _prepare(request, table: DeviceAdTable, eligible, candidates, unique: bool = False):
@@ -278,7 +279,8 @@ def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, conf
                     topk_k: int = 0) -> None:
     """Raise ValueError, before anything launches, for a configuration the kernels cannot run on
     this request and table: kernel generation (dtype, d, E, block, shared memory), the parameter
-    weights' size, the tensor-core weight image. Generating a kernel compiles nothing."""
+    weights' size, the tensor-core weight image. Generating a kernel compiles nothing. The values'
+    range is :func:`checked_math`'s check (made once a call)."""
     if config.naive:
         return
     cfg = _resolve(config, dreq, table, access, topk_k)
@@ -289,7 +291,6 @@ def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, conf
         dreq.mma_image()
     if cfg.weights == "param":
         dreq.param_weights()
-    check_range(dreq, table, cfg.math)
 
 
 #: the largest logit, value or score bound the fp32 kernels accept (a margin under the fp32 limit,
@@ -315,7 +316,8 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
 def _check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str, a: float) -> None:
     from .weights import FP16_MAX, fp16_encoded_bound, fp16_rows_fit
 
-    img = dreq.host_image.astype(np.float64)
+    host = dreq.host_image if dreq.host_image is not None else dreq.image.copy_to_host()  # a device-made request
+    img = host.astype(np.float64)
     if dreq.model == "dot":
         if a * float(np.abs(img).sum()) > FP32_SAFE:
             raise ValueError("the user vector and the table's values could overflow fp32 in the dot product; "
@@ -340,3 +342,86 @@ def _check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str, a: float)
     if not h * max(G, V) <= FP32_SAFE:
         raise ValueError(f"this request's gate logits or value dots could reach {h * max(G, V):.3g} on this table, "
                          "beyond what fp32 holds (every score would be NaN); rescale the request or the table")
+
+
+def checked_math(config: KernelConfig, dreq: DeviceRequest, table: DeviceAdTable) -> KernelConfig:
+    """``config.with_math(dreq, table)`` (the math made concrete) and :func:`check_range` for that
+    math, in one: a gated request made from a :class:`~andromeda_nb.model.Request` takes one
+    compiled pass (:func:`request_images`, a few microseconds) that also leaves its fp16 weight
+    image on ``dreq`` where fp16 math serves it; the checks in numpy cost tens of microseconds of
+    a call's host time.
+
+    Raises:
+        ValueError: the request or table could overflow the math (:func:`check_range`'s messages)."""
+    if dreq.model != "gated" or dreq.request is None:
+        cfg = config.with_math(dreq, table)
+        check_range(dreq, table, cfg.math)
+        return cfg
+    images = np.empty((1, image_size("gated", dreq.d, dreq.experts)), np.float32)
+    fp16, f16 = request_images([dreq.request], table, config, images)
+    if fp16[0] and getattr(dreq, "_host_mma_f16", None) is None:
+        dreq._host_mma_f16 = f16[0]
+    cfg = config if config.math != "auto" else config.replaced("math", "fp16" if fp16[0] else "fp32")
+    return cfg.with_dequant(table)
+
+
+class RefusedRequest(ValueError):
+    """A request of a group that a range check refuses (:func:`request_images`): ``index``, its
+    position in the group; the message, :func:`check_range`'s (or :func:`.weights.f16_weights`')."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index = index
+
+
+def request_images(group: list, table: DeviceAdTable, config: KernelConfig, images: np.ndarray):
+    """Gated :class:`~andromeda_nb.model.Request` objects of one shape on ``table``, in one compiled
+    pass (:func:`.weights.gated_images`): their float32 weight images into ``images[:B]``, which of
+    them ``config``'s math serves in fp16 (``"auto"``: where the fp16 mode applies to the shape and
+    the request and table stay within its range, as :meth:`KernelConfig.with_math` decides), every
+    one range-checked for its math (:func:`check_range`).
+
+    On a stale upper bound of the table's max|a| (updates since the last exact value) the rows'
+    check of ``"auto"`` (:func:`.weights.fp16_rows_precise`) can pass where the exact value would
+    not: a pool whose updates shrank every row below the threshold keeps fp16 math until a range
+    check asks for the exact value (:meth:`~.table.DeviceAdTable.max_abs`).
+
+    Returns:
+        ``(fp16, f16)``: bool ``[B]``; the fp16 members' per-lane images (uint32 ``[n, words]``,
+        in group order, :func:`.weights.mma_f16_image`), or None.
+
+    Raises:
+        RefusedRequest: the first request a check refuses.
+        ValueError: ``math="fp16"`` on a shape its kernel does not take."""
+    experts = group[0].experts
+    f16_math = config.picks_fp16("gated", table.d, experts, table.dtype)
+    if config.math == "fp16":
+        mma_f16_words(table.d, experts)  # raises where the fp16 kernel does not take the shape
+    built = _gated_images(group, table, config, table.max_abs_bound(), images, f16_math)
+    if (built.bad32.any() or (f16_math and built.over16.any())) and not table.max_abs_is_exact():
+        # the bound (stale after updates) would refuse or leave fp16 math: the exact value decides
+        built = _gated_images(group, table, config, table.max_abs(), images, f16_math)
+    refuse = built.bad32 | built.over16 if config.math == "fp16" else built.bad32
+    if refuse.any():
+        i = int(np.flatnonzero(refuse)[0])
+        try:
+            if config.math == "fp16":
+                f16_weights(group[i])  # a weight beyond fp16, named
+            check_range(DeviceRequest.of(group[i]), table, "fp16" if config.math == "fp16" else "fp32")
+        except ValueError as e:
+            raise RefusedRequest(i, str(e)) from None
+        raise AssertionError("the compiled range check refused a request that check_range accepts")
+    fp16 = ~built.over16 if f16_math else np.zeros(len(group), bool)
+    f16 = built.f16 if fp16.all() else built.f16[fp16] if fp16.any() else None
+    return fp16, f16
+
+
+def _gated_images(group: list, table: DeviceAdTable, config: KernelConfig, max_abs: float, images: np.ndarray,
+                  f16_math: bool):
+    """:func:`.weights.gated_images` of a group on ``table`` at ``max_abs``, an int8 table's rows
+    past fp16 (:func:`.weights.fp16_rows_fit`) leaving fp16 math, and rows too small for it leaving
+    ``math="auto"``'s (:func:`.weights.fp16_rows_precise`)."""
+    built = gated_images(*stack_requests(group), max_abs, images, f16_math, int8=table.dtype == "int8")
+    if not fp16_rows_fit(table, max_abs) or (config.math == "auto" and not fp16_rows_precise(table, max_abs)):
+        built.over16[:] = True
+    return built

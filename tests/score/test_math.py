@@ -328,6 +328,63 @@ def test_batch_range_check_agrees_with_each_requests(rng):
     assert refused["fp16"] == [False, True, True, True, True, True]
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_checked_math_is_with_math_and_check_range(rng, dtype):
+    """The public calls' one compiled pass (launches.checked_math) decides the math and refuses
+    exactly as KernelConfig.with_math, f16_weights and check_range do, with their messages, for each
+    config's math; where fp16 math serves a request it leaves mma_f16_image's words on it. Requests
+    inside and past each range, a shape fp16 math does not take (d = 24) on "auto", and a bare
+    DeviceRequest (a device image, no Request) through the numpy check."""
+    from andromeda_nb.score import weights
+    from andromeda_nb.score.launches import check_range, checked_math
+    from andromeda_nb.score.table import DeviceRequest
+
+    def outcome(fn):
+        try:
+            return fn()
+        except ValueError as e:
+            return str(e)
+
+    def slow(cfg, dreq, dt):  # as the calls checked before: the math, its fp16 weights, the range
+        chosen = cfg.with_math(dreq, dt)
+        if chosen.math == "fp16":
+            weights.f16_weights(dreq.request)
+        check_range(dreq, dt, chosen.math)
+        return chosen
+
+    for d in (32, 24):
+        t, dt = table_of(rng, 40, d, "rows", dtype)
+        base = anb.Request.random(d, 4, 2, rng)
+
+        def like(**kw):
+            return anb.Request(**{"V": base.V, "G": base.G, "gamma": base.gamma, "beta": base.beta, "k_experts": 2,
+                                  **kw})
+
+        variants = [base, like(gamma=base.gamma * 3e4), like(G=np.full_like(base.G, 3e38)), like(V=base.V * 1e36),
+                    like(beta=base.beta + 7e4), like(V=base.V * 7e4), like(G=base.G * -2.5)]
+        for cfg in (anb.KernelConfig(), F16, anb.KernelConfig(math="fp32")):
+            for r in variants:
+                want = outcome(lambda: slow(cfg, DeviceRequest.of(r), dt))
+                if cfg.math == "fp16" and d % 16:  # the shape, before any value
+                    want = "math='fp16' needs d a multiple of 16 and E <= 8, got d=24, E=4"
+                dreq = DeviceRequest.of(r)
+                got = outcome(lambda: checked_math(cfg, dreq, dt))
+                assert got == want, (cfg.math, d)
+                if not isinstance(got, str) and got.math == "fp16":
+                    np.testing.assert_array_equal(dreq.host_mma_f16_image(), weights.mma_f16_image(r))
+    served = [checked_math(anb.KernelConfig(), DeviceRequest.of(r), dt).math for r in variants[:2]]
+    assert served == ["fp32", "fp32"]  # d = 24: no fp16 kernel
+    t, dt = table_of(rng, 40, 32, "rows", dtype)
+    ok = anb.Request.random(32, 4, 2, rng)
+    bad = anb.Request(V=ok.V, G=np.full_like(ok.G, 3e38), gamma=ok.gamma, beta=ok.beta, k_experts=2)
+    bare = DeviceRequest("gated", 32, 4, 2, DeviceRequest.of(ok).image)
+    fp32 = anb.KernelConfig(math="fp32")  # what "auto" serves a request without its Request
+    np.testing.assert_array_equal(anb.score_ads(bare, dt).copy_to_host(),
+                                  anb.score_ads(ok, dt, config=fp32).copy_to_host())
+    with pytest.raises(ValueError, match="fp32"):
+        anb.score_ads(DeviceRequest("gated", 32, 4, 2, DeviceRequest.of(bad).image), dt)
+
+
 @pytest.mark.parametrize("dtype, access, layout", [("fp16", "pool", "tiles"), ("int8", "pool", "tiles"),
                                                    ("int8", "pool", "rows"), ("fp16", "bitset", "tiles"),
                                                    ("fp16", "candidates", "tiles")])
