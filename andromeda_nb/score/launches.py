@@ -12,6 +12,8 @@ Paths of fused scoring + top-K (:func:`.api.score_topk` chooses):
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..device import launch
@@ -71,18 +73,26 @@ def shared_bytes(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access:
     """Static shared memory per block of the generated kernel: the weight image, plus for a fused
     block top-K (``topk_k`` > 0) its buffer of 8-byte entries, plus for a bitset feeding a
     selection (``selects``: block top-K or filter) its per-tile list of eligible positions."""
+    return _shared_bytes(dreq.model, dreq.d, dreq.experts, int(topk_k), config, access, bool(selects),
+                         launch.default_block())
+
+
+@lru_cache(maxsize=1024)
+def _shared_bytes(model: str, d: int, experts: int, topk_k: int, config: KernelConfig, access: str, selects: bool,
+                  default_block: int) -> int:
+    """:func:`shared_bytes` of a request's shape (kept: a call's checks ask it several times)."""
     from .fused import BITS_PER_THREAD, MSC_PITCH
     from ..topk.block import buffer_capacity
 
-    block = config.threads()
+    block = config.block or default_block
     cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
     listed = 2 * BITS_PER_THREAD * block + 4 * block if access == "bitset" and selects else 0
     tile = 4 * MSC_PITCH * block  # each warp's result tile: 32 ads x MSC_PITCH floats
     if config.math == "fp16":  # the weights live in registers
         return tile + 8 * cap + listed + 64
     if config.tensor_cores:  # and the per-lane weight image
-        return 4 * mma_image_size(dreq.d) + tile + 8 * cap + listed + 64
-    return 4 * image_size(dreq.model, dreq.d, dreq.experts) + 8 * cap + listed + 64
+        return 4 * mma_image_size(d) + tile + 8 * cap + listed + 64
+    return 4 * image_size(model, d, experts) + 8 * cap + listed + 64
 
 
 def check_shared(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access: str = "pool",
