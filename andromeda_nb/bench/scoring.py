@@ -40,6 +40,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
     int8_occupancy: int8 rows in fp16 math at register caps, block sizes and grids of one wave
              (more resident warps against spills), and with the tiles' mma steps alternating
              (``tile_order="steps"``, fp16 rows too), beside fp16 rows, one run
+    f16_weights: fp16 math's weights in shared memory against registers (fp16 and int8 rows, scores to
+             memory and the fused top-1000), and int8 with shared weights at lower register caps, one run
     frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
              fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
 
@@ -320,6 +322,16 @@ PHASES = {
         # the two tiles' mma steps alternating (four accumulator chains in flight), both dtypes
         *(replace(in_math(case, "fp16"), config=cfg(math="fp16", tile_order="steps"))
           for dt in ("fp16", "int8") for case in (scores("gated", dt), fused("gated", dt, path="filter")))),
+    # fp16 math's per-lane weights in shared memory (f16_weights="shared": 32 registers freed at
+    # d 64) beside registers, each at the caps that freed registers would allow without spilling
+    "f16_weights": (
+        *(replace(in_math(case, "fp16"), config=cfg(math="fp16", f16_weights=w))
+          for dt in ("fp16", "int8") for case in (scores("gated", dt), fused("gated", dt, path="filter"))
+          for w in ("registers", "shared")),
+        *(replace(in_math(case, "fp16"), config=cfg(math="fp16", f16_weights="shared", **c))
+          for case in (scores("gated", "int8"), fused("gated", "int8", path="filter")) for c in (
+              {"max_registers": 96, "block": 128, "blocks_per_sm": 5}, {"max_registers": 80, "blocks_per_sm": 3},
+              {"max_registers": 64, "blocks_per_sm": 4}))),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),
@@ -446,6 +458,8 @@ def config_note(config) -> str:
         parts.append("dequant=mul (an HADD2 and an HMUL2 a pair of int8 values)")
     if config.kernel_tile_order() != KernelConfig.tile_order:  # only where it differs from the default
         parts.append(f"tile_order={config.tile_order}")
+    if config.kernel_f16_weights() == "shared":
+        parts.append("f16_weights=shared")
     return " ".join(parts)
 
 

@@ -91,6 +91,10 @@ def variants():
         k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, access, 256, 0, True, "chosen", None, 1, 1, False,
                             math="fp16", dequant="fma" if dtype == "int8" else "mul", tile_order="steps")
         out.append((f"fused gated d64 E6 K2 {dtype} {layout} {access} cap0 math=fp16 tile_order=steps", k, f16_sig))
+    # fp16 math's weights read from shared memory (f16_weights="shared"), int8 rows (the filter pass below)
+    k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False,
+                        math="fp16", dequant="fma", f16_weights="shared")
+    out.append(("fused gated d64 E6 K2 int8 tiles pool cap0 math=fp16 f16_weights=shared", k, f16_sig))
     # L2 prefetch a few rounds ahead (l2_ahead): fp16 and int8 rows, scores and the filter pass
     for dtype, layout in (("fp16", "tiles"), ("int8", "rows")):
         k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, "pool", 256, 0, True, "chosen", None, 1, 1, False,
@@ -116,6 +120,9 @@ def variants():
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, True,
                         math="fp16", l2_ahead=2)
     out.append(("fused gated d64 E6K2 fp16 tiles pool seed_filter math=fp16 l2_ahead=2", k, f16_filter))
+    k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "bitset", 256, 0, True, "chosen", None, 1, 1, True,
+                        math="fp16", dequant="fma", f16_weights="shared")
+    out.append(("fused gated d64 E6K2 int8 tiles bitset seed_filter math=fp16 f16_weights=shared", k, f16_filter))
     # the request path's batched kernels (pipeline.Pool): the sample and the filter over candidate lists
     batched = (A(u64, 2), A(f32), A(f32), A(f32, 2), A(u64), A(i32, 2), A(i64), A(i64))
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "candidates", 256, 0, True, "chosen", None, 1, 1, False,

@@ -82,15 +82,34 @@ def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
                 _emit_mma_call(emit, ind, acc, [f"{A}{r}" for r in range(4)], B0, B1)
 
 
-def emit_f16_weights(emit, ind: str, d: int, row: str = "") -> None:
+#: a lane's fp16 weight words of one step, in :func:`.weights.mma_f16_image`'s order
+F16_WEIGHT_WORDS = ("wg{j}_0", "wg{j}_1", "wv{j}_0", "wv{j}_1", "gm{j}_0", "gm{j}_1", "bt{j}_0", "bt{j}_1")
+
+
+def emit_f16_weights(emit, ind: str, d: int, row: str = "", block: int = 0, shared: bool = False) -> None:
     """Emit the loads of this lane's fp16 weights (:func:`.weights.mma_f16_image`) into registers,
     once per kernel: per step j, ``wg{j}_0/1`` (gate keys), ``wv{j}_0/1`` (values), ``gm{j}_0/1``
     (gamma), ``bt{j}_0/1`` (beta), each a word of two fp16. ``row``: the batched kernels' request
-    row prefix (``"b, "``)."""
+    row prefix (``"b, "``). ``shared``: instead, the block copies the whole image into shared
+    memory (``wsh16``; the block barrier after it is the kernel's first) and each step reads its
+    words there (:func:`_emit_f16_step_weights`)."""
+    if shared:
+        words = (d // 16) * 32 * 8
+        emit(f"{ind}wsh16 = cuda.shared.array({words}, uint32)")
+        emit(f"{ind}for t in range(tid, {words}, {block}):")
+        emit(f"{ind}    wsh16[t] = wimg[{row}t]")
+        return
     for j in range(d // 16):
-        for k, name in enumerate(("wg{j}_0", "wg{j}_1", "wv{j}_0", "wv{j}_1", "gm{j}_0", "gm{j}_1", "bt{j}_0",
-                                  "bt{j}_1")):
+        for k, name in enumerate(F16_WEIGHT_WORDS):
             emit(f"{ind}{name.format(j=j)} = wimg[{row}{(j * 32) * 8 + k} + lane * 8]")
+
+
+def _emit_f16_step_weights(emit, ind: str, j: int) -> None:
+    """Step j's 8 weight words of this lane from the shared image (``f16_weights="shared"``),
+    addressed from ``wz`` (zero at run time, unknown to ptxas: the loads stay in the loop, not
+    hoisted into 32 live registers)."""
+    for k, name in enumerate(F16_WEIGHT_WORDS):
+        emit(f"{ind}{name.format(j=j)} = wsh16[wz + {(j * 32) * 8 + k} + lane * 8]")
 
 
 def _emit_mma_f16_start(emit, ind: str, t: int, int8: bool, dequant: str) -> None:
@@ -159,16 +178,22 @@ def _emit_mma_store(emit, ind: str) -> None:
 
 def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
               prefetch: bool = False, n: str = "n_items", row: str = "", math: str = "fp32",
-              dequant: str = "mul", interleave: bool = False) -> None:
+              dequant: str = "mul", interleave: bool = False, shared_weights: bool = False) -> None:
     """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
     needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
     soon as that tile is encoded, so loads stay in flight while the warp computes. ``math``:
     ``"fp32"`` (3xTF32 products) or ``"fp16"`` (h and the weights in fp16, fp32 accumulation);
     ``dequant``: :func:`_emit_mma_f16_step`'s (int8 rows in fp16 math); ``interleave`` (fp16 math):
-    the two tiles' steps alternate, and the next round's loads follow both."""
+    the two tiles' steps alternate, and the next round's loads follow both; ``shared_weights``
+    (fp16 math): each step's weight words are read from shared memory, once for both tiles (the
+    steps alternate)."""
     ind = "        "
     int8 = dtype == "int8"
+    shared_weights = shared_weights and math == "fp16"
+    interleave = interleave or shared_weights
+    if shared_weights:
+        emit(f"{ind}wz = int32(j >> 62)")
     if not prefetch:
         for t in range(2):
             emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8)
@@ -182,6 +207,8 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
             else:
                 _emit_mma_tile(emit, ind, t, d, terms)
         for j in range(d // 16 if math == "fp16" else 0):
+            if shared_weights:
+                _emit_f16_step_weights(emit, ind, j)
             for t in tiles:
                 _emit_mma_f16_step(emit, ind, t, j, int8, dequant)
         if prefetch:

@@ -95,8 +95,8 @@ class _Source:
 
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
                  guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto",
-                 l2_ahead=0, dequant="mul", tile_order="tiles"):
-        self.math, self.dequant, self.tile_order = math, dequant, tile_order
+                 l2_ahead=0, dequant="mul", tile_order="tiles", f16_weights="registers"):
+        self.math, self.dequant, self.tile_order, self.f16_weights = math, dequant, tile_order, f16_weights
         mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
         self.model, self.d, self.E, self.K, self.dtype, self.layout = model, d, E, K, dtype, layout
         self.access, self.fused, self.block, self.items = access, fused, block, items
@@ -180,8 +180,8 @@ class _Source:
         if self.batched:  # request b: its weights, its candidates (at most the list's capacity)
             emit("    b = cuda.blockIdx.y")
             emit("    n_req = min(n_items[b], cand.shape[1])")
-        if self.math == "fp16":  # each lane's weights live in registers (emit_mma.emit_f16_weights)
-            emit_f16_weights(emit, "    ", self.d, self.row)
+        if self.math == "fp16":  # each lane's weights in registers, or its image in shared memory
+            emit_f16_weights(emit, "    ", self.d, self.row, block, self.f16_weights == "shared")
             return
         align = "" if config.ENABLE_CUDASIM else ", alignment=16"
         emit(f"    wsh = cuda.shared.array({size}, float32{align})")
@@ -254,7 +254,8 @@ class _Source:
         emit("        wo = int64(j >> 62)" if offset else "        wo = 0")
         if self.mma:
             emit_mma(self.emit, self.d, self.dtype, self.layout, self.access, self.compact, self.mma_terms,
-                     self.prefetch, self.n, self.row, self.math, self.dequant, self.tile_order == "steps")
+                     self.prefetch, self.n, self.row, self.math, self.dequant, self.tile_order == "steps",
+                     self.f16_weights == "shared")
 
     def _fence(self) -> bool:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it would
@@ -625,10 +626,10 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
             prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
             bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
-            dequant: str = "mul", tile_order: str = "tiles") -> str:
+            dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers") -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
                    mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead, dequant,
-                   tile_order).text()
+                   tile_order, f16_weights).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -638,7 +639,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
                  prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
                  bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
-                 dequant: str = "mul", tile_order: str = "tiles"):
+                 dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers"):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -702,6 +703,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             ``"tiles"`` (tile 0's steps, its next-round loads, then tile 1's) or ``"steps"`` (the
             two tiles' steps alternating, then both tiles' loads: four independent accumulator
             chains in one basic block). The same scores either way.
+        f16_weights: fp16 math's per-lane weights in ``"registers"`` or ``"shared"`` memory (read
+            step by step, the steps alternating; :class:`.config.KernelConfig`). The same scores.
 
     Raises:
         ValueError: for a configuration the generator cannot build (before any compilation).
@@ -716,6 +719,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                          f"got {model}, {dtype}, d={d}, E={experts}, block={block}")
     if tile_order not in ("tiles", "steps") or (tile_order == "steps" and math != "fp16"):
         raise ValueError(f"tile_order must be 'tiles', or 'steps' with fp16 math; got {tile_order!r} ({math})")
+    if f16_weights not in ("registers", "shared") or (f16_weights == "shared" and math != "fp16"):
+        raise ValueError(f"f16_weights must be 'registers', or 'shared' with fp16 math; got {f16_weights!r} ({math})")
     if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
         raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} "
                          f"({math}, {dtype})")
@@ -752,7 +757,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
                   seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice,
-                  l2_ahead, dequant, tile_order)
+                  l2_ahead, dequant, tile_order, f16_weights)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
@@ -767,6 +772,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     mma_tag += ("" if bias_load == "ahead" else f"_b{bias_load}") + ("" if softmax == "auto" else f"_{softmax}")
     mma_tag += ("" if choice == "auto" else f"_{choice}") + (f"_l2a{l2_ahead}" if l2_ahead else "")
     mma_tag += ("_fma" if dequant == "fma" else "") + ("_steps" if tile_order == "steps" else "")
+    mma_tag += "_wsh" if f16_weights == "shared" else ""
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")

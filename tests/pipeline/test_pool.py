@@ -310,13 +310,14 @@ def test_a_request_past_the_fp16_range_is_named_in_its_batch(rng):
         pool.retrieve(reqs, [{}] * 3, k=5)
 
 
-@pytest.mark.parametrize("tile_order", ["tiles", "steps"])
-def test_fp16_math_pool_equals_its_model(rng, tile_order):
+@pytest.mark.parametrize("tile_order, f16_weights", [("tiles", "auto"), ("steps", "auto"), ("tiles", "shared")])
+def test_fp16_math_pool_equals_its_model(rng, tile_order, f16_weights):
     """math='fp16': the filter pass on the tensor cores over every request's candidates; answers are
     the exact top-k of the fp16 model's scores (score_ads with the same config), the sampled seed
-    (fp32 on the CUDA cores) only decides how many scores the filter keeps. Either tile order."""
+    (fp32 on the CUDA cores) only decides how many scores the filter keeps. Either tile order, the
+    weights in registers or shared memory."""
     rules, table, index = world(rng, 700, p_constrain=0.15, p_exclude=0.05)
-    config = anb.KernelConfig(math="fp16", tile_order=tile_order)
+    config = anb.KernelConfig(math="fp16", tile_order=tile_order, f16_weights=f16_weights)
     pool = Pool(table, index, max_batch=3, max_k=20, config=config)
     reqs = [anb.Request.random(D, 4, 2, rng) for _ in range(3)]
     profs = [random_profile(rng, rules.schema) for _ in range(3)]

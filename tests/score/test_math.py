@@ -394,7 +394,8 @@ def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, a
     round's own ad (random biases, so a bias one round off or from the wrong lane shows). On the
     pool, L2 prefetches 1 or 3 rounds ahead change no score and ask only for lines inside the
     arrays (the simulator's prefetch checks its index); the two tiles' mma steps alternating
-    (tile_order="steps") change no score either."""
+    (tile_order="steps") and the weights read step by step from shared memory
+    (f16_weights="shared") change no score either."""
     from numba import cuda
 
     from andromeda_nb.device import launch
@@ -413,11 +414,13 @@ def test_every_bias_load_gives_the_same_scores_over_several_rounds(rng, dtype, a
     elig = np.pad(elig, (0, -elig.size % 8)).view(np.uint64)
     items = cand.size if access == "candidates" else n
     outs = []
-    l2 = [("ahead", 1, "tiles"), ("ahead", 3, "tiles"), ("start", 2, "tiles")] if access == "pool" else []
-    for bias_load, l2_ahead, order in [("ahead", 0, "tiles"), ("start", 0, "tiles"), ("end", 0, "tiles"),
-                                       ("ahead", 0, "steps"), ("end", 0, "steps")] + l2:
+    l2 = [("ahead", 1, "tiles", "registers"), ("ahead", 3, "tiles", "registers"), ("start", 2, "tiles", "shared")]
+    for bias_load, l2_ahead, order, weights in [("ahead", 0, "tiles", "registers"), ("start", 0, "tiles", "registers"),
+                                                ("end", 0, "tiles", "registers"), ("ahead", 0, "steps", "registers"),
+                                                ("end", 0, "steps", "registers"), ("ahead", 0, "tiles", "shared"),
+                                                ("end", 0, "steps", "shared")] + (l2 if access == "pool" else []):
         kern = fused_kernel("gated", d, E, K, dtype, layout, access, 32, 0, True, "chosen", None, math="fp16",
-                            bias_load=bias_load, l2_ahead=l2_ahead, tile_order=order)
+                            bias_load=bias_load, l2_ahead=l2_ahead, tile_order=order, f16_weights=weights)
         out = cuda.to_device(np.full(items, np.nan, np.float32))
         kern[1, 32](dt.words, dt.scale, dt.bias, image,
                     cuda.to_device(elig) if access == "bitset" else launch.dummy(np.uint64),
@@ -621,3 +624,33 @@ def test_fp32_math_ignores_the_tile_order(rng):
     np.testing.assert_array_equal(got, anb.score_ads(req, dt, config=fp32).copy_to_host())
     with pytest.raises(ValueError, match="tile_order"):
         fused_kernel("gated", 32, 4, 2, "fp16", "rows", "pool", 32, tile_order="steps")
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_shared_f16_weights_answer_as_registers(rng, dtype):
+    """KernelConfig(f16_weights="shared") (the per-lane weight image in shared memory) gives the
+    registers' answers through the public calls: score_topk's filter and block paths over the pool,
+    an eligible bitset and candidates, a Pool's batch; "auto" is registers; fp16 math only in the
+    generator, and the config refuses unknown values."""
+    from andromeda_nb.score.fused import fused_kernel
+    from andromeda_nb.topk.config import TopKConfig, TopKTuning
+
+    seeded = TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256))
+    t, dt = table_of(rng, 300, 32, "tiles", dtype)
+    req = anb.Request.random(32, 5, 2, rng)
+    shared = anb.KernelConfig(math="fp16", f16_weights="shared")
+    assert F16.kernel_f16_weights() == "registers" and shared.kernel_f16_weights() == "shared"
+    mask = rng.random(300) < 0.7
+    cand = rng.choice(300, 120, replace=False).astype(np.int32)
+    np.testing.assert_array_equal(anb.score_ads(req, dt, config=shared).copy_to_host(),
+                                  anb.score_ads(req, dt, config=F16).copy_to_host())
+    for path in ("filter", "block"):
+        for kw in ({}, {"eligible": mask}, {"candidates": cand}):
+            got = anb.score_topk(req, dt, 9, config=shared, path=path, topk_config=seeded, **kw)
+            want = anb.score_topk(req, dt, 9, config=F16, path=path, topk_config=seeded, **kw)
+            np.testing.assert_array_equal(got.ids, want.ids)
+            np.testing.assert_array_equal(got.scores, want.scores)
+    with pytest.raises(ValueError, match="f16_weights"):
+        anb.KernelConfig(f16_weights="constant")
+    with pytest.raises(ValueError, match="f16_weights"):
+        fused_kernel("gated", 32, 5, 2, dtype, "tiles", "pool", 32, f16_weights="shared")  # fp32 math
