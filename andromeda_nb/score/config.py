@@ -138,7 +138,9 @@ class KernelConfig:
         if self.weights == "param" and (self.values == "all" or self.naive):
             raise ValueError('weights="param" runs the generated kernel with values="chosen" (not values="all", '
                              "not naive)")
-        launch.check_block(self.block)
+        # numpy integers held as Python ints: equal configurations are then the same key in every
+        # cache (a numpy int16 block would also wrap in the shared-memory arithmetic)
+        object.__setattr__(self, "block", launch.check_block(self.block))
         if self.tensor_cores and self.block is not None and self.block % 32:
             raise ValueError(f"tensor_cores=True needs whole warps: block must be a multiple of 32, got {self.block}")
         regs = self.max_registers
@@ -146,6 +148,8 @@ class KernelConfig:
                 or (isinstance(regs, (int, np.integer)) and not isinstance(regs, (bool, np.bool_))
                     and 16 <= regs <= 255)):
             raise ValueError(f"max_registers must be None, 'auto' or an int in 16..255, got {regs!r}")
+        if isinstance(regs, np.integer):
+            object.__setattr__(self, "max_registers", int(regs))
         for name in ("items", "sync_every", "blocks_per_sm"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -304,6 +304,8 @@ def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, conf
         dreq.param_weights()
 
 
+NON_FINITE = "the request's weights hold NaN or inf (changed in place after it was made?)"
+
 #: the largest logit, value or score bound the fp32 kernels accept (a margin under the fp32 limit,
 #: 3.4e38, for the sums of E products and the bias)
 FP32_SAFE = 1e37
@@ -329,6 +331,8 @@ def _check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str, a: float)
 
     host = dreq.host_image if dreq.host_image is not None else dreq.image.copy_to_host()  # a device-made request
     img = host.astype(np.float64)
+    if not (np.isfinite(img).all() and (dreq.request is None or np.isfinite(dreq.request.V).all())):
+        raise ValueError(NON_FINITE)
     if dreq.model == "dot":
         if a * float(np.abs(img).sum()) > FP32_SAFE:
             raise ValueError("the user vector and the table's values could overflow fp32 in the dot product; "
@@ -364,16 +368,24 @@ def checked_math(config: KernelConfig, dreq: DeviceRequest, table: DeviceAdTable
 
     Raises:
         ValueError: the request or table could overflow the math (:func:`check_range`'s messages)."""
-    if dreq.model != "gated" or dreq.request is None:
-        cfg = config.with_math(dreq, table)
-        check_range(dreq, table, cfg.math)
-        return cfg
-    images = np.empty((1, image_size("gated", dreq.d, dreq.experts)), np.float32)
-    fp16, f16 = request_images([dreq.request], table, config, images)
-    if fp16[0] and getattr(dreq, "_host_mma_f16", None) is None:
-        dreq._host_mma_f16 = f16[0]
-    cfg = config if config.math != "auto" else config.replaced("math", "fp16" if fp16[0] else "fp32")
-    return cfg.with_dequant(table)
+    # the compiled pass checks the Request's values; the kernels read the request's own images: it
+    # decides only for a request whose image is the Request's and that holds no other image yet
+    # (DeviceRequest.of made it this call), else the numpy checks read what the kernels will
+    fresh = (dreq.model == "gated" and dreq.request is not None and dreq.host_image is not None
+             and dreq._image is None and getattr(dreq, "_host_mma_f16", None) is None)
+    if fresh:
+        images = np.empty((1, image_size("gated", dreq.d, dreq.experts)), np.float32)
+        fp16, f16 = request_images([dreq.request], table, config, images)
+        if np.array_equal(images[0], dreq.host_image):
+            if fp16[0]:
+                dreq._host_mma_f16 = f16[0]
+            cfg = config if config.math != "auto" else config.replaced("math", "fp16" if fp16[0] else "fp32")
+            return cfg.with_dequant(table)
+    cfg = config.with_math(dreq, table)
+    if cfg.math == "fp16" and dreq.request is not None:
+        f16_weights(dreq.request)  # a weight beyond fp16, named (with_math takes "auto" elsewhere)
+    check_range(dreq, table, cfg.math)
+    return cfg
 
 
 class RefusedRequest(ValueError):
@@ -415,13 +427,22 @@ def request_images(group: list, table: DeviceAdTable, config: KernelConfig, imag
     refuse = built.bad32 | built.over16 if config.math == "fp16" else built.bad32
     if refuse.any():
         i = int(np.flatnonzero(refuse)[0])
+        r = group[i]
+        if not all(np.isfinite(x).all() for x in (r.gamma, r.beta, r.G, r.V)):
+            raise RefusedRequest(i, NON_FINITE)
         try:
             if config.math == "fp16":
                 f16_weights(group[i])  # a weight beyond fp16, named
             check_range(DeviceRequest.of(group[i]), table, "fp16" if config.math == "fp16" else "fp32")
         except ValueError as e:
             raise RefusedRequest(i, str(e)) from None
-        raise AssertionError("the compiled range check refused a request that check_range accepts")
+        # at a bound itself the two checks' sums may differ in their last bit: this pass decides
+        if built.bad32[i]:
+            raise RefusedRequest(i, f"this request's encoded ads, gate logits or value dots could reach {FP32_SAFE:g} on "
+                                    "this table, the limit fp32 math allows (every score would be NaN); rescale the "
+                                    "request or the table")
+        raise RefusedRequest(i, "math='fp16': this request's encoded ads could reach the fp16 range's limit on this "
+                                "table; rescale the request or the table, or use math='fp32'")
     fp16 = ~built.over16 if f16_math else np.zeros(len(group), bool)
     f16 = built.f16 if fp16.all() else built.f16[fp16] if fp16.any() else None
     return fp16, f16

@@ -32,8 +32,8 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, 
     - ``src16[b, i]``: the fp16 bits (uint16) of ``s[f16_index[i]]``, ``s = [G' (8 d) | V (8 d) |
       gamma | beta]`` (experts past E zero): the fp16 image's halves (``src16`` may have 0 rows:
       not built);
-    - ``bad32[b]``: ``h <= fp32_safe`` or ``h * max(max_e sum_i |G'[e, i]|, max_e sum_i |V[e, i]|) <=
-      fp32_safe`` fails, ``h = max|gamma| max_abs + max|beta|`` (float64; a NaN fails);
+    - ``bad32[b]``: a weight is NaN or inf, or ``h <= fp32_safe`` or ``h * max(max_e sum_i |G'[e, i]|,
+      max_e sum_i |V[e, i]|) <= fp32_safe`` fails, ``h = max|gamma| max_abs + max|beta|`` (float64);
     - ``over16[b]``: a weight beyond ``fp16_max``, or ``h16 <= fp16_max`` fails, ``h16 = cg max|gamma|
       + cb max|beta| + c0`` the same bound on the values fp16 math holds
       (:func:`~andromeda_nb.score.weights.fp16_encoded_bound`).
@@ -47,6 +47,7 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, 
         gmax = np.float32(0.0)
         bmax = np.float32(0.0)
         big = False
+        finite = True  # a NaN or inf weight refuses the request in every math
         for i in range(d):
             g = gamma[b, i]
             t = beta[b, i]
@@ -54,9 +55,10 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, 
             out32[b, d + i] = t
             s[16 * d + i] = g
             s[17 * d + i] = t
-            if not abs(g) <= gmax:  # NaN propagates as in numpy's max
+            finite = finite and math.isfinite(g) and math.isfinite(t)
+            if abs(g) > gmax:
                 gmax = abs(g)
-            if not abs(t) <= bmax:
+            if abs(t) > bmax:
                 bmax = abs(t)
             big = big or abs(g) > fp16_max or abs(t) > fp16_max
         h = np.float64(gmax) * max_abs + np.float64(bmax)
@@ -77,14 +79,15 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, 
                 s[8 * d + e * d + i] = v
                 ks += abs(np.float64(k))
                 vs += abs(np.float64(v))
+                finite = finite and math.isfinite(k) and math.isfinite(v)
                 big = big or abs(k) > fp16_max or abs(v) > fp16_max
             for i in range(pad):
                 out32[b, ov + e * (d + pad) + d + i] = 0.0
-            if not ks <= keys:
+            if ks > keys:
                 keys = ks
-            if not vs <= vals:
+            if vs > vals:
                 vals = vs
-        bad32[b] = not (h <= fp32_safe and h * max(keys, vals) <= fp32_safe) or math.isnan(keys) or math.isnan(vals)
+        bad32[b] = not (finite and h <= fp32_safe and h * max(keys, vals) <= fp32_safe)
         over16[b] = big or not (h16 <= fp16_max)
         for i in range(n16):
             src16[b, i] = f16_bits(s_bits[f16_index[i]])

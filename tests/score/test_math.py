@@ -385,6 +385,55 @@ def test_checked_math_is_with_math_and_check_range(rng, dtype):
         anb.score_ads(DeviceRequest("gated", 32, 4, 2, DeviceRequest.of(bad).image), dt)
 
 
+def test_a_request_changed_in_place_or_at_a_bound_is_refused_clearly(rng, monkeypatch):
+    """Requests the constructor would refuse but that reach a call anyway: a NaN or inf written into
+    a Request's arrays after it was made (every array, every math: refused before any launch, also
+    by a Pool's batch pass); a hand-made DeviceRequest whose image is not its Request's (the image
+    the kernels read is checked); a request the compiled pass refuses where numpy's sums, in
+    another order, land on the other side of the bound (a ValueError naming the limit, never an
+    AssertionError). Equal configs with numpy ints are the same Python ints (one cache entry)."""
+    from andromeda_nb.score import api, launches
+    from andromeda_nb.score.launches import request_images
+
+    def boom(*a, **kw):
+        raise AssertionError("a launch")
+
+    t, dt = table_of(rng, 60, 32, "rows")
+    for field, idx, value in (("gamma", (0,), np.nan), ("beta", (3,), np.inf), ("G", (1, 2), np.nan),
+                              ("V", (0, 3), -np.inf)):
+        req = anb.Request.random(32, 4, 2, rng)
+        arr = getattr(req, field)
+        arr.setflags(write=True)
+        arr[idx] = value
+        for name in ("launch_score", "launch_score_topk", "_filter_path"):
+            monkeypatch.setattr(api, name, boom)
+        for cfg in (anb.KernelConfig(), anb.KernelConfig(math="fp32"), F16):
+            with pytest.raises(ValueError, match="NaN or inf"):
+                anb.score_topk(req, dt, 5, config=cfg)
+            with pytest.raises(ValueError, match="NaN or inf"):
+                anb.score_ads(req, dt, config=cfg)
+            img = np.empty((2, 32 * 2 + 4 * 32 + 4 * 36), np.float32)
+            with pytest.raises(launches.RefusedRequest, match="NaN or inf") as e:
+                request_images([anb.Request.random(32, 4, 2, rng), req], dt, cfg, img)
+            assert e.value.index == 1
+        monkeypatch.undo()
+    small = anb.Request.random(32, 4, 2, rng)
+    huge = anb.Request(V=small.V, G=small.G, gamma=small.gamma * 1e38, beta=small.beta, k_experts=2)
+    mixed = DeviceRequest("gated", 32, 4, 2, DeviceRequest.of(huge).host_image, request=small)
+    with pytest.raises(ValueError, match="fp32"):
+        anb.score_ads(mixed, dt, config=anb.KernelConfig(math="fp32"))
+    monkeypatch.setattr(launches, "check_range", lambda *a: None)  # numpy's sums on the other side
+    edge = anb.Request(V=small.V, G=np.full_like(small.G, 3e38), gamma=small.gamma, beta=small.beta, k_experts=2)
+    with pytest.raises(ValueError, match="limit fp32 math allows"):
+        anb.score_topk(edge, dt, 5)
+    monkeypatch.undo()
+    a, b = anb.KernelConfig(block=np.int16(1024), max_registers=np.int64(96)), anb.KernelConfig(block=1024,
+                                                                                                 max_registers=96)
+    assert a == b and type(a.block) is int and type(a.max_registers) is int
+    with pytest.raises(ValueError, match="shared memory"):
+        anb.score_ads(small, dt, config=anb.KernelConfig(block=np.int16(1024), math="fp16"))
+
+
 @pytest.mark.parametrize("dtype, access, layout", [("fp16", "pool", "tiles"), ("int8", "pool", "tiles"),
                                                    ("int8", "pool", "rows"), ("fp16", "bitset", "tiles"),
                                                    ("fp16", "candidates", "tiles")])
