@@ -482,3 +482,18 @@ def test_call_breakdown_splits_a_calls_wall_time_at_its_launches(monkeypatch):
     parts = pipeline._call_breakdown(call, 3)
     assert 0.02 <= parts["pre"] < 0.028 and 0.03 <= parts["launches"] < 0.038 and 0.01 <= parts["after"] < 0.018
     assert api._Replay.run is before  # the marking wrapper is removed again
+
+
+def test_host_path_diagnostic_checks_its_answers():
+    """bench.host_path times warm score_topk calls with the launches stubbed, after checking each
+    configuration's answer against the reference (the filter path: 300 ads, a seed from 256); the
+    replay is restored after it."""
+    from andromeda_nb.bench import host_path
+    from andromeda_nb.score import api
+
+    run = api._Replay.run
+    rows = host_path.host_times(calls=3, repeats=1, n_ads=300)
+    assert [(r["dtype"], r["math"]) for r in rows] == [("fp16", "auto"), ("fp16", "fp16"), ("int8", "auto"),
+                                                       ("int8", "fp16")]
+    assert all(r["verified"] == "ok" and r["us_per_call"] > 0 for r in rows)
+    assert api._Replay.run is run
