@@ -331,7 +331,11 @@ PHASES = {
         *(replace(in_math(case, "fp16"), config=cfg(math="fp16", f16_weights="shared", **c))
           for case in (scores("gated", "int8"), fused("gated", "int8", path="filter")) for c in (
               {"max_registers": 96, "block": 128, "blocks_per_sm": 5}, {"max_registers": 80, "blocks_per_sm": 3},
-              {"max_registers": 64, "blocks_per_sm": 4}))),
+              {"max_registers": 64, "blocks_per_sm": 4})),
+        # fp16 rows fit 96 registers too (ptxas, sm_90): five blocks of 128 an SM
+        *(replace(in_math(case, "fp16"), config=cfg(math="fp16", f16_weights="shared", max_registers=96, block=128,
+                                                     blocks_per_sm=5))
+          for case in (scores("gated", "fp16"), fused("gated", "fp16", path="filter")))),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),

@@ -46,7 +46,7 @@ ROWS_PER_PHASE = {
     "scoring": {"design": 15, "sync": 9, "final": 8, "filter": 13, "weights": 17, "tensor": 15, "defaults": 14,
                 "bitset_sweep": 9, "int8": 10, "bitset_auto": 2, "unfused": 3, "dtype": 6, "sweep": 21,
                 "sweep_dtypes": 48, "dense": 1, "access": 14, "peers": 18, "frontier": 39, "registers": 8,
-                "int8_math": 16, "int8_occupancy": 15, "f16_weights": 14},
+                "int8_math": 16, "int8_occupancy": 15, "f16_weights": 16},
     "topk": {"large": 16, "nsweep": 9, "elig": 4, "small": 13, "stages": 8, "stages_large": 8, "batch": 7},
     "targeting": {"main": 17, "grouped": 13, "stages": 9, "pool": 3, "values": 5, "updates": 5, "device": 2,
                   "layouts": 4, "density": 2, "categories": 3},
