@@ -364,7 +364,7 @@ class Pool:
             else:
                 drs = [DeviceRequest.of(r) for r in group]
                 for b, dr in enumerate(drs):
-                    images[b] = _host_image(dr)
+                    images[b] = dr.image_on_host()
                 if cfg.math == "fp16" and any(dr.request is None for dr in drs):
                     raise ValueError("math='fp16' serves the gated model (Requests), not user vectors")
                 fp16 = np.array([cfg.with_math(dr, table).math == "fp16" for dr in drs])
@@ -451,10 +451,6 @@ class Pool:
         if key not in self._groups:
             self._groups[key] = _Group(self, DeviceRequest.of(request), key[3])
         return self._groups[key]
-
-
-def _host_image(dr: DeviceRequest) -> np.ndarray:
-    return dr.host_image if dr.host_image is not None else dr.image.copy_to_host()
 
 
 def _device_table(table, index, layout: str) -> DeviceAdTable:

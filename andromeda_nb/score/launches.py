@@ -329,8 +329,7 @@ def check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str) -> None:
 def _check_range(dreq: DeviceRequest, table: DeviceAdTable, math: str, a: float) -> None:
     from .weights import FP16_MAX, fp16_encoded_bound, fp16_rows_fit
 
-    host = dreq.host_image if dreq.host_image is not None else dreq.image.copy_to_host()  # a device-made request
-    img = host.astype(np.float64)
+    img = dreq.image_on_host().astype(np.float64)
     if not (np.isfinite(img).all() and (dreq.request is None or np.isfinite(dreq.request.V).all())):
         raise ValueError(NON_FINITE)
     if dreq.model == "dot":
@@ -368,19 +367,19 @@ def checked_math(config: KernelConfig, dreq: DeviceRequest, table: DeviceAdTable
 
     Raises:
         ValueError: the request or table could overflow the math (:func:`check_range`'s messages)."""
-    # the compiled pass checks the Request's values; the kernels read the request's own images: it
-    # decides only for a request whose image is the Request's and that holds no other image yet
-    # (DeviceRequest.of made it this call), else the numpy checks read what the kernels will
-    fresh = (dreq.model == "gated" and dreq.request is not None and dreq.host_image is not None
+    # the compiled pass checks the Request's values and builds the images the kernels read from
+    # them: it decides for a request that holds no image yet (DeviceRequest.of made it); one that
+    # does (made from an image, or used before) gets the numpy checks of the images it holds
+    fresh = (dreq.model == "gated" and dreq.request is not None and dreq._host_image is None
              and dreq._image is None and getattr(dreq, "_host_mma_f16", None) is None)
     if fresh:
         images = np.empty((1, image_size("gated", dreq.d, dreq.experts)), np.float32)
         fp16, f16 = request_images([dreq.request], table, config, images)
-        if np.array_equal(images[0], dreq.host_image):
-            if fp16[0]:
-                dreq._host_mma_f16 = f16[0]
-            cfg = config if config.math != "auto" else config.replaced("math", "fp16" if fp16[0] else "fp32")
-            return cfg.with_dequant(table)
+        dreq._host_image = images[0]
+        if fp16[0]:
+            dreq._host_mma_f16 = f16[0]
+        cfg = config if config.math != "auto" else config.replaced("math", "fp16" if fp16[0] else "fp32")
+        return cfg.with_dequant(table)
     cfg = config.with_math(dreq, table)
     if cfg.math == "fp16" and dreq.request is not None:
         f16_weights(dreq.request)  # a weight beyond fp16, named (with_math takes "auto" elsewhere)
@@ -432,8 +431,8 @@ def request_images(group: list, table: DeviceAdTable, config: KernelConfig, imag
             raise RefusedRequest(i, NON_FINITE)
         try:
             if config.math == "fp16":
-                f16_weights(group[i])  # a weight beyond fp16, named
-            check_range(DeviceRequest.of(group[i]), table, "fp16" if config.math == "fp16" else "fp32")
+                f16_weights(r)  # a weight beyond fp16, named
+            check_range(DeviceRequest.of(r), table, "fp16" if config.math == "fp16" else "fp32")
         except ValueError as e:
             raise RefusedRequest(i, str(e)) from None
         # at a bound itself the two checks' sums may differ in their last bit: this pass decides

@@ -231,19 +231,37 @@ class DeviceRequest:
 
     Attributes:
         model: ``"gated"`` or ``"dot"``; request (or None); user (or None); d, experts, k_experts;
-        host_image: the float32 weight image (:func:`.weights.weight_image`);
+        host_image: the float32 weight image (:func:`.weights.weight_image`; of a Request, built
+        on first use, or by the call's one-pass check: :func:`.launches.checked_math`), None for a
+        request made from a device image;
         image: the same on the device (copied on first use: a batch of requests copies its images
         itself, all at once).
     """
 
     def __init__(self, model: str, d: int, experts: int, k_experts: int, image, request=None, user=None):
+        """``image``: the weight image, host (numpy) or device; None: a gated request's, built from
+        ``request`` when first needed."""
         self.model, self.d, self.experts, self.k_experts = model, d, experts, k_experts
         self.request, self.user = request, user
-        self.host_image = image if isinstance(image, np.ndarray) else None
+        self._host_image = image if isinstance(image, np.ndarray) else None
         self._image = None if isinstance(image, np.ndarray) else image
         self._naive = None
         self._param = None
         self._mma = None
+
+    @property
+    def host_image(self):
+        """The host weight image (None for a request made from a device image)."""
+        if self._host_image is None and self._image is None and self.request is not None:
+            from .weights import weight_image
+
+            self._host_image = weight_image("gated", request=self.request)
+        return self._host_image
+
+    def image_on_host(self) -> np.ndarray:
+        """:attr:`host_image`, or for a request made from a device image, that image copied back."""
+        host = self.host_image
+        return host if host is not None else self._image.copy_to_host()
 
     @property
     def image(self):
@@ -262,7 +280,7 @@ class DeviceRequest:
             return x
         if isinstance(x, Request):
             check_kernel_shape(x.d, x.experts)
-            return cls("gated", x.d, x.experts, x.k_experts, weight_image("gated", request=x), request=x)
+            return cls("gated", x.d, x.experts, x.k_experts, None, request=x)  # its image: when first needed
         u = np.asarray(x)
         if u.ndim != 1 or u.dtype.kind not in "fiu":
             raise TypeError(f"expected a Request or a 1-D user vector, got {type(x).__name__} {getattr(u, 'shape', '')}")
@@ -288,8 +306,7 @@ class DeviceRequest:
             if n > PARAM_FLOATS:
                 raise ValueError(f'weights="param" passes {n} floats (d={self.d}, E={self.experts}); at most '
                                  f'{PARAM_FLOATS} fit in the kernel parameters: use weights="shared"')
-            host = self.host_image if self.host_image is not None else self.image.copy_to_host()
-            self._param = tuple(np.float32(x) for x in host[:n])
+            self._param = tuple(np.float32(x) for x in self.image_on_host()[:n])
         return self._param
 
     def mma_image(self):
