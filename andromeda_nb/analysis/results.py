@@ -17,9 +17,10 @@ NUMERIC = ("n_ads", "d", "experts", "k_experts", "eligible_fraction", "categorie
            "ceiling_read_TBps", "ceiling_copy_TBps", "fraction_of_read_ceiling", "host_seconds_per_call")
 
 
-#: what the notes of a scoring row measured off the default launch say (the tile-order experiment,
-#: bench.scoring.config_note): such rows are history, never a headline or a report's rate
-EXPERIMENT = "tile_order="
+#: what the notes of a scoring row measured off the default launch say (bench.scoring.config_note: the
+#: tile-order and shared fp16 weight experiments, an occupancy set by hand); a regular expression. Such
+#: rows are history, never a headline or a report's rate
+EXPERIMENT = r"tile_order=|f16_weights=|blocks/SM="
 
 
 def text(rows: pd.DataFrame, col: str) -> pd.Series:

@@ -38,3 +38,18 @@ def test_a_headline_never_takes_an_experiments_row():
                        "items_per_s": [1.0, 9.0, 2.0]})
     df.loc[2, "ok"] = False
     assert _pick(df, {"variant": "v"})["timestamp"] == "1"
+
+
+def test_a_headline_keeps_the_reference_device_and_skips_every_experiment():
+    """A later run on another card, or a row of the shared fp16 weight or occupancy experiments, does
+    not replace the reference device's default-launch figure; without a reference row the newest other
+    card's row stands."""
+    from andromeda_nb.analysis.results_doc import _pick
+
+    df = pd.DataFrame({"ok": True, "variant": "v", "timestamp": ["1", "2", "3", "4", "5"],
+                       "device": ["NVIDIA H200", "NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3",
+                                  "NVIDIA H100 80GB HBM3"],
+                       "notes": ["block=256", "block=256 f16_weights=shared", "block=128 blocks/SM=5",
+                                 "block=256", "block=256 tile_order=steps"]})
+    assert _pick(df, {"variant": "v"})["timestamp"] == "1"
+    assert _pick(df[df["device"] != "NVIDIA H200"], {"variant": "v"})["timestamp"] == "4"
