@@ -97,9 +97,10 @@ class KernelConfig:
             registers freed for resident warps or loads in flight, for int8 rows, whose kernel
             is not bound by bytes at the 128-register cap: ptxas for sm_90 fits the int8 E6 K2
             d64 filter pass in 96 registers without spilling, against 140 bytes of spill loads
-            with the weights in registers). ``"auto"`` (default): registers, the measured path;
-            ``"shared"`` awaits its H200 measurement (the scoring bench's f16_weights phase). The
-            same scores either way.
+            with the weights in registers; each step's words are stored lane-contiguous, one
+            bank a lane). ``"auto"`` (default): registers, the measured path (an H100 run of
+            shared weights in the lane-major order, 8 lanes a bank: 0.5-0.6x registers' speed).
+            The same scores either way.
     """
 
     values: str = "chosen"

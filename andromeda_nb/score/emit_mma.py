@@ -92,12 +92,15 @@ def emit_f16_weights(emit, ind: str, d: int, row: str = "", block: int = 0, shar
     (gamma), ``bt{j}_0/1`` (beta), each a word of two fp16. ``row``: the batched kernels' request
     row prefix (``"b, "``). ``shared``: instead, the block copies the whole image into shared
     memory (``wsh16``; the block barrier after it is the kernel's first) and each step reads its
-    words there (:func:`_emit_f16_step_weights`)."""
+    words there (:func:`_emit_f16_step_weights`). The copy transposes each step's ``[32 lanes, 8
+    words]`` into ``[8 words, 32 lanes]``: a warp's read of word k then touches 32 consecutive
+    words, one a bank, where the image's own order (a lane's 8 words together) put 8 lanes on each
+    bank."""
     if shared:
         words = (d // 16) * 32 * 8
         emit(f"{ind}wsh16 = cuda.shared.array({words}, uint32)")
-        emit(f"{ind}for t in range(tid, {words}, {block}):")
-        emit(f"{ind}    wsh16[t] = wimg[{row}t]")
+        emit(f"{ind}for t in range(tid, {words}, {block}):")  # t = 256 j + 8 lane + k
+        emit(f"{ind}    wsh16[(t & ~255) | ((t & 7) << 5) | ((t >> 3) & 31)] = wimg[{row}t]")
         return
     for j in range(d // 16):
         for k, name in enumerate(F16_WEIGHT_WORDS):
@@ -107,9 +110,9 @@ def emit_f16_weights(emit, ind: str, d: int, row: str = "", block: int = 0, shar
 def _emit_f16_step_weights(emit, ind: str, j: int) -> None:
     """Step j's 8 weight words of this lane from the shared image (``f16_weights="shared"``),
     addressed from ``wz`` (zero at run time, unknown to ptxas: the loads stay in the loop, not
-    hoisted into 32 live registers)."""
+    hoisted into 32 live registers), in :func:`emit_f16_weights`' transposed order."""
     for k, name in enumerate(F16_WEIGHT_WORDS):
-        emit(f"{ind}{name.format(j=j)} = wsh16[wz + {(j * 32) * 8 + k} + lane * 8]")
+        emit(f"{ind}{name.format(j=j)} = wsh16[wz + {j * 256 + k * 32} + lane]")
 
 
 def _emit_mma_f16_start(emit, ind: str, t: int, int8: bool, dequant: str) -> None:
