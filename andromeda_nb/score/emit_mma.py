@@ -108,11 +108,13 @@ def emit_f16_weights(emit, ind: str, d: int, row: str = "", block: int = 0, shar
 
 
 def _emit_f16_step_weights(emit, ind: str, j: int) -> None:
-    """Step j's 8 weight words of this lane from the shared image (``f16_weights="shared"``),
-    addressed from ``wz`` (zero at run time, unknown to ptxas: the loads stay in the loop, not
-    hoisted into 32 live registers), in :func:`emit_f16_weights`' transposed order."""
+    """Step j's 8 weight words of this lane from the shared image (``f16_weights="shared"``), in
+    :func:`emit_f16_weights`' transposed order, addressed from ``wz`` (the lane plus a zero
+    unknown to ptxas: the loads stay in the loop, not hoisted into 32 live registers). Unsigned:
+    a signed index makes Numba wrap negative values, four integer instructions a load (+166 in
+    the int8 loop against +9)."""
     for k, name in enumerate(F16_WEIGHT_WORDS):
-        emit(f"{ind}{name.format(j=j)} = wsh16[wz + {j * 256 + k * 32} + lane]")
+        emit(f"{ind}{name.format(j=j)} = wsh16[wz + uint64({j * 256 + k * 32})]")
 
 
 def _emit_mma_f16_start(emit, ind: str, t: int, int8: bool, dequant: str) -> None:
@@ -196,7 +198,7 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     shared_weights = shared_weights and math == "fp16"
     interleave = interleave or shared_weights
     if shared_weights:
-        emit(f"{ind}wz = int32(j >> 62)")
+        emit(f"{ind}wz = uint64(j >> 62) + uint64(lane)")
     if not prefetch:
         for t in range(2):
             emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8)
