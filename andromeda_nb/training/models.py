@@ -20,6 +20,11 @@ share of (request, ad) pairs routed to e; ``P_e``: mean gate weight) keeps exper
 
 The single tower (E = 1, K = 1) reads every group (concatenated) into one value vector; it still
 gets the context FiLM, so it differs from the mixtures only in the expert structure.
+
+``interest_experts`` (mixtures): expert e reads instead its own attention-pooled view of the history,
+``sum_l softmax_l(q_e . tanh(W emb_l)) emb_l`` (self-attentive multi-interest pooling, as in
+ComiRec-SA), so experts can hold different interests of one user, where every history group above
+is a mean over all of them; the per-ad gate then picks the interests an ad matches.
 """
 
 from __future__ import annotations
@@ -171,7 +176,8 @@ class RetrievalNet(nn.Module):
     """
 
     def __init__(self, n_users, n_ads, demo_cards, n_cats, ctx_cards, d: int = 64, experts: int = 6,
-                 k_experts: int = 2, width: int = 64, hidden: int = 128, ad_features: bool = False):
+                 k_experts: int = 2, width: int = 64, hidden: int = 128, ad_features: bool = False,
+                 interest_experts: bool = False):
         super().__init__()
         if not 1 <= k_experts <= experts <= len(GROUPS):
             raise ValueError(f"need 1 <= k_experts <= experts <= {len(GROUPS)}, got K={k_experts}, E={experts}")
@@ -182,6 +188,9 @@ class RetrievalNet(nn.Module):
             self.tower = _mlp(width * len(GROUPS), 2 * hidden, d)
         else:
             self.heads = nn.ModuleList(_mlp(width, hidden, 2 * d) for _ in range(experts))
+        # one attention query an expert over the history (module docstring); None: experts read groups
+        self.interests = (nn.Sequential(nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, experts, bias=False))
+                          if interest_experts and experts > 1 else None)
         self.ad = nn.Embedding(n_ads, d)
         nn.init.normal_(self.ad.weight, std=0.3)
         self.ad_bias = nn.Parameter(torch.zeros(n_ads))
@@ -204,9 +213,17 @@ class RetrievalNet(nn.Module):
             V = self.tower(torch.cat([f[g] for g in GROUPS], dim=1))[:, None, :]
             G = torch.zeros_like(V)
         else:
-            out = torch.stack([head(f[GROUPS[e]]) for e, head in enumerate(self.heads)], dim=1)
+            inputs = self.interest_views(f) if self.interests is not None else [f[g] for g in GROUPS]
+            out = torch.stack([head(inputs[e]) for e, head in enumerate(self.heads)], dim=1)
             V, G = out[..., : self.d], out[..., self.d:]
         return V, G, gamma, beta
+
+    def interest_views(self, f: dict) -> torch.Tensor:
+        """``[E, B, width]``: expert e's attention-pooled history (zero for an empty history)."""
+        emb, mask = f["_hist_emb"], f["_hist_mask"]  # [B, L, width], [B, L]
+        logits = self.interests(emb).masked_fill(mask[..., None] == 0, -1e4)  # [B, L, E]
+        w = torch.softmax(logits, dim=1) * (mask.sum(1) > 0).float()[:, None, None]
+        return torch.einsum("ble,blw->ebw", w, emb)
 
     def score(self, batch: dict, cand, ad_cats, return_gate: bool = False):
         V, G, gamma, beta = self.request(batch, ad_cats)

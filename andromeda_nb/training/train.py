@@ -61,6 +61,12 @@ class TrainConfig:
     #: seeds, with weight_decay 1e-4, untuned) single tower / K = 2 / ranking reach 0.197 / 0.2065 /
     #: 0.2065, against 0.107 / 0.126 / 0.194 without either; MovieLens-100K is not measured
     ad_features: int = 0
+    #: 1: each mixture expert reads its own attention-pooled view of the history (multi-interest
+    #: pooling, :class:`~.models.RetrievalNet`) instead of one signal group; 0: signal groups. On the
+    #: synthetic world at the demo size it did not lift the K = 2 mixture (validation recall@100
+    #: 0.409 against 0.413, the single tower 0.426; data/results/quality_diagnostics.md); preset
+    #: full is not measured
+    interest_experts: int = 0
 
 
 def make_net(name: str, data: InteractionData, cfg: TrainConfig):
@@ -71,7 +77,7 @@ def make_net(name: str, data: InteractionData, cfg: TrainConfig):
         raise ValueError(f"unknown model {name!r}; choose from {list(MODELS)}")
     E, K = MODELS[name]
     return RetrievalNet(*args, d=cfg.d, experts=E, k_experts=K, width=cfg.width, hidden=cfg.hidden,
-                        ad_features=bool(cfg.ad_features))
+                        ad_features=bool(cfg.ad_features), interest_experts=bool(cfg.interest_experts))
 
 
 def _to_torch(batch: dict, device) -> dict:

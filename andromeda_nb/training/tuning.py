@@ -67,8 +67,9 @@ GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3
 
 
 #: TrainConfig fields added after configurations were first kept, with the value that gives a
-#: configuration kept without them the model it was tuned as (``ad_features``: id embeddings alone)
-LEGACY_FIELDS = {"ad_features": 0}
+#: configuration (or a run key) kept without them the model it was tuned as (``ad_features``: id
+#: embeddings alone; ``interest_experts``: experts reading signal groups)
+LEGACY_FIELDS = {"ad_features": 0, "interest_experts": 0}
 
 #: how a grid point's length is trained when tuning (:func:`tune_many`)
 LENGTHS = ("own", "checkpoints")
@@ -384,7 +385,18 @@ def read_runs(path) -> dict:
             for v in kept.values())):
         raise ValueError(f"{path} is not a file of tuning runs ({{run key: {{steps: validation recall in 0..1}}}}, "
                          "each key a run_key)")
-    return kept
+    return {_with_legacy_fields(k): v for k, v in kept.items()}
+
+
+def _with_legacy_fields(key: str) -> str:
+    """A run key kept before a TrainConfig field existed, as :func:`run_key` writes it now (the field
+    at its :data:`LEGACY_FIELDS` value)."""
+    k = json.loads(key)
+    missing = {f: v for f, v in LEGACY_FIELDS.items() if f not in k["config"]}
+    if not missing:
+        return key
+    k["config"].update(missing)
+    return json.dumps(k, sort_keys=True)
 
 
 def _is_run_key(key: str) -> bool:

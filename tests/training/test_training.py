@@ -151,3 +151,36 @@ def test_ad_features_add_a_category_projection(data, name):
     assert plain.net.ad_feat is None
     if name != "ranking":
         np.testing.assert_array_equal(plain.ad_arrays()[0], plain.net.ad.weight.detach().numpy())
+
+
+def test_interest_experts_pool_the_history_per_expert(data):
+    """With interest_experts each mixture expert reads its own softmax-weighted mean of the user's
+    history embeddings (weights over the clicked positions only, none for an empty history), so the
+    view ignores the order of the clicks; the exported request still scores as the torch model."""
+    cfg = TrainConfig(**{**TINY.__dict__, "interest_experts": 1})
+    assert TrainConfig().interest_experts == 0
+    m = train_model("mixture_k2", data, cfg, seed=0, device="cpu", progress=False)
+    net = m.net
+    b = {k: torch.as_tensor(v) for k, v in data.batch(data.eval_rows[:5]).items()}  # after every training click
+    ad_cats = torch.as_tensor(data.ad_cats, dtype=torch.float32)
+    ad_cats = torch.cat([ad_cats, torch.zeros(1, ad_cats.shape[1])])
+    hist = b["hist"].clone()
+    hist[0] = data.n_ads  # an empty history
+    b["hist"] = hist
+    with torch.no_grad():
+        f = net.features(b, ad_cats)
+        views = net.interest_views(f)  # [E, B, width]
+        emb, mask = f["_hist_emb"].numpy(), f["_hist_mask"].numpy()
+        logits = net.interests(f["_hist_emb"]).numpy()  # [B, L, E]
+        for i in range(1, hist.shape[0]):
+            on = mask[i] > 0
+            for e in range(net.experts):
+                w = np.exp(logits[i, on, e] - logits[i, on, e].max())
+                np.testing.assert_allclose(views[e, i].numpy(), (w / w.sum()) @ emb[i, on], rtol=1e-4, atol=1e-5)
+        assert not views[:, 0].numpy().any()
+        b2 = dict(b, hist=hist.flip(1))  # the same clicks in reverse order
+        np.testing.assert_allclose(net.interest_views(net.features(b2, ad_cats)).numpy(), views.numpy(),
+                                   rtol=1e-4, atol=1e-6)
+    sc = m.forward_scores(data.eval_rows[:3])
+    V, G, gamma, beta = m.request_tensors(data.eval_rows[:3])
+    np.testing.assert_allclose(score_exported(V, G, gamma, beta, m.export_table("fp32"), 2), sc, rtol=1e-5, atol=1e-5)

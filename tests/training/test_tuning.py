@@ -227,11 +227,17 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
         tuning.load_tuned(path, "ml-100k", "full", ["ranking"])
     good = json.loads(path.read_text())
     cfg = good["multi_interest"]["models"]["single_tower"]["config"]
-    # a configuration kept before ad_features existed loads as what it was tuned as: id embeddings alone
+    # a configuration kept before ad_features and interest_experts existed loads as what it was
+    # tuned as (id embeddings alone, experts reading signal groups), and so does a kept run's key
     old = tmp_path / "old.json"
-    old.write_text(json.dumps({"d": {"preset": "smoke", "models": {"m": {
-        "config": {k: v for k, v in cfg.items() if k != "ad_features"}, "scorer": ""}}}}))
-    assert tuning.load_tuned(old, "d", "smoke", ["m"])["m"][0] == replace(a["single_tower"][0], ad_features=0)
+    legacy = {k: v for k, v in cfg.items() if k not in ("ad_features", "interest_experts")}
+    old.write_text(json.dumps({"d": {"preset": "smoke", "models": {"m": {"config": legacy, "scorer": ""}}}}))
+    was = replace(a["single_tower"][0], ad_features=0, interest_experts=0)
+    assert tuning.load_tuned(old, "d", "smoke", ["m"])["m"][0] == was
+    runs = tmp_path / "old.runs.json"
+    runs.write_text(json.dumps({json.dumps({"model": "m", "config": legacy, "stops": [legacy["steps"]], "data": "x"}):
+                                {str(legacy["steps"]): 0.25}}))
+    assert tuning.read_runs(runs) == {tuning.run_key("m", "x", was, [was.steps]): {str(was.steps): 0.25}}
     for text, match in (("{", "cannot read"), ("[]", "top level"), ('{"x": {"models": {}}}', "'x' is not"),
                         (json.dumps({"d": {"preset": "smoke", "models": {"m": {"config": cfg}}}}), "d/m is not"),
                         (json.dumps({"d": {"preset": "smoke", "models": {"m": {"config": {**cfg, "new": 1},
