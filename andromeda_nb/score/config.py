@@ -99,7 +99,7 @@ class KernelConfig:
             d64 filter pass in 96 registers without spilling, against 140 bytes of spill loads
             with the weights in registers; each step's words are stored lane-contiguous, one
             bank a lane). ``"auto"`` (default): registers, the measured path (an H100 run of
-            shared weights in the lane-major order, 8 lanes a bank: 0.5-0.6x registers' speed).
+            shared weights in the lane-major order, 8 lanes a bank: 0.5-0.8x registers' speed).
             The same scores either way.
     """
 
