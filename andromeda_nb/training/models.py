@@ -45,6 +45,15 @@ def _mlp(inp: int, hidden: int, out: int, zero_last: bool = False) -> nn.Sequent
     return nn.Sequential(nn.Linear(inp, hidden), nn.ReLU(), last)
 
 
+def history_softmax(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention weights over a user's history: a softmax of ``logits [B, ..., L]`` (positions on the
+    last axis) over the clicked positions (``mask [B, L]``, 1 for a click), all zero for a user
+    with none."""
+    shape = (mask.shape[0],) + (1,) * (logits.dim() - 2)
+    neg = (1.0 - mask).view(*shape, mask.shape[1]) * -1e4
+    return torch.softmax(logits + neg, dim=-1) * (mask.sum(1) > 0).float().view(*shape, 1)
+
+
 class UserFeatures(nn.Module):
     """Encodes the six signal groups (data.GROUPS) of a batch into ``{group: [B, width]}``."""
 
@@ -221,9 +230,8 @@ class RetrievalNet(nn.Module):
     def interest_views(self, f: dict) -> torch.Tensor:
         """``[E, B, width]``: expert e's attention-pooled history (zero for an empty history)."""
         emb, mask = f["_hist_emb"], f["_hist_mask"]  # [B, L, width], [B, L]
-        logits = self.interests(emb).masked_fill(mask[..., None] == 0, -1e4)  # [B, L, E]
-        w = torch.softmax(logits, dim=1) * (mask.sum(1) > 0).float()[:, None, None]
-        return torch.einsum("ble,blw->ebw", w, emb)
+        w = history_softmax(self.interests(emb).transpose(1, 2), mask)  # [B, E, L]
+        return torch.einsum("bel,blw->ebw", w, emb)
 
     def score(self, batch: dict, cand, ad_cats, return_gate: bool = False):
         V, G, gamma, beta = self.request(batch, ad_cats)
@@ -273,7 +281,7 @@ class RankingNet(nn.Module):
             e, bias = e + fe, bias + fb
         att_logit = torch.einsum("bld,cd->bcl", keys, e) / math.sqrt(self.d)
         neg = (1.0 - mask)[:, None, :] * -1e4
-        w = torch.softmax(att_logit + neg, dim=-1) * (mask.sum(1) > 0).float()[:, None, None]
+        w = history_softmax(att_logit, mask)
         att = torch.einsum("bcl,bld->bcd", w, keys)
         maxsim = (att_logit + neg).amax(-1).clamp(min=-10.0) * (mask.sum(1) > 0).float()[:, None]
         catmatch = profile @ ad_cats[cand].T  # [B, C]

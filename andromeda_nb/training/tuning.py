@@ -388,15 +388,18 @@ def read_runs(path) -> dict:
     return {_with_legacy_fields(k): v for k, v in kept.items()}
 
 
+def _fill_legacy_fields(config: dict) -> bool:
+    """Give a configuration kept before a TrainConfig field existed that field at its
+    :data:`LEGACY_FIELDS` value (its old behaviour), in place; whether any was missing."""
+    missing = {f: v for f, v in LEGACY_FIELDS.items() if f not in config}
+    config.update(missing)
+    return bool(missing)
+
+
 def _with_legacy_fields(key: str) -> str:
-    """A run key kept before a TrainConfig field existed, as :func:`run_key` writes it now (the field
-    at its :data:`LEGACY_FIELDS` value)."""
+    """A run key kept before a TrainConfig field existed, as :func:`run_key` writes it now."""
     k = json.loads(key)
-    missing = {f: v for f, v in LEGACY_FIELDS.items() if f not in k["config"]}
-    if not missing:
-        return key
-    k["config"].update(missing)
-    return json.dumps(k, sort_keys=True)
+    return json.dumps(k, sort_keys=True) if _fill_legacy_fields(k["config"]) else key
 
 
 def _is_run_key(key: str) -> bool:
@@ -485,8 +488,7 @@ def read_tuned(path) -> dict:
             if not (isinstance(v, dict) and set(v) == {"config", "scorer"} and isinstance(v["scorer"], str)
                     and isinstance(v["config"], dict)):
                 raise bad(f"{ds}/{m} is not {{'config': {{...}}, 'scorer': note}}")
-            for k, legacy in LEGACY_FIELDS.items():  # kept before the field existed: its old behaviour
-                v["config"].setdefault(k, legacy)
+            _fill_legacy_fields(v["config"])
             if set(v["config"]) != set(types):
                 raise bad(f"{ds}/{m}'s configuration has fields {sorted(v['config'])}, this version's TrainConfig "
                           f"{sorted(types)}")
