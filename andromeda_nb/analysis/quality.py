@@ -686,7 +686,7 @@ def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results
 def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
             scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
-            settings_note: str | None = None, tune_lengths: str = "own", save_tops: bool = False,
+            settings: str | None = None, tune_lengths: str = "own", save_tops: bool = False,
             tune_budget_s: float | None = None) -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
@@ -695,8 +695,9 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     trained at once; ``tune_lengths``: how the tuning trains a length, ``tune_budget_s``: the seconds the
     tunings of all datasets together may take, counted from this call's start (seeds are not budgeted;
     the first dataset's first runs start whatever is left, so every call gets somewhere; :func:`tune_models`);
-    ``settings_note``: the scorer column of untuned rows trained at changed preset
-    settings, e.g. ``"preset settings with weight_decay=0.0001"``; ``save_tops``: each model's top-100 a
+    ``settings``: the preset's TrainConfig fields this run changed, e.g. ``"ad_features=1 weight_decay=1e-4"``,
+    named in every trained row's scorer column (untuned: ``"untuned: preset settings with ..."``; tuned:
+    the tuned point's note ``"... at ..."``), so rows of changed settings never pass for the preset's; ``save_tops``: each model's top-100 a
     seed kept in ``<out>/tops``, :func:`save_top`).
 
     This is what ``python -m andromeda_nb.training`` runs.
@@ -735,14 +736,18 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers,
                                      runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file),
                                      lengths=tune_lengths, budget_s=budget)
+            if settings:
+                tuned = {m: (cfg, f"{note} at {settings}") for m, (cfg, note) in tuned.items()}
+                val["scorer"] = val["scorer"] + f" at {settings}"
             write_rows(val, path)
             frames.append(val)
             if tuned_file is not None:
                 tuning.save_tuned(tuned_file, ds, p.name, tuned)
         elif tuned_file is not None:
             tuned = tuning.load_tuned(tuned_file, ds, p.name, tuple(MODELS) if models is None else tuple(models))
-        elif settings_note is not None:  # untuned, at changed settings: the rows say which
-            tuned = {m: (p.cfg(ds, m), settings_note) for m in (tuple(MODELS) if models is None else tuple(models))}
+        elif settings:  # untuned, at changed settings: the rows say which
+            tuned = {m: (p.cfg(ds, m), f"untuned: preset settings with {settings}")
+                     for m in (tuple(MODELS) if models is None else tuple(models))}
         for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
                                               tuned=tuned, tops_dir=Path(out) / "tops" if save_tops else None)

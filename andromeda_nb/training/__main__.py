@@ -12,6 +12,28 @@ import time
 EXIT_TUNING_LEFT = 75
 
 
+def _parse_settings(ap, items) -> dict:
+    """``--set KEY=VALUE ...`` as TrainConfig fields, each checked by building a configuration with it
+    (a usage error naming the item, before anything trains)."""
+    from dataclasses import fields
+
+    from .train import TrainConfig
+
+    names = {f.name for f in fields(TrainConfig)}
+    kv = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or key not in names:
+            ap.error(f"--set takes KEY=VALUE with KEY a TrainConfig field ({', '.join(sorted(names))}), got {item!r}")
+        try:
+            value = int(text) if text.lstrip("-").isdigit() else float(text)
+            TrainConfig(**{key: value})
+        except ValueError as e:
+            ap.error(f"--set {item}: {e}")
+        kv[key] = value
+    return kv
+
+
 def main(argv=None) -> int:
     from ..analysis.quality import DATASETS, PRESETS, refresh_compute, run_all
 
@@ -128,7 +150,7 @@ def main(argv=None) -> int:
 
         from ..analysis.quality import Preset  # noqa: F401
 
-        kv = {k: int(v) if v.lstrip("-").isdigit() else float(v) for k, v in (x.split("=", 1) for x in args.set)}
+        kv = _parse_settings(ap, args.set)
         p = PRESETS[preset]
         PRESETS[preset] = replace(p, train={**p.train, **kv}, train_ml={**p.train_ml, **kv},
                                   ranking={**p.ranking, **kv}, ranking_ml={**p.ranking_ml, **kv})
@@ -140,7 +162,7 @@ def main(argv=None) -> int:
                 device=args.device, progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
                 models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
                 tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops, tune_budget_s=args.tune_budget,
-                settings_note=f"untuned: preset settings with {' '.join(args.set)}" if args.set else None)
+                settings=" ".join(args.set) or None)
     except TuningIncomplete as e:  # the budget asked for it, and the runs are kept: run again
         print(f"{e} (after {time.perf_counter() - t0:.0f} s)")
         return EXIT_TUNING_LEFT

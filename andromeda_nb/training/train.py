@@ -68,6 +68,22 @@ class TrainConfig:
     #: full is not measured
     interest_experts: int = 0
 
+    def __post_init__(self):
+        for name in ("d", "width", "hidden", "steps", "batch", "negatives"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(f"TrainConfig.{name} must be a positive int, got {getattr(self, name)!r}")
+        if not (isinstance(self.warmup, int) and self.warmup >= 0):
+            raise ValueError(f"TrainConfig.warmup must be an int >= 0, got {self.warmup!r}")
+        for name in ("lr", "weight_decay", "lb_coef", "grad_clip"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and v != float("inf")):
+                raise ValueError(f"TrainConfig.{name} must be a finite number >= 0, got {v!r}")
+        if not self.lr > 0:
+            raise ValueError(f"TrainConfig.lr must be positive, got {self.lr!r}")
+        for name in ("ad_features", "interest_experts"):  # switches: 2 must not pass for "on"
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(f"TrainConfig.{name} is a switch, 0 or 1; got {getattr(self, name)!r}")
+
 
 def make_net(name: str, data: InteractionData, cfg: TrainConfig):
     args = (data.n_users, data.n_ads, data.demo_cards, data.ad_cats.shape[1], data.ctx_cards)

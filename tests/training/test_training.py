@@ -184,3 +184,15 @@ def test_interest_experts_pool_the_history_per_expert(data):
     sc = m.forward_scores(data.eval_rows[:3])
     V, G, gamma, beta = m.request_tensors(data.eval_rows[:3])
     np.testing.assert_allclose(score_exported(V, G, gamma, beta, m.export_table("fp32"), 2), sc, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("field,value", [("ad_features", 2), ("interest_experts", -1), ("steps", 0),
+                                         ("batch", 2.5), ("lr", 0.0), ("lr", float("nan")),
+                                         ("weight_decay", -1e-4), ("grad_clip", float("inf")), ("warmup", -1),
+                                         ("lb_coef", True)])
+def test_train_config_refuses_values_it_cannot_train(field, value):
+    """TrainConfig refuses, by name, a value that would train something else than asked (a switch of
+    2, a zero length, a NaN learning rate) before any model is built."""
+    with pytest.raises(ValueError, match=f"TrainConfig.{field}"):
+        TrainConfig(**{field: value})
+    assert TrainConfig(**{field: type(getattr(TrainConfig(), field))(1)}) is not None  # the field's sound value

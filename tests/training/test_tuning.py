@@ -320,8 +320,9 @@ def test_a_failed_run_in_a_worker_loses_no_other_run(data, tmp_path):
     grid = [{"lr_scale": 1.0, "steps_scale": s} for s in (1, 2)]
     good = PRESET.cfg("multi_interest", "single_tower")
     runs = tmp_path / "tuned.runs.json"
-    with pytest.raises(RuntimeError, match="negative dimension"):
-        tuning.tune_many({"single_tower": good, "mixture_k2": replace(good, d=-1)}, data, n_users=20, grid=grid,
+    broken = replace(good, d=2**40)  # a configuration TrainConfig accepts whose model cannot be allocated
+    with pytest.raises(RuntimeError, match="allocate"):
+        tuning.tune_many({"single_tower": good, "mixture_k2": broken}, data, n_users=20, grid=grid,
                          device="cpu", workers=2, runs_file=runs)
     kept = [json.loads(k)["model"] for k in tuning.read_runs(runs)]
     assert kept == ["single_tower", "single_tower"]
@@ -513,4 +514,37 @@ def test_one_budget_for_every_datasets_tuning(data, tmp_path, monkeypatch):
         with pytest.raises(ValueError, match="budget_s"):
             quality.run_all("smoke", tmp_path / "bad", datasets=("multi_interest",), seeds=[], progress=False,
                             models=["single_tower"], tune=True, tune_budget_s=bad, **kw)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_rows_of_changed_settings_name_them(data, tmp_path, monkeypatch):
+    """A run at changed TrainConfig fields (run_all's ``settings``, the CLI's --set) names them in the
+    scorer column of every row it trains, tuned or not, and in the kept tuned notes, so its rows never
+    pass for the preset's; --set refuses an unknown field, a malformed item or a value TrainConfig
+    refuses before anything trains."""
+    from dataclasses import replace as dc_replace
+
+    from andromeda_nb.training.__main__ import main
+
+    monkeypatch.setattr(tuning, "_validated_run", lambda name, view, rows, run, stops, device, progress:
+                        {stops[0]: run.lr * (1 + stops[0])})
+    monkeypatch.setattr(quality, "load_data", lambda ds, p, data_dir=None: dc_replace(data, name=ds))
+    seen = []
+    monkeypatch.setattr(quality, "run_expert_count", lambda *a, tuned=None, **k: (seen.append(tuned), 1/0))
+    out = quality.run_all("smoke", tmp_path, datasets=("multi_interest",), seeds=[], device="cpu", progress=False,
+                          models=["single_tower"], tune=True, tuned_file=tmp_path / "t.json",
+                          settings="weight_decay=0.0001")
+    val = out[out["metric"] == "validation_recall@100"]
+    assert len(val) == 1 and val["scorer"].iloc[0].startswith("tuned on the validation split: lr x")
+    assert val["scorer"].iloc[0].endswith(" at weight_decay=0.0001")
+    kept = tuning.load_tuned(tmp_path / "t.json", "multi_interest", "smoke", ["single_tower"])["single_tower"][1]
+    assert kept == val["scorer"].iloc[0]
+    with pytest.raises(ZeroDivisionError):  # untuned: the note reaches the training of every seed
+        quality.run_all("smoke", tmp_path, datasets=("multi_interest",), seeds=[0], device="cpu", progress=False,
+                        models=["single_tower", "ranking"], settings="ad_features=1")
+    assert {m: note for m, (_, note) in seen[-1].items()} == {
+        m: "untuned: preset settings with ad_features=1" for m in ("single_tower", "ranking")}
+    for item in ("foo=1", "steps", "steps=ten", "steps=0", "ad_features=2", "lr=nan", "weight_decay=-1"):
+        with pytest.raises(SystemExit):
+            main(["--preset", "smoke", "--out", str(tmp_path / "bad"), "--set", item])
     assert not (tmp_path / "bad").exists()
