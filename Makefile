@@ -53,13 +53,13 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "andromeda-nb needs Python 3.11 or newer; set PYTHON=/path/to/python3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# PyTorch (training notebooks). Where pip finds a local CPU wheel of 2.13.0 (the development
-	# machines) that is what installs; from plain PyPI on Linux this pin is the multi-GB CUDA build:
-	# set TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" for the CPU build
+	@# PyTorch (training notebooks). Where pip finds a local CPU wheel of 2.13.0 (the development
+	@# machines) that is what installs; from plain PyPI on Linux this pin is the multi-GB CUDA build:
+	@# set TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" for the CPU build
 	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) 'torch==2.13.0'
 	$(PY) -m pip install --quiet -e '.[test,train]'
-	# the notebooks' kernel (python3) registered in .venv, pinned to its Python: a python3 kernel
-	# of another install in ~/.local/share/jupyter cannot take its place
+	@# the notebooks' kernel (python3) registered in .venv, pinned to its Python: a python3 kernel
+	@# of another install in ~/.local/share/jupyter cannot take its place
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (andromeda-nb)"
 	touch $(STAMP)
 
