@@ -697,8 +697,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     the first dataset's first runs start whatever is left, so every call gets somewhere; :func:`tune_models`);
     ``settings``: the preset's TrainConfig fields this run changed, e.g. ``"ad_features=1 weight_decay=1e-4"``,
     named in every trained row's scorer column (untuned: ``"untuned: preset settings with ..."``; tuned:
-    the tuned point's note ``"... at ..."``), so rows of changed settings never pass for the preset's; ``save_tops``: each model's top-100 a
-    seed kept in ``<out>/tops``, :func:`save_top`).
+    the tuned point's note ``"... at ..."``), so rows of changed settings never pass for the preset's;
+    ``save_tops``: each model's top-100 a seed kept in ``<out>/tops``, :func:`save_top`).
 
     This is what ``python -m andromeda_nb.training`` runs.
     """
