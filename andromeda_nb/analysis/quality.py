@@ -282,7 +282,8 @@ def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **ex
 
 
 def tune_models(data, preset: Preset | str = "full", models=None, device="auto", progress: bool = True,
-                workers: int = 1, runs_file=None, lengths: str = "own", budget_s: float | None = None):
+                workers: int = 1, runs_file=None, lengths: str = "own", budget_s: float | None = None,
+                refine: bool = True):
     """Each model's learning rate and length tuned on the validation split of the training part
     (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0). Returns
     ``({model: (TrainConfig, scorer note)}, rows)``: the rows hold each model's
@@ -291,7 +292,10 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     replace untuned rows of the same key when merged). Tune once and train every seed in the same
     run: a re-tune may choose another point. ``workers``: runs trained at once; ``runs_file``: where
     finished runs are kept, so a cut-off tuning resumes; ``lengths``: how a length is trained; ``budget_s``:
-    the seconds it may train (:func:`~andromeda_nb.training.tuning.tune_many`)."""
+    the seconds it may train (:func:`~andromeda_nb.training.tuning.tune_many`); ``refine`` (default): a
+    second stage around each model's point, its other settings scaled one at a time
+    (:func:`~andromeda_nb.training.tuning.refine_grid`: negatives, temperature, width, and the
+    load-balancing weight of a sparse mixture), each point its own run at the first stage's length."""
     from ..training import tuning
     from ..training.train import MODELS, pick_device
 
@@ -300,11 +304,33 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     meta = dict(commit=git_commit(), device=device_name(dev), experiment="expert_count", preset=preset.name)
     tuned, rows = {}, []
     bases = {name: preset.cfg(data.name, name) for name in (tuple(MODELS) if models is None else tuple(models))}
-    results = tuning.tune_many(bases, data, preset.tune_users.get(data.name), device=dev, progress=progress,
+    n_users, t0 = preset.tune_users.get(data.name), time.monotonic()
+    results = tuning.tune_many(bases, data, n_users, device=dev, progress=progress,
                                workers=workers, runs_file=runs_file, lengths=lengths, budget_s=budget_s)
+    second = {}
+    if refine:  # one tune_many a refine grid (the sparse mixtures' has the load-balancing axis)
+        firsts = {name: tuning.grid_config(base, results[name][0]) for name, base in bases.items()}
+        groups = {}
+        for name in bases:
+            groups.setdefault(repr(tuning.refine_grid(name)), []).append(name)
+        for names in groups.values():
+            grid, group = tuning.refine_grid(names[0]), {name: firsts[name] for name in names}
+            left = None if budget_s is None else budget_s - (time.monotonic() - t0)
+            if left is not None and left <= 0:
+                raise tuning.TuningIncomplete(f"tuning stopped at its time budget ({budget_s:g} s) before its "
+                                              "second stage: the same call again resumes there")
+            for name, (point, trials) in tuning.tune_many(group, data, n_users, grid=grid, device=dev,
+                                                          progress=progress, workers=workers, runs_file=runs_file,
+                                                          budget_s=left).items():
+                second[name] = (point, trials, tuning.grid_config(group[name], point))
     for name, base in bases.items():
         best, trials = results[name]
-        tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths))
+        if name in second:
+            point, trials2, cfg = second[name]
+            tuned[name] = (cfg, tuning.describe(best, lengths=lengths, refined=point))
+            trials = [*trials, *trials2]
+        else:
+            tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths))
         E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
         rows.append(_row(data.name, name, E, K, "fp32", base.d, 0, "validation_recall@100",
                          max(v for _, v in trials), **{**meta, "scorer": tuned[name][1],
@@ -687,7 +713,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
             scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
             settings: str | None = None, tune_lengths: str = "own", save_tops: bool = False,
-            tune_budget_s: float | None = None) -> pd.DataFrame:
+            tune_budget_s: float | None = None, refine: bool = True) -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
@@ -698,7 +724,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     ``settings``: the preset's TrainConfig fields this run changed, e.g. ``"ad_features=1 weight_decay=1e-4"``,
     named in every trained row's scorer column (untuned: ``"untuned: preset settings with ..."``; tuned:
     the tuned point's note ``"... at ..."``), so rows of changed settings never pass for the preset's;
-    ``save_tops``: each model's top-100 a seed kept in ``<out>/tops``, :func:`save_top`).
+    ``save_tops``: each model's top-100 a seed kept in ``<out>/tops``, :func:`save_top`; ``refine``: the
+    tuning's second stage, :func:`tune_models`).
 
     This is what ``python -m andromeda_nb.training`` runs.
     """
@@ -735,7 +762,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
                 budget = 1e-9  # the first tuning's first runs start whatever is left: every call gets somewhere
             tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers,
                                      runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file),
-                                     lengths=tune_lengths, budget_s=budget)
+                                     lengths=tune_lengths, budget_s=budget, refine=refine)
             if settings:
                 tuned = {m: (cfg, f"{note} at {settings}") for m, (cfg, note) in tuned.items()}
                 val["scorer"] = val["scorer"] + f" at {settings}"

@@ -76,6 +76,11 @@ def main(argv=None) -> int:
                          "runs start whatever it says: nothing is timed yet), so it stops between runs; "
                          f"with runs left it exits with status {EXIT_TUNING_LEFT} before any seed trains, and the same "
                          "command again resumes from FILE's runs")
+    ap.add_argument("--no-refine", action="store_true",
+                    help="with --tune: the first stage only (learning rate x length); by default a second stage "
+                         "scales each model's negatives, temperature, width and (sparse mixtures) load-balancing "
+                         "weight down and up around the first stage's point, one at a time "
+                         "(andromeda_nb.training.tuning.refine_grid)")
     ap.add_argument("--tuned", default=None, metavar="FILE",
                     help="with --tune: keep the chosen configurations in FILE (JSON, merged) and each finished "
                          "run beside it (FILE's name .runs.json: a cut-off tuning run again resumes there); without: "
@@ -100,6 +105,8 @@ def main(argv=None) -> int:
         ap.error(f"--tune-budget takes positive finite seconds, got {args.tune_budget}")
     if args.tune_budget is not None and not ((args.tune or args.tune_only) and args.tuned is not None):
         ap.error("--tune-budget goes with --tune or --tune-only and --tuned FILE (where the runs it leaves resume)")
+    if args.no_refine and not (args.tune or args.tune_only):
+        ap.error("--no-refine says how --tune tunes: give it with --tune or --tune-only")
     if args.tune_lengths is not None and not (args.tune or args.tune_only):
         ap.error("--tune-lengths says how --tune trains a length: give it with --tune or --tune-only")
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):
@@ -162,6 +169,7 @@ def main(argv=None) -> int:
                 device=args.device, progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
                 models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
                 tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops, tune_budget_s=args.tune_budget,
+                refine=not args.no_refine,
                 settings=" ".join(args.set) or None)
     except TuningIncomplete as e:  # the budget asked for it, and the runs are kept: run again
         print(f"{e} (after {time.perf_counter() - t0:.0f} s)")

@@ -6,7 +6,7 @@ modeling for large corpus item recommendations"; Yang et al. 2020, "Mixed negati
 batch of B training clicks (drawn uniformly from all clicks, so each click's ad appears with
 probability proportional to its popularity) shares C = B + N candidates: the batch's own positives
 (in-batch negatives for every other row) plus N ads drawn uniformly from the pool. Each candidate's
-logit is corrected by ``- log Q(ad)`` with ``Q(ad) = B * pop(ad) + N / n_ads`` (its expected count
+logit (its score over ``temperature``) is corrected by ``- log Q(ad)`` with ``Q(ad) = B * pop(ad) + N / n_ads`` (its expected count
 among the candidates), so the softmax estimates the full softmax over the pool; a candidate that is
 the same ad as the row's positive (an accidental hit) is masked. Loss: cross-entropy of the row's
 positive, plus ``lb_coef`` times the Switch load-balancing term for mixtures with K < E. Adam,
@@ -67,6 +67,9 @@ class TrainConfig:
     #: 0.409 against 0.413, the single tower 0.426; data/results/quality_diagnostics.md); preset
     #: full is not measured
     interest_experts: int = 0
+    #: the sampled softmax's temperature: logits are score / temperature (before the sampling
+    #: correction); the ranking a trained model serves does not depend on it
+    temperature: float = 1.0
 
     def __post_init__(self):
         for name in ("d", "width", "hidden", "steps", "batch", "negatives"):
@@ -74,12 +77,13 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {getattr(self, name)!r}")
         if not (isinstance(self.warmup, int) and self.warmup >= 0):
             raise ValueError(f"TrainConfig.warmup must be an int >= 0, got {self.warmup!r}")
-        for name in ("lr", "weight_decay", "lb_coef", "grad_clip"):
+        for name in ("lr", "weight_decay", "lb_coef", "grad_clip", "temperature"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and v != float("inf")):
                 raise ValueError(f"TrainConfig.{name} must be a finite number >= 0, got {v!r}")
-        if not self.lr > 0:
-            raise ValueError(f"TrainConfig.lr must be positive, got {self.lr!r}")
+        for name in ("lr", "temperature"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TrainConfig.{name} must be positive, got {getattr(self, name)!r}")
         for name in ("ad_features", "interest_experts"):  # switches: 2 must not pass for "on"
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"TrainConfig.{name} is a switch, 0 or 1; got {getattr(self, name)!r}")
@@ -326,7 +330,7 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
             s, p, mask = net.score(batch, cand, cats, return_gate=True)
         else:
             s, p, mask = net.score(batch, cand, cats), None, None
-        logits = s - logq[None, :]
+        logits = (s if cfg.temperature == 1.0 else s / cfg.temperature) - logq[None, :]
         hit = (cand[None, :] == pos[:, None])
         diag = torch.arange(B, device=dev)
         hit[diag, diag] = False

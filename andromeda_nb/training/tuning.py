@@ -8,7 +8,12 @@ what remains, and the grid point with the best validation recall@100 (targeting 
 user's remaining training clicks excluded) wins. The held-out part is never read.
 
 The budget: every model tries the same grid (:data:`GRID`: learning rate x training length); each
-point's other settings are the preset's. By default (``lengths="own"``) each point trains its own
+point's other settings are the preset's. A second stage (:func:`refine_grid`, on by default in
+:func:`~andromeda_nb.analysis.quality.tune_models`) then trains, at the chosen learning rate and
+length, each of :data:`REFINE_AXES` scaled down and up with the others kept (negatives, the sampled
+softmax's temperature, the width, and a sparse mixture's load-balancing weight: 6 runs a model, 8
+for a mixture choosing fewer experts than it has), and keeps the best of those and the first
+stage's point. By default (``lengths="own"``) each point trains its own
 run with its own schedule (warm-up, cosine decay over that length), so the model validated is the
 model the seeds then train (seed 0 against the others): 7.75 preset lengths a learning rate on the
 grid's 1/4x-4x. ``lengths="checkpoints"`` is about half the cost: one run a learning rate follows
@@ -69,7 +74,13 @@ GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3
 #: TrainConfig fields added after configurations were first kept, with the value that gives a
 #: configuration (or a run key) kept without them the model it was tuned as (``ad_features``: id
 #: embeddings alone; ``interest_experts``: experts reading signal groups)
-LEGACY_FIELDS = {"ad_features": 0, "interest_experts": 0}
+LEGACY_FIELDS = {"ad_features": 0, "interest_experts": 0, "temperature": 1.0}
+
+#: the second stage (:func:`refine_grid`): around the first stage's point, one setting at a time
+#: scaled down and up (TrainConfig fields as ``<field>_scale``; the load-balancing weight only where
+#: the model has one: a mixture choosing fewer experts than it has)
+REFINE_AXES = {"negatives": (1 / 4, 4.0), "temperature": (1 / 2, 2.0), "width": (1 / 2, 2.0),
+               "lb_coef": (1 / 10, 10.0)}
 
 #: how a grid point's length is trained when tuning (:func:`tune_many`)
 LENGTHS = ("own", "checkpoints")
@@ -99,17 +110,23 @@ def validation_users(data: InteractionData, n_users: int | None = None) -> int:
     return n if n_users is None else min(n, int(n_users))
 
 
+_SCALED = {f"{field}_scale": field for field in ("lr", "steps", *REFINE_AXES)}
+
+
 def check_grid(grid) -> tuple:
-    """``grid`` as a tuple of points, each ``{"lr_scale": s, "steps_scale": t}`` with finite positive
-    scales (raises ValueError, before anything trains)."""
+    """``grid`` as a tuple of points, each ``{"lr_scale": s, "steps_scale": t}`` and optionally a
+    scale of a :data:`REFINE_AXES` field (``"negatives_scale": 4``), all finite and positive (raises
+    ValueError, before anything trains)."""
     if isinstance(grid, (dict, str)) or not hasattr(grid, "__iter__"):
         raise ValueError(f"a grid is a sequence of points {{'lr_scale': .., 'steps_scale': ..}}, got {grid!r}")
     grid = tuple(grid)
     if not grid:
         raise ValueError("an empty grid")
     for point in grid:
-        if not isinstance(point, dict) or set(point) != {"lr_scale", "steps_scale"}:
-            raise ValueError(f"a grid point is {{'lr_scale': .., 'steps_scale': ..}}, got {point!r}")
+        if not isinstance(point, dict) or not {"lr_scale", "steps_scale"} <= set(point) or not set(point) <= set(
+                _SCALED):
+            raise ValueError(f"a grid point is {{'lr_scale': .., 'steps_scale': ..}} and optionally scales of "
+                             f"{', '.join(REFINE_AXES)} ('<field>_scale'), got {point!r}")
         for key, v in point.items():
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (
                     np.isfinite(v) and v > 0):
@@ -118,11 +135,27 @@ def check_grid(grid) -> tuple:
 
 
 def grid_config(cfg, point: dict):
-    """The preset's :class:`~.train.TrainConfig` at a grid point (learning rate and steps scaled;
-    at least one step)."""
+    """The preset's :class:`~.train.TrainConfig` at a grid point (learning rate, steps and any other
+    field the point names scaled; an int field rounded, at least 1)."""
     check_grid([point])
-    return replace(cfg, lr=float(cfg.lr * point["lr_scale"]),
-                   steps=max(1, int(round(cfg.steps * point["steps_scale"]))))
+    changes = {}
+    for key, scale in point.items():
+        field = _SCALED[key]
+        v = getattr(cfg, field) * scale
+        changes[field] = max(1, int(round(v))) if isinstance(getattr(cfg, field), int) else float(v)
+    return replace(cfg, **changes)
+
+
+def refine_grid(model: str) -> tuple:
+    """The second stage's points around a first-stage point: that point itself (``{}``'s scales
+    all 1), then each :data:`REFINE_AXES` field scaled down and up, the others kept (the
+    load-balancing weight for a mixture choosing fewer experts than it has)."""
+    from .train import MODELS
+
+    E, K = MODELS[model]
+    axes = [f for f in REFINE_AXES if f != "lb_coef" or (E is not None and K < E)]
+    return ({"lr_scale": 1.0, "steps_scale": 1.0},
+            *({"lr_scale": 1.0, "steps_scale": 1.0, f"{f}_scale": s} for f in axes for s in REFINE_AXES[f]))
 
 
 def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid=GRID, device="auto",
@@ -324,7 +357,7 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
         trials = [(p, value[id(p)]) for p in grid]
         # ties (e.g. two lengths that round to the same steps in a tiny preset) go to the point
         # nearest the preset's settings
-        best = max(trials, key=lambda t: (t[1], -abs(np.log(t[0]["lr_scale"])) - abs(np.log(t[0]["steps_scale"]))))
+        best = max(trials, key=lambda t: (t[1], -sum(abs(np.log(v)) for v in t[0].values())))
         out[name] = best[0], trials
     return out
 
@@ -441,10 +474,11 @@ def _validated_run(name: str, view: InteractionData, rows, run, stops, device, p
     return dict(tm.validation)
 
 
-def describe(point: dict, grid=GRID, lengths: str = "own") -> str:
+def describe(point: dict, grid=GRID, lengths: str = "own", refined: dict | None = None) -> str:
     """The tuned point for a results row's scorer column (``lengths``: how the tuning trained its
     lengths, :func:`tune_many`), and which of its axes (of three values or more: with two, either is
-    an edge) sit at the grid's edge (a better point may lie past it)."""
+    an edge) sit at the grid's edge (a better point may lie past it); ``refined``: the second
+    stage's point (:func:`refine_grid`), where one was trained."""
     from .baselines import grid_edges
 
     edges = [e for e in grid_edges(point, grid) if len({p[e] for p in grid}) >= 3]
@@ -452,8 +486,13 @@ def describe(point: dict, grid=GRID, lengths: str = "own") -> str:
     if lengths not in LENGTHS:
         raise ValueError(f"lengths must be one of {LENGTHS}, got {lengths!r}")
     how = "each length its own run" if lengths == "own" else f"length by early stopping in a x{longest:g} run"
+    more = ""
+    if refined is not None:  # the second stage's point (refine_grid): its one field scaled, or none
+        scaled = {k: v for k, v in refined.items() if k not in ("lr_scale", "steps_scale") and v != 1}
+        more = "; second stage: " + (", ".join(f"{_SCALED[k]} x{v:g} (grid edge)" for k, v in scaled.items())
+                                     or "kept (no setting scaled down or up did better)")
     return (f"tuned on the validation split: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g} ({how})"
-            + (f" (grid edge: {', '.join(edges)})" if edges else ""))
+            + (f" (grid edge: {', '.join(edges)})" if edges else "") + more)
 
 
 def _config_fields() -> dict:

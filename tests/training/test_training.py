@@ -189,6 +189,7 @@ def test_interest_experts_pool_the_history_per_expert(data):
 @pytest.mark.parametrize("field,value", [("ad_features", 2), ("interest_experts", -1), ("steps", 0),
                                          ("batch", 2.5), ("lr", 0.0), ("lr", float("nan")),
                                          ("weight_decay", -1e-4), ("grad_clip", float("inf")), ("warmup", -1),
+                                         ("temperature", 0.0),
                                          ("lb_coef", True)])
 def test_train_config_refuses_values_it_cannot_train(field, value):
     """TrainConfig refuses, by name, a value that would train something else than asked (a switch of
@@ -196,3 +197,31 @@ def test_train_config_refuses_values_it_cannot_train(field, value):
     with pytest.raises(ValueError, match=f"TrainConfig.{field}"):
         TrainConfig(**{field: value})
     assert TrainConfig(**{field: type(getattr(TrainConfig(), field))(1)}) is not None  # the field's sound value
+
+
+def test_temperature_divides_the_scores_before_the_sampling_correction(data, monkeypatch):
+    """The first step's logits (before any update: same seed, network and batch) are score /
+    temperature - log Q: with the scores the network gave that step and log Q from the run at
+    temperature 1, the run at 1/4 gives 4 s - log Q (not (s - log Q) * 4, not s - log Q)."""
+    import andromeda_nb.training.train as T
+
+    seen = {"logits": [], "scores": []}
+    real_ce, real_score = T.torch.nn.functional.cross_entropy, T.RetrievalNet.score
+    monkeypatch.setattr(T.torch.nn.functional, "cross_entropy",
+                        lambda logits, target: (seen["logits"].append(logits.detach().clone()),
+                                                real_ce(logits, target))[1])
+    monkeypatch.setattr(T.RetrievalNet, "score",
+                        lambda self, *a, **k: (lambda out: (seen["scores"].append(out.detach().clone()), out)[1])(
+                            real_score(self, *a, **k)))
+    runs = {}
+    for tau in (1.0, 0.25):
+        seen["logits"].clear(), seen["scores"].clear()
+        m = train_model("single_tower", data, TrainConfig(**{**TINY.__dict__, "steps": 1, "temperature": tau}),
+                        seed=0, device="cpu", progress=False)
+        runs[tau] = (seen["scores"][0], seen["logits"][0], m.history[0])
+    (s1, l1, h1), (s4, l4, h4) = runs[1.0], runs[0.25]
+    torch.testing.assert_close(s1, s4)  # the same network and batch
+    kept = l1 > -1e8  # the masked accidental hits stay at -1e9
+    logq = s1 - l1
+    torch.testing.assert_close(l4[kept], (4 * s1 - logq)[kept], rtol=1e-5, atol=1e-4)
+    assert h1 != h4 and np.isfinite([h1, h4]).all()

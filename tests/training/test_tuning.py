@@ -193,8 +193,54 @@ def test_tuned_models_train_every_seed_at_their_point(data):
     rec = frame[(frame["metric"] == "recall@100") & (frame["model"] != "true_model")]
     assert rec["scorer"].str.startswith("tuned on the validation split").all()
     assert len(frame[frame["metric"] == "train_seconds"]) == 2
-    for name, (cfg, _) in tuned.items():  # the point chosen is one of the grid's
-        assert any(cfg == tuning.grid_config(PRESET.cfg("multi_interest", name), p) for p in tuning.GRID)
+    for name, (cfg, note) in tuned.items():  # the point chosen: a first-stage point, then a second-stage one
+        base = PRESET.cfg("multi_interest", name)
+        assert any(cfg == tuning.grid_config(tuning.grid_config(base, p), q)
+                   for p in tuning.GRID for q in tuning.refine_grid(name))
+        assert "; second stage: " in note
+
+
+def test_the_second_stage_scales_one_setting_at_a_time(data, tmp_path, monkeypatch):
+    """tune_models' second stage (refine_grid) trains, around each model's first-stage point, each of
+    its settings scaled down and up, the others kept: the load-balancing weight only for a mixture
+    choosing fewer experts than it has; the first-stage point is not trained again; the better point
+    is taken, and the note names it; refine=False stops after the first stage."""
+    trained = []
+
+    def fake_run(name, view, rows, run, stops, device, progress):
+        trained.append((name, run))
+        return {stops[0]: min(1.0, run.lr * 10 + (run.negatives > 100) * 0.1 + (run.lb_coef > 0.05) * 0.2)}
+
+    monkeypatch.setattr(tuning, "_validated_run", fake_run)
+    preset = replace(PRESET, tune_users={"multi_interest": 25})
+    models = ["single_tower", "mixture_k2", "dense_mixture"]
+    first, _ = quality.tune_models(data, preset, models=models, device="cpu", progress=False, refine=False,
+                                   runs_file=tmp_path / "runs.json")
+    assert len(trained) == 3 * len(tuning.GRID) and all("second stage" not in n for _, n in first.values())
+    trained.clear()
+    tuned, val = quality.tune_models(data, preset, models=models, device="cpu", progress=False,
+                                     runs_file=tmp_path / "runs.json")
+    per_model = {m: [run for name, run in trained if name == m] for m in models}
+    assert [len(per_model[m]) for m in models] == [6, 8, 6]  # the first stage's runs and point kept
+    for m in models:
+        base = first[m][0]
+        assert tuning.refine_grid(m)[0] == {"lr_scale": 1.0, "steps_scale": 1.0}
+        changed = [{f for f in ("negatives", "temperature", "width", "lb_coef") if getattr(r, f) != getattr(base, f)}
+                   for r in per_model[m]]
+        assert all(len(c) == 1 for c in changed)  # one setting at a time, lr and length kept
+        assert all((r.lr, r.steps) == (base.lr, base.steps) for r in per_model[m])
+    one = first["single_tower"][0]
+    assert tuned["single_tower"][0] == replace(one, negatives=4 * one.negatives)
+    assert "second stage: negatives x4 (grid edge)" in tuned["single_tower"][1]
+    assert tuned["mixture_k2"][0].lb_coef == pytest.approx(10 * first["mixture_k2"][0].lb_coef)
+    assert "second stage: lb_coef x10 (grid edge)" in tuned["mixture_k2"][1]
+    assert list(val["value"]) == pytest.approx([
+        min(1.0, tuned[m][0].lr * 10 + (tuned[m][0].negatives > 100) * 0.1 + (tuned[m][0].lb_coef > 0.05) * 0.2)
+        for m in models])
+    with pytest.raises(ValueError, match="a grid point"):
+        tuning.check_grid([{"lr_scale": 1.0, "steps_scale": 1.0, "batch_scale": 2.0}])
+    with pytest.raises(ValueError, match="finite positive"):
+        tuning.check_grid([{"lr_scale": 1.0, "steps_scale": 1.0, "width_scale": 0.0}])
 
 
 def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
@@ -504,12 +550,14 @@ def test_one_budget_for_every_datasets_tuning(data, tmp_path, monkeypatch):
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(quality, "load_data", lambda ds, p, data_dir=None: dc_replace(data, name=ds))
     base = PRESET.cfg("multi_interest", "single_tower")
-    whole = sum(tuning.grid_config(base, p).steps for p in tuning.GRID)  # the first dataset's whole tuning
+    # the first dataset's whole tuning: the first stage, then the second's six runs around its point
+    # (lr x9 wins, its lengths tie and go to the preset's; the point itself is not trained again)
+    whole = sum(tuning.grid_config(base, p).steps for p in tuning.GRID) + 6 * base.steps
     with pytest.raises(tuning.TuningIncomplete, match="before ml-100k's tuning"):
         quality.run_all("smoke", tmp_path, datasets=("multi_interest", "ml-100k"), seeds=[], device="cpu",
                         progress=False, models=["single_tower"], tune=True, tuned_file=tmp_path / "t.json",
                         tune_budget_s=whole)
-    assert trained == ["multi_interest"] * len(tuning.GRID) and clock[0] == whole
+    assert trained == ["multi_interest"] * (len(tuning.GRID) + 6) and clock[0] == whole
     for bad, kw in ((float("nan"), {"tuned_file": tmp_path / "u.json"}), (60, {})):
         with pytest.raises(ValueError, match="budget_s"):
             quality.run_all("smoke", tmp_path / "bad", datasets=("multi_interest",), seeds=[], progress=False,
