@@ -318,7 +318,8 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
     assert not (tmp_path / "quality.csv").exists()
     for argv in (["--models", "foo"], ["--tuned", str(path), "--models", "mixture_k2"],
                  ["--tune-lengths", "checkpoints", "--seeds", "0"],  # how a tuning trains, without a tuning
-                 ["--tune-budget", "60", "--seeds", "0"], ["--tune-only", "--tuned", str(path), "--tune-budget", "0"]):
+                 ["--tune-budget", "60", "--seeds", "0"], ["--tune-only", "--tuned", str(path), "--tune-budget", "0"],
+                 ["--no-refine", "--seeds", "0"]):  # a tuning's stage without a tuning
         with pytest.raises(SystemExit):  # unknown models, a file lacking one: usage errors before any row
             main(["--preset", "smoke", "--datasets", "multi_interest", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
