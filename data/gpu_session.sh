@@ -43,6 +43,7 @@ for step in "$@"; do
       # QUALITY_TUNE=only tunes and trains no seed (QUALITY_TUNED keeps its choices)
       # QUALITY_TUNED=FILE keeps the tuned configurations there (with QUALITY_TUNE) or trains them (without);
       #   finished tuning runs go beside it (FILE.runs.json): a cut-off tuning run again with that file resumes
+      # QUALITY_NO_REFINE=1: the tuning's first stage only (learning rate x length), no second stage
       # QUALITY_TUNE_LENGTHS=checkpoints: lengths as checkpoints of one run a learning rate (default: own runs)
       # QUALITY_TUNE_BUDGET=S starts tuning runs only while they can finish within S seconds (the first
       #   QUALITY_WORKERS start regardless), stopping between runs; run again to resume
@@ -54,7 +55,7 @@ for step in "$@"; do
       python3 -m andromeda_nb.training --preset full --out "$OUT/quality" --no-progress ${ds:+--datasets $ds} \
         ${QUALITY_SEEDS:+--seeds $QUALITY_SEEDS} ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNE:+--tune$([ "$QUALITY_TUNE" = only ] && echo -only)} \
         ${QUALITY_TUNED:+--tuned $QUALITY_TUNED} ${QUALITY_SET:+--set $QUALITY_SET} ${QUALITY_WORKERS:+--workers $QUALITY_WORKERS} \
-        ${QUALITY_TUNE_BUDGET:+--tune-budget $QUALITY_TUNE_BUDGET} \
+        ${QUALITY_TUNE_BUDGET:+--tune-budget $QUALITY_TUNE_BUDGET} ${QUALITY_NO_REFINE:+--no-refine} \
         ${QUALITY_TUNE_LENGTHS:+--tune-lengths $QUALITY_TUNE_LENGTHS} ${QUALITY_SAVE_TOPS:+--save-tops} \
         2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
     ptx)
