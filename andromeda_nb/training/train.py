@@ -72,21 +72,32 @@ class TrainConfig:
     temperature: float = 1.0
 
     def __post_init__(self):
+        """Refuse, by name, a value that would train something else than asked; numpy scalars are
+        kept as Python numbers (configurations are written to JSON)."""
+        def number(name, integral):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer) if integral else (
+                    int, float, np.integer, np.floating)):
+                raise ValueError(f"TrainConfig.{name} must be {'an int' if integral else 'a number'}, got {v!r}")
+            v = int(v) if integral else float(v)
+            object.__setattr__(self, name, v)
+            return v
+
         for name in ("d", "width", "hidden", "steps", "batch", "negatives"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+            if number(name, True) < 1:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {getattr(self, name)!r}")
-        if not (isinstance(self.warmup, int) and self.warmup >= 0):
+        if number("warmup", True) < 0:
             raise ValueError(f"TrainConfig.warmup must be an int >= 0, got {self.warmup!r}")
         for name in ("lr", "weight_decay", "lb_coef", "grad_clip", "temperature"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and v != float("inf")):
-                raise ValueError(f"TrainConfig.{name} must be a finite number >= 0, got {v!r}")
-        for name in ("lr", "temperature"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"TrainConfig.{name} must be positive, got {getattr(self, name)!r}")
+            v = number(name, False)
+            if not (0 <= v < math.inf) or (name in ("lr", "temperature") and v == 0):
+                raise ValueError(f"TrainConfig.{name} must be a finite number "
+                                 f"{'> 0' if name in ('lr', 'temperature') else '>= 0'}, got {v!r}")
         for name in ("ad_features", "interest_experts"):  # switches: 2 must not pass for "on"
-            if getattr(self, name) not in (0, 1):
-                raise ValueError(f"TrainConfig.{name} is a switch, 0 or 1; got {getattr(self, name)!r}")
+            v = getattr(self, name)
+            if isinstance(v, (float, np.floating)) or v not in (0, 1):
+                raise ValueError(f"TrainConfig.{name} is a switch, 0 or 1; got {v!r}")
+            object.__setattr__(self, name, int(v))
 
 
 def make_net(name: str, data: InteractionData, cfg: TrainConfig):

@@ -189,7 +189,7 @@ def test_interest_experts_pool_the_history_per_expert(data):
 @pytest.mark.parametrize("field,value", [("ad_features", 2), ("interest_experts", -1), ("steps", 0),
                                          ("batch", 2.5), ("lr", 0.0), ("lr", float("nan")),
                                          ("weight_decay", -1e-4), ("grad_clip", float("inf")), ("warmup", -1),
-                                         ("temperature", 0.0),
+                                         ("temperature", 0.0), ("steps", True), ("ad_features", 1.0), ("lr", "1e-3"),
                                          ("lb_coef", True)])
 def test_train_config_refuses_values_it_cannot_train(field, value):
     """TrainConfig refuses, by name, a value that would train something else than asked (a switch of
@@ -197,6 +197,17 @@ def test_train_config_refuses_values_it_cannot_train(field, value):
     with pytest.raises(ValueError, match=f"TrainConfig.{field}"):
         TrainConfig(**{field: value})
     assert TrainConfig(**{field: type(getattr(TrainConfig(), field))(1)}) is not None  # the field's sound value
+
+
+def test_train_config_keeps_numpy_scalars_as_python_numbers():
+    """A configuration built from numpy scalars (a user's sweep) holds Python numbers, so it is
+    written to JSON (tuned configurations, run keys) like one built from literals."""
+    import json
+    from dataclasses import asdict
+
+    cfg = TrainConfig(steps=np.int64(40), lr=np.float32(0.5), width=np.int32(8), ad_features=np.int64(1))
+    assert cfg == TrainConfig(steps=40, lr=0.5, width=8, ad_features=1)
+    assert json.loads(json.dumps(asdict(cfg))) == asdict(TrainConfig(steps=40, lr=0.5, width=8, ad_features=1))
 
 
 def test_temperature_divides_the_scores_before_the_sampling_correction(data, monkeypatch):
