@@ -325,15 +325,16 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
                 second[name] = (point, trials, tuning.grid_config(group[name], point))
     for name, base in bases.items():
         best, trials = results[name]
+        value = dict((id(p), v) for p, v in trials)[id(best)]
         if name in second:
             point, trials2, cfg = second[name]
             tuned[name] = (cfg, tuning.describe(best, lengths=lengths, refined=point))
-            trials = [*trials, *trials2]
+            value = dict((id(p), v) for p, v in trials2)[id(point)]  # the chosen run's own, not a checkpoint's
         else:
             tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths))
         E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
         rows.append(_row(data.name, name, E, K, "fp32", base.d, 0, "validation_recall@100",
-                         max(v for _, v in trials), **{**meta, "scorer": tuned[name][1],
+                         value, **{**meta, "scorer": tuned[name][1],
                                                        "n_users": tuning.validation_users(data, preset.tune_users.get(
                                                            data.name))}))
     return tuned, pd.DataFrame(rows, columns=COLUMNS)
@@ -627,11 +628,14 @@ def precision_tables(tm):
     return out
 
 
-def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progress: bool = False) -> pd.DataFrame:
-    """Precision rows of one trained retrieval model (module docstring)."""
+def run_precision(tm, rows, preset: str = "full", dtypes=PRECISION_DTYPES, progress: bool = False,
+                  trained_as: str | None = None) -> pd.DataFrame:
+    """Precision rows of one trained retrieval model (module docstring); ``trained_as``: how it was
+    trained where not at the preset's settings (a tuned point's or changed settings' note), added
+    to the rows' scorer column."""
     data = tm.data
     meta = dict(commit=git_commit(), device=device_name(tm.device), experiment="precision", preset=preset,
-                scorer="torch_fp32_formula", n_users=int(len(rows)))
+                scorer="torch_fp32_formula" + (f"; model {trained_as}" if trained_as else ""), n_users=int(len(rows)))
     tables = precision_tables(tm)
     elig = data.eligible(rows)
     base = model_scores(tm, rows, tables["fp32"][0])
@@ -778,8 +782,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
                                               tuned=tuned, tops_dir=Path(out) / "tops" if save_tops else None)
-            prec = [run_precision(tm, prec_rows, preset=p.name) for (name, _), tm in sorted(trained.items())
-                    if name == "mixture_k2"]
+            prec = [run_precision(tm, prec_rows, preset=p.name, trained_as=(tuned or {}).get(name, (None, None))[1])
+                    for (name, _), tm in sorted(trained.items()) if name == "mixture_k2"]
             done = pd.concat([frame, *prec], ignore_index=True)
             write_rows(done, path)
             frames.append(done)

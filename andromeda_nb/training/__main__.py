@@ -23,6 +23,8 @@ def _parse_settings(ap, items) -> dict:
     kv = {}
     for item in items:
         key, eq, text = item.partition("=")
+        if key in kv:
+            ap.error(f"--set names {key} twice")
         if not eq or key not in names:
             ap.error(f"--set takes KEY=VALUE with KEY a TrainConfig field ({', '.join(sorted(names))}), got {item!r}")
         try:

@@ -79,7 +79,10 @@ class TrainConfig:
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer) if integral else (
                     int, float, np.integer, np.floating)):
                 raise ValueError(f"TrainConfig.{name} must be {'an int' if integral else 'a number'}, got {v!r}")
-            v = int(v) if integral else float(v)
+            try:
+                v = int(v) if integral else float(v)
+            except OverflowError:
+                raise ValueError(f"TrainConfig.{name} is out of range: {v!r}") from None
             object.__setattr__(self, name, v)
             return v
 
@@ -95,7 +98,7 @@ class TrainConfig:
                                  f"{'> 0' if name in ('lr', 'temperature') else '>= 0'}, got {v!r}")
         for name in ("ad_features", "interest_experts"):  # switches: 2 must not pass for "on"
             v = getattr(self, name)
-            if isinstance(v, (float, np.floating)) or v not in (0, 1):
+            if not isinstance(v, (int, np.integer)) or v not in (0, 1):
                 raise ValueError(f"TrainConfig.{name} is a switch, 0 or 1; got {v!r}")
             object.__setattr__(self, name, int(v))
 

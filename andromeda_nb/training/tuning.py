@@ -129,7 +129,7 @@ def check_grid(grid) -> tuple:
                              f"{', '.join(REFINE_AXES)} ('<field>_scale'), got {point!r}")
         for key, v in point.items():
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (
-                    np.isfinite(v) and v > 0):
+                    0 < v and (v < 1e300 if isinstance(v, int) else float(v) < 1e300)):
                 raise ValueError(f"{key} must be a finite positive number, got {v!r}")
     return grid
 
@@ -236,6 +236,9 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     view = validation_view(data)
     if not view.eval_rows.size:
         raise ValueError(f"{data.name}: no evaluated user has two training clicks to hold one back for validation")
+    if lengths == "checkpoints" and any(set(p) - {"lr_scale", "steps_scale"} for p in grid):
+        raise ValueError("lengths='checkpoints' trains one run a learning rate: a grid scaling other settings "
+                         "(refine_grid's) needs lengths='own'")
     rows = eval_rows(view, n_users, seed=0)
     longest = max(p["steps_scale"] for p in grid)
     jobs = []  # (model, its grid points, the run's config, its checkpoints): one a model and point, or model and lr

@@ -80,8 +80,11 @@ def test_precision_rows(k2, data):
         assert 0 <= got[(dt, "overlap@100_same_storage")] <= 1
     assert set(frame.loc[frame["metric"] == "overlap@100_same_storage", "dtype"]) == {"fp16_math", "int8_fp16_math"}
     # without its storage among the dtypes, the storage is scored all the same (and not written)
-    alone = quality.run_precision(k2, rows, preset="smoke", dtypes=("fp32", "int8_fp16_math"))
+    alone = quality.run_precision(k2, rows, preset="smoke", dtypes=("fp32", "int8_fp16_math"),
+                                  trained_as="untuned: preset settings with lr=0.01")
     assert set(alone["dtype"]) == {"fp32", "int8_fp16_math"}
+    assert (frame["scorer"] == "torch_fp32_formula").all()  # a model trained at changed settings says so
+    assert (alone["scorer"] == "torch_fp32_formula; model untuned: preset settings with lr=0.01").all()
     again = alone.set_index(["dtype", "metric"])["value"]
     for metric in ("recall@100_delta_pp_same_storage", "overlap@100_same_storage"):
         assert again[("int8_fp16_math", metric)] == pytest.approx(got[("int8_fp16_math", metric)])

@@ -239,8 +239,25 @@ def test_the_second_stage_scales_one_setting_at_a_time(data, tmp_path, monkeypat
         for m in models])
     with pytest.raises(ValueError, match="a grid point"):
         tuning.check_grid([{"lr_scale": 1.0, "steps_scale": 1.0, "batch_scale": 2.0}])
-    with pytest.raises(ValueError, match="finite positive"):
-        tuning.check_grid([{"lr_scale": 1.0, "steps_scale": 1.0, "width_scale": 0.0}])
+    for bad in (0.0, 10**400, float("nan")):
+        with pytest.raises(ValueError, match="finite positive"):
+            tuning.check_grid([{"lr_scale": 1.0, "steps_scale": 1.0, "width_scale": bad}])
+    with pytest.raises(ValueError, match="lengths='own'"):  # checkpoints would not train the scaled settings
+        tuning.tune("single_tower", data, first["single_tower"][0], grid=tuning.refine_grid("single_tower"),
+                    lengths="checkpoints")
+
+
+def test_the_validation_row_is_the_chosen_runs_own_value(data, monkeypatch):
+    """With lengths="checkpoints" a first-stage point's value is a checkpoint of a longer run; the
+    validation row reports the value of the run the second stage chose, not the largest seen."""
+    def fake_run(name, view, rows, run, stops, device, progress):  # checkpoints score above own runs
+        return {s: (0.5 if len(stops) > 1 else 0.3) + run.negatives * 1e-4 for s in stops}
+
+    monkeypatch.setattr(tuning, "_validated_run", fake_run)
+    tuned, val = quality.tune_models(data, replace(PRESET, tune_users={"multi_interest": 25}), models=["single_tower"],
+                                     device="cpu", progress=False, lengths="checkpoints")
+    assert tuned["single_tower"][0].negatives == 4 * PRESET.cfg("multi_interest", "single_tower").negatives
+    assert val["value"].iloc[0] == pytest.approx(0.3 + tuned["single_tower"][0].negatives * 1e-4)
 
 
 def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
@@ -593,7 +610,8 @@ def test_rows_of_changed_settings_name_them(data, tmp_path, monkeypatch):
                         models=["single_tower", "ranking"], settings="ad_features=1")
     assert {m: note for m, (_, note) in seen[-1].items()} == {
         m: "untuned: preset settings with ad_features=1" for m in ("single_tower", "ranking")}
-    for item in ("foo=1", "steps", "steps=ten", "steps=0", "ad_features=2", "lr=nan", "weight_decay=-1"):
+    for item in ("foo=1", "steps", "steps=ten", "steps=0", "ad_features=2", "lr=nan", "weight_decay=-1",
+                 "lr=1" + "0" * 400, "steps=3 steps=5"):
         with pytest.raises(SystemExit):
-            main(["--preset", "smoke", "--out", str(tmp_path / "bad"), "--set", item])
+            main(["--preset", "smoke", "--out", str(tmp_path / "bad"), "--set", *item.split()])
     assert not (tmp_path / "bad").exists()
