@@ -309,12 +309,11 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
                                workers=workers, runs_file=runs_file, lengths=lengths, budget_s=budget_s)
     second = {}
     if refine:  # one tune_many a refine grid (the sparse mixtures' has the load-balancing axis)
-        firsts = {name: tuning.grid_config(base, results[name][0]) for name, base in bases.items()}
-        groups = {}
-        for name in bases:
-            groups.setdefault(repr(tuning.refine_grid(name)), []).append(name)
-        for names in groups.values():
-            grid, group = tuning.refine_grid(names[0]), {name: firsts[name] for name in names}
+        groups = {}  # refine grid -> {model: its first-stage configuration}
+        for name, base in bases.items():
+            grid = tuning.refine_grid(name)
+            groups.setdefault(repr(grid), (grid, {}))[1][name] = tuning.grid_config(base, results[name][0])
+        for grid, group in groups.values():
             left = None if budget_s is None else budget_s - (time.monotonic() - t0)
             if left is not None and left <= 0:
                 raise tuning.TuningIncomplete(f"tuning stopped at its time budget ({budget_s:g} s) before its "
@@ -325,18 +324,17 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
                 second[name] = (point, trials, tuning.grid_config(group[name], point))
     for name, base in bases.items():
         best, trials = results[name]
-        value = dict((id(p), v) for p, v in trials)[id(best)]
+        value = next(v for p, v in trials if p is best)
         if name in second:
             point, trials2, cfg = second[name]
             tuned[name] = (cfg, tuning.describe(best, lengths=lengths, refined=point))
-            value = dict((id(p), v) for p, v in trials2)[id(point)]  # the chosen run's own, not a checkpoint's
+            value = next(v for p, v in trials2 if p is point)  # the chosen run's own, not a checkpoint's
         else:
             tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths))
         E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
         rows.append(_row(data.name, name, E, K, "fp32", base.d, 0, "validation_recall@100",
                          value, **{**meta, "scorer": tuned[name][1],
-                                                       "n_users": tuning.validation_users(data, preset.tune_users.get(
-                                                           data.name))}))
+                                   "n_users": tuning.validation_users(data, n_users)}))
     return tuned, pd.DataFrame(rows, columns=COLUMNS)
 
 
