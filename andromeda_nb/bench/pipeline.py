@@ -260,20 +260,21 @@ def _dequant_note(config, table) -> str:
     return f"; dequant={config.resolved_dequant(table)}"
 
 
-def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None) -> dict:
+def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None, f16_weights: str = "auto") -> dict:
     from .. import reference
     from ..score import KernelConfig, score_ads, score_topk
     from ..score.launches import launch_score_filter
     from ..score.table import DeviceRequest
 
     req = reqs[0]
-    config = KernelConfig(math=math)
+    config = KernelConfig(math=math, f16_weights=f16_weights)
+    shared = config.kernel_f16_weights() == "shared"
     top = score_topk(req, tiles, K, config=config)  # warm; its workspace stays on the table
     walls = _timed(lambda: score_topk(req, tiles, K, config=config), CALLS)
     wall, p99 = _quantiles(walls)
     if out_dir is not None:
         _host_profile(lambda: score_topk(req, tiles, K, config=config), 30, out_dir,
-                      f"score_topk_{n}_{math}{_dtype_suffix(tiles.dtype)}")
+                      f"score_topk_{n}_{math}{_dtype_suffix(tiles.dtype)}{'_shared' if shared else ''}")
     dreq = DeviceRequest.of(req)
     sfw = next(ws for key, ws in tiles._workspaces.items() if key[:4] == ("filter", n, K, "pool"))
     device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, config, sfw),
@@ -286,7 +287,8 @@ def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None)
     return _row(env, ceil, "score_topk", n, 1, wall, p99, device, n, fused_bytes_per_ad(D, tiles.dtype), verified,
                 tiles.dtype, access="pool",
                 eligible_fraction="1", layout="tiles",
-                notes="device: the same launches back to back behind a busy kernel (harness.time_device)"
+                notes=("f16_weights=shared; " if shared else "")
+                + "device: the same launches back to back behind a busy kernel (harness.time_device)"
                 + _dequant_note(config.with_math(dreq, tiles), tiles)
                 + ("; a call on the GPU's clock (medians of {CALLS}, _call_breakdown): host before its launches "
                    "{pre:.3f} ms, its launches run {launches:.3f} ms, answer copies / sync / return {after:.3f} ms".format(
@@ -419,6 +421,13 @@ class ScoreTopkCase(harness.Case):
     access: str = "pool"
     math: str = "fp32"
     dtype: str = "fp16"
+    #: KernelConfig.f16_weights of the call (fp16 math: the weights in registers or shared memory)
+    f16_weights: str = "auto"
+
+    def configs(self) -> tuple:
+        from ..score import KernelConfig
+
+        return (KernelConfig(math=self.math, f16_weights=self.f16_weights),)
 
 
 #: phase -> cases, in run order within a pool size. ``match``: the ``match_eligible`` row comes with
@@ -441,6 +450,10 @@ PHASES = {
     # score_topk on fp16 and int8 tables of the same pool, in the math the default picks (fp16 on
     # both), one run: the ratio of the int8 target as the user calls it
     "score_topk_dtypes": (ScoreTopkCase(math="fp16"), ScoreTopkCase(math="fp16", dtype="int8")),
+    # the same calls with fp16 math's weights in registers (the default) and in shared memory, a
+    # table's two rows side by side: what KernelConfig.f16_weights="auto" should pick, as called
+    "score_topk_f16_weights": tuple(ScoreTopkCase(math="fp16", dtype=dt, f16_weights=w)
+                                    for dt in ("fp16", "int8") for w in ("registers", "shared")),
 }
 DEFAULT_PHASES = tuple(PHASES)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)
@@ -501,7 +514,8 @@ class Run(harness.Run):
         if self.tiles is None or self.tiles.dtype != case.dtype:
             self.tiles = None
             self.tiles = gpu_table(self.n, D, case.dtype, "tiles", seed=1)
-        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, case.math, self.options.out)]
+        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, case.math, self.options.out,
+                                case.f16_weights)]
 
     def setup(self, n: int, pool: bool = True, math: str = "fp32", host_bits=True, spare: int = 0,
               dtype: str = "fp16") -> None:

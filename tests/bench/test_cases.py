@@ -50,7 +50,8 @@ ROWS_PER_PHASE = {
     "topk": {"large": 16, "nsweep": 9, "elig": 4, "small": 13, "stages": 8, "stages_large": 8, "batch": 7},
     "targeting": {"main": 17, "grouped": 13, "stages": 9, "pool": 3, "values": 5, "updates": 5, "device": 2,
                   "layouts": 4, "density": 2, "categories": 3},
-    "pipeline": {"retrieve": 16, "match": 0, "launch": 2, "open_loop": 6, "score_topk": 2, "fp16": 16, "int8": 8, "score_topk_dtypes": 4},
+    "pipeline": {"retrieve": 16, "match": 0, "launch": 2, "open_loop": 6, "score_topk": 2, "fp16": 16, "int8": 8,
+                 "score_topk_dtypes": 4, "score_topk_f16_weights": 8},
     "pool": {"apply": 12, "during": 4, "soak": 1},
     "serving": {"topologies": 6, "sharded": 4, "scaling": 16},
 }
