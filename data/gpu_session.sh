@@ -63,4 +63,11 @@ for step in "$@"; do
     *) echo "unknown step $step"; status=2 ;;
   esac
 done
+# The device tool brings back at most 8 files from $OUT: past that, the tables (*.csv) and tuning
+# files (tuned*.json) stay loose and the rest (logs, host profiles) go into one extras.tar.gz.
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name extras.tar.gz -print0 \
+     | tar --null -czf extras.tar.gz --remove-files -T -) && echo "more than 8 files: logs and profiles in $OUT/extras.tar.gz"
+  find "$OUT" -type d -empty -delete
+fi
 exit $status
