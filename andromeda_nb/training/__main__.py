@@ -20,6 +20,7 @@ def _parse_settings(ap, items) -> dict:
     from .train import TrainConfig
 
     names = {f.name for f in fields(TrainConfig)}
+    defaults = {f.name: getattr(TrainConfig(), f.name) for f in fields(TrainConfig)}
     kv = {}
     for item in items:
         key, eq, text = item.partition("=")
@@ -29,6 +30,8 @@ def _parse_settings(ap, items) -> dict:
             ap.error(f"--set takes KEY=VALUE with KEY a TrainConfig field ({', '.join(sorted(names))}), got {item!r}")
         try:
             value = int(text) if text.lstrip("-").isdigit() else float(text)
+            if isinstance(defaults[key], int) and isinstance(value, float) and value.is_integer():
+                value = int(value)  # a count written as 1e3 or 6000.0
             TrainConfig(**{key: value})
         except ValueError as e:
             ap.error(f"--set {item}: {e}")

@@ -615,3 +615,18 @@ def test_rows_of_changed_settings_name_them(data, tmp_path, monkeypatch):
         with pytest.raises(SystemExit):
             main(["--preset", "smoke", "--out", str(tmp_path / "bad"), "--set", *item.split()])
     assert not (tmp_path / "bad").exists()
+
+
+def test_set_reads_counts_in_float_notation():
+    """--set steps=1e3 is the count 1000 (an int, as TrainConfig takes it); a count that is not whole
+    is refused; float fields stay floats."""
+    import argparse
+
+    from andromeda_nb.training.__main__ import _parse_settings
+
+    kv = _parse_settings(argparse.ArgumentParser(), ["steps=1e3", "negatives=64.0", "lr=1e-3", "temperature=2"])
+    assert kv == {"steps": 1000, "negatives": 64, "lr": 1e-3, "temperature": 2}
+    assert type(kv["steps"]) is int and type(kv["negatives"]) is int and type(kv["lr"]) is float
+    for item in ("steps=2.5", "batch=1e400"):
+        with pytest.raises(SystemExit):
+            _parse_settings(argparse.ArgumentParser(), [item])
