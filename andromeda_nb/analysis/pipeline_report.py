@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from . import plots
-from .results import text
+from .results import EXPERIMENT, text
 
 #: the request-path issue's targets (H200, 10^8-ad benchmark world, k = 1000)
 TARGET_P50_S = 0.4e-3
@@ -41,8 +41,10 @@ def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
 
 def newest(rows: pd.DataFrame) -> pd.DataFrame:
     """The newest verified row of each (variant, pool size, batch, math, table dtype), with ``wall_ms``, ``p99_ms``,
-    ``device_ms`` and ``wall_over_device``."""
-    ok = _with_ms(rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")])
+    ``device_ms`` and ``wall_over_device``; rows measured off the default launch (results.EXPERIMENT:
+    ``f16_weights=shared``) are history, not the case's figure."""
+    ok = _with_ms(rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")
+                       & ~text(rows, "notes").str.contains(EXPERIMENT)])
     return ok.sort_values("timestamp").groupby(["variant", "n_ads", "batch", "math", "dtype"], dropna=False).tail(1)
 
 

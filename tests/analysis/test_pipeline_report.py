@@ -66,6 +66,26 @@ def test_launches_line_compares_graph_and_bound_in_one_run():
     assert "one CUDA graph" in pipeline_report.findings(rows)  # the committed runs hold both
 
 
+def test_rows_off_the_default_launch_never_become_the_figure():
+    """A newer row measured with a non-default setting (f16_weights=shared) stays history: the case's
+    newest row and the headline are the default launch's."""
+    committed = results.load("pipeline")
+    default = committed[~results.text(committed, "notes").str.contains(results.EXPERIMENT)]
+    before = pipeline_report.headline_metrics(default)
+    last = pipeline_report.newest(default)
+    last = last[(last["variant"] == "score_topk") & (last["n_ads"] > 9e7) & (last["math"] == "fp16")
+                & (last["dtype"] == "fp16")]
+    assert len(last) == 1
+    shared = last.drop(columns=["wall_ms", "p99_ms", "device_ms", "wall_over_device"]).assign(
+        notes="f16_weights=shared; " + last["notes"].iloc[0], timestamp="2999-01-01T00:00:00+00:00",
+        device_seconds="0.0001", commit="sharedrun")
+    both = pd.concat([default, shared], ignore_index=True)
+    assert pipeline_report.headline_metrics(both) == before
+    assert "sharedrun" not in set(pipeline_report.newest(both)["commit"])
+    unmarked = pd.concat([default, shared.assign(notes=last["notes"].iloc[0])], ignore_index=True)
+    assert pipeline_report.headline_metrics(unmarked) != before  # without its setting, the row would count
+
+
 def test_int8_rows_stay_out_of_the_fp16_headline_and_get_their_own_line():
     committed = results.load("pipeline")
     assert pipeline_report.int8_line(pipeline_report.newest(committed)).startswith("- On an int8 table")
@@ -74,7 +94,7 @@ def test_int8_rows_stay_out_of_the_fp16_headline_and_get_their_own_line():
     assert pipeline_report.headline_metrics(committed) == before
     assert pipeline_report.int8_line(pipeline_report.newest(rows)) == ""  # no int8 row: no line
     new = rows[(rows["variant"].isin(["retrieve", "score_topk"])) & (rows["math"] == "fp16")
-               & (rows["n_ads"].astype(float) > 9e7)].sort_values("timestamp").groupby(["variant", "batch"]).tail(1)
+               & (rows["n_ads"].astype(float) > 9e7) & ~results.text(rows, "notes").str.contains(results.EXPERIMENT)].sort_values("timestamp").groupby(["variant", "batch"]).tail(1)
     new = new.assign(dtype="int8", timestamp="2999-01-01T00:00:00+00:00", seconds_median="0.0005",
                      device_seconds="0.0002", commit="int8run")
     both = pd.concat([rows, new], ignore_index=True)
