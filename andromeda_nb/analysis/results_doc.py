@@ -15,13 +15,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .results import EXPERIMENT, load, text
+from .results import EXPERIMENT, REFERENCE_DEVICE, load, text
 
 SUITES = ("pipeline", "pool", "serving", "scoring", "topk", "targeting")
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
-#: the device the issues' targets name: a headline shows its rows wherever it has one for the case, so a
-#: later run on another card goes to docs/results.md without replacing the reference figure
-REFERENCE_DEVICE = "H200"
 
 #: (label, suite, filters, how to show it): the README's headline rows, the newest verified row of each
 HEADLINE = (

@@ -44,7 +44,7 @@ def _sweep_panel(ax, sweep: dict | None, read_TBps: float, d: int, dtype: str) -
         ax.plot(gk["experts"], gk["items_per_s"] / 1e9, "o-", label=f"gated, K={int(K)} (block top-1000, {run})")
     if np.isfinite(dot):
         ax.axhline(dot / 1e9, ls="--", color="0.3", label=f"dot product, block top-1000 ({run})")
-    ceiling = read_TBps * 1e3 / fused_bytes_per_ad(d, dtype)
+    ceiling = sweep.get("read_TBps", read_TBps) * 1e3 / fused_bytes_per_ad(d, dtype)  # the sweep run's own
     ax.axhline(ceiling, ls=":", color="0.5", label="read ceiling (row + bias bytes)")
     ib = sweep["issue_bound"]
     ax.plot(ib["experts"], ib["items_per_s"] / 1e9, "x", ms=11, mew=2, color="k",
@@ -81,18 +81,20 @@ def _by_d_panel(ax, points: pd.DataFrame, d: int, experts: int, k_experts: int) 
     ax.legend(fontsize="small")
 
 
-def complexity(sweep: dict | None, points: pd.DataFrame, read_TBps: float, source: str, d: int, dtype: str,
+def complexity(sweep: dict | None, points: pd.DataFrame, read_TBps: float, source_path: str, d: int, dtype: str,
                experts: int, k_experts: int):
     """Left: the E / K sweep of :func:`.scoring_report.complexity_sweep` against the dot product
-    and the read ceiling, with the issue model's marks and the latest filter-path rows. Right:
-    scores to memory against d per dtype (:func:`.scoring_report.by_d_and_dtype`)."""
+    and its run's read ceiling (``read_TBps`` where no sweep says), with the issue model's marks and
+    the latest filter-path rows. Right: scores to memory against d per dtype
+    (:func:`.scoring_report.by_d_and_dtype`). The source note names the plotted rows' cards and runs."""
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.4))
     fig.subplots_adjust(bottom=0.33, top=0.93, wspace=0.22)  # room for the left panel's legend below it
     _sweep_panel(ax, sweep, read_TBps, d, dtype)
     _by_d_panel(ax2, points, d, experts, k_experts)
-    plots.source_note(fig, source)
+    plotted = pd.concat([points] + ([sweep["points"], sweep["filter"]] if sweep is not None else []))
+    plots.source_note(fig, results.provenance(plotted, source_path))
     return fig
 
 
@@ -171,13 +173,15 @@ def frontier(table: pd.DataFrame, run: str | None, source_path: str):
     return fig
 
 
-def roofline(rows: pd.DataFrame, source: str):
-    """:func:`.results.roofline` of every verified scoring variant without a regression flag."""
+def roofline(rows: pd.DataFrame, source_path: str):
+    """:func:`.results.roofline` of every verified scoring variant without a regression flag, on one
+    card (:func:`.results.one_device`: one read ceiling is the roof)."""
     import matplotlib.pyplot as plt
 
+    shown = results.one_device(usable(rows))
     fig, ax = plt.subplots(figsize=(8, 5))
-    results.roofline(ax, usable(rows))
+    results.roofline(ax, shown)
     ax.set(title="roofline: every verified scoring variant", xlim=(0.1, 100))
     plots.legend_outside(ax, fontsize="small")  # inside, it covers points and the ridge
-    plots.source_note(fig, source)
+    plots.source_note(fig, results.provenance(shown, source_path))
     return fig

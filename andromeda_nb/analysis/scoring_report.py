@@ -169,20 +169,21 @@ def complexity_sweep(rows: pd.DataFrame, d: int, dtype: str) -> dict | None:
     g = g[g["commit"] == commit].sort_values("items_per_s").drop_duplicates(["experts", "k_experts"], keep="last")
     g = g.sort_values(["k_experts", "experts"])
     dot = base[(base["variant"] == "dot_fused_topk") & (base["commit"] == commit)]["items_per_s"].max()
-    filt = base[base["variant"].isin(["gated_fused_topk_filter", "dot_fused_topk_filter"]) & (base["k"] == 1000)]
+    filt = base[base["variant"].isin(["gated_fused_topk_filter", "dot_fused_topk_filter"]) & (base["k"] == 1000)
+                & (results.text(base, "device") == results.text(g, "device").iloc[0])]  # the sweep's card
     filt = filt.sort_values("timestamp").drop_duplicates("variant", keep="last")
     read = float(base[base["commit"] == commit]["ceiling_read_TBps"].median())
     return {"points": g, "dot": float(dot), "filter": filt, "issue_bound": issue_bound_points(g, d, dtype, read),
-            "commit": commit, "config": g["notes"].str.split(";").str[0].mode().iloc[0]}
+            "commit": commit, "read_TBps": read, "config": g["notes"].str.split(";").str[0].mode().iloc[0]}
 
 
 def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataFrame:
     """Scores written to memory on the pool (``tiles``, CUDA-core kernels: tensor-core rows left
     out): for each model (gated with this E and K, or the dot product), d and dtype, the best row
-    of the latest run that measured it. Columns: model,
+    of the latest run that measured it, on one card (:func:`.results.one_device`). Columns: model,
     d, dtype, G_ads_per_s, fraction_of_read_ceiling, ceiling_G_ads_per_s (the read ceiling over the
-    row and bias bytes), bytes_per_item (the row's, the score write included), commit."""
-    ok = usable(rows)
+    row and bias bytes), bytes_per_item (the row's, the score write included), commit, device."""
+    ok = results.one_device(usable(rows))
     ok = ok[(ok["layout"] == "tiles") & (ok["access"] == "pool") & ~ok["notes"].str.contains("tensor_cores")]
     gated = ok[(ok["variant"] == "gated_scores_to_memory") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
     sel = pd.concat([gated.assign(model="gated"), ok[ok["variant"] == "dot_scores_to_memory"].assign(model="dot")])
@@ -193,9 +194,9 @@ def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataF
         out.append({"model": model, "d": int(d), "dtype": dtype, "G_ads_per_s": best["items_per_s"] / 1e9,
                     "fraction_of_read_ceiling": best["fraction_of_read_ceiling"],
                     "ceiling_G_ads_per_s": best["ceiling_read_TBps"] * 1e3 / fused_bytes_per_ad(int(d), dtype),
-                    "bytes_per_item": best["bytes_per_item"], "commit": latest})
+                    "bytes_per_item": best["bytes_per_item"], "commit": latest, "device": best["device"]})
     return pd.DataFrame(out, columns=["model", "d", "dtype", "G_ads_per_s", "fraction_of_read_ceiling",
-                                      "ceiling_G_ads_per_s", "bytes_per_item", "commit"])
+                                      "ceiling_G_ads_per_s", "bytes_per_item", "commit", "device"])
 
 
 def fusion_cost(rows: pd.DataFrame, d: int, dtype: str, experts: int = 6, k_experts: int = 2

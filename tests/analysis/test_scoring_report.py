@@ -313,3 +313,28 @@ def test_the_bench_notes_name_the_tile_order_only_where_it_is_not_the_default():
     assert "tile_order=steps" in config_note(KernelConfig(math="fp16", tile_order="steps"))
     for config in (KernelConfig(math="fp16"), KernelConfig(math="fp32", tile_order="steps")):
         assert "tile_order" not in config_note(config)
+
+
+def test_figures_show_one_card_and_name_their_runs_briefly():
+    """The roofline and the E / K sweep never put two cards' rows under one read ceiling: the
+    reference card's rows where there are any (else the card with most rows); a source note past
+    three runs names the oldest and newest and the count (it must fit the figure's width)."""
+    from andromeda_nb.analysis import results, scoring_figures
+
+    h200 = [_row("gated_fused_topk", 20e9 + i, commit=f"c{i}", timestamp=f"2026-01-0{i + 1}", experts=2 + i)
+            for i in range(5)]
+    h100 = _row("gated_fused_topk_filter", 30e9, commit="h100run", timestamp="2027-01-01", ceiling=3.1)
+    h100["device"] = "NVIDIA H100 80GB HBM3"
+    rows = _frame(*h200, _row("gated_fused_topk_filter", 19e9, commit="c4", timestamp="2026-01-05"), h100)
+    assert set(results.one_device(rows)["device"]) == {"NVIDIA H200"}
+    assert set(results.one_device(rows.iloc[[-1, -1, 0]])["device"]) == {"NVIDIA H200"}
+    only_h100 = rows.iloc[[-1]]
+    assert results.one_device(only_h100).equals(only_h100)
+    note = results.provenance(rows, "x.csv")
+    assert note == "measured on NVIDIA H100 80GB HBM3, NVIDIA H200 (commit c0 ... h100run, 6 runs); x.csv"
+    assert results.provenance(rows.iloc[:2], "x.csv") == "measured on NVIDIA H200 (commit c0, c1); x.csv"
+    sweep = SR.complexity_sweep(rows, 64, "fp16")
+    assert list(sweep["filter"]["commit"]) == ["c4"]  # the newer H100 star is another card's
+    assert sweep["read_TBps"] == pytest.approx(4.5)
+    fig = scoring_figures.roofline(rows.assign(flops_per_item=1000.0, ceiling_copy_TBps=4.0), "x.csv")
+    assert "H100" not in fig.texts[-1].get_text() and "c0 ... c4, 5 runs" in fig.texts[-1].get_text()
