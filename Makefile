@@ -14,7 +14,9 @@ LAB_ARGS ?=
 
 .PHONY: main test test-slow test-browser install-browser lab data clean-build
 
+# MovieLens-100K first (once), so its download shows here rather than inside notebook 01's output
 main: $(STAMP)
+	@$(PY) -m andromeda_nb data > /dev/null
 	$(PY) -m andromeda_nb run $(ARGS)
 
 # JupyterLab on .venv (its kernel: the project's Python), the file browser in notebooks/. A notebook's

