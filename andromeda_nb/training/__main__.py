@@ -117,6 +117,16 @@ def main(argv=None) -> int:
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):
         ap.error("--set changes the preset's settings, which a run from --tuned FILE does not use (the file's "
                  "configurations train whole): tune again with --tune --set ...")
+    only = "--baselines" if args.baselines is not None else "--compute-only" if args.compute_only else None
+    if only is not None:  # neither trains a project model: options of that training would be ignored
+        given = [flag for flag, on in (("--set", args.set), ("--tune", args.tune), ("--tune-only", args.tune_only),
+                                       ("--tuned", args.tuned is not None), ("--models", args.models is not None),
+                                       ("--workers", args.workers != 1), ("--save-tops", args.save_tops))
+                 if on]
+        if args.baselines is not None and args.compute_only:
+            given.append("--compute-only")
+        if given:
+            ap.error(f"{only} trains no project model, so {', '.join(given)} would be ignored: run them apart")
     if args.baselines is not None:
         from ..training.baselines import BASELINES, EASE_MAX_ITEMS
 

@@ -630,3 +630,17 @@ def test_set_reads_counts_in_float_notation():
     for item in ("steps=2.5", "batch=1e400"):
         with pytest.raises(SystemExit):
             _parse_settings(argparse.ArgumentParser(), [item])
+
+
+@pytest.mark.parametrize("argv", [["--baselines", "--set", "steps=3"], ["--baselines", "als", "--tune"],
+                                  ["--compute-only", "--models", "ranking"], ["--compute-only", "--set", "lr=0.1"],
+                                  ["--baselines", "--compute-only"], ["--compute-only", "--workers", "2"]])
+def test_runs_that_train_no_project_model_refuse_its_options(argv, tmp_path, capsys):
+    """--baselines and --compute-only train no project model: a training option beside them is a
+    usage error naming it, before anything runs (it would be silently ignored)."""
+    from andromeda_nb.training.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "smoke", "--out", str(tmp_path / "out"), *argv])
+    assert e.value.code == 2 and "trains no project model" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
