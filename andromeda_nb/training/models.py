@@ -181,22 +181,27 @@ def round_to_f16_once(x64):
 class RetrievalNet(nn.Module):
     """Single tower (``experts=1``) or a gated mixture of ``experts`` user experts with top-K.
 
-    Expert e reads signal group ``GROUPS[e]`` through a 2-layer MLP and emits ``(V[e], G[e])``.
+    Expert e reads signal group ``GROUPS[e]`` through a 2-layer MLP and emits ``(V[e], G[e])``;
+    with ``shared_inputs`` every expert reads all groups (concatenated, the single tower's input).
     """
 
     def __init__(self, n_users, n_ads, demo_cards, n_cats, ctx_cards, d: int = 64, experts: int = 6,
                  k_experts: int = 2, width: int = 64, hidden: int = 128, ad_features: bool = False,
-                 interest_experts: bool = False):
+                 interest_experts: bool = False, shared_inputs: bool = False):
         super().__init__()
         if not 1 <= k_experts <= experts <= len(GROUPS):
             raise ValueError(f"need 1 <= k_experts <= experts <= {len(GROUPS)}, got K={k_experts}, E={experts}")
+        if interest_experts and shared_inputs:
+            raise ValueError("interest_experts and shared_inputs each say what an expert reads: set one of them")
         self.d, self.experts, self.k_experts = d, experts, k_experts
         self.features = UserFeatures(n_users, n_ads, demo_cards, n_cats, width)
         self.film = ContextFiLM(ctx_cards, d)
+        self.shared_inputs = shared_inputs and experts > 1
         if experts == 1:
             self.tower = _mlp(width * len(GROUPS), 2 * hidden, d)
         else:
-            self.heads = nn.ModuleList(_mlp(width, hidden, 2 * d) for _ in range(experts))
+            inp = width * len(GROUPS) if self.shared_inputs else width
+            self.heads = nn.ModuleList(_mlp(inp, hidden, 2 * d) for _ in range(experts))
         # one attention query an expert over the history (module docstring); None: experts read groups
         self.interests = (nn.Sequential(nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, experts, bias=False))
                           if interest_experts and experts > 1 else None)
@@ -222,7 +227,12 @@ class RetrievalNet(nn.Module):
             V = self.tower(torch.cat([f[g] for g in GROUPS], dim=1))[:, None, :]
             G = torch.zeros_like(V)
         else:
-            inputs = self.interest_views(f) if self.interests is not None else [f[g] for g in GROUPS]
+            if self.interests is not None:
+                inputs = self.interest_views(f)
+            elif self.shared_inputs:
+                inputs = [torch.cat([f[g] for g in GROUPS], dim=1)] * self.experts
+            else:
+                inputs = [f[g] for g in GROUPS]
             out = torch.stack([head(inputs[e]) for e, head in enumerate(self.heads)], dim=1)
             V, G = out[..., : self.d], out[..., self.d:]
         return V, G, gamma, beta

@@ -186,7 +186,41 @@ def test_interest_experts_pool_the_history_per_expert(data):
     np.testing.assert_allclose(score_exported(V, G, gamma, beta, m.export_table("fp32"), 2), sc, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("field,value", [("ad_features", 2), ("interest_experts", -1), ("steps", 0),
+def test_shared_inputs_experts_read_every_signal_group(data):
+    """With shared_inputs every mixture expert reads all signal groups: changing one group's input
+    moves every expert's (V, G), where with group experts it moves only that group's expert; the
+    exported request still scores as the torch model. It excludes interest_experts."""
+    from andromeda_nb.training.data import GROUPS
+
+    outs = {}
+    for shared in (0, 1):
+        cfg = TrainConfig(**{**TINY.__dict__, "shared_inputs": shared})
+        m = train_model("mixture_k2", data, cfg, seed=0, device="cpu", progress=False)
+        net = m.net
+        b = {k: torch.as_tensor(v) for k, v in data.batch(data.eval_rows[:4]).items()}
+        ad_cats = torch.as_tensor(data.ad_cats, dtype=torch.float32)
+        ad_cats = torch.cat([ad_cats, torch.zeros(1, ad_cats.shape[1])])
+        with torch.no_grad():
+            f = net.features(b, ad_cats)
+            heads = lambda f: torch.stack(  # noqa: E731 - the experts' outputs [B, E, 2d] from features f
+                [h(torch.cat([f[g] for g in GROUPS], 1) if shared else f[GROUPS[e]])
+                 for e, h in enumerate(net.heads)], 1)
+            V, G, _, _ = net.request(b, ad_cats)
+            np.testing.assert_allclose(torch.cat([V, G], -1).numpy(), heads(f).numpy(), rtol=1e-6)
+            moved = dict(f, **{GROUPS[0]: f[GROUPS[0]] + 1.0})
+            changed = (heads(moved) - heads(f)).abs().amax(dim=(0, 2)) > 0
+        outs[shared] = changed.tolist()
+        sc = m.forward_scores(data.eval_rows[:3])
+        V, G, gamma, beta = m.request_tensors(data.eval_rows[:3])
+        np.testing.assert_allclose(score_exported(V, G, gamma, beta, m.export_table("fp32"), 2), sc,
+                                   rtol=1e-5, atol=1e-5)
+    E = len(outs[0])
+    assert outs[0] == [True] + [False] * (E - 1) and outs[1] == [True] * E
+    with pytest.raises(ValueError, match="set one of them"):
+        TrainConfig(interest_experts=1, shared_inputs=1)
+
+
+@pytest.mark.parametrize("field,value", [("ad_features", 2), ("interest_experts", -1), ("shared_inputs", 2), ("steps", 0),
                                          ("batch", 2.5), ("lr", 0.0), ("lr", float("nan")),
                                          ("weight_decay", -1e-4), ("grad_clip", float("inf")), ("warmup", -1),
                                          ("temperature", 0.0), ("steps", True), ("ad_features", 1.0), ("lr", "1e-3"),
