@@ -64,10 +64,14 @@ for step in "$@"; do
   esac
 done
 # The device tool brings back at most 8 files from $OUT: past that, the tables (*.csv) and tuning
-# files (tuned*.json) stay loose and the rest (logs, host profiles) go into one extras.tar.gz.
+# files (tuned*.json) stay loose and the rest (logs, host profiles) go into one extras-<time>.tar.gz.
 if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-  (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name extras.tar.gz -print0 \
-     | tar --null -czf extras.tar.gz --remove-files -T -) && echo "more than 8 files: logs and profiles in $OUT/extras.tar.gz"
-  find "$OUT" -type d -empty -delete
+  extras="extras-$(date -u +%H%M%S).tar.gz"
+  if (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name 'extras-*.tar.gz' | grep -q .); then
+    (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name 'extras-*.tar.gz' -print0 \
+       | tar --null -czf "$extras" --remove-files -T -) && echo "more than 8 files: logs and profiles in $OUT/$extras"
+    find "$OUT" -mindepth 1 -type d -empty -delete
+  fi
+  [ "$(find "$OUT" -type f | wc -l)" -le 8 ] || echo "warning: $OUT still holds more than 8 files; the device tool brings back 8"
 fi
 exit $status

@@ -94,22 +94,24 @@ REFERENCE_DEVICE = "H200"
 
 
 def one_device(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows of one card, so that no figure puts two cards' points under one ceiling: the reference
-    device's (:data:`REFERENCE_DEVICE`) where there are any, else the card with the most rows."""
+    """The rows of one card (one device name), so that no figure puts two cards' points under one
+    ceiling: of the reference device's names (:data:`REFERENCE_DEVICE`, a word of the name: not
+    GH200) the one with the most rows, else the name with the most rows."""
     device = text(df, "device")
-    if df.empty or device.str.contains(REFERENCE_DEVICE).any():
-        return df[device.str.contains(REFERENCE_DEVICE)]
-    return df[device == device.value_counts().idxmax()]
+    if df.empty:
+        return df
+    reference = device[device.str.contains(rf"\b{REFERENCE_DEVICE}\b")]
+    return df[device == (reference if len(reference) else device).value_counts().idxmax()]
 
 
 def provenance(df: pd.DataFrame, path: str) -> str:
     """One line for a figure: device(s), commit(s) and the table the numbers come from. Past three
-    commits it names the oldest and newest run (by timestamp) and how many there are, so the line
-    stays shorter than the figure is wide."""
+    commits it names the oldest and newest (by timestamp) and how many there are, so the line stays
+    shorter than the figure is wide."""
     devices = ", ".join(sorted(set(text(df, "device")) - {""}))
     order = df.sort_values("timestamp", kind="stable") if "timestamp" in df else df
     commits = list(dict.fromkeys(c for c in (str(c)[:7] for c in order["commit"]) if c))  # short, oldest first
-    named = ", ".join(sorted(commits)) if len(commits) <= 3 else f"{commits[0]} ... {commits[-1]}, {len(commits)} runs"
+    named = ", ".join(sorted(commits)) if len(commits) <= 3 else f"{commits[0]} ... {commits[-1]}, {len(commits)} commits"
     return f"measured on {devices} (commit {named}); {path}"
 
 

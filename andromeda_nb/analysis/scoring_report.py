@@ -154,13 +154,13 @@ def fusion_speedups(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_expe
 
 
 def complexity_sweep(rows: pd.DataFrame, d: int, dtype: str) -> dict | None:
-    """The E / K sweep of one run (the commit with the most gated fused block top-K rows at this d
-    and dtype, pool, ``tiles``): ``points`` (best row per (E, K)), ``dot`` (the dot product's fused
+    """The E / K sweep of one run on one card (:func:`.results.one_device`; the commit with the most
+    gated fused block top-K rows at this d and dtype, pool, ``tiles``): ``points`` (best row per (E, K)), ``dot`` (the dot product's fused
     block top-K ads/s in that run, NaN if absent), ``filter`` (the latest filter-path rows, gated and
     dot, top-1000), ``issue_bound`` (:func:`issue_bound_points`, at that run's
     read ceiling), ``commit`` and ``config`` (the sweep rows' kernel configuration, from their
     notes). None without rows."""
-    ok = usable(rows)
+    ok = results.one_device(usable(rows))  # one card: its run, stars and ceiling
     base = ok[(ok["d"] == d) & (ok["dtype"] == dtype) & (ok["layout"] == "tiles") & (ok["access"] == "pool")]
     g = base[base["variant"] == "gated_fused_topk"]
     if g.empty:
@@ -169,8 +169,7 @@ def complexity_sweep(rows: pd.DataFrame, d: int, dtype: str) -> dict | None:
     g = g[g["commit"] == commit].sort_values("items_per_s").drop_duplicates(["experts", "k_experts"], keep="last")
     g = g.sort_values(["k_experts", "experts"])
     dot = base[(base["variant"] == "dot_fused_topk") & (base["commit"] == commit)]["items_per_s"].max()
-    filt = base[base["variant"].isin(["gated_fused_topk_filter", "dot_fused_topk_filter"]) & (base["k"] == 1000)
-                & (results.text(base, "device") == results.text(g, "device").iloc[0])]  # the sweep's card
+    filt = base[base["variant"].isin(["gated_fused_topk_filter", "dot_fused_topk_filter"]) & (base["k"] == 1000)]
     filt = filt.sort_values("timestamp").drop_duplicates("variant", keep="last")
     read = float(base[base["commit"] == commit]["ceiling_read_TBps"].median())
     return {"points": g, "dot": float(dot), "filter": filt, "issue_bound": issue_bound_points(g, d, dtype, read),
@@ -182,7 +181,7 @@ def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataF
     out): for each model (gated with this E and K, or the dot product), d and dtype, the best row
     of the latest run that measured it, on one card (:func:`.results.one_device`). Columns: model,
     d, dtype, G_ads_per_s, fraction_of_read_ceiling, ceiling_G_ads_per_s (the read ceiling over the
-    row and bias bytes), bytes_per_item (the row's, the score write included), commit, device."""
+    row and bias bytes), bytes_per_item (the row's, the score write included), commit, device, timestamp."""
     ok = results.one_device(usable(rows))
     ok = ok[(ok["layout"] == "tiles") & (ok["access"] == "pool") & ~ok["notes"].str.contains("tensor_cores")]
     gated = ok[(ok["variant"] == "gated_scores_to_memory") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
@@ -194,9 +193,10 @@ def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataF
         out.append({"model": model, "d": int(d), "dtype": dtype, "G_ads_per_s": best["items_per_s"] / 1e9,
                     "fraction_of_read_ceiling": best["fraction_of_read_ceiling"],
                     "ceiling_G_ads_per_s": best["ceiling_read_TBps"] * 1e3 / fused_bytes_per_ad(int(d), dtype),
-                    "bytes_per_item": best["bytes_per_item"], "commit": latest, "device": best["device"]})
+                    "bytes_per_item": best["bytes_per_item"], "commit": latest, "device": best["device"],
+                    "timestamp": best["timestamp"]})
     return pd.DataFrame(out, columns=["model", "d", "dtype", "G_ads_per_s", "fraction_of_read_ceiling",
-                                      "ceiling_G_ads_per_s", "bytes_per_item", "commit", "device"])
+                                      "ceiling_G_ads_per_s", "bytes_per_item", "commit", "device", "timestamp"])
 
 
 def fusion_cost(rows: pd.DataFrame, d: int, dtype: str, experts: int = 6, k_experts: int = 2

@@ -36,6 +36,10 @@ def _parse_settings(ap, items) -> dict:
         except ValueError as e:
             ap.error(f"--set {item}: {e}")
         kv[key] = value
+    try:  # together: settings that exclude each other (interest_experts and shared_inputs)
+        TrainConfig(**kv)
+    except ValueError as e:
+        ap.error(f"--set {' '.join(items)}: {e}")
     return kv
 
 

@@ -202,7 +202,8 @@ class RetrievalNet(nn.Module):
         else:
             inp = width * len(GROUPS) if self.shared_inputs else width
             self.heads = nn.ModuleList(_mlp(inp, hidden, 2 * d) for _ in range(experts))
-        # one attention query an expert over the history (module docstring); None: experts read groups
+        # one attention query an expert over the history (module docstring); None: experts read their
+        # group, or every group with shared_inputs
         self.interests = (nn.Sequential(nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, experts, bias=False))
                           if interest_experts and experts > 1 else None)
         self.ad = nn.Embedding(n_ads, d)

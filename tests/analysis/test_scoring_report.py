@@ -327,14 +327,20 @@ def test_figures_show_one_card_and_name_their_runs_briefly():
     h100["device"] = "NVIDIA H100 80GB HBM3"
     rows = _frame(*h200, _row("gated_fused_topk_filter", 19e9, commit="c4", timestamp="2026-01-05"), h100)
     assert set(results.one_device(rows)["device"]) == {"NVIDIA H200"}
+    gh = rows.assign(device="NVIDIA GH200 480GB")
+    assert set(results.one_device(pd.concat([gh, gh, rows.iloc[[0]]]))["device"]) == {"NVIDIA H200"}
+    assert set(results.one_device(gh)["device"]) == {"NVIDIA GH200 480GB"}
+    h100_sweep = _frame(*[dict(r, device=h100["device"], commit="h100sweep", ceiling_read_TBps=3.1) for r in h200 * 2])
+    on_h100 = SR.complexity_sweep(pd.concat([rows, h100_sweep], ignore_index=True), 64, "fp16")
+    assert on_h100["commit"] == "c0" and on_h100["read_TBps"] == pytest.approx(4.5)  # the H200's sweep, not the larger
     assert set(results.one_device(rows.iloc[[-1, -1, 0]])["device"]) == {"NVIDIA H200"}
     only_h100 = rows.iloc[[-1]]
     assert results.one_device(only_h100).equals(only_h100)
     note = results.provenance(rows, "x.csv")
-    assert note == "measured on NVIDIA H100 80GB HBM3, NVIDIA H200 (commit c0 ... h100run, 6 runs); x.csv"
+    assert note == "measured on NVIDIA H100 80GB HBM3, NVIDIA H200 (commit c0 ... h100run, 6 commits); x.csv"
     assert results.provenance(rows.iloc[:2], "x.csv") == "measured on NVIDIA H200 (commit c0, c1); x.csv"
     sweep = SR.complexity_sweep(rows, 64, "fp16")
     assert list(sweep["filter"]["commit"]) == ["c4"]  # the newer H100 star is another card's
     assert sweep["read_TBps"] == pytest.approx(4.5)
     fig = scoring_figures.roofline(rows.assign(flops_per_item=1000.0, ceiling_copy_TBps=4.0), "x.csv")
-    assert "H100" not in fig.texts[-1].get_text() and "c0 ... c4, 5 runs" in fig.texts[-1].get_text()
+    assert "H100" not in fig.texts[-1].get_text() and "c0 ... c4, 5 commits" in fig.texts[-1].get_text()

@@ -611,7 +611,7 @@ def test_rows_of_changed_settings_name_them(data, tmp_path, monkeypatch):
     assert {m: note for m, (_, note) in seen[-1].items()} == {
         m: "untuned: preset settings with ad_features=1" for m in ("single_tower", "ranking")}
     for item in ("foo=1", "steps", "steps=ten", "steps=0", "ad_features=2", "lr=nan", "weight_decay=-1",
-                 "lr=1" + "0" * 400, "steps=3 steps=5"):
+                 "lr=1" + "0" * 400, "steps=3 steps=5", "shared_inputs=1 interest_experts=1"):
         with pytest.raises(SystemExit):
             main(["--preset", "smoke", "--out", str(tmp_path / "bad"), "--set", *item.split()])
     assert not (tmp_path / "bad").exists()
