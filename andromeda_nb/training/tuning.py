@@ -388,10 +388,21 @@ def data_digest(view: InteractionData, rows) -> str:
     return h.hexdigest()
 
 
+#: TrainConfig switches that change only what a mixture's experts read: a model without experts
+#: (the single tower, the ranking model) trains the same run whatever they say
+EXPERT_INPUT_FIELDS = ("interest_experts", "shared_inputs")
+
+
 def run_key(name: str, digest: str, run, stops) -> str:
-    """The name a tuning run is kept under in a runs file: the model, its whole configuration, its
-    checkpoints and the digest of its data (:func:`data_digest`)."""
-    return json.dumps({"model": name, "config": asdict(run), "stops": [int(s) for s in stops], "data": digest},
+    """The name a tuning run is kept under in a runs file: the model, its whole configuration (the
+    expert-input switches at 0 for a model without experts: the same run), its checkpoints and the
+    digest of its data (:func:`data_digest`)."""
+    from .train import MODELS
+
+    config = asdict(run)
+    if (MODELS.get(name, (None,))[0] or 1) == 1:
+        config.update(dict.fromkeys(EXPERT_INPUT_FIELDS, 0))
+    return json.dumps({"model": name, "config": config, "stops": [int(s) for s in stops], "data": digest},
                       sort_keys=True)
 
 

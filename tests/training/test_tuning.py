@@ -644,3 +644,21 @@ def test_runs_that_train_no_project_model_refuse_its_options(argv, tmp_path, cap
         main(["--preset", "smoke", "--out", str(tmp_path / "out"), *argv])
     assert e.value.code == 2 and "trains no project model" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_expert_input_switches_leave_models_without_experts_the_same_run():
+    """shared_inputs / interest_experts change only a mixture's experts: the single tower's and the
+    ranking model's run keys ignore them (a tuning with --set shared_inputs=1 reuses their kept
+    runs), a mixture's keys do not."""
+    from dataclasses import replace as dc_replace
+
+    from andromeda_nb.training.train import TrainConfig
+
+    cfg = TrainConfig(steps=7)
+    for name in ("single_tower", "ranking"):
+        for field in tuning.EXPERT_INPUT_FIELDS:
+            assert tuning.run_key(name, "d", dc_replace(cfg, **{field: 1}), [7]) == tuning.run_key(name, "d", cfg, [7])
+    for field in tuning.EXPERT_INPUT_FIELDS:
+        assert (tuning.run_key("mixture_k2", "d", dc_replace(cfg, **{field: 1}), [7])
+                != tuning.run_key("mixture_k2", "d", cfg, [7]))
+    assert tuning.run_key("single_tower", "d", cfg, [7]) != tuning.run_key("single_tower", "d", dc_replace(cfg, lr=1e-3), [7])
