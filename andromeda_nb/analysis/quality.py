@@ -47,7 +47,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .metrics import recall_at_k, topk_overlap
-from .results import EXPERIMENT, text
+from .results import default_launches, text
 # the results file's rows, read and written (re-exported: the notebooks and reports use quality.*)
 from .quality_results import (  # noqa: F401
     BASELINE_ORDER, COLUMNS, KEY, MODEL_ORDER, RESULTS, ci95, committed, devices, load_results, paired_difference,
@@ -542,7 +542,7 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
     plain = df[df["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter", "tower_fused_topk"]) & (math == "fp32")]
     half = df[df["variant"].isin(["gated_fused_topk", "gated_fused_topk_filter"]) & (math == "fp16")]
     df = pd.concat([plain, half.assign(dtype=half["dtype"].map({"fp16": "fp16_math", "int8": "int8_fp16_math"}))])
-    df = df[(df["access"] == "pool") & ~text(df, "notes").str.contains(EXPERIMENT)]  # default launches
+    df = default_launches(df[df["access"] == "pool"])
     if "verified" in df.columns:
         df = df[df["verified"].astype(str).str.startswith("ok")]
     if "device" not in df.columns:

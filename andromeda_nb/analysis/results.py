@@ -23,6 +23,12 @@ NUMERIC = ("n_ads", "d", "experts", "k_experts", "eligible_fraction", "categorie
 EXPERIMENT = r"tile_order=|f16_weights=|blocks/SM="
 
 
+def default_launches(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows measured at the default launch (none of :data:`EXPERIMENT`'s settings in their notes):
+    the rows a headline, a report's figure or a rate may come from."""
+    return rows[~text(rows, "notes").str.contains(EXPERIMENT)]
+
+
 def text(rows: pd.DataFrame, col: str) -> pd.Series:
     """Column ``col`` as strings, '' where a row (or the whole frame) has none. A column read from CSV
     with no values at all is float NaN; it is cast to object first, since filling a float column with

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .results import EXPERIMENT, REFERENCE_DEVICE, load, text
+from .results import REFERENCE_DEVICE, default_launches, load, text
 
 SUITES = ("pipeline", "pool", "serving", "scoring", "topk", "targeting")
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -57,8 +57,7 @@ HEADLINE = (
 
 
 def _pick(df: pd.DataFrame, filters: dict) -> pd.Series | None:
-    rows = df[df["ok"]]
-    rows = rows[~_notes(rows).str.contains(EXPERIMENT)]  # the default launches only
+    rows = default_launches(df[df["ok"]])
     for col, want in filters.items():
         if col == "math":  # rows from before the math column are fp32
             rows = rows[rows[col].isin(["", want])] if col in rows else (rows if want == "fp32" else rows.iloc[0:0])

@@ -35,7 +35,7 @@ def network_bytes(net: pd.DataFrame, d: int, dtype: str, k: int = 1000):
     return ax.figure
 
 
-def _sweep_panel(ax, sweep: dict | None, read_TBps: float, d: int, dtype: str) -> None:
+def _sweep_panel(ax, sweep: dict | None, d: int, dtype: str) -> None:
     if sweep is None:
         plots.no_data(ax, f"no committed E / K sweep for d={d} {dtype}")
         return
@@ -44,7 +44,7 @@ def _sweep_panel(ax, sweep: dict | None, read_TBps: float, d: int, dtype: str) -
         ax.plot(gk["experts"], gk["items_per_s"] / 1e9, "o-", label=f"gated, K={int(K)} (block top-1000, {run})")
     if np.isfinite(dot):
         ax.axhline(dot / 1e9, ls="--", color="0.3", label=f"dot product, block top-1000 ({run})")
-    ceiling = sweep.get("read_TBps", read_TBps) * 1e3 / fused_bytes_per_ad(d, dtype)  # the sweep run's own
+    ceiling = sweep["read_TBps"] * 1e3 / fused_bytes_per_ad(d, dtype)  # the sweep run's own
     ax.axhline(ceiling, ls=":", color="0.5", label="read ceiling (row + bias bytes)")
     ib = sweep["issue_bound"]
     ax.plot(ib["experts"], ib["items_per_s"] / 1e9, "x", ms=11, mew=2, color="k",
@@ -81,17 +81,17 @@ def _by_d_panel(ax, points: pd.DataFrame, d: int, experts: int, k_experts: int) 
     ax.legend(fontsize="small")
 
 
-def complexity(sweep: dict | None, points: pd.DataFrame, read_TBps: float, source_path: str, d: int, dtype: str,
+def complexity(sweep: dict | None, points: pd.DataFrame, source_path: str, d: int, dtype: str,
                experts: int, k_experts: int):
     """Left: the E / K sweep of :func:`.scoring_report.complexity_sweep` against the dot product
-    and its run's read ceiling (``read_TBps`` where no sweep says), with the issue model's marks and
+    and its run's read ceiling, with the issue model's marks and
     the latest filter-path rows. Right: scores to memory against d per dtype
     (:func:`.scoring_report.by_d_and_dtype`). The source note names the plotted rows' cards and runs."""
     import matplotlib.pyplot as plt
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5.4))
     fig.subplots_adjust(bottom=0.33, top=0.93, wspace=0.22)  # room for the left panel's legend below it
-    _sweep_panel(ax, sweep, read_TBps, d, dtype)
+    _sweep_panel(ax, sweep, d, dtype)
     _by_d_panel(ax2, points, d, experts, k_experts)
     plotted = pd.concat([points] + ([sweep["points"], sweep["filter"]] if sweep is not None else []))
     plots.source_note(fig, results.provenance(plotted, source_path))

@@ -73,7 +73,7 @@ def math_modes(rows: pd.DataFrame, dtype: str = "fp16") -> pd.DataFrame:
     such a run."""
     ok = rows[rows["ok"] & ~rows["regression_flag"] & (rows["dtype"] == dtype) & (rows["layout"] == "tiles")
               & (rows["access"] == "pool")]
-    ok = ok[~results.text(ok, "notes").str.contains(results.EXPERIMENT)]  # the default launches only
+    ok = results.default_launches(ok)
     f16 = ok[ok["variant"].str.startswith("gated") & (ok["math"] == "fp16")]
     columns = ["experts", "k_experts", "d", "output", "dot_G", "fp32_G", "fp16_G", "fp32_over_dot", "fp16_over_dot",
                "target", "commit"]

@@ -260,21 +260,20 @@ def _dequant_note(config, table) -> str:
     return f"; dequant={config.resolved_dequant(table)}"
 
 
-def _score_topk_row(env, ceil, n, reqs, tiles, math: str = "fp32", out_dir=None, f16_weights: str = "auto") -> dict:
+def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None) -> dict:
     from .. import reference
-    from ..score import KernelConfig, score_ads, score_topk
+    from ..score import score_ads, score_topk
     from ..score.launches import launch_score_filter
     from ..score.table import DeviceRequest
 
     req = reqs[0]
-    config = KernelConfig(math=math, f16_weights=f16_weights)
     shared = config.kernel_f16_weights() == "shared"
     top = score_topk(req, tiles, K, config=config)  # warm; its workspace stays on the table
     walls = _timed(lambda: score_topk(req, tiles, K, config=config), CALLS)
     wall, p99 = _quantiles(walls)
     if out_dir is not None:
         _host_profile(lambda: score_topk(req, tiles, K, config=config), 30, out_dir,
-                      f"score_topk_{n}_{math}{_dtype_suffix(tiles.dtype)}{'_shared' if shared else ''}")
+                      f"score_topk_{n}_{config.math}{_dtype_suffix(tiles.dtype)}{'_shared' if shared else ''}")
     dreq = DeviceRequest.of(req)
     sfw = next(ws for key, ws in tiles._workspaces.items() if key[:4] == ("filter", n, K, "pool"))
     device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, config, sfw),
@@ -515,8 +514,7 @@ class Run(harness.Run):
         if self.tiles is None or self.tiles.dtype != case.dtype:
             self.tiles = None
             self.tiles = gpu_table(self.n, D, case.dtype, "tiles", seed=1)
-        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, case.math, self.options.out,
-                                case.f16_weights)]
+        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, *case.configs(), self.options.out)]
 
     def setup(self, n: int, pool: bool = True, math: str = "fp32", host_bits=True, spare: int = 0,
               dtype: str = "fp16") -> None:

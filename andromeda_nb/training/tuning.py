@@ -400,7 +400,7 @@ def run_key(name: str, digest: str, run, stops) -> str:
     from .train import MODELS
 
     config = asdict(run)
-    if (MODELS.get(name, (None,))[0] or 1) == 1:
+    if MODELS.get(name, (None,))[0] in (None, 1):  # the ranking model, the single tower
         config.update(dict.fromkeys(EXPERT_INPUT_FIELDS, 0))
     return json.dumps({"model": name, "config": config, "stops": [int(s) for s in stops], "data": digest},
                       sort_keys=True)

@@ -23,7 +23,7 @@ def scoring_figures_():
     return [scoring_figures.byte_budget(scoring_report.byte_budget(d, dt, E, K), d, dt, E, K),
             scoring_figures.network_bytes(scoring_report.network_bytes(d, dt), d, dt),
             scoring_figures.complexity(scoring_report.complexity_sweep(m.rows, d, dt),
-                                       scoring_report.by_d_and_dtype(m.rows, E, K), m.read_TBps, m.path, d, dt, E, K),
+                                       scoring_report.by_d_and_dtype(m.rows, E, K), m.path, d, dt, E, K),
             scoring_figures.fusion_cost(fuse, run, m.path, d, dt),
             scoring_figures.frontier(*scoring_report.frontier(m.rows, dt), m.path),
             scoring_figures.roofline(m.rows, m.path)]
