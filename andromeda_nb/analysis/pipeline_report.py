@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from . import plots
-from .results import default_launches, text
+from .results import default_launches, one_device, text
 
 #: the request-path issue's targets (H200, 10^8-ad benchmark world, k = 1000)
 TARGET_P50_S = 0.4e-3
@@ -40,10 +40,12 @@ def _with_ms(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def newest(rows: pd.DataFrame) -> pd.DataFrame:
-    """The newest verified row of each (variant, pool size, batch, math, table dtype), with ``wall_ms``, ``p99_ms``,
-    ``device_ms`` and ``wall_over_device``; rows measured off the default launch
-    (:func:`.results.default_launches`: ``f16_weights=shared``) are history, not the case's figure."""
-    ok = _with_ms(default_launches(rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")]))
+    """The newest verified row of each (variant, pool size, batch, math, table dtype) on one card
+    (:func:`.results.one_device`: the findings compare the cases with each other and with the H200's
+    targets), with ``wall_ms``, ``p99_ms``, ``device_ms`` and ``wall_over_device``; rows measured off the
+    default launch (:func:`.results.default_launches`: ``f16_weights=shared``) are history, not the
+    case's figure."""
+    ok = _with_ms(one_device(default_launches(rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")])))
     return ok.sort_values("timestamp").groupby(["variant", "n_ads", "batch", "math", "dtype"], dropna=False).tail(1)
 
 

@@ -129,6 +129,14 @@ def main(argv=None) -> int:
                  if on]
         if args.baselines is not None and args.compute_only:
             given.append("--compute-only")
+        # the baselines run on the CPU with implicit's own threads and read no kernel speeds; the compute
+        # rows train nothing, on no device
+        given += [flag for flag, on in (("--device", args.device != "auto"), ("--threads", args.threads is not None))
+                  if on]
+        if args.baselines is not None and args.scoring_csv != ap.get_default("scoring_csv"):
+            given.append("--scoring-csv")
+        if args.compute_only and args.seeds is not None:
+            given.append("--seeds")
         if given:
             ap.error(f"{only} trains no project model, so {', '.join(given)} would be ignored: run them apart")
     if args.baselines is not None:

@@ -502,6 +502,7 @@ def describe(point: dict, grid=GRID, lengths: str = "own", refined: dict | None 
     how = "each length its own run" if lengths == "own" else f"length by early stopping in a x{longest:g} run"
     more = ""
     if refined is not None:  # the second stage's point (refine_grid): its one field scaled, or none
+        check_grid([{**point, **refined}])
         scaled = {k: v for k, v in refined.items() if k not in ("lr_scale", "steps_scale") and v != 1}
         more = "; second stage: " + (", ".join(f"{_SCALED[k]} x{v:g} (grid edge)" for k, v in scaled.items())
                                      or "kept (no setting scaled down or up did better)")

@@ -93,8 +93,9 @@ def test_int8_rows_stay_out_of_the_fp16_headline_and_get_their_own_line():
     before = pipeline_report.headline_metrics(rows)
     assert pipeline_report.headline_metrics(committed) == before
     assert pipeline_report.int8_line(pipeline_report.newest(rows)) == ""  # no int8 row: no line
-    new = rows[(rows["variant"].isin(["retrieve", "score_topk"])) & (rows["math"] == "fp16")
-               & (rows["n_ads"].astype(float) > 9e7) & ~results.text(rows, "notes").str.contains(results.EXPERIMENT)].sort_values("timestamp").groupby(["variant", "batch"]).tail(1)
+    card = results.one_device(rows)  # the card the findings report
+    new = card[(card["variant"].isin(["retrieve", "score_topk"])) & (card["math"] == "fp16")
+               & (rows["n_ads"].astype(float) > 9e7) & ~results.text(card, "notes").str.contains(results.EXPERIMENT)].sort_values("timestamp").groupby(["variant", "batch"]).tail(1)
     new = new.assign(dtype="int8", timestamp="2999-01-01T00:00:00+00:00", seconds_median="0.0005",
                      device_seconds="0.0002", commit="int8run")
     both = pd.concat([rows, new], ignore_index=True)
@@ -103,3 +104,20 @@ def test_int8_rows_stay_out_of_the_fp16_headline_and_get_their_own_line():
     assert line.startswith("- On an int8 table (fp16 math), 10^8 ads: one request 0.500 ms p50 wall, 0.200 ms device")
     assert "`score_topk` 0.500 ms p50 wall" in line and line in pipeline_report.findings(both)
     assert pipeline_report.batch_table(both)["commit"].ne("int8run").all()
+
+
+def test_the_newest_rows_are_one_cards():
+    """A newer score_topk row from another card stays out of the findings, which compare the cases
+    with each other and with the H200's targets; a card alone in the table is its own figure."""
+    committed = results.load("pipeline")
+    h200 = committed[results.text(committed, "device") == "NVIDIA H200"]
+    before = pipeline_report.newest(h200)
+    other = h200[h200["variant"] == "score_topk"].assign(device="NVIDIA H100 80GB HBM3", commit="h100run",
+                                                          timestamp="2999-01-01T00:00:00+00:00")
+    both = pd.concat([h200, other], ignore_index=True)
+    assert set(pipeline_report.newest(both)["device"]) == {"NVIDIA H200"}
+    assert pipeline_report.newest(both)["commit"].tolist() == before["commit"].tolist()
+    assert pipeline_report.findings(both) == pipeline_report.findings(h200)
+    alone = pipeline_report.newest(other)
+    assert set(alone["commit"]) == {"h100run"} and len(alone) == other.groupby(
+        ["n_ads", "batch", "math", "dtype"]).ngroups

@@ -70,6 +70,11 @@ def test_tune_reads_only_the_training_part(data):
     assert type(lr) is float and lr == pytest.approx(3 * base.lr)  # a numpy scale: a run key JSON can write
     with pytest.raises(ValueError, match="lengths"):
         tuning.describe({"lr_scale": 1.0, "steps_scale": 1}, lengths="early")
+    for refined in ({"depth_scale": 2}, {"negatives_scale": 0}):  # not a second-stage point: no KeyError, no row
+        with pytest.raises(ValueError, match="grid point|positive"):
+            tuning.describe({"lr_scale": 1.0, "steps_scale": 1}, refined=refined)
+    assert tuning.describe({"lr_scale": 1.0, "steps_scale": 1}, refined={"negatives_scale": 4}).endswith(
+        "second stage: negatives x4 (grid edge)")
 
 
 def _recall(view, rows):
@@ -634,7 +639,10 @@ def test_set_reads_counts_in_float_notation():
 
 @pytest.mark.parametrize("argv", [["--baselines", "--set", "steps=3"], ["--baselines", "als", "--tune"],
                                   ["--compute-only", "--models", "ranking"], ["--compute-only", "--set", "lr=0.1"],
-                                  ["--baselines", "--compute-only"], ["--compute-only", "--workers", "2"]])
+                                  ["--baselines", "--compute-only"], ["--compute-only", "--workers", "2"],
+                                  ["--baselines", "--device", "cuda"], ["--baselines", "als", "--threads", "2"],
+                                  ["--baselines", "--scoring-csv", "x.csv"], ["--compute-only", "--seeds", "0"],
+                                  ["--compute-only", "--device", "cpu"]])
 def test_runs_that_train_no_project_model_refuse_its_options(argv, tmp_path, capsys):
     """--baselines and --compute-only train no project model: a training option beside them is a
     usage error naming it, before anything runs (it would be silently ignored)."""
@@ -642,7 +650,8 @@ def test_runs_that_train_no_project_model_refuse_its_options(argv, tmp_path, cap
 
     with pytest.raises(SystemExit) as e:
         main(["--preset", "smoke", "--out", str(tmp_path / "out"), *argv])
-    assert e.value.code == 2 and "trains no project model" in capsys.readouterr().err
+    err, flag = capsys.readouterr().err, [a for a in argv if a.startswith("--")][-1]
+    assert e.value.code == 2 and "trains no project model" in err and f"{flag} would be ignored" in err
     assert not (tmp_path / "out").exists()
 
 
