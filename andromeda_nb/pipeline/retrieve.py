@@ -2,8 +2,9 @@
 function of a device table and a device index.
 
 It serves through a :class:`~.pool.Pool` kept on the table for that index (built on the first
-call, its buffers sized for a batch of up to :data:`BATCH` and k up to :data:`K`, rebuilt larger
-when a call needs more), so repeated calls are warm. Code that serves many requests should hold a
+call, its buffers sized for a batch of up to :data:`BATCH` and k up to :data:`K`; rebuilt with a
+larger k when a call needs one, while a batch larger than its buffers is served in chunks), so
+repeated calls are warm. Code that serves many requests should hold a
 :class:`~.pool.Pool` itself.
 """
 

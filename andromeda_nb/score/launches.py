@@ -243,8 +243,10 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     """Enqueue the "filter" path of fused scoring + top-k (:func:`~.api.score_topk`; no validation,
     no allocation or host copy when ``sfw`` is given): score the sample (scores-to-memory kernel
     over the sampled slots; ineligible ones set to -inf), select its seed (the r-th best), one
-    fused pass keeping the eligible scores at or above the seed, one block's radix select of the
-    top-k among them. Five launches (six for candidates access).
+    fused pass keeping the eligible scores at or above the seed, then the exact top-k among them
+    (:func:`~andromeda_nb.topk.final.launch_final` for one request: the rank final, each kept
+    score's place counted over many blocks, and a radix select after it where the buffer holds
+    more than its ``rank_cap``).
 
     Returns:
         the :class:`~andromeda_nb.topk.api.FilterWorkspace`: ``out_id[0]`` (int64[k] ad ids),

@@ -216,8 +216,9 @@ def topk_batch(scores, offsets, ks, eligible=None, ids=None, block: int | None =
     and its own ``ks[r]``; the contract of :func:`topk_scores` per request.
 
     One launch set for the batch (:func:`~andromeda_nb.topk.batched.launch_topk_batch_seeded`: a
-    seed a request from a sample, one filter pass, a block a request sorting its kept scores; the
-    rank final for k above ~200). The few requests it cannot answer exactly (a seed above the k-th
+    seed a request from a sample, one filter pass, a block a request sorting its kept scores; for k
+    above ~200 the rank final (1-3 requests) or a block a request's radix select (4 or more:
+    :func:`~andromeda_nb.topk.config.final_for`)). The few requests it cannot answer exactly (a seed above the k-th
     score, or more kept scores than the buffer holds: ties, sorted input, requests of millions of
     scores) are rerun: one by one by :func:`topk_scores`, or, past ``rerun_one_by_one`` of them,
     the whole batch by the unseeded block top-K (k <= ``BLOCK_TOPK_MAX_K``).

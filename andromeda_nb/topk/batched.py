@@ -6,7 +6,8 @@ own k) in three launches, or one request as a batch of one (path "batched").
 2. filter: one pass over the batch keeps each request's eligible scores at or above its seed
    (:func:`~andromeda_nb.topk.filter.launch_filter`, a grid row a request);
 3. final: each request's kept scores ordered (:func:`~andromeda_nb.topk.final.launch_final`: a
-   block a request sorting them, or the rank final for larger buffers).
+   block a request sorting them; for larger buffers the rank final (1-3 requests) or a block a
+   request's radix select (4 or more: :func:`~andromeda_nb.topk.config.final_for`)).
 
 A request is exact unless :func:`batch_outcomes` says otherwise (its seed above its k-th score, or
 more kept scores than the buffer holds); :func:`~andromeda_nb.topk.api.topk_batch` reruns those.

@@ -79,7 +79,7 @@ FINALS = ("auto", "rank", "radix")
 #: ``final="auto"`` answers batches of at least this many requests by the radix select (a block a
 #: request), smaller ones by the rank final (many blocks a request): the rank final's blocks each
 #: re-read a request's whole buffer, which a batch multiplies, while the radix select's blocks run
-#: side by side on separate SMs (measured on the H200, data/results/topk_diagnostics.md).
+#: side by side on separate SMs (measured on the H200, data/results/request_path_diagnostics.md).
 RADIX_FINAL_MIN_BATCH = 4
 
 
