@@ -52,11 +52,13 @@ for step in "$@"; do
       #   in separate runs (e.g. two processes sharing the GPU) then get their overlap@100_ranking rows from
       #   analysis.quality.overlap_rows_from_tops (python -m andromeda_nb.training --help gives the recipe)
       # QUALITY_SET="ad_features=1" changes TrainConfig fields of every model (with QUALITY_TUNE, or untuned)
+      # QUALITY_PROFILE=N trains nothing for rows: N steps of each model timed, wall beside its kernels'
+      #   device time (--profile-steps: $OUT/quality/training_profile.csv)
       python3 -m andromeda_nb.training --preset full --out "$OUT/quality" --no-progress ${ds:+--datasets $ds} \
         ${QUALITY_SEEDS:+--seeds $QUALITY_SEEDS} ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNE:+--tune$([ "$QUALITY_TUNE" = only ] && echo -only)} \
         ${QUALITY_TUNED:+--tuned $QUALITY_TUNED} ${QUALITY_SET:+--set $QUALITY_SET} ${QUALITY_WORKERS:+--workers $QUALITY_WORKERS} \
         ${QUALITY_TUNE_BUDGET:+--tune-budget $QUALITY_TUNE_BUDGET} ${QUALITY_NO_REFINE:+--no-refine} \
-        ${QUALITY_TUNE_LENGTHS:+--tune-lengths $QUALITY_TUNE_LENGTHS} ${QUALITY_SAVE_TOPS:+--save-tops} \
+        ${QUALITY_TUNE_LENGTHS:+--tune-lengths $QUALITY_TUNE_LENGTHS} ${QUALITY_SAVE_TOPS:+--save-tops} ${QUALITY_PROFILE:+--profile-steps $QUALITY_PROFILE} \
         2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
     ptx)
       NUMBA_ENABLE_CUDASIM=0 python3 -m andromeda_nb.device.ptxcheck 2>&1 | tail -5 || status=1 ;;

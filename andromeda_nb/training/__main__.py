@@ -43,6 +43,37 @@ def _parse_settings(ap, items) -> dict:
     return kv
 
 
+def _profile(args, preset: str) -> int:
+    """--profile-steps: each dataset's and model's step profile, printed and written to
+    <out>/training_profile.csv (replaced whole: one run's table)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from ..analysis.quality import PRESETS, load_data
+    from ..provenance import commit_id
+    from .profiling import profile_steps
+    from .train import MODELS
+
+    rows = []
+    for ds in args.datasets:
+        data = load_data(ds, preset, data_dir=args.data_dir)
+        for name in args.models or MODELS:
+            r = profile_steps(name, data, PRESETS[preset].cfg(ds, name), steps=args.profile_steps, device=args.device)
+            rows.append({"dataset": ds, "preset": preset, "settings": " ".join(args.set), **r})
+            print(f"{ds} {name}: {r['wall_ms']:.2f} ms a step wall, {r['device_ms']:.2f} ms device "
+                  f"({r['device_over_wall']:.2f}), {r['launches']:.0f} launches; {r['top_ops']}", flush=True)
+    import torch
+
+    frame = pd.DataFrame(rows).assign(torch=torch.__version__, commit=commit_id(),
+                                      timestamp=pd.Timestamp.now(tz="UTC").isoformat(timespec="seconds"))
+    path = Path(args.out) / "training_profile.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False, lineterminator="\r\n")
+    print(f"{len(frame)} rows to {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     from ..analysis.quality import DATASETS, PRESETS, refresh_compute, run_all
 
@@ -102,6 +133,10 @@ def main(argv=None) -> int:
                          "merged with write_rows")
     ap.add_argument("--compute-only", action="store_true",
                     help="only refresh the compute-per-ad rows (FLOPs, bytes, kernel ads/s from --scoring-csv); no training")
+    ap.add_argument("--profile-steps", type=int, default=None, metavar="N",
+                    help="no quality rows: time N training steps of each model (after 10 untimed ones), wall clock "
+                         "beside its kernels' device time (torch.profiler), and write <out>/training_profile.csv "
+                         "(andromeda_nb.training.profiling: whether a step waits on the GPU or on the host)")
     ap.add_argument("--baselines", nargs="*", default=None, metavar="NAME",
                     help="only the standard baselines (all, or those named: most_popular itemknn_cosine itemknn_bm25 "
                          "als bpr ease), tuned on the training part's validation split; CPU (the implicit library)")
@@ -121,6 +156,17 @@ def main(argv=None) -> int:
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):
         ap.error("--set changes the preset's settings, which a run from --tuned FILE does not use (the file's "
                  "configurations train whole): tune again with --tune --set ...")
+    if args.profile_steps is not None:
+        if args.profile_steps < 1:
+            ap.error(f"--profile-steps must be at least 1, got {args.profile_steps}")
+        given = [flag for flag, on in (("--tune", args.tune), ("--tune-only", args.tune_only),
+                                       ("--tuned", args.tuned is not None), ("--seeds", args.seeds is not None),
+                                       ("--workers", args.workers != 1), ("--save-tops", args.save_tops),
+                                       ("--baselines", args.baselines is not None),
+                                       ("--compute-only", args.compute_only)) if on]
+        if given:
+            ap.error(f"--profile-steps times the preset's training steps (seed 0), so {', '.join(given)} would be "
+                     "ignored: run them apart")
     only = "--baselines" if args.baselines is not None else "--compute-only" if args.compute_only else None
     if only is not None:  # neither trains a project model: options of that training would be ignored
         given = [flag for flag, on in (("--set", args.set), ("--tune", args.tune), ("--tune-only", args.tune_only),
@@ -188,6 +234,8 @@ def main(argv=None) -> int:
         p = PRESETS[preset]
         PRESETS[preset] = replace(p, train={**p.train, **kv}, train_ml={**p.train_ml, **kv},
                                   ranking={**p.ranking, **kv}, ranking_ml={**p.ranking_ml, **kv})
+    if args.profile_steps is not None:
+        return _profile(args, preset)
     from ..training.tuning import TuningIncomplete
 
     t0 = time.perf_counter()

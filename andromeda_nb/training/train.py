@@ -285,7 +285,8 @@ def pick_device(device: str = "auto") -> torch.device:
 
 
 def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig(), seed: int = 0,
-                device: str = "auto", progress: bool = True, checkpoints=(), validate=None) -> TrainedModel:
+                device: str = "auto", progress: bool = True, checkpoints=(), validate=None,
+                on_step=None) -> TrainedModel:
     """Train one model (see the module docstring for the loss and sampling).
 
     Args:
@@ -295,6 +296,8 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
         checkpoints: step counts at which ``validate(model)`` (the model so far, in eval mode) is
             called; its values go to ``model.validation`` ``{steps: value}`` (early stopping:
             :func:`~andromeda_nb.training.tuning.tune`).
+        on_step: called with the step's index after each optimizer step (the step's kernels may
+            still run; :func:`~andromeda_nb.training.profiling.profile_steps` times them).
 
     Returns:
         :class:`TrainedModel`.
@@ -371,6 +374,8 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
         opt.step()
         sched.step()
         pending.append(loss.detach())
+        if on_step is not None:
+            on_step(step)
         if step % 50 == 0:
             flush()
             bar.set_postfix(loss=f"{np.mean(history[-50:]):.3f}")
