@@ -7,6 +7,26 @@ from andromeda_nb.model import AdTable, Request
 from andromeda_nb.targeting import Category, TargetingRules, TargetingSchema
 
 
+def small_seed_config(**tuning):
+    """A TopKConfig whose seed pays from 256 items (chunks of 16, at most 16 of them): at the
+    simulator's sizes ``score_topk(path="auto")`` then takes the filter path, as it does on a GPU's
+    large pools (the defaults seed from 65,536 items up)."""
+    from andromeda_nb.topk.config import TopKConfig, TopKTuning
+
+    return TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256, **tuning))
+
+
+def filter_path_only(monkeypatch) -> None:
+    """Make ``score_topk``'s block top-K launch fail: a call that still answers was answered by the
+    filter path (which falls back to the block top-K when its seed is not exact)."""
+    from andromeda_nb.score import api
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("score_topk fell back to the block top-K")
+
+    monkeypatch.setattr(api, "launch_score_topk", refuse)
+
+
 def check_scores(got, request: Request, table: AdTable, math: str = "fp32"):
     """Assert kernel scores match the oracle of ``math``'s model (andromeda_nb.checks.compare_scores)."""
     result = checks.compare_scores(got, request, table, math=math)

@@ -88,6 +88,40 @@ def test_precision_rows(k2, data):
     again = alone.set_index(["dtype", "metric"])["value"]
     for metric in ("recall@100_delta_pp_same_storage", "overlap@100_same_storage"):
         assert again[("int8_fp16_math", metric)] == pytest.approx(got[("int8_fp16_math", metric)])
+    # each lossy row's score errors, recomputed from the float64 oracle on tables stored here
+    want = _oracle_score_errors(k2, data, rows)
+    for dt, err in want.items():
+        assert err.max() > 0 and got[(dt, "score_err_max")] == pytest.approx(err.max(), rel=1e-2), dt
+        assert got[(dt, "score_err_p50")] == pytest.approx(np.quantile(err, 0.5), rel=1e-2, abs=1e-6), dt
+
+
+def _oracle_score_errors(k2, data, rows) -> dict:
+    """``{dtype: |score - fp32 score| / (the user's fp32 score spread)}`` over every evaluated user's
+    eligible ads, each score the float64 oracle's (reference.score) of the exported request on the
+    dtype's table: the precision rows' errors without their code."""
+    from andromeda_nb import Request, reference
+    from andromeda_nb.model import AdTable
+
+    a, b = k2.ad_arrays()
+    s = np.abs(a).max(axis=0)  # int8_dimscale: each column's largest magnitude, folded into gamma
+    V, G, gamma, beta = k2.request_tensors(rows)
+    elig = data.eligible(rows)
+    cases = {"fp16": ("fp16", a, 1.0, "fp32"), "bf16": ("bf16", a, 1.0, "fp32"), "int8": ("int8", a, 1.0, "fp32"),
+             "int8_dimscale": ("int8", a / s, s, "fp32"), "fp16_math": ("fp16", a, 1.0, "fp16"),
+             "int8_fp16_math": ("int8", a, 1.0, "fp16")}
+    base_table = AdTable.from_float(a, b)
+    out = {dt: [] for dt in cases}
+    for i in range(len(rows)):
+        def score(table, scale=1.0, math="fp32"):
+            req = Request(V=V[i], G=G[i], gamma=(gamma[i] * scale).astype(np.float32), beta=beta[i],
+                          k_experts=k2.k_experts)
+            return reference.score(req, table, math=math)
+        base = score(base_table)
+        sd = base[elig[i]].std() if elig[i].any() else 1.0
+        for dt, (storage, rows_a, scale, math) in cases.items():
+            err = np.abs(score(AdTable.from_float(rows_a, b, dtype=storage), scale, math) - base) / (sd if sd > 0 else 1.0)
+            out[dt].append(err[elig[i]])
+    return {dt: np.concatenate(e) for dt, e in out.items()}
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "int8"])
@@ -113,6 +147,9 @@ def test_dimscale_folds_exactly_into_gamma(k2, data):
 
     a, b = k2.ad_arrays()
     s = quality.dimscale(a)
+    assert np.abs(a / s).max(axis=0) == pytest.approx(1.0)  # every stored column spans [-1, 1]
+    zero = quality.dimscale(np.zeros((3, 2), np.float32))
+    assert (zero == 1).all()  # a zero column keeps scale 1 (no division by zero)
     rows = data.eval_rows[:4]
     V, G, gamma, beta = k2.request_tensors(rows)
     plain = score_exported(V, G, gamma, beta, AdTable.from_float(a, b), 2)

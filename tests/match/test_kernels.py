@@ -66,7 +66,8 @@ def test_compact_and_last_mask_at_large_slots(base):
     cuda = launch.cuda()
     block = launch.default_block()
     rng = np.random.default_rng(base % 1000)
-    host = rng.integers(0, 2**63, (1, 9), dtype=np.int64).astype(np.uint64) & np.uint64(0x8000100000F00001)
+    host = rng.integers(0, 2**64, (1, 9), dtype=np.uint64, endpoint=False) & np.uint64(0x8000100000F00001)
+    host[0, 4] |= np.uint64(1 << 63)  # the top bit at least once: it is where a signed shift would go wrong
     words = cuda.to_device(host)
     chunk = block * 4
     n_chunks = -(-9 // chunk)

@@ -215,8 +215,13 @@ def test_dot_two_tower_baseline(rng, dtype, layout):
     for config in (None, KernelConfig(weights="shared"), KernelConfig(weights="shared", guard="offset")):
         got = score_ads(u, dt, config=config).copy_to_host()
         assert np.all(np.abs(got - ref) <= 1e-5 * scale.max())
-    top = score_topk(u, dt, 10, eligible=rng.random(n) < 0.5)
-    assert top.count <= n and (top.ids[top.ids >= 0].size == min(10, top.count))
+    mask = rng.random(n) < 0.5
+    got = score_ads(u, dt).copy_to_host()
+    top = score_topk(u, dt, 10, eligible=mask)  # the block top-K with a mask, on the kernel's own scores
+    want = reference.topk(got, 10, ids=table.ad_ids, eligible=mask)
+    assert np.array_equal(top.ids, want.ids) and np.array_equal(top.scores, want.scores)
+    assert top.count == want.count == mask.sum()
+    check_topk_against_float64(top.ids, top.scores, ref, table.ad_ids, 10, eligible=mask)
     with pytest.raises(ValueError, match="non-finite"):
         score_ads(np.full(d, np.nan), dt)
     with pytest.raises(ValueError, match="d=16"):

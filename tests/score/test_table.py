@@ -10,6 +10,8 @@ from andromeda_nb.device import launch
 from andromeda_nb.score.table import DeviceAdTable, check_slot_ids, resolve_layout
 from andromeda_nb.targeting import bits_from_mask
 
+from ..helpers import filter_path_only, small_seed_config
+
 
 def test_auto_layout_is_the_scan_layout_and_bad_layouts_are_refused(rng):
     table = anb.AdTable.from_float(rng.standard_normal((40, 16)), dtype="fp16")
@@ -42,10 +44,11 @@ def test_from_device_checks_ad_ids_once(rng):
 
 @pytest.mark.parametrize("layout", ["rows", "tiles"])
 @pytest.mark.parametrize("path", ["auto", "block"])
-def test_device_bitset_padding_bits_are_not_positions(rng, layout, path):
+def test_device_bitset_padding_bits_are_not_positions(rng, layout, path, monkeypatch):
     """A caller's device bitset may have bits set past n in its last word: they name no ad, and
-    the answer is that of the bitset with them cleared (the kernels read no row past the table)."""
-    n = 100  # the last word holds 36 positions and 28 padding bits
+    the answer is that of the bitset with them cleared (the kernels read no row past the table);
+    "auto" takes the filter path (a seed from 256 items), "block" the block top-K."""
+    n = 292  # the last word holds 36 positions and 28 padding bits
     table = anb.AdTable.from_float(rng.standard_normal((n, 16)), rng.standard_normal(n), dtype="fp16",
                                    ad_ids=rng.choice(10 * n, n, replace=False))
     req = anb.Request.random(16, 3, 2, rng)
@@ -53,7 +56,10 @@ def test_device_bitset_padding_bits_are_not_positions(rng, layout, path):
     bits = bits_from_mask(mask)
     bits[-1] |= np.uint64(0xFFFFFFF) << np.uint64(36)
     dt = DeviceAdTable(table, layout)
-    got = anb.score_topk(req, dt, 7, eligible=launch.to_device(bits), path=path)
+    if path == "auto":
+        filter_path_only(monkeypatch)
+    got = anb.score_topk(req, dt, 7, eligible=launch.to_device(bits), path=path,
+                         topk_config=small_seed_config() if path == "auto" else None)
     scores = anb.score_ads(req, dt).copy_to_host()
     want = reference.topk(scores, 7, ids=table.ad_ids, eligible=mask)
     assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
@@ -102,17 +108,22 @@ def _free_slot_table(rng, n=64, d=16):
     return ids, DeviceAdTable.from_device(emb, bias, "fp16", ad_ids=launch.to_device(ids))
 
 
-@pytest.mark.parametrize("path", ["auto", "block"])
-def test_free_slots_are_never_scored_or_returned(rng, path):
-    ids, dt = _free_slot_table(rng)
+@pytest.mark.parametrize("path,n,k", [("auto", 320, 10), ("block", 64, 64)])
+def test_free_slots_are_never_scored_or_returned(rng, path, n, k, monkeypatch):
+    """Free slots (ad id -1) score NaN and are never returned: "auto" takes the filter path (a seed
+    from 256 items: its sample reads free slots too), "block" returns every live ad in order."""
+    ids, dt = _free_slot_table(rng, n)
     req = anb.Request.random(16, 3, 2, rng)
     scores = anb.score_ads(req, dt).copy_to_host()
     assert np.isnan(scores[ids == -1]).all() and not np.isnan(scores[ids >= 0]).any()
-    mask = rng.random(64) < 0.7
+    mask = rng.random(n) < 0.7
+    if path == "auto":
+        filter_path_only(monkeypatch)
     for eligible in (None, mask, launch.to_device(bits_from_mask(mask))):
-        got = anb.score_topk(req, dt, 64, eligible=eligible, path=path)
+        got = anb.score_topk(req, dt, k, eligible=eligible, path=path,
+                             topk_config=small_seed_config() if path == "auto" else None)
         live = (ids >= 0) & (True if eligible is None else mask)
-        want = reference.topk(scores, 64, ids=ids, eligible=live)
+        want = reference.topk(scores, k, ids=ids, eligible=live)
         assert np.array_equal(got.ids, want.ids) and got.count == live.sum()
     with pytest.raises(ValueError, match="free"):
         anb.score_topk(req, dt, 5, candidates=np.array([0, 1, 2], np.int32))  # slot 0 is free

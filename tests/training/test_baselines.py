@@ -18,7 +18,20 @@ def data():
     return tdata.from_multi_interest(mi.build_world(mi.WorldDesign(n_users=300, n_ads=200, topics=6), seed=2))
 
 
+def with_short_histories(data, rows, n: int = 1):
+    """``data`` with the users of ``rows`` cut to their first ``n`` training clicks (the world's users
+    all have many: the one-click edge needs a cut)."""
+    from dataclasses import replace
+
+    seq, seq_len = data.seq.copy(), data.seq_len.copy()
+    seq[rows, n:] = data.n_ads  # the pad
+    seq_len[rows] = n
+    return replace(data, seq=seq, seq_len=seq_len)
+
+
 def test_user_items_and_the_validation_split(data):
+    data = with_short_histories(data, np.arange(0, data.n_users, 5))  # a fifth with one training click
+    assert (data.seq_len < 2).any() and (data.seq_len >= 2).any()
     X = B.user_items(data)
     assert X.shape == (data.n_users, data.n_ads) and set(np.unique(X.data)) == {1.0}
     for r in range(0, data.n_users, 37):
@@ -166,10 +179,15 @@ def test_bad_baseline_input_is_refused_before_any_fit(data):
         B.tune("itemknn_cosine", data, data.eval_rows[:20], grid=({"K": 5}, {"K": 0}))
     with pytest.raises(ValueError, match="empty grid"):
         B.tune("ease", data, data.eval_rows[:20], grid=())
-    one_click = np.flatnonzero(data.seq_len < 2)
-    if one_click.size:
-        with pytest.raises(ValueError, match="two training clicks"):
-            B.tune("most_popular", data, one_click)
+    one_click = data.eval_rows[:6]
+    short = with_short_histories(data, one_click)
+    with pytest.raises(ValueError, match="two training clicks"):  # nothing to hold back for validation
+        B.tune("most_popular", short, one_click)
+    from andromeda_nb.training import tuning
+
+    with pytest.raises(ValueError, match="two training clicks"):  # the project's models' tuning, the same way
+        tuning.tune_many({"single_tower": Q.PRESETS["smoke"].cfg("multi_interest", "single_tower")},
+                         with_short_histories(data, data.eval_rows), grid=tuning.GRID[:1], device="cpu")
     for kwargs, match in ((dict(names=["most_popular", "nosuch"]), "unknown baselines"), (dict(seeds=[]), "seed"),
                           (dict(names=[]), "unknown baselines")):
         with pytest.raises(ValueError, match=match):
