@@ -13,6 +13,26 @@ def test_findings_state_each_target():
     assert "One request" in text and "Batches of 32" in text and "Live" not in text
 
 
+@pytest.mark.parametrize("p50_ms,device_ms,rps,verdicts", [(0.35, 0.3, 6000, ("met", "met", "met")),
+                                                           (0.5, 0.25, 4000, ("**not met**",) * 3)])
+def test_findings_print_the_newest_numbers_and_their_verdicts(p50_ms, device_ms, rps, verdicts):
+    """Newer rows of one request and of batches of 32 become the findings' numbers, each against its
+    target (0.4 ms, wall / device 1.3, 5,000 requests/s)."""
+    rows = results.load("pipeline")
+    last = pipeline_report.newest(rows)
+    new = last[(last["variant"] == "retrieve") & (last["n_ads"].astype(float) > 9e7) & (last["dtype"] == "fp16")
+               & (last["math"] == pipeline_report.DEFAULT_PATH_MATH) & last["batch"].astype(int).isin([1, 32])]
+    assert sorted(new["batch"].astype(int)) == [1, 32]
+    new = new[rows.columns].assign(timestamp="2999-01-01T00:00:00+00:00", commit="zz3",
+                                   seconds_median=p50_ms / 1e3, device_seconds=device_ms / 1e3, requests_per_s=rps)
+    text = pipeline_report.findings(pd.concat([rows, new], ignore_index=True))
+    one, b32 = (next(line for line in text.splitlines() if line.startswith(s))
+                for s in ("- One request", "- Batches of 32"))
+    assert one == (f"- One request: p50 {p50_ms:.3f} ms wall (target 0.4 ms: {verdicts[0]}), "
+                   f"{p50_ms / device_ms:.2f} x its {device_ms:.3f} ms of device time (target 1.3: {verdicts[1]}).")
+    assert b32 == f"- Batches of 32: {rps:,} requests/s (target 5,000: {verdicts[2]})."
+
+
 def test_pool_findings_state_each_target_and_the_newest_soak():
     rows = results.load("pool")
     text = pool_report.findings(rows)
@@ -48,7 +68,18 @@ def test_pool_tables_pair_end_to_end_with_device_and_alone_with_during():
     assert d.iloc[-1]["p50_ratio"] == pytest.approx(1.5) and d.iloc[-1]["p99_ratio"] == pytest.approx(1.5)
     m = pool_report.headline_metrics(both)
     assert m["apply_batch10000_updates_per_s"] == 5e5 and m["during_p50_ratio"] == pytest.approx(1.5)
-    assert "**not met**" in pool_report.findings(both)
+    text = pool_report.findings(both)
+    assert "500.0 K/s in batches of 10,000 (device alone 5.00 M/s)" in text
+    assert "target 1 M/s at 10,000: **not met**" in text
+    assert ("p50 0.600 ms against 0.400 alone (1.50x, target 1.2: **not met**), p99 1.200 against 0.800 "
+            "(1.50x, target 1.5: met)") in text
+    fast = both.copy()
+    fast.loc[fast["commit"] == "zz2", "items_per_s"] = fast.loc[fast["commit"] == "zz2", "items_per_s"].map(
+        lambda v: 2e6 if v == 5e5 else v)
+    fast.loc[(fast["commit"] == "zz2") & (fast["variant"] == "retrieve_during_updates"), "seconds_median"] = 0.44e-3
+    text = pool_report.findings(fast)
+    assert "2,000.0 K/s in batches of 10,000" in text and "target 1 M/s at 10,000: met" in text
+    assert "(1.10x, target 1.2: met)" in text
 
 
 def test_launches_line_compares_graph_and_bound_in_one_run():
@@ -95,7 +126,8 @@ def test_int8_rows_stay_out_of_the_fp16_headline_and_get_their_own_line():
     assert pipeline_report.int8_line(pipeline_report.newest(rows)) == ""  # no int8 row: no line
     card = results.one_device(rows)  # the card the findings report
     new = card[(card["variant"].isin(["retrieve", "score_topk"])) & (card["math"] == "fp16")
-               & (rows["n_ads"].astype(float) > 9e7) & ~results.text(card, "notes").str.contains(results.EXPERIMENT)].sort_values("timestamp").groupby(["variant", "batch"]).tail(1)
+               & (card["n_ads"].astype(float) > 9e7) & ~results.text(card, "notes").str.contains(results.EXPERIMENT)
+               ].sort_values("timestamp").groupby(["variant", "batch"]).tail(1)
     new = new.assign(dtype="int8", timestamp="2999-01-01T00:00:00+00:00", seconds_median="0.0005",
                      device_seconds="0.0002", commit="int8run")
     both = pd.concat([rows, new], ignore_index=True)

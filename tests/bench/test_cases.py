@@ -241,6 +241,7 @@ def test_case_columns_reach_the_csv(suite, tmp_path):
     harness.write_rows(rows, tmp_path / "t.csv")
     with (tmp_path / "t.csv").open() as f:
         back = list(csv.DictReader(f))
+    assert len(back) == len(cases) > 0  # a row a case, in order
     for c, r in zip(cases, back):
         for k, v in c.columns().items():
             assert r[k] == str(v), (c, k)

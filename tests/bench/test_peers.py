@@ -55,8 +55,10 @@ def test_torch_peer_breaks_expert_ties_to_the_lower_expert(rng):
     req = anb.Request(V=r.V, G=np.repeat(r.G[:1], E, axis=0), gamma=r.gamma, beta=r.beta, k_experts=K)
     out = torch.empty(n, dtype=torch.float32)
     torch_gated_scores(torch.as_tensor(table.embeddings), torch.as_tensor(table.bias), peer_weights(req, "cpu"), out)
-    result = checks.compare_scores(out.numpy(), req, table, math="fp16")
-    assert result.ok, result.message
+    # compare_scores forgives the other expert at near-ties, and here every logit ties: the oracle's
+    # own choice (the lower expert) is the one to match, to fp32 summation order
+    want = anb.reference.score(req, table, math="fp16")
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_peer_arguments_are_checked(rng):

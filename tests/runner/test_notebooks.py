@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 from filelock import FileLock
 
@@ -150,6 +151,8 @@ def test_findings_are_computed_markdown(smoke, name):
     shown = [o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
              if "text/markdown" in o.get("data", {})]
     assert shown and all(re.search(r"\d", md) for md in shown), name
+    # the reports' fallbacks (no committed rows, nothing verified) hold digits too ("10^8"): none may show
+    assert not any(re.search(r"committed yet|No verified", md) for md in shown), name
 
 
 @pytest.mark.notebook
@@ -217,8 +220,9 @@ def test_precision_headlines(smoke):
     for ds in p["datasets"]:
         assert m[f"{ds}/fp32/recall@100_delta_pp"] == 0 and m[f"{ds}/fp32/overlap@100_fp32"] == 1
         for dt in ("bf16", "fp16", "int8", "int8_dimscale"):
-            assert 0.9 < m[f"{ds}/{dt}/overlap@100_fp32"] <= 1
-            assert abs(m[f"{ds}/{dt}/recall@100_delta_pp"]) <= 100
+            ov, delta = m[f"{ds}/{dt}/overlap@100_fp32"], m[f"{ds}/{dt}/recall@100_delta_pp"]
+            assert 0.9 < ov <= 1 and np.isfinite(delta)
+            assert ov < 1 or delta == 0  # the same top-100s retrieve the same held-out clicks
 
 
 @pytest.mark.notebook

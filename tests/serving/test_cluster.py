@@ -154,6 +154,7 @@ def test_shards_generated_apart_serve_batches_and_check_themselves(served):
     pairs = requests(C.demo_world(50, SEED)[1].schema, 3, 13)
     reqs, profs = [r for r, _ in pairs], [p for _, p in pairs]
     batch = sharded.retrieve_batch(reqs, profs, K)
+    assert len(batch) == len(pairs) == 3  # an answer a request, in order
     for (req, prof), got in zip(pairs, batch):
         same(sharded.retrieve(req, prof, K), got)
     got = measure_sharded(sharded, pairs, K, batch=3, calls=2, checked=2)

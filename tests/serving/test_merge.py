@@ -59,9 +59,14 @@ def test_bad_or_partial_answers_are_refused():
                           n_scored=1),
                 Retrieved(ids=np.array([1]), scores=np.array([1.0], np.float32), n_eligible=1, n_scored=-5),
                 Retrieved(ids=np.array([1]), scores=np.array([1.0], np.float32), n_eligible=1, n_scored=2),
+                Retrieved(ids=np.array([1, 2]), scores=np.array([1.0, 0.5], np.float32), n_eligible=1, n_scored=2),
                 Retrieved(ids=np.array([8, 8]), scores=np.array([1.0, 1.0], np.float32), n_eligible=2, n_scored=2)):
         with pytest.raises(ValueError, match="shard 1"):
             merge_topk([one, bad], 3)
+    # more scored than eligible is refused as such (not only where it also makes the answer partial)
+    with pytest.raises(ValueError, match="shard 1: counts must hold 0 <= n_scored <= n_eligible"):
+        merge_topk([one, Retrieved(ids=np.array([1, 2]), scores=np.array([1.0, 0.5], np.float32), n_eligible=1,
+                                   n_scored=2)], 3)
     # a genuine -inf ad ranks ahead of every pad
     low = Retrieved(ids=np.array([9, -1]), scores=np.array([-np.inf, -np.inf], np.float32), n_eligible=1, n_scored=1)
     got = merge_topk([one, low], 4)
