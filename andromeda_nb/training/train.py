@@ -69,9 +69,10 @@ class TrainConfig:
     interest_experts: int = 0
     #: 1: every mixture expert reads all signal groups (concatenated, as the single tower does), so
     #: experts differ by their weights, not by what they see; 0: expert e reads group e only.
-    #: Exclusive with interest_experts. At the demo size (CPU, seed 0, 3,000 validation users) it
-    #: lifted the K = 2 mixture from 0.410 to 0.436, level with the single tower's 0.430
-    #: (data/results/quality_diagnostics.md); preset full is not measured
+    #: Exclusive with interest_experts. At the demo size (CPU, 5 seeds, 3,000 validation users) it
+    #: lifted the K = 2 mixture by 2.4 +- 0.4 points to the single tower's level (+0.3 +- 0.3;
+    #: data/results/quality_diagnostics.md, where the gate's collapse is too); preset full is not
+    #: measured
     shared_inputs: int = 0
     #: the sampled softmax's temperature: logits are score / temperature (before the sampling
     #: correction); the ranking a trained model serves does not depend on it
