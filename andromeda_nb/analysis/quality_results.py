@@ -30,8 +30,10 @@ def targeting_of(metric: str) -> str:
 
 
 def write_rows(frame: pd.DataFrame, path=RESULTS) -> Path:
-    """Merge rows into a results CSV: rows with the same key (:data:`KEY`) are replaced; the
-    ``targeting`` column is set from each row's metric (:func:`targeting_of`)."""
+    """Merge rows into a results CSV: rows with the same key (:data:`KEY`) are replaced, except that
+    a kept row equal to its new one in every column but ``commit`` stays as it was (a rerun that
+    reproduces it, such as the compute rows every training run refreshes, does not restamp the
+    committed table); the ``targeting`` column is set from each row's metric (:func:`targeting_of`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame = frame.reindex(columns=COLUMNS)
@@ -45,6 +47,10 @@ def write_rows(frame: pd.DataFrame, path=RESULTS) -> Path:
     if path.is_file():
         old = ints(pd.read_csv(path, dtype=str, keep_default_na=False).reindex(columns=COLUMNS, fill_value=""))
         new = ints(frame.astype(object).where(frame.notna(), "").astype(str))
+        new["targeting"] = [targeting_of(m) for m in new["metric"]]
+        same = [c for c in COLUMNS if c != "commit"]
+        kept = set(map(tuple, old[same].to_numpy()))
+        new = new[[tuple(r) not in kept for r in new[same].to_numpy()]]  # reproduced: the old row stays
         key_new = set(map(tuple, new[KEY].to_numpy()))
         old = old[[tuple(r) not in key_new for r in old[KEY].to_numpy()]]
         merged = pd.concat([old, new], ignore_index=True)

@@ -517,7 +517,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting/pipeline")
     ap.add_argument("--min-n-ads", type=int, default=0,
                     help="leave out the cases of smaller pools (e.g. the serving suite at 10^8 alone)")
-    ap.add_argument("--reps", type=int, default=15, help="timed runs a case, median reported (at least 10: docs/design.md)")
+    ap.add_argument("--reps", type=int, default=15, help="timed runs of a case's device time, median reported (at least 10: docs/design.md); "
+                                                          "a public call's wall time takes 60 calls whatever this is")
     ap.add_argument("--phases", default=None, help="comma-separated phases of the suite (default: its default set)")
     ap.add_argument("--name", default=None, help="output file stem (default: the suite name)")
     ap.add_argument("--list", action="store_true", help="print the cases a run would measure and exit (no GPU needed)")

@@ -332,3 +332,24 @@ def test_models_trained_in_separate_processes_get_their_overlap_rows(tmp_path):
     assert not (apart["metric"] == "overlap@100_ranking").any()  # neither run held both models
     rows = quality.overlap_rows_from_tops([tmp_path / "a" / "tops", tmp_path / "b" / "tops"], apart)
     assert list(rows["model"]) == ["single_tower"] and rows["value"].iloc[0] == pytest.approx(own["value"].iloc[0])
+
+
+def test_write_rows_keeps_a_reproduced_rows_commit(tmp_path):
+    """A rerun that reproduces a row (every column but the commit) leaves the table as it was; a
+    changed value, device or scorer replaces the row, commit and all."""
+    path = tmp_path / "quality.csv"
+    base = dict(dataset="ml-100k", model="single_tower", experts=1, k_experts=1, dtype="fp32", d=64, seed="",
+                metric="bytes_per_ad", value=260.0, commit="old", device="", experiment="expert_count",
+                preset="full", scorer="analytic", n_users="")
+    quality.write_rows(pd.DataFrame([base, {**base, "metric": "flops_per_ad", "value": 520.0}]), path)
+    before = path.read_bytes()
+    quality.write_rows(pd.DataFrame([{**base, "commit": "new"}, {**base, "metric": "flops_per_ad", "value": 520.0,
+                                                                  "commit": "new"}]), path)
+    assert path.read_bytes() == before
+    quality.write_rows(pd.DataFrame([{**base, "commit": "new", "value": 261.0},
+                                     {**base, "metric": "flops_per_ad", "value": 520.0, "commit": "new",
+                                      "device": "NVIDIA H200"}]), path)
+    df = quality.load_results(path).set_index("metric")
+    assert df.loc["bytes_per_ad", "value"] == 261.0 and df.loc["bytes_per_ad", "commit"] == "new"
+    assert df.loc["flops_per_ad", "commit"] == "new" and df.loc["flops_per_ad", "device"] == "NVIDIA H200"
+    assert len(df) == 2
