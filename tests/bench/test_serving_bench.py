@@ -21,8 +21,10 @@ class Planned:
 
 def test_every_serving_row_is_verified_on_simulator_workers(tmp_path, monkeypatch):
     monkeypatch.setenv("ANDROMEDA_SCRATCH", str(tmp_path / "scratch"))  # the processes' shared rules
+    # drawn: the eligible phase's profiles, drawn at setup whatever the phase (2,048 by default: each
+    # a retrieve, ten minutes under the simulator)
     run = S.Run({"device": "simulator", "commit": "test"}, harness.Ceilings(1.0, 1.0, 1.0), harness.Options(),
-                calls=3, pairs=3, batch=2)
+                calls=3, pairs=3, batch=2, drawn=40)
     rows = []
     try:
         for c in S.PHASES["topologies"] + S.PHASES["sharded"]:
