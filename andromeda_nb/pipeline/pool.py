@@ -83,7 +83,8 @@ class Pool:
         candidate_fraction: the longest candidate list a request keeps, as a fraction of the
             pool (``"auto"``: 1/8); a request with more eligible ads is answered over its bitset.
         filter_capacity: scores a request's filter pass may keep (``"auto"``: ``max(4096, 64 *
-            max_k)``; the seed aims at about SEED_MARGIN_X2 / 2 * k = 3 k); more (ties at the seed) and it is answered again.
+            max_k)``; the seed aims at about SEED_MARGIN_X2 / 2 * k = 3 k); more (ties at the seed)
+            and it is answered again.
         config: the scoring kernels' :class:`~andromeda_nb.score.KernelConfig`.
         launches: how a call enqueues its steps after the match: ``"graph"`` (one CUDA graph a
             request shape, batch size and k, captured on first use and replayed by one driver call),

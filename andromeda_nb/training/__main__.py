@@ -43,6 +43,14 @@ def _parse_settings(ap, items) -> dict:
     return kv
 
 
+def _given(ap, args, *flags) -> list[str]:
+    """The ``flags`` the command line set to something other than their defaults."""
+    def dest(flag):
+        return flag.lstrip("-").replace("-", "_")
+
+    return [f for f in flags if getattr(args, dest(f)) != ap.get_default(dest(f))]
+
+
 def _profile(args, preset: str) -> int:
     """--profile-steps: each dataset's and model's step profile, printed and written to
     <out>/training_profile.csv (replaced whole: one run's table)."""
@@ -159,30 +167,18 @@ def main(argv=None) -> int:
     if args.profile_steps is not None:
         if args.profile_steps < 1:
             ap.error(f"--profile-steps must be at least 1, got {args.profile_steps}")
-        given = [flag for flag, on in (("--tune", args.tune), ("--tune-only", args.tune_only),
-                                       ("--tuned", args.tuned is not None), ("--seeds", args.seeds is not None),
-                                       ("--workers", args.workers != 1), ("--save-tops", args.save_tops),
-                                       ("--baselines", args.baselines is not None),
-                                       ("--compute-only", args.compute_only)) if on]
+        given = _given(ap, args, "--tune", "--tune-only", "--tuned", "--seeds", "--workers", "--save-tops",
+                       "--baselines", "--compute-only")
         if given:
             ap.error(f"--profile-steps times the preset's training steps (seed 0), so {', '.join(given)} would be "
                      "ignored: run them apart")
     only = "--baselines" if args.baselines is not None else "--compute-only" if args.compute_only else None
     if only is not None:  # neither trains a project model: options of that training would be ignored
-        given = [flag for flag, on in (("--set", args.set), ("--tune", args.tune), ("--tune-only", args.tune_only),
-                                       ("--tuned", args.tuned is not None), ("--models", args.models is not None),
-                                       ("--workers", args.workers != 1), ("--save-tops", args.save_tops))
-                 if on]
-        if args.baselines is not None and args.compute_only:
-            given.append("--compute-only")
         # the baselines run on the CPU with implicit's own threads and read no kernel speeds; the compute
         # rows train nothing, on no device
-        given += [flag for flag, on in (("--device", args.device != "auto"), ("--threads", args.threads is not None))
-                  if on]
-        if args.baselines is not None and args.scoring_csv != ap.get_default("scoring_csv"):
-            given.append("--scoring-csv")
-        if args.compute_only and args.seeds is not None:
-            given.append("--seeds")
+        given = _given(ap, args, "--set", "--tune", "--tune-only", "--tuned", "--models", "--workers", "--save-tops",
+                       *(("--compute-only", "--scoring-csv") if only == "--baselines" else ("--seeds",)),
+                       "--device", "--threads")
         if given:
             ap.error(f"{only} trains no project model, so {', '.join(given)} would be ignored: run them apart")
     if args.baselines is not None:

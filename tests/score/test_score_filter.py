@@ -9,11 +9,10 @@ from hypothesis import strategies as st
 from andromeda_nb.device import launch
 from andromeda_nb import reference
 from andromeda_nb.score import api as S
-from andromeda_nb.topk.config import TopKConfig, TopKTuning
 from andromeda_nb.model import AdTable, Request
 from andromeda_nb.score.api import DeviceAdTable, score_ads, score_topk
 
-from ..helpers import poison_device_arrays
+from ..helpers import poison_device_arrays, small_seed_config as seed_config
 
 N = 2000  # with the sample shrunk below: 15 chunks of 16 (240 samples), a seed rank r >= 8 for k >= 17
 
@@ -23,11 +22,6 @@ def poisoned_device_memory(monkeypatch):
     """Device arrays start as 0xA5 bytes (simulator), so an output element left unwritten shows."""
     if launch.backend.is_simulator():
         poison_device_arrays(monkeypatch)
-
-
-def seed_config(**tuning) -> TopKConfig:
-    """A seed on 2,000 items: 15 chunks of 16 (240 samples) from 256 items up."""
-    return TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256, **tuning))
 
 
 @pytest.fixture
