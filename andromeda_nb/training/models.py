@@ -16,7 +16,9 @@ flow through ``p[e]`` of the selected experts, i.e. through the softmax over *al
 denominator), so unselected experts' keys get gradient too and the gate learns at K = 1
 (Switch-Transformer style, Fedus et al. 2021). The selection itself is not differentiated (no
 straight-through estimator). An optional Switch load-balancing loss ``E * sum_e f_e * P_e`` (``f_e``:
-share of (request, ad) pairs routed to e; ``P_e``: mean gate weight) keeps experts in use.
+share of (request, ad) pairs routed to e; ``P_e``: mean gate weight) keeps experts in use; an
+optional routing term (:func:`routing_term`) asks each ad for a confident choice and a request's ads
+for different ones.
 
 The single tower (E = 1, K = 1) reads every group (concatenated) into one value vector; it still
 gets the context FiLM, so it differs from the mixtures only in the expert structure.
@@ -158,6 +160,20 @@ def gated_scores(V, G, gamma, beta, A, b, k_experts: int, return_gate: bool = Fa
     if return_gate:
         return scores, p, mask
     return scores
+
+
+def routing_term(p: torch.Tensor) -> torch.Tensor:
+    """Minus the mutual information between a request's candidate ads and the gate's expert, over
+    log E (``TrainConfig.route_coef``): for gate softmaxes ``p [B, C, E]`` (request, candidate,
+    expert), the mean over requests of ``mean_c H(p[b, c]) - H(mean_c p[b, c])``. In [-1, 0]: 0 when
+    every ad of a request gets the same distribution (a collapsed or a flat gate), -1 when each ad
+    puts all its weight on one expert and a request's ads use every expert equally."""
+    E = p.shape[-1]
+    logp = torch.log(p.clamp_min(1e-12))
+    per_ad = -(p * logp).sum(-1).mean(-1)  # [B]
+    mean = p.mean(1)  # [B, E]
+    of_mean = -(mean * torch.log(mean.clamp_min(1e-12))).sum(-1)
+    return (per_ad - of_mean).mean() / math.log(E)
 
 
 def round_to_f16_once(x64):

@@ -9,7 +9,8 @@ probability proportional to its popularity) shares C = B + N candidates: the bat
 logit (its score over ``temperature``) is corrected by ``- log Q(ad)`` with ``Q(ad) = B * pop(ad) + N / n_ads`` (its expected count
 among the candidates), so the softmax estimates the full softmax over the pool; a candidate that is
 the same ad as the row's positive (an accidental hit) is masked. Loss: cross-entropy of the row's
-positive, plus ``lb_coef`` times the Switch load-balancing term for mixtures with K < E. Adam,
+positive, plus ``lb_coef`` times the Switch load-balancing term for mixtures with K < E and
+``route_coef`` times the routing term (:func:`.models.routing_term`) for mixtures. Adam,
 linear warm-up and cosine decay; seeded (torch, numpy).
 """
 
@@ -25,7 +26,7 @@ from tqdm.auto import tqdm
 
 from ..model import AdTable, Request
 from .data import GROUPS, HIST_LEN, InteractionData
-from .models import RankingNet, RetrievalNet, gated_scores, round_to_f16_once
+from .models import RankingNet, RetrievalNet, gated_scores, round_to_f16_once, routing_term
 
 #: The compared models: name -> (experts, k_experts); the ranking model has none.
 MODELS = {
@@ -77,6 +78,14 @@ class TrainConfig:
     #: the sampled softmax's temperature: logits are score / temperature (before the sampling
     #: correction); the ranking a trained model serves does not depend on it
     temperature: float = 1.0
+    #: mixtures: the weight of a routing term beside the retrieval loss, minus the mutual information
+    #: between a request's candidate ads and the gate's expert, over log E: for each request, the
+    #: gate softmax's mean entropy over the batch's candidates less the entropy of its mean. It asks
+    #: each ad for a confident choice and a request's ads for different choices, which neither the
+    #: retrieval loss nor the load-balancing term does (at the demo size the gate collapsed onto one
+    #: expert at lb_coef 0.01 and went flat at 0.1 and 1: data/results/quality_diagnostics.md).
+    #: 0: off. Ignored by models without experts
+    route_coef: float = 0.0
 
     def __post_init__(self):
         """Refuse, by name, a value that would train something else than asked; numpy scalars are
@@ -98,7 +107,7 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {getattr(self, name)!r}")
         if number("warmup", True) < 0:
             raise ValueError(f"TrainConfig.warmup must be an int >= 0, got {self.warmup!r}")
-        for name in ("lr", "weight_decay", "lb_coef", "grad_clip", "temperature"):
+        for name in ("lr", "weight_decay", "lb_coef", "grad_clip", "temperature", "route_coef"):
             v = number(name, False)
             if not (0 <= v < math.inf) or (name in ("lr", "temperature") and v == 0):
                 raise ValueError(f"TrainConfig.{name} must be a finite number "
@@ -368,6 +377,8 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
             f = mask.mean(dim=(0, 1)) / net.k_experts
             P = p.mean(dim=(0, 1))
             loss = loss + cfg.lb_coef * net.experts * (f * P).sum()
+        if p is not None and cfg.route_coef > 0:
+            loss = loss + cfg.route_coef * routing_term(p)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip:

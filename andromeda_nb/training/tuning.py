@@ -74,7 +74,7 @@ GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3
 #: TrainConfig fields added after configurations were first kept, with the value that gives a
 #: configuration (or a run key) kept without them the model it was tuned as (``ad_features``: id
 #: embeddings alone; ``interest_experts``: experts reading signal groups)
-LEGACY_FIELDS = {"ad_features": 0, "interest_experts": 0, "shared_inputs": 0, "temperature": 1.0}
+LEGACY_FIELDS = {"ad_features": 0, "interest_experts": 0, "shared_inputs": 0, "temperature": 1.0, "route_coef": 0.0}
 
 #: the second stage (:func:`refine_grid`): around the first stage's point, one setting at a time
 #: scaled down and up (TrainConfig fields as ``<field>_scale``; the load-balancing weight only where
@@ -388,20 +388,20 @@ def data_digest(view: InteractionData, rows) -> str:
     return h.hexdigest()
 
 
-#: TrainConfig switches that change only what a mixture's experts read: a model without experts
-#: (the single tower, the ranking model) trains the same run whatever they say
-EXPERT_INPUT_FIELDS = ("interest_experts", "shared_inputs")
+#: TrainConfig fields that change only a mixture (what its experts read, how its gate is trained): a
+#: model without experts (the single tower, the ranking model) trains the same run whatever they say
+MIXTURE_FIELDS = ("interest_experts", "shared_inputs", "route_coef")
 
 
 def run_key(name: str, digest: str, run, stops) -> str:
     """The name a tuning run is kept under in a runs file: the model, its whole configuration (the
-    expert-input switches at 0 for a model without experts: the same run), its checkpoints and the
+    mixture-only fields at their defaults for a model without experts: the same run), its checkpoints and the
     digest of its data (:func:`data_digest`)."""
     from .train import MODELS
 
     config = asdict(run)
     if MODELS.get(name, (None,))[0] in (None, 1):  # the ranking model, the single tower
-        config.update(dict.fromkeys(EXPERT_INPUT_FIELDS, 0))
+        config.update({f: LEGACY_FIELDS[f] for f in MIXTURE_FIELDS})
     return json.dumps({"model": name, "config": config, "stops": [int(s) for s in stops], "data": digest},
                       sort_keys=True)
 

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from andromeda_nb import AdTable, Request, reference  # noqa: E402
 from andromeda_nb.datasets import multi_interest as mi  # noqa: E402
 from andromeda_nb.training import data as tdata  # noqa: E402
-from andromeda_nb.training.models import gated_scores  # noqa: E402
+from andromeda_nb.training.models import gated_scores, routing_term  # noqa: E402
 from andromeda_nb.training.train import MODELS, TrainConfig, score_exported, train_model  # noqa: E402
 
 TINY = TrainConfig(d=16, width=16, hidden=16, steps=4, batch=32, negatives=32, warmup=1)
@@ -224,7 +224,7 @@ def test_shared_inputs_experts_read_every_signal_group(data):
                                          ("batch", 2.5), ("lr", 0.0), ("lr", float("nan")),
                                          ("weight_decay", -1e-4), ("grad_clip", float("inf")), ("warmup", -1),
                                          ("temperature", 0.0), ("steps", True), ("ad_features", 1.0), ("lr", "1e-3"),
-                                         ("lb_coef", True)])
+                                         ("lb_coef", True), ("route_coef", -0.1), ("route_coef", float("nan"))])
 def test_train_config_refuses_values_it_cannot_train(field, value):
     """TrainConfig refuses, by name, a value that would train something else than asked (a switch of
     2, a zero length, a NaN learning rate) before any model is built."""
@@ -270,3 +270,38 @@ def test_temperature_divides_the_scores_before_the_sampling_correction(data, mon
     logq = s1 - l1
     torch.testing.assert_close(l4[kept], (4 * s1 - logq)[kept], rtol=1e-5, atol=1e-4)
     assert h1 != h4 and np.isfinite([h1, h4]).all()
+
+
+def test_routing_term_is_minus_the_mutual_information_of_ad_and_expert(rng):
+    """routing_term against a float64 numpy oracle on random gates, and its two ends: 0 for a
+    gate that gives every ad of a request the same distribution (collapsed or flat), -1 for
+    one-hot choices that use every expert equally within each request."""
+    p = torch.softmax(torch.tensor(rng.standard_normal((5, 7, 4)) * 3, dtype=torch.float64), -1)
+    q = p.numpy()
+    ent = lambda x: -(x * np.log(x)).sum(-1)  # noqa: E731
+    want = np.mean(ent(q).mean(1) - ent(q.mean(1))) / np.log(4)
+    assert routing_term(p).item() == pytest.approx(want, rel=1e-9)
+    assert -1 < want < 0
+    same = torch.softmax(torch.tensor(rng.standard_normal((3, 1, 4))), -1).expand(3, 8, 4)
+    assert routing_term(same).item() == pytest.approx(0.0, abs=1e-7)
+    onehot = torch.eye(4, dtype=torch.float64).repeat(2, 1).expand(3, 8, 4)  # each expert twice a request
+    assert routing_term(onehot).item() == pytest.approx(-1.0, abs=1e-6)
+
+
+def test_route_coef_adds_the_routing_term_to_a_mixtures_loss(data, monkeypatch):
+    """The first step's loss (same seed, network and batch) grows by route_coef x routing_term of
+    that step's gate for a mixture, and not at all for the single tower, which has no gate."""
+    import andromeda_nb.training.train as T
+
+    gates = []
+    real = T.routing_term
+    monkeypatch.setattr(T, "routing_term", lambda p: (gates.append(real(p).item()), real(p))[1])
+    for name in ("mixture_k2", "single_tower"):
+        gates.clear()
+        h = {c: train_model(name, data, TrainConfig(**{**TINY.__dict__, "steps": 1, "route_coef": c}), seed=0,
+                            device="cpu", progress=False).history[0] for c in (0.0, 0.5)}
+        if name == "mixture_k2":
+            assert len(gates) == 1 and gates[0] < 0
+            assert h[0.5] - h[0.0] == pytest.approx(0.5 * gates[0], rel=1e-4, abs=1e-6)
+        else:
+            assert gates == [] and h[0.5] == h[0.0]
