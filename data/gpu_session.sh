@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-host session in one call (the device tool runs it in the repo root; results land in $OUT).
-# Usage: bash data/gpu_session.sh STEP...   steps: info tests quickstart series bench:<suite>[:args] quality[:dataset] ptx
+# Usage: bash data/gpu_session.sh STEP...   steps: info tests quickstart series bench:<suite>[:args] quality[:dataset]
+#   qseeds[:dataset] ptx
 # Needs the carried wheelhouse .whl/ (shared/tools/gpu-wheelhouse .whl): papermill, ipykernel, numpy 2.4;
 # bench:serving also needs distributed (the wheelhouse built with --dask; dask-cuda for --phases scaling).
 set -uo pipefail
@@ -60,6 +61,21 @@ for step in "$@"; do
         ${QUALITY_TUNE_BUDGET:+--tune-budget $QUALITY_TUNE_BUDGET} ${QUALITY_NO_REFINE:+--no-refine} \
         ${QUALITY_TUNE_LENGTHS:+--tune-lengths $QUALITY_TUNE_LENGTHS} ${QUALITY_SAVE_TOPS:+--save-tops} ${QUALITY_PROFILE:+--profile-steps $QUALITY_PROFILE} \
         2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
+    qseeds|qseeds:*)
+      # the quality run's seeds (QUALITY_SEEDS, default 0-4) each in its own process, all at once on the
+      # one GPU (a training step waits on the host's launches more than on the GPU), with QUALITY_MODELS,
+      # QUALITY_TUNED and QUALITY_SET as above; their rows joined into $OUT/quality/quality.csv
+      ds=${step#qseeds}; ds=${ds#:}; mkdir -p "$OUT/qseeds"
+      for s in ${QUALITY_SEEDS:-0 1 2 3 4}; do
+        python3 -m andromeda_nb.training --preset full --out "$OUT/qseeds/s$s" --no-progress ${ds:+--datasets $ds} \
+          --seeds $s ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNED:+--tuned $QUALITY_TUNED} \
+          ${QUALITY_SET:+--set $QUALITY_SET} > "$OUT/qseeds/seed$s.log" 2>&1 &
+      done
+      wait
+      tail -n 3 "$OUT"/qseeds/seed*.log
+      python3 -c "import glob, sys; from andromeda_nb.analysis.quality_results import join_rows
+join_rows(sorted(glob.glob(sys.argv[1] + '/qseeds/s*/quality.csv')), sys.argv[1] + '/quality/quality.csv')" "$OUT" \
+        || status=1 ;;
     ptx)
       NUMBA_ENABLE_CUDASIM=0 python3 -m andromeda_nb.device.ptxcheck 2>&1 | tail -5 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;

@@ -64,6 +64,16 @@ def write_rows(frame: pd.DataFrame, path=RESULTS) -> Path:
     return path
 
 
+def join_rows(paths, path) -> Path:
+    """Merge the rows of several quality CSVs (e.g. one a seed, trained in parallel processes) into
+    ``path`` (:func:`write_rows`): a key held by more than one of them (the true model's rows, the
+    compute rows, which every run writes) keeps the last file's row."""
+    frames = [pd.read_csv(p, dtype=str, keep_default_na=False) for p in paths]
+    if not frames:
+        raise ValueError("no quality CSVs to join")
+    return write_rows(pd.concat(frames, ignore_index=True).drop_duplicates(KEY, keep="last"), path)
+
+
 def load_results(path=RESULTS) -> pd.DataFrame:
     """The quality CSV with typed columns (empty frame with COLUMNS when missing)."""
     path = Path(path)

@@ -196,6 +196,24 @@ def test_write_rows_replaces_by_key(tmp_path):
         "recall@10": "on", "recall@50": "on", "recall@10_untargeted": "off", "train_seconds": ""}
 
 
+def test_join_rows_merges_seed_files_and_keeps_one_row_a_key(tmp_path):
+    """Each seed's file from a parallel run: every seed's rows land, a row both files hold (the
+    true model's) once, with the last file's value; no file is refused."""
+    from andromeda_nb.analysis.quality_results import join_rows
+
+    base = dict(dataset="multi_interest", experts=6, k_experts=2, dtype="fp32", d=64, commit="abc", device="gpu",
+                experiment="expert_count", preset="full", scorer="x", n_users=3, metric="recall@100")
+    paths = []
+    for s, truth in ((0, 0.30), (1, 0.31)):
+        paths.append(tmp_path / f"s{s}.csv")
+        pd.DataFrame([{**base, "model": "mixture_k2", "seed": s, "value": (0.2, 0.21)[s]},
+                      {**base, "model": "true_model", "seed": "", "value": truth}]).to_csv(paths[-1], index=False)
+    df = quality.load_results(join_rows(paths, tmp_path / "out" / "quality.csv"))
+    assert sorted(zip(df["model"], df["value"])) == [("mixture_k2", 0.2), ("mixture_k2", 0.21), ("true_model", 0.31)]
+    with pytest.raises(ValueError, match="no quality CSVs"):
+        join_rows([], tmp_path / "x.csv")
+
+
 def test_results_without_experiment_column_are_inferred(tmp_path):
     path = tmp_path / "old.csv"
     base = dict(dataset="ml-100k", model="mixture_k2", experts=6, k_experts=2, d=64, preset="demo")
