@@ -168,12 +168,10 @@ def routing_term(p: torch.Tensor) -> torch.Tensor:
     expert), the mean over requests of ``mean_c H(p[b, c]) - H(mean_c p[b, c])``. In [-1, 0]: 0 when
     every ad of a request gets the same distribution (a collapsed or a flat gate), -1 when each ad
     puts all its weight on one expert and a request's ads use every expert equally."""
-    E = p.shape[-1]
-    logp = torch.log(p.clamp_min(1e-12))
-    per_ad = -(p * logp).sum(-1).mean(-1)  # [B]
-    mean = p.mean(1)  # [B, E]
-    of_mean = -(mean * torch.log(mean.clamp_min(1e-12))).sum(-1)
-    return (per_ad - of_mean).mean() / math.log(E)
+    def entropy(q):
+        return -(q * torch.log(q.clamp_min(1e-12))).sum(-1)
+
+    return (entropy(p).mean(-1) - entropy(p.mean(1))).mean() / math.log(p.shape[-1])
 
 
 def round_to_f16_once(x64):

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -401,7 +401,7 @@ def run_key(name: str, digest: str, run, stops) -> str:
 
     config = asdict(run)
     if MODELS.get(name, (None,))[0] in (None, 1):  # the ranking model, the single tower
-        config.update({f: LEGACY_FIELDS[f] for f in MIXTURE_FIELDS})
+        config.update({f.name: f.default for f in fields(run) if f.name in MIXTURE_FIELDS})
     return json.dumps({"model": name, "config": config, "stops": [int(s) for s in stops], "data": digest},
                       sort_keys=True)
 
@@ -511,8 +511,6 @@ def describe(point: dict, grid=GRID, lengths: str = "own", refined: dict | None 
 
 
 def _config_fields() -> dict:
-    from dataclasses import fields
-
     from .train import TrainConfig
 
     return {f.name: f.type for f in fields(TrainConfig)}
