@@ -23,6 +23,9 @@ import time
 import numpy as np
 
 N_ADS, D, E, K, TOP = 4096, 64, 6, 2, 100
+#: The fewest ads whose seed can rank k = TOP in a sample of m scores (its rank 2.5 k m / n at most
+#: m / 4, so n >= 10 k): fewer take the block path, with no replay to stub.
+MIN_N_ADS = 10 * TOP
 
 
 def host_times(calls: int = 300, repeats: int = 3, seed: int = 0, n_ads: int = N_ADS) -> list[dict]:
@@ -31,9 +34,12 @@ def host_times(calls: int = 300, repeats: int = 3, seed: int = 0, n_ads: int = N
     from .. import reference
     from ..score import api
     from ..topk.config import TopKConfig, TopKTuning
+    from ..topk.seed import SeedWorkspace
 
     rng = np.random.default_rng(seed)
     seeded = TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256))  # the filter path
+    if SeedWorkspace.make(n_ads, TOP, config=seeded) is None:  # no seed: the block path, no replay to stub
+        raise ValueError(f"n_ads={n_ads}: too few ads for the filter path's seed at k={TOP} (at least {MIN_N_ADS})")
     req = anb.Request.random(D, E, K, rng)
     rows = []
     for dtype in ("fp16", "int8"):
@@ -46,7 +52,8 @@ def host_times(calls: int = 300, repeats: int = 3, seed: int = 0, n_ads: int = N
             want = reference.topk(anb.score_ads(req, dt, config=cfg).copy_to_host(), TOP, ids=table.ad_ids)
             ok = np.array_equal(top.ids, want.ids) and np.array_equal(top.scores, want.scores)
             run = api._Replay.run
-            api._Replay.run = lambda self, inputs: None  # the launches stubbed: host work only
+            replayed = []
+            api._Replay.run = lambda self, inputs: replayed.append(1)  # the launches stubbed: host work only
             try:
                 means = []
                 for _ in range(repeats):
@@ -56,6 +63,8 @@ def host_times(calls: int = 300, repeats: int = 3, seed: int = 0, n_ads: int = N
                     means.append((time.perf_counter() - t0) / calls)
             finally:
                 api._Replay.run = run
+            if len(replayed) != repeats * calls:  # a call left the replay: its launches were timed too
+                raise RuntimeError(f"{dtype} math={math}: {repeats * calls - len(replayed)} calls did not replay")
             rows.append({"dtype": dtype, "math": math, "us_per_call": 1e6 * statistics.median(means),
                          "verified": "ok" if ok else "FAILED"})
     return rows
@@ -65,7 +74,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--n-ads", type=int, default=N_ADS, help="the table's ads (at least 256: the filter path)")
+    ap.add_argument("--n-ads", type=int, default=N_ADS, help=f"the table's ads (at least {MIN_N_ADS}: the filter path)")
     args = ap.parse_args(argv)
     rows = host_times(args.calls, args.repeats, n_ads=args.n_ads)
     for r in rows:

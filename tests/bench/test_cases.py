@@ -486,15 +486,19 @@ def test_call_breakdown_splits_a_calls_wall_time_at_its_launches(monkeypatch):
     assert api._Replay.run is before  # the marking wrapper is removed again
 
 
+@pytest.mark.slow  # ~40 s: the filter path's seed needs 1,000 ads, and every configuration checks its answer
 def test_host_path_diagnostic_checks_its_answers():
-    """bench.host_path times warm score_topk calls with the launches stubbed, after checking each
-    configuration's answer against the reference (the filter path: 300 ads, a seed from 256); the
-    replay is restored after it."""
+    """bench.host_path times warm score_topk calls with the launches stubbed (every timed call
+    replays), after checking each configuration's answer against the reference; the replay is
+    restored after it. A table too small for the filter path's seed (the block path: nothing to
+    stub) is refused before anything runs."""
     from andromeda_nb.bench import host_path
     from andromeda_nb.score import api
 
     run = api._Replay.run
-    rows = host_path.host_times(calls=3, repeats=1, n_ads=300)
+    with pytest.raises(ValueError, match="too few ads for the filter path"):
+        host_path.host_times(calls=3, repeats=1, n_ads=host_path.MIN_N_ADS - 1)
+    rows = host_path.host_times(calls=3, repeats=1, n_ads=host_path.MIN_N_ADS)
     assert [(r["dtype"], r["math"]) for r in rows] == [("fp16", "auto"), ("fp16", "fp16"), ("int8", "auto"),
                                                        ("int8", "fp16")]
     assert all(r["verified"] == "ok" and r["us_per_call"] > 0 for r in rows)
