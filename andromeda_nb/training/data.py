@@ -54,6 +54,8 @@ class InteractionData:
         eval_rows: ``[n_eval]`` rows of users with held-out clicks.
         heldout: row -> int64 slots of held-out clicks.
         world: the source world (targeting lives there).
+        seq_start: ``[n_users, Lmax]`` int64 position of each training click's session's first
+            click (pad: 0), or None where the data has no sessions (MovieLens-100K).
     """
 
     name: str
@@ -72,6 +74,7 @@ class InteractionData:
     heldout: dict
     world: object = field(repr=False)
     category_names: tuple = ()
+    seq_start: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def n_users(self) -> int:
@@ -106,17 +109,22 @@ class InteractionData:
         t = np.arange(rows.size) - np.repeat(np.cumsum(self.seq_len) - self.seq_len, self.seq_len)
         return rows, t
 
-    def batch(self, rows: np.ndarray, t: np.ndarray | None = None) -> dict:
+    def batch(self, rows: np.ndarray, t: np.ndarray | None = None, session: bool = False) -> dict:
         """Request features of users ``rows`` just before click ``t`` (None: the evaluation request,
-        after every training click). Returns numpy arrays: ``user, demo, hist [B, HIST_LEN]``
-        (right-aligned, pad = n_ads), ``ctx``."""
+        after every training click); ``session``: just before the session of click ``t`` began
+        (its history ends at the session's first click; needs ``seq_start``). Returns numpy arrays:
+        ``user, demo, hist [B, HIST_LEN]`` (right-aligned, pad = n_ads), ``ctx``."""
         rows = np.asarray(rows, dtype=np.int64)
         if t is None:
             t = self.seq_len[rows]
             ctx = self.req_ctx[rows]
         else:
             t = np.asarray(t, dtype=np.int64)
-            ctx = self.seq_ctx[rows, t]
+            ctx = self.seq_ctx[rows, t]  # one context a session: its first click's
+            if session:
+                if self.seq_start is None:
+                    raise ValueError(f"{self.name} has no sessions (seq_start is None)")
+                t = self.seq_start[rows, t]
         pos = t[:, None] - HIST_LEN + np.arange(HIST_LEN)[None, :]
         hist = np.where(pos >= 0, self.seq[rows[:, None], np.maximum(pos, 0)], self.n_ads)
         return {"user": rows, "demo": self.demo[rows], "hist": hist, "ctx": ctx}
@@ -168,6 +176,11 @@ def from_multi_interest(world) -> InteractionData:
     t = np.arange(user.size) - starts[user]
     seq[user, t] = ad
     seq_ctx[user, t] = ctx
+    # each click's session's first position: a user's clicks are in time order, a session's contiguous
+    sess = ev["session"][tr]
+    first = np.r_[True, (user[1:] != user[:-1]) | (sess[1:] != sess[:-1])]
+    seq_start = np.zeros((U, Lmax), np.int64)
+    seq_start[user, t] = t[np.maximum.accumulate(np.where(first, np.arange(user.size), 0))]
     seq_ctx[np.arange(U), lens] = world.request_context
     heldout = {int(u): world.heldout(u) for u in world.users}
     demo = np.concatenate([world.demo, world.main_device[:, None]], axis=1)
@@ -180,7 +193,7 @@ def from_multi_interest(world) -> InteractionData:
         demo_cards=(d.ages, d.genders, d.countries, d.devices), ad_cats=cats,
         popularity=np.bincount(ad, minlength=A).astype(np.float64),
         eval_rows=world.users.copy(), heldout=heldout, world=world,
-        category_names=tuple(f"topic_{i}" for i in range(d.topics)))
+        category_names=tuple(f"topic_{i}" for i in range(d.topics)), seq_start=seq_start)
 
 
 def _ml_context(ts: np.ndarray, prev_ts: np.ndarray) -> np.ndarray:

@@ -86,6 +86,11 @@ class TrainConfig:
     #: expert at lb_coef 0.01 and went flat at 0.1 and 1: data/results/quality_diagnostics.md).
     #: 0: off. Ignored by models without experts
     route_coef: float = 0.0
+    #: 1: a training click's request carries the history before its session began (and the
+    #: session's context), as the evaluation's request, which opens a new session, does; 0: the
+    #: history up to the click itself, where a session's earlier clicks (75 % from one interest in
+    #: the synthetic world) give its later ones away. Needs data with sessions (the synthetic world)
+    session_history: int = 0
 
     def __post_init__(self):
         """Refuse, by name, a value that would train something else than asked; numpy scalars are
@@ -112,7 +117,7 @@ class TrainConfig:
             if not (0 <= v < math.inf) or (name in ("lr", "temperature") and v == 0):
                 raise ValueError(f"TrainConfig.{name} must be a finite number "
                                  f"{'> 0' if name in ('lr', 'temperature') else '>= 0'}, got {v!r}")
-        for name in ("ad_features", "interest_experts", "shared_inputs"):  # switches: 2 must not pass for "on"
+        for name in ("ad_features", "interest_experts", "shared_inputs", "session_history"):  # switches: 2 must not pass for "on"
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v not in (0, 1):
                 raise ValueError(f"TrainConfig.{name} is a switch, 0 or 1; got {v!r}")
@@ -319,6 +324,8 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
     if checks and (not callable(validate) or checks[0] < 1 or checks[-1] > cfg.steps):
         raise ValueError(f"checkpoints must lie in 1..{cfg.steps} (the steps trained) and come with a callable "
                          f"validate, got {checks} and {validate!r}")
+    if cfg.session_history and data.seq_start is None:
+        raise ValueError(f"TrainConfig.session_history=1 needs sessions, which {data.name} does not have")
     dev = pick_device(device)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -358,7 +365,7 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
             perm, cursor = rng.permutation(n_ev), 0
         idx = perm[cursor: cursor + B]
         cursor += B
-        batch = _to_torch(data.batch(rows_all[idx], t_all[idx]), dev)
+        batch = _to_torch(data.batch(rows_all[idx], t_all[idx], session=bool(cfg.session_history)), dev)
         pos = _on(data.seq[rows_all[idx], t_all[idx]], dev)
         neg = _on(rng.integers(0, data.n_ads, N), dev)
         cand = torch.cat([pos, neg])

@@ -74,7 +74,8 @@ GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3
 #: TrainConfig fields added after configurations were first kept, with the value that gives a
 #: configuration (or a run key) kept without them the model it was tuned as (``ad_features``: id
 #: embeddings alone; ``interest_experts``: experts reading signal groups)
-LEGACY_FIELDS = {"ad_features": 0, "interest_experts": 0, "shared_inputs": 0, "temperature": 1.0, "route_coef": 0.0}
+LEGACY_FIELDS = {"ad_features": 0, "interest_experts": 0, "shared_inputs": 0, "temperature": 1.0, "route_coef": 0.0,
+                 "session_history": 0}
 
 #: the second stage (:func:`refine_grid`): around the first stage's point, one setting at a time
 #: scaled down and up (TrainConfig fields as ``<field>_scale``; the load-balancing weight only where

@@ -2,6 +2,8 @@
 learns at K = 1, and the exported weights scored by the fused kernel (simulator) give the torch
 model's own top-K."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -46,6 +48,53 @@ def test_features_see_only_earlier_clicks(data):
         hist = set(ev["hist"][i][ev["hist"][i] < data.n_ads].tolist())
         assert not hist & set(data.heldout[int(r)].tolist())
         np.testing.assert_array_equal(ev["ctx"][i], data.req_ctx[r])
+
+
+def test_session_history_ends_where_the_clicks_session_began(data):
+    """seq_start against the world's events: each training click's session's first position. A
+    request built with ``session=True`` holds the history before that position and the click's own
+    context; the evaluation request and ``session=False`` are unchanged; data without sessions
+    refuse it, as does training with session_history=1 on them."""
+    ev = data.world.events
+    tr = ~ev["heldout"]
+    for r in np.random.default_rng(0).choice(data.n_users, 30, replace=False):
+        sess = ev["session"][tr][ev["user"][tr] == r]
+        assert sess.size == data.seq_len[r]
+        want = [int(np.flatnonzero(sess == s)[0]) for s in sess]
+        np.testing.assert_array_equal(data.seq_start[r, : data.seq_len[r]], want)
+    rows, t = data.events()
+    assert (data.seq_start[rows, t] < t).any() and (data.seq_start[rows, t] == t).any()
+    pick = np.random.default_rng(1).choice(rows.size, 60, replace=False)
+    b, plain = data.batch(rows[pick], t[pick], session=True), data.batch(rows[pick], t[pick])
+    for i, j in enumerate(pick):
+        r, start = rows[j], data.seq_start[rows[j], t[j]]
+        hist = b["hist"][i][b["hist"][i] < data.n_ads]
+        np.testing.assert_array_equal(hist, data.seq[r, max(0, start - tdata.HIST_LEN): start])
+        np.testing.assert_array_equal(b["ctx"][i], data.seq_ctx[r, t[j]])
+        np.testing.assert_array_equal(b["ctx"][i], data.seq_ctx[r, start])  # one context a session
+    np.testing.assert_array_equal(plain["hist"], data.batch(rows[pick], t[pick], session=False)["hist"])
+    no_sessions = replace(data, seq_start=None)
+    with pytest.raises(ValueError, match="no sessions"):
+        no_sessions.batch(rows[:3], t[:3], session=True)
+    with pytest.raises(ValueError, match="session_history=1 needs sessions"):
+        train_model("single_tower", no_sessions, replace(TINY, session_history=1), device="cpu", progress=False)
+
+
+def test_session_history_trains_on_the_session_requests(data, monkeypatch):
+    """With session_history=1 every training batch is built with ``session=True`` (and without it
+    with ``session=False``), and the run differs from the one on click histories."""
+    seen = []
+    real = tdata.InteractionData.batch
+    monkeypatch.setattr(tdata.InteractionData, "batch",
+                        lambda self, rows, t=None, session=False: (seen.append((t is None, session)),
+                                                                   real(self, rows, t, session))[1])
+    runs = {}
+    for flag in (0, 1):
+        seen.clear()
+        runs[flag] = train_model("single_tower", data, replace(TINY, session_history=flag), seed=0, device="cpu",
+                                 progress=False).history
+        assert seen and set(seen) == {(False, bool(flag))}
+    assert runs[0] != runs[1]
 
 
 def test_training_is_seeded(data):
@@ -224,7 +273,8 @@ def test_shared_inputs_experts_read_every_signal_group(data):
                                          ("batch", 2.5), ("lr", 0.0), ("lr", float("nan")),
                                          ("weight_decay", -1e-4), ("grad_clip", float("inf")), ("warmup", -1),
                                          ("temperature", 0.0), ("steps", True), ("ad_features", 1.0), ("lr", "1e-3"),
-                                         ("lb_coef", True), ("route_coef", -0.1), ("route_coef", float("nan"))])
+                                         ("lb_coef", True), ("route_coef", -0.1), ("route_coef", float("nan")),
+                                         ("session_history", 2), ("session_history", "1")])
 def test_train_config_refuses_values_it_cannot_train(field, value):
     """TrainConfig refuses, by name, a value that would train something else than asked (a switch of
     2, a zero length, a NaN learning rate) before any model is built."""

@@ -659,7 +659,8 @@ def test_runs_that_train_no_project_model_refuse_its_options(argv, tmp_path, cap
 def test_mixture_fields_leave_models_without_experts_the_same_run():
     """shared_inputs / interest_experts / route_coef change only a mixture: the single tower's and
     the ranking model's run keys ignore them (a tuning with --set shared_inputs=1 reuses their kept
-    runs), a mixture's keys do not; a key kept before route_coef existed reads as route_coef 0."""
+    runs), a mixture's keys do not; a key kept before route_coef or session_history existed reads
+    as that field at 0; session_history changes every model's key."""
     from dataclasses import replace as dc_replace
 
     from andromeda_nb.training.train import TrainConfig
@@ -673,6 +674,9 @@ def test_mixture_fields_leave_models_without_experts_the_same_run():
                 != tuning.run_key("mixture_k2", "d", cfg, [7]))
     assert tuning.run_key("single_tower", "d", cfg, [7]) != tuning.run_key("single_tower", "d", dc_replace(cfg, lr=1e-3), [7])
     for name in ("single_tower", "mixture_k2"):
-        old = json.loads(tuning.run_key(name, "d", cfg, [7]))
-        del old["config"]["route_coef"]
-        assert tuning._with_legacy_fields(json.dumps(old)) == tuning.run_key(name, "d", cfg, [7])
+        assert (tuning.run_key(name, "d", dc_replace(cfg, session_history=1), [7])
+                != tuning.run_key(name, "d", cfg, [7]))
+        for field in ("route_coef", "session_history"):
+            old = json.loads(tuning.run_key(name, "d", cfg, [7]))
+            del old["config"][field]
+            assert tuning._with_legacy_fields(json.dumps(old)) == tuning.run_key(name, "d", cfg, [7])
