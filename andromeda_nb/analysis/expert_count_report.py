@@ -428,7 +428,7 @@ def tuning_effect_line(frame: pd.DataFrame, dataset: str) -> str:
     return (f"{dataset}: tuned on the validation split against the preset's settings, held-out recall@100: "
             + "; ".join(parts) + "." + (f" The tuning's choice did worse than the preset's settings for "
                                         f"{', '.join(worse)}: a validation score that does not predict the held-out "
-                                        "one (andromeda_nb.training.tuning says how its lengths were trained)."
+                                        "one (andromeda_nb.training.tuning says how its split and lengths were chosen)."
                                         if worse else ""))
 
 

@@ -6,8 +6,10 @@ Rows have the quality columns of ``docs/design.md`` (``dataset, model, experts, 
 seed, metric, value, commit, device``) plus ``experiment`` (``expert_count``, ``precision``, ``compute``,
 ``baselines``, ``preset_settings``: models trained at the preset's settings where ``expert_count`` holds
 tuned ones, kept to compare: an untuned run's rows, ``--set ...`` without ``--tune`` written to a folder of
-their own, merged under this name; or ``tuned_by_checkpoints``: models tuned with ``--tune-lengths
-checkpoints``, kept where own-length tuning replaced them), ``preset``
+their own, merged under this name; ``tuned_by_checkpoints``: models tuned with ``--tune-lengths
+checkpoints``, kept where own-length tuning replaced them; or ``retuned_last_click``: a model at the
+point the 10,000-user retuning on the last-click split chose, trained beside the tuned rows it did not
+replace), ``preset``
 (the size preset that produced them), ``scorer`` (how the scores were computed) and ``n_users``
 (users evaluated). Metrics:
 
@@ -460,7 +462,8 @@ def overlap_rows_from_tops(tops_dirs, frame: pd.DataFrame) -> pd.DataFrame:
 
 def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, progress: bool = True) -> pd.DataFrame:
     """The standard baselines (:mod:`~andromeda_nb.training.baselines`) on ``data``: each tuned on
-    the validation split of the training part (the evaluated users' last training clicks), then
+    the validation split of the training part (the evaluated users' last training sessions, or last
+    training clicks where the data has no sessions), then
     refit on every training click and scored on the held-out clicks of the same users as the
     project's models, with targeting (``recall@k``) and without (``recall@k_untargeted``). Seeded
     baselines (ALS, BPR) run once per seed, the others once (seed 0). Rows: ``experiment =

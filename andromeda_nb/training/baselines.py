@@ -73,16 +73,11 @@ class Fitted:
         return out.astype(np.float32)
 
 
-def user_items(data, exclude_last: bool = False):
-    """The training clicks as a binary csr ``[n_users, n_items]``; ``exclude_last`` drops each user's
-    last training click (the validation split), returned as ``(matrix, last)`` with ``last[row]`` the
-    dropped slot (-1 for a user with fewer than two clicks, who keeps every click)."""
+def user_items(data):
+    """The training clicks as a binary csr ``[n_users, n_items]`` (of
+    :func:`~andromeda_nb.training.tuning.validation_view` for the validation split's)."""
     from scipy.sparse import csr_matrix
 
-    if exclude_last:  # the split is defined once: InteractionData.held_back, tuning.validation_view
-        from .tuning import validation_view
-
-        return user_items(validation_view(data)), data.held_back()
     rows, t = data.events()
     items = data.seq[rows, t]
     m = csr_matrix((np.ones(rows.size, np.float32), (rows, items)), shape=(data.n_users, data.n_ads))
@@ -186,9 +181,10 @@ def _mean_recall(top: np.ndarray, relevant: list, k: int) -> float:
 
 
 def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None) -> tuple[dict, list]:
-    """The grid point of ``name`` with the best validation recall@100 on ``rows`` (users with at
-    least two training clicks), fitted without each user's last training click and scored over the
-    eligible ads minus the clicks it kept. Returns (best params, [(params, recall), ...])."""
+    """The grid point of ``name`` with the best validation recall@100 on ``rows`` (those with
+    held-back clicks), fitted without each user's held-back clicks (the validation split:
+    :func:`~andromeda_nb.training.tuning.validation_view`, the project's models' too) and scored
+    over the eligible ads minus the clicks it kept. Returns (best params, [(params, recall), ...])."""
     grid = GRIDS[name] if grid is None and name in GRIDS else grid
     if grid is None:
         raise ValueError(f"unknown baseline {name!r}; choose from {BASELINES}")
@@ -196,11 +192,16 @@ def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None) -> tuple[d
         raise ValueError(f"{name}: an empty grid")
     for params in grid:  # every point checked before the first fit
         check_params(name, params)
-    X, last = user_items(data, exclude_last=True)
-    rows = rows[last[np.asarray(rows, np.int64)] >= 0]
+    from .tuning import validation_view
+
+    view = validation_view(data)
+    X = user_items(view)
+    rows = np.asarray(rows, np.int64)
+    rows = rows[data.held_back_start()[rows] >= 0]
     if not rows.size:
-        raise ValueError(f"{data.name}: no evaluated user has two training clicks to hold one back for validation")
-    relevant = [np.array([last[r]]) for r in rows]
+        raise ValueError(f"{data.name}: no evaluated user has training clicks to hold back for validation "
+                         "with one left to learn from")
+    relevant = [data.seq[r, view.seq_len[r]: data.seq_len[r]] for r in rows]
 
     def candidates(r):
         mask = data.eligible(r, exclude_seen=False)

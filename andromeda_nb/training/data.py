@@ -94,14 +94,17 @@ class InteractionData:
             raise KeyError(f"unknown user id {user_id!r}")
         return row
 
-    def held_back(self) -> np.ndarray:
-        """The validation split's click of each row: the user's last training click where the user has
-        at least two, else -1 (the tuning of the baselines and of the project's models holds these
-        back: :func:`~andromeda_nb.training.tuning.validation_view`)."""
-        out = np.full(self.n_users, -1, np.int64)
-        rows = np.flatnonzero(self.seq_len >= 2)
-        out[rows] = self.seq[rows, self.seq_len[rows] - 1]
-        return out
+    def held_back_start(self) -> np.ndarray:
+        """Where each row's validation clicks begin (the split of the tuning, the baselines' too:
+        :func:`~andromeda_nb.training.tuning.validation_view`): the first click of the user's last
+        training session where the data has sessions, else the last click; -1 where no training
+        click would stay before it. A held-back session mirrors the evaluation, whose held-out
+        clicks are a new session's; a held-back last click would have its session's earlier clicks
+        in its history (75 % of a synthetic session's clicks come from one interest), which
+        rewards continuing a session rather than opening the next one."""
+        L = self.seq_len
+        start = L - 1 if self.seq_start is None else self.seq_start[np.arange(self.n_users), np.maximum(L - 1, 0)]
+        return np.where((L >= 1) & (start >= 1), start, -1).astype(np.int64)
 
     def events(self) -> tuple[np.ndarray, np.ndarray]:
         """Every training click as ``(row, t)``: the target is ``seq[row, t]``."""

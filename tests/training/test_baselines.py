@@ -30,6 +30,10 @@ def with_short_histories(data, rows, n: int = 1):
 
 
 def test_user_items_and_the_validation_split(data):
+    """The baselines fit the validation split's clicks (tuning.validation_view): every click before
+    the held-back session stays; a user with one training click keeps it."""
+    from andromeda_nb.training.tuning import validation_view
+
     data = with_short_histories(data, np.arange(0, data.n_users, 5))  # a fifth with one training click
     assert (data.seq_len < 2).any() and (data.seq_len >= 2).any()
     X = B.user_items(data)
@@ -38,14 +42,14 @@ def test_user_items_and_the_validation_split(data):
         assert set(X[r].indices) == set(data.seq[r, :data.seq_len[r]].tolist())
     rows = np.arange(0, data.n_users, 11)
     np.testing.assert_array_equal(data.unseen(rows), X[rows].toarray() == 0)  # the untargeted candidates
-    V, last = B.user_items(data, exclude_last=True)
+    start = data.held_back_start()
+    V = B.user_items(validation_view(data))
     for r in range(data.n_users):
         n = data.seq_len[r]
-        if n >= 2:
-            assert last[r] == data.seq[r, n - 1]
-            assert set(V[r].indices) == set(data.seq[r, :n - 1].tolist())  # a repeat of the last click stays
+        if start[r] >= 0:
+            assert set(V[r].indices) == set(data.seq[r, :start[r]].tolist())
         else:
-            assert last[r] == -1 and V[r].nnz == X[r].nnz
+            assert (n < 2 or data.seq_start[r, n - 1] == 0) and V[r].nnz == X[r].nnz
 
 
 def test_scores_equal_a_direct_computation(data, rng):
@@ -181,11 +185,11 @@ def test_bad_baseline_input_is_refused_before_any_fit(data):
         B.tune("ease", data, data.eval_rows[:20], grid=())
     one_click = data.eval_rows[:6]
     short = with_short_histories(data, one_click)
-    with pytest.raises(ValueError, match="two training clicks"):  # nothing to hold back for validation
+    with pytest.raises(ValueError, match="to hold back for validation"):  # nothing to hold back for validation
         B.tune("most_popular", short, one_click)
     from andromeda_nb.training import tuning
 
-    with pytest.raises(ValueError, match="two training clicks"):  # the project's models' tuning, the same way
+    with pytest.raises(ValueError, match="to hold back for validation"):  # the project's models' tuning, the same way
         tuning.tune_many({"single_tower": Q.PRESETS["smoke"].cfg("multi_interest", "single_tower")},
                          with_short_histories(data, data.eval_rows), grid=tuning.GRID[:1], device="cpu")
     for kwargs, match in ((dict(names=["most_popular", "nosuch"]), "unknown baselines"), (dict(seeds=[]), "seed"),

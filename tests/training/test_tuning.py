@@ -21,24 +21,45 @@ def data():
     return tdata.from_multi_interest(mi.build_world(mi.WorldDesign(n_users=200, n_ads=300, topics=6), seed=3))
 
 
-def test_validation_view_holds_back_each_users_last_training_click(data):
+@pytest.mark.parametrize("sessions", [True, False])
+def test_validation_view_holds_back_each_users_last_training_session(data, sessions):
+    """With sessions (the synthetic world) each user's last training session is held back, found
+    here from the world's events; without (seq_start None, as MovieLens-100K) the last click. The
+    held-back clicks are the targets, requested with the first one's context; popularity drops
+    them; a user keeps at least one click (a one-session user keeps everything)."""
+    if not sessions:
+        data = replace(data, seq_start=None)
     seq, lens, pop = data.seq.copy(), data.seq_len.copy(), data.popularity.copy()
+    ev = data.world.events
+    tr = ~ev["heldout"]
+    start = np.full(data.n_users, -1)
+    for r in range(data.n_users):
+        if sessions:
+            sess = ev["session"][tr][ev["user"][tr] == r]
+            first = int(np.flatnonzero(sess == sess[-1])[0]) if sess.size else 0
+        else:
+            first = lens[r] - 1
+        start[r] = first if first >= 1 else -1
+    assert (start >= 0).any() and ((start >= 0) & (start < lens - 1) if sessions else start == lens - 1).any()
+    np.testing.assert_array_equal(data.held_back_start(), start)
     view = tuning.validation_view(data)
     np.testing.assert_array_equal(data.seq, seq)  # the source is unchanged
     np.testing.assert_array_equal(data.seq_len, lens)
-    many = lens >= 2
-    np.testing.assert_array_equal(view.seq_len, np.where(many, lens - 1, lens))
-    for r in np.flatnonzero(many)[:50].tolist():
-        np.testing.assert_array_equal(view.seq[r, : view.seq_len[r]], seq[r, : lens[r] - 1])
-        np.testing.assert_array_equal(view.req_ctx[r], data.seq_ctx[r, lens[r] - 1])
-    held = seq[np.flatnonzero(many), lens[many] - 1]
+    np.testing.assert_array_equal(view.seq_len, np.where(start >= 0, start, lens))
+    held = []
+    for r in np.flatnonzero(start >= 0).tolist():
+        np.testing.assert_array_equal(view.seq[r, : view.seq_len[r]], seq[r, : start[r]])
+        assert (view.seq[r, start[r]:] == data.n_ads).all()
+        np.testing.assert_array_equal(view.req_ctx[r], data.seq_ctx[r, start[r]])
+        held += seq[r, start[r]: lens[r]].tolist()
     np.testing.assert_array_equal(view.popularity, pop - np.bincount(held, minlength=data.n_ads))
-    assert set(view.eval_rows.tolist()) == {r for r in data.eval_rows.tolist() if lens[r] >= 2}
+    assert set(view.eval_rows.tolist()) == {r for r in data.eval_rows.tolist() if start[r] >= 0}
+    assert tuning.validation_users(data) == view.eval_rows.size
     for r in view.eval_rows.tolist():
-        assert view.heldout[r].tolist() == [seq[r, lens[r] - 1]]
+        assert view.heldout[r].tolist() == seq[r, start[r]: lens[r]].tolist()
         assert not view.eligible([r])[0, view.seq[r, : view.seq_len[r]]].any()  # kept clicks excluded
-        assert view.eligible([r], exclude_seen=True)[0, view.heldout[r][0]] == data.eligible([r], exclude_seen=False)[
-            0, view.heldout[r][0]]  # the held-back click is a candidate where targeting allows it
+        for ad in view.heldout[r]:  # a held-back click is a candidate where targeting allows it
+            assert view.eligible([r])[0, ad] == data.eligible([r], exclude_seen=False)[0, ad]
 
 
 def test_tune_reads_only_the_training_part(data):
