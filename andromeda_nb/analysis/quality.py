@@ -325,15 +325,16 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
                                                           progress=progress, workers=workers, runs_file=runs_file,
                                                           budget_s=left).items():
                 second[name] = (point, trials, tuning.grid_config(group[name], point))
+    sessions = data.seq_start is not None  # the split's kind (tuning.validation_view)
     for name, base in bases.items():
         best, trials = results[name]
         value = next(v for p, v in trials if p is best)
         if name in second:
             point, trials2, cfg = second[name]
-            tuned[name] = (cfg, tuning.describe(best, lengths=lengths, refined=point))
+            tuned[name] = (cfg, tuning.describe(best, lengths=lengths, refined=point, sessions=sessions))
             value = next(v for p, v in trials2 if p is point)  # the chosen run's own, not a checkpoint's
         else:
-            tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths))
+            tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths, sessions=sessions))
         E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
         rows.append(_row(data.name, name, E, K, "fp32", base.d, 0, "validation_recall@100",
                          value, **{**meta, "scorer": tuned[name][1],

@@ -502,11 +502,13 @@ def _validated_run(name: str, view: InteractionData, rows, run, stops, device, p
     return dict(tm.validation)
 
 
-def describe(point: dict, grid=GRID, lengths: str = "own", refined: dict | None = None) -> str:
+def describe(point: dict, grid=GRID, lengths: str = "own", refined: dict | None = None,
+             sessions: bool | None = None) -> str:
     """The tuned point for a results row's scorer column (``lengths``: how the tuning trained its
     lengths, :func:`tune_many`), and which of its axes (of three values or more: with two, either is
     an edge) sit at the grid's edge (a better point may lie past it); ``refined``: the second
-    stage's point (:func:`refine_grid`), where one was trained."""
+    stage's point (:func:`refine_grid`), where one was trained; ``sessions``: whether the split held
+    back last sessions or last clicks (:func:`validation_view`; None: not said)."""
     from .baselines import grid_edges
 
     edges = [e for e in grid_edges(point, grid) if len({p[e] for p in grid}) >= 3]
@@ -520,7 +522,8 @@ def describe(point: dict, grid=GRID, lengths: str = "own", refined: dict | None 
         scaled = {k: v for k, v in refined.items() if k not in ("lr_scale", "steps_scale") and v != 1}
         more = "; second stage: " + (", ".join(f"{_SCALED[k]} x{v:g} (grid edge)" for k, v in scaled.items())
                                      or "kept (no setting scaled down or up did better)")
-    return (f"tuned on the validation split: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g} ({how})"
+    split = "" if sessions is None else " of last sessions" if sessions else " of last clicks"
+    return (f"tuned on the validation split{split}: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g} ({how})"
             + (f" (grid edge: {', '.join(edges)})" if edges else "") + more)
 
 

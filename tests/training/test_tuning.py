@@ -76,6 +76,9 @@ def test_tune_reads_only_the_training_part(data):
     assert tuning.describe({"lr_scale": 9.0, "steps_scale": 0.25}).endswith("(grid edge: lr_scale, steps_scale)")
     assert tuning.describe({"lr_scale": 1 / 9, "steps_scale": 2}).endswith("(grid edge: lr_scale)")
     assert "edge" not in tuning.describe({"lr_scale": 3.0, "steps_scale": 1})
+    for sessions, said in ((True, "split of last sessions: "), (False, "split of last clicks: "), (None, "split: ")):
+        assert tuning.describe({"lr_scale": 3.0, "steps_scale": 1}, sessions=sessions).startswith(
+            "tuned on the validation " + said)
     base = PRESET.cfg("multi_interest", "single_tower")
     for grid, match in (((), "empty grid"), (None, "sequence"), ({"lr_scale": 1, "steps_scale": 1}, "sequence"),
                         ([{"lr_scale": 1}], "grid point"), ([{"lr_scale": 0, "steps_scale": 1}], "positive"),
@@ -628,7 +631,7 @@ def test_rows_of_changed_settings_name_them(data, tmp_path, monkeypatch):
                           models=["single_tower"], tune=True, tuned_file=tmp_path / "t.json",
                           settings="weight_decay=0.0001")
     val = out[out["metric"] == "validation_recall@100"]
-    assert len(val) == 1 and val["scorer"].iloc[0].startswith("tuned on the validation split: lr x")
+    assert len(val) == 1 and val["scorer"].iloc[0].startswith("tuned on the validation split of last sessions: lr x")
     assert val["scorer"].iloc[0].endswith(" at weight_decay=0.0001")
     kept = tuning.load_tuned(tmp_path / "t.json", "multi_interest", "smoke", ["single_tower"])["single_tower"][1]
     assert kept == val["scorer"].iloc[0]
