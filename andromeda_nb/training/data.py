@@ -100,8 +100,8 @@ class InteractionData:
         training session where the data has sessions, else the last click; -1 where no training
         click would stay before it. A held-back session mirrors the evaluation, whose held-out
         clicks are a new session's; a held-back last click would have its session's earlier clicks
-        in its history (75 % of a synthetic session's clicks come from one interest), which
-        rewards continuing a session rather than opening the next one."""
+        in its history (two thirds or more of a synthetic session's clicks come from its session's
+        interest), which rewards continuing a session rather than opening the next one."""
         L = self.seq_len
         start = L - 1 if self.seq_start is None else self.seq_start[np.arange(self.n_users), np.maximum(L - 1, 0)]
         return np.where((L >= 1) & (start >= 1), start, -1).astype(np.int64)
@@ -119,6 +119,9 @@ class InteractionData:
         ``user, demo, hist [B, HIST_LEN]`` (right-aligned, pad = n_ads), ``ctx``."""
         rows = np.asarray(rows, dtype=np.int64)
         if t is None:
+            if session:
+                raise ValueError("session=True takes training clicks' positions t; the evaluation request "
+                                 "(t=None) comes after every training click")
             t = self.seq_len[rows]
             ctx = self.req_ctx[rows]
         else:
@@ -127,6 +130,9 @@ class InteractionData:
             if session:
                 if self.seq_start is None:
                     raise ValueError(f"{self.name} has no sessions (seq_start is None)")
+                if (t < 0).any() or (t >= self.seq_len[rows]).any():
+                    raise ValueError("session=True takes training clicks' positions (0 <= t < seq_len): past "
+                                     "them no session has begun")
                 t = self.seq_start[rows, t]
         pos = t[:, None] - HIST_LEN + np.arange(HIST_LEN)[None, :]
         hist = np.where(pos >= 0, self.seq[rows[:, None], np.maximum(pos, 0)], self.n_ads)

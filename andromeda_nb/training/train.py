@@ -88,8 +88,8 @@ class TrainConfig:
     route_coef: float = 0.0
     #: 1: a training click's request carries the history before its session began (and the
     #: session's context), as the evaluation's request, which opens a new session, does; 0: the
-    #: history up to the click itself, where a session's earlier clicks (75 % from one interest in
-    #: the synthetic world) give its later ones away. Needs data with sessions (the synthetic world).
+    #: history up to the click itself, where a session's earlier clicks (two thirds or more from
+    #: one interest in the synthetic world) give its later ones away. Needs data with sessions (the synthetic world).
     #: Off: at the demo size it left held-out recall@100 where it was (single tower and K = 2, 2
     #: seeds, within 0.25 point; data/results/quality_diagnostics.md)
     session_history: int = 0

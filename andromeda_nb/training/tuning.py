@@ -10,8 +10,8 @@ what remains, and the grid point with the best validation recall@100 (targeting 
 user's remaining training clicks excluded) wins. The held-out part is never read.
 
 Why a session: a held-back last click has its own session's earlier clicks in its history, and
-75 % of a synthetic session's clicks come from one interest, so that split scores continuing a
-session, an easier task than the held-out part's new one. At the demo size (CPU, 2 seeds, 3,000
+two thirds or more of a synthetic session's clicks come from its session's interest, so that split
+scores continuing a session, an easier task than the held-out part's new one. At the demo size (CPU, 2 seeds, 3,000
 users) the single tower scored 0.430 on the last click, 0.342 on the last session and 0.358 on the
 held-out part (data/results/quality_diagnostics.md); at preset full the last-click split's choices
 did worse on the held-out part than the preset's settings (the ranking model by 0.8 point in two

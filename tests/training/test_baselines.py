@@ -101,6 +101,33 @@ def test_tuning_never_reads_the_held_out_clicks(data, monkeypatch):
     assert best == max(trials, key=lambda t: t[1])[0] and all(0 <= v <= 1 for _, v in trials)
 
 
+def test_tuning_fits_the_split_and_scores_its_held_back_sessions(data, monkeypatch):
+    """tune fits the validation split's clicks (user_items of tuning.validation_view), ranks among
+    the eligible ads the user did not keep, and scores each user's held-back session (every click
+    of it, not the last one alone); users whose training part is one session are not scored."""
+    from andromeda_nb.training.tuning import validation_view
+
+    short_rows = data.eval_rows[:5]
+    data = with_short_histories(data, short_rows, n=3)  # three clicks of one session: nothing to hold back
+    assert (data.seq_start[short_rows, 2] == 0).all() and (data.held_back_start()[short_rows] == -1).all()
+    view = validation_view(data)
+    fitted, tops, scored = [], [], []
+    real_fit, real_topk, real_recall = B.fit, B.topk, B._mean_recall
+    monkeypatch.setattr(B, "fit", lambda name, X, params, seed=0: (fitted.append(X.copy()), real_fit(name, X, params, seed))[1])
+    monkeypatch.setattr(B, "topk", lambda f, rows, mask_fn, k: (tops.append((rows, mask_fn(rows[:4]))), real_topk(f, rows, mask_fn, k))[1])
+    monkeypatch.setattr(B, "_mean_recall", lambda top, rel, k: (scored.append(rel), real_recall(top, rel, k))[1])
+    rows = data.eval_rows[:40]
+    B.tune("most_popular", data, rows, grid=({},))
+    want = B.user_items(view)
+    assert len(fitted) == 1 and (fitted[0] != want).nnz == 0
+    (got_rows, mask), = tops
+    kept = [r for r in rows if r not in set(short_rows.tolist())]
+    assert got_rows.tolist() == kept and len(kept) == len(rows) - 5
+    np.testing.assert_array_equal(mask, data.eligible(got_rows[:4], exclude_seen=False) & (want[got_rows[:4]].toarray() == 0))
+    assert [r.tolist() for r in scored[0]] == [view.heldout[r].tolist() for r in kept]
+    assert max(len(r) for r in scored[0]) > 1  # sessions, not last clicks
+
+
 def test_run_baselines_writes_every_baseline_beside_the_models(data, monkeypatch, tmp_path):
     small = {"most_popular": ({},), "itemknn_cosine": ({"K": 20},), "itemknn_bm25": ({"K": 20, "K1": 1.2, "B": 0.75},),
              "als": ({"factors": 8, "regularization": 0.1, "alpha": 5.0, "iterations": 3},),

@@ -27,15 +27,17 @@ def test_validation_view_holds_back_each_users_last_training_session(data, sessi
     here from the world's events; without (seq_start None, as MovieLens-100K) the last click. The
     held-back clicks are the targets, requested with the first one's context; popularity drops
     them; a user keeps at least one click (a one-session user keeps everything)."""
-    if not sessions:
-        data = replace(data, seq_start=None)
+    short = np.arange(0, data.n_users, 10)  # cut to three clicks: inside the first session
+    cut_seq, cut_len = data.seq.copy(), data.seq_len.copy()
+    cut_seq[short, 3:], cut_len[short] = data.n_ads, 3
+    data = replace(data, seq=cut_seq, seq_len=cut_len, seq_start=data.seq_start if sessions else None)
     seq, lens, pop = data.seq.copy(), data.seq_len.copy(), data.popularity.copy()
     ev = data.world.events
     tr = ~ev["heldout"]
     start = np.full(data.n_users, -1)
     for r in range(data.n_users):
         if sessions:
-            sess = ev["session"][tr][ev["user"][tr] == r]
+            sess = ev["session"][tr][ev["user"][tr] == r][: lens[r]]
             first = int(np.flatnonzero(sess == sess[-1])[0]) if sess.size else 0
         else:
             first = lens[r] - 1
@@ -55,6 +57,10 @@ def test_validation_view_holds_back_each_users_last_training_session(data, sessi
     np.testing.assert_array_equal(view.popularity, pop - np.bincount(held, minlength=data.n_ads))
     assert set(view.eval_rows.tolist()) == {r for r in data.eval_rows.tolist() if start[r] >= 0}
     assert tuning.validation_users(data) == view.eval_rows.size
+    one_session = [r for r in range(data.n_users) if sessions and lens[r] and data.seq_start[r, lens[r] - 1] == 0]
+    assert set(short.tolist()) <= set(one_session) or not sessions
+    for r in one_session:  # nothing to hold back: the user keeps every click and is not validated on
+        assert start[r] == -1 and view.seq_len[r] == lens[r] and r not in set(view.eval_rows.tolist())
     for r in view.eval_rows.tolist():
         assert view.heldout[r].tolist() == seq[r, start[r]: lens[r]].tolist()
         assert not view.eligible([r])[0, view.seq[r, : view.seq_len[r]]].any()  # kept clicks excluded
