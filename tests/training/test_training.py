@@ -73,6 +73,9 @@ def test_session_history_ends_where_the_clicks_session_began(data):
         np.testing.assert_array_equal(b["ctx"][i], data.seq_ctx[r, t[j]])
         np.testing.assert_array_equal(b["ctx"][i], data.seq_ctx[r, start])  # one context a session
     np.testing.assert_array_equal(plain["hist"], data.batch(rows[pick], t[pick], session=False)["hist"])
+    for t_bad in (None, data.seq_len[rows[:3]], np.array([-1, 0, 0])):  # no session has begun there
+        with pytest.raises(ValueError, match="session=True takes training clicks' positions"):
+            data.batch(rows[:3], t_bad, session=True)
     no_sessions = replace(data, seq_start=None)
     with pytest.raises(ValueError, match="no sessions"):
         no_sessions.batch(rows[:3], t[:3], session=True)
