@@ -46,6 +46,7 @@ for step in "$@"; do
       #   finished tuning runs go beside it (FILE.runs.json): a cut-off tuning run again with that file resumes
       # QUALITY_NO_REFINE=1: the tuning's first stage only (learning rate x length), no second stage
       # QUALITY_TUNE_LENGTHS=checkpoints: lengths as checkpoints of one run a learning rate (default: own runs)
+      # QUALITY_TUNE_SPLIT=session: the tuning validates on each user's last training session (default: last click)
       # QUALITY_TUNE_BUDGET=S starts tuning runs only while they can finish within S seconds (the first
       #   QUALITY_WORKERS start regardless), stopping between runs; run again to resume
       # QUALITY_WORKERS=N trains N tuning runs at once (one a model and grid point; 4 on one H200: ~103 steps/s in all)
@@ -59,7 +60,7 @@ for step in "$@"; do
         ${QUALITY_SEEDS:+--seeds $QUALITY_SEEDS} ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNE:+--tune$([ "$QUALITY_TUNE" = only ] && echo -only)} \
         ${QUALITY_TUNED:+--tuned $QUALITY_TUNED} ${QUALITY_SET:+--set $QUALITY_SET} ${QUALITY_WORKERS:+--workers $QUALITY_WORKERS} \
         ${QUALITY_TUNE_BUDGET:+--tune-budget $QUALITY_TUNE_BUDGET} ${QUALITY_NO_REFINE:+--no-refine} \
-        ${QUALITY_TUNE_LENGTHS:+--tune-lengths $QUALITY_TUNE_LENGTHS} ${QUALITY_SAVE_TOPS:+--save-tops} ${QUALITY_PROFILE:+--profile-steps $QUALITY_PROFILE} \
+        ${QUALITY_TUNE_LENGTHS:+--tune-lengths $QUALITY_TUNE_LENGTHS} ${QUALITY_TUNE_SPLIT:+--tune-split $QUALITY_TUNE_SPLIT} ${QUALITY_SAVE_TOPS:+--save-tops} ${QUALITY_PROFILE:+--profile-steps $QUALITY_PROFILE} \
         2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
     qseeds|qseeds:*)
       # the quality run's seeds (QUALITY_SEEDS, default 0-4) each in its own process, all at once on the

@@ -286,7 +286,7 @@ def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **ex
 
 def tune_models(data, preset: Preset | str = "full", models=None, device="auto", progress: bool = True,
                 workers: int = 1, runs_file=None, lengths: str = "own", budget_s: float | None = None,
-                refine: bool = True):
+                refine: bool = True, split: str = "click"):
     """Each model's learning rate and length tuned on the validation split of the training part
     (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0). Returns
     ``({model: (TrainConfig, scorer note)}, rows)``: the rows hold each model's
@@ -298,7 +298,9 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     the seconds it may train (:func:`~andromeda_nb.training.tuning.tune_many`); ``refine`` (default): a
     second stage around each model's point, its other settings scaled one at a time
     (:func:`~andromeda_nb.training.tuning.refine_grid`: negatives, temperature, width, and the
-    load-balancing weight of a sparse mixture), each point its own run at the first stage's length."""
+    load-balancing weight of a sparse mixture), each point its own run at the first stage's length;
+    ``split``: what the validation holds back (``"click"`` or ``"session"``:
+    :func:`~andromeda_nb.training.tuning.validation_view`)."""
     from ..training import tuning
     from ..training.train import MODELS, pick_device
 
@@ -309,7 +311,8 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     bases = {name: preset.cfg(data.name, name) for name in (tuple(MODELS) if models is None else tuple(models))}
     n_users, t0 = preset.tune_users.get(data.name), time.monotonic()
     results = tuning.tune_many(bases, data, n_users, device=dev, progress=progress,
-                               workers=workers, runs_file=runs_file, lengths=lengths, budget_s=budget_s)
+                               workers=workers, runs_file=runs_file, lengths=lengths, budget_s=budget_s,
+                               split=split)
     second = {}
     if refine:  # one tune_many a refine grid (the sparse mixtures' has the load-balancing axis)
         groups = {}  # refine grid -> {model: its first-stage configuration}
@@ -323,22 +326,21 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
                                               "second stage: the same call again resumes there")
             for name, (point, trials) in tuning.tune_many(group, data, n_users, grid=grid, device=dev,
                                                           progress=progress, workers=workers, runs_file=runs_file,
-                                                          budget_s=left).items():
+                                                          budget_s=left, split=split).items():
                 second[name] = (point, trials, tuning.grid_config(group[name], point))
-    sessions = data.seq_start is not None  # the split's kind (tuning.validation_view)
     for name, base in bases.items():
         best, trials = results[name]
         value = next(v for p, v in trials if p is best)
         if name in second:
             point, trials2, cfg = second[name]
-            tuned[name] = (cfg, tuning.describe(best, lengths=lengths, refined=point, sessions=sessions))
+            tuned[name] = (cfg, tuning.describe(best, lengths=lengths, refined=point, split=split))
             value = next(v for p, v in trials2 if p is point)  # the chosen run's own, not a checkpoint's
         else:
-            tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths, sessions=sessions))
+            tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths, split=split))
         E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
         rows.append(_row(data.name, name, E, K, "fp32", base.d, 0, "validation_recall@100",
                          value, **{**meta, "scorer": tuned[name][1],
-                                   "n_users": tuning.validation_users(data, n_users)}))
+                                   "n_users": tuning.validation_users(data, n_users, split)}))
     return tuned, pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -463,8 +465,7 @@ def overlap_rows_from_tops(tops_dirs, frame: pd.DataFrame) -> pd.DataFrame:
 
 def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, progress: bool = True) -> pd.DataFrame:
     """The standard baselines (:mod:`~andromeda_nb.training.baselines`) on ``data``: each tuned on
-    the validation split of the training part (the evaluated users' last training sessions, or last
-    training clicks where the data has no sessions), then
+    the validation split of the training part (the evaluated users' last training clicks), then
     refit on every training click and scored on the held-out clicks of the same users as the
     project's models, with targeting (``recall@k``) and without (``recall@k_untargeted``). Seeded
     baselines (ALS, BPR) run once per seed, the others once (seed 0). Rows: ``experiment =
@@ -720,12 +721,13 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
             scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
             settings: str | None = None, tune_lengths: str = "own", save_tops: bool = False,
-            tune_budget_s: float | None = None, refine: bool = True) -> pd.DataFrame:
+            tune_budget_s: float | None = None, refine: bool = True, tune_split: str = "click") -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
     cut-off tuning resumes; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
-    trained at once; ``tune_lengths``: how the tuning trains a length, ``tune_budget_s``: the seconds the
+    trained at once; ``tune_lengths``: how the tuning trains a length, ``tune_split``: what its validation
+    holds back (:func:`~andromeda_nb.training.tuning.validation_view`), ``tune_budget_s``: the seconds the
     tunings of all datasets together may take, counted from this call's start (seeds are not budgeted;
     the first dataset's first runs start whatever is left, so every call gets somewhere; :func:`tune_models`);
     ``settings``: the preset's TrainConfig fields this run changed, e.g. ``"ad_features=1 weight_decay=1e-4"``,
@@ -743,6 +745,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     path = Path(out) / "quality.csv"
     if tune_lengths not in tuning.LENGTHS:  # refused before any row is written
         raise ValueError(f"tune_lengths must be one of {tuning.LENGTHS}, got {tune_lengths!r}")
+    if tune_split not in tuning.SPLITS:
+        raise ValueError(f"tune_split must be one of {tuning.SPLITS}, got {tune_split!r}")
     if tuned_file is not None:  # a file that cannot serve refused before anything trains
         tuning.check_tuned_use(tuned_file, datasets, p.name, models, tune)
     if tune_budget_s is not None:  # one budget for every dataset's tuning, from this call's start
@@ -769,7 +773,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
                 budget = 1e-9  # the first tuning's first runs start whatever is left: every call gets somewhere
             tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers,
                                      runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file),
-                                     lengths=tune_lengths, budget_s=budget, refine=refine)
+                                     lengths=tune_lengths, budget_s=budget, refine=refine, split=tune_split)
             if settings:
                 tuned = {m: (cfg, f"{note} at {settings}") for m, (cfg, note) in tuned.items()}
                 val["scorer"] = val["scorer"] + f" at {settings}"

@@ -109,6 +109,9 @@ def main(argv=None) -> int:
                          "(the same grid each: andromeda_nb.training.tuning)")
     ap.add_argument("--tune-only", action="store_true", help="--tune, then no seed trains (with --tuned FILE: "
                                                               "the seeds train from FILE in a later run)")
+    ap.add_argument("--tune-split", default=None, choices=["click", "session"],
+                    help="with --tune: the validation holds back each user's last training click (default) or "
+                         "last training session (data with sessions: the synthetic world)")
     ap.add_argument("--tune-lengths", default=None, choices=["own", "checkpoints"],
                     help="with --tune: each grid point trained as its own run, the schedule its seeds train with "
                          "(default), or each length a checkpoint of one run a learning rate (about half the cost; "
@@ -161,6 +164,8 @@ def main(argv=None) -> int:
         ap.error("--no-refine says how --tune tunes: give it with --tune or --tune-only")
     if args.tune_lengths is not None and not (args.tune or args.tune_only):
         ap.error("--tune-lengths says how --tune trains a length: give it with --tune or --tune-only")
+    if args.tune_split is not None and not (args.tune or args.tune_only):
+        ap.error("--tune-split says what --tune validates on: give it with --tune or --tune-only")
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):
         ap.error("--set changes the preset's settings, which a run from --tuned FILE does not use (the file's "
                  "configurations train whole): tune again with --tune --set ...")
@@ -240,6 +245,7 @@ def main(argv=None) -> int:
                 device=args.device, progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
                 models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
                 tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops, tune_budget_s=args.tune_budget,
+                tune_split=args.tune_split or "click",
                 refine=not args.no_refine,
                 settings=" ".join(args.set) or None)
     except TuningIncomplete as e:  # the budget asked for it, and the runs are kept: run again

@@ -180,9 +180,9 @@ def _mean_recall(top: np.ndarray, relevant: list, k: int) -> float:
     return float(np.mean([recall_at_k(t, rel, k) for t, rel in zip(top, relevant)])) if len(top) else float("nan")
 
 
-def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None) -> tuple[dict, list]:
+def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None, split: str = "click") -> tuple[dict, list]:
     """The grid point of ``name`` with the best validation recall@100 on ``rows`` (those with
-    held-back clicks), fitted without each user's held-back clicks (the validation split:
+    held-back clicks), fitted without each user's held-back clicks (the validation split, ``split``:
     :func:`~andromeda_nb.training.tuning.validation_view`, the project's models' too) and scored
     over the eligible ads minus the clicks it kept. Returns (best params, [(params, recall), ...])."""
     grid = GRIDS[name] if grid is None and name in GRIDS else grid
@@ -194,10 +194,10 @@ def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None) -> tuple[d
         check_params(name, params)
     from .tuning import validation_view
 
-    view = validation_view(data)
+    view = validation_view(data, split)
     X = user_items(view)
     rows = np.asarray(rows, np.int64)
-    rows = rows[data.held_back_start()[rows] >= 0]
+    rows = rows[data.held_back_start(split)[rows] >= 0]
     if not rows.size:
         raise ValueError(f"{data.name}: no evaluated user has training clicks to hold back for validation "
                          "with one left to learn from")

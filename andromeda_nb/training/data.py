@@ -94,16 +94,20 @@ class InteractionData:
             raise KeyError(f"unknown user id {user_id!r}")
         return row
 
-    def held_back_start(self) -> np.ndarray:
+    def held_back_start(self, split: str = "click") -> np.ndarray:
         """Where each row's validation clicks begin (the split of the tuning, the baselines' too:
-        :func:`~andromeda_nb.training.tuning.validation_view`): the first click of the user's last
-        training session where the data has sessions, else the last click; -1 where no training
-        click would stay before it. A held-back session mirrors the evaluation, whose held-out
-        clicks are a new session's; a held-back last click would have its session's earlier clicks
-        in its history (two thirds or more of a synthetic session's clicks come from its session's
-        interest), which rewards continuing a session rather than opening the next one."""
+        :func:`~andromeda_nb.training.tuning.validation_view`): ``"click"``, the user's last
+        training click; ``"session"``, the first click of the user's last training session (data
+        with sessions only). -1 where no training click would stay before it."""
         L = self.seq_len
-        start = L - 1 if self.seq_start is None else self.seq_start[np.arange(self.n_users), np.maximum(L - 1, 0)]
+        if split == "click":
+            start = L - 1
+        elif split == "session":
+            if self.seq_start is None:
+                raise ValueError(f"split='session' needs sessions, which {self.name} does not have")
+            start = self.seq_start[np.arange(self.n_users), np.maximum(L - 1, 0)]
+        else:
+            raise ValueError(f"split must be 'click' or 'session', got {split!r}")
         return np.where((L >= 1) & (start >= 1), start, -1).astype(np.int64)
 
     def events(self) -> tuple[np.ndarray, np.ndarray]:

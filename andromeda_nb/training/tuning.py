@@ -1,23 +1,25 @@
 """The project's models tuned like the baselines: on a validation split of the training part only,
 the same budget for every model.
 
-The split (:meth:`~.data.InteractionData.held_back_start`, the baselines' too): every user loses the
-last training session (where the data has sessions, the synthetic world; else the last training
-click), which becomes that user's validation targets, requested just before it (its own request
-context), as the held-out part is a new session; a user keeps at least one click. The popularity
-the sampler corrects for drops the held-back clicks too. A model trains on
-what remains, and the grid point with the best validation recall@100 (targeting applied, the
-user's remaining training clicks excluded) wins. The held-out part is never read.
+The split (:meth:`~.data.InteractionData.held_back_start`, the baselines' too; ``split``): by
+default every user with at least two training clicks loses the last one (``"click"``), which becomes
+that user's validation target, requested just before it (its own request context); with
+``split="session"`` (data with sessions: the synthetic world) every user loses the last training
+session, requested with its first click's context, as the held-out part is a new session, and keeps
+at least one click. The popularity the sampler corrects for drops the held-back clicks too. A model
+trains on what remains, and the grid point with the best validation recall@100 (targeting applied,
+the user's remaining training clicks excluded) wins. The held-out part is never read.
 
-Why a session: a held-back last click has its own session's earlier clicks in its history, and
-two thirds or more of a synthetic session's clicks come from its session's interest, so that split
-scores continuing a session, an easier task than the held-out part's new one. At the demo size (CPU, 2 seeds, 3,000
-users) the single tower scored 0.430 on the last click, 0.342 on the last session and 0.358 on the
-held-out part (data/results/quality_diagnostics.md); at preset full the last-click split's choices
-did worse on the held-out part than the preset's settings (the ranking model by 0.8 point in two
-tunings), which the committed tuned rows of the synthetic world, chosen on it, still carry. That the
-session split chooses better is not shown yet: on four grid points at the demo size (one seed) it
-did not.
+Why the choice: a held-back last click has its own session's earlier clicks in its history, and two
+thirds or more of a synthetic session's clicks come from its session's interest, so that split
+scores continuing a session, an easier task than the held-out part's new one (demo size, CPU:
+single tower 0.430 on the last click, 0.342 on the last session, 0.358 held out). At preset full
+the last-click split's choices did worse on the held-out part than the preset's settings (the
+ranking model by 0.8 point in two tunings). But at the demo size the session split chose worse
+still: on four grid points and two seeds it picked the shorter training both times, 0.8 point
+below the held-out part's best, where the last-click split's pick was 0.3 below
+(data/results/quality_diagnostics.md). So the last click stays the default until preset full
+decides.
 
 The budget: every model tries the same grid (:data:`GRID`: learning rate x training length); each
 point's other settings are the preset's. A second stage (:func:`refine_grid`, on by default in
@@ -97,15 +99,17 @@ REFINE_AXES = {"negatives": (1 / 4, 4.0), "temperature": (1 / 2, 2.0), "width": 
 
 #: how a grid point's length is trained when tuning (:func:`tune_many`)
 LENGTHS = ("own", "checkpoints")
+#: what the validation holds back (:func:`validation_view`)
+SPLITS = ("click", "session")
 
 
-def validation_view(data: InteractionData) -> InteractionData:
+def validation_view(data: InteractionData, split: str = "click") -> InteractionData:
     """``data`` without each user's held-back clicks (:meth:`~.data.InteractionData.held_back_start`:
-    the last training session where the data has sessions, else the last click), which become the
-    evaluated users' held-out clicks, requested with the context of the first of them; the other
+    the last training click, or with ``split="session"`` the last training session), which become
+    the evaluated users' held-out clicks, requested with the context of the first of them; the other
     fields follow (sequence lengths, the evaluation request's context, popularity, evaluated rows).
     A new object: ``data`` is unchanged."""
-    L, start = data.seq_len, data.held_back_start()
+    L, start = data.seq_len, data.held_back_start(split)
     rows = np.flatnonzero(start >= 0)
     pos = np.arange(data.seq.shape[1])[None, :]
     held = (pos >= start[:, None]) & (pos < L[:, None]) & (start >= 0)[:, None]
@@ -119,9 +123,9 @@ def validation_view(data: InteractionData) -> InteractionData:
                    heldout={r: data.seq[r, start[r]: L[r]].copy() for r in eval_rows.tolist()})
 
 
-def validation_users(data: InteractionData, n_users: int | None = None) -> int:
+def validation_users(data: InteractionData, n_users: int | None = None, split: str = "click") -> int:
     """How many users :func:`tune` evaluates (those with held-back clicks, at most ``n_users``)."""
-    n = int(np.count_nonzero(data.held_back_start()[data.eval_rows] >= 0))
+    n = int(np.count_nonzero(data.held_back_start(split)[data.eval_rows] >= 0))
     return n if n_users is None else min(n, int(n_users))
 
 
@@ -174,13 +178,13 @@ def refine_grid(model: str) -> tuple:
 
 
 def tune(name: str, data: InteractionData, cfg, n_users: int | None = None, grid=GRID, device="auto",
-         progress: bool = False, workers: int = 1, lengths: str = "own") -> tuple[dict, list]:
+         progress: bool = False, workers: int = 1, lengths: str = "own", split: str = "click") -> tuple[dict, list]:
     """The grid point of model ``name`` with the best validation recall@100 (seed 0, at most
     ``n_users`` evaluated users; ties to the point nearest the preset's settings). Returns (best
-    point, [(point, validation recall@100), ...] in the grid's order). ``workers``, ``lengths``: as
-    :func:`tune_many`."""
+    point, [(point, validation recall@100), ...] in the grid's order). ``workers``, ``lengths``,
+    ``split``: as :func:`tune_many`."""
     return tune_many({name: cfg}, data, n_users, grid=grid, device=device, progress=progress, workers=workers,
-                     lengths=lengths)[name]
+                     lengths=lengths, split=split)[name]
 
 
 def check_budget(budget_s, runs_file) -> None:
@@ -202,9 +206,12 @@ class TuningIncomplete(RuntimeError):
 
 def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, grid=GRID, device="auto",
               progress: bool = False, workers: int = 1, runs_file=None, lengths: str = "own",
-              budget_s: float | None = None) -> dict:
+              budget_s: float | None = None, split: str = "click") -> dict:
     """:func:`tune` for each ``{model: preset TrainConfig}`` of ``configs``: ``{model: (best point,
     trials)}``.
+
+    ``split``: what the validation holds back (:func:`validation_view`): each user's last training
+    click (``"click"``) or last training session (``"session"``, data with sessions).
 
     ``lengths``: ``"own"`` trains each grid point as its own run, with the schedule the seeds then
     train it with; ``"checkpoints"`` trains one run a learning rate over the longest length and
@@ -248,7 +255,7 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
     unknown = [name for name in configs if name not in MODELS]
     if unknown:
         raise ValueError(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
-    view = validation_view(data)
+    view = validation_view(data, split)
     if not view.eval_rows.size:
         raise ValueError(f"{data.name}: no evaluated user has training clicks to hold back for validation "
                          "with one left to learn from")
@@ -505,12 +512,12 @@ def _validated_run(name: str, view: InteractionData, rows, run, stops, device, p
 
 
 def describe(point: dict, grid=GRID, lengths: str = "own", refined: dict | None = None,
-             sessions: bool | None = None) -> str:
+             split: str | None = None) -> str:
     """The tuned point for a results row's scorer column (``lengths``: how the tuning trained its
     lengths, :func:`tune_many`), and which of its axes (of three values or more: with two, either is
     an edge) sit at the grid's edge (a better point may lie past it); ``refined``: the second
-    stage's point (:func:`refine_grid`), where one was trained; ``sessions``: whether the split held
-    back last sessions or last clicks (:func:`validation_view`; None: not said)."""
+    stage's point (:func:`refine_grid`), where one was trained; ``split``: what the validation held
+    back (:func:`validation_view`: ``"click"`` or ``"session"``; None: not said)."""
     from .baselines import grid_edges
 
     edges = [e for e in grid_edges(point, grid) if len({p[e] for p in grid}) >= 3]
@@ -524,8 +531,8 @@ def describe(point: dict, grid=GRID, lengths: str = "own", refined: dict | None 
         scaled = {k: v for k, v in refined.items() if k not in ("lr_scale", "steps_scale") and v != 1}
         more = "; second stage: " + (", ".join(f"{_SCALED[k]} x{v:g} (grid edge)" for k, v in scaled.items())
                                      or "kept (no setting scaled down or up did better)")
-    split = "" if sessions is None else " of last sessions" if sessions else " of last clicks"
-    return (f"tuned on the validation split{split}: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g} ({how})"
+    said = "" if split is None else f" of last {split}s"
+    return (f"tuned on the validation split{said}: lr x{point['lr_scale']:.3g}, steps x{point['steps_scale']:g} ({how})"
             + (f" (grid edge: {', '.join(edges)})" if edges else "") + more)
 
 

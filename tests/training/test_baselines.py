@@ -30,8 +30,9 @@ def with_short_histories(data, rows, n: int = 1):
 
 
 def test_user_items_and_the_validation_split(data):
-    """The baselines fit the validation split's clicks (tuning.validation_view): every click before
-    the held-back session stays; a user with one training click keeps it."""
+    """The baselines fit the validation split's clicks (tuning.validation_view, here holding back
+    sessions): every click before the held-back session stays; a user with one training click
+    keeps it."""
     from andromeda_nb.training.tuning import validation_view
 
     data = with_short_histories(data, np.arange(0, data.n_users, 5))  # a fifth with one training click
@@ -42,8 +43,8 @@ def test_user_items_and_the_validation_split(data):
         assert set(X[r].indices) == set(data.seq[r, :data.seq_len[r]].tolist())
     rows = np.arange(0, data.n_users, 11)
     np.testing.assert_array_equal(data.unseen(rows), X[rows].toarray() == 0)  # the untargeted candidates
-    start = data.held_back_start()
-    V = B.user_items(validation_view(data))
+    start = data.held_back_start("session")
+    V = B.user_items(validation_view(data, "session"))
     for r in range(data.n_users):
         n = data.seq_len[r]
         if start[r] >= 0:
@@ -103,21 +104,22 @@ def test_tuning_never_reads_the_held_out_clicks(data, monkeypatch):
 
 def test_tuning_fits_the_split_and_scores_its_held_back_sessions(data, monkeypatch):
     """tune fits the validation split's clicks (user_items of tuning.validation_view), ranks among
-    the eligible ads the user did not keep, and scores each user's held-back session (every click
-    of it, not the last one alone); users whose training part is one session are not scored."""
+    the eligible ads the user did not keep, and with split="session" scores each user's held-back
+    session (every click of it, not the last one alone); users whose training part is one session
+    are not scored; by default it scores each user's last training click."""
     from andromeda_nb.training.tuning import validation_view
 
     short_rows = data.eval_rows[:5]
     data = with_short_histories(data, short_rows, n=3)  # three clicks of one session: nothing to hold back
-    assert (data.seq_start[short_rows, 2] == 0).all() and (data.held_back_start()[short_rows] == -1).all()
-    view = validation_view(data)
+    assert (data.seq_start[short_rows, 2] == 0).all() and (data.held_back_start("session")[short_rows] == -1).all()
+    view = validation_view(data, "session")
     fitted, tops, scored = [], [], []
     real_fit, real_topk, real_recall = B.fit, B.topk, B._mean_recall
     monkeypatch.setattr(B, "fit", lambda name, X, params, seed=0: (fitted.append(X.copy()), real_fit(name, X, params, seed))[1])
     monkeypatch.setattr(B, "topk", lambda f, rows, mask_fn, k: (tops.append((rows, mask_fn(rows[:4]))), real_topk(f, rows, mask_fn, k))[1])
     monkeypatch.setattr(B, "_mean_recall", lambda top, rel, k: (scored.append(rel), real_recall(top, rel, k))[1])
     rows = data.eval_rows[:40]
-    B.tune("most_popular", data, rows, grid=({},))
+    B.tune("most_popular", data, rows, grid=({},), split="session")
     want = B.user_items(view)
     assert len(fitted) == 1 and (fitted[0] != want).nnz == 0
     (got_rows, mask), = tops
@@ -126,6 +128,9 @@ def test_tuning_fits_the_split_and_scores_its_held_back_sessions(data, monkeypat
     np.testing.assert_array_equal(mask, data.eligible(got_rows[:4], exclude_seen=False) & (want[got_rows[:4]].toarray() == 0))
     assert [r.tolist() for r in scored[0]] == [view.heldout[r].tolist() for r in kept]
     assert max(len(r) for r in scored[0]) > 1  # sessions, not last clicks
+    scored.clear()
+    B.tune("most_popular", data, rows, grid=({},))  # the default: each user's last training click
+    assert [r.tolist() for r in scored[0]] == [[data.seq[r, data.seq_len[r] - 1]] for r in rows]
 
 
 def test_run_baselines_writes_every_baseline_beside_the_models(data, monkeypatch, tmp_path):

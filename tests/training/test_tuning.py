@@ -21,16 +21,18 @@ def data():
     return tdata.from_multi_interest(mi.build_world(mi.WorldDesign(n_users=200, n_ads=300, topics=6), seed=3))
 
 
-@pytest.mark.parametrize("sessions", [True, False])
-def test_validation_view_holds_back_each_users_last_training_session(data, sessions):
-    """With sessions (the synthetic world) each user's last training session is held back, found
-    here from the world's events; without (seq_start None, as MovieLens-100K) the last click. The
-    held-back clicks are the targets, requested with the first one's context; popularity drops
-    them; a user keeps at least one click (a one-session user keeps everything)."""
+@pytest.mark.parametrize("split", ["session", "click"])
+def test_validation_view_holds_back_each_users_last_training_session_or_click(data, split):
+    """split="session": each user's last training session is held back, found here from the
+    world's events; split="click" (the default): the last click. The held-back clicks are the
+    targets, requested with the first one's context; popularity drops them; a user keeps at least
+    one click (a one-session user keeps everything under split="session"). Data without sessions
+    (MovieLens-100K) refuse split="session", and an unknown split is refused."""
+    sessions = split == "session"
     short = np.arange(0, data.n_users, 10)  # cut to three clicks: inside the first session
     cut_seq, cut_len = data.seq.copy(), data.seq_len.copy()
     cut_seq[short, 3:], cut_len[short] = data.n_ads, 3
-    data = replace(data, seq=cut_seq, seq_len=cut_len, seq_start=data.seq_start if sessions else None)
+    data = replace(data, seq=cut_seq, seq_len=cut_len)
     seq, lens, pop = data.seq.copy(), data.seq_len.copy(), data.popularity.copy()
     ev = data.world.events
     tr = ~ev["heldout"]
@@ -43,8 +45,14 @@ def test_validation_view_holds_back_each_users_last_training_session(data, sessi
             first = lens[r] - 1
         start[r] = first if first >= 1 else -1
     assert (start >= 0).any() and ((start >= 0) & (start < lens - 1) if sessions else start == lens - 1).any()
-    np.testing.assert_array_equal(data.held_back_start(), start)
-    view = tuning.validation_view(data)
+    np.testing.assert_array_equal(data.held_back_start(split), start)
+    view = tuning.validation_view(data, split)
+    if not sessions:  # the default
+        np.testing.assert_array_equal(tuning.validation_view(data).seq_len, view.seq_len)
+    with pytest.raises(ValueError, match="needs sessions"):
+        replace(data, seq_start=None).held_back_start("session")
+    with pytest.raises(ValueError, match="split must be"):
+        tuning.validation_view(data, "day")
     np.testing.assert_array_equal(data.seq, seq)  # the source is unchanged
     np.testing.assert_array_equal(data.seq_len, lens)
     np.testing.assert_array_equal(view.seq_len, np.where(start >= 0, start, lens))
@@ -56,7 +64,7 @@ def test_validation_view_holds_back_each_users_last_training_session(data, sessi
         held += seq[r, start[r]: lens[r]].tolist()
     np.testing.assert_array_equal(view.popularity, pop - np.bincount(held, minlength=data.n_ads))
     assert set(view.eval_rows.tolist()) == {r for r in data.eval_rows.tolist() if start[r] >= 0}
-    assert tuning.validation_users(data) == view.eval_rows.size
+    assert tuning.validation_users(data, split=split) == view.eval_rows.size
     one_session = [r for r in range(data.n_users) if sessions and lens[r] and data.seq_start[r, lens[r] - 1] == 0]
     assert set(short.tolist()) <= set(one_session) or not sessions
     for r in one_session:  # nothing to hold back: the user keeps every click and is not validated on
@@ -82,8 +90,8 @@ def test_tune_reads_only_the_training_part(data):
     assert tuning.describe({"lr_scale": 9.0, "steps_scale": 0.25}).endswith("(grid edge: lr_scale, steps_scale)")
     assert tuning.describe({"lr_scale": 1 / 9, "steps_scale": 2}).endswith("(grid edge: lr_scale)")
     assert "edge" not in tuning.describe({"lr_scale": 3.0, "steps_scale": 1})
-    for sessions, said in ((True, "split of last sessions: "), (False, "split of last clicks: "), (None, "split: ")):
-        assert tuning.describe({"lr_scale": 3.0, "steps_scale": 1}, sessions=sessions).startswith(
+    for split, said in (("session", "split of last sessions: "), ("click", "split of last clicks: "), (None, "split: ")):
+        assert tuning.describe({"lr_scale": 3.0, "steps_scale": 1}, split=split).startswith(
             "tuned on the validation " + said)
     base = PRESET.cfg("multi_interest", "single_tower")
     for grid, match in (((), "empty grid"), (None, "sequence"), ({"lr_scale": 1, "steps_scale": 1}, "sequence"),
@@ -371,6 +379,7 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
     assert not (tmp_path / "quality.csv").exists()
     for argv in (["--models", "foo"], ["--tuned", str(path), "--models", "mixture_k2"],
                  ["--tune-lengths", "checkpoints", "--seeds", "0"],  # how a tuning trains, without a tuning
+                 ["--tune-split", "session", "--seeds", "0"], ["--tune", "--tune-split", "day"],
                  ["--tune-budget", "60", "--seeds", "0"], ["--tune-only", "--tuned", str(path), "--tune-budget", "0"],
                  ["--no-refine", "--seeds", "0"]):  # a tuning's stage without a tuning
         with pytest.raises(SystemExit):  # unknown models, a file lacking one: usage errors before any row
@@ -637,7 +646,7 @@ def test_rows_of_changed_settings_name_them(data, tmp_path, monkeypatch):
                           models=["single_tower"], tune=True, tuned_file=tmp_path / "t.json",
                           settings="weight_decay=0.0001")
     val = out[out["metric"] == "validation_recall@100"]
-    assert len(val) == 1 and val["scorer"].iloc[0].startswith("tuned on the validation split of last sessions: lr x")
+    assert len(val) == 1 and val["scorer"].iloc[0].startswith("tuned on the validation split of last clicks: lr x")
     assert val["scorer"].iloc[0].endswith(" at weight_decay=0.0001")
     kept = tuning.load_tuned(tmp_path / "t.json", "multi_interest", "smoke", ["single_tower"])["single_tower"][1]
     assert kept == val["scorer"].iloc[0]
