@@ -747,6 +747,9 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         raise ValueError(f"tune_lengths must be one of {tuning.LENGTHS}, got {tune_lengths!r}")
     if tune_split not in tuning.SPLITS:
         raise ValueError(f"tune_split must be one of {tuning.SPLITS}, got {tune_split!r}")
+    if tune and tune_split == "session" and "ml-100k" in datasets:
+        raise ValueError("tune_split='session' needs sessions, which ml-100k does not have: tune it on its own "
+                         "with the last-click split")
     if tuned_file is not None:  # a file that cannot serve refused before anything trains
         tuning.check_tuned_use(tuned_file, datasets, p.name, models, tune)
     if tune_budget_s is not None:  # one budget for every dataset's tuning, from this call's start

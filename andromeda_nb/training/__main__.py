@@ -166,6 +166,8 @@ def main(argv=None) -> int:
         ap.error("--tune-lengths says how --tune trains a length: give it with --tune or --tune-only")
     if args.tune_split is not None and not (args.tune or args.tune_only):
         ap.error("--tune-split says what --tune validates on: give it with --tune or --tune-only")
+    if args.tune_split == "session" and "ml-100k" in args.datasets:
+        ap.error("--tune-split session needs sessions, which ml-100k does not have: give --datasets multi_interest")
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):
         ap.error("--set changes the preset's settings, which a run from --tuned FILE does not use (the file's "
                  "configurations train whole): tune again with --tune --set ...")

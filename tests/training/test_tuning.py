@@ -369,11 +369,13 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
     with pytest.raises(ValueError, match="mixture_k2"):
         quality.run_all("smoke", tmp_path, datasets=["multi_interest"], models=["mixture_k2"], tuned_file=path,
                         progress=False)
+    with pytest.raises(ValueError, match="needs sessions, which ml-100k does not have"):
+        quality.run_all("smoke", tmp_path, tune=True, tune_split="session", progress=False)
     with pytest.raises(ValueError, match="of \\['mixture_k1', 'mixture_k2', 'mixture_k4', 'dense_mixture'\\]"):  # all train
         quality.run_all("smoke", tmp_path, datasets=["multi_interest"], tuned_file=path, progress=False)
     assert not (tmp_path / "quality.csv").exists()
     for argv in (["--tune-only", "--tuned", str(path), "--seeds", "1"], ["--tune-only"],
-                 ["--tuned", str(path), "--set", "steps=3"]):
+                 ["--tuned", str(path), "--set", "steps=3"], ["--tune", "--tune-split", "session"]):  # ml-100k too
         with pytest.raises(SystemExit):  # argparse's error: refused before anything runs
             main(["--preset", "smoke", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
