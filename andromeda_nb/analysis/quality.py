@@ -57,6 +57,8 @@ from .quality_results import (  # noqa: F401
     recall_table, summarize, targeting_of, trained_here_source, tuning_effect, write_rows)
 
 DATASETS = ("multi_interest", "ml-100k")
+#: the datasets whose training data carry sessions (``InteractionData.seq_start``): the session split's
+SESSION_DATASETS = ("multi_interest",)
 KS = {"multi_interest": (50, 100, 500), "ml-100k": (10, 50, 100)}
 RETRIEVAL_MODELS = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture")
 PRECISION_DTYPES = ("fp32", "bf16", "fp16", "fp16_math", "int8", "int8_fp16_math", "int8_dimscale")
@@ -696,9 +698,10 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         raise ValueError(f"tune_lengths must be one of {tuning.LENGTHS}, got {tune_lengths!r}")
     if tune_split not in tuning.SPLITS:
         raise ValueError(f"tune_split must be one of {tuning.SPLITS}, got {tune_split!r}")
-    if tune and tune_split == "session" and "ml-100k" in datasets:
-        raise ValueError("tune_split='session' needs sessions, which ml-100k does not have: tune it on its own "
-                         "with the last-click split")
+    without = [ds for ds in datasets if ds not in SESSION_DATASETS]
+    if tune and tune_split == "session" and without:
+        raise ValueError(f"tune_split='session' needs sessions, which {', '.join(without)} does not have: tune it on "
+                         "its own with the last-click split")
     if tuned_file is not None:  # a file that cannot serve refused before anything trains
         tuning.check_tuned_use(tuned_file, datasets, p.name, models, tune)
     if tune_budget_s is not None:  # one budget for every dataset's tuning, from this call's start

@@ -83,7 +83,7 @@ def _profile(args, preset: str) -> int:
 
 
 def main(argv=None) -> int:
-    from ..analysis.quality import DATASETS, PRESETS, refresh_compute, run_all
+    from ..analysis.quality import DATASETS, PRESETS, SESSION_DATASETS, refresh_compute, run_all
 
     ap = argparse.ArgumentParser(prog="python -m andromeda_nb.training", description=__doc__.replace("``", ""))
     ap.add_argument("--preset", default="full", choices=sorted(PRESETS),
@@ -166,8 +166,10 @@ def main(argv=None) -> int:
         ap.error("--tune-lengths says how --tune trains a length: give it with --tune or --tune-only")
     if args.tune_split is not None and not (args.tune or args.tune_only):
         ap.error("--tune-split says what --tune validates on: give it with --tune or --tune-only")
-    if args.tune_split == "session" and "ml-100k" in args.datasets:
-        ap.error("--tune-split session needs sessions, which ml-100k does not have: give --datasets multi_interest")
+    without = [ds for ds in args.datasets if ds not in SESSION_DATASETS]
+    if args.tune_split == "session" and without:
+        ap.error(f"--tune-split session needs sessions, which {', '.join(without)} does not have: give --datasets "
+                 + " ".join(SESSION_DATASETS))
     if args.tuned is not None and args.set and not (args.tune or args.tune_only):
         ap.error("--set changes the preset's settings, which a run from --tuned FILE does not use (the file's "
                  "configurations train whole): tune again with --tune --set ...")

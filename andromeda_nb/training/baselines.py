@@ -197,7 +197,7 @@ def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None, split: str
     view = validation_view(data, split)
     X = user_items(view)
     rows = np.asarray(rows, np.int64)
-    rows = rows[data.held_back_start(split)[rows] >= 0]
+    rows = rows[view.seq_len[rows] < data.seq_len[rows]]  # those with clicks held back
     if not rows.size:
         raise ValueError(f"{data.name}: no evaluated user has training clicks to hold back for validation "
                          "with one left to learn from")
