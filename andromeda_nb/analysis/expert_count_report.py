@@ -453,6 +453,39 @@ def preset_settings_line(frame: pd.DataFrame, dataset: str) -> str:
             "against the single tower: " + "; ".join(parts) + ".") if parts else ""
 
 
+def _settings(scorer: str) -> set:
+    """The ``key=value`` settings an untuned row's scorer names ("untuned: preset settings with a=1 b=2")."""
+    _, _, tail = str(scorer).partition(" with ")
+    return set(tail.split())
+
+
+def variant_line(frame: pd.DataFrame, dataset: str) -> str:
+    """Models trained at the preset's settings with changes (``variant_*`` rows, the changes read
+    from their scorer against the same model's ``preset_settings`` rows): recall@100 against that
+    model at the preset's settings, paired over seeds; '' without such rows."""
+    if "experiment" not in frame:
+        return ""
+    rows = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")]
+    parts = []
+    for (experiment, model), g in rows[rows["experiment"].astype(str).str.startswith("variant_")].groupby(
+            ["experiment", "model"], sort=False):
+        base = rows[(rows["model"] == model) & (rows["experiment"] == "preset_settings")]
+        if base.empty:
+            continue
+        p = quality.paired_experiments(frame, dataset, model, experiment, "preset_settings")
+        if p["seeds"] < 2:
+            continue
+        was, now = _settings(base["scorer"].iloc[0]), _settings(g["scorer"].iloc[0])
+        change = " ".join([*(["with", *sorted(now - was)] if now - was else []),
+                           *(["without", *sorted(was - now)] if was - now else [])]) or f"({experiment})"
+        parts.append(f"{model} {change}: {g['value'].astype(float).mean():.4f} against "
+                     f"{base['value'].astype(float).mean():.4f}, {100 * p['mean']:+.2f} pp "
+                     f"(paired over {p['seeds']} seeds ±{100 * p['ci95']:.2f}"
+                     + (", within noise)" if abs(p["mean"]) <= p["ci95"] else ")"))
+    return (f"{dataset}, changes to the preset's settings (`variant_*` rows), recall@100 against the same "
+            "model at the preset's settings: " + "; ".join(parts) + ".") if parts else ""
+
+
 def findings(frame: pd.DataFrame, tables, datasets) -> str:
     """The notebook's conclusions as Markdown, every number computed from the rows."""
     lines = [line for ds in datasets for line in verdict(tables, ds, frame)]
@@ -461,6 +494,7 @@ def findings(frame: pd.DataFrame, tables, datasets) -> str:
         lines.append(tuned)
     lines += [line for ds in datasets if (line := tuning_effect_line(frame, ds))]
     lines += [line for ds in datasets if (line := preset_settings_line(frame, ds))]
+    lines += [line for ds in datasets if (line := variant_line(frame, ds))]
     cost = kernel_cost_line(frame)
     if cost:
         lines.append(f"Per ad, {cost}.")

@@ -157,6 +157,15 @@ def paired_difference(frame: pd.DataFrame, dataset: str, a: str, b: str, metric:
                    df[df["model"] == b].groupby("seed")["value"].mean())
 
 
+def paired_experiments(frame: pd.DataFrame, dataset: str, model: str, a: str, b: str,
+                       metric: str = "recall@100") -> dict:
+    """``model``'s rows of experiment ``a`` minus its rows of experiment ``b`` (e.g. a changed
+    setting against ``preset_settings``) on the seeds both ran: as :func:`paired_difference`."""
+    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & (frame["model"] == model)]
+    return _paired(df[df["experiment"] == a].groupby("seed")["value"].mean(),
+                   df[df["experiment"] == b].groupby("seed")["value"].mean())
+
+
 def _paired(va: pd.Series, vb: pd.Series) -> dict:
     """``va - vb`` (per-seed values) on the seeds both hold: ``mean``, ``ci95`` (:func:`ci95`), ``seeds``."""
     d = (va - vb).dropna()

@@ -53,6 +53,36 @@ def test_expert_count_tables_metrics_and_verdict():
     assert "anchor is" not in text
 
 
+def test_variant_line_pairs_each_change_with_its_model_at_the_preset_settings():
+    """variant_* rows: the change read from the scorers (added and dropped settings), the paired
+    difference against the same model's preset_settings rows on the seeds both ran, 'within noise'
+    only inside the interval; a variant without preset rows of its model or with one seed is left out."""
+    preset = "untuned: preset settings with ad_features=1 weight_decay=1e-4"
+    rows = (_rows("multi_interest", "mixture_k2", "recall@100", [0.20, 0.21, 0.22], experiment="preset_settings",
+                  scorer=preset)
+            + _rows("multi_interest", "ranking", "recall@100", [0.30, 0.31, 0.32], experiment="preset_settings",
+                    scorer=preset)
+            # 3 seeds, each 1.0 / 1.1 / 1.2 pp below: -1.10 pp, t(2) 4.303 x 0.1 / sqrt(3) = 0.25 pp
+            + _rows("multi_interest", "mixture_k2", "recall@100", [0.19, 0.199, 0.208], experiment="variant_shared",
+                    scorer=preset + " shared_inputs=1")
+            # the seeds' differences +1, -1, +0.6 pp: +0.20 pp, inside its interval
+            + _rows("multi_interest", "ranking", "recall@100", [0.31, 0.30, 0.326], experiment="variant_plain",
+                    scorer="untuned: preset settings with weight_decay=1e-4")
+            + _rows("multi_interest", "single_tower", "recall@100", [0.1, 0.1], experiment="variant_orphan",
+                    scorer=preset + " hidden=256")
+            + _rows("multi_interest", "mixture_k2", "recall@100", [0.3], experiment="variant_one_seed",
+                    scorer=preset + " route_coef=1"))
+    frame = pd.DataFrame(rows)
+    text = EC.variant_line(frame, "multi_interest")
+    assert ("mixture_k2 with shared_inputs=1: 0.1990 against 0.2100, -1.10 pp (paired over 3 seeds ±0.25)"
+            in text), text
+    assert "ranking without ad_features=1: 0.3120 against 0.3100, +0.20 pp (paired over 3 seeds ±" in text
+    assert text.count("within noise") == 1 and "+0.20 pp (paired over 3 seeds ±2." in text
+    assert "single_tower" not in text and "route_coef" not in text
+    assert EC.variant_line(frame, "ml-100k") == "" and EC.variant_line(frame.drop(columns="experiment"), "x") == ""
+    assert "(`variant_*` rows)" in EC.findings(frame, {}, ["multi_interest"])
+
+
 def test_routing_table():
     frame = pd.DataFrame(_rows("multi_interest", "mixture_k2", "expert_share_max", [0.3, 0.5])
                          + _rows("multi_interest", "mixture_k2", "routing_entropy", [0.8, 0.6]))
