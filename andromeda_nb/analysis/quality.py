@@ -9,7 +9,8 @@ tuned ones, kept to compare: an untuned run's rows, ``--set ...`` without ``--tu
 their own, merged under this name; ``tuned_by_checkpoints``: models tuned with ``--tune-lengths
 checkpoints``, kept where own-length tuning replaced them; or ``retuned_last_click``: a model at the
 point the 10,000-user retuning on the last-click split chose, trained beside the tuned rows it did not
-replace), ``preset``
+replace; ``variant_<name>``: a model at the preset's settings with settings changed, named in its
+scorer column, compared with its ``preset_settings`` rows), ``preset``
 (the size preset that produced them), ``scorer`` (how the scores were computed) and ``n_users``
 (users evaluated). Metrics:
 

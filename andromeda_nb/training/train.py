@@ -72,8 +72,9 @@ class TrainConfig:
     #: experts differ by their weights, not by what they see; 0: expert e reads group e only.
     #: Exclusive with interest_experts. At the demo size (CPU, 5 seeds, 3,000 validation users) it
     #: lifted the K = 2 mixture by 2.4 +- 0.4 points to the single tower's level (+0.3 +- 0.3;
-    #: data/results/quality_diagnostics.md, where the gate's collapse is too); preset full is not
-    #: measured
+    #: data/results/quality_diagnostics.md, where the gate's collapse is too). Off: at preset full on
+    #: the synthetic world (H100, 5 seeds) it lowered K = 2 by 1.02 +- 0.34 points (0.1963 against
+    #: group experts' 0.2065; quality.csv, experiment variant_shared_inputs)
     shared_inputs: int = 0
     #: the sampled softmax's temperature: logits are score / temperature (before the sampling
     #: correction); the ranking a trained model serves does not depend on it
@@ -84,7 +85,8 @@ class TrainConfig:
     #: each ad for a confident choice and a request's ads for different choices, which neither the
     #: retrieval loss nor the load-balancing term does (at the demo size the gate collapsed onto one
     #: expert at lb_coef 0.01 and went flat at 0.1 and 1: data/results/quality_diagnostics.md).
-    #: 0: off. Ignored by models without experts
+    #: 0: off (at preset full on the synthetic world, 1 made K = 2's gate route but moved recall@100
+    #: by -0.27 +- 0.33 points, H100, 5 seeds: experiment variant_routing). Ignored by models without experts
     route_coef: float = 0.0
     #: 1: a training click's request carries the history before its session began (and the
     #: session's context), as the evaluation's request, which opens a new session, does; 0: the
