@@ -88,7 +88,8 @@ def recall_tables(frame: pd.DataFrame, datasets) -> dict[str, dict[str, pd.DataF
 def trained_as(frame: pd.DataFrame, dataset: str, models) -> list[str]:
     """How each model's recall rows were trained: ``tuned`` (the project's models whose ``scorer``
     says so, and the baselines, tuned on the validation split), ``preset's settings``, ``mixed``
-    (seeds of both), ``generator`` (the true click model)."""
+    (seeds of both), ``generator`` (the true click model; with the users' interests estimated from
+    their training clicks: ``generator, interests from clicks``)."""
     rec = frame[(frame["metric"] == "recall@100") & (frame["dataset"] == dataset)
                 & (frame["experiment"] == "expert_count")]  # the rows recall_table averages
     if "scorer" not in rec:  # a frame written before the column: the preset's settings
@@ -99,7 +100,8 @@ def trained_as(frame: pd.DataFrame, dataset: str, models) -> list[str]:
             out.append("tuned")
             continue
         tuned = results.text(rec.loc[rec["model"] == m], "scorer").str.startswith("tuned")
-        out.append("generator" if m == "true_model" else "tuned" if len(tuned) and tuned.all()
+        out.append("generator" if m == "true_model" else "generator, interests from clicks"
+                   if m == "true_model_estimated" else "tuned" if len(tuned) and tuned.all()
                    else "preset's settings" if not tuned.any() else "mixed")
     return out
 
@@ -352,8 +354,8 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
                              + _paired(frame, dataset, m, "single_tower"))
     ours = r100[~r100.index.isin(quality.BASELINE_ORDER)]
     base = r100[r100.index.isin(quality.BASELINE_ORDER)]
-    if len(base) and len(ours.drop([m for m in ("ranking", "true_model") if m in ours.index])):
-        mine = ours.drop([m for m in ("ranking", "true_model") if m in ours.index])["mean"]
+    if len(base) and len(ours.drop([m for m in ("ranking", *quality.GENERATOR_MODELS) if m in ours.index])):
+        mine = ours.drop([m for m in ("ranking", *quality.GENERATOR_MODELS) if m in ours.index])["mean"]
         top = base["mean"].idxmax()
         lines.append(f"  * best tuned baseline {top.removeprefix('baseline_')} recall@100 {base.loc[top, 'mean']:.4f} "
                      f"(tuned on the training part's validation split) against the best project retrieval model "
@@ -363,7 +365,7 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
                         f"the baseline leads by {100 * (base.loc[top, 'mean'] - mine.max()):.2f} pp")
                      + _paired(frame, dataset, mine.idxmax(), top))
     if "ranking" in ours.index:
-        retrieval = ours.drop([m for m in ("ranking", "true_model") if m in ours.index])
+        retrieval = ours.drop([m for m in ("ranking", *quality.GENERATOR_MODELS) if m in ours.index])
         best = retrieval["mean"].idxmax()
         stronger = r100.loc["ranking", "mean"] > retrieval["mean"].max()
         lines.append(f"  * ranking model recall@100 {r100.loc['ranking', 'mean']:.4f} against the best retrieval model "
@@ -396,7 +398,8 @@ def kernel_cost_line(frame: pd.DataFrame) -> str:
 def tuning_line(frame: pd.DataFrame) -> str:
     """Whether the project's models in these rows were tuned (their ``scorer`` column says so:
     :mod:`~andromeda_nb.training.tuning`) or trained at the preset's settings."""
-    rec = frame[(frame["metric"] == "recall@100") & frame["model"].isin(quality.MODEL_ORDER[:-1])
+    rec = frame[(frame["metric"] == "recall@100") & frame["model"].isin(quality.MODEL_ORDER)
+                & ~frame["model"].isin(quality.GENERATOR_MODELS)
                 & (frame.get("experiment", "expert_count") == "expert_count")]
     if rec.empty:
         return ""
@@ -486,9 +489,28 @@ def variant_line(frame: pd.DataFrame, dataset: str) -> str:
             "model at the preset's settings: " + "; ".join(parts) + ".") if parts else ""
 
 
+def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
+    """The true click model, the same model with each user's interests estimated from their
+    training clicks and the best project model against both; '' without the two generator rows."""
+    rec = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")
+                & (frame.get("experiment", "expert_count") == "expert_count")]
+    mean = rec.assign(value=rec["value"].astype(float)).groupby("model")["value"].mean()
+    if not set(quality.GENERATOR_MODELS) <= set(mean.index):
+        return ""
+    true, est = mean["true_model"], mean["true_model_estimated"]
+    line = (f"{dataset}: the true click model reaches recall@100 {true:.4f}; with each user's interests estimated "
+            f"from their training clicks (every other parameter of the world known) {est:.4f}, {est / true:.2f} of it")
+    ours = mean[[m for m in quality.MODEL_ORDER if m in mean.index and m not in quality.GENERATOR_MODELS]]
+    if len(ours):
+        line += (f". The best project model ({ours.idxmax()}, {ours.max():.4f}) reaches {ours.max() / est:.2f} of the "
+                 f"estimated and {ours.max() / true:.2f} of the true model")
+    return line + "."
+
+
 def findings(frame: pd.DataFrame, tables, datasets) -> str:
     """The notebook's conclusions as Markdown, every number computed from the rows."""
     lines = [line for ds in datasets for line in verdict(tables, ds, frame)]
+    lines += [line for ds in datasets if (line := ceiling_line(frame, ds))]
     tuned = tuning_line(frame)
     if tuned:
         lines.append(tuned)

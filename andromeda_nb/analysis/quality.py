@@ -54,8 +54,8 @@ from .metrics import recall_at_k, topk_overlap
 from .quality_compute import SCORING, bytes_per_ad, gated_flops, kernel_throughput  # noqa: F401
 # the results file's rows, read and written (re-exported: the notebooks and reports use quality.*)
 from .quality_results import (  # noqa: F401
-    BASELINE_ORDER, COLUMNS, KEY, MODEL_ORDER, RESULTS, ci95, committed, devices, load_results, paired_difference,
-    paired_experiments, recall_table, summarize, targeting_of, trained_here_source, tuning_effect, write_rows)
+    BASELINE_ORDER, COLUMNS, GENERATOR_MODELS, KEY, MODEL_ORDER, RESULTS, ci95, committed, devices, load_results,
+    paired_difference, paired_experiments, recall_table, summarize, targeting_of, trained_here_source, tuning_effect, write_rows)
 
 DATASETS = ("multi_interest", "ml-100k")
 #: the datasets whose training data carry sessions (``InteractionData.seq_start``): the session split's
@@ -245,12 +245,16 @@ def recalls(data, rows, top: np.ndarray, ks) -> dict:
             for k in ks}
 
 
-def true_model_top(data, rows, k: int) -> np.ndarray:
-    """Top-k of the synthetic world's ground-truth click model (the ceiling)."""
+def true_model_top(data, rows, k: int, estimated: bool = False) -> np.ndarray:
+    """Top-k of the synthetic world's ground-truth click model (the ceiling); ``estimated``: the
+    same model with each user's interests estimated from their training clicks
+    (:meth:`~andromeda_nb.datasets.multi_interest.MultiInterestWorld.estimated_interests`): what the
+    clicks reveal to a model that knows everything else about the world."""
     w = data.world
     out = np.full((len(rows), k), -1, np.int64)
     for i, r in enumerate(rows):
-        s = w.true_scores(int(data.user_ids[r]))
+        u = int(data.user_ids[r])
+        s = w.true_scores(u, w.estimated_interests(u) if estimated else None)
         mask = data.eligible(np.array([r]))[0]
         out[i] = _topk_rows(s[None, :], mask[None, :], k)[0]
     return out
@@ -406,10 +410,11 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
                 rows_out.append(_row(data.name, name, E, K, "fp32", configs[name].d, seed, "overlap@100_ranking",
                                      ov, **{**meta, "scorer": scorers.get(name, "torch_fp32_formula")}))
         if data.name == "multi_interest" and seed == seeds[0]:
-            top = true_model_top(data, rows, kmax)
-            for metric, v in recalls(data, rows, top, ks).items():
-                rows_out.append(_row(data.name, "true_model", "", "", "", "", "", metric, v,
-                                     **{**meta, "scorer": "ground_truth"}))
+            for name, scorer in (("true_model", "ground_truth"),
+                                 ("true_model_estimated", "ground_truth with interests estimated from training clicks")):
+                top = true_model_top(data, rows, kmax, estimated=name == "true_model_estimated")
+                for metric, v in recalls(data, rows, top, ks).items():
+                    rows_out.append(_row(data.name, name, "", "", "", "", "", metric, v, **{**meta, "scorer": scorer}))
     return pd.DataFrame(rows_out, columns=COLUMNS), trained
 
 

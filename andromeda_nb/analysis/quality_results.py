@@ -103,7 +103,7 @@ def _infer_experiment(df: pd.DataFrame) -> pd.DataFrame:
                      np.where(df["metric"].isin(_PRECISION_METRICS) | (df["metric"] == "bytes_per_ad"), "precision",
                               "expert_count"))
     guess = pd.Series(guess, index=df.index)
-    rec = (df["metric"] == "recall@100") & (df["model"] != "true_model")
+    rec = (df["metric"] == "recall@100") & ~df["model"].isin(GENERATOR_MODELS)
     guess[rec & (df["dtype"].astype(str) != "fp32")] = "precision"
     keys = ["dataset", "model", "dtype", "seed", "metric", "preset"]
     dup = rec & (df["dtype"].astype(str) == "fp32") & df[keys].astype(str).duplicated(keep="first")
@@ -119,7 +119,11 @@ def summarize(frame: pd.DataFrame, metrics=None) -> pd.DataFrame:
     return g.agg(mean="mean", std="std", seeds="count").reset_index()
 
 
-MODEL_ORDER = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture", "ranking", "true_model")
+MODEL_ORDER = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_mixture", "ranking", "true_model",
+               "true_model_estimated")
+#: the synthetic world's generator as a model: with each user's own interests, and with them
+#: estimated from the training clicks (no training, one row a metric, seed empty)
+GENERATOR_MODELS = ("true_model", "true_model_estimated")
 #: the standard baselines' rows (:func:`.quality.run_baselines`), in the tables' order
 BASELINE_ORDER = ("baseline_most_popular", "baseline_itemknn_cosine", "baseline_itemknn_bm25", "baseline_als",
                   "baseline_bpr", "baseline_ease")

@@ -43,7 +43,10 @@ training feature, rule or popularity count.
 
 Ground truth (:meth:`MultiInterestWorld.true_scores`): the probability that a click of the next
 session (in its known context) is ad ``a``, from the generative model above (without the
-no-repeat correction): the ceiling any trained model can approach.
+no-repeat correction): the ceiling any trained model can approach. It knows each user's
+interests; a model knows only their clicks. The same formula with the interests estimated from the
+training clicks (:meth:`MultiInterestWorld.estimated_interests`, every world and ad parameter
+known) measures how much of the ceiling the clicks reveal.
 """
 
 from __future__ import annotations
@@ -164,13 +167,16 @@ class MultiInterestWorld:
         """Sorted slots of the user's training clicks."""
         return self._train_slots.get(int(user_id), np.zeros(0, np.int64)).copy()
 
-    def true_scores(self, user_id) -> np.ndarray:
+    def true_scores(self, user_id, interests=None) -> np.ndarray:
         """``[n_ads]`` ground-truth probability that a click of the held-out session is each ad
-        (in its known context), before targeting and the no-repeat rule are applied."""
+        (in its known context), before targeting and the no-repeat rule are applied. ``interests``:
+        ``(topics [4], weights [4], taste [4, D])`` in place of the user's own (as
+        :meth:`estimated_interests` returns; topic -1 = none)."""
         d = self.design
         u = int(user_id)
         dev, part = self.request_context[u]
-        topics, weights, taste = self.interest_topics[u], self.interest_weights[u], self.interest_taste[u]
+        topics, weights, taste = (interests if interests is not None else
+                                  (self.interest_topics[u], self.interest_weights[u], self.interest_taste[u]))
         held = topics >= 0
         ctx_w = np.where(held, weights * np.exp(self.topic_affinity[np.maximum(topics, 0), dev, part]), 0.0)
         ctx_w = ctx_w / ctx_w.sum()
@@ -193,6 +199,28 @@ class MultiInterestWorld:
         per_topic = np.bincount(self.ad_topic, weights=eq, minlength=d.topics)
         out += d.explore_prob * tp[self.ad_topic] * eq / np.maximum(per_topic[self.ad_topic], 1e-300)
         return out
+
+    def estimated_interests(self, user_id, min_clicks: int = 2):
+        """The user's interests as their training clicks show them, for :meth:`true_scores`:
+        the (up to 4) topics they clicked at least ``min_clicks`` times, most clicked first (the
+        most clicked alone where none was; a single click is as likely exploration), weights in
+        proportion to those clicks, and each topic's taste the unit mean of its clicked ads'
+        latents (which the ads' Gumbel-top-n draw pulls toward the true taste). Returns
+        ``(topics [4], weights [4], taste [4, D])``; ValueError for a user without training clicks."""
+        seen = self.seen_slots(user_id)
+        if seen.size == 0:
+            raise ValueError(f"user {user_id} has no training clicks to estimate interests from")
+        clicked = self.ad_topic[seen]
+        uniq, counts = np.unique(clicked, return_counts=True)
+        order = np.argsort(-counts, kind="stable")  # ties: the lower topic first
+        keep = [i for i in order if counts[i] >= min_clicks][:4] or [order[0]]
+        topics = np.full(4, -1, np.int64)
+        weights = np.zeros(4)
+        taste = np.zeros((4, self.ad_latent.shape[1]))
+        for j, i in enumerate(keep):
+            topics[j], weights[j] = uniq[i], counts[i]
+            taste[j] = _unit(self.ad_latent[seen[clicked == uniq[i]]].mean(axis=0))
+        return topics, weights / weights.sum(), taste
 
     def describe(self) -> dict:
         ev = self.events

@@ -32,7 +32,13 @@ def test_expert_count_rows(data, tmp_path):
     rec = frame[frame["metric"].str.startswith("recall@")]
     assert set(rec["metric"]) == {f"recall@{k}{s}" for k in (50, 100, 500) for s in ("", "_untargeted")}
     assert rec["value"].between(0, 1).all()
-    assert set(rec["model"]) == {"single_tower", "mixture_k2", "ranking", "true_model"}
+    assert set(rec["model"]) == {"single_tower", "mixture_k2", "ranking", "true_model", "true_model_estimated"}
+    # the generator rows: the true model, and the same with the users' interests estimated from their clicks
+    truth = rec[rec["model"] == "true_model_estimated"].set_index("metric")["value"]
+    rows = quality.eval_rows(data, PRESET.eval_users["multi_interest"], 0)
+    want = quality.recalls(data, rows, quality.true_model_top(data, rows, 500, estimated=True), (50, 100, 500))
+    assert truth.to_dict() == want and truth.index.tolist() == ["recall@50", "recall@100", "recall@500"]
+    assert want != quality.recalls(data, rows, quality.true_model_top(data, rows, 500), (50, 100, 500))
     untargeted = rec[rec["metric"].str.endswith("_untargeted")]
     assert set(untargeted["model"]) == {"single_tower", "mixture_k2", "ranking"}  # the ground truth: targeted only
     ov = frame[frame["metric"] == "overlap@100_ranking"]
@@ -43,7 +49,7 @@ def test_expert_count_rows(data, tmp_path):
     assert 1 / 6 <= routing.loc["expert_share_max", "value"] <= 1 / 2
     assert 0 <= routing.loc["routing_entropy", "value"] <= 1
     table = quality.recall_table(frame, "multi_interest")
-    assert list(table.index) == ["single_tower", "mixture_k2", "ranking", "true_model"]
+    assert list(table.index) == ["single_tower", "mixture_k2", "ranking", "true_model", "true_model_estimated"]
     # the kept tops give the same overlap rows as the run itself (models trained apart use these)
     assert sorted(f.name for f in tmp_path.iterdir()) == [f"multi_interest_{m}_seed0.npz"
                                                          for m in ("mixture_k2", "ranking", "single_tower")]

@@ -318,3 +318,18 @@ def test_kernel_throughput_keeps_rows_that_do_not_say_their_run(tmp_path):
                   for c, t in ((None, "2026-01-01"),)]).to_csv(csv, index=False)
     thr = PR.throughput(csv)
     assert thr["items_per_s"].to_dict() == {"fp16": 2e10} and not PR.one_run(thr, "fp16", "fp16")
+
+
+def test_ceiling_line_places_the_best_model_between_the_generator_rows():
+    frame = pd.DataFrame(_rows("multi_interest", "true_model", "recall@100", [0.30])
+                         + _rows("multi_interest", "true_model_estimated", "recall@100", [0.24])
+                         + _rows("multi_interest", "ranking", "recall@100", [0.20, 0.22])
+                         + _rows("multi_interest", "single_tower", "recall@100", [0.19, 0.19])
+                         + _rows("multi_interest", "baseline_als", "recall@100", [0.5], experiment="baselines"))
+    text = EC.ceiling_line(frame, "multi_interest")
+    assert text.startswith("multi_interest: the true click model reaches recall@100 0.3000; with each user's "
+                           "interests estimated from their training clicks") and "0.2400, 0.80 of it" in text
+    assert text.endswith("The best project model (ranking, 0.2100) reaches 0.88 of the estimated and 0.70 of the "
+                         "true model."), text
+    assert EC.ceiling_line(frame[frame["model"] != "true_model_estimated"], "multi_interest") == ""
+    assert "0.80 of it" in EC.findings(frame, {}, ["multi_interest"])

@@ -62,3 +62,54 @@ def test_true_scores_are_a_distribution_over_eligible_ads(world):
         # the user's interest topics carry most of the mass
         topics = world.interest_topics[u][world.interest_topics[u] >= 0]
         assert p[np.isin(world.ad_topic, topics)].sum() > 0.8
+
+
+def test_estimated_interests_follow_the_training_clicks(world):
+    """Topics: those clicked twice or more in training, most clicked first (ties to the lower
+    topic), at most 4, the most clicked alone when none was; weights: their click shares; taste:
+    the unit mean latent of the topic's clicked ads. true_scores with them is a distribution over
+    eligible ads, and with the user's own interests it is true_scores itself."""
+    for u in world.users[:40]:
+        seen = world.seen_slots(u)
+        topics, weights, taste = world.estimated_interests(u)
+        uniq, counts = np.unique(world.ad_topic[seen], return_counts=True)
+        ranked = sorted(zip(-counts, uniq))
+        want = [t for c, t in ranked if -c >= 2][:4] or [ranked[0][1]]
+        held = topics >= 0
+        assert topics[held].tolist() == want and not held[len(want):].any()
+        share = np.array([np.sum(world.ad_topic[seen] == t) for t in want], float)
+        np.testing.assert_allclose(weights[held], share / share.sum())
+        assert np.all(weights[~held] == 0)
+        for j, t in enumerate(want):
+            m = world.ad_latent[seen[world.ad_topic[seen] == t]].mean(axis=0)
+            np.testing.assert_allclose(taste[j], m / np.linalg.norm(m), atol=1e-12)
+        p = world.true_scores(u, (topics, weights, taste))
+        assert np.all(p >= 0) and p.sum() == pytest.approx(1.0, abs=1e-6) and p[~world.eligible(u)].sum() == 0
+        own = (world.interest_topics[u], world.interest_weights[u], world.interest_taste[u])
+        np.testing.assert_array_equal(world.true_scores(u, own), world.true_scores(u))
+
+
+def test_estimated_topics_are_mostly_the_users_own_interests(world):
+    """Topics clicked twice or more are mostly the user's interests (exploration clicks spread one
+    a topic); taking every clicked topic lets exploration in."""
+    def precision(min_clicks):
+        hit = total = 0
+        for u in world.users:
+            topics = world.estimated_interests(u, min_clicks)[0]
+            topics = set(topics[topics >= 0].tolist())
+            hit += len(topics & set(world.interest_topics[u].tolist()))
+            total += len(topics)
+        return hit / total
+
+    assert precision(2) > 0.8 and precision(1) < precision(2) - 0.1
+
+
+def test_estimated_interests_need_training_clicks(world):
+    u = int(world.users[0])
+    saved = world._train_slots[u]
+    world._train_slots[u] = np.zeros(0, np.int64)
+    try:
+        with pytest.raises(ValueError, match="no training clicks"):
+            world.estimated_interests(u)
+    finally:
+        world._train_slots[u] = saved
