@@ -23,7 +23,6 @@ import dataclasses
 import datetime as _dt
 import functools
 import importlib
-import os
 import statistics
 import sys
 import time

@@ -37,7 +37,7 @@ from ..score.config import KernelConfig, check_config
 from ..score.table import FREE, DeviceAdTable, DeviceRequest, check_kernel_shape, rows_max_abs
 from ..score.launches import RefusedRequest, check_range, request_images
 from ..score.weights import fma_dequant_exact, image_size, mma_f16_image, mma_f16_words
-from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, table_slots
+from ..targeting import WORD_BITS, ProfileBatch, TargetingIndex, UpdateDelta, table_slots
 from ..topk.api import check_k
 from .bound_match import BoundMatch
 
@@ -254,7 +254,7 @@ class Pool:
                 out[j] = a
         return out[0] if single else out
 
-    def apply(self, update) -> "UpdateDelta":
+    def apply(self, update) -> UpdateDelta:
         """Apply a batch of ad creates, changes and retires to the index and the table together.
 
         The targeting index allocates the slots (a retired ad's slot is reused by a later create);

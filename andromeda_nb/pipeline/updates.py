@@ -26,7 +26,7 @@ import numpy as np
 from ..device import launch
 from ..model import AdTable
 from ..score.table import FREE, rows_max_abs
-from ..targeting import CREATE, RETIRE, UpdateBatch
+from ..targeting import CREATE, RETIRE, UpdateBatch, UpdateDelta
 from ..targeting.index_updates import order_by_slot
 
 
@@ -260,12 +260,12 @@ def check_update(pool, update, index: bool = True) -> tuple[PoolUpdate, StoredRo
     return update, rows
 
 
-def apply_update(pool, update) -> "UpdateDelta":
+def apply_update(pool, update) -> UpdateDelta:
     """:meth:`Pool.apply <andromeda_nb.pipeline.Pool.apply>` (its docstring is the contract): the
     batch checked whole, the host index updated, then its delta and the table's touched slots
     copied and written on the device in stream order."""
     from ..targeting import CHANGE
-    from .kernels import FREED, scatter_slots_kernel
+    from .kernels import FREED
 
     # the index's own apply checks the ops again, whole, before it changes anything
     update, rows = check_update(pool, update, index=False)

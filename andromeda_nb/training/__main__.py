@@ -233,8 +233,6 @@ def main(argv=None) -> int:
     if args.set:
         from dataclasses import replace
 
-        from ..analysis.quality import Preset  # noqa: F401
-
         kv = _parse_settings(ap, args.set)
         p = PRESETS[preset]
         PRESETS[preset] = replace(p, train={**p.train, **kv}, train_ml={**p.train_ml, **kv},

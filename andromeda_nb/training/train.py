@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..model import AdTable, Request
-from .data import GROUPS, HIST_LEN, InteractionData
+from .data import HIST_LEN, InteractionData
 from .models import RankingNet, RetrievalNet, gated_scores, round_to_f16_once, routing_term
 
 #: The compared models: name -> (experts, k_experts); the ranking model has none.
