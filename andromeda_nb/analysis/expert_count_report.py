@@ -458,19 +458,35 @@ def preset_settings_line(frame: pd.DataFrame, dataset: str) -> str:
             "against the single tower: " + "; ".join(parts) + ".") if parts else ""
 
 
-def _settings(scorer: str) -> set:
-    """The ``key=value`` settings an untuned row's scorer names ("untuned: preset settings with a=1 b=2")."""
-    _, _, tail = str(scorer).partition(" with ")
-    return set(tail.split())
+def _settings(scorer) -> dict | None:
+    """The ``key=value`` settings an untuned row's scorer names ("untuned: preset settings with a=1
+    b=2"), as a dict; None for any other scorer (a tuned row's names scales, not settings)."""
+    head, _, tail = str(scorer).partition(" with ")
+    if head != "untuned: preset settings":
+        return {} if str(scorer) == "untuned: preset settings" else None
+    return dict(item.partition("=")[::2] for item in tail.split())
+
+
+def _change(was: dict | None, now: dict | None) -> str:
+    """What ``now``'s settings change from ``was``'s: "with a=1 without b=2 c=3 (was 4)"; '' where
+    either is not an untuned row's or nothing differs."""
+    if was is None or now is None:
+        return ""
+    added = [f"{k}={v}" for k, v in sorted(now.items()) if k not in was]
+    changed = [f"{k}={v} (was {was[k]})" for k, v in sorted(now.items()) if k in was and was[k] != v]
+    dropped = [f"{k}={v}" for k, v in sorted(was.items()) if k not in now]
+    return " ".join([*(["with", *added, *changed] if added or changed else []), *(["without", *dropped] if dropped else [])])
 
 
 def variant_line(frame: pd.DataFrame, dataset: str) -> str:
     """Models trained at the preset's settings with changes (``variant_*`` rows, the changes read
     from their scorer against the same model's ``preset_settings`` rows): recall@100 against that
-    model at the preset's settings, paired over seeds; '' without such rows."""
+    model at the preset's settings, both means and their difference over the seeds both ran; ''
+    without such rows. Rows of one preset only (ValueError otherwise)."""
     if "experiment" not in frame:
         return ""
     rows = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")]
+    scorer = results.text(rows, "scorer")
     parts = []
     for (experiment, model), g in rows[rows["experiment"].astype(str).str.startswith("variant_")].groupby(
             ["experiment", "model"], sort=False):
@@ -480,11 +496,8 @@ def variant_line(frame: pd.DataFrame, dataset: str) -> str:
         p = quality.paired_experiments(frame, dataset, model, experiment, "preset_settings")
         if p["seeds"] < 2:
             continue
-        was, now = _settings(base["scorer"].iloc[0]), _settings(g["scorer"].iloc[0])
-        change = " ".join([*(["with", *sorted(now - was)] if now - was else []),
-                           *(["without", *sorted(was - now)] if was - now else [])]) or f"({experiment})"
-        parts.append(f"{model} {change}: {g['value'].astype(float).mean():.4f} against "
-                     f"{base['value'].astype(float).mean():.4f}, {100 * p['mean']:+.2f} pp "
+        change = _change(_settings(scorer[base.index[0]]), _settings(scorer[g.index[0]])) or f"({experiment})"
+        parts.append(f"{model} {change}: {p['a']:.4f} against {p['b']:.4f}, {100 * p['mean']:+.2f} pp "
                      f"(paired over {p['seeds']} seeds ±{100 * p['ci95']:.2f}"
                      + (", within noise)" if abs(p["mean"]) <= p["ci95"] else ")"))
     return (f"{dataset}, changes to the preset's settings (`variant_*` rows), recall@100 against the same "
@@ -493,19 +506,29 @@ def variant_line(frame: pd.DataFrame, dataset: str) -> str:
 
 def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
     """The true click model, the same model with each user's interests estimated from their
-    training clicks and the best project model against both; '' without the two generator rows."""
+    training clicks and the best project model against both; '' without the two generator rows.
+    Rows of one preset only (ValueError otherwise)."""
     rec = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")
                 & (frame.get("experiment", "expert_count") == "expert_count")]
+    quality.one_preset(rec)
     mean = rec.assign(value=rec["value"].astype(float)).groupby("model")["value"].mean()
     if not set(quality.GENERATOR_MODELS) <= set(mean.index):
         return ""
     true, est = mean["true_model"], mean["true_model_estimated"]
     line = (f"{dataset}: the true click model reaches recall@100 {true:.4f}; with each user's interests estimated "
-            f"from their training clicks (every other parameter of the world known) {est:.4f}, {est / true:.2f} of it")
-    ours = mean[[m for m in quality.MODEL_ORDER if m in mean.index and m not in quality.GENERATOR_MODELS]]
+            f"from their training clicks (every other parameter of the world known) {est:.4f}, {est / true:.3f} of it")
+    project = [m for m in quality.MODEL_ORDER if m not in quality.GENERATOR_MODELS]
+    ours = mean[[m for m in project if m in mean.index]]
     if len(ours):
-        line += (f". The best project model ({ours.idxmax()}, {ours.max():.4f}) reaches {ours.max() / est:.2f} of the "
-                 f"estimated and {ours.max() / true:.2f} of the true model")
+        line += (f". The best project model ({ours.idxmax()}, {ours.max():.4f}) reaches {ours.max() / est:.3f} of the "
+                 f"estimated and {ours.max() / true:.3f} of the true model")
+    kept = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")
+                 & (frame.get("experiment", "") == "preset_settings") & frame["model"].isin(project)]
+    quality.one_preset(pd.concat([rec, kept]))
+    preset = kept.assign(value=kept["value"].astype(float)).groupby("model")["value"].mean()
+    if len(preset):
+        line += (f"{'; at' if len(ours) else '. At'} the preset's settings ({preset.idxmax()}, {preset.max():.4f}) "
+                 f"{preset.max() / est:.3f} and {preset.max() / true:.3f}")
     return line + "."
 
 

@@ -55,7 +55,7 @@ from .quality_compute import SCORING, bytes_per_ad, gated_flops, kernel_throughp
 # the results file's rows, read and written (re-exported: the notebooks and reports use quality.*)
 from .quality_results import (  # noqa: F401
     BASELINE_ORDER, COLUMNS, GENERATOR_MODELS, KEY, MODEL_ORDER, RESULTS, ci95, committed, devices, load_results,
-    paired_difference, paired_experiments, recall_table, summarize, targeting_of, trained_here_source, tuning_effect, write_rows)
+    one_preset, paired_difference, paired_experiments, recall_table, summarize, targeting_of, trained_here_source, tuning_effect, write_rows)
 
 DATASETS = ("multi_interest", "ml-100k")
 #: the datasets whose training data carry sessions (``InteractionData.seq_start``): the session split's

@@ -164,17 +164,32 @@ def paired_difference(frame: pd.DataFrame, dataset: str, a: str, b: str, metric:
 def paired_experiments(frame: pd.DataFrame, dataset: str, model: str, a: str, b: str,
                        metric: str = "recall@100") -> dict:
     """``model``'s rows of experiment ``a`` minus its rows of experiment ``b`` (e.g. a changed
-    setting against ``preset_settings``) on the seeds both ran: as :func:`paired_difference`."""
-    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & (frame["model"] == model)]
-    return _paired(df[df["experiment"] == a].groupby("seed")["value"].mean(),
-                   df[df["experiment"] == b].groupby("seed")["value"].mean())
+    setting against ``preset_settings``) on the seeds both ran: as :func:`paired_difference`, with
+    ``a`` and ``b``, each side's mean over those seeds. Rows of one preset only (ValueError
+    otherwise: seeds of different worlds do not pair)."""
+    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & (frame["model"] == model)
+               & frame["experiment"].isin((a, b))]
+    one_preset(df)
+    value = pd.to_numeric(df["value"])
+    return _paired(value[df["experiment"] == a].groupby(df["seed"]).mean(),
+                   value[df["experiment"] == b].groupby(df["seed"]).mean())
+
+
+def one_preset(rows: pd.DataFrame) -> None:
+    """Raise ValueError where ``rows`` hold several presets' rows (different worlds and users)."""
+    if "preset" in rows and rows["preset"].nunique() > 1:
+        raise ValueError(f"rows of several presets ({sorted(rows['preset'].astype(str).unique())}): "
+                         "pass one preset's rows")
 
 
 def _paired(va: pd.Series, vb: pd.Series) -> dict:
-    """``va - vb`` (per-seed values) on the seeds both hold: ``mean``, ``ci95`` (:func:`ci95`), ``seeds``."""
+    """``va - vb`` (per-seed values) on the seeds both hold: ``mean``, ``ci95`` (:func:`ci95`), ``seeds``,
+    and ``a`` and ``b``, the means of ``va`` and ``vb`` over those seeds."""
     d = (va - vb).dropna()
     std = float(d.std()) if d.size > 1 else float("nan")
-    return {"mean": float(d.mean()) if d.size else float("nan"), "ci95": float(ci95(std, d.size)), "seeds": int(d.size)}
+    return {"mean": float(d.mean()) if d.size else float("nan"), "ci95": float(ci95(std, d.size)), "seeds": int(d.size),
+            "a": float(va[d.index].mean()) if d.size else float("nan"),
+            "b": float(vb[d.index].mean()) if d.size else float("nan")}
 
 
 def tuning_effect(frame: pd.DataFrame, dataset: str, metric: str = "recall@100") -> pd.DataFrame:
@@ -184,8 +199,7 @@ def tuning_effect(frame: pd.DataFrame, dataset: str, metric: str = "recall@100")
     ``seeds``. Empty where no model has both. Tuned rows are those whose ``scorer`` says so; rows of
     one preset only (ValueError otherwise: seeds of different worlds do not pair)."""
     df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric)]
-    if df["preset"].nunique() > 1:
-        raise ValueError(f"rows of several presets ({sorted(df['preset'].unique())}): pass one preset's rows")
+    one_preset(df)
     tuned_rows = (df["experiment"] == "expert_count") & df["scorer"].astype(str).str.startswith("tuned")
     out = {}
     for model in [m for m in MODEL_ORDER if m in set(df["model"])]:

@@ -39,6 +39,14 @@ def test_expert_count_rows(data, tmp_path):
     want = quality.recalls(data, rows, quality.true_model_top(data, rows, 500, estimated=True), (50, 100, 500))
     assert truth.to_dict() == want and truth.index.tolist() == ["recall@50", "recall@100", "recall@500"]
     assert want != quality.recalls(data, rows, quality.true_model_top(data, rows, 500), (50, 100, 500))
+    w = data.world  # its top lists: the world's formula at the interests its training clicks show
+    top = quality.true_model_top(data, rows[:5], 20, estimated=True)
+    for r, got in zip(rows[:5], top):
+        u = int(data.user_ids[r])
+        s = w.true_scores(u, w.estimated_interests(u, min_clicks=2))
+        mask = data.eligible(np.array([r]))[0]
+        order = [a for a in np.lexsort((np.arange(s.size), -s)) if mask[a]][:20]
+        assert got.tolist() == order
     untargeted = rec[rec["metric"].str.endswith("_untargeted")]
     assert set(untargeted["model"]) == {"single_tower", "mixture_k2", "ranking"}  # the ground truth: targeted only
     ov = frame[frame["metric"] == "overlap@100_ranking"]

@@ -45,6 +45,15 @@ def test_expert_count_tables_metrics_and_verdict():
     assert "mixture_k2: recall@50 +18.2 % against the single tower, recall@100 +2.00 pp" in text
     assert "the anchor is stronger" in text and "ml-100k: no results" in text
     assert "20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu; fp16 tables in fp32 math, the newest run of each)" in text
+    # the generator fed estimated interests is neither a retrieval model nor tuned: the verdict and
+    # the tuning line read as before, the table names what it is
+    est = pd.concat([frame, pd.DataFrame(_rows("multi_interest", "true_model_estimated", "recall@100", [0.9],
+                                               scorer="ground_truth with interests estimated from training clicks"))])
+    est_text = EC.findings(est, EC.recall_tables(est, ["multi_interest"]), ["multi_interest"])
+    assert "against the best retrieval model (mixture_k2)" in est_text and "true_model_estimated" not in est_text
+    assert EC.tuning_line(est) == EC.tuning_line(frame)
+    shown_est = EC.recall_display(EC.recall_tables(est, ["multi_interest"])["multi_interest"])
+    assert shown_est.loc["true_model_estimated", "trained"] == "generator, interests from clicks"
     # a ranking model kept only at the preset's settings is not the anchor: the finding says so
     no_anchor = frame[frame["model"] != "ranking"]
     kept = frame[frame["model"] == "ranking"].assign(experiment="preset_settings")
@@ -54,33 +63,49 @@ def test_expert_count_tables_metrics_and_verdict():
 
 
 def test_variant_line_pairs_each_change_with_its_model_at_the_preset_settings():
-    """variant_* rows: the change read from the scorers (added and dropped settings), the paired
-    difference against the same model's preset_settings rows on the seeds both ran, 'within noise'
-    only inside the interval; a variant without preset rows of its model or with one seed is left out."""
+    """variant_* rows: the change read from the scorers (added, changed and dropped settings), both
+    means and the paired difference over the seeds both ran against the same model's
+    preset_settings rows, 'within noise' only inside the interval; a variant without preset rows of
+    its model or with one seed is left out, another dataset's rows are not mixed in."""
     preset = "untuned: preset settings with ad_features=1 weight_decay=1e-4"
-    rows = (_rows("multi_interest", "mixture_k2", "recall@100", [0.20, 0.21, 0.22], experiment="preset_settings",
+    rows = (_rows("multi_interest", "mixture_k2", "recall@100", [0.20, 0.21, 0.22, 0.5], experiment="preset_settings",
                   scorer=preset)
             + _rows("multi_interest", "ranking", "recall@100", [0.30, 0.31, 0.32], experiment="preset_settings",
                     scorer=preset)
-            # 3 seeds, each 1.0 / 1.1 / 1.2 pp below: -1.10 pp, t(2) 4.303 x 0.1 / sqrt(3) = 0.25 pp
+            # seeds 0-2, each 1.0 / 1.1 / 1.2 pp below: -1.10 pp, t(2) 4.303 x 0.1 / sqrt(3) = 0.25 pp; the
+            # preset's seed 3 has no partner and stays out of its mean
             + _rows("multi_interest", "mixture_k2", "recall@100", [0.19, 0.199, 0.208], experiment="variant_shared",
                     scorer=preset + " shared_inputs=1")
-            # the seeds' differences +1, -1, +0.6 pp: +0.20 pp, inside its interval
-            + _rows("multi_interest", "ranking", "recall@100", [0.31, 0.30, 0.326], experiment="variant_plain",
-                    scorer="untuned: preset settings with weight_decay=1e-4")
+            # +1.0, +0.2, +0.6 pp: +0.60 pp, t(2) 4.303 x 0.4 / sqrt(3) = 0.99 pp: within noise
+            + _rows("multi_interest", "ranking", "recall@100", [0.31, 0.312, 0.326], experiment="variant_plain",
+                    scorer="untuned: preset settings with weight_decay=1e-3")
             + _rows("multi_interest", "single_tower", "recall@100", [0.1, 0.1], experiment="variant_orphan",
                     scorer=preset + " hidden=256")
             + _rows("multi_interest", "mixture_k2", "recall@100", [0.3], experiment="variant_one_seed",
-                    scorer=preset + " route_coef=1"))
+                    scorer=preset + " route_coef=1")
+            + _rows("multi_interest", "mixture_k2", "recall@100", [0.21, 0.22], experiment="variant_tuned",
+                    scorer="tuned on the validation split: lr x3")
+            # another dataset's rows of the same names
+            + _rows("ml-100k", "mixture_k2", "recall@100", [0.9, 0.9, 0.9], experiment="preset_settings", scorer=preset)
+            + _rows("ml-100k", "mixture_k2", "recall@100", [0.1, 0.1, 0.1], experiment="variant_shared",
+                    scorer=preset + " shared_inputs=1"))
     frame = pd.DataFrame(rows)
     text = EC.variant_line(frame, "multi_interest")
     assert ("mixture_k2 with shared_inputs=1: 0.1990 against 0.2100, -1.10 pp (paired over 3 seeds ±0.25)"
             in text), text
-    assert "ranking without ad_features=1: 0.3120 against 0.3100, +0.20 pp (paired over 3 seeds ±" in text
-    assert text.count("within noise") == 1 and "+0.20 pp (paired over 3 seeds ±2." in text
-    assert "single_tower" not in text and "route_coef" not in text
-    assert EC.variant_line(frame, "ml-100k") == "" and EC.variant_line(frame.drop(columns="experiment"), "x") == ""
+    assert ("ranking with weight_decay=1e-3 (was 1e-4) without ad_features=1: 0.3160 against 0.3100, +0.60 pp "
+            "(paired over 3 seeds ±0.99, within noise)") in text, text
+    assert "mixture_k2 (variant_tuned): 0.2150 against 0.2050, +1.00 pp" in text
+    assert text.count("within noise") == 1 and "single_tower" not in text and "route_coef" not in text
+    # values as read from a CSV (strings), no scorer column: the same pairs, the experiment named
+    plain = EC.variant_line(frame.astype({"value": str}).drop(columns="scorer"), "multi_interest")
+    assert "mixture_k2 (variant_shared): 0.1990 against 0.2100, -1.10 pp" in plain
+    ml = EC.variant_line(frame, "ml-100k")
+    assert "0.1000 against 0.9000, -80.00 pp (paired over 3 seeds ±0.00)" in ml and "ranking" not in ml
+    assert EC.variant_line(frame.drop(columns="experiment"), "x") == ""
     assert "(`variant_*` rows)" in EC.findings(frame, {}, ["multi_interest"])
+    with pytest.raises(ValueError, match="several presets"):
+        EC.variant_line(pd.concat([frame, frame.assign(preset="demo", value=0.5)]), "multi_interest")
 
 
 def test_routing_table():
@@ -325,11 +350,19 @@ def test_ceiling_line_places_the_best_model_between_the_generator_rows():
                          + _rows("multi_interest", "true_model_estimated", "recall@100", [0.24])
                          + _rows("multi_interest", "ranking", "recall@100", [0.20, 0.22])
                          + _rows("multi_interest", "single_tower", "recall@100", [0.19, 0.19])
-                         + _rows("multi_interest", "baseline_als", "recall@100", [0.5], experiment="baselines"))
+                         + _rows("multi_interest", "single_tower", "recall@100", [0.23, 0.23], experiment="preset_settings")
+                         + _rows("multi_interest", "mixture_k2", "recall@100", [0.29], experiment="precision")
+                         + _rows("multi_interest", "baseline_als", "recall@100", [0.5], experiment="baselines")
+                         + _rows("multi_interest", "baseline_ease", "recall@100", [0.5], experiment="expert_count")
+                         + _rows("ml-100k", "mixture_k2", "recall@100", [0.9, 0.9])
+                         + _rows("ml-100k", "true_model_estimated", "recall@100", [0.1]))
     text = EC.ceiling_line(frame, "multi_interest")
     assert text.startswith("multi_interest: the true click model reaches recall@100 0.3000; with each user's "
-                           "interests estimated from their training clicks") and "0.2400, 0.80 of it" in text
-    assert text.endswith("The best project model (ranking, 0.2100) reaches 0.88 of the estimated and 0.70 of the "
-                         "true model."), text
+                           "interests estimated from their training clicks") and "0.2400, 0.800 of it" in text
+    assert text.endswith("The best project model (ranking, 0.2100) reaches 0.875 of the estimated and 0.700 of the "
+                         "true model; at the preset's settings (single_tower, 0.2300) 0.958 and 0.767."), text
     assert EC.ceiling_line(frame[frame["model"] != "true_model_estimated"], "multi_interest") == ""
-    assert "0.80 of it" in EC.findings(frame, {}, ["multi_interest"])
+    assert EC.ceiling_line(frame, "ml-100k") == ""  # no true_model row there
+    assert "0.800 of it" in EC.findings(frame, {}, ["multi_interest"])
+    with pytest.raises(ValueError, match="several presets"):
+        EC.ceiling_line(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")

@@ -113,3 +113,49 @@ def test_estimated_interests_need_training_clicks(world):
             world.estimated_interests(u)
     finally:
         world._train_slots[u] = saved
+
+
+def test_true_scores_read_only_the_interests_given(world):
+    """One interest given (a topic the user may not hold): its ads take the non-exploring share
+    (0.9), spread by the given taste; exploration takes the rest over every other topic in
+    proportion to its popularity, whatever the user's own interests are."""
+    d = world.design
+    pop = mi._topic_pop(d)
+    rng = np.random.default_rng(0)
+    for u in world.users[:10]:
+        elig = world.eligible(u)
+        t = int(rng.choice(np.unique(world.ad_topic[elig])))
+        taste = np.zeros((4, d.latent_dim))
+        taste[0] = mi._unit(rng.standard_normal(d.latent_dim))
+        p = world.true_scores(u, (np.array([t, -1, -1, -1]), np.array([1.0, 0, 0, 0]), taste))
+        ads = np.flatnonzero((world.ad_topic == t) & elig)
+        logit = world.ad_latent[ads] @ taste[0] / d.tau + world.ad_quality[ads]
+        want = np.exp(logit - logit.max())
+        np.testing.assert_allclose(p[ads], (1 - d.explore_prob) * want / want.sum(), rtol=1e-12)
+        others = np.array([o for o in range(d.topics) if o != t and (elig & (world.ad_topic == o)).any()])
+        share = np.array([p[elig & (world.ad_topic == o)].sum() for o in others])
+        all_others = np.array([o for o in range(d.topics) if o != t])
+        np.testing.assert_allclose(share, d.explore_prob * pop[others] / pop[all_others].sum(), rtol=1e-9)
+        # two interests given: the session's share follows their affinity to the request's context
+        t2 = int(rng.choice([o for o in others if o != t]))
+        p = world.true_scores(u, (np.array([t, t2, -1, -1]), np.array([0.5, 0.5, 0, 0]), np.stack([taste[0]] * 4)))
+        dev, part = world.request_context[u]
+        aff = np.exp(world.topic_affinity[[t, t2], dev, part])
+        session = aff[0] / aff.sum()
+        want = (1 - d.explore_prob) * (d.session_interest_prob * session + (1 - d.session_interest_prob) * 0.5)
+        assert p[ads].sum() == pytest.approx(want, rel=1e-12)
+
+
+def test_estimated_interests_fall_back_to_the_most_clicked_topic(world):
+    """A user whose topics were each clicked once: the lowest of them alone (every count ties)."""
+    u = int(world.users[0])
+    saved = world._train_slots[u]
+    firsts = np.array(sorted(int(np.flatnonzero(world.ad_topic == t)[0]) for t in (7, 2, 5)))
+    world._train_slots[u] = firsts
+    try:
+        topics, weights, taste = world.estimated_interests(u)
+        assert topics.tolist() == [2, -1, -1, -1] and weights.tolist() == [1, 0, 0, 0]
+        np.testing.assert_allclose(taste[0], world.ad_latent[firsts[world.ad_topic[firsts] == 2][0]])
+        assert world.estimated_interests(u, min_clicks=1)[0].tolist() == [2, 5, 7, -1]
+    finally:
+        world._train_slots[u] = saved
