@@ -48,9 +48,12 @@ def test_expert_count_tables_metrics_and_verdict():
     # the generator fed estimated interests is neither a retrieval model nor tuned: the verdict and
     # the tuning line read as before, the table names what it is
     est = pd.concat([frame, pd.DataFrame(_rows("multi_interest", "true_model_estimated", "recall@100", [0.9],
-                                               scorer="ground_truth with interests estimated from training clicks"))])
+                                               scorer="ground_truth with interests estimated from training clicks")
+                                         + _rows("multi_interest", "baseline_als", "recall@100", [0.1, 0.1],
+                                                 experiment="baselines"))])
     est_text = EC.findings(est, EC.recall_tables(est, ["multi_interest"]), ["multi_interest"])
     assert "against the best retrieval model (mixture_k2)" in est_text and "true_model_estimated" not in est_text
+    assert "against the best project retrieval model (mixture_k2)" in est_text
     assert EC.tuning_line(est) == EC.tuning_line(frame)
     shown_est = EC.recall_display(EC.recall_tables(est, ["multi_interest"])["multi_interest"])
     assert shown_est.loc["true_model_estimated", "trained"] == "generator, interests from clicks"
