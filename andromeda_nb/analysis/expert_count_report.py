@@ -481,8 +481,9 @@ def _change(was: dict | None, now: dict | None) -> str:
 def variant_line(frame: pd.DataFrame, dataset: str) -> str:
     """Models trained at the preset's settings with changes (``variant_*`` rows, the changes read
     from their scorer against the same model's ``preset_settings`` rows): recall@100 against that
-    model at the preset's settings, both means and their difference over the seeds both ran; ''
-    without such rows. Rows of one preset only (ValueError otherwise)."""
+    model at the preset's settings, both means and their difference over the seeds both ran, and
+    the devices where they differ; '' without such rows. Rows of one preset only (ValueError
+    otherwise)."""
     if "experiment" not in frame:
         return ""
     rows = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")]
@@ -497,9 +498,11 @@ def variant_line(frame: pd.DataFrame, dataset: str) -> str:
         if p["seeds"] < 2:
             continue
         change = _change(_settings(scorer[base.index[0]]), _settings(scorer[g.index[0]])) or f"({experiment})"
+        on = [", ".join(sorted(set(results.text(r, "device")) - {""})) for r in (g, base)]
         parts.append(f"{model} {change}: {p['a']:.4f} against {p['b']:.4f}, {100 * p['mean']:+.2f} pp "
                      f"(paired over {p['seeds']} seeds ±{100 * p['ci95']:.2f}"
-                     + (", within noise)" if abs(p["mean"]) <= p["ci95"] else ")"))
+                     + (", within noise" if abs(p["mean"]) <= p["ci95"] else "")
+                     + (f"; trained on {on[0]} against {on[1]})" if on[0] != on[1] else ")"))
     return (f"{dataset}, changes to the preset's settings (`variant_*` rows), recall@100 against the same "
             "model at the preset's settings: " + "; ".join(parts) + ".") if parts else ""
 

@@ -98,7 +98,9 @@ def test_variant_line_pairs_each_change_with_its_model_at_the_preset_settings():
             in text), text
     assert ("ranking with weight_decay=1e-3 (was 1e-4) without ad_features=1: 0.3160 against 0.3100, +0.60 pp "
             "(paired over 3 seeds ±0.99, within noise)") in text, text
-    assert "mixture_k2 (variant_tuned): 0.2150 against 0.2050, +1.00 pp" in text
+    assert "mixture_k2 (variant_tuned): 0.2150 against 0.2050, +1.00 pp" in text and "trained on" not in text
+    moved = frame.assign(device=np.where(frame["experiment"] == "variant_shared", "gpu-b", "cpu"))
+    assert "-1.10 pp (paired over 3 seeds ±0.25; trained on gpu-b against cpu)" in EC.variant_line(moved, "multi_interest")
     assert text.count("within noise") == 1 and "single_tower" not in text and "route_coef" not in text
     # values as read from a CSV (strings), no scorer column: the same pairs, the experiment named
     plain = EC.variant_line(frame.astype({"value": str}).drop(columns="scorer"), "multi_interest")
