@@ -356,8 +356,9 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
                              + _paired(frame, dataset, m, "single_tower"))
     ours = r100[~r100.index.isin(quality.BASELINE_ORDER)]
     base = r100[r100.index.isin(quality.BASELINE_ORDER)]
-    if len(base) and len(ours.drop([m for m in ("ranking", *quality.GENERATOR_MODELS) if m in ours.index])):
-        mine = ours.drop([m for m in ("ranking", *quality.GENERATOR_MODELS) if m in ours.index])["mean"]
+    retrieval = ours.drop([m for m in ("ranking", *quality.GENERATOR_MODELS) if m in ours.index])
+    if len(base) and len(retrieval):
+        mine = retrieval["mean"]
         top = base["mean"].idxmax()
         lines.append(f"  * best tuned baseline {top.removeprefix('baseline_')} recall@100 {base.loc[top, 'mean']:.4f} "
                      f"(tuned on the training part's validation split) against the best project retrieval model "
@@ -367,7 +368,6 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
                         f"the baseline leads by {100 * (base.loc[top, 'mean'] - mine.max()):.2f} pp")
                      + _paired(frame, dataset, mine.idxmax(), top))
     if "ranking" in ours.index:
-        retrieval = ours.drop([m for m in ("ranking", *quality.GENERATOR_MODELS) if m in ours.index])
         best = retrieval["mean"].idxmax()
         stronger = r100.loc["ranking", "mean"] > retrieval["mean"].max()
         lines.append(f"  * ranking model recall@100 {r100.loc['ranking', 'mean']:.4f} against the best retrieval model "
@@ -400,8 +400,7 @@ def kernel_cost_line(frame: pd.DataFrame) -> str:
 def tuning_line(frame: pd.DataFrame) -> str:
     """Whether the project's models in these rows were tuned (their ``scorer`` column says so:
     :mod:`~andromeda_nb.training.tuning`) or trained at the preset's settings."""
-    rec = frame[(frame["metric"] == "recall@100") & frame["model"].isin(quality.MODEL_ORDER)
-                & ~frame["model"].isin(quality.GENERATOR_MODELS)
+    rec = frame[(frame["metric"] == "recall@100") & frame["model"].isin(quality.PROJECT_MODELS)
                 & (frame.get("experiment", "expert_count") == "expert_count")]
     if rec.empty:
         return ""
@@ -458,24 +457,16 @@ def preset_settings_line(frame: pd.DataFrame, dataset: str) -> str:
             "against the single tower: " + "; ".join(parts) + ".") if parts else ""
 
 
-def _settings(scorer) -> dict | None:
-    """The ``key=value`` settings an untuned row's scorer names ("untuned: preset settings with a=1
-    b=2"), as a dict; None for any other scorer (a tuned row's names scales, not settings)."""
-    head, _, tail = str(scorer).partition(" with ")
-    if head != "untuned: preset settings":
-        return {} if str(scorer) == "untuned: preset settings" else None
-    return dict(item.partition("=")[::2] for item in tail.split())
-
-
 def _change(was: dict | None, now: dict | None) -> str:
-    """What ``now``'s settings change from ``was``'s: "with a=1 without b=2 c=3 (was 4)"; '' where
-    either is not an untuned row's or nothing differs."""
+    """What ``now``'s settings change from ``was``'s (:func:`.quality.scorer_settings`): "with a=1
+    c=3 (was 4) without b=2"; '' where either is not an untuned row's or nothing differs."""
     if was is None or now is None:
         return ""
     added = [f"{k}={v}" for k, v in sorted(now.items()) if k not in was]
     changed = [f"{k}={v} (was {was[k]})" for k, v in sorted(now.items()) if k in was and was[k] != v]
     dropped = [f"{k}={v}" for k, v in sorted(was.items()) if k not in now]
-    return " ".join([*(["with", *added, *changed] if added or changed else []), *(["without", *dropped] if dropped else [])])
+    return " ".join([*(["with", *added, *changed] if added or changed else []),
+                     *(["without", *dropped] if dropped else [])])
 
 
 def variant_line(frame: pd.DataFrame, dataset: str) -> str:
@@ -491,13 +482,12 @@ def variant_line(frame: pd.DataFrame, dataset: str) -> str:
     parts = []
     for (experiment, model), g in rows[rows["experiment"].astype(str).str.startswith("variant_")].groupby(
             ["experiment", "model"], sort=False):
-        base = rows[(rows["model"] == model) & (rows["experiment"] == "preset_settings")]
-        if base.empty:
-            continue
         p = quality.paired_experiments(frame, dataset, model, experiment, "preset_settings")
-        if p["seeds"] < 2:
+        if p["seeds"] < 2:  # also where the model has no preset_settings rows
             continue
-        change = _change(_settings(scorer[base.index[0]]), _settings(scorer[g.index[0]])) or f"({experiment})"
+        base = rows[(rows["model"] == model) & (rows["experiment"] == "preset_settings")]
+        change = (_change(quality.scorer_settings(scorer[base.index[0]]), quality.scorer_settings(scorer[g.index[0]]))
+                  or f"({experiment})")
         on = [", ".join(sorted(set(results.text(r, "device")) - {""})) for r in (g, base)]
         parts.append(f"{model} {change}: {p['a']:.4f} against {p['b']:.4f}, {100 * p['mean']:+.2f} pp "
                      f"(paired over {p['seeds']} seeds ±{100 * p['ci95']:.2f}"
@@ -511,23 +501,21 @@ def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
     """The true click model, the same model with each user's interests estimated from their
     training clicks and the best project model against both; '' without the two generator rows.
     Rows of one preset only (ValueError otherwise)."""
-    rec = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")
-                & (frame.get("experiment", "expert_count") == "expert_count")]
-    quality.one_preset(rec)
+    recall = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")]
+    experiment = recall.get("experiment", "expert_count")
+    rec, kept = recall[experiment == "expert_count"], recall[(experiment == "preset_settings")
+                                                            & recall["model"].isin(quality.PROJECT_MODELS)]
+    quality.one_preset(pd.concat([rec, kept]))
     mean = rec.assign(value=rec["value"].astype(float)).groupby("model")["value"].mean()
     if not set(quality.GENERATOR_MODELS) <= set(mean.index):
         return ""
     true, est = mean["true_model"], mean["true_model_estimated"]
     line = (f"{dataset}: the true click model reaches recall@100 {true:.4f}; with each user's interests estimated "
             f"from their training clicks (every other parameter of the world known) {est:.4f}, {est / true:.3f} of it")
-    project = [m for m in quality.MODEL_ORDER if m not in quality.GENERATOR_MODELS]
-    ours = mean[[m for m in project if m in mean.index]]
+    ours = mean[[m for m in quality.PROJECT_MODELS if m in mean.index]]
     if len(ours):
         line += (f". The best project model ({ours.idxmax()}, {ours.max():.4f}) reaches {ours.max() / est:.3f} of the "
                  f"estimated and {ours.max() / true:.3f} of the true model")
-    kept = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")
-                 & (frame.get("experiment", "") == "preset_settings") & frame["model"].isin(project)]
-    quality.one_preset(pd.concat([rec, kept]))
     preset = kept.assign(value=kept["value"].astype(float)).groupby("model")["value"].mean()
     if len(preset):
         line += (f"{'; at' if len(ours) else '. At'} the preset's settings ({preset.idxmax()}, {preset.max():.4f}) "

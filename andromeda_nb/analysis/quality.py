@@ -54,8 +54,9 @@ from .metrics import recall_at_k, topk_overlap
 from .quality_compute import SCORING, bytes_per_ad, gated_flops, kernel_throughput  # noqa: F401
 # the results file's rows, read and written (re-exported: the notebooks and reports use quality.*)
 from .quality_results import (  # noqa: F401
-    BASELINE_ORDER, COLUMNS, GENERATOR_MODELS, KEY, MODEL_ORDER, RESULTS, ci95, committed, devices, load_results,
-    one_preset, paired_difference, paired_experiments, recall_table, summarize, targeting_of, trained_here_source, tuning_effect, write_rows)
+    BASELINE_ORDER, COLUMNS, GENERATOR_MODELS, KEY, MODEL_ORDER, PROJECT_MODELS, RESULTS, ci95, committed, devices,
+    load_results, one_preset, paired_difference, paired_experiments, recall_table, summarize, targeting_of,
+    trained_here_source, tuning_effect, write_rows)
 
 DATASETS = ("multi_interest", "ml-100k")
 #: the datasets whose training data carry sessions (``InteractionData.seq_start``): the session split's
@@ -280,6 +281,19 @@ def device_name(device) -> str:
     return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
 
 
+#: the scorer of rows trained untuned at changed settings: this, then the settings ("a=1 b=2")
+UNTUNED_WITH = "untuned: preset settings with "
+
+
+def scorer_settings(scorer) -> dict | None:
+    """The settings (``{"a": "1"}``) an untuned row's scorer names (:data:`UNTUNED_WITH`); None for
+    any other scorer (a tuned row's names scales, not settings)."""
+    scorer = str(scorer)
+    if not scorer.startswith(UNTUNED_WITH):
+        return None
+    return dict(item.partition("=")[::2] for item in scorer[len(UNTUNED_WITH):].split())
+
+
 def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **extra) -> dict:
     r = dict(dataset=dataset, model=model, experts=experts, k_experts=k_experts, dtype=dtype, d=d,
              seed=seed, metric=metric, value=float(value))
@@ -410,9 +424,10 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
                 rows_out.append(_row(data.name, name, E, K, "fp32", configs[name].d, seed, "overlap@100_ranking",
                                      ov, **{**meta, "scorer": scorers.get(name, "torch_fp32_formula")}))
         if data.name == "multi_interest" and seed == seeds[0]:
-            for name, scorer in (("true_model", "ground_truth"),
-                                 ("true_model_estimated", "ground_truth with interests estimated from training clicks")):
-                top = true_model_top(data, rows, kmax, estimated=name == "true_model_estimated")
+            for name, estimated, scorer in (
+                    ("true_model", False, "ground_truth"),
+                    ("true_model_estimated", True, "ground_truth with interests estimated from training clicks")):
+                top = true_model_top(data, rows, kmax, estimated=estimated)
                 for metric, v in recalls(data, rows, top, ks).items():
                     rows_out.append(_row(data.name, name, "", "", "", "", "", metric, v, **{**meta, "scorer": scorer}))
     return pd.DataFrame(rows_out, columns=COLUMNS), trained
@@ -745,7 +760,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         elif tuned_file is not None:
             tuned = tuning.load_tuned(tuned_file, ds, p.name, tuple(MODELS) if models is None else tuple(models))
         elif settings:  # untuned, at changed settings: the rows say which
-            tuned = {m: (p.cfg(ds, m), f"untuned: preset settings with {settings}")
+            tuned = {m: (p.cfg(ds, m), UNTUNED_WITH + settings)
                      for m in (tuple(MODELS) if models is None else tuple(models))}
         for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,

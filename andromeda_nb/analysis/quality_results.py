@@ -124,6 +124,8 @@ MODEL_ORDER = ("single_tower", "mixture_k1", "mixture_k2", "mixture_k4", "dense_
 #: the synthetic world's generator as a model: with each user's own interests, and with them
 #: estimated from the training clicks (no training, one row a metric, seed empty)
 GENERATOR_MODELS = ("true_model", "true_model_estimated")
+#: the project's trained models (MODEL_ORDER without the generator)
+PROJECT_MODELS = tuple(m for m in MODEL_ORDER if m not in GENERATOR_MODELS)
 #: the standard baselines' rows (:func:`.quality.run_baselines`), in the tables' order
 BASELINE_ORDER = ("baseline_most_popular", "baseline_itemknn_cosine", "baseline_itemknn_bm25", "baseline_als",
                   "baseline_bpr", "baseline_ease")
