@@ -44,6 +44,7 @@ for step in "$@"; do
       # QUALITY_TUNE=only tunes and trains no seed (QUALITY_TUNED keeps its choices)
       # QUALITY_TUNED=FILE keeps the tuned configurations there (with QUALITY_TUNE) or trains them (without);
       #   finished tuning runs go beside it (FILE.runs.json): a cut-off tuning run again with that file resumes
+      # QUALITY_TUNE_LRS="1/3 1 3", QUALITY_TUNE_STEPS="0.5 1 2": the first stage's scales (default the whole GRID)
       # QUALITY_NO_REFINE=1: the tuning's first stage only (learning rate x length), no second stage
       # QUALITY_TUNE_LENGTHS=checkpoints: lengths as checkpoints of one run a learning rate (default: own runs)
       # QUALITY_TUNE_SPLIT=session: the tuning validates on each user's last training session (default: last click)
@@ -60,6 +61,7 @@ for step in "$@"; do
         ${QUALITY_SEEDS:+--seeds $QUALITY_SEEDS} ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNE:+--tune$([ "$QUALITY_TUNE" = only ] && echo -only)} \
         ${QUALITY_TUNED:+--tuned $QUALITY_TUNED} ${QUALITY_SET:+--set $QUALITY_SET} ${QUALITY_WORKERS:+--workers $QUALITY_WORKERS} \
         ${QUALITY_TUNE_BUDGET:+--tune-budget $QUALITY_TUNE_BUDGET} ${QUALITY_NO_REFINE:+--no-refine} \
+        ${QUALITY_TUNE_LRS:+--tune-lrs $QUALITY_TUNE_LRS} ${QUALITY_TUNE_STEPS:+--tune-steps $QUALITY_TUNE_STEPS} \
         ${QUALITY_TUNE_LENGTHS:+--tune-lengths $QUALITY_TUNE_LENGTHS} ${QUALITY_TUNE_SPLIT:+--tune-split $QUALITY_TUNE_SPLIT} ${QUALITY_SAVE_TOPS:+--save-tops} ${QUALITY_PROFILE:+--profile-steps $QUALITY_PROFILE} \
         2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
     qseeds|qseeds:*)

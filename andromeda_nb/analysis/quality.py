@@ -307,9 +307,11 @@ def _row(dataset, model, experts, k_experts, dtype, d, seed, metric, value, **ex
 
 def tune_models(data, preset: Preset | str = "full", models=None, device="auto", progress: bool = True,
                 workers: int = 1, runs_file=None, lengths: str = "own", budget_s: float | None = None,
-                refine: bool = True, split: str = "click"):
+                refine: bool = True, split: str = "click", grid=None):
     """Each model's learning rate and length tuned on the validation split of the training part
-    (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0). Returns
+    (:mod:`~andromeda_nb.training.tuning`: the same grid for every model, seed 0; ``grid``: the first
+    stage's points, default :data:`~andromeda_nb.training.tuning.GRID`, or a sub-grid of learning
+    rates x lengths, :func:`~andromeda_nb.training.tuning.scale_grid`). Returns
     ``({model: (TrainConfig, scorer note)}, rows)``: the rows hold each model's
     ``validation_recall@100`` at its chosen point (seed 0: the tuning seed); pass the dict to
     :func:`run_expert_count`, whose rows then carry the tuned point in their ``scorer`` column (and
@@ -326,26 +328,27 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     from ..training.train import MODELS, pick_device
 
     preset = PRESETS[preset] if isinstance(preset, str) else preset
+    grid = tuning.GRID if grid is None else tuning.check_grid(grid)
     dev = pick_device(device)
     meta = dict(commit=git_commit(), device=device_name(dev), experiment="expert_count", preset=preset.name)
     tuned, rows = {}, []
     bases = {name: preset.cfg(data.name, name) for name in (tuple(MODELS) if models is None else tuple(models))}
     n_users, t0 = preset.tune_users.get(data.name), time.monotonic()
-    results = tuning.tune_many(bases, data, n_users, device=dev, progress=progress,
+    results = tuning.tune_many(bases, data, n_users, grid=grid, device=dev, progress=progress,
                                workers=workers, runs_file=runs_file, lengths=lengths, budget_s=budget_s,
                                split=split)
     second = {}
     if refine:  # one tune_many a refine grid (the sparse mixtures' has the load-balancing axis)
         groups = {}  # refine grid -> {model: its first-stage configuration}
         for name, base in bases.items():
-            grid = tuning.refine_grid(name)
-            groups.setdefault(repr(grid), (grid, {}))[1][name] = tuning.grid_config(base, results[name][0])
-        for grid, group in groups.values():
+            second_grid = tuning.refine_grid(name)
+            groups.setdefault(repr(second_grid), (second_grid, {}))[1][name] = tuning.grid_config(base, results[name][0])
+        for second_grid, group in groups.values():
             left = None if budget_s is None else budget_s - (time.monotonic() - t0)
             if left is not None and left <= 0:
                 raise tuning.TuningIncomplete(f"tuning stopped at its time budget ({budget_s:g} s) before its "
                                               "second stage: the same call again resumes there")
-            for name, (point, trials) in tuning.tune_many(group, data, n_users, grid=grid, device=dev,
+            for name, (point, trials) in tuning.tune_many(group, data, n_users, grid=second_grid, device=dev,
                                                           progress=progress, workers=workers, runs_file=runs_file,
                                                           budget_s=left, split=split).items():
                 second[name] = (point, trials, tuning.grid_config(group[name], point))
@@ -354,10 +357,10 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
         value = next(v for p, v in trials if p is best)
         if name in second:
             point, trials2, cfg = second[name]
-            tuned[name] = (cfg, tuning.describe(best, lengths=lengths, refined=point, split=split))
+            tuned[name] = (cfg, tuning.describe(best, grid, lengths=lengths, refined=point, split=split))
             value = next(v for p, v in trials2 if p is point)  # the chosen run's own, not a checkpoint's
         else:
-            tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, lengths=lengths, split=split))
+            tuned[name] = (tuning.grid_config(base, best), tuning.describe(best, grid, lengths=lengths, split=split))
         E, K = MODELS[name] if MODELS[name][0] is not None else ("", "")
         rows.append(_row(data.name, name, E, K, "fp32", base.d, 0, "validation_recall@100",
                          value, **{**meta, "scorer": tuned[name][1],
@@ -693,7 +696,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
             scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
             settings: str | None = None, tune_lengths: str = "own", save_tops: bool = False,
-            tune_budget_s: float | None = None, refine: bool = True, tune_split: str = "click") -> pd.DataFrame:
+            tune_budget_s: float | None = None, refine: bool = True, tune_split: str = "click",
+            tune_grid=None) -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
@@ -706,7 +710,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     named in every trained row's scorer column (untuned: ``"untuned: preset settings with ..."``; tuned:
     the tuned point's note ``"... at ..."``), so rows of changed settings never pass for the preset's;
     ``save_tops``: each model's top-100 a seed kept in ``<out>/tops``, :func:`save_top`; ``refine``: the
-    tuning's second stage, :func:`tune_models`).
+    tuning's second stage, ``tune_grid``: its first stage's points, :func:`tune_models`).
 
     This is what ``python -m andromeda_nb.training`` runs.
     """
@@ -723,6 +727,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     if tune and tune_split == "session" and without:
         raise ValueError(f"tune_split='session' needs sessions, which {', '.join(without)} does not have: tune it on "
                          "its own with the last-click split")
+    if tune_grid is not None:
+        tune_grid = tuning.check_grid(tune_grid)
     if tuned_file is not None:  # a file that cannot serve refused before anything trains
         tuning.check_tuned_use(tuned_file, datasets, p.name, models, tune)
     if tune_budget_s is not None:  # one budget for every dataset's tuning, from this call's start
@@ -749,7 +755,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
                 budget = 1e-9  # the first tuning's first runs start whatever is left: every call gets somewhere
             tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers,
                                      runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file),
-                                     lengths=tune_lengths, budget_s=budget, refine=refine, split=tune_split)
+                                     lengths=tune_lengths, budget_s=budget, refine=refine, split=tune_split,
+                                     grid=tune_grid)
             if settings:
                 tuned = {m: (cfg, f"{note} at {settings}") for m, (cfg, note) in tuned.items()}
                 val["scorer"] = val["scorer"] + f" at {settings}"

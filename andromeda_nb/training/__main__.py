@@ -43,6 +43,18 @@ def _parse_settings(ap, items) -> dict:
     return kv
 
 
+def _scale(text: str) -> float:
+    """A grid scale from the command line: a number or a fraction (``1/3``)."""
+    try:
+        num, _, den = text.partition("/")
+        value = float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"a scale is a number or a fraction like 1/3, got {text!r}") from None
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"a scale is finite and positive, got {text!r}")
+    return value
+
+
 def _given(ap, args, *flags) -> list[str]:
     """The ``flags`` the command line set to something other than their defaults."""
     def dest(flag):
@@ -127,6 +139,11 @@ def main(argv=None) -> int:
                          "runs start whatever it says: nothing is timed yet), so it stops between runs; "
                          f"with runs left it exits with status {EXIT_TUNING_LEFT} before any seed trains, and the same "
                          "command again resumes from FILE's runs")
+    ap.add_argument("--tune-lrs", nargs="+", type=_scale, default=None, metavar="SCALE",
+                    help="with --tune: the first stage's learning-rate scales, e.g. 1/3 1 3 (default 1/9 1/3 1 3 9)")
+    ap.add_argument("--tune-steps", nargs="+", type=_scale, default=None, metavar="SCALE",
+                    help="with --tune: the first stage's step scales, e.g. 0.5 1 2 (default 0.25 0.5 1 2 4; the "
+                         "longest bounds one run's time)")
     ap.add_argument("--no-refine", action="store_true",
                     help="with --tune: the first stage only (learning rate x length); by default a second stage "
                          "scales each model's negatives, temperature, width and (sparse mixtures) load-balancing "
@@ -162,6 +179,15 @@ def main(argv=None) -> int:
         ap.error("--tune-budget goes with --tune or --tune-only and --tuned FILE (where the runs it leaves resume)")
     if args.no_refine and not (args.tune or args.tune_only):
         ap.error("--no-refine says how --tune tunes: give it with --tune or --tune-only")
+    if (args.tune_lrs is not None or args.tune_steps is not None) and not (args.tune or args.tune_only):
+        ap.error("--tune-lrs and --tune-steps say what --tune tries: give them with --tune or --tune-only")
+    try:
+        from ..training.tuning import scale_grid
+
+        tune_grid = None if args.tune_lrs is None and args.tune_steps is None else scale_grid(args.tune_lrs,
+                                                                                             args.tune_steps)
+    except ValueError as e:
+        ap.error(str(e))
     if args.tune_lengths is not None and not (args.tune or args.tune_only):
         ap.error("--tune-lengths says how --tune trains a length: give it with --tune or --tune-only")
     if args.tune_split is not None and not (args.tune or args.tune_only):
@@ -248,7 +274,7 @@ def main(argv=None) -> int:
                 models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
                 tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops, tune_budget_s=args.tune_budget,
                 tune_split=args.tune_split or "click",
-                refine=not args.no_refine,
+                refine=not args.no_refine, tune_grid=tune_grid,
                 settings=" ".join(args.set) or None)
     except TuningIncomplete as e:  # the budget asked for it, and the runs are kept: run again
         print(f"{e} (after {time.perf_counter() - t0:.0f} s)")

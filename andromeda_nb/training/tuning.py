@@ -85,6 +85,18 @@ GRID = tuple({"lr_scale": lr, "steps_scale": st} for lr in (1 / 9, 1 / 3, 1.0, 3
              for st in (0.25, 0.5, 1, 2, 4))
 
 
+def scale_grid(lr_scales=None, steps_scales=None) -> tuple:
+    """The first stage's grid over these learning-rate and step scales (None: :data:`GRID`'s), every
+    pair once: a narrower grid for a tuning that must fit a time limit (the longest length bounds one
+    run's time). Raises ValueError on a scale that is not finite and positive, or one given twice."""
+    lrs = tuple(dict.fromkeys(p["lr_scale"] for p in GRID)) if lr_scales is None else tuple(lr_scales)
+    steps = tuple(dict.fromkeys(p["steps_scale"] for p in GRID)) if steps_scales is None else tuple(steps_scales)
+    for name, values in (("learning-rate", lrs), ("step", steps)):
+        if len(set(values)) != len(values):
+            raise ValueError(f"{name} scales given twice: {values}")
+    return check_grid({"lr_scale": lr, "steps_scale": st} for lr in lrs for st in steps)
+
+
 #: TrainConfig fields added after configurations were first kept, with the value that gives a
 #: configuration (or a run key) kept without them the model it was tuned as (``ad_features``: id
 #: embeddings alone; ``interest_experts``: experts reading signal groups)

@@ -383,10 +383,39 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
                  ["--tune-lengths", "checkpoints", "--seeds", "0"],  # how a tuning trains, without a tuning
                  ["--tune-split", "session", "--seeds", "0"], ["--tune", "--tune-split", "day"],
                  ["--tune-budget", "60", "--seeds", "0"], ["--tune-only", "--tuned", str(path), "--tune-budget", "0"],
-                 ["--no-refine", "--seeds", "0"]):  # a tuning's stage without a tuning
+                 ["--no-refine", "--seeds", "0"], ["--tune-lrs", "1", "--seeds", "0"],  # a tuning's stage without a tuning
+                 ["--tune", "--tune-steps", "0"], ["--tune", "--tune-lrs", "1/0"], ["--tune", "--tune-lrs", "1", "1.0"]):
         with pytest.raises(SystemExit):  # unknown models, a file lacking one: usage errors before any row
             main(["--preset", "smoke", "--datasets", "multi_interest", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
+
+
+def test_a_narrower_first_stage_trains_only_its_points(data, monkeypatch):
+    """tune_models(grid=scale_grid(...)) trains the first stage at exactly those learning rates x
+    lengths (the time limit of one call bounds the longest run) and names the grid's own edges."""
+    from andromeda_nb.training.__main__ import _scale
+
+    assert tuning.scale_grid() == tuning.GRID
+    assert tuning.scale_grid([1 / 3, 3], [2]) == ({"lr_scale": 1 / 3, "steps_scale": 2},
+                                                  {"lr_scale": 3, "steps_scale": 2})
+    assert _scale("1/3") == 1 / 3 and _scale("0.5") == 0.5
+    for lrs, steps in (([1, 1.0], None), (None, [0.5, 0.5]), ([0], None), (None, [float("inf")]), ([], None)):
+        with pytest.raises(ValueError):
+            tuning.scale_grid(lrs, steps)
+    real, trained = tuning._validated_run, []
+
+    def counted(*args):
+        trained.append((args[3].lr, args[3].steps))
+        return real(*args)
+
+    monkeypatch.setattr(tuning, "_validated_run", counted)
+    base = PRESET.cfg("multi_interest", "single_tower")
+    tuned, rows = quality.tune_models(data, PRESET, models=["single_tower"], device="cpu", progress=False,
+                                      refine=False, grid=tuning.scale_grid([1, 3, 9], [1]))
+    assert sorted(trained) == [(base.lr * s, base.steps) for s in (1, 3, 9)]
+    cfg, note = tuned["single_tower"]
+    assert cfg.steps == base.steps and "steps x1 " in note
+    assert ("grid edge: lr_scale" in note) == (cfg.lr != base.lr * 3)  # x1 and x9 are this grid's edges
 
 
 def test_ties_go_to_the_point_nearest_the_preset(data):
