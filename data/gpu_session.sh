@@ -47,7 +47,8 @@ for step in "$@"; do
       # QUALITY_TUNE_LRS="1/3 1 3", QUALITY_TUNE_STEPS="0.5 1 2": the first stage's scales (default the whole GRID)
       # QUALITY_NO_REFINE=1: the tuning's first stage only (learning rate x length), no second stage
       # QUALITY_TUNE_LENGTHS=checkpoints: lengths as checkpoints of one run a learning rate (default: own runs)
-      # QUALITY_TUNE_SPLIT=session: the tuning validates on each user's last training session (default: last click)
+      # QUALITY_TUNE_SPLIT=session|click: the tuning validates on each user's last training session or click
+      #   (default auto: the session where the data have them, the synthetic world)
       # QUALITY_TUNE_BUDGET=S starts tuning runs only while they can finish within S seconds (the first
       #   QUALITY_WORKERS start regardless), stopping between runs; run again to resume
       # QUALITY_WORKERS=N trains N tuning runs at once (one a model and grid point; 4 on one H200: ~103 steps/s in all)

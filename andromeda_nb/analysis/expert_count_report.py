@@ -6,6 +6,8 @@ the gate on one synthetic user.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -436,6 +438,41 @@ def tuning_effect_line(frame: pd.DataFrame, dataset: str) -> str:
                                         if worse else ""))
 
 
+def session_tuning_line(frame: pd.DataFrame, dataset: str) -> str:
+    """Models tuned on the validation split of each user's last training session (``tuned_session``
+    rows: :func:`~andromeda_nb.training.tuning.validation_view`) and trained at their points:
+    held-out recall@100 with its 95 % interval over seeds, paired against the same model at the
+    preset's settings and tuned on the last-click split; the models tuned there but not yet trained
+    at their points are named. '' without such rows; rows of one preset only (ValueError otherwise)."""
+    if "experiment" not in frame:
+        return ""
+    rows = frame[(frame["dataset"] == dataset) & (frame["experiment"] == "tuned_session")]
+    quality.one_preset(rows)
+    rec = rows[rows["metric"] == "recall@100"]
+    trained = [m for m in quality.PROJECT_MODELS if m in set(rec["model"])]
+    waiting = [m for m in quality.PROJECT_MODELS
+               if m in set(rows.loc[rows["metric"] == "validation_recall@100", "model"]) and m not in trained]
+    parts = []
+    for m in trained:
+        v = rec.loc[rec["model"] == m, "value"].astype(float)
+        point = re.search(r"lr x[^,]+, steps x\S+", results.text(rec[rec["model"] == m], "scorer").iloc[0])
+        part = (f"{m} {v.mean():.4f}" + (f" ±{float(quality.ci95(v.std(), len(v))):.4f}" if len(v) >= 2 else "")
+                + f" over {len(v)} seeds" + (f" ({point.group(0)})" if point else ""))
+        for other, name in (("preset_settings", "the preset's settings"), ("expert_count", "the last-click tuning")):
+            p = quality.paired_experiments(frame, dataset, m, "tuned_session", other)
+            if p["seeds"] >= 2:
+                part += (f"; against {name} {100 * p['mean']:+.2f} pp (paired over {p['seeds']} seeds "
+                         f"±{100 * p['ci95']:.2f}" + (", within noise)" if abs(p["mean"]) <= p["ci95"] else ")"))
+        parts.append(part)
+    if not parts and not waiting:
+        return ""
+    line = f"{dataset}, tuned on the validation split of each user's last training session (`tuned_session` rows)"
+    if not parts:
+        return f"{line}: {', '.join(waiting)}, not yet trained at their points."
+    return (f"{line}, held-out recall@100: {'; '.join(parts)}."
+            + (f" Tuned there, not yet trained at their points: {', '.join(waiting)}." if waiting else ""))
+
+
 def preset_settings_line(frame: pd.DataFrame, dataset: str) -> str:
     """The models at the preset's settings (``preset_settings`` rows) compared as the tuned ones are:
     each mixture and the ranking model against the single tower, paired over seeds; '' without
@@ -505,7 +542,8 @@ def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
     experiment = recall.get("experiment", "expert_count")
     rec, kept = recall[experiment == "expert_count"], recall[(experiment == "preset_settings")
                                                             & recall["model"].isin(quality.PROJECT_MODELS)]
-    quality.one_preset(pd.concat([rec, kept]))
+    session = recall[(experiment == "tuned_session") & recall["model"].isin(quality.PROJECT_MODELS)]
+    quality.one_preset(pd.concat([rec, kept, session]))
     mean = rec.assign(value=rec["value"].astype(float)).groupby("model")["value"].mean()
     if not set(quality.GENERATOR_MODELS) <= set(mean.index):
         return ""
@@ -516,10 +554,15 @@ def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
     if len(ours):
         line += (f". The best project model ({ours.idxmax()}, {ours.max():.4f}) reaches {ours.max() / est:.3f} of the "
                  f"estimated and {ours.max() / true:.3f} of the true model")
-    preset = kept.assign(value=kept["value"].astype(float)).groupby("model")["value"].mean()
-    if len(preset):
-        line += (f"{'; at' if len(ours) else '. At'} the preset's settings ({preset.idxmax()}, {preset.max():.4f}) "
-                 f"{preset.max() / est:.3f} and {preset.max() / true:.3f}")
+    clauses = []
+    for rows, said in ((kept, "at the preset's settings"), (session, "tuned on last sessions")):
+        best = rows.assign(value=rows["value"].astype(float)).groupby("model")["value"].mean()
+        if len(best):
+            clauses.append(f"{said} ({best.idxmax()}, {best.max():.4f}) {best.max() / est:.3f} and "
+                           f"{best.max() / true:.3f}")
+    if clauses:
+        more = "; ".join(clauses)
+        line += f"; {more}" if len(ours) else f". {more[0].upper()}{more[1:]}"
     return line + "."
 
 
@@ -531,6 +574,7 @@ def findings(frame: pd.DataFrame, tables, datasets) -> str:
     if tuned:
         lines.append(tuned)
     lines += [line for ds in datasets if (line := tuning_effect_line(frame, ds))]
+    lines += [line for ds in datasets if (line := session_tuning_line(frame, ds))]
     lines += [line for ds in datasets if (line := preset_settings_line(frame, ds))]
     lines += [line for ds in datasets if (line := variant_line(frame, ds))]
     cost = kernel_cost_line(frame)

@@ -121,9 +121,10 @@ def main(argv=None) -> int:
                          "(the same grid each: andromeda_nb.training.tuning)")
     ap.add_argument("--tune-only", action="store_true", help="--tune, then no seed trains (with --tuned FILE: "
                                                               "the seeds train from FILE in a later run)")
-    ap.add_argument("--tune-split", default=None, choices=["click", "session"],
-                    help="with --tune: the validation holds back each user's last training click (default) or "
-                         "last training session (data with sessions: the synthetic world)")
+    ap.add_argument("--tune-split", default=None, choices=["auto", "click", "session"],
+                    help="with --tune: the validation holds back each user's last training click or last training "
+                         "session (data with sessions: the synthetic world); auto (default): the session where the "
+                         "data have them, else the click (andromeda_nb.analysis.quality.split_of)")
     ap.add_argument("--tune-lengths", default=None, choices=["own", "checkpoints"],
                     help="with --tune: each grid point trained as its own run, the schedule its seeds train with "
                          "(default), or each length a checkpoint of one run a learning rate (about half the cost; "
@@ -273,7 +274,7 @@ def main(argv=None) -> int:
                 device=args.device, progress=not args.no_progress, data_dir=args.data_dir, scoring_csv=args.scoring_csv,
                 models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
                 tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops, tune_budget_s=args.tune_budget,
-                tune_split=args.tune_split or "click",
+                tune_split=args.tune_split or "auto",
                 refine=not args.no_refine, tune_grid=tune_grid,
                 settings=" ".join(args.set) or None)
     except TuningIncomplete as e:  # the budget asked for it, and the runs are kept: run again

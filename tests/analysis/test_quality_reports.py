@@ -113,6 +113,39 @@ def test_variant_line_pairs_each_change_with_its_model_at_the_preset_settings():
         EC.variant_line(pd.concat([frame, frame.assign(preset="demo", value=0.5)]), "multi_interest")
 
 
+def test_session_tuning_line_pairs_the_session_tuned_rows_with_the_other_trainings():
+    """tuned_session rows: held-out mean and 95 % interval over seeds, the tuned point, paired
+    differences against the same model at the preset's settings and tuned on the last-click split
+    (expert_count), 'within noise' only inside the interval; models tuned there with no trained
+    seed are named; another dataset's rows stay out."""
+    point = "tuned on the validation split of last sessions: lr x3, steps x2 (each length its own run) at x=1"
+    rows = (_rows("multi_interest", "ranking", "recall@100", [0.21, 0.212, 0.214], experiment="tuned_session",
+                  scorer=point)
+            + _rows("multi_interest", "ranking", "validation_recall@100", [0.3], experiment="tuned_session",
+                    scorer=point)
+            + _rows("multi_interest", "mixture_k2", "validation_recall@100", [0.3], experiment="tuned_session",
+                    scorer=point)
+            # the preset's settings 1 pp below on every seed: +1.00 pp ±0.00; the last-click tuning +0.6,
+            # +0.2, +1.0 pp: +0.60 pp, t(2) 4.303 x 0.4 / sqrt(3) = 0.99: within noise
+            + _rows("multi_interest", "ranking", "recall@100", [0.20, 0.202, 0.204], experiment="preset_settings")
+            + _rows("multi_interest", "ranking", "recall@100", [0.204, 0.21, 0.204])
+            + _rows("ml-100k", "single_tower", "recall@100", [0.5, 0.5], experiment="tuned_session"))
+    frame = pd.DataFrame(rows)
+    text = EC.session_tuning_line(frame, "multi_interest")
+    # mean 0.212, sd 0.002: t(2) 4.303 x 0.002 / sqrt(3) = 0.0050
+    assert ("held-out recall@100: ranking 0.2120 ±0.0050 over 3 seeds (lr x3, steps x2); against the preset's "
+            "settings +1.00 pp (paired over 3 seeds ±0.00); against the last-click tuning +0.60 pp (paired over 3 "
+            "seeds ±0.99, within noise). Tuned there, not yet trained at their points: mixture_k2.") in text, text
+    assert "single_tower" not in text and "0.5000" not in text
+    waiting = EC.session_tuning_line(frame[frame["metric"] != "recall@100"], "multi_interest")
+    assert waiting.endswith("(`tuned_session` rows): mixture_k2, ranking, not yet trained at their points."), waiting
+    assert EC.session_tuning_line(frame, "nowhere") == "" and EC.session_tuning_line(frame.drop(columns="experiment"),
+                                                                                     "multi_interest") == ""
+    assert "(`tuned_session` rows)" in EC.findings(frame, {}, ["multi_interest"])
+    with pytest.raises(ValueError, match="several presets"):
+        EC.session_tuning_line(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")
+
+
 def test_routing_table():
     frame = pd.DataFrame(_rows("multi_interest", "mixture_k2", "expert_share_max", [0.3, 0.5])
                          + _rows("multi_interest", "mixture_k2", "routing_entropy", [0.8, 0.6]))
@@ -366,6 +399,17 @@ def test_ceiling_line_places_the_best_model_between_the_generator_rows():
                            "interests estimated from their training clicks") and "0.2400, 0.800 of it" in text
     assert text.endswith("The best project model (ranking, 0.2100) reaches 0.875 of the estimated and 0.700 of the "
                          "true model; at the preset's settings (single_tower, 0.2300) 0.958 and 0.767."), text
+    session = pd.concat([frame, pd.DataFrame(
+        _rows("multi_interest", "ranking", "recall@100", [0.25, 0.27], experiment="tuned_session")
+        + _rows("multi_interest", "true_model", "recall@100", [0.9], experiment="tuned_session")  # not a project model
+        + _rows("ml-100k", "ranking", "recall@100", [0.9], experiment="tuned_session"))])
+    assert EC.ceiling_line(session, "multi_interest").endswith(
+        "at the preset's settings (single_tower, 0.2300) 0.958 and 0.767; tuned on last sessions (ranking, 0.2600) "
+        "1.083 and 0.867.")
+    alone = session[~((session["experiment"] == "expert_count") & (session["model"] == "ranking"))
+                    & (session["model"] != "single_tower")]
+    assert EC.ceiling_line(alone, "multi_interest").endswith(
+        "0.800 of it. Tuned on last sessions (ranking, 0.2600) 1.083 and 0.867.")
     assert EC.ceiling_line(frame[frame["model"] != "true_model_estimated"], "multi_interest") == ""
     assert EC.ceiling_line(frame, "ml-100k") == ""  # no true_model row there
     assert "0.800 of it" in EC.findings(frame, {}, ["multi_interest"])

@@ -395,6 +395,8 @@ def test_a_narrower_first_stage_trains_only_its_points(data, monkeypatch):
     lengths (the time limit of one call bounds the longest run) and names the grid's own edges."""
     from andromeda_nb.training.__main__ import _scale
 
+    assert [quality.split_of(ds) for ds in ("multi_interest", "ml-100k")] == ["session", "click"]  # the default
+    assert quality.split_of("multi_interest", "click") == "click" and quality.split_of("x", "session") == "session"
     assert tuning.scale_grid() == tuning.GRID
     assert tuning.scale_grid([1 / 3, 3], [2]) == ({"lr_scale": 1 / 3, "steps_scale": 2},
                                                   {"lr_scale": 3, "steps_scale": 2})
@@ -677,7 +679,7 @@ def test_rows_of_changed_settings_name_them(data, tmp_path, monkeypatch):
                           models=["single_tower"], tune=True, tuned_file=tmp_path / "t.json",
                           settings="weight_decay=0.0001")
     val = out[out["metric"] == "validation_recall@100"]
-    assert len(val) == 1 and val["scorer"].iloc[0].startswith("tuned on the validation split of last clicks: lr x")
+    assert len(val) == 1 and val["scorer"].iloc[0].startswith("tuned on the validation split of last sessions: lr x")  # the default there
     assert val["scorer"].iloc[0].endswith(" at weight_decay=0.0001")
     kept = tuning.load_tuned(tmp_path / "t.json", "multi_interest", "smoke", ["single_tower"])["single_tower"][1]
     assert kept == val["scorer"].iloc[0]
