@@ -458,7 +458,12 @@ def session_tuning_line(frame: pd.DataFrame, dataset: str) -> str:
         point = re.search(r"lr x[^,]+, steps x\S+", results.text(rec[rec["model"] == m], "scorer").iloc[0])
         part = (f"{m} {v.mean():.4f}" + (f" ±{float(quality.ci95(v.std(), len(v))):.4f}" if len(v) >= 2 else "")
                 + f" over {len(v)} seeds" + (f" ({point.group(0)})" if point else ""))
-        for other, name in (("preset_settings", "the preset's settings"), ("expert_count", "the last-click tuning")):
+        main = results.text(frame[(frame["dataset"] == dataset) & (frame["model"] == m) & (frame["metric"] == "recall@100")
+                                  & (frame["experiment"] == "expert_count")], "scorer")
+        main_said = ("the `expert_count` rows" if not len(main) or not main.iloc[0].startswith("tuned") else
+                     "the `expert_count` rows' session tuning" if "of last sessions" in main.iloc[0] else
+                     "the last-click tuning")
+        for other, name in (("preset_settings", "the preset's settings"), ("expert_count", main_said)):
             p = quality.paired_experiments(frame, dataset, m, "tuned_session", other)
             if p["seeds"] >= 2:
                 part += (f"; against {name} {100 * p['mean']:+.2f} pp (paired over {p['seeds']} seeds "

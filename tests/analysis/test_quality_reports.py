@@ -128,7 +128,8 @@ def test_session_tuning_line_pairs_the_session_tuned_rows_with_the_other_trainin
             # the preset's settings 1 pp below on every seed: +1.00 pp ±0.00; the last-click tuning +0.6,
             # +0.2, +1.0 pp: +0.60 pp, t(2) 4.303 x 0.4 / sqrt(3) = 0.99: within noise
             + _rows("multi_interest", "ranking", "recall@100", [0.20, 0.202, 0.204], experiment="preset_settings")
-            + _rows("multi_interest", "ranking", "recall@100", [0.204, 0.21, 0.204])
+            + _rows("multi_interest", "ranking", "recall@100", [0.204, 0.21, 0.204],
+                    scorer="tuned on the validation split: lr x0.111, steps x2 (each length its own run)")
             + _rows("ml-100k", "single_tower", "recall@100", [0.5, 0.5], experiment="tuned_session"))
     frame = pd.DataFrame(rows)
     text = EC.session_tuning_line(frame, "multi_interest")
@@ -137,6 +138,13 @@ def test_session_tuning_line_pairs_the_session_tuned_rows_with_the_other_trainin
             "settings +1.00 pp (paired over 3 seeds ±0.00); against the last-click tuning +0.60 pp (paired over 3 "
             "seeds ±0.99, within noise). Tuned there, not yet trained at their points: mixture_k2.") in text, text
     assert "single_tower" not in text and "0.5000" not in text
+    # what the expert_count rows are is read from their scorer: a session tuning, or untuned rows
+    main = (frame["experiment"] == "expert_count")
+    session_main = frame.assign(scorer=np.where(main, point, frame["scorer"]))
+    assert "against the `expert_count` rows' session tuning +0.60 pp" in EC.session_tuning_line(session_main,
+                                                                                                 "multi_interest")
+    untuned = frame.assign(scorer=np.where(main, "torch_fp32_formula", frame["scorer"]))
+    assert "against the `expert_count` rows +0.60 pp" in EC.session_tuning_line(untuned, "multi_interest")
     waiting = EC.session_tuning_line(frame[frame["metric"] != "recall@100"], "multi_interest")
     assert waiting.endswith("(`tuned_session` rows): mixture_k2, ranking, not yet trained at their points."), waiting
     assert EC.session_tuning_line(frame, "nowhere") == "" and EC.session_tuning_line(frame.drop(columns="experiment"),
