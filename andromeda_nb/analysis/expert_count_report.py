@@ -448,26 +448,30 @@ def session_tuning_line(frame: pd.DataFrame, dataset: str) -> str:
         return ""
     rows = frame[(frame["dataset"] == dataset) & (frame["experiment"] == "tuned_session")]
     quality.one_preset(rows)
-    rec = rows[rows["metric"] == "recall@100"]
+    rec = rows[(rows["metric"] == "recall@100") & pd.to_numeric(rows["value"], errors="coerce").notna()]
     trained = [m for m in quality.PROJECT_MODELS if m in set(rec["model"])]
     waiting = [m for m in quality.PROJECT_MODELS
                if m in set(rows.loc[rows["metric"] == "validation_recall@100", "model"]) and m not in trained]
+    recall = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")]
     parts = []
     for m in trained:
-        v = rec.loc[rec["model"] == m, "value"].astype(float)
-        point = re.search(r"lr x[^,]+, steps x\S+", results.text(rec[rec["model"] == m], "scorer").iloc[0])
+        mine = rec[rec["model"] == m]
+        v = pd.to_numeric(mine["value"]).groupby(mine["seed"]).mean()  # a seed once, however many rows
+        point = re.search(r"lr x[^,]+, steps x\S+", results.text(mine, "scorer").iloc[0])
         part = (f"{m} {v.mean():.4f}" + (f" ±{float(quality.ci95(v.std(), len(v))):.4f}" if len(v) >= 2 else "")
-                + f" over {len(v)} seeds" + (f" ({point.group(0)})" if point else ""))
-        main = results.text(frame[(frame["dataset"] == dataset) & (frame["model"] == m) & (frame["metric"] == "recall@100")
-                                  & (frame["experiment"] == "expert_count")], "scorer")
+                + f" over {len(v)} seed{'s' if len(v) > 1 else ''}" + (f" ({point.group(0)})" if point else ""))
+        main = results.text(recall[(recall["model"] == m) & (recall["experiment"] == "expert_count")], "scorer")
         main_said = ("the `expert_count` rows" if not len(main) or not main.iloc[0].startswith("tuned") else
                      "the `expert_count` rows' session tuning" if "of last sessions" in main.iloc[0] else
                      "the last-click tuning")
         for other, name in (("preset_settings", "the preset's settings"), ("expert_count", main_said)):
             p = quality.paired_experiments(frame, dataset, m, "tuned_session", other)
             if p["seeds"] >= 2:
+                on = [", ".join(sorted(set(results.text(r, "device")) - {""}))
+                      for r in (mine, recall[(recall["model"] == m) & (recall["experiment"] == other)])]
                 part += (f"; against {name} {100 * p['mean']:+.2f} pp (paired over {p['seeds']} seeds "
-                         f"±{100 * p['ci95']:.2f}" + (", within noise)" if abs(p["mean"]) <= p["ci95"] else ")"))
+                         f"±{100 * p['ci95']:.2f}" + (", within noise" if abs(p["mean"]) <= p["ci95"] else "")
+                         + (f"; trained on {on[0]} against {on[1]})" if on[0] != on[1] else ")"))
         parts.append(part)
     if not parts and not waiting:
         return ""
@@ -544,7 +548,7 @@ def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
     training clicks and the best project model against both; '' without the two generator rows.
     Rows of one preset only (ValueError otherwise)."""
     recall = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")]
-    experiment = recall.get("experiment", "expert_count")
+    experiment = recall["experiment"] if "experiment" in recall else pd.Series("expert_count", index=recall.index)
     rec, kept = recall[experiment == "expert_count"], recall[(experiment == "preset_settings")
                                                             & recall["model"].isin(quality.PROJECT_MODELS)]
     session = recall[(experiment == "tuned_session") & recall["model"].isin(quality.PROJECT_MODELS)]

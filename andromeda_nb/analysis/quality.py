@@ -10,7 +10,7 @@ their own, merged under this name; ``tuned_by_checkpoints``: models tuned with `
 checkpoints``, kept where own-length tuning replaced them; ``retuned_last_click``: a model at the
 point the 10,000-user retuning on the last-click split chose, trained beside the tuned rows it did not
 replace; ``tuned_session``: models tuned on the validation split of each user's last training session
-(:func:`split_of`) and trained at their points, beside the last-click split's; ``variant_<name>``: a
+(:meth:`~andromeda_nb.training.data.InteractionData.resolve_split`) and trained at their points, beside the last-click split's; ``variant_<name>``: a
 model at the preset's settings with settings changed, named in its scorer column, compared with its
 ``preset_settings`` rows), ``preset``
 (the size preset that produced them), ``scorer`` (how the scores were computed) and ``n_users``
@@ -325,13 +325,13 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
     (:func:`~andromeda_nb.training.tuning.refine_grid`: negatives, temperature, width, and the
     load-balancing weight of a sparse mixture), each point its own run at the first stage's length;
     ``split``: what the validation holds back (``"click"`` or ``"session"``:
-    :func:`~andromeda_nb.training.tuning.validation_view`; ``"auto"``: :func:`split_of` the data)."""
+    :func:`~andromeda_nb.training.tuning.validation_view`; ``"auto"``: the session where the data have them)."""
     from ..training import tuning
     from ..training.train import MODELS, pick_device
 
     preset = PRESETS[preset] if isinstance(preset, str) else preset
-    grid = tuning.GRID if grid is None else tuning.check_grid(grid)
-    split = split_of(data.name, split)
+    grid = tuning.GRID if grid is None else tuning.check_first_stage(grid)
+    split = data.resolve_split(split)
     dev = pick_device(device)
     meta = dict(commit=git_commit(), device=device_name(dev), experiment="expert_count", preset=preset.name)
     tuned, rows = {}, []
@@ -492,9 +492,12 @@ def overlap_rows_from_tops(tops_dirs, frame: pd.DataFrame) -> pd.DataFrame:
 # standard baselines
 
 
-def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, progress: bool = True) -> pd.DataFrame:
+def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, progress: bool = True,
+                  split: str = "auto") -> pd.DataFrame:
     """The standard baselines (:mod:`~andromeda_nb.training.baselines`) on ``data``: each tuned on
-    the validation split of the training part (the evaluated users' last training clicks), then
+    the validation split of the training part (the evaluated users' last training clicks, or their
+    last sessions: ``split``, by default the project's models' rule; the scorer names a session
+    split), then
     refit on every training click and scored on the held-out clicks of the same users as the
     project's models, with targeting (``recall@k``) and without (``recall@k_untargeted``). Seeded
     baselines (ALS, BPR) run once per seed, the others once (seed 0). Rows: ``experiment =
@@ -516,6 +519,7 @@ def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, p
     if asked and "ease" in names and data.n_ads > B.EASE_MAX_ITEMS:
         raise ValueError(f"ease does not apply to {data.name}: {data.n_ads:,} items > {B.EASE_MAX_ITEMS:,} "
                          "(a dense item x item inverse)")
+    split = data.resolve_split(split)
     rows = eval_rows(data, preset.eval_users.get(data.name), seed=0)
     ks = KS[data.name]
     meta = dict(commit=git_commit(), device=device_name("cpu"), experiment="baselines", preset=preset.name,
@@ -526,9 +530,10 @@ def run_baselines(data, preset: Preset | str = "full", seeds=None, names=None, p
             if progress:
                 print(f"{data.name}: ease skipped ({data.n_ads:,} items > {B.EASE_MAX_ITEMS:,})", flush=True)
             continue
-        best, trials = B.tune(name, data, rows, seed=0)
+        best, trials = B.tune(name, data, rows, seed=0, split=split)
         val = max(v for _, v in trials)
-        scorer = B.describe(name, best, [p for p, _ in trials])
+        scorer = B.describe(name, best, [p for p, _ in trials]) + ("; validated on last sessions" if split == "session"
+                                                                   else "")
         d = ""  # the tuned point (factors among it) is in the scorer column: a re-tune replaces these rows
         for seed in (seeds if name in B.SEEDED else (0,)):
             for metric, v in B.evaluate(name, best, data, rows, ks, seed=seed).items():
@@ -695,16 +700,6 @@ def refresh_compute(preset: str = "full", out: str | os.PathLike = "data/results
     return write_rows(pd.concat(frames, ignore_index=True), Path(out) / "quality.csv")
 
 
-def split_of(dataset: str, split: str = "auto") -> str:
-    """The tuning's validation split for ``dataset``: ``split`` itself, or for ``"auto"`` each user's
-    last training session where the data have sessions (:data:`SESSION_DATASETS`), else their last
-    training click. The session split is the default there because it asks what the held-out part
-    asks (a new session): on the synthetic world at preset full its ranking model's choice did 0.38
-    point better than the preset's settings held out, where the last click's two choices did 0.8
-    worse (docs/design.md)."""
-    return split if split != "auto" else ("session" if dataset in SESSION_DATASETS else "click")
-
-
 def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datasets=DATASETS, seeds=None,
             device: str = "auto", progress: bool = True, data_dir="data/ml-100k",
             scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
@@ -716,7 +711,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
     cut-off tuning resumes; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
     trained at once; ``tune_lengths``: how the tuning trains a length, ``tune_split``: what its validation
-    holds back (:func:`~andromeda_nb.training.tuning.validation_view`; ``"auto"``: :func:`split_of`), ``tune_budget_s``: the seconds the
+    holds back (:func:`~andromeda_nb.training.tuning.validation_view`; ``"auto"``: the session where the data have them), ``tune_budget_s``: the seconds the
     tunings of all datasets together may take, counted from this call's start (seeds are not budgeted;
     the first dataset's first runs start whatever is left, so every call gets somewhere; :func:`tune_models`);
     ``settings``: the preset's TrainConfig fields this run changed, e.g. ``"ad_features=1 weight_decay=1e-4"``,
@@ -734,14 +729,14 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     path = Path(out) / "quality.csv"
     if tune_lengths not in tuning.LENGTHS:  # refused before any row is written
         raise ValueError(f"tune_lengths must be one of {tuning.LENGTHS}, got {tune_lengths!r}")
-    if tune_split not in ("auto", *tuning.SPLITS):
+    if tune_split not in ("auto", *tuning.SPLITS):  # refused before any row is written
         raise ValueError(f"tune_split must be one of {('auto', *tuning.SPLITS)}, got {tune_split!r}")
     without = [ds for ds in datasets if ds not in SESSION_DATASETS]
     if tune and tune_split == "session" and without:
-        raise ValueError(f"tune_split='session' needs sessions, which {', '.join(without)} does not have: tune it on "
-                         "its own with the last-click split")
+        raise ValueError(f"tune_split='session' needs sessions, which {', '.join(without)} does not have: leave the split "
+                         "'auto' (the session where the data have them, else the click)")
     if tune_grid is not None:
-        tune_grid = tuning.check_grid(tune_grid)
+        tune_grid = tuning.check_first_stage(tune_grid)
     if tuned_file is not None:  # a file that cannot serve refused before anything trains
         tuning.check_tuned_use(tuned_file, datasets, p.name, models, tune)
     if tune_budget_s is not None:  # one budget for every dataset's tuning, from this call's start
@@ -768,7 +763,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
                 budget = 1e-9  # the first tuning's first runs start whatever is left: every call gets somewhere
             tuned, val = tune_models(data, p, models=models, device=device, progress=progress, workers=workers,
                                      runs_file=None if tuned_file is None else tuning.runs_file_of(tuned_file),
-                                     lengths=tune_lengths, budget_s=budget, refine=refine, split=split_of(ds, tune_split),
+                                     lengths=tune_lengths, budget_s=budget, refine=refine, split=tune_split,
                                      grid=tune_grid)
             if settings:
                 tuned = {m: (cfg, f"{note} at {settings}") for m, (cfg, note) in tuned.items()}

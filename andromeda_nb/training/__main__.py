@@ -5,6 +5,7 @@ merge the rows into ``<out>/quality.csv``."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -43,16 +44,19 @@ def _parse_settings(ap, items) -> dict:
     return kv
 
 
+_NUMBER = r"\s*(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*"
+
+
 def _scale(text: str) -> float:
-    """A grid scale from the command line: a number or a fraction (``1/3``)."""
-    try:
-        num, _, den = text.partition("/")
-        value = float(num) / float(den) if den else float(num)
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"a scale is a number or a fraction like 1/3, got {text!r}") from None
-    if not (0 < value < float("inf")):
+    """A grid scale from the command line: a positive number or fraction (``1/3``), at most
+    :data:`~.tuning.MAX_SCALE` either way (:func:`~.tuning.scale_grid` checks the range)."""
+    match = re.fullmatch(f"({_NUMBER})(/({_NUMBER}))?", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"a scale is a positive number or a fraction like 1/3, got {text!r}")
+    num, den = float(match.group(1)), float(match.group(5)) if match.group(5) else 1.0
+    if num == 0 or den == 0:
         raise argparse.ArgumentTypeError(f"a scale is finite and positive, got {text!r}")
-    return value
+    return num / den
 
 
 def _given(ap, args, *flags) -> list[str]:
@@ -124,7 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tune-split", default=None, choices=["auto", "click", "session"],
                     help="with --tune: the validation holds back each user's last training click or last training "
                          "session (data with sessions: the synthetic world); auto (default): the session where the "
-                         "data have them, else the click (andromeda_nb.analysis.quality.split_of)")
+                         "data have them, else the click (InteractionData.resolve_split)")
     ap.add_argument("--tune-lengths", default=None, choices=["own", "checkpoints"],
                     help="with --tune: each grid point trained as its own run, the schedule its seeds train with "
                          "(default), or each length a checkpoint of one run a learning rate (about half the cost; "

@@ -180,7 +180,7 @@ def _mean_recall(top: np.ndarray, relevant: list, k: int) -> float:
     return float(np.mean([recall_at_k(t, rel, k) for t, rel in zip(top, relevant)])) if len(top) else float("nan")
 
 
-def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None, split: str = "click") -> tuple[dict, list]:
+def tune(name: str, data, rows: np.ndarray, seed: int = 0, grid=None, split: str = "auto") -> tuple[dict, list]:
     """The grid point of ``name`` with the best validation recall@100 on ``rows`` (those with
     held-back clicks), fitted without each user's held-back clicks (the validation split, ``split``:
     :func:`~andromeda_nb.training.tuning.validation_view`, the project's models' too) and scored

@@ -137,7 +137,23 @@ def test_session_tuning_line_pairs_the_session_tuned_rows_with_the_other_trainin
     assert ("held-out recall@100: ranking 0.2120 ±0.0050 over 3 seeds (lr x3, steps x2); against the preset's "
             "settings +1.00 pp (paired over 3 seeds ±0.00); against the last-click tuning +0.60 pp (paired over 3 "
             "seeds ±0.99, within noise). Tuned there, not yet trained at their points: mixture_k2.") in text, text
-    assert "single_tower" not in text and "0.5000" not in text
+    assert "single_tower" not in text and "0.5000" not in text and "trained on" not in text
+    # a seed's rows count once, a NaN value not at all, one seed gets no interval, generator rows
+    # are not project models, devices apart are named
+    more = pd.concat([frame, pd.DataFrame(
+        _rows("multi_interest", "ranking", "recall@100", [0.21], experiment="tuned_session", scorer=point)  # seed 0 again
+        + [dict(r, seed=3, value=float("nan")) for r in _rows("multi_interest", "ranking", "recall@100", [0.0],
+                                                              experiment="tuned_session", scorer=point)]
+        + _rows("multi_interest", "single_tower", "recall@100", [0.2], experiment="tuned_session", scorer=point)
+        + _rows("multi_interest", "true_model", "recall@100", [0.3, 0.3], experiment="tuned_session"))],
+        ignore_index=True)
+    more_text = EC.session_tuning_line(more, "multi_interest")
+    assert "ranking 0.2120 ±0.0050 over 3 seeds" in more_text, more_text
+    assert "single_tower 0.2000 over 1 seed (lr x3, steps x2)" in more_text and "±nan" not in more_text
+    assert "true_model" not in more_text
+    moved = frame.assign(device=np.where(frame["experiment"] == "tuned_session", "gpu-b", "cpu"))
+    assert ("+1.00 pp (paired over 3 seeds ±0.00; trained on gpu-b against cpu)"
+            in EC.session_tuning_line(moved, "multi_interest"))
     # what the expert_count rows are is read from their scorer: a session tuning, or untuned rows
     main = (frame["experiment"] == "expert_count")
     session_main = frame.assign(scorer=np.where(main, point, frame["scorer"]))
@@ -418,7 +434,12 @@ def test_ceiling_line_places_the_best_model_between_the_generator_rows():
                     & (session["model"] != "single_tower")]
     assert EC.ceiling_line(alone, "multi_interest").endswith(
         "0.800 of it. Tuned on last sessions (ranking, 0.2600) 1.083 and 0.867.")
+    with pytest.raises(ValueError, match="several presets"):  # another preset's session rows are not mixed in
+        EC.ceiling_line(pd.concat([frame, session[session["experiment"] == "tuned_session"].assign(preset="demo")],
+                                  ignore_index=True), "multi_interest")
     assert EC.ceiling_line(frame[frame["model"] != "true_model_estimated"], "multi_interest") == ""
+    # without the column every row is a main row (the precision row too): no KeyError
+    assert "(mixture_k2, 0.2900) reaches" in EC.ceiling_line(frame.drop(columns="experiment"), "multi_interest")
     assert EC.ceiling_line(frame, "ml-100k") == ""  # no true_model row there
     assert "0.800 of it" in EC.findings(frame, {}, ["multi_interest"])
     with pytest.raises(ValueError, match="several presets"):

@@ -106,7 +106,8 @@ def test_tuning_fits_the_split_and_scores_its_held_back_sessions(data, monkeypat
     """tune fits the validation split's clicks (user_items of tuning.validation_view), ranks among
     the eligible ads the user did not keep, and with split="session" scores each user's held-back
     session (every click of it, not the last one alone); users whose training part is one session
-    are not scored; by default it scores each user's last training click."""
+    are not scored; with split="click" it scores each user's last training click, and by default
+    (these data have sessions) the session's."""
     from andromeda_nb.training.tuning import validation_view
 
     short_rows = data.eval_rows[:5]
@@ -129,8 +130,11 @@ def test_tuning_fits_the_split_and_scores_its_held_back_sessions(data, monkeypat
     assert [r.tolist() for r in scored[0]] == [view.heldout[r].tolist() for r in kept]
     assert max(len(r) for r in scored[0]) > 1  # sessions, not last clicks
     scored.clear()
-    B.tune("most_popular", data, rows, grid=({},))  # the default: each user's last training click
+    B.tune("most_popular", data, rows, grid=({},), split="click")  # each user's last training click
     assert [r.tolist() for r in scored[0]] == [[data.seq[r, data.seq_len[r] - 1]] for r in rows]
+    scored.clear()
+    B.tune("most_popular", data, rows, grid=({},))  # the default here (data with sessions): the session's
+    assert [r.tolist() for r in scored[0]] == [view.heldout[r].tolist() for r in kept]
 
 
 def test_run_baselines_writes_every_baseline_beside_the_models(data, monkeypatch, tmp_path):
@@ -149,7 +153,11 @@ def test_run_baselines_writes_every_baseline_beside_the_models(data, monkeypatch
     assert {f"recall@{k}{s}" for k in Q.KS[data.name] for s in ("", "_untargeted")} | {"validation_recall@100"} == set(
         frame["metric"])
     ease = frame[frame["model"] == "baseline_ease"]["scorer"].iloc[0]
-    assert ease.startswith("numpy ease l2=") and ease.endswith("(grid edge: l2)")  # two points: either is an edge
+    # two points: either is an edge; the synthetic world tunes on each user's last session by default
+    assert ease.startswith("numpy ease l2=") and ease.endswith("(grid edge: l2); validated on last sessions")
+    monkeypatch.setattr(B, "GRIDS", {**small, "ease": ({"l2": 50.0},)})
+    clicks = Q.run_baselines(data, "smoke", names=["ease"], progress=False, split="click")
+    assert clicks["scorer"].iloc[0] == "numpy ease l2=50.0"  # the last click: the scorer as before
     assert B.grid_edges({"K": 50, "B": 1.0}, [{"K": k, "B": 1.0} for k in (20, 50, 100)]) == []  # B is not varied
     assert B.grid_edges({"K": 100}, [{"K": k} for k in (20, 50, 100)]) == ["K"]
     path = Q.write_rows(frame, tmp_path / "quality.csv")

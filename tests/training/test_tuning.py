@@ -1,5 +1,6 @@
 """Tuning the project's models on the training part's validation split (andromeda_nb.training.tuning)."""
 
+import argparse
 import json
 from dataclasses import replace
 
@@ -24,7 +25,7 @@ def data():
 @pytest.mark.parametrize("split", ["session", "click"])
 def test_validation_view_holds_back_each_users_last_training_session_or_click(data, split):
     """split="session": each user's last training session is held back, found here from the
-    world's events; split="click" (the default): the last click. The held-back clicks are the
+    world's events (the default, "auto", for data with sessions); split="click": the last click. The held-back clicks are the
     targets, requested with the first one's context; popularity drops them; a user keeps at least
     one click (a one-session user keeps everything under split="session"). Data without sessions
     (MovieLens-100K) refuse split="session", and an unknown split is refused."""
@@ -47,8 +48,10 @@ def test_validation_view_holds_back_each_users_last_training_session_or_click(da
     assert (start >= 0).any() and ((start >= 0) & (start < lens - 1) if sessions else start == lens - 1).any()
     np.testing.assert_array_equal(data.held_back_start(split), start)
     view = tuning.validation_view(data, split)
-    if not sessions:  # the default
+    if sessions:  # the default where the data have sessions; without them, the click
         np.testing.assert_array_equal(tuning.validation_view(data).seq_len, view.seq_len)
+    else:
+        np.testing.assert_array_equal(replace(data, seq_start=None).held_back_start(), start)
     with pytest.raises(ValueError, match="needs sessions"):
         replace(data, seq_start=None).held_back_start("session")
     with pytest.raises(ValueError, match="split must be"):
@@ -384,19 +387,22 @@ def test_tuned_configurations_are_kept_and_trained_later(tmp_path):
                  ["--tune-split", "session", "--seeds", "0"], ["--tune", "--tune-split", "day"],
                  ["--tune-budget", "60", "--seeds", "0"], ["--tune-only", "--tuned", str(path), "--tune-budget", "0"],
                  ["--no-refine", "--seeds", "0"], ["--tune-lrs", "1", "--seeds", "0"],  # a tuning's stage without a tuning
-                 ["--tune", "--tune-steps", "0"], ["--tune", "--tune-lrs", "1/0"], ["--tune", "--tune-lrs", "1", "1.0"]):
+                 ["--tune-steps", "2", "--seeds", "0"], ["--tune", "--tune-steps", "0"], ["--tune", "--tune-lrs", "1/0"],
+                 ["--tune", "--tune-lrs", "1", "1.0"], ["--tune", "--tune-lrs", "1/"], ["--tune", "--tune-steps", "1e20"]):
         with pytest.raises(SystemExit):  # unknown models, a file lacking one: usage errors before any row
             main(["--preset", "smoke", "--datasets", "multi_interest", "--out", str(tmp_path), *argv])
     assert not (tmp_path / "quality.csv").exists()
 
 
-def test_a_narrower_first_stage_trains_only_its_points(data, monkeypatch):
+def test_a_narrower_first_stage_trains_only_its_points(data, monkeypatch, tmp_path):
     """tune_models(grid=scale_grid(...)) trains the first stage at exactly those learning rates x
     lengths (the time limit of one call bounds the longest run) and names the grid's own edges."""
     from andromeda_nb.training.__main__ import _scale
 
-    assert [quality.split_of(ds) for ds in ("multi_interest", "ml-100k")] == ["session", "click"]  # the default
-    assert quality.split_of("multi_interest", "click") == "click" and quality.split_of("x", "session") == "session"
+    assert data.resolve_split() == "session" and replace(data, seq_start=None).resolve_split() == "click"  # auto
+    assert data.resolve_split("click") == "click" and replace(data, seq_start=None).resolve_split("session") == "session"
+    with pytest.raises(ValueError, match="split must be"):
+        data.resolve_split("day")
     assert tuning.scale_grid() == tuning.GRID
     assert tuning.scale_grid([1 / 3, 3], [2]) == ({"lr_scale": 1 / 3, "steps_scale": 2},
                                                   {"lr_scale": 3, "steps_scale": 2})
@@ -410,14 +416,35 @@ def test_a_narrower_first_stage_trains_only_its_points(data, monkeypatch):
         trained.append((args[3].lr, args[3].steps))
         return real(*args)
 
+    for bad in ("1/", "1_000", "-1", "0", "nan", "1/0", "1/3/2", "a"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _scale(bad)
+    for lrs, steps in ((None, [1e20]), ([1e-9], None), ([True], None)):  # past 1/100 .. 100: refused up front
+        with pytest.raises(ValueError, match="within 1/100"):
+            tuning.scale_grid(lrs, steps)
+    with pytest.raises(ValueError, match="learning rate and the length only"):  # the second stage's axes
+        quality.tune_models(data, PRESET, models=["single_tower"], device="cpu", progress=False,
+                            grid=[{"lr_scale": 1, "steps_scale": 1, "negatives_scale": 4}])
     monkeypatch.setattr(tuning, "_validated_run", counted)
     base = PRESET.cfg("multi_interest", "single_tower")
     tuned, rows = quality.tune_models(data, PRESET, models=["single_tower"], device="cpu", progress=False,
-                                      refine=False, grid=tuning.scale_grid([1, 3, 9], [1]))
-    assert sorted(trained) == [(base.lr * s, base.steps) for s in (1, 3, 9)]
+                                      grid=tuning.scale_grid([1, 3, 9], [1]))
+    first = [(base.lr * s, base.steps) for s in (1, 3, 9)]
+    assert sorted(trained[:3]) == first and len(trained) == 3 + len(tuning.refine_grid("single_tower"))
     cfg, note = tuned["single_tower"]
-    assert cfg.steps == base.steps and "steps x1 " in note
-    assert ("grid edge: lr_scale" in note) == (cfg.lr != base.lr * 3)  # x1 and x9 are this grid's edges
+    assert "steps x1 " in note and "of last sessions" in note and "second stage" in note  # the default split
+    assert ("grid edge: lr_scale" in note) == (abs(cfg.lr - base.lr * 3) > 1e-12)  # x1 and x9: this grid's edges
+
+    # the command line passes the narrowed grid through, with the default split
+    from andromeda_nb.training.__main__ import main
+
+    trained.clear()
+    assert main(["--preset", "smoke", "--datasets", "multi_interest", "--models", "single_tower", "--tune-only",
+                 "--tuned", str(tmp_path / "t.json"), "--out", str(tmp_path), "--no-progress", "--no-refine",
+                 "--tune-lrs", "1/3", "3", "--tune-steps", "2"]) == 0
+    assert sorted(trained) == [(base.lr / 3, 2 * base.steps), (base.lr * 3, 2 * base.steps)]
+    kept = json.loads((tmp_path / "t.json").read_text())["multi_interest"]["models"]["single_tower"]["scorer"]
+    assert kept.startswith("tuned on the validation split of last sessions: lr x")
 
 
 def test_ties_go_to_the_point_nearest_the_preset(data):
