@@ -413,8 +413,11 @@ def tuning_line(frame: pd.DataFrame) -> str:
     if not tuned.any():
         return ("The project's models were trained at the preset's settings (not tuned per model) while the "
                 "baselines were tuned on a validation split: a comparison with them leans toward the baselines.")
+    untuned = rec.loc[~tuned, ["dataset", "model"]].drop_duplicates() if "dataset" in rec else None
+    which = ("; untuned: " + "; ".join(f"{ds} {', '.join(g['model'])}" for ds, g in untuned.groupby("dataset", sort=False))
+             if untuned is not None else "")
     return (f"{int(tuned.sum())} of {len(tuned)} of the project's recall@100 rows come from tuned models, the rest "
-            "from the preset's settings: compare within one kind.")
+            f"from the preset's settings{which}: compare within one kind.")
 
 
 def tuning_effect_line(frame: pd.DataFrame, dataset: str) -> str:
@@ -561,8 +564,8 @@ def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
             f"from their training clicks (every other parameter of the world known) {est:.4f}, {est / true:.3f} of it")
     ours = mean[[m for m in quality.PROJECT_MODELS if m in mean.index]]
     if len(ours):
-        line += (f". The best project model ({ours.idxmax()}, {ours.max():.4f}) reaches {ours.max() / est:.3f} of the "
-                 f"estimated and {ours.max() / true:.3f} of the true model")
+        line += (f". The best project model of the tables (`expert_count` rows: {ours.idxmax()}, {ours.max():.4f}) "
+                 f"reaches {ours.max() / est:.3f} of the estimated and {ours.max() / true:.3f} of the true model")
     clauses = []
     for rows, said in ((kept, "at the preset's settings"), (session, "tuned on last sessions")):
         best = rows.assign(value=rows["value"].astype(float)).groupby("model")["value"].mean()

@@ -57,8 +57,8 @@ from .quality_compute import SCORING, bytes_per_ad, gated_flops, kernel_throughp
 # the results file's rows, read and written (re-exported: the notebooks and reports use quality.*)
 from .quality_results import (  # noqa: F401
     BASELINE_ORDER, COLUMNS, GENERATOR_MODELS, KEY, MODEL_ORDER, PROJECT_MODELS, RESULTS, ci95, committed, devices,
-    load_results, one_preset, paired_difference, paired_experiments, recall_table, summarize, targeting_of,
-    trained_here_source, tuning_effect, write_rows)
+    check_experiment, load_results, one_preset, paired_difference, paired_experiments, recall_table, relabel,
+    summarize, targeting_of, trained_here_source, tuning_effect, write_rows)
 
 DATASETS = ("multi_interest", "ml-100k")
 #: the datasets whose training data carry sessions (``InteractionData.seq_start``): the session split's
@@ -705,7 +705,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             scoring_csv=SCORING, models=None, tune: bool = False, tuned_file=None, workers: int = 1,
             settings: str | None = None, tune_lengths: str = "own", save_tops: bool = False,
             tune_budget_s: float | None = None, refine: bool = True, tune_split: str = "auto",
-            tune_grid=None) -> pd.DataFrame:
+            tune_grid=None, experiment: str = "expert_count") -> pd.DataFrame:
     """Both experiments on every dataset; writes ``<out>/quality.csv`` after each dataset (with
     ``tune``: every model tuned first, :func:`tune_models`, its choices kept in ``tuned_file`` when
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
@@ -718,7 +718,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     named in every trained row's scorer column (untuned: ``"untuned: preset settings with ..."``; tuned:
     the tuned point's note ``"... at ..."``), so rows of changed settings never pass for the preset's;
     ``save_tops``: each model's top-100 a seed kept in ``<out>/tops``, :func:`save_top`; ``refine``: the
-    tuning's second stage, ``tune_grid``: its first stage's points, :func:`tune_models`).
+    tuning's second stage, ``tune_grid``: its first stage's points, :func:`tune_models`; ``experiment``:
+    the trained and validation rows' experiment, e.g. ``tuned_session``, :func:`relabel`).
 
     This is what ``python -m andromeda_nb.training`` runs.
     """
@@ -737,6 +738,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
                          "'auto' (the session where the data have them, else the click)")
     if tune_grid is not None:
         tune_grid = tuning.check_first_stage(tune_grid)
+    check_experiment(experiment)
     if tuned_file is not None:  # a file that cannot serve refused before anything trains
         tuning.check_tuned_use(tuned_file, datasets, p.name, models, tune)
     if tune_budget_s is not None:  # one budget for every dataset's tuning, from this call's start
@@ -768,6 +770,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
             if settings:
                 tuned = {m: (cfg, f"{note} at {settings}") for m, (cfg, note) in tuned.items()}
                 val["scorer"] = val["scorer"] + f" at {settings}"
+            val = relabel(val, experiment)
             write_rows(val, path)
             frames.append(val)
             if tuned_file is not None:
@@ -782,7 +785,7 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
                                               tuned=tuned, tops_dir=Path(out) / "tops" if save_tops else None)
             prec = [run_precision(tm, prec_rows, preset=p.name, trained_as=(tuned or {}).get(name, (None, None))[1])
                     for (name, _), tm in sorted(trained.items()) if name == "mixture_k2"]
-            done = pd.concat([frame, *prec], ignore_index=True)
+            done = relabel(pd.concat([frame, *prec], ignore_index=True), experiment)
             write_rows(done, path)
             frames.append(done)
             if progress:

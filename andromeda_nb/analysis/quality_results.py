@@ -5,6 +5,7 @@ described in :mod:`.quality`)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +176,29 @@ def paired_experiments(frame: pd.DataFrame, dataset: str, model: str, a: str, b:
     value = pd.to_numeric(df["value"])
     return _paired(value[df["experiment"] == a].groupby(df["seed"]).mean(),
                    value[df["experiment"] == b].groupby(df["seed"]).mean())
+
+
+#: experiments whose rows other runs write: not a name for a model's trained rows
+_RESERVED_EXPERIMENTS = ("precision", "compute", "baselines")
+
+
+def check_experiment(name: str) -> str:
+    """``name`` as the experiment of a run's trained and validation rows (lower case, digits and
+    ``_``; not one of the precision, compute or baselines rows'), else ValueError."""
+    if not isinstance(name, str) or re.fullmatch(r"[a-z][a-z0-9_]*", name) is None or name in _RESERVED_EXPERIMENTS:
+        raise ValueError(f"an experiment name is lower case letters, digits and _, not one of "
+                         f"{_RESERVED_EXPERIMENTS}, got {name!r}")
+    return name
+
+
+def relabel(frame: pd.DataFrame, experiment: str) -> pd.DataFrame:
+    """``frame`` with its project models' ``expert_count`` rows named ``experiment`` (the generator
+    models' rows stay: every run reproduces them), so rows trained beside the main table (another
+    split, changed settings) sit apart from it instead of replacing its rows."""
+    frame = frame.copy()
+    frame.loc[(frame["experiment"] == "expert_count") & ~frame["model"].isin(GENERATOR_MODELS),
+              "experiment"] = check_experiment(experiment)
+    return frame
 
 
 def one_preset(rows: pd.DataFrame) -> None:

@@ -123,8 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", action="store_true",
                     help="tune every model's learning rate and length on the training part's validation split first "
                          "(the same grid each: andromeda_nb.training.tuning)")
-    ap.add_argument("--tune-only", action="store_true", help="--tune, then no seed trains (with --tuned FILE: "
-                                                              "the seeds train from FILE in a later run)")
+    ap.add_argument("--tune-only", action="store_true", help="--tune, then no seed trains; needs --tuned FILE, "
+                                                              "from which the seeds train in a later run")
     ap.add_argument("--tune-split", default=None, choices=["auto", "click", "session"],
                     help="with --tune: the validation holds back each user's last training click or last training "
                          "session (data with sessions: the synthetic world); auto (default): the session where the "
@@ -154,6 +154,10 @@ def main(argv=None) -> int:
                          "scales each model's negatives, temperature, width and (sparse mixtures) load-balancing "
                          "weight down and up around the first stage's point, one at a time "
                          "(andromeda_nb.training.tuning.refine_grid)")
+    ap.add_argument("--experiment", default="expert_count", metavar="NAME",
+                    help="the trained and validation rows' experiment (default expert_count, the main table): "
+                         "another name, e.g. tuned_session or variant_<change>, keeps a run's rows beside the main "
+                         "ones instead of replacing them (quality.csv merges rows by key, experiment among it)")
     ap.add_argument("--tuned", default=None, metavar="FILE",
                     help="with --tune: keep the chosen configurations in FILE (JSON, merged) and each finished "
                          "run beside it (FILE's name .runs.json: a cut-off tuning run again resumes there); without: "
@@ -177,7 +181,8 @@ def main(argv=None) -> int:
     if args.workers < 1:
         ap.error(f"--workers must be at least 1, got {args.workers}")
     if args.tune_only and (args.seeds is not None or args.tuned is None):
-        ap.error("--tune-only trains no seed (drop --seeds) and keeps its choices only in --tuned FILE")
+        ap.error("--tune-only trains no seed and keeps its choices only in --tuned FILE: "
+                 + ("drop --seeds" if args.seeds is not None else "give --tuned FILE"))
     if args.tune_budget is not None and not (args.tune_budget > 0 and args.tune_budget != float("inf")):
         ap.error(f"--tune-budget takes positive finite seconds, got {args.tune_budget}")
     if args.tune_budget is not None and not ((args.tune or args.tune_only) and args.tuned is not None):
@@ -191,6 +196,12 @@ def main(argv=None) -> int:
 
         tune_grid = None if args.tune_lrs is None and args.tune_steps is None else scale_grid(args.tune_lrs,
                                                                                              args.tune_steps)
+    except ValueError as e:
+        ap.error(str(e))
+    try:
+        from ..analysis.quality_results import check_experiment
+
+        check_experiment(args.experiment)
     except ValueError as e:
         ap.error(str(e))
     if args.tune_lengths is not None and not (args.tune or args.tune_only):
@@ -208,7 +219,7 @@ def main(argv=None) -> int:
         if args.profile_steps < 1:
             ap.error(f"--profile-steps must be at least 1, got {args.profile_steps}")
         given = _given(ap, args, "--tune", "--tune-only", "--tuned", "--seeds", "--workers", "--save-tops",
-                       "--baselines", "--compute-only")
+                       "--baselines", "--compute-only", "--experiment")
         if given:
             ap.error(f"--profile-steps times the preset's training steps (seed 0), so {', '.join(given)} would be "
                      "ignored: run them apart")
@@ -218,7 +229,7 @@ def main(argv=None) -> int:
         # rows train nothing, on no device
         given = _given(ap, args, "--set", "--tune", "--tune-only", "--tuned", "--models", "--workers", "--save-tops",
                        *(("--compute-only", "--scoring-csv") if only == "--baselines" else ("--seeds",)),
-                       "--device", "--threads")
+                       "--device", "--threads", "--experiment")
         if given:
             ap.error(f"{only} trains no project model, so {', '.join(given)} would be ignored: run them apart")
     if args.baselines is not None:
@@ -279,7 +290,7 @@ def main(argv=None) -> int:
                 models=args.models, tune=args.tune or args.tune_only, tuned_file=args.tuned, workers=args.workers,
                 tune_lengths=args.tune_lengths or "own", save_tops=args.save_tops, tune_budget_s=args.tune_budget,
                 tune_split=args.tune_split or "auto",
-                refine=not args.no_refine, tune_grid=tune_grid,
+                refine=not args.no_refine, tune_grid=tune_grid, experiment=args.experiment,
                 settings=" ".join(args.set) or None)
     except TuningIncomplete as e:  # the budget asked for it, and the runs are kept: run again
         print(f"{e} (after {time.perf_counter() - t0:.0f} s)")

@@ -113,6 +113,23 @@ def test_variant_line_pairs_each_change_with_its_model_at_the_preset_settings():
         EC.variant_line(pd.concat([frame, frame.assign(preset="demo", value=0.5)]), "multi_interest")
 
 
+def test_tuning_line_says_which_rows_are_tuned():
+    """All tuned, none tuned, or a mix: the mix names each dataset's untuned models; rows of other
+    experiments (preset_settings, tuned_session) do not count."""
+    tuned = "tuned on the validation split: lr x1, steps x1"
+    rows = (_rows("multi_interest", "single_tower", "recall@100", [0.2, 0.2], scorer=tuned)
+            + _rows("multi_interest", "ranking", "recall@100", [0.2, 0.2], scorer=tuned)
+            + _rows("multi_interest", "ranking", "recall@100", [0.3], experiment="preset_settings", scorer="untuned")
+            + _rows("multi_interest", "true_model", "recall@100", [0.3], scorer="ground_truth"))
+    assert EC.tuning_line(pd.DataFrame(rows)).startswith("The project's models were tuned")
+    mixed = pd.DataFrame(rows + _rows("ml-100k", "mixture_k1", "recall@100", [0.1, 0.1, 0.1])
+                         + _rows("ml-100k", "dense_mixture", "recall@100", [0.1]))
+    assert EC.tuning_line(mixed) == ("4 of 8 of the project's recall@100 rows come from tuned models, the rest from "
+                                     "the preset's settings; untuned: ml-100k mixture_k1, dense_mixture: compare "
+                                     "within one kind.")
+    assert EC.tuning_line(pd.DataFrame(rows).assign(scorer="s")).startswith("The project's models were trained at")
+
+
 def test_session_tuning_line_pairs_the_session_tuned_rows_with_the_other_trainings():
     """tuned_session rows: held-out mean and 95 % interval over seeds, the tuned point, paired
     differences against the same model at the preset's settings and tuned on the last-click split
@@ -421,8 +438,8 @@ def test_ceiling_line_places_the_best_model_between_the_generator_rows():
     text = EC.ceiling_line(frame, "multi_interest")
     assert text.startswith("multi_interest: the true click model reaches recall@100 0.3000; with each user's "
                            "interests estimated from their training clicks") and "0.2400, 0.800 of it" in text
-    assert text.endswith("The best project model (ranking, 0.2100) reaches 0.875 of the estimated and 0.700 of the "
-                         "true model; at the preset's settings (single_tower, 0.2300) 0.958 and 0.767."), text
+    assert text.endswith("The best project model of the tables (`expert_count` rows: ranking, 0.2100) reaches 0.875 of the "
+                         "estimated and 0.700 of the true model; at the preset's settings (single_tower, 0.2300) 0.958 and 0.767."), text
     session = pd.concat([frame, pd.DataFrame(
         _rows("multi_interest", "ranking", "recall@100", [0.25, 0.27], experiment="tuned_session")
         + _rows("multi_interest", "true_model", "recall@100", [0.9], experiment="tuned_session")  # not a project model
@@ -439,7 +456,7 @@ def test_ceiling_line_places_the_best_model_between_the_generator_rows():
                                   ignore_index=True), "multi_interest")
     assert EC.ceiling_line(frame[frame["model"] != "true_model_estimated"], "multi_interest") == ""
     # without the column every row is a main row (the precision row too): no KeyError
-    assert "(mixture_k2, 0.2900) reaches" in EC.ceiling_line(frame.drop(columns="experiment"), "multi_interest")
+    assert "rows: mixture_k2, 0.2900) reaches" in EC.ceiling_line(frame.drop(columns="experiment"), "multi_interest")
     assert EC.ceiling_line(frame, "ml-100k") == ""  # no true_model row there
     assert "0.800 of it" in EC.findings(frame, {}, ["multi_interest"])
     with pytest.raises(ValueError, match="several presets"):

@@ -5,6 +5,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
@@ -445,6 +446,25 @@ def test_a_narrower_first_stage_trains_only_its_points(data, monkeypatch, tmp_pa
     assert sorted(trained) == [(base.lr / 3, 2 * base.steps), (base.lr * 3, 2 * base.steps)]
     kept = json.loads((tmp_path / "t.json").read_text())["multi_interest"]["models"]["single_tower"]["scorer"]
     assert kept.startswith("tuned on the validation split of last sessions: lr x")
+    # seeds from that file under another experiment's name sit beside the main rows, not over them
+    quality.write_rows(pd.DataFrame(_main_rows()), tmp_path / "quality.csv")
+    assert main(["--preset", "smoke", "--datasets", "multi_interest", "--models", "single_tower", "--tuned",
+                 str(tmp_path / "t.json"), "--out", str(tmp_path), "--no-progress", "--experiment", "tuned_session"]) == 0
+    out = quality.load_results(tmp_path / "quality.csv")
+    rec = out[(out["metric"] == "recall@100") & (out["model"] == "single_tower")]
+    assert sorted(rec["experiment"]) == ["expert_count", "tuned_session"] and (rec["value"] == 0.5).sum() == 1
+    assert set(out.loc[out["model"] == "true_model", "experiment"]) == {"expert_count"}  # the generator's stay
+    for bad in ("precision", "Tuned", "", "a-b"):
+        with pytest.raises(SystemExit):
+            main(["--preset", "smoke", "--datasets", "multi_interest", "--out", str(tmp_path), "--experiment", bad])
+    with pytest.raises(SystemExit):  # the baselines write their own experiment
+        main(["--preset", "smoke", "--out", str(tmp_path), "--baselines", "--experiment", "x"])
+
+
+def _main_rows():
+    return [dict(dataset="multi_interest", model="single_tower", experts=1, k_experts=1, dtype="fp32", d=16, seed=0,
+                 metric="recall@100", value=0.5, commit="x", device="cpu", experiment="expert_count", preset="smoke",
+                 scorer="s", n_users=40)]
 
 
 def test_ties_go_to_the_point_nearest_the_preset(data):
