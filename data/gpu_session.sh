@@ -56,6 +56,7 @@ for step in "$@"; do
       #   in separate runs (e.g. two processes sharing the GPU) then get their overlap@100_ranking rows from
       #   analysis.quality.overlap_rows_from_tops (python -m andromeda_nb.training --help gives the recipe)
       # QUALITY_SET="ad_features=1" changes TrainConfig fields of every model (with QUALITY_TUNE, or untuned)
+      # QUALITY_EXPERIMENT=tuned_session names the trained and validation rows' experiment (default expert_count)
       # QUALITY_PROFILE=N trains nothing for rows: N steps of each model timed, wall beside its kernels'
       #   device time (--profile-steps: $OUT/quality/training_profile.csv)
       python3 -m andromeda_nb.training --preset full --out "$OUT/quality" --no-progress ${ds:+--datasets $ds} \
@@ -64,17 +65,19 @@ for step in "$@"; do
         ${QUALITY_TUNE_BUDGET:+--tune-budget $QUALITY_TUNE_BUDGET} ${QUALITY_NO_REFINE:+--no-refine} \
         ${QUALITY_TUNE_LRS:+--tune-lrs $QUALITY_TUNE_LRS} ${QUALITY_TUNE_STEPS:+--tune-steps $QUALITY_TUNE_STEPS} \
         ${QUALITY_TUNE_LENGTHS:+--tune-lengths $QUALITY_TUNE_LENGTHS} ${QUALITY_TUNE_SPLIT:+--tune-split $QUALITY_TUNE_SPLIT} ${QUALITY_SAVE_TOPS:+--save-tops} ${QUALITY_PROFILE:+--profile-steps $QUALITY_PROFILE} \
+        ${QUALITY_EXPERIMENT:+--experiment $QUALITY_EXPERIMENT} \
         2>&1 | tee "$OUT/quality.log" | tail -30 || status=1 ;;
     qseeds|qseeds:*)
       # the quality run's seeds (QUALITY_SEEDS, default 0-4) each in its own process, all at once on the
       # one GPU (in the tuning, 4 processes trained ~2.5x one process's steps a second), with
-      # QUALITY_MODELS, QUALITY_TUNED and QUALITY_SET as above; their rows joined into
+      # QUALITY_MODELS, QUALITY_TUNED, QUALITY_SET and QUALITY_EXPERIMENT as above; their rows joined into
       # $OUT/quality/quality.csv (a seed that fails is named, and the step fails)
       ds=${step#qseeds}; ds=${ds#:}; mkdir -p "$OUT/qseeds"; pids=()
       for s in ${QUALITY_SEEDS:-0 1 2 3 4}; do
         python3 -m andromeda_nb.training --preset full --out "$OUT/qseeds/s$s" --no-progress ${ds:+--datasets $ds} \
           --seeds $s ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNED:+--tuned $QUALITY_TUNED} \
-          ${QUALITY_SET:+--set $QUALITY_SET} > "$OUT/qseeds/seed$s.log" 2>&1 &
+          ${QUALITY_SET:+--set $QUALITY_SET} ${QUALITY_EXPERIMENT:+--experiment $QUALITY_EXPERIMENT} \
+          > "$OUT/qseeds/seed$s.log" 2>&1 &
         pids+=("$s:$!")
       done
       for p in "${pids[@]}"; do wait "${p#*:}" || { echo "seed ${p%%:*} failed: $OUT/qseeds/seed${p%%:*}.log"; status=1; }; done
