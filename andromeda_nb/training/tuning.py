@@ -6,9 +6,10 @@ The split (:meth:`~.data.InteractionData.held_back_start`, the baselines' too; `
 user's validation target, requested just before it (its own request context); with ``"session"``
 (data with sessions: the synthetic world) every user loses the last training session, requested
 with its first click's context, as the held-out part is a new session, and keeps at least one
-click. ``"auto"`` (the default) is the session where the data have sessions, else the click. The popularity the sampler corrects for drops the held-back clicks too. A model
-trains on what remains, and the grid point with the best validation recall@100 (targeting applied,
-the user's remaining training clicks excluded) wins. The held-out part is never read.
+click. ``"auto"`` (the default) is the session where the data have sessions, else the click. The
+popularity the sampler corrects for drops the held-back clicks too. A model trains on what remains,
+and the grid point with the best validation recall@100 (targeting applied, the user's remaining
+training clicks excluded) wins. The held-out part is never read.
 
 Why the choice: a held-back last click has its own session's earlier clicks in its history, and two
 thirds or more of a synthetic session's clicks come from its session's interest, so that split
