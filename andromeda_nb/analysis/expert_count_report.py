@@ -414,7 +414,8 @@ def tuning_line(frame: pd.DataFrame) -> str:
         return ("The project's models were trained at the preset's settings (not tuned per model) while the "
                 "baselines were tuned on a validation split: a comparison with them leans toward the baselines.")
     untuned = rec.loc[~tuned, ["dataset", "model"]].drop_duplicates() if "dataset" in rec else None
-    which = ("; untuned: " + "; ".join(f"{ds} {', '.join(g['model'])}" for ds, g in untuned.groupby("dataset", sort=False))
+    which = ("; untuned: " + "; ".join(f"{ds} {', '.join(g['model'])}"
+                                       for ds, g in untuned.groupby("dataset", sort=False))
              if untuned is not None else "")
     return (f"{int(tuned.sum())} of {len(tuned)} of the project's recall@100 rows come from tuned models, the rest "
             f"from the preset's settings{which}: compare within one kind.")

@@ -10,11 +10,11 @@ their own, merged under this name; ``tuned_by_checkpoints``: models tuned with `
 checkpoints``, kept where own-length tuning replaced them; ``retuned_last_click``: a model at the
 point the 10,000-user retuning on the last-click split chose, trained beside the tuned rows it did not
 replace; ``tuned_session``: models tuned on the validation split of each user's last training session
-(:meth:`~andromeda_nb.training.data.InteractionData.resolve_split`) and trained at their points, beside the last-click split's; ``variant_<name>``: a
-model at the preset's settings with settings changed, named in its scorer column, compared with its
-``preset_settings`` rows), ``preset``
-(the size preset that produced them), ``scorer`` (how the scores were computed) and ``n_users``
-(users evaluated). Metrics:
+(:meth:`~andromeda_nb.training.data.InteractionData.resolve_split`) and trained at their points,
+beside the last-click split's; ``variant_<name>``: a model at the preset's settings with settings
+changed, named in its scorer column, compared with its ``preset_settings`` rows; ``--experiment
+NAME`` writes a run's rows so), ``preset`` (the size preset that produced them), ``scorer`` (how
+the scores were computed) and ``n_users`` (users evaluated). Metrics:
 
 - ``recall@k``: mean over evaluated users of recall@k of the held-out clicks, retrieving from every
   eligible ad (targeting applied, the user's training clicks excluded); ``recall@k_untargeted``:
@@ -345,7 +345,8 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
         groups = {}  # refine grid -> {model: its first-stage configuration}
         for name, base in bases.items():
             second_grid = tuning.refine_grid(name)
-            groups.setdefault(repr(second_grid), (second_grid, {}))[1][name] = tuning.grid_config(base, results[name][0])
+            first = tuning.grid_config(base, results[name][0])
+            groups.setdefault(repr(second_grid), (second_grid, {}))[1][name] = first
         for second_grid, group in groups.values():
             left = None if budget_s is None else budget_s - (time.monotonic() - t0)
             if left is not None and left <= 0:
@@ -711,7 +712,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
     given, and its finished runs beside it, :func:`~andromeda_nb.training.tuning.runs_file_of`, so a
     cut-off tuning resumes; without ``tune``, a ``tuned_file``'s choices are trained; ``workers``: the tuning's runs
     trained at once; ``tune_lengths``: how the tuning trains a length, ``tune_split``: what its validation
-    holds back (:func:`~andromeda_nb.training.tuning.validation_view`; ``"auto"``: the session where the data have them), ``tune_budget_s``: the seconds the
+    holds back (:func:`~andromeda_nb.training.tuning.validation_view`; ``"auto"``: the session where the
+    data have them), ``tune_budget_s``: the seconds the
     tunings of all datasets together may take, counted from this call's start (seeds are not budgeted;
     the first dataset's first runs start whatever is left, so every call gets somewhere; :func:`tune_models`);
     ``settings``: the preset's TrainConfig fields this run changed, e.g. ``"ad_features=1 weight_decay=1e-4"``,
@@ -734,8 +736,8 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         raise ValueError(f"tune_split must be one of {('auto', *tuning.SPLITS)}, got {tune_split!r}")
     without = [ds for ds in datasets if ds not in SESSION_DATASETS]
     if tune and tune_split == "session" and without:
-        raise ValueError(f"tune_split='session' needs sessions, which {', '.join(without)} does not have: leave the split "
-                         "'auto' (the session where the data have them, else the click)")
+        raise ValueError(f"tune_split='session' needs sessions, which {', '.join(without)} does not have: leave "
+                         "the split 'auto' (the session where the data have them, else the click)")
     if tune_grid is not None:
         tune_grid = tuning.check_first_stage(tune_grid)
     check_experiment(experiment)
