@@ -337,6 +337,16 @@ def _paired(frame, dataset: str, a: str, b: str) -> str:
             + (", within noise)" if within else ")"))
 
 
+def _difference(p: dict, a_rows: pd.DataFrame | None = None, b_rows: pd.DataFrame | None = None) -> str:
+    """``+x.xx pp (paired over n seeds ±y.yy[, within noise][; trained on A against B])`` for a
+    paired difference (:func:`.quality.paired_experiments`), naming the devices of its two sides'
+    rows where they differ."""
+    on = ["" if r is None else ", ".join(sorted(set(results.text(r, "device")) - {""})) for r in (a_rows, b_rows)]
+    return (f"{100 * p['mean']:+.2f} pp (paired over {p['seeds']} seeds ±{100 * p['ci95']:.2f}"
+            + (", within noise" if abs(p["mean"]) <= p["ci95"] else "")
+            + (f"; trained on {on[0]} against {on[1]})" if on[0] != on[1] else ")"))
+
+
 def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str]:
     """Per mixture: recall@k relative to the single tower and recall@100 in points, with (given
     the rows, ``frame``) the paired difference's 95 % interval over the seeds both ran; the ranking
@@ -471,11 +481,8 @@ def session_tuning_line(frame: pd.DataFrame, dataset: str) -> str:
         for other, name in (("preset_settings", "the preset's settings"), ("expert_count", main_said)):
             p = quality.paired_experiments(frame, dataset, m, "tuned_session", other)
             if p["seeds"] >= 2:
-                on = [", ".join(sorted(set(results.text(r, "device")) - {""}))
-                      for r in (mine, recall[(recall["model"] == m) & (recall["experiment"] == other)])]
-                part += (f"; against {name} {100 * p['mean']:+.2f} pp (paired over {p['seeds']} seeds "
-                         f"±{100 * p['ci95']:.2f}" + (", within noise" if abs(p["mean"]) <= p["ci95"] else "")
-                         + (f"; trained on {on[0]} against {on[1]})" if on[0] != on[1] else ")"))
+                part += f"; against {name} " + _difference(
+                    p, mine, recall[(recall["model"] == m) & (recall["experiment"] == other)])
         parts.append(part)
     if not parts and not waiting:
         return ""
@@ -501,8 +508,7 @@ def preset_settings_line(frame: pd.DataFrame, dataset: str) -> str:
     for m in models:
         p = quality.paired_difference(frame, dataset, m, "single_tower", experiments=("preset_settings",))
         if p["seeds"] >= 2:
-            parts.append(f"{m} {100 * p['mean']:+.2f} pp (paired over {p['seeds']} seeds ±{100 * p['ci95']:.2f}"
-                         + (", within noise)" if abs(p["mean"]) <= p["ci95"] else ")"))
+            parts.append(f"{m} {_difference(p)}")
     return (f"{dataset} at the preset's settings (`preset_settings` rows, not the tuning's choices), recall@100 "
             "against the single tower: " + "; ".join(parts) + ".") if parts else ""
 
@@ -538,11 +544,7 @@ def variant_line(frame: pd.DataFrame, dataset: str) -> str:
         base = rows[(rows["model"] == model) & (rows["experiment"] == "preset_settings")]
         change = (_change(quality.scorer_settings(scorer[base.index[0]]), quality.scorer_settings(scorer[g.index[0]]))
                   or f"({experiment})")
-        on = [", ".join(sorted(set(results.text(r, "device")) - {""})) for r in (g, base)]
-        parts.append(f"{model} {change}: {p['a']:.4f} against {p['b']:.4f}, {100 * p['mean']:+.2f} pp "
-                     f"(paired over {p['seeds']} seeds ±{100 * p['ci95']:.2f}"
-                     + (", within noise" if abs(p["mean"]) <= p["ci95"] else "")
-                     + (f"; trained on {on[0]} against {on[1]})" if on[0] != on[1] else ")"))
+        parts.append(f"{model} {change}: {p['a']:.4f} against {p['b']:.4f}, {_difference(p, g, base)}")
     return (f"{dataset}, changes to the preset's settings (`variant_*` rows), recall@100 against the same "
             "model at the preset's settings: " + "; ".join(parts) + ".") if parts else ""
 

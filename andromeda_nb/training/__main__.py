@@ -44,16 +44,17 @@ def _parse_settings(ap, items) -> dict:
     return kv
 
 
+#: a non-negative decimal number, as a command-line scale's numerator or denominator
 _NUMBER = r"\s*(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*"
 
 
 def _scale(text: str) -> float:
     """A grid scale from the command line: a positive number or fraction (``1/3``), at most
     :data:`~.tuning.MAX_SCALE` either way (:func:`~.tuning.scale_grid` checks the range)."""
-    match = re.fullmatch(f"({_NUMBER})(/({_NUMBER}))?", text)
-    if match is None:
+    parts = text.split("/")
+    if len(parts) > 2 or not all(re.fullmatch(_NUMBER, part) for part in parts):
         raise argparse.ArgumentTypeError(f"a scale is a positive number or a fraction like 1/3, got {text!r}")
-    num, den = float(match.group(1)), float(match.group(5)) if match.group(5) else 1.0
+    num, den = float(parts[0]), float(parts[1]) if len(parts) == 2 else 1.0
     if num == 0 or den == 0:
         raise argparse.ArgumentTypeError(f"a scale is finite and positive, got {text!r}")
     return num / den

@@ -406,8 +406,9 @@ def tune_many(configs: dict, data: InteractionData, n_users: int | None = None, 
             if failed:
                 raise failed[0]
     if left:
-        raise TuningIncomplete(f"tuning stopped at its time budget ({budget_s:.0f} s left to this stage): {len(left)} of "
-                               f"the {len(todo)} runs this stage had to train left; {len(todo) - len(left)} finished and kept in "
+        raise TuningIncomplete(f"tuning stopped at its time budget ({budget_s:.0f} s left to this stage): "
+                               f"{len(left)} of the {len(todo)} runs this stage had to train left; "
+                               f"{len(todo) - len(left)} finished and kept in "
                                f"{runs_file}: the same call again resumes there")
     done = [{int(k): v for k, v in kept[key].items()} for key in keys]
     out = {}
