@@ -493,24 +493,32 @@ def session_tuning_line(frame: pd.DataFrame, dataset: str) -> str:
             + (f" Tuned there, not yet trained at their points: {', '.join(waiting)}." if waiting else ""))
 
 
-def preset_settings_line(frame: pd.DataFrame, dataset: str) -> str:
-    """The models at the preset's settings (``preset_settings`` rows) compared as the tuned ones are:
-    each mixture and the ranking model against the single tower, paired over seeds; '' without
-    such rows of the single tower. Not the tuning's choices: a reader sees what the tuning gave up."""
+#: how :func:`against_single_tower_line` names the rows it compares
+_TRAINED_AS = {"preset_settings": "at the preset's settings (`preset_settings` rows, not the tuning's choices)",
+               "tuned_session": "tuned on last sessions (`tuned_session` rows)"}
+
+
+def against_single_tower_line(frame: pd.DataFrame, dataset: str, experiment: str = "preset_settings") -> str:
+    """The models of one experiment's rows compared as the main table's are: each mixture and the
+    ranking model against the single tower, paired over seeds, and the share of the single tower's
+    gap to the ranking model that each mixture closes (the mixtures' claim: most of the way to
+    ranking quality); '' without such rows of the single tower."""
     if "experiment" not in frame:
         return ""
-    rows = frame[(frame["dataset"] == dataset) & (frame["experiment"] == "preset_settings")
+    rows = frame[(frame["dataset"] == dataset) & (frame["experiment"] == experiment)
                  & (frame["metric"] == "recall@100")]
     models = [m for m in (*MIXTURES, "ranking") if m in set(rows["model"])]
     if "single_tower" not in set(rows["model"]) or not models:
         return ""
-    parts = []
-    for m in models:
-        p = quality.paired_difference(frame, dataset, m, "single_tower", experiments=("preset_settings",))
-        if p["seeds"] >= 2:
-            parts.append(f"{m} {_difference(p)}")
-    return (f"{dataset} at the preset's settings (`preset_settings` rows, not the tuning's choices), recall@100 "
-            "against the single tower: " + "; ".join(parts) + ".") if parts else ""
+    paired = {m: quality.paired_difference(frame, dataset, m, "single_tower", experiments=(experiment,))
+              for m in models}
+    paired = {m: p for m, p in paired.items() if p["seeds"] >= 2}
+    gap = paired["ranking"]["mean"] if "ranking" in paired else float("nan")
+    parts = [f"{m} {_difference(p)}" + (f", {p['mean'] / gap:.2f} of the gap to the ranking model"
+                                        if m != "ranking" and gap > 0 else "")
+             for m, p in paired.items()]
+    return (f"{dataset} {_TRAINED_AS.get(experiment, f'(`{experiment}` rows)')}, recall@100 against the single "
+            "tower: " + "; ".join(parts) + ".") if parts else ""
 
 
 def _change(was: dict | None, now: dict | None) -> str:
@@ -590,7 +598,8 @@ def findings(frame: pd.DataFrame, tables, datasets) -> str:
         lines.append(tuned)
     lines += [line for ds in datasets if (line := tuning_effect_line(frame, ds))]
     lines += [line for ds in datasets if (line := session_tuning_line(frame, ds))]
-    lines += [line for ds in datasets if (line := preset_settings_line(frame, ds))]
+    lines += [line for ds in datasets for e in ("tuned_session", "preset_settings")
+              if (line := against_single_tower_line(frame, ds, e))]
     lines += [line for ds in datasets if (line := variant_line(frame, ds))]
     cost = kernel_cost_line(frame)
     if cost:

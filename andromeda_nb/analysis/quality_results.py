@@ -192,12 +192,20 @@ def check_experiment(name: str) -> str:
 
 
 def relabel(frame: pd.DataFrame, experiment: str) -> pd.DataFrame:
-    """``frame`` with its project models' ``expert_count`` rows named ``experiment`` (the generator
-    models' rows stay: every run reproduces them), so rows trained beside the main table (another
-    split, changed settings) sit apart from it instead of replacing its rows."""
+    """``frame`` with a named run's rows set apart from the main table's: its project models'
+    ``expert_count`` rows become ``experiment``, its ``precision`` and ``compute`` rows (the
+    K = 2 mixture's precision measurements, the shapes' costs) ``<experiment>_precision`` and
+    ``<experiment>_compute``; the generator models' rows stay (every run reproduces them). Rows
+    trained at another split or changed settings then sit beside the main table's instead of
+    replacing them (:data:`KEY` holds the experiment). ``"expert_count"`` changes nothing."""
+    experiment = check_experiment(experiment)
+    if experiment == "expert_count":
+        return frame
     frame = frame.copy()
-    frame.loc[(frame["experiment"] == "expert_count") & ~frame["model"].isin(GENERATOR_MODELS),
-              "experiment"] = check_experiment(experiment)
+    own = ~frame["model"].isin(GENERATOR_MODELS)
+    for kind, name in (("expert_count", experiment), ("precision", f"{experiment}_precision"),
+                       ("compute", f"{experiment}_compute")):
+        frame.loc[own & (frame["experiment"] == kind), "experiment"] = name
     return frame
 
 

@@ -98,12 +98,12 @@ class KernelConfig:
             is not bound by bytes at the 128-register cap: ptxas for sm_90 fits the int8 E6 K2
             d64 filter pass in 96 registers without spilling, against 140 bytes of spill loads
             with the weights in registers; each step's words are stored lane-contiguous, one
-            bank a lane). ``"auto"`` (default): registers. On the H100 (E6 K2 d64, 10^8 ads, one
-            run) shared weights ran at 1.00-1.03x registers' speed at the default caps (fp16 rows
-            scores / fused top-1000 20.8 / 22.2 G ads/s, int8 37.5 / 39.2 G; both near the read
-            ceiling there); lower caps did not help int8 rows (0.59-0.98x registers'); the H200, where the int8
-            kernel stays below its ceiling, and the public calls' wall clock are unmeasured with
-            them. The same scores either way.
+            bank a lane). ``"auto"`` (default): registers. On the H100 (E6 K2 d64, 10^8 ads, three
+            runs) shared weights ran the kernels at 1.004-1.033x registers' speed at the default
+            caps (fp16 rows scores / fused top-1000 ~21.5 / 23.0 G ads/s, int8 ~39 / 40.8 G; both
+            near the read ceiling there), but ``score_topk`` on int8 rows at 0.97-1.02x by wall
+            clock; lower caps did not help int8 rows (0.59-0.98x registers'); the H200, where the
+            int8 kernel stays below its ceiling, is unmeasured with them. The same scores either way.
     """
 
     values: str = "chosen"

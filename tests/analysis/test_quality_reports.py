@@ -248,13 +248,26 @@ def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
     with pytest.raises(ValueError, match="presets"):  # seeds of another world do not pair
         quality.tuning_effect(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")
     # the models at the preset's settings against its single tower, paired on their own seeds (0, 1)
-    at_preset = EC.preset_settings_line(frame, "multi_interest")
+    at_preset = EC.against_single_tower_line(frame, "multi_interest")
     k2 = quality.paired_difference(frame, "multi_interest", "mixture_k2", "single_tower", experiments=("preset_settings",))
     assert k2["seeds"] == 2 and k2["mean"] == pytest.approx(-0.015)
     assert f"mixture_k2 -1.50 pp (paired over 2 seeds ±{100 * k2['ci95']:.2f}, within noise)" in at_preset
     assert "ranking -2.00 pp (paired over 2 seeds ±0.00)" in at_preset
-    assert EC.preset_settings_line(frame, "ml-100k") == ""
+    assert "of the gap" not in at_preset  # the ranking model below the single tower: no gap to close
+    assert EC.against_single_tower_line(frame, "ml-100k") == ""
     assert at_preset in EC.findings(frame, EC.recall_tables(frame, ["multi_interest"]), ["multi_interest"])
+    # another experiment's rows alike, with the share of the single tower's gap to the ranking model a
+    # mixture closes (paired means: K = 2 +1 pp, ranking +4 pp)
+    session = pd.DataFrame(_rows("multi_interest", "single_tower", "recall@100", [0.20, 0.21, 0.22],
+                                 experiment="tuned_session")
+                           + _rows("multi_interest", "mixture_k2", "recall@100", [0.21, 0.22, 0.23],
+                                   experiment="tuned_session")
+                           + _rows("multi_interest", "ranking", "recall@100", [0.25, 0.25, 0.25],
+                                   experiment="tuned_session"))
+    line = EC.against_single_tower_line(pd.concat([frame, session]), "multi_interest", "tuned_session")
+    assert line.startswith("multi_interest tuned on last sessions (`tuned_session` rows)")
+    assert "mixture_k2 +1.00 pp (paired over 3 seeds ±0.00), 0.25 of the gap to the ranking model" in line
+    assert EC.against_single_tower_line(session, "multi_interest") == ""  # no preset_settings rows there
     # the routing table is the tuned models' (the recall table's), not the preset-settings rows'
     assert EC.routing_table(frame, "multi_interest").loc["mixture_k2", "routing_entropy (mean)"] == pytest.approx(0.7)
 
