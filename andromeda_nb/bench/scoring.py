@@ -336,6 +336,13 @@ PHASES = {
         *(replace(in_math(case, "fp16"), config=cfg(math="fp16", f16_weights="shared", max_registers=96, block=128,
                                                      blocks_per_sm=5))
           for case in (scores("gated", "fp16"), fused("gated", "fp16", path="filter")))),
+    # two rounds of rows in flight in registers (rows_ahead=2), the weights in shared memory to make
+    # room, beside one round with the weights in either place: int8 and fp16 rows, scores to memory
+    # and the fused top-1000 (int8 rows on the H200 read at 0.77 of the ceiling with one round)
+    "rows_ahead": tuple(
+        replace(in_math(case, "fp16"), config=cfg(math="fp16", **c))
+        for dt in ("int8", "fp16") for case in (scores("gated", dt), fused("gated", dt, path="filter"))
+        for c in ({}, {"f16_weights": "shared"}, {"f16_weights": "shared", "rows_ahead": 2})),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),
@@ -464,6 +471,8 @@ def config_note(config) -> str:
         parts.append(f"tile_order={config.tile_order}")
     if config.kernel_f16_weights() == "shared":
         parts.append("f16_weights=shared")
+    if config.kernel_rows_ahead() != 1:
+        parts.append(f"rows_ahead={config.kernel_rows_ahead()}")
     return " ".join(parts)
 
 

@@ -104,6 +104,13 @@ class KernelConfig:
             near the read ceiling there), but ``score_topk`` on int8 rows at 0.97-1.02x by wall
             clock; lower caps did not help int8 rows (0.59-0.98x registers'); the H200, where the
             int8 kernel stays below its ceiling, is unmeasured with them. The same scores either way.
+        rows_ahead: rounds of rows fp16 math keeps in flight in registers, where each round's rows
+            are loaded while the previous one computes (the full pool, candidate lists, a bitset
+            outside a selection): ``1`` or ``2`` (a second set of the round's row registers: 16
+            more a thread for int8 rows at d = 64, 32 for fp16 rows; with the weights in
+            registers that passes the 128-register cap, so pair it with ``f16_weights="shared"``).
+            ``"auto"`` (default): 1. The int8 kernel on the H200 reads at 0.77 of the ceiling with
+            one round (2 KB a warp) in flight; two are unmeasured. The same scores either way.
     """
 
     values: str = "chosen"
@@ -120,6 +127,7 @@ class KernelConfig:
     dequant: str = "auto"
     tile_order: str = "tiles"
     f16_weights: str = "auto"
+    rows_ahead: int | str = "auto"
 
     def __post_init__(self):
         for name, allowed in (("weights", ("auto", "shared", "param")), ("guard", ("fence", "offset")),
@@ -129,6 +137,8 @@ class KernelConfig:
             v = getattr(self, name)
             if not isinstance(v, str) or v not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
+        if isinstance(self.rows_ahead, bool) or self.rows_ahead not in ("auto", 1, 2):
+            raise ValueError(f"rows_ahead must be 'auto', 1 or 2, got {self.rows_ahead!r}")
         for name in ("tensor_cores", "naive"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -163,6 +173,11 @@ class KernelConfig:
         """``f16_weights`` as the kernel generator takes it: ``"auto"`` is ``"registers"``, and
         only fp16 math has a per-lane weight image to place (others get ``"registers"``)."""
         return "shared" if self.math == "fp16" and self.f16_weights == "shared" else "registers"
+
+    def kernel_rows_ahead(self) -> int:
+        """``rows_ahead`` as the kernel generator takes it: ``"auto"`` is 1, and only fp16 math keeps
+        a second round (others get 1)."""
+        return 2 if self.math == "fp16" and self.rows_ahead == 2 else 1
 
     def kernel_tile_order(self) -> str:
         """``tile_order`` as the kernel generator takes it: only fp16 math has tiles to order (others

@@ -17,14 +17,15 @@ SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
 
 
 def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access: str, compact: bool,
-                   n: str = "n_items", row: str = "", int8: bool = False) -> None:
+                   n: str = "n_items", row: str = "", int8: bool = False, into: str = "") -> None:
     """Emit the loads of tile t (rows 16 t + g and 16 t + g + 8 of a warp's 32 ads, counted from
     ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
     row past the end or not eligible). ``n``: the name of the item count; ``row``: the candidate
     list's row prefix (``"b, "`` in batched kernels). ``int8`` (fp16 math): 4 dims are 4 bytes, half
     a word: the lane loads only its half (``c % 2``) of the word holding its dims (``c // 2 + 2 wi``),
     one register instead of two (``ld_half``; the register cap left int8 tiles spilling with whole
-    words), and the row scale into ``sc{q}``."""
+    words), and the row scale into ``sc{q}``. ``into``: a suffix of those names (``"b"``: the
+    round after next's registers, :func:`emit_mma`'s ``rows_ahead=2``)."""
     for q in (2 * t, 2 * t + 1):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
         half = q % 2
         emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
@@ -42,16 +43,17 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
                 emit(f"{ind}    okr{q} = test_bit(elig, ir{q}) != 0")
         emit(f"{ind}ur{q} = uint64(sr{q})")
         for wi in range(d // 16):
-            emit(f"{ind}m{q}_{wi} = {'uint32' if int8 else 'uint64'}(0)")
+            emit(f"{ind}m{q}_{wi}{into} = {'uint32' if int8 else 'uint64'}(0)")
         if int8:
-            emit(f"{ind}sc{q} = zero")
+            emit(f"{ind}sc{q}{into} = zero")
         emit(f"{ind}if okr{q}:")
         for wi in range(d // 16):
             col = f"c4h + {2 * wi}" if int8 else f"c4 + {4 * wi}"
             idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
-            emit(f"{ind}    m{q}_{wi} = ld_half(words, {idx}, c4o)" if int8 else f"{ind}    m{q}_{wi} = words[{idx}]")
+            emit(f"{ind}    m{q}_{wi}{into} = ld_half(words, {idx}, c4o)" if int8
+                 else f"{ind}    m{q}_{wi}{into} = words[{idx}]")
         if int8:
-            emit(f"{ind}    sc{q} = scale[ur{q}]")
+            emit(f"{ind}    sc{q}{into} = scale[ur{q}]")
 
 
 def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
@@ -183,7 +185,8 @@ def _emit_mma_store(emit, ind: str) -> None:
 
 def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
               prefetch: bool = False, n: str = "n_items", row: str = "", math: str = "fp32",
-              dequant: str = "mul", interleave: bool = False, shared_weights: bool = False) -> None:
+              dequant: str = "mul", interleave: bool = False, shared_weights: bool = False,
+              rows_ahead: int = 1) -> None:
     """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
     needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
@@ -192,7 +195,11 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     ``dequant``: :func:`_emit_mma_f16_step`'s (int8 rows in fp16 math); ``interleave`` (fp16 math):
     the two tiles' steps alternate, and the next round's loads follow both; ``shared_weights``
     (fp16 math): each step's weight words are read from shared memory, once for both tiles (the
-    steps alternate)."""
+    steps alternate). ``rows_ahead=2`` (with ``prefetch``): two rounds of rows in flight, not one:
+    the round after next's words sit in a second set of registers (``m*b``, loaded before the
+    loop), each tile loads the round two on (``base + 2 stride``) into its own once encoded, and
+    the sets trade names at the round's end (register moves ptxas removes), so a warp keeps about
+    twice the row bytes in flight for the registers of one more round."""
     ind = "        "
     int8 = dtype == "int8"
     shared_weights = shared_weights and math == "fp16"
@@ -218,7 +225,13 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
                 _emit_mma_f16_step(emit, ind, t, j, int8, dequant)
         if prefetch:
             for t in tiles:
-                emit_mma_load(emit, ind, t, "base + stride", d, layout, access, compact, n, row, int8)
+                emit_mma_load(emit, ind, t, "base + stride" if rows_ahead == 1 else "base + 2 * stride", d, layout,
+                              access, compact, n, row, int8)
+    if prefetch and rows_ahead == 2:  # the next round's rows become this set's, the loaded ones wait
+        for q in range(4):
+            names = [f"m{q}_{wi}" for wi in range(d // 16)] + ([f"sc{q}"] if int8 else [])
+            emit(f"{ind}{', '.join(names)}, {', '.join(x + 'b' for x in names)} = "
+                 f"{', '.join(x + 'b' for x in names)}, {', '.join(names)}")
     _emit_mma_store(emit, ind)
 
 

@@ -95,7 +95,7 @@ class _Source:
 
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
                  guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto",
-                 l2_ahead=0, dequant="mul", tile_order="tiles", f16_weights="registers"):
+                 l2_ahead=0, dequant="mul", tile_order="tiles", f16_weights="registers", rows_ahead=1):
         self.math, self.dequant, self.tile_order, self.f16_weights = math, dequant, tile_order, f16_weights
         mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
         self.model, self.d, self.E, self.K, self.dtype, self.layout = model, d, E, K, dtype, layout
@@ -118,6 +118,8 @@ class _Source:
         # L2 prefetch of the round l2_ahead rounds on (pool access: the position is the slot, every
         # row is read): the registers bound the rows in flight to one round ahead, L2 does not
         self.l2_ahead = l2_ahead if (self.prefetch and access == "pool" and not batched) else 0
+        # rounds of rows in flight in registers (fp16 math): two where rounds follow each other simply
+        self.rows_ahead = rows_ahead if self.prefetch else 1
         # fp16 math's softmax in fewer instructions (exp_approx, div_full: ~1e-6 relative, inside the
         # fp32 accuracy it promises); the fp32 math keeps libdevice's exp and the IEEE division
         self.fast_softmax = softmax == "fast" or (softmax == "auto" and math == "fp16")
@@ -255,7 +257,7 @@ class _Source:
         if self.mma:
             emit_mma(self.emit, self.d, self.dtype, self.layout, self.access, self.compact, self.mma_terms,
                      self.prefetch, self.n, self.row, self.math, self.dequant, self.tile_order == "steps",
-                     self.f16_weights == "shared")
+                     self.f16_weights == "shared", self.rows_ahead)
 
     def _fence(self) -> bool:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it would
@@ -277,6 +279,9 @@ class _Source:
             for t in range(2):
                 emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row,
                               self.dtype == "int8")
+            for t in range(2 if self.rows_ahead == 2 else 0):  # and the second round's (emit_mma)
+                emit_mma_load(emit, "    ", t, "base + stride", self.d, self.layout, self.access, False, self.n,
+                              self.row, self.dtype == "int8", into="b")
         if self.sample:  # positions 0..M of the sample; p: the candidate each one reads
             emit("    whole = n_req <= {}".format(self.sample))
             emit(f"    step = n_req // {self.sample // SAMPLE_RUN}")
@@ -626,10 +631,11 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
             prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
             bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
-            dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers") -> str:
+            dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers",
+            rows_ahead: int = 1) -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
                    mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead, dequant,
-                   tile_order, f16_weights).text()
+                   tile_order, f16_weights, rows_ahead).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -639,7 +645,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  weights: str = "shared", guard: str = "fence", mma: bool = False, mma_terms: int = 3,
                  prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
                  bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
-                 dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers"):
+                 dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers",
+                 rows_ahead: int = 1):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -705,6 +712,9 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             chains in one basic block). The same scores either way.
         f16_weights: fp16 math's per-lane weights in ``"registers"`` or ``"shared"`` memory (read
             step by step, the steps alternating; :class:`.config.KernelConfig`). The same scores.
+        rows_ahead: rounds of rows fp16 math keeps in flight in registers where the next round's
+            are loaded early (``prefetch``; elsewhere 1): 1 or 2 (:class:`.config.KernelConfig`).
+            The same scores.
 
     Raises:
         ValueError: for a configuration the generator cannot build (before any compilation).
@@ -721,6 +731,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"tile_order must be 'tiles', or 'steps' with fp16 math; got {tile_order!r} ({math})")
     if f16_weights not in ("registers", "shared") or (f16_weights == "shared" and math != "fp16"):
         raise ValueError(f"f16_weights must be 'registers', or 'shared' with fp16 math; got {f16_weights!r} ({math})")
+    if isinstance(rows_ahead, bool) or rows_ahead not in (1, 2) or (rows_ahead == 2 and math != "fp16"):
+        raise ValueError(f"rows_ahead must be 1, or 2 with fp16 math; got {rows_ahead!r} ({math})")
     if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
         raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} "
                          f"({math}, {dtype})")
@@ -757,7 +769,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
                   seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice,
-                  l2_ahead, dequant, tile_order, f16_weights)
+                  l2_ahead, dequant, tile_order, f16_weights, rows_ahead)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
@@ -772,7 +784,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     mma_tag += ("" if bias_load == "ahead" else f"_b{bias_load}") + ("" if softmax == "auto" else f"_{softmax}")
     mma_tag += ("" if choice == "auto" else f"_{choice}") + (f"_l2a{l2_ahead}" if l2_ahead else "")
     mma_tag += ("_fma" if dequant == "fma" else "") + ("_steps" if tile_order == "steps" else "")
-    mma_tag += "_wsh" if f16_weights == "shared" else ""
+    mma_tag += ("_wsh" if f16_weights == "shared" else "") + ("_ra2" if rows_ahead == 2 else "")
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")

@@ -152,7 +152,8 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
                         block, cap, True, config.values, config.max_registers, config.items if topk_k else 1,
                         config.sync_every if topk_k else 1, False, config.weights, config.guard,
                         config.tensor_cores, math=config.math, dequant=config.dequant,
-                        tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights())
+                        tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights(),
+                        rows_ahead=config.kernel_rows_ahead())
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
@@ -279,7 +280,8 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     kern = fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access, block,
                         0, True, config.values, config.max_registers, 1, 1, True, config.weights, config.guard,
                         config.tensor_cores, math=config.math, dequant=config.dequant,
-                        tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights())
+                        tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights(),
+                        rows_ahead=config.kernel_rows_ahead())
     grid = launch.grid_for(n_items, block, config.blocks_per_sm)
     image, extra = _weight_args(dreq, config)
     kern[grid, block](table.words, table.scale, table.bias, image,

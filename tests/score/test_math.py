@@ -711,3 +711,40 @@ def test_shared_f16_weights_answer_as_registers(rng, dtype):
         anb.KernelConfig(f16_weights="constant")
     with pytest.raises(ValueError, match="f16_weights"):
         fused_kernel("gated", 32, 5, 2, dtype, "tiles", "pool", 32, f16_weights="shared")  # fp32 math
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_two_rounds_of_rows_ahead_answer_as_one(rng, dtype):
+    """KernelConfig(rows_ahead=2) (a second set of row registers: the round after next loaded while
+    this one computes) gives one round's answers: scores to memory over the pool, score_topk's
+    filter path over the pool, a bitset and candidates, with weights in registers or shared
+    memory. 301 ads in blocks of 32 on the simulator's 4 blocks: each warp runs three rounds, the
+    last one partly past the end, so both register sets are read, traded and refilled. "auto" is
+    one round; two apply to fp16 math only, and bad values are refused."""
+    from andromeda_nb.score.fused import fused_kernel
+    from andromeda_nb.topk.config import TopKConfig, TopKTuning
+
+    seeded = TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256))
+    t, dt = table_of(rng, 301, 32, "tiles", dtype)
+    req = anb.Request.random(32, 5, 2, rng)
+    one = anb.KernelConfig(math="fp16", block=32)
+    assert one.kernel_rows_ahead() == 1 and anb.KernelConfig(math="fp32", rows_ahead=2).kernel_rows_ahead() == 1
+    mask = rng.random(301) < 0.7
+    cand = rng.choice(301, 150, replace=False).astype(np.int32)
+    want = anb.score_ads(req, dt, config=one).copy_to_host()
+    near = checks.near_tie_ads(req, t, "fp16")  # the fp16 model's answers, as test_fp16_math checks them
+    assert not (~near & (np.abs(want - reference.score(req, t, math="fp16")) > checks.score_tolerance(req, t, "fp16"))).any()
+    for weights in ("registers", "shared"):
+        two = anb.KernelConfig(math="fp16", block=32, rows_ahead=2, f16_weights=weights)
+        assert two.kernel_rows_ahead() == 2
+        np.testing.assert_array_equal(anb.score_ads(req, dt, config=two).copy_to_host(), want)
+        for kw in ({}, {"eligible": mask}, {"candidates": cand}):
+            got = anb.score_topk(req, dt, 9, config=two, path="filter", topk_config=seeded, **kw)
+            ref = anb.score_topk(req, dt, 9, config=one, path="filter", topk_config=seeded, **kw)
+            np.testing.assert_array_equal(got.ids, ref.ids)
+            np.testing.assert_array_equal(got.scores, ref.scores)
+    for bad in (0, 3, True, "2"):
+        with pytest.raises(ValueError, match="rows_ahead"):
+            anb.KernelConfig(rows_ahead=bad)
+    with pytest.raises(ValueError, match="rows_ahead"):
+        fused_kernel("gated", 32, 5, 2, dtype, "tiles", "pool", 32, rows_ahead=2)  # fp32 math
