@@ -88,24 +88,40 @@ def recall_tables(frame: pd.DataFrame, datasets) -> dict[str, dict[str, pd.DataF
 
 
 def trained_as(frame: pd.DataFrame, dataset: str, models) -> list[str]:
-    """How each model's recall rows were trained: ``tuned`` (the project's models whose ``scorer``
-    says so, and the baselines, tuned on the validation split), ``preset's settings``, ``mixed``
-    (seeds of both), ``generator`` (the true click model; with the users' interests estimated from
-    their training clicks: ``generator, interests from clicks``)."""
+    """How each model's recall rows were trained: ``tuned on last sessions`` or ``tuned on last
+    clicks`` (the project's models whose ``scorer`` says they were tuned, and the baselines, by the
+    validation split their scorer names: :meth:`~andromeda_nb.training.data.InteractionData.resolve_split`;
+    ``tuned`` where no scorer says; a baseline whose scorer names no setting: ``nothing to
+    tune``), ``preset's settings``, ``mixed`` (seeds of both), ``generator``
+    (the true click model; with the users' interests estimated from their training clicks:
+    ``generator, interests from clicks``)."""
     rec = frame[(frame["metric"] == "recall@100") & (frame["dataset"] == dataset)
                 & (frame["experiment"] == "expert_count")]  # the rows recall_table averages
     if "scorer" not in rec:  # a frame written before the column: the preset's settings
         rec = rec.assign(scorer="")
+    base = frame[(frame["metric"] == "recall@100") & (frame["dataset"] == dataset)
+                 & (frame["experiment"] == "baselines")]
     out = []
     for m in models:
         if str(m).startswith("baseline_"):
-            out.append("tuned")
+            scorer = results.text(base.loc[base["model"] == m], "scorer")
+            # a baseline without settings (most popular: its scorer names none) had nothing to tune
+            out.append("nothing to tune" if len(scorer) and not scorer.str.contains("=").any() else _tuned_on(scorer))
             continue
-        tuned = results.text(rec.loc[rec["model"] == m], "scorer").str.startswith("tuned")
+        scorer = results.text(rec.loc[rec["model"] == m], "scorer")
+        tuned = scorer.str.startswith("tuned")
         out.append("generator" if m == "true_model" else "generator, interests from clicks"
-                   if m == "true_model_estimated" else "tuned" if len(tuned) and tuned.all()
+                   if m == "true_model_estimated" else _tuned_on(scorer) if len(tuned) and tuned.all()
                    else "preset's settings" if not tuned.any() else "mixed")
     return out
+
+
+def _tuned_on(scorers: pd.Series) -> str:
+    """``tuned on last sessions`` / ``tuned on last clicks`` as every one of a model's tuned rows'
+    scorers says (a session split names its "last sessions"), ``tuned`` without scorers or where
+    they differ."""
+    said = set(scorers[scorers != ""].str.contains("last sessions"))
+    return "tuned" if len(said) != 1 else "tuned on last sessions" if said.pop() else "tuned on last clicks"
 
 
 def recall_display(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -361,11 +377,14 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
     noise = ": no spread to judge noise by" if seeds < 2 else ""
     lines = [f"**{dataset}** ({seeds} seed{'s' if seeds != 1 else ''}{noise}):"]
     if "single_tower" in rk.index:
+        ranking = (quality.paired_difference(frame, dataset, "ranking", "single_tower")
+                   if frame is not None and "ranking" in r100.index else None)
         for m in MIXTURES:
             if m in rk.index:
+                gain = r100.loc[m, "mean"] - r100.loc["single_tower", "mean"]
                 lines.append(f"  * {m}: recall@{k} {100 * (rk[m] / rk['single_tower'] - 1):+.1f} % against the single "
-                             f"tower, recall@100 {100 * (r100.loc[m, 'mean'] - r100.loc['single_tower', 'mean']):+.2f} pp"
-                             + _paired(frame, dataset, m, "single_tower"))
+                             f"tower, recall@100 {100 * gain:+.2f} pp" + _paired(frame, dataset, m, "single_tower")
+                             + _gap_share(gain, ranking))
     ours = r100[~r100.index.isin(quality.BASELINE_ORDER)]
     base = r100[r100.index.isin(quality.BASELINE_ORDER)]
     retrieval = ours.drop([m for m in ("ranking", *quality.GENERATOR_MODELS) if m in ours.index])
@@ -452,15 +471,21 @@ def tuning_effect_line(frame: pd.DataFrame, dataset: str) -> str:
                                         if worse else ""))
 
 
-def session_tuning_line(frame: pd.DataFrame, dataset: str) -> str:
-    """Models tuned on the validation split of each user's last training session (``tuned_session``
-    rows: :func:`~andromeda_nb.training.tuning.validation_view`) and trained at their points:
-    held-out recall@100 with its 95 % interval over seeds, paired against the same model at the
-    preset's settings and tuned on the last-click split; the models tuned there but not yet trained
-    at their points are named. '' without such rows; rows of one preset only (ValueError otherwise)."""
+#: the validation splits other tunings than the main table's used, by their rows' experiment
+#: (:func:`~andromeda_nb.training.tuning.validation_view`)
+TUNED_ON = {"tuned_session": "tuned on the validation split of each user's last training session",
+            "tuned_last_click": "tuned on the validation split of each user's last training click"}
+
+
+def split_tuning_line(frame: pd.DataFrame, dataset: str, experiment: str = "tuned_session") -> str:
+    """Models tuned on another validation split than the main table's (``experiment``'s rows, one
+    of :data:`TUNED_ON`) and trained at their points: held-out recall@100 with its 95 % interval
+    over seeds, paired against the same model at the preset's settings and in the main table
+    (``expert_count``); the models tuned there but not yet trained at their points are named. ''
+    without such rows; rows of one preset only (ValueError otherwise)."""
     if "experiment" not in frame:
         return ""
-    rows = frame[(frame["dataset"] == dataset) & (frame["experiment"] == "tuned_session")]
+    rows = frame[(frame["dataset"] == dataset) & (frame["experiment"] == experiment)]
     quality.one_preset(rows)
     rec = rows[(rows["metric"] == "recall@100") & pd.to_numeric(rows["value"], errors="coerce").notna()]
     trained = [m for m in quality.PROJECT_MODELS if m in set(rec["model"])]
@@ -477,25 +502,35 @@ def session_tuning_line(frame: pd.DataFrame, dataset: str) -> str:
         main = results.text(recall[(recall["model"] == m) & (recall["experiment"] == "expert_count")], "scorer")
         main_said = ("the `expert_count` rows" if not len(main) or not main.iloc[0].startswith("tuned") else
                      "the `expert_count` rows' session tuning" if "of last sessions" in main.iloc[0] else
-                     "the last-click tuning")
+                     "the `expert_count` rows' last-click tuning")
         for other, name in (("preset_settings", "the preset's settings"), ("expert_count", main_said)):
-            p = quality.paired_experiments(frame, dataset, m, "tuned_session", other)
+            p = quality.paired_experiments(frame, dataset, m, experiment, other)
             if p["seeds"] >= 2:
                 part += f"; against {name} " + _difference(
                     p, mine, recall[(recall["model"] == m) & (recall["experiment"] == other)])
         parts.append(part)
     if not parts and not waiting:
         return ""
-    line = f"{dataset}, tuned on the validation split of each user's last training session (`tuned_session` rows)"
+    line = f"{dataset}, {TUNED_ON.get(experiment, 'tuned')} (`{experiment}` rows)"
     if not parts:
         return f"{line}: {', '.join(waiting)}, not yet trained at their points."
     return (f"{line}, held-out recall@100: {'; '.join(parts)}."
             + (f" Tuned there, not yet trained at their points: {', '.join(waiting)}." if waiting else ""))
 
 
+def _gap_share(gain: float, ranking: dict | None) -> str:
+    """``, x.xx of the gap to the ranking model``: a mixture's recall@100 gain over the single tower
+    as a share of the ranking model's (``ranking``: its paired difference from the single tower),
+    where the ranking model leads beyond its interval and the mixture gains at all; else ''."""
+    if ranking is None or not ranking["seeds"] >= 2 or not ranking["mean"] > ranking["ci95"] or not gain > 0:
+        return ""
+    return f", {gain / ranking['mean']:.2f} of the gap to the ranking model"
+
+
 #: how :func:`against_single_tower_line` names the rows it compares
 _TRAINED_AS = {"preset_settings": "at the preset's settings (`preset_settings` rows, not the tuning's choices)",
-               "tuned_session": "tuned on last sessions (`tuned_session` rows)"}
+               "tuned_session": "tuned on last sessions (`tuned_session` rows)",
+               "tuned_last_click": "tuned on last clicks (`tuned_last_click` rows)"}
 
 
 def against_single_tower_line(frame: pd.DataFrame, dataset: str, experiment: str = "preset_settings") -> str:
@@ -513,10 +548,8 @@ def against_single_tower_line(frame: pd.DataFrame, dataset: str, experiment: str
     paired = {m: quality.paired_difference(frame, dataset, m, "single_tower", experiments=(experiment,))
               for m in models}
     paired = {m: p for m, p in paired.items() if p["seeds"] >= 2}
-    gap = paired["ranking"]["mean"] if "ranking" in paired else float("nan")
-    parts = [f"{m} {_difference(p)}" + (f", {p['mean'] / gap:.2f} of the gap to the ranking model"
-                                        if m != "ranking" and gap > 0 else "")
-             for m, p in paired.items()]
+    parts = [f"{m} {_difference(p)}" + _gap_share(p["mean"], paired.get("ranking")) if m != "ranking"
+             else f"{m} {_difference(p)}" for m, p in paired.items()]
     return (f"{dataset} {_TRAINED_AS.get(experiment, f'(`{experiment}` rows)')}, recall@100 against the single "
             "tower: " + "; ".join(parts) + ".") if parts else ""
 
@@ -563,10 +596,11 @@ def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
     Rows of one preset only (ValueError otherwise)."""
     recall = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")]
     experiment = recall["experiment"] if "experiment" in recall else pd.Series("expert_count", index=recall.index)
-    rec, kept = recall[experiment == "expert_count"], recall[(experiment == "preset_settings")
-                                                            & recall["model"].isin(quality.PROJECT_MODELS)]
-    session = recall[(experiment == "tuned_session") & recall["model"].isin(quality.PROJECT_MODELS)]
-    quality.one_preset(pd.concat([rec, kept, session]))
+    rec = recall[experiment == "expert_count"]
+    others = [(recall[(experiment == e) & recall["model"].isin(quality.PROJECT_MODELS)], said) for e, said in (
+        ("preset_settings", "at the preset's settings"), ("tuned_session", "tuned on last sessions"),
+        ("tuned_last_click", "tuned on last clicks"))]
+    quality.one_preset(pd.concat([rec, *(rows for rows, _ in others)]))
     mean = rec.assign(value=rec["value"].astype(float)).groupby("model")["value"].mean()
     if not set(quality.GENERATOR_MODELS) <= set(mean.index):
         return ""
@@ -578,7 +612,7 @@ def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
         line += (f". The best project model of the tables (`expert_count` rows: {ours.idxmax()}, {ours.max():.4f}) "
                  f"reaches {ours.max() / est:.3f} of the estimated and {ours.max() / true:.3f} of the true model")
     clauses = []
-    for rows, said in ((kept, "at the preset's settings"), (session, "tuned on last sessions")):
+    for rows, said in others:
         best = rows.assign(value=rows["value"].astype(float)).groupby("model")["value"].mean()
         if len(best):
             clauses.append(f"{said} ({best.idxmax()}, {best.max():.4f}) {best.max() / est:.3f} and "
@@ -597,8 +631,8 @@ def findings(frame: pd.DataFrame, tables, datasets) -> str:
     if tuned:
         lines.append(tuned)
     lines += [line for ds in datasets if (line := tuning_effect_line(frame, ds))]
-    lines += [line for ds in datasets if (line := session_tuning_line(frame, ds))]
-    lines += [line for ds in datasets for e in ("tuned_session", "preset_settings")
+    lines += [line for ds in datasets for e in TUNED_ON if (line := split_tuning_line(frame, ds, e))]
+    lines += [line for ds in datasets for e in (*TUNED_ON, "preset_settings")
               if (line := against_single_tower_line(frame, ds, e))]
     lines += [line for ds in datasets if (line := variant_line(frame, ds))]
     cost = kernel_cost_line(frame)

@@ -130,11 +130,11 @@ def test_tuning_line_says_which_rows_are_tuned():
     assert EC.tuning_line(pd.DataFrame(rows).assign(scorer="s")).startswith("The project's models were trained at")
 
 
-def test_session_tuning_line_pairs_the_session_tuned_rows_with_the_other_trainings():
+def test_split_tuning_line_pairs_another_split_s_rows_with_the_other_trainings():
     """tuned_session rows: held-out mean and 95 % interval over seeds, the tuned point, paired
     differences against the same model at the preset's settings and tuned on the last-click split
     (expert_count), 'within noise' only inside the interval; models tuned there with no trained
-    seed are named; another dataset's rows stay out."""
+    seed are named; another dataset's rows stay out; tuned_last_click rows alike, named so."""
     point = "tuned on the validation split of last sessions: lr x3, steps x2 (each length its own run) at x=1"
     rows = (_rows("multi_interest", "ranking", "recall@100", [0.21, 0.212, 0.214], experiment="tuned_session",
                   scorer=point)
@@ -149,10 +149,11 @@ def test_session_tuning_line_pairs_the_session_tuned_rows_with_the_other_trainin
                     scorer="tuned on the validation split: lr x0.111, steps x2 (each length its own run)")
             + _rows("ml-100k", "single_tower", "recall@100", [0.5, 0.5], experiment="tuned_session"))
     frame = pd.DataFrame(rows)
-    text = EC.session_tuning_line(frame, "multi_interest")
+    text = EC.split_tuning_line(frame, "multi_interest")
     # mean 0.212, sd 0.002: t(2) 4.303 x 0.002 / sqrt(3) = 0.0050
     assert ("held-out recall@100: ranking 0.2120 ±0.0050 over 3 seeds (lr x3, steps x2); against the preset's "
-            "settings +1.00 pp (paired over 3 seeds ±0.00); against the last-click tuning +0.60 pp (paired over 3 "
+            "settings +1.00 pp (paired over 3 seeds ±0.00); against the `expert_count` rows' last-click tuning +0.60 pp "
+            "(paired over 3 "
             "seeds ±0.99, within noise). Tuned there, not yet trained at their points: mixture_k2.") in text, text
     assert "single_tower" not in text and "0.5000" not in text and "trained on" not in text
     # a seed's rows count once, a NaN value not at all, one seed gets no interval, generator rows
@@ -164,27 +165,34 @@ def test_session_tuning_line_pairs_the_session_tuned_rows_with_the_other_trainin
         + _rows("multi_interest", "single_tower", "recall@100", [0.2], experiment="tuned_session", scorer=point)
         + _rows("multi_interest", "true_model", "recall@100", [0.3, 0.3], experiment="tuned_session"))],
         ignore_index=True)
-    more_text = EC.session_tuning_line(more, "multi_interest")
+    more_text = EC.split_tuning_line(more, "multi_interest")
     assert "ranking 0.2120 ±0.0050 over 3 seeds" in more_text, more_text
     assert "single_tower 0.2000 over 1 seed (lr x3, steps x2)" in more_text and "±nan" not in more_text
     assert "true_model" not in more_text
     moved = frame.assign(device=np.where(frame["experiment"] == "tuned_session", "gpu-b", "cpu"))
     assert ("+1.00 pp (paired over 3 seeds ±0.00; trained on gpu-b against cpu)"
-            in EC.session_tuning_line(moved, "multi_interest"))
+            in EC.split_tuning_line(moved, "multi_interest"))
     # what the expert_count rows are is read from their scorer: a session tuning, or untuned rows
     main = (frame["experiment"] == "expert_count")
     session_main = frame.assign(scorer=np.where(main, point, frame["scorer"]))
-    assert "against the `expert_count` rows' session tuning +0.60 pp" in EC.session_tuning_line(session_main,
+    assert "against the `expert_count` rows' session tuning +0.60 pp" in EC.split_tuning_line(session_main,
                                                                                                  "multi_interest")
     untuned = frame.assign(scorer=np.where(main, "torch_fp32_formula", frame["scorer"]))
-    assert "against the `expert_count` rows +0.60 pp" in EC.session_tuning_line(untuned, "multi_interest")
-    waiting = EC.session_tuning_line(frame[frame["metric"] != "recall@100"], "multi_interest")
+    assert "against the `expert_count` rows +0.60 pp" in EC.split_tuning_line(untuned, "multi_interest")
+    waiting = EC.split_tuning_line(frame[frame["metric"] != "recall@100"], "multi_interest")
     assert waiting.endswith("(`tuned_session` rows): mixture_k2, ranking, not yet trained at their points."), waiting
-    assert EC.session_tuning_line(frame, "nowhere") == "" and EC.session_tuning_line(frame.drop(columns="experiment"),
+    assert EC.split_tuning_line(frame, "nowhere") == "" and EC.split_tuning_line(frame.drop(columns="experiment"),
                                                                                      "multi_interest") == ""
     assert "(`tuned_session` rows)" in EC.findings(frame, {}, ["multi_interest"])
+    # the main table tuned on last sessions, the last-click tuning's rows beside it
+    clicks = frame.assign(experiment=frame["experiment"].replace("tuned_session", "tuned_last_click"))
+    line = EC.split_tuning_line(clicks, "multi_interest", "tuned_last_click")
+    assert line.startswith("multi_interest, tuned on the validation split of each user's last training click "
+                           "(`tuned_last_click` rows), held-out recall@100: ranking 0.2120"), line
+    assert EC.split_tuning_line(clicks, "multi_interest") == ""  # no tuned_session rows left
+    assert line in EC.findings(clicks, {}, ["multi_interest"])
     with pytest.raises(ValueError, match="several presets"):
-        EC.session_tuning_line(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")
+        EC.split_tuning_line(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")
 
 
 def test_routing_table():
@@ -268,6 +276,16 @@ def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
     assert line.startswith("multi_interest tuned on last sessions (`tuned_session` rows)")
     assert "mixture_k2 +1.00 pp (paired over 3 seeds ±0.00), 0.25 of the gap to the ranking model" in line
     assert EC.against_single_tower_line(session, "multi_interest") == ""  # no preset_settings rows there
+    # no share where the ranking model's lead is within its interval (a tiny gap makes any share huge)
+    noisy = session.copy()
+    noisy.loc[noisy["model"] == "ranking", "value"] = [0.19, 0.23, 0.22]
+    assert "of the gap" not in EC.against_single_tower_line(noisy, "multi_interest", "tuned_session")
+    # the main table's verdict gives the share too
+    main = pd.concat([session, *(session.assign(metric=f"recall@{k}") for k in quality.KS["multi_interest"]
+                                 if k != 100)])
+    main = main.assign(experiment="expert_count")
+    text = "\n".join(EC.verdict(EC.recall_tables(main, ["multi_interest"]), "multi_interest", main))
+    assert "recall@100 +1.00 pp (paired over 3 seeds: 95 % interval ±0.00 pp), 0.25 of the gap to the ranking model" in text
     # the routing table is the tuned models' (the recall table's), not the preset-settings rows'
     assert EC.routing_table(frame, "multi_interest").loc["mixture_k2", "routing_entropy (mean)"] == pytest.approx(0.7)
 
@@ -399,13 +417,24 @@ def test_recall_table_says_how_each_model_was_trained():
             + _rows("ml-100k", "mixture_k2", "recall@100", [0.41], scorer="torch_fp32_formula")
             # a preset_settings row of a tuned model does not make it mixed: the table averages expert_count rows
             + _rows("ml-100k", "single_tower", "recall@100", [0.5], experiment="preset_settings")
-            + _rows("ml-100k", "baseline_als", "recall@100", [0.44], experiment="baselines", scorer="implicit"))
+            + _rows("ml-100k", "baseline_als", "recall@100", [0.44], experiment="baselines",
+                    scorer="implicit als factors=64"))
     for k in quality.KS["ml-100k"]:
         if k != 100:
             rows += [dict(r, metric=f"recall@{k}") for r in rows if r["metric"] == "recall@100"]
     shown = EC.recall_display(EC.recall_tables(pd.DataFrame(rows), ["ml-100k"])["ml-100k"])
-    assert shown["trained"].to_dict() == {"single_tower": "tuned", "mixture_k2": "mixed",
-                                          "mixture_k4": "preset's settings", "baseline_als": "tuned"}
+    assert shown["trained"].to_dict() == {"single_tower": "tuned on last clicks", "mixture_k2": "mixed",
+                                          "mixture_k4": "preset's settings", "baseline_als": "tuned on last clicks"}
+    # the split each scorer names: a session split's rows say "last sessions"
+    frame = pd.DataFrame(rows)
+    frame["scorer"] = frame["scorer"].replace({t: "tuned on the validation split of last sessions: lr x3",
+                                               "implicit als factors=64": "implicit als factors=64; validated on last "
+                                                                          "sessions"})
+    assert EC.trained_as(frame, "ml-100k", ["single_tower", "baseline_als", "baseline_ease"]) == [
+        "tuned on last sessions", "tuned on last sessions", "tuned"]
+    popular = pd.DataFrame(_rows("ml-100k", "baseline_most_popular", "recall@100", [0.3], experiment="baselines",
+                                 scorer="numpy most_popular"))
+    assert EC.trained_as(popular, "ml-100k", ["baseline_most_popular"]) == ["nothing to tune"]
 
 
 def test_trained_as_without_a_scorer_column():
@@ -460,6 +489,11 @@ def test_ceiling_line_places_the_best_model_between_the_generator_rows():
     assert EC.ceiling_line(session, "multi_interest").endswith(
         "at the preset's settings (single_tower, 0.2300) 0.958 and 0.767; tuned on last sessions (ranking, 0.2600) "
         "1.083 and 0.867.")
+    clicks = pd.concat([session, pd.DataFrame(
+        _rows("multi_interest", "single_tower", "recall@100", [0.18, 0.18], experiment="tuned_last_click"))])
+    assert EC.ceiling_line(clicks, "multi_interest").endswith(
+        "tuned on last sessions (ranking, 0.2600) 1.083 and 0.867; tuned on last clicks (single_tower, 0.1800) "
+        "0.750 and 0.600.")
     alone = session[~((session["experiment"] == "expert_count") & (session["model"] == "ranking"))
                     & (session["model"] != "single_tower")]
     assert EC.ceiling_line(alone, "multi_interest").endswith(
