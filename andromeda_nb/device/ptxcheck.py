@@ -95,6 +95,13 @@ def variants():
     k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False,
                         math="fp16", dequant="fma", f16_weights="shared")
     out.append(("fused gated d64 E6 K2 int8 tiles pool cap0 math=fp16 f16_weights=shared", k, f16_sig))
+    # two rounds of rows in flight (rows_ahead=2), the weights shared: int8 and fp16 rows
+    for dtype in ("int8", "fp16"):
+        k = FK.fused_kernel("gated", 64, 6, 2, dtype, "tiles", "pool", 256, 0, True, "chosen", None, 1, 1, False,
+                            math="fp16", dequant="fma" if dtype == "int8" else "mul", f16_weights="shared",
+                            rows_ahead=2)
+        out.append((f"fused gated d64 E6 K2 {dtype} tiles pool cap0 math=fp16 f16_weights=shared rows_ahead=2", k,
+                    f16_sig))
     # L2 prefetch a few rounds ahead (l2_ahead): fp16 and int8 rows, scores and the filter pass
     for dtype, layout in (("fp16", "tiles"), ("int8", "rows")):
         k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, "pool", 256, 0, True, "chosen", None, 1, 1, False,
