@@ -42,6 +42,10 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
              (``tile_order="steps"``, fp16 rows too), beside fp16 rows, one run
     f16_weights: fp16 math's weights in shared memory against registers (fp16 and int8 rows, scores to
              memory and the fused top-1000), and int8 with shared weights at lower register caps, one run
+    rows_ahead: two rounds of rows in flight in registers (``rows_ahead=2``, weights in shared memory)
+             beside one round with the weights in registers or shared memory, int8 and fp16 rows
+    ring   : int8 rows through a shared-memory ring filled by ``cp.async`` (``ring_stages`` 2, 3, 4,
+             blocks of 128) beside the default launch and blocks of 128 without a ring, one run
     frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
              fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
 
@@ -343,6 +347,14 @@ PHASES = {
         replace(in_math(case, "fp16"), config=cfg(math="fp16", **c))
         for dt in ("int8", "fp16") for case in (scores("gated", dt), fused("gated", dt, path="filter"))
         for c in ({}, {"f16_weights": "shared"}, {"f16_weights": "shared", "rows_ahead": 2})),
+    # int8 rows through a shared-memory ring filled by cp.async (ring_stages: 1-3 rounds in flight
+    # without registers), blocks of 128 (four an SM, the occupancy of two of 256) beside the default
+    # launch and blocks of 128 without a ring; scores to memory and the fused top-1000
+    "ring": tuple(
+        replace(in_math(case, "fp16"), config=cfg(math="fp16", **c))
+        for case in (scores("gated", "int8"), fused("gated", "int8", path="filter"))
+        for c in ({}, {"block": 128, "blocks_per_sm": 4},
+                  *({"block": 128, "blocks_per_sm": 4, "ring_stages": r} for r in (2, 3, 4)))),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),
@@ -473,6 +485,8 @@ def config_note(config) -> str:
         parts.append("f16_weights=shared")
     if config.kernel_rows_ahead() != 1:
         parts.append(f"rows_ahead={config.kernel_rows_ahead()}")
+    if config.kernel_ring_stages():
+        parts.append(f"ring_stages={config.kernel_ring_stages()}")
     return " ".join(parts)
 
 

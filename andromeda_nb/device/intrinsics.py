@@ -102,6 +102,16 @@ if config.ENABLE_CUDASIM:
     def prefetch_l2_2d(arr, i, j):
         _check_prefetch(arr, (int(i), int(j)))
 
+    def cp_async(dst, di, src, si, src_bytes):
+        # the copy lands at once (no other thread runs between a lane's copy and its wait)
+        dst[di] = src[si] if src_bytes else 0
+
+    def cp_async_commit():
+        pass
+
+    def cp_async_wait(n):
+        pass
+
     def exp_approx(x):
         with np.errstate(over="ignore", invalid="ignore"):
             return np.float32(np.exp2(np.float32(x) * np.float32(LOG2E)))
@@ -420,6 +430,69 @@ else:
             return None
         return types.void(arr, i, j), _prefetch_l2_codegen
 
+
+    def _element_address(context, builder, aryty, ary, index):
+        """The generic address of ``ary[index]`` (a tuple of integers, one an axis) as an i64."""
+        arr = context.make_array(aryty)(context, builder, value=ary)
+        off = ir.Constant(_I64, 0)
+        for k in range(aryty.ndim):
+            i = builder.extract_value(index, k)
+            i = builder.sext(i, _I64) if i.type.width < 64 else i
+            off = builder.add(off, builder.mul(i, builder.extract_value(arr.strides, k)))
+        return builder.ptrtoint(builder.gep(builder.bitcast(arr.data, ir.PointerType(ir.IntType(8))), [off]), _I64)
+
+    def _index(t, ndim):
+        return isinstance(t, types.BaseTuple) and len(t) == ndim and all(isinstance(x, types.Integer) for x in t)
+
+    @intrinsic
+    def cp_async(typingctx, dst, di, src, si, src_bytes):
+        """Start an asynchronous copy of the element ``src[si]`` (global memory) to ``dst[di]``
+        (shared memory), ``si`` and ``di`` index tuples, the element 4 or 8 bytes:
+        ``cp.async.ca.shared.global`` with ``src_bytes`` (an int32: the element size, or 0 to
+        write zeros and read nothing). No register waits for it: :func:`cp_async_commit` closes a
+        group of copies, :func:`cp_async_wait` waits until at most n groups are pending, and the
+        copies are then visible to the thread that issued them (other lanes: after a warp barrier)."""
+        if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype
+                and dst.dtype.bitwidth in (32, 64) and _index(di, dst.ndim) and _index(si, src.ndim)
+                and isinstance(src_bytes, types.Integer)):
+            return None
+        size = dst.dtype.bitwidth // 8
+
+        def codegen(context, builder, sig, args):
+            d, s = (_element_address(context, builder, sig.args[k], args[k], args[k + 1]) for k in (0, 2))
+            nbytes = builder.trunc(args[4], ir.IntType(32)) if args[4].type.width > 32 else args[4]
+            fnty = ir.FunctionType(ir.VoidType(), [_I64, _I64, ir.IntType(32)])
+            asm = ir.InlineAsm(fnty, "{ .reg .u64 s64, g; .reg .u32 s; cvta.to.shared.u64 s64, $0; "
+                               f"cvt.u32.u64 s, s64; cvta.to.global.u64 g, $1; cp.async.ca.shared.global [s], [g], "
+                               f"{size}, $2; }}", "l,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [d, s, nbytes])
+            return context.get_dummy_value()
+
+        return types.void(dst, di, src, si, src_bytes), codegen
+
+    @intrinsic
+    def cp_async_commit(typingctx):
+        """Close this thread's pending :func:`cp_async` copies into one group."""
+        def codegen(context, builder, sig, args):
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;", "~{memory}",
+                                      side_effect=True), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    @intrinsic
+    def cp_async_wait(typingctx, n):
+        """Wait until at most ``n`` (a constant) of this thread's copy groups are pending."""
+        if not isinstance(n, types.IntegerLiteral):
+            return None
+        pending = n.literal_value
+
+        def codegen(context, builder, sig, args):
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {pending};", "~{memory}",
+                                      side_effect=True), [])
+            return context.get_dummy_value()
+
+        return types.void(n), codegen
 
     @intrinsic
     def exp_approx(typingctx, x):

@@ -102,6 +102,10 @@ def variants():
                             rows_ahead=2)
         out.append((f"fused gated d64 E6 K2 {dtype} tiles pool cap0 math=fp16 f16_weights=shared rows_ahead=2", k,
                     f16_sig))
+    # int8 rows through a shared-memory ring filled by cp.async (ring_stages), scores and the filter pass
+    k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "pool", 128, 0, True, "chosen", None, 1, 1, False,
+                        math="fp16", dequant="fma", ring_stages=3)
+    out.append(("fused gated d64 E6 K2 int8 tiles pool cap0 math=fp16 ring_stages=3", k, f16_sig))
     # L2 prefetch a few rounds ahead (l2_ahead): fp16 and int8 rows, scores and the filter pass
     for dtype, layout in (("fp16", "tiles"), ("int8", "rows")):
         k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, "pool", 256, 0, True, "chosen", None, 1, 1, False,

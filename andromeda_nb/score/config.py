@@ -113,6 +113,16 @@ class KernelConfig:
             one round (2 KB a warp) in flight; on the H100 (E6 K2 d64, 10^8 ads, one run) two
             rounds ran 1-4 % slower than one, both dtypes, the weights shared; the H200 is
             unmeasured. The same scores either way.
+        ring_stages: int8 rows in fp16 math on the full pool through a shared-memory ring of this
+            many rounds a warp (2-4), filled by asynchronous copies (``cp.async``) instead of
+            register loads: ``ring_stages - 1`` rounds of rows in flight with no register held
+            for them (at 0.77 of the H200's ceiling, the int8 kernel's one round in registers
+            looked short of bytes in flight). A slot holds a warp's 32 rows and scales (2,176
+            bytes at d = 64), so the ring takes ``block / 32 * ring_stages`` of them: with
+            blocks of 256 even two slots pass Numba's 48 KiB of static shared memory beside the
+            result tile; use blocks of 128. Tables of other dtypes ignore it (their shared
+            memory is counted as if they did). ``"auto"`` (default): 0, no ring, until measured.
+            The same scores either way.
     """
 
     values: str = "chosen"
@@ -130,6 +140,7 @@ class KernelConfig:
     tile_order: str = "tiles"
     f16_weights: str = "auto"
     rows_ahead: int | str = "auto"
+    ring_stages: int | str = "auto"
 
     def __post_init__(self):
         for name, allowed in (("weights", ("auto", "shared", "param")), ("guard", ("fence", "offset")),
@@ -141,6 +152,8 @@ class KernelConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
         if isinstance(self.rows_ahead, bool) or self.rows_ahead not in ("auto", 1, 2):
             raise ValueError(f"rows_ahead must be 'auto', 1 or 2, got {self.rows_ahead!r}")
+        if isinstance(self.ring_stages, bool) or self.ring_stages not in ("auto", 0, 2, 3, 4):
+            raise ValueError(f"ring_stages must be 'auto', 0, 2, 3 or 4, got {self.ring_stages!r}")
         for name in ("tensor_cores", "naive"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -180,6 +193,11 @@ class KernelConfig:
         """``rows_ahead`` as the kernel generator takes it: ``"auto"`` is 1, and only fp16 math keeps
         a second round (others get 1)."""
         return 2 if self.math == "fp16" and self.rows_ahead == 2 else 1
+
+    def kernel_ring_stages(self, dtype: str = "int8") -> int:
+        """``ring_stages`` as the kernel generator takes it for a table of ``dtype``: ``"auto"`` is
+        0, and only fp16 math on int8 rows has a ring (others get 0)."""
+        return self.ring_stages if (self.math == "fp16" and dtype == "int8" and self.ring_stages != "auto") else 0
 
     def kernel_tile_order(self) -> str:
         """``tile_order`` as the kernel generator takes it: only fp16 math has tiles to order (others

@@ -56,6 +56,35 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
             emit(f"{ind}    sc{q}{into} = scale[ur{q}]")
 
 
+def emit_ring_issue(emit, ind: str, first: str, slot: str, d: int, layout: str, ring: int,
+                    n: str = "n_items") -> None:
+    """Emit this lane's asynchronous copies of one round's int8 rows into the warp's slot ``slot``
+    of the shared ring (``ring`` slots; :func:`emit_mma`'s ``ring``): the round's 32 ads start at
+    ``first`` + wbase, lane l copies ad l's d/8 words (one 8-byte copy a word: a table of odd
+    length puts a word row's start off 16 bytes) and its scale; an ad past the end gets zeros."""
+    nw = d // 8
+    emit(f"{ind}ra = {first} + wbase + lane")
+    emit(f"{ind}rok = ra < {n}")
+    emit(f"{ind}rj = ra if rok else 0")
+    emit(f"{ind}rb = 8 if rok else 0")
+    emit(f"{ind}rr = wid * {ring * nw} + ({slot}) * {nw}")
+    for w in range(nw):
+        src = f"({w}, rj)" if layout == "tiles" else f"(rj, {w})"
+        emit(f"{ind}cp_async(ring, (rr + {w}, lane), words, {src}, rb)")
+    emit(f"{ind}cp_async(rsc, (wid * {ring} + ({slot}), lane), scale, (rj,), rb // 2)")
+
+
+def _emit_ring_read(emit, ind: str, t: int, d: int, ring: int) -> None:
+    """Tile t's words and scales of this round from the ring's slot ``rs`` into the registers
+    :func:`emit_mma_load` fills (``m{q}_*``, ``sc{q}``), each lane its half-words."""
+    nw = d // 8
+    for q in (2 * t, 2 * t + 1):
+        col = f"{16 * t + 8 * (q % 2)} + g8"
+        for wi in range(d // 16):
+            emit(f"{ind}m{q}_{wi} = ld_half(ring, wid * {ring * nw} + rs * {nw} + c4h + {2 * wi}, {col}, c4o)")
+        emit(f"{ind}sc{q} = rsc[wid * {ring} + rs, {col}]")
+
+
 def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
     """Emit tile t's encoding and mma steps: ``cg{t}_*`` (8 gate logits) and ``cv{t}_*`` (8 value
     dots) of its 16 rows, from the words ``m{2t}_*`` and ``m{2t+1}_*``."""
@@ -186,7 +215,7 @@ def _emit_mma_store(emit, ind: str) -> None:
 def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
               prefetch: bool = False, n: str = "n_items", row: str = "", math: str = "fp32",
               dequant: str = "mul", interleave: bool = False, shared_weights: bool = False,
-              rows_ahead: int = 1) -> None:
+              rows_ahead: int = 1, ring: int = 0) -> None:
     """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
     needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
@@ -199,14 +228,29 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     the round after next's words sit in a second set of registers (``m*b``, loaded before the
     loop), each tile loads the round two on (``base + 2 stride``) into its own once encoded, and
     the sets trade names at the round's end (register moves ptxas removes), so a warp keeps about
-    twice the row bytes in flight for the registers of one more round."""
+    twice the row bytes in flight for the registers of one more round. ``ring`` (int8 rows in fp16
+    math on the full pool; replaces ``prefetch``'s registers): the rows travel through a
+    shared-memory ring of that many rounds a warp, filled by asynchronous copies (``cp.async``):
+    each round first asks for the round ``ring - 1`` on (its own copy group), waits until this
+    round's group has landed (at most ``ring - 1`` pending) and, after a warp barrier (the copies
+    are visible to the lane that issued them), reads its words from the ring, so ``ring - 1``
+    rounds of rows are in flight without a register held for them. A slot is refilled one round
+    after it was read, past :func:`_emit_mma_store`'s warp barriers."""
     ind = "        "
     int8 = dtype == "int8"
     shared_weights = shared_weights and math == "fp16"
     interleave = interleave or shared_weights
     if shared_weights:
         emit(f"{ind}wz = uint64(j >> 62) + uint64(lane)")
-    if not prefetch:
+    if ring:
+        emit_ring_issue(emit, ind, f"base + {ring - 1} * stride", f"(rs + {ring - 1}) % {ring}", d, layout, ring, n)
+        emit(f"{ind}cp_async_commit()")
+        emit(f"{ind}cp_async_wait({ring - 1})")
+        emit(f"{ind}{SYNC_WARP}")
+        for t in range(2):
+            _emit_ring_read(emit, ind, t, d, ring)
+        prefetch = False
+    elif not prefetch:
         for t in range(2):
             emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8)
     # interleaved: both tiles step by step, four independent accumulator chains in one basic block,
@@ -227,6 +271,8 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
             for t in tiles:
                 emit_mma_load(emit, ind, t, "base + stride" if rows_ahead == 1 else "base + 2 * stride", d, layout,
                               access, compact, n, row, int8)
+    if ring:
+        emit(f"{ind}rs = rs + 1 if rs < {ring - 1} else 0")
     if prefetch and rows_ahead == 2:  # the next round's rows become this set's, the loaded ones wait
         for q in range(4):
             names = [f"m{q}_{wi}" for wi in range(d // 16)] + ([f"sc{q}"] if int8 else [])

@@ -52,11 +52,11 @@ from numba import cuda, float32, int16, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from ..device.bits import test_bit
-from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, div_full,
+from ..device.intrinsics import (DECODE, PER_WORD, cp_async, cp_async_commit, cp_async_wait, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, div_full,
                                  exp_approx, film_h2, half2_of, ld_half, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32,
                                  mma_tf32_warp, prefetch_l2, prefetch_l2_2d, tf32_round)
 from ..topk.block import block_topk
-from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load
+from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load, emit_ring_issue
 from .weights import PAD, image_size, mma_image_size
 
 ACCESS = ("pool", "bitset", "candidates")
@@ -95,7 +95,8 @@ class _Source:
 
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
                  guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto",
-                 l2_ahead=0, dequant="mul", tile_order="tiles", f16_weights="registers", rows_ahead=1):
+                 l2_ahead=0, dequant="mul", tile_order="tiles", f16_weights="registers", rows_ahead=1,
+                 ring_stages=0):
         self.math, self.dequant, self.tile_order, self.f16_weights = math, dequant, tile_order, f16_weights
         mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
         self.model, self.d, self.E, self.K, self.dtype, self.layout = model, d, E, K, dtype, layout
@@ -120,6 +121,12 @@ class _Source:
         self.l2_ahead = l2_ahead if (self.prefetch and access == "pool" and not batched) else 0
         # rounds of rows in flight in registers (fp16 math): two where rounds follow each other simply
         self.rows_ahead = rows_ahead if self.prefetch else 1
+        # int8 rows through a shared-memory ring filled by asynchronous copies (emit_mma's ring):
+        # the full pool in fp16 math, one request; it takes the place of the registers' prefetch
+        self.ring = ring_stages if (self.prefetch and access == "pool" and not batched and math == "fp16"
+                                    and dtype == "int8") else 0
+        if self.ring:
+            self.rows_ahead = 1
         # fp16 math's softmax in fewer instructions (exp_approx, div_full: ~1e-6 relative, inside the
         # fp32 accuracy it promises); the fp32 math keeps libdevice's exp and the IEEE division
         self.fast_softmax = softmax == "fast" or (softmax == "auto" and math == "fp16")
@@ -175,6 +182,9 @@ class _Source:
                 emit("    c4o = c4 % 2")
             # a warp: 32 ads x (8 logits, 8 values), MSC_PITCH floats an ad
             emit(f"    msc = cuda.shared.array(({block // 32}, 32, {MSC_PITCH}), float32)")
+            if self.ring:  # each warp's ring slots: the d/8 words and the scale of 32 ads a slot
+                emit(f"    ring = cuda.shared.array(({block // 32 * self.ring * (self.d // 8)}, 32), uint64)")
+                emit(f"    rsc = cuda.shared.array(({block // 32 * self.ring}, 32), float32)")
             if config.ENABLE_CUDASIM:
                 emit(f"    scr = cuda.shared.array(({block // 32}, 32, 10), float32)")
                 if self.math == "fp16":
@@ -257,7 +267,7 @@ class _Source:
         if self.mma:
             emit_mma(self.emit, self.d, self.dtype, self.layout, self.access, self.compact, self.mma_terms,
                      self.prefetch, self.n, self.row, self.math, self.dequant, self.tile_order == "steps",
-                     self.f16_weights == "shared", self.rows_ahead)
+                     self.f16_weights == "shared", self.rows_ahead, self.ring)
 
     def _fence(self) -> bool:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it would
@@ -276,7 +286,12 @@ class _Source:
             if self.bias_ahead:
                 emit("    jb = base + tid")
                 emit(f"    bn = bias[uint64(jb)] if jb < {self.n} else zero")
-            for t in range(2):
+            for r in range(self.ring - 1):  # the ring's first rounds, a copy group each (emit_mma)
+                emit_ring_issue(emit, "    ", f"base + {r} * stride", str(r), self.d, self.layout, self.ring, self.n)
+                emit("    cp_async_commit()")
+            if self.ring:
+                emit("    rs = 0")
+            for t in range(0 if self.ring else 2):
                 emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row,
                               self.dtype == "int8")
             for t in range(2 if self.rows_ahead == 2 else 0):  # and the second round's (emit_mma)
@@ -632,10 +647,10 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
             bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
             dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers",
-            rows_ahead: int = 1) -> str:
+            rows_ahead: int = 1, ring_stages: int = 0) -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
                    mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead, dequant,
-                   tile_order, f16_weights, rows_ahead).text()
+                   tile_order, f16_weights, rows_ahead, ring_stages).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -646,7 +661,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
                  bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
                  dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers",
-                 rows_ahead: int = 1):
+                 rows_ahead: int = 1, ring_stages: int = 0):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -715,6 +730,9 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         rows_ahead: rounds of rows fp16 math keeps in flight in registers where the next round's
             are loaded early (``prefetch``; elsewhere 1): 1 or 2 (:class:`.config.KernelConfig`).
             The same scores.
+        ring_stages: 0, or 2-4: int8 rows in fp16 math on the full pool travel through a
+            shared-memory ring of that many rounds a warp, filled by ``cp.async`` copies instead
+            of register loads (elsewhere 0; :class:`.config.KernelConfig`). The same scores.
 
     Raises:
         ValueError: for a configuration the generator cannot build (before any compilation).
@@ -731,6 +749,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"tile_order must be 'tiles', or 'steps' with fp16 math; got {tile_order!r} ({math})")
     if f16_weights not in ("registers", "shared") or (f16_weights == "shared" and math != "fp16"):
         raise ValueError(f"f16_weights must be 'registers', or 'shared' with fp16 math; got {f16_weights!r} ({math})")
+    if isinstance(ring_stages, bool) or ring_stages not in (0, 2, 3, 4) or (ring_stages and math != "fp16"):
+        raise ValueError(f"ring_stages must be 0, or 2-4 with fp16 math; got {ring_stages!r} ({math})")
     if isinstance(rows_ahead, bool) or rows_ahead not in (1, 2) or (rows_ahead == 2 and math != "fp16"):
         raise ValueError(f"rows_ahead must be 1, or 2 with fp16 math; got {rows_ahead!r} ({math})")
     if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
@@ -769,14 +789,15 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
                   seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice,
-                  l2_ahead, dequant, tile_order, f16_weights, rows_ahead)
+                  l2_ahead, dequant, tile_order, f16_weights, rows_ahead, ring_stages)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
            "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
            "uint32": uint32, "half2_of": half2_of, "dequant_i8x4": dequant_i8x4,
            "dequant_i8x4_fma": dequant_i8x4_fma, "dequant_offset_h2": dequant_offset_h2, "ld_half": ld_half,
-           "exp_approx": exp_approx, "div_full": div_full, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d}
+           "exp_approx": exp_approx, "div_full": div_full, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d,
+           "cp_async": cp_async, "cp_async_commit": cp_async_commit, "cp_async_wait": cp_async_wait}
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
         env.update(topk_init=t.init, topk_insert=t.insert, topk_round_end=t.round_end, topk_finish=t.finish)
@@ -785,6 +806,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     mma_tag += ("" if choice == "auto" else f"_{choice}") + (f"_l2a{l2_ahead}" if l2_ahead else "")
     mma_tag += ("_fma" if dequant == "fma" else "") + ("_steps" if tile_order == "steps" else "")
     mma_tag += ("_wsh" if f16_weights == "shared" else "") + ("_ra2" if rows_ahead == 2 else "")
+    mma_tag += f"_ring{ring_stages}" if ring_stages else ""
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")

@@ -90,7 +90,9 @@ def _shared_bytes(model: str, d: int, experts: int, topk_k: int, config: KernelC
     tile = 4 * MSC_PITCH * block  # each warp's result tile: 32 ads x MSC_PITCH floats
     if config.math == "fp16":  # the weights live in registers, or the per-lane image in shared memory
         image = 4 * mma_f16_words(d, experts) if config.kernel_f16_weights() == "shared" else 0
-        return image + tile + 8 * cap + listed + 64
+        # the int8 rows' ring: a slot a warp and round, each 32 ads' d/8 words and scales
+        ring = block // 32 * config.kernel_ring_stages() * 32 * (d + 4) if access == "pool" else 0
+        return image + tile + ring + 8 * cap + listed + 64
     if config.tensor_cores:  # and the per-lane weight image
         return 4 * mma_image_size(d) + tile + 8 * cap + listed + 64
     return 4 * image_size(model, d, experts) + 8 * cap + listed + 64
@@ -153,7 +155,8 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
                         config.sync_every if topk_k else 1, False, config.weights, config.guard,
                         config.tensor_cores, math=config.math, dequant=config.dequant,
                         tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights(),
-                        rows_ahead=config.kernel_rows_ahead())
+                        rows_ahead=config.kernel_rows_ahead(),
+                        ring_stages=config.kernel_ring_stages(table.dtype))
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
@@ -281,7 +284,8 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
                         0, True, config.values, config.max_registers, 1, 1, True, config.weights, config.guard,
                         config.tensor_cores, math=config.math, dequant=config.dequant,
                         tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights(),
-                        rows_ahead=config.kernel_rows_ahead())
+                        rows_ahead=config.kernel_rows_ahead(),
+                        ring_stages=config.kernel_ring_stages(table.dtype))
     grid = launch.grid_for(n_items, block, config.blocks_per_sm)
     image, extra = _weight_args(dreq, config)
     kern[grid, block](table.words, table.scale, table.bias, image,

@@ -748,3 +748,44 @@ def test_two_rounds_of_rows_ahead_answer_as_one(rng, dtype):
             anb.KernelConfig(rows_ahead=bad)
     with pytest.raises(ValueError, match="rows_ahead"):
         fused_kernel("gated", 32, 5, 2, dtype, "tiles", "pool", 32, rows_ahead=2)  # fp32 math
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_int8_rows_through_the_ring_answer_as_registers(rng, stages):
+    """KernelConfig(ring_stages=N): int8 rows in fp16 math reach the registers through a shared
+    ring of N rounds a warp, filled by asynchronous copies (the simulator copies at once). The
+    same scores and filter-path top-K as the register loads over the pool, on rounds past the end
+    (301 ads, blocks of 32, each warp three rounds, zeros copied for ads past the end); other
+    access paths and fp16 tables ignore it; a ring too large for static shared memory is refused
+    before any launch; bad values are refused."""
+    from andromeda_nb.score.fused import fused_kernel
+    from andromeda_nb.topk.config import TopKConfig, TopKTuning
+
+    seeded = TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256))
+    t, dt = table_of(rng, 301, 32, "tiles", "int8")
+    req = anb.Request.random(32, 5, 2, rng)
+    plain = anb.KernelConfig(math="fp16", block=32)
+    ring = anb.KernelConfig(math="fp16", block=32, ring_stages=stages)
+    assert ring.kernel_ring_stages("int8") == stages and ring.kernel_ring_stages("fp16") == 0
+    assert plain.kernel_ring_stages() == 0 and anb.KernelConfig(ring_stages=stages).kernel_ring_stages() == 0  # fp32
+    want = anb.score_ads(req, dt, config=plain).copy_to_host()
+    np.testing.assert_array_equal(anb.score_ads(req, dt, config=ring).copy_to_host(), want)
+    mask = rng.random(301) < 0.7
+    cand = rng.choice(301, 150, replace=False).astype(np.int32)
+    for kw in ({}, {"eligible": mask}, {"candidates": cand}):
+        got = anb.score_topk(req, dt, 9, config=ring, path="filter", topk_config=seeded, **kw)
+        ref = anb.score_topk(req, dt, 9, config=plain, path="filter", topk_config=seeded, **kw)
+        np.testing.assert_array_equal(got.ids, ref.ids)
+        np.testing.assert_array_equal(got.scores, ref.scores)
+    _, d16 = table_of(rng, 301, 32, "tiles", "fp16")
+    np.testing.assert_array_equal(anb.score_ads(req, d16, config=ring).copy_to_host(),
+                                  anb.score_ads(req, d16, config=plain).copy_to_host())
+    wide = anb.Request.random(64, 6, 2, rng)
+    _, d64 = table_of(rng, 301, 64, "tiles", "int8")
+    with pytest.raises(ValueError, match="shared memory"):  # 8 warps x 4 slots x 2,176 bytes: past 48 KiB
+        anb.score_ads(wide, d64, config=anb.KernelConfig(math="fp16", block=256, ring_stages=4))
+    for bad in (1, 5, True, "3"):
+        with pytest.raises(ValueError, match="ring_stages"):
+            anb.KernelConfig(ring_stages=bad)
+    with pytest.raises(ValueError, match="ring_stages"):
+        fused_kernel("gated", 32, 5, 2, "int8", "tiles", "pool", 32, ring_stages=3)  # fp32 math
