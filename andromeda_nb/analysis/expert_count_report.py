@@ -106,7 +106,8 @@ def trained_as(frame: pd.DataFrame, dataset: str, models) -> list[str]:
         if str(m).startswith("baseline_"):
             scorer = results.text(base.loc[base["model"] == m], "scorer")
             # a baseline without settings (most popular: its scorer names none) had nothing to tune
-            out.append("nothing to tune" if len(scorer) and not scorer.str.contains("=").any() else _tuned_on(scorer))
+            named = len(scorer) and (scorer != "").all()
+            out.append("nothing to tune" if named and not scorer.str.contains("=").any() else _tuned_on(scorer))
             continue
         scorer = results.text(rec.loc[rec["model"] == m], "scorer")
         tuned = scorer.str.startswith("tuned")
@@ -118,8 +119,9 @@ def trained_as(frame: pd.DataFrame, dataset: str, models) -> list[str]:
 
 def _tuned_on(scorers: pd.Series) -> str:
     """``tuned on last sessions`` / ``tuned on last clicks`` as every one of a model's tuned rows'
-    scorers says (a session split names its "last sessions"), ``tuned`` without scorers or where
-    they differ."""
+    scorers says: a session split names its "last sessions"; a scorer that does not was tuned on the
+    last click, the only split before sessions (:mod:`~andromeda_nb.training.tuning`); ``tuned``
+    without scorers or where they differ."""
     said = set(scorers[scorers != ""].str.contains("last sessions"))
     return "tuned" if len(said) != 1 else "tuned on last sessions" if said.pop() else "tuned on last clicks"
 
@@ -377,14 +379,12 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
     noise = ": no spread to judge noise by" if seeds < 2 else ""
     lines = [f"**{dataset}** ({seeds} seed{'s' if seeds != 1 else ''}{noise}):"]
     if "single_tower" in rk.index:
-        ranking = (quality.paired_difference(frame, dataset, "ranking", "single_tower")
-                   if frame is not None and "ranking" in r100.index else None)
         for m in MIXTURES:
             if m in rk.index:
                 gain = r100.loc[m, "mean"] - r100.loc["single_tower", "mean"]
                 lines.append(f"  * {m}: recall@{k} {100 * (rk[m] / rk['single_tower'] - 1):+.1f} % against the single "
                              f"tower, recall@100 {100 * gain:+.2f} pp" + _paired(frame, dataset, m, "single_tower")
-                             + _gap_share(gain, ranking))
+                             + ("" if frame is None else _gap_share(frame, dataset, m, ("expert_count",))))
     ours = r100[~r100.index.isin(quality.BASELINE_ORDER)]
     base = r100[r100.index.isin(quality.BASELINE_ORDER)]
     retrieval = ours.drop([m for m in ("ranking", *quality.GENERATOR_MODELS) if m in ours.index])
@@ -505,7 +505,9 @@ def split_tuning_line(frame: pd.DataFrame, dataset: str, experiment: str = "tune
                      "the `expert_count` rows' last-click tuning")
         for other, name in (("preset_settings", "the preset's settings"), ("expert_count", main_said)):
             p = quality.paired_experiments(frame, dataset, m, experiment, other)
-            if p["seeds"] >= 2:
+            if p["seeds"] >= 2 and p["mean"] == 0 and p["ci95"] == 0:  # every seed equal: the same runs
+                part += f"; the point of {name} (the same runs)"
+            elif p["seeds"] >= 2:
                 part += f"; against {name} " + _difference(
                     p, mine, recall[(recall["model"] == m) & (recall["experiment"] == other)])
         parts.append(part)
@@ -518,13 +520,26 @@ def split_tuning_line(frame: pd.DataFrame, dataset: str, experiment: str = "tune
             + (f" Tuned there, not yet trained at their points: {', '.join(waiting)}." if waiting else ""))
 
 
-def _gap_share(gain: float, ranking: dict | None) -> str:
-    """``, x.xx of the gap to the ranking model``: a mixture's recall@100 gain over the single tower
-    as a share of the ranking model's (``ranking``: its paired difference from the single tower),
-    where the ranking model leads beyond its interval and the mixture gains at all; else ''."""
-    if ranking is None or not ranking["seeds"] >= 2 or not ranking["mean"] > ranking["ci95"] or not gain > 0:
+def _gap_share(frame: pd.DataFrame, dataset: str, mixture: str, experiments) -> str:
+    """``, x.xx of the gap to the ranking model``: on the seeds the mixture, the single tower and
+    the ranking model all ran (rows of ``experiments``), the mixture's mean recall@100 gain over
+    the single tower as a share of the ranking model's; only where the ranking model leads beyond
+    its 95 % interval and the mixture gains at all, with ``(its gain within noise)`` where the
+    mixture's own gain is inside its interval; else ''."""
+    df = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")
+               & frame["experiment"].isin(experiments)]
+    df = df.assign(value=pd.to_numeric(df["value"], errors="coerce")).dropna(subset=["value"])
+    per = {m: df[df["model"] == m].groupby("seed")["value"].mean() for m in (mixture, "single_tower", "ranking")}
+    seeds = per[mixture].index.intersection(per["single_tower"].index).intersection(per["ranking"].index)
+    if len(seeds) < 2:
         return ""
-    return f", {gain / ranking['mean']:.2f} of the gap to the ranking model"
+    gain = per[mixture][seeds] - per["single_tower"][seeds]
+    gap = per["ranking"][seeds] - per["single_tower"][seeds]
+    if not gap.mean() > quality.ci95(gap.std(), len(seeds)) or not gain.mean() > 0:
+        return ""
+    noisy = gain.mean() <= quality.ci95(gain.std(), len(seeds))
+    return (f", {gain.mean() / gap.mean():.2f} of the gap to the ranking model"
+            + (" (its gain within noise)" if noisy else ""))
 
 
 #: how :func:`against_single_tower_line` names the rows it compares
@@ -542,14 +557,15 @@ def against_single_tower_line(frame: pd.DataFrame, dataset: str, experiment: str
         return ""
     rows = frame[(frame["dataset"] == dataset) & (frame["experiment"] == experiment)
                  & (frame["metric"] == "recall@100")]
+    quality.one_preset(rows)
     models = [m for m in (*MIXTURES, "ranking") if m in set(rows["model"])]
     if "single_tower" not in set(rows["model"]) or not models:
         return ""
     paired = {m: quality.paired_difference(frame, dataset, m, "single_tower", experiments=(experiment,))
               for m in models}
     paired = {m: p for m, p in paired.items() if p["seeds"] >= 2}
-    parts = [f"{m} {_difference(p)}" + _gap_share(p["mean"], paired.get("ranking")) if m != "ranking"
-             else f"{m} {_difference(p)}" for m, p in paired.items()]
+    parts = [f"{m} {_difference(p)}" + (_gap_share(frame, dataset, m, (experiment,)) if m != "ranking" else "")
+             for m, p in paired.items()]
     return (f"{dataset} {_TRAINED_AS.get(experiment, f'(`{experiment}` rows)')}, recall@100 against the single "
             "tower: " + "; ".join(parts) + ".") if parts else ""
 

@@ -9,11 +9,14 @@ tuned ones, kept to compare: an untuned run's rows, ``--set ...`` without ``--tu
 their own, merged under this name; ``tuned_by_checkpoints``: models tuned with ``--tune-lengths
 checkpoints``, kept where own-length tuning replaced them; ``retuned_last_click``: a model at the
 point the 10,000-user retuning on the last-click split chose, trained beside the tuned rows it did not
-replace; ``tuned_session``: models tuned on the validation split of each user's last training session
-(:meth:`~andromeda_nb.training.data.InteractionData.resolve_split`) and trained at their points,
-beside the last-click split's; ``variant_<name>``: a model at the preset's settings with settings
-changed, named in its scorer column, compared with its ``preset_settings`` rows; ``--experiment
-NAME`` writes a run's rows so), ``preset`` (the size preset that produced them), ``scorer`` (how
+replace; ``tuned_last_click``: the synthetic world's models tuned on the validation split of each
+user's last training click, kept beside the main table, tuned on each user's last training session
+(:meth:`~andromeda_nb.training.data.InteractionData.resolve_split`'s default there), and
+``tuned_last_click_precision`` their K = 2 model's precision rows; ``tuned_session``: models tuned
+on the session split, trained beside a main table tuned otherwise; ``variant_<name>``: a model at
+the preset's settings with settings changed, named in its scorer column, compared with its
+``preset_settings`` rows; ``--experiment NAME`` writes a run's rows so, its precision rows as
+``NAME_precision``), ``preset`` (the size preset that produced them), ``scorer`` (how
 the scores were computed) and ``n_users`` (users evaluated). Metrics:
 
 - ``recall@k``: mean over evaluated users of recall@k of the held-out clicks, retrieving from every

@@ -160,6 +160,7 @@ def paired_difference(frame: pd.DataFrame, dataset: str, a: str, b: str, metric:
     users for both) among the rows of ``experiments``: ``mean`` and ``ci95`` (the 95 % interval
     half-width of the mean paired difference) and ``seeds``."""
     df = frame[(frame["dataset"] == dataset) & (frame["metric"] == metric) & frame["experiment"].isin(experiments)]
+    df = df.assign(value=pd.to_numeric(df["value"], errors="coerce"))  # a frame read as strings too
     return _paired(df[df["model"] == a].groupby("seed")["value"].mean(),
                    df[df["model"] == b].groupby("seed")["value"].mean())
 
@@ -193,18 +194,18 @@ def check_experiment(name: str) -> str:
 
 def relabel(frame: pd.DataFrame, experiment: str) -> pd.DataFrame:
     """``frame`` with a named run's rows set apart from the main table's: its project models'
-    ``expert_count`` rows become ``experiment``, its ``precision`` and ``compute`` rows (the
-    K = 2 mixture's precision measurements, the shapes' costs) ``<experiment>_precision`` and
-    ``<experiment>_compute``; the generator models' rows stay (every run reproduces them). Rows
-    trained at another split or changed settings then sit beside the main table's instead of
-    replacing them (:data:`KEY` holds the experiment). ``"expert_count"`` changes nothing."""
+    ``expert_count`` rows become ``experiment``, its ``precision`` rows (the K = 2 mixture's
+    precision measurements) ``<experiment>_precision``; the generator models' rows (every run
+    reproduces them) and the ``compute`` rows (the shapes' costs, the same whatever was trained)
+    stay. Rows trained at another split or changed settings then sit beside the main table's
+    instead of replacing them (:data:`KEY` holds the experiment). ``"expert_count"`` changes
+    nothing."""
     experiment = check_experiment(experiment)
     if experiment == "expert_count":
         return frame
     frame = frame.copy()
     own = ~frame["model"].isin(GENERATOR_MODELS)
-    for kind, name in (("expert_count", experiment), ("precision", f"{experiment}_precision"),
-                       ("compute", f"{experiment}_compute")):
+    for kind, name in (("expert_count", experiment), ("precision", f"{experiment}_precision")):
         frame.loc[own & (frame["experiment"] == kind), "experiment"] = name
     return frame
 

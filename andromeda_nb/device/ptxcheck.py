@@ -134,6 +134,9 @@ def variants():
     k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "bitset", 256, 0, True, "chosen", None, 1, 1, True,
                         math="fp16", dequant="fma", f16_weights="shared")
     out.append(("fused gated d64 E6K2 int8 tiles bitset seed_filter math=fp16 f16_weights=shared", k, f16_filter))
+    k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "pool", 128, 0, True, "chosen", None, 1, 1, True,
+                        math="fp16", dequant="fma", ring_stages=3)
+    out.append(("fused gated d64 E6K2 int8 tiles pool seed_filter math=fp16 ring_stages=3", k, f16_filter))
     # the request path's batched kernels (pipeline.Pool): the sample and the filter over candidate lists
     batched = (A(u64, 2), A(f32), A(f32), A(f32, 2), A(u64), A(i32, 2), A(i64), A(i64))
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "candidates", 256, 0, True, "chosen", None, 1, 1, False,

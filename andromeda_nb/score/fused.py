@@ -157,6 +157,8 @@ class _Source:
         self._loop()
         self._per_ad()
         self._output()
+        if self.ring:  # the last rounds' copies (zeros past the end) land before the block's shared memory is freed
+            self.emit("    cp_async_wait(0)")
         return "\n".join(self.lines) + "\n"
 
     # ---------------------------------------------------------------- 1. signature and weights
@@ -749,9 +751,9 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"tile_order must be 'tiles', or 'steps' with fp16 math; got {tile_order!r} ({math})")
     if f16_weights not in ("registers", "shared") or (f16_weights == "shared" and math != "fp16"):
         raise ValueError(f"f16_weights must be 'registers', or 'shared' with fp16 math; got {f16_weights!r} ({math})")
-    if isinstance(ring_stages, bool) or ring_stages not in (0, 2, 3, 4) or (ring_stages and math != "fp16"):
+    if type(ring_stages) is not int or ring_stages not in (0, 2, 3, 4) or (ring_stages and math != "fp16"):
         raise ValueError(f"ring_stages must be 0, or 2-4 with fp16 math; got {ring_stages!r} ({math})")
-    if isinstance(rows_ahead, bool) or rows_ahead not in (1, 2) or (rows_ahead == 2 and math != "fp16"):
+    if type(rows_ahead) is not int or rows_ahead not in (1, 2) or (rows_ahead == 2 and math != "fp16"):
         raise ValueError(f"rows_ahead must be 1, or 2 with fp16 math; got {rows_ahead!r} ({math})")
     if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
         raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} "

@@ -229,9 +229,9 @@ def test_join_rows_merges_seed_files_and_keeps_one_row_a_key(tmp_path):
 
 
 def test_a_named_run_sets_every_row_it_trained_apart(tmp_path):
-    """relabel: a named run's expert_count, precision and compute rows each get the run's name, so
-    merging them (write_rows, keyed on the experiment) replaces none of the main table's rows; the
-    generator's rows and the baselines' stay; the default name changes nothing."""
+    """relabel: a named run's expert_count and precision rows each get the run's name, so merging
+    them (write_rows, keyed on the experiment) replaces none of the main table's rows; the
+    generator's, the baselines' and the compute rows stay; the default name changes nothing."""
     from andromeda_nb.analysis.quality_results import relabel, write_rows
 
     kinds = [("mixture_k2", "expert_count"), ("mixture_k2", "precision"), ("single_tower", "compute"),
@@ -240,15 +240,15 @@ def test_a_named_run_sets_every_row_it_trained_apart(tmp_path):
                               metric="recall@100", value=0.1, commit="a", device="cpu", experiment=e, preset="full",
                               scorer="s", n_users=3) for m, e in kinds])
     named = relabel(rows, "tuned_session")
-    assert named["experiment"].tolist() == ["tuned_session", "tuned_session_precision", "tuned_session_compute",
+    assert named["experiment"].tolist() == ["tuned_session", "tuned_session_precision", "compute",
                                             "expert_count", "baselines"]
     assert rows["experiment"].tolist() == [e for _, e in kinds]  # the caller's frame untouched
     assert relabel(rows, "expert_count")["experiment"].tolist() == [e for _, e in kinds]
     path = write_rows(rows, tmp_path / "q.csv")
     write_rows(named.assign(value=0.2), path)
     merged = quality.load_results(path)
-    # the main table's three rows kept; the generator and baseline rows, the same in both, replaced
-    assert len(merged) == 8 and (merged["value"] == 0.1).sum() == 3
+    # the main table's two trained rows kept; the compute, generator and baseline rows replaced
+    assert len(merged) == 7 and (merged["value"] == 0.1).sum() == 2
     with pytest.raises(ValueError, match="experiment name"):
         relabel(rows, "precision")
 

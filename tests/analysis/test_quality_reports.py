@@ -184,6 +184,11 @@ def test_split_tuning_line_pairs_another_split_s_rows_with_the_other_trainings()
     assert EC.split_tuning_line(frame, "nowhere") == "" and EC.split_tuning_line(frame.drop(columns="experiment"),
                                                                                      "multi_interest") == ""
     assert "(`tuned_session` rows)" in EC.findings(frame, {}, ["multi_interest"])
+    # a tuning that chose the preset's point: the same runs, not a zero difference "within noise"
+    same = frame.copy()
+    chosen = (same["experiment"] == "preset_settings") & (same["model"] == "ranking")
+    same.loc[chosen, "value"] = [0.21, 0.212, 0.214]
+    assert "; the point of the preset's settings (the same runs); against" in EC.split_tuning_line(same, "multi_interest")
     # the main table tuned on last sessions, the last-click tuning's rows beside it
     clicks = frame.assign(experiment=frame["experiment"].replace("tuned_session", "tuned_last_click"))
     line = EC.split_tuning_line(clicks, "multi_interest", "tuned_last_click")
@@ -280,6 +285,24 @@ def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
     noisy = session.copy()
     noisy.loc[noisy["model"] == "ranking", "value"] = [0.19, 0.23, 0.22]
     assert "of the gap" not in EC.against_single_tower_line(noisy, "multi_interest", "tuned_session")
+    # the share pairs the three models on the seeds all ran: K = 2 on seeds 0 and 1 only (+1 pp on
+    # each), the ranking model +4.5 pp on both: 1 / 4.5; a gain inside its interval is said so
+    short = pd.DataFrame(_rows("multi_interest", "single_tower", "recall@100", [0.20, 0.22, 0.20, 0.22, 0.20],
+                               experiment="tuned_session")
+                         + _rows("multi_interest", "mixture_k2", "recall@100", [0.21, 0.23], experiment="tuned_session")
+                         + _rows("multi_interest", "ranking", "recall@100", [0.245, 0.265, 0.24, 0.27, 0.24],
+                                 experiment="tuned_session"))
+    assert "mixture_k2 +1.00 pp (paired over 2 seeds ±0.00), 0.22 of the gap to the ranking model;" in (
+        EC.against_single_tower_line(short, "multi_interest", "tuned_session"))
+    wobbly = short.copy()
+    wobbly.loc[wobbly["model"] == "mixture_k2", "value"] = [0.19, 0.25]  # -1, +3 pp: +1 pp ± 25 pp
+    assert "0.22 of the gap to the ranking model (its gain within noise)" in EC.against_single_tower_line(
+        wobbly, "multi_interest", "tuned_session")
+    assert EC.against_single_tower_line(short.astype(str), "multi_interest", "tuned_session") == (
+        EC.against_single_tower_line(short, "multi_interest", "tuned_session"))  # as read from a CSV
+    with pytest.raises(ValueError, match="several presets"):
+        EC.against_single_tower_line(pd.concat([short, short.assign(preset="demo")]), "multi_interest",
+                                     "tuned_session")
     # the main table's verdict gives the share too
     main = pd.concat([session, *(session.assign(metric=f"recall@{k}") for k in quality.KS["multi_interest"]
                                  if k != 100)])
@@ -435,6 +458,8 @@ def test_recall_table_says_how_each_model_was_trained():
     popular = pd.DataFrame(_rows("ml-100k", "baseline_most_popular", "recall@100", [0.3], experiment="baselines",
                                  scorer="numpy most_popular"))
     assert EC.trained_as(popular, "ml-100k", ["baseline_most_popular"]) == ["nothing to tune"]
+    assert EC.trained_as(popular.assign(scorer=""), "ml-100k", ["baseline_most_popular"]) == ["tuned"]
+    assert EC.trained_as(popular.drop(columns="scorer"), "ml-100k", ["baseline_most_popular"]) == ["tuned"]
 
 
 def test_trained_as_without_a_scorer_column():

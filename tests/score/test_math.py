@@ -713,8 +713,25 @@ def test_shared_f16_weights_answer_as_registers(rng, dtype):
         fused_kernel("gated", 32, 5, 2, dtype, "tiles", "pool", 32, f16_weights="shared")  # fp32 math
 
 
+def _spy_kernels(monkeypatch):
+    """(seed_filter, keyword arguments) of every fused_kernel build from now on (the launches
+    import it when they run): a test then sees a setting reach the generator at each launch site
+    (scores to memory and the block top-K: seed_filter False; the filter pass: True), not only
+    equal answers."""
+    from andromeda_nb.score import fused
+
+    built, real = [], fused.fused_kernel
+
+    def spy(*args, **kw):
+        built.append((args[14], kw))  # fused_kernel's 15th parameter: seed_filter
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fused, "fused_kernel", spy)
+    return built
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "int8"])
-def test_two_rounds_of_rows_ahead_answer_as_one(rng, dtype):
+def test_two_rounds_of_rows_ahead_answer_as_one(rng, dtype, monkeypatch):
     """KernelConfig(rows_ahead=2) (a second set of row registers: the round after next loaded while
     this one computes) gives one round's answers: scores to memory over the pool, score_topk's
     filter path over the pool, a bitset and candidates, with weights in registers or shared
@@ -734,8 +751,9 @@ def test_two_rounds_of_rows_ahead_answer_as_one(rng, dtype):
     want = anb.score_ads(req, dt, config=one).copy_to_host()
     near = checks.near_tie_ads(req, t, "fp16")  # the fp16 model's answers, as test_fp16_math checks them
     assert not (~near & (np.abs(want - reference.score(req, t, math="fp16")) > checks.score_tolerance(req, t, "fp16"))).any()
+    built = _spy_kernels(monkeypatch)
     for weights in ("registers", "shared"):
-        two = anb.KernelConfig(math="fp16", block=32, rows_ahead=2, f16_weights=weights)
+        two = anb.KernelConfig(math="fp16", block=32, rows_ahead=np.int64(2), f16_weights=weights)
         assert two.kernel_rows_ahead() == 2
         np.testing.assert_array_equal(anb.score_ads(req, dt, config=two).copy_to_host(), want)
         for kw in ({}, {"eligible": mask}, {"candidates": cand}):
@@ -743,7 +761,9 @@ def test_two_rounds_of_rows_ahead_answer_as_one(rng, dtype):
             ref = anb.score_topk(req, dt, 9, config=one, path="filter", topk_config=seeded, **kw)
             np.testing.assert_array_equal(got.ids, ref.ids)
             np.testing.assert_array_equal(got.scores, ref.scores)
-    for bad in (0, 3, True, "2"):
+    # both launch sites (scores to memory, the filter pass) built two-round kernels
+    assert {sf for sf, kw in built if kw.get("rows_ahead") == 2} == {False, True}
+    for bad in (0, 3, True, np.True_, 2.0, "2"):
         with pytest.raises(ValueError, match="rows_ahead"):
             anb.KernelConfig(rows_ahead=bad)
     with pytest.raises(ValueError, match="rows_ahead"):
@@ -751,7 +771,7 @@ def test_two_rounds_of_rows_ahead_answer_as_one(rng, dtype):
 
 
 @pytest.mark.parametrize("stages", [2, 3, 4])
-def test_int8_rows_through_the_ring_answer_as_registers(rng, stages):
+def test_int8_rows_through_the_ring_answer_as_registers(rng, stages, monkeypatch):
     """KernelConfig(ring_stages=N): int8 rows in fp16 math reach the registers through a shared
     ring of N rounds a warp, filled by asynchronous copies (the simulator copies at once). The
     same scores and filter-path top-K as the register loads over the pool, on rounds past the end
@@ -769,7 +789,9 @@ def test_int8_rows_through_the_ring_answer_as_registers(rng, stages):
     assert ring.kernel_ring_stages("int8") == stages and ring.kernel_ring_stages("fp16") == 0
     assert plain.kernel_ring_stages() == 0 and anb.KernelConfig(ring_stages=stages).kernel_ring_stages() == 0  # fp32
     want = anb.score_ads(req, dt, config=plain).copy_to_host()
+    built = _spy_kernels(monkeypatch)
     np.testing.assert_array_equal(anb.score_ads(req, dt, config=ring).copy_to_host(), want)
+    assert built and all(kw.get("ring_stages") == stages for _, kw in built)  # the setting reached the generator
     mask = rng.random(301) < 0.7
     cand = rng.choice(301, 150, replace=False).astype(np.int32)
     for kw in ({}, {"eligible": mask}, {"candidates": cand}):
@@ -784,7 +806,8 @@ def test_int8_rows_through_the_ring_answer_as_registers(rng, stages):
     _, d64 = table_of(rng, 301, 64, "tiles", "int8")
     with pytest.raises(ValueError, match="shared memory"):  # 8 warps x 4 slots x 2,176 bytes: past 48 KiB
         anb.score_ads(wide, d64, config=anb.KernelConfig(math="fp16", block=256, ring_stages=4))
-    for bad in (1, 5, True, "3"):
+    assert {sf for sf, kw in built if kw.get("ring_stages") == stages} == {False, True}
+    for bad in (1, 5, True, np.True_, 3.0, "3"):
         with pytest.raises(ValueError, match="ring_stages"):
             anb.KernelConfig(ring_stages=bad)
     with pytest.raises(ValueError, match="ring_stages"):
