@@ -401,9 +401,13 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
     if "ranking" in ours.index:
         best = retrieval["mean"].idxmax()
         stronger = r100.loc["ranking", "mean"] > retrieval["mean"].max()
+        p = quality.paired_difference(frame, dataset, "ranking", best) if frame is not None else {"seeds": 0}
+        clear = p["seeds"] < 2 or p["mean"] > p["ci95"]  # no pairs to judge by, or beyond the interval
         lines.append(f"  * ranking model recall@100 {r100.loc['ranking', 'mean']:.4f} against the best retrieval model "
-                     f"({best}) {retrieval['mean'].max():.4f}: " + ("the anchor is stronger" if stronger else
-                     "the anchor is NOT stronger: the 'close to ranking' comparison is not meaningful")
+                     f"({best}) {retrieval['mean'].max():.4f}: "
+                     + ("the anchor is stronger" if stronger and clear else
+                        "the anchor leads, but not beyond the seeds' interval" if stronger else
+                        "the anchor is NOT stronger: the 'close to ranking' comparison is not meaningful")
                      + _paired(frame, dataset, "ranking", best))
     elif frame is not None and "experiment" in frame:
         kept = frame[(frame["dataset"] == dataset) & (frame["model"] == "ranking") & (frame["metric"] == "recall@100")

@@ -309,6 +309,11 @@ def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
     main = main.assign(experiment="expert_count")
     text = "\n".join(EC.verdict(EC.recall_tables(main, ["multi_interest"]), "multi_interest", main))
     assert "recall@100 +1.00 pp (paired over 3 seeds: 95 % interval ±0.00 pp), 0.25 of the gap to the ranking model" in text
+    assert "0.2200: the anchor is stronger (paired over 3 seeds" in text  # +3 pp over K = 2 on average
+    near = main.copy()
+    near.loc[near["model"] == "ranking", "value"] = np.tile([0.20, 0.24, 0.25], len(quality.KS["multi_interest"]))
+    text = "\n".join(EC.verdict(EC.recall_tables(near, ["multi_interest"]), "multi_interest", near))
+    assert "the anchor leads, but not beyond the seeds' interval (paired over 3 seeds" in text, text
     # the routing table is the tuned models' (the recall table's), not the preset-settings rows'
     assert EC.routing_table(frame, "multi_interest").loc["mixture_k2", "routing_entropy (mean)"] == pytest.approx(0.7)
 
