@@ -105,7 +105,8 @@ def variants():
     # int8 rows through a shared-memory ring filled by cp.async (ring_stages), scores and the filter pass
     k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "pool", 128, 0, True, "chosen", None, 1, 1, False,
                         math="fp16", dequant="fma", ring_stages=3)
-    out.append(("fused gated d64 E6 K2 int8 tiles pool cap0 math=fp16 ring_stages=3", k, f16_sig))
+    # "ring" names its own family: --quick (the tests) compiles the cp.async inline PTX too
+    out.append(("ring fused gated d64 E6 K2 int8 tiles pool cap0 math=fp16 ring_stages=3", k, f16_sig))
     # L2 prefetch a few rounds ahead (l2_ahead): fp16 and int8 rows, scores and the filter pass
     for dtype, layout in (("fp16", "tiles"), ("int8", "rows")):
         k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, "pool", 256, 0, True, "chosen", None, 1, 1, False,
@@ -136,7 +137,7 @@ def variants():
     out.append(("fused gated d64 E6K2 int8 tiles bitset seed_filter math=fp16 f16_weights=shared", k, f16_filter))
     k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "pool", 128, 0, True, "chosen", None, 1, 1, True,
                         math="fp16", dequant="fma", ring_stages=3)
-    out.append(("fused gated d64 E6K2 int8 tiles pool seed_filter math=fp16 ring_stages=3", k, f16_filter))
+    out.append(("ring fused gated d64 E6K2 int8 tiles pool seed_filter math=fp16 ring_stages=3", k, f16_filter))
     # the request path's batched kernels (pipeline.Pool): the sample and the filter over candidate lists
     batched = (A(u64, 2), A(f32), A(f32), A(f32, 2), A(u64), A(i32, 2), A(i64), A(i64))
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "candidates", 256, 0, True, "chosen", None, 1, 1, False,

@@ -105,11 +105,12 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
     if config.naive and dreq.model != "gated":
         raise ValueError("the naive kernel implements the gated model only")
     # whether the block top-K can run for this request: else the fallback is scores to memory
-    block_fits = k <= BLOCK_TOPK_MAX_K and (config.naive or shared_bytes(dreq, k, config, access) <= SHARED_BYTES)
+    block_fits = k <= BLOCK_TOPK_MAX_K and (config.naive or shared_bytes(dreq, k, config, access,
+                                                                         dtype=table.dtype) <= SHARED_BYTES)
     if path == "block" and not block_fits:
-        check_shared(dreq, k, config, access)  # raises, naming the bytes
+        check_shared(dreq, k, config, access, dtype=table.dtype)  # raises, naming the bytes
     if not config.naive:
-        check_shared(dreq, 0, config, access)  # the filter pass and the scores-to-memory fallback
+        check_shared(dreq, 0, config, access, dtype=table.dtype)  # the filter pass and the scores-to-memory fallback
         _check_runnable(dreq, table, access, config)
         if block_fits:
             _check_runnable(dreq, table, access, config, k)

@@ -120,9 +120,12 @@ class KernelConfig:
             looked short of bytes in flight). A slot holds a warp's 32 rows and scales (2,176
             bytes at d = 64), so the ring takes ``block / 32 * ring_stages`` of them: with
             blocks of 256 even two slots pass Numba's 48 KiB of static shared memory beside the
-            result tile; use blocks of 128. Tables of other dtypes ignore it (their shared
-            memory is counted as if they did). ``"auto"`` (default): 0, no ring, until measured.
-            The same scores either way.
+            result tile; use blocks of 128 (at d = 128, two slots). Only kernels over the whole
+            table take it: fp16 tables, eligible sets, candidate lists, a table with free slots
+            (a live pool scores its live bitset) and the block top-K with ``items`` > 1 ignore
+            it, and their shared memory is counted without it; it excludes ``rows_ahead=2``.
+            ``"auto"`` (default): 0, no ring, until measured. The same scores either way (on the
+            simulator; the GPU run is pending).
     """
 
     values: str = "chosen"
@@ -157,6 +160,8 @@ class KernelConfig:
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or int(v) not in allowed:
                 raise ValueError(f"{name} must be 'auto' or one of {allowed}, got {v!r}")
             object.__setattr__(self, name, int(v))  # a numpy integer as the same cache key as an int
+        if self.rows_ahead == 2 and self.ring_stages not in ("auto", 0):
+            raise ValueError("rows_ahead=2 and ring_stages are two ways to keep rows in flight: set one")
         for name in ("tensor_cores", "naive"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

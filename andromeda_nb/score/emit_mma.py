@@ -60,8 +60,11 @@ def emit_ring_issue(emit, ind: str, first: str, slot: str, d: int, layout: str, 
                     n: str = "n_items") -> None:
     """Emit this lane's asynchronous copies of one round's int8 rows into the warp's slot ``slot``
     of the shared ring (``ring`` slots; :func:`emit_mma`'s ``ring``): the round's 32 ads start at
-    ``first`` + wbase, lane l copies ad l's d/8 words (one 8-byte copy a word: a table of odd
-    length puts a word row's start off 16 bytes) and its scale; an ad past the end gets zeros."""
+    ``first`` + wbase, lane l copies ad l's d/8 words (one 8-byte copy a word: on ``tiles`` a
+    table of odd length puts a word row's start off 16 bytes) and its scale; an ad past the end
+    gets zeros (nothing read). Odd word rows store ad a in column a ^ 8: the reads of
+    :func:`_emit_ring_read` (lanes c4h = 0 and 1 in even and odd rows, the same columns) then
+    fall on different banks, where unswizzled the two halves of the warp met on each bank."""
     nw = d // 8
     emit(f"{ind}ra = {first} + wbase + lane")
     emit(f"{ind}rok = ra < {n}")
@@ -70,19 +73,21 @@ def emit_ring_issue(emit, ind: str, first: str, slot: str, d: int, layout: str, 
     emit(f"{ind}rr = wid * {ring * nw} + ({slot}) * {nw}")
     for w in range(nw):
         src = f"({w}, rj)" if layout == "tiles" else f"(rj, {w})"
-        emit(f"{ind}cp_async(ring, (rr + {w}, lane), words, {src}, rb)")
+        emit(f"{ind}cp_async(ring, (rr + {w}, lane{' ^ 8' if w % 2 else ''}), words, {src}, rb)")
     emit(f"{ind}cp_async(rsc, (wid * {ring} + ({slot}), lane), scale, (rj,), rb // 2)")
 
 
 def _emit_ring_read(emit, ind: str, t: int, d: int, ring: int) -> None:
     """Tile t's words and scales of this round from the ring's slot ``rs`` into the registers
-    :func:`emit_mma_load` fills (``m{q}_*``, ``sc{q}``), each lane its half-words."""
+    :func:`emit_mma_load` fills (``m{q}_*``, ``sc{q}``), each lane its half-words (word row
+    c4h + 2 wi: odd where c4h is, its columns swizzled by :func:`emit_ring_issue`)."""
     nw = d // 8
     for q in (2 * t, 2 * t + 1):
-        col = f"{16 * t + 8 * (q % 2)} + g8"
+        k = 16 * t + 8 * (q % 2)  # (k + g8) ^ 8 c4h = k + g8 +- 8 c4h: a base register and an offset
         for wi in range(d // 16):
-            emit(f"{ind}m{q}_{wi} = ld_half(ring, wid * {ring * nw} + rs * {nw} + c4h + {2 * wi}, {col}, c4o)")
-        emit(f"{ind}sc{q} = rsc[wid * {ring} + rs, {col}]")
+            emit(f"{ind}m{q}_{wi} = ld_half(ring, wid * {ring * nw} + rs * {nw} + c4h + {2 * wi}, "
+                 f"{k} + {'c8b' if k % 16 else 'c8a'}, c4o)")
+        emit(f"{ind}sc{q} = rsc[wid * {ring} + rs, {k} + g8]")
 
 
 def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:

@@ -123,8 +123,7 @@ class _Source:
         self.rows_ahead = rows_ahead if self.prefetch else 1
         # int8 rows through a shared-memory ring filled by asynchronous copies (emit_mma's ring):
         # the full pool in fp16 math, one request; it takes the place of the registers' prefetch
-        self.ring = ring_stages if (self.prefetch and access == "pool" and not batched and math == "fp16"
-                                    and dtype == "int8") else 0
+        self.ring = ring_stages if (self.prefetch and ring_applies(math, dtype, access, fused, items, batched)) else 0
         if self.ring:
             self.rows_ahead = 1
         # fp16 math's softmax in fewer instructions (exp_approx, div_full: ~1e-6 relative, inside the
@@ -186,6 +185,8 @@ class _Source:
             emit(f"    msc = cuda.shared.array(({block // 32}, 32, {MSC_PITCH}), float32)")
             if self.ring:  # each warp's ring slots: the d/8 words and the scale of 32 ads a slot
                 emit(f"    ring = cuda.shared.array(({block // 32 * self.ring * (self.d // 8)}, 32), uint64)")
+                emit("    c8a = g8 + c4h * 8")  # the odd word rows' column swizzle (emit_ring_issue)
+                emit("    c8b = g8 - c4h * 8")
                 emit(f"    rsc = cuda.shared.array(({block // 32 * self.ring}, 32), float32)")
             if config.ENABLE_CUDASIM:
                 emit(f"    scr = cuda.shared.array(({block // 32}, 32, 10), float32)")
@@ -641,6 +642,13 @@ class _Source:
         emit("    if tid == 0:")
         emit(f"        cuda.atomic.add(counts[{q}], 0, tally[0])")
         emit(f"        cuda.atomic.add(counts[{q}], 1, tally[1])")
+
+
+def ring_applies(math: str, dtype: str, access: str, fused: bool, items: int, batched: bool = False) -> bool:
+    """Whether a kernel of this shape takes ``ring_stages``' shared-memory ring: int8 rows in fp16
+    math on the full pool, one request, its rounds following each other simply (one ad a thread
+    a round where it keeps a block top-K: the rounds where the next one's rows load early)."""
+    return math == "fp16" and dtype == "int8" and access == "pool" and not batched and (items == 1 or not fused)
 
 
 def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access: str, fused: bool,

@@ -69,19 +69,21 @@ def _live_bitset(table: DeviceAdTable):
 
 
 def shared_bytes(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access: str = "pool",
-                 selects: bool = True) -> int:
+                 selects: bool = True, dtype: str = "fp16") -> int:
     """Static shared memory per block of the generated kernel: the weight image, plus for a fused
     block top-K (``topk_k`` > 0) its buffer of 8-byte entries, plus for a bitset feeding a
-    selection (``selects``: block top-K or filter) its per-tile list of eligible positions."""
-    return _shared_bytes(dreq.model, dreq.d, dreq.experts, int(topk_k), config, access, bool(selects),
-                         launch.default_block())
+    selection (``selects``: block top-K or filter) its per-tile list of eligible positions, plus
+    for a table of ``dtype`` that takes one (:func:`.fused.ring_applies`) the int8 rows' ring."""
+    return sum(_shared_parts(dreq.model, dreq.d, dreq.experts, int(topk_k), config, access, bool(selects),
+                             launch.default_block(), dtype))
 
 
 @lru_cache(maxsize=1024)
-def _shared_bytes(model: str, d: int, experts: int, topk_k: int, config: KernelConfig, access: str, selects: bool,
-                  default_block: int) -> int:
-    """:func:`shared_bytes` of a request's shape (kept: a call's checks ask it several times)."""
-    from .fused import BITS_PER_THREAD, MSC_PITCH
+def _shared_parts(model: str, d: int, experts: int, topk_k: int, config: KernelConfig, access: str, selects: bool,
+                  default_block: int, dtype: str) -> tuple[int, int]:
+    """:func:`shared_bytes` of a request's shape as (the int8 rows' ring, the rest) (kept: a call's
+    checks ask it several times)."""
+    from .fused import BITS_PER_THREAD, MSC_PITCH, ring_applies
     from ..topk.block import buffer_capacity
 
     block = config.block or default_block
@@ -91,25 +93,31 @@ def _shared_bytes(model: str, d: int, experts: int, topk_k: int, config: KernelC
     if config.math == "fp16":  # the weights live in registers, or the per-lane image in shared memory
         image = 4 * mma_f16_words(d, experts) if config.kernel_f16_weights() == "shared" else 0
         # the int8 rows' ring: a slot a warp and round, each 32 ads' d/8 words and scales
-        ring = block // 32 * config.kernel_ring_stages() * 32 * (d + 4) if access == "pool" else 0
-        return image + tile + ring + 8 * cap + listed + 64
+        items = config.items if topk_k else 1
+        ring = (block // 32 * config.kernel_ring_stages(dtype) * 32 * (d + 4)
+                if ring_applies(config.math, dtype, access, topk_k > 0, items) else 0)
+        return ring, image + tile + 8 * cap + listed + 64
     if config.tensor_cores:  # and the per-lane weight image
-        return 4 * mma_image_size(d) + tile + 8 * cap + listed + 64
-    return 4 * image_size(model, d, experts) + 8 * cap + listed + 64
+        return 0, 4 * mma_image_size(d) + tile + 8 * cap + listed + 64
+    return 0, 4 * image_size(model, d, experts) + 8 * cap + listed + 64
 
 
 def check_shared(dreq: DeviceRequest, topk_k: int, config: KernelConfig, access: str = "pool",
-                 selects: bool = True) -> None:
-    """Raise ValueError (before any launch) when the kernel for this request, k, access and
-    configuration needs more shared memory per block than Numba's static limit
+                 selects: bool = True, dtype: str = "fp16") -> None:
+    """Raise ValueError (before any launch) when the kernel for this request, k, access, table
+    dtype and configuration needs more shared memory per block than Numba's static limit
     (:data:`SHARED_BYTES`)."""
-    shared = shared_bytes(dreq, topk_k, config, access, selects)
-    if shared > SHARED_BYTES:
-        raise ValueError(f"this configuration needs {shared} bytes of shared memory per block (weight image of "
+    ring, rest = _shared_parts(dreq.model, dreq.d, dreq.experts, int(topk_k), config, access, bool(selects),
+                               launch.default_block(), dtype)
+    if ring + rest > SHARED_BYTES:
+        raise ValueError(f"this configuration needs {ring + rest} bytes of shared memory per block (weight image of "
                          f"d={dreq.d}, E={dreq.experts}" + (f" + a top-{topk_k} buffer for block={config.threads()}, "
                                                            f"items={config.items}, sync_every={config.sync_every}"
                                                            if topk_k else "")
-                         + f"); Numba allows {SHARED_BYTES}: lower k, block, items or sync_every")
+                         + (f" + {ring} bytes of the int8 rows' ring, ring_stages={config.ring_stages} of "
+                            f"block={config.threads()}" if ring else "")
+                         + f"); Numba allows {SHARED_BYTES}: lower k, block, items or sync_every"
+                         + (", or ring_stages" if ring else ""))
 
 
 def _resolve(config: KernelConfig, dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int = 0,
@@ -149,7 +157,7 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
     from .fused import fused_kernel
 
     cap = buffer_capacity(topk_k, block, config.items, config.sync_every) if topk_k else 0
-    check_shared(dreq, topk_k, config, access, topk_k > 0)
+    check_shared(dreq, topk_k, config, access, topk_k > 0, table.dtype)
     return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
                         block, cap, True, config.values, config.max_registers, config.items if topk_k else 1,
                         config.sync_every if topk_k else 1, False, config.weights, config.guard,

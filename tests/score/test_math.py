@@ -802,13 +802,45 @@ def test_int8_rows_through_the_ring_answer_as_registers(rng, stages, monkeypatch
     _, d16 = table_of(rng, 301, 32, "tiles", "fp16")
     np.testing.assert_array_equal(anb.score_ads(req, d16, config=ring).copy_to_host(),
                                   anb.score_ads(req, d16, config=plain).copy_to_host())
+    # two warps a block (each its own slots), and the rows layout
+    for layout, block in (("rows", 32), ("tiles", 64)):
+        _, other = table_of(rng, 301, 32, layout, "int8")
+        np.testing.assert_array_equal(
+            anb.score_ads(req, other, config=anb.KernelConfig(math="fp16", block=block, ring_stages=stages)).copy_to_host(),
+            anb.score_ads(req, other, config=anb.KernelConfig(math="fp16", block=block)).copy_to_host())
     wide = anb.Request.random(64, 6, 2, rng)
     _, d64 = table_of(rng, 301, 64, "tiles", "int8")
-    with pytest.raises(ValueError, match="shared memory"):  # 8 warps x 4 slots x 2,176 bytes: past 48 KiB
-        anb.score_ads(wide, d64, config=anb.KernelConfig(math="fp16", block=256, ring_stages=4))
+    with pytest.raises(ValueError, match=r"bytes of the int8 rows' ring, ring_stages=4 .*or ring_stages"):
+        anb.score_ads(wide, d64, config=anb.KernelConfig(math="fp16", block=256, ring_stages=4))  # 8 x 4 x 2,176 B
+    # the block top-K with several ads a thread a round has no ring, and is not charged for one
+    items = anb.KernelConfig(math="fp16", block=128, ring_stages=4, items=4)
+    got = anb.score_topk(wide, d64, 9, config=items, path="block")
+    want_k = anb.score_topk(wide, d64, 9, config=anb.KernelConfig(math="fp16", block=128, items=4), path="block")
+    np.testing.assert_array_equal(got.ids, want_k.ids)
+    with pytest.raises(ValueError, match="set one"):
+        anb.KernelConfig(rows_ahead=2, ring_stages=stages)
     assert {sf for sf, kw in built if kw.get("ring_stages") == stages} == {False, True}
     for bad in (1, 5, True, np.True_, 3.0, "3"):
         with pytest.raises(ValueError, match="ring_stages"):
             anb.KernelConfig(ring_stages=bad)
     with pytest.raises(ValueError, match="ring_stages"):
         fused_kernel("gated", 32, 5, 2, "int8", "tiles", "pool", 32, ring_stages=3)  # fp32 math
+
+
+def test_the_ring_waits_for_its_own_round_before_reading_it():
+    """What the simulator cannot check (its copies land at once): in the generated loop a round
+    commits its copies, waits until at most ring - 1 groups are pending (its own landed), passes a
+    warp barrier, then reads the ring; the scale copies are 4 bytes where the words' are 8; the
+    kernel ends waiting for every group."""
+    from andromeda_nb.score.fused import _source
+
+    for stages in (2, 3, 4):
+        src = _source("gated", 64, 6, 2, "int8", "tiles", "pool", False, 128, math="fp16", dequant="fma",
+                      ring_stages=stages)
+        loop = src[src.index("    for base0 in"):]
+        order = [loop.index(x) for x in ("cp_async_commit()", f"cp_async_wait({stages - 1})",
+                                          "cuda.sync", "ld_half(ring")]
+        assert order == sorted(order), order
+        assert src.count("cp_async_commit()") == stages  # ring - 1 before the loop, one a round
+        assert src.rstrip().endswith("cp_async_wait(0)")
+        assert "scale, (rj,), rb // 2)" in src and "words, (0, rj), rb)" in src
