@@ -546,10 +546,12 @@ def _gap_share(frame: pd.DataFrame, dataset: str, mixture: str, experiments) -> 
             + (" (its gain within noise)" if noisy else ""))
 
 
+#: how the conclusions name the models of the experiments beside the main table
+_SAID = {"preset_settings": "at the preset's settings", "tuned_session": "tuned on last sessions",
+         "tuned_last_click": "tuned on last clicks"}
 #: how :func:`against_single_tower_line` names the rows it compares
-_TRAINED_AS = {"preset_settings": "at the preset's settings (`preset_settings` rows, not the tuning's choices)",
-               "tuned_session": "tuned on last sessions (`tuned_session` rows)",
-               "tuned_last_click": "tuned on last clicks (`tuned_last_click` rows)"}
+_TRAINED_AS = {e: f"{said} (`{e}` rows)" for e, said in _SAID.items()}
+_TRAINED_AS["preset_settings"] = "at the preset's settings (`preset_settings` rows, not the tuning's choices)"
 
 
 def against_single_tower_line(frame: pd.DataFrame, dataset: str, experiment: str = "preset_settings") -> str:
@@ -617,9 +619,8 @@ def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
     recall = frame[(frame["dataset"] == dataset) & (frame["metric"] == "recall@100")]
     experiment = recall["experiment"] if "experiment" in recall else pd.Series("expert_count", index=recall.index)
     rec = recall[experiment == "expert_count"]
-    others = [(recall[(experiment == e) & recall["model"].isin(quality.PROJECT_MODELS)], said) for e, said in (
-        ("preset_settings", "at the preset's settings"), ("tuned_session", "tuned on last sessions"),
-        ("tuned_last_click", "tuned on last clicks"))]
+    others = [(recall[(experiment == e) & recall["model"].isin(quality.PROJECT_MODELS)], said)
+              for e, said in _SAID.items()]
     quality.one_preset(pd.concat([rec, *(rows for rows, _ in others)]))
     mean = rec.assign(value=rec["value"].astype(float)).groupby("model")["value"].mean()
     if not set(quality.GENERATOR_MODELS) <= set(mean.index):
