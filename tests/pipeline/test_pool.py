@@ -310,14 +310,21 @@ def test_a_request_past_the_fp16_range_is_named_in_its_batch(rng):
         pool.retrieve(reqs, [{}] * 3, k=5)
 
 
-@pytest.mark.parametrize("tile_order, f16_weights", [("tiles", "auto"), ("steps", "auto"), ("tiles", "shared")])
-def test_fp16_math_pool_equals_its_model(rng, tile_order, f16_weights):
+@pytest.mark.parametrize("tile_order, f16_weights, rows_ahead",
+                         [("tiles", "auto", "auto"), ("steps", "auto", "auto"), ("tiles", "shared", "auto"),
+                          ("tiles", "shared", 2)])
+def test_fp16_math_pool_equals_its_model(rng, tile_order, f16_weights, rows_ahead, monkeypatch):
     """math='fp16': the filter pass on the tensor cores over every request's candidates; answers are
     the exact top-k of the fp16 model's scores (score_ads with the same config), the sampled seed
     (fp32 on the CUDA cores) only decides how many scores the filter keeps. Either tile order, the
-    weights in registers or shared memory."""
+    weights in registers or shared memory, one or two rounds of rows in flight (the batched filter
+    pass is built with the config's rounds)."""
+    from andromeda_nb.score import fused
+
+    built, real = [], fused.fused_kernel
+    monkeypatch.setattr(fused, "fused_kernel", lambda *a, **kw: built.append(kw) or real(*a, **kw))
     rules, table, index = world(rng, 700, p_constrain=0.15, p_exclude=0.05)
-    config = anb.KernelConfig(math="fp16", tile_order=tile_order, f16_weights=f16_weights)
+    config = anb.KernelConfig(math="fp16", tile_order=tile_order, f16_weights=f16_weights, rows_ahead=rows_ahead)
     pool = Pool(table, index, max_batch=3, max_k=20, config=config)
     reqs = [anb.Request.random(D, 4, 2, rng) for _ in range(3)]
     profs = [random_profile(rng, rules.schema) for _ in range(3)]
@@ -328,6 +335,8 @@ def test_fp16_math_pool_equals_its_model(rng, tile_order, f16_weights):
         np.testing.assert_array_equal(out.ids, want.ids)
         np.testing.assert_array_equal(out.scores, want.scores)
         assert out.n_eligible == elig.sum()
+    assert any(kw.get("batched") and kw.get("math") == "fp16" and kw.get("rows_ahead") == config.kernel_rows_ahead()
+               for kw in built)
 
 
 
