@@ -19,11 +19,12 @@ The live pool's calls (``Pool.apply``, requests during updates, the soak) are th
 Every retrieve row is checked on sampled requests against the reference: the CPU match's eligible
 set and the top-k of the kernel's own scores (exact ids, order and scores).
 
-Phases (``--phases``; default all): ``retrieve`` (a case a batch size), ``match`` (no case of its
-own: ``match_eligible`` comes with retrieve's batch-1 case), ``launch``, ``open_loop`` (the largest
-pool only), ``score_topk``, ``fp16`` and ``int8`` (an int8 table in fp16 math: retrieve at batches 1
-and 32, score_topk); run pool size by pool size (10^7, 10^8, those up to
-``--n-ads``).
+Phases (``--phases``; default all but the experiments): ``retrieve`` (a case a batch size), ``match``
+(no case of its own: ``match_eligible`` comes with retrieve's batch-1 case), ``launch``,
+``open_loop`` (the largest pool only), ``score_topk``, ``fp16`` and ``int8`` (an int8 table in fp16
+math: retrieve at batches 1 and 32, score_topk), ``score_topk_dtypes``; the experiments (:data:`EXPERIMENTS`,
+named to run): ``score_topk_f16_weights`` and ``score_topk_ring`` (launch settings off the default,
+as called). Run pool size by pool size (10^7, 10^8, those up to ``--n-ads``).
 ``--quick``: the largest pool, retrieve at batches 1, 8, 32, without the diagnostics.
 """
 
@@ -260,7 +261,9 @@ def _dequant_note(config, table) -> str:
     return f"; dequant={config.resolved_dequant(table)}"
 
 
-def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None) -> dict:
+def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None, launch=()) -> dict:
+    """score_topk's warm wall time beside its launches' device time; ``launch``: the KernelConfig
+    fields set off their defaults, named in the notes."""
     from .. import reference
     from ..score import score_ads, score_topk
     from ..score.launches import launch_score_filter
@@ -273,7 +276,8 @@ def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None) -> dict:
     wall, p99 = _quantiles(walls)
     if out_dir is not None:
         _host_profile(lambda: score_topk(req, tiles, K, config=config), 30, out_dir,
-                      f"score_topk_{n}_{config.math}{_dtype_suffix(tiles.dtype)}{'_shared' if shared else ''}")
+                      f"score_topk_{n}_{config.math}{_dtype_suffix(tiles.dtype)}{'_shared' if shared else ''}"
+                      + "".join(f"_{k}{v}" for k, v in launch))
     dreq = DeviceRequest.of(req)
     sfw = next(ws for key, ws in tiles._workspaces.items() if key[:4] == ("filter", n, K, "pool"))
     device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, config, sfw),
@@ -286,7 +290,7 @@ def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None) -> dict:
     return _row(env, ceil, "score_topk", n, 1, wall, p99, device, n, fused_bytes_per_ad(D, tiles.dtype), verified,
                 tiles.dtype, access="pool",
                 eligible_fraction="1", layout="tiles",
-                notes=("f16_weights=shared; " if shared else "")
+                notes=("f16_weights=shared; " if shared else "") + "".join(f"{'blocks/SM' if k == 'blocks_per_sm' else k}={v}; " for k, v in launch)
                 + "device: the same launches back to back behind a busy kernel (harness.time_device)"
                 + _dequant_note(config.with_math(dreq, tiles), tiles)
                 + ("; a call on the GPU's clock (medians of {CALLS}, _call_breakdown): host before its launches "
@@ -422,11 +426,13 @@ class ScoreTopkCase(harness.Case):
     dtype: str = "fp16"
     #: KernelConfig.f16_weights of the call (fp16 math: the weights in registers or shared memory)
     f16_weights: str = "auto"
+    #: other KernelConfig fields of the call, (name, value) pairs: a launch setting measured as called
+    launch: tuple = ()
 
     def configs(self) -> tuple:
         from ..score import KernelConfig
 
-        return (KernelConfig(math=self.math, f16_weights=self.f16_weights),)
+        return (KernelConfig(math=self.math, f16_weights=self.f16_weights, **dict(self.launch)),)
 
 
 #: phase -> cases, in run order within a pool size. ``match``: the ``match_eligible`` row comes with
@@ -453,9 +459,17 @@ PHASES = {
     # table's two rows side by side: what KernelConfig.f16_weights="auto" should pick, as called
     "score_topk_f16_weights": tuple(ScoreTopkCase(math="fp16", dtype=dt, f16_weights=w)
                                     for dt in ("fp16", "int8") for w in ("registers", "shared")),
+    # int8 rows through the cp.async ring (KernelConfig.ring_stages) as called: blocks of 128, four an
+    # SM, with 0 (none), 2, 3 or 4 rounds a warp, beside the default launch of both tables
+    "score_topk_ring": (ScoreTopkCase(math="fp16"), ScoreTopkCase(math="fp16", dtype="int8"),
+                        *(ScoreTopkCase(math="fp16", dtype="int8",
+                                        launch=(("block", 128), ("blocks_per_sm", 4), ("ring_stages", r)))
+                          for r in (0, 2, 3, 4))),
 }
-#: every phase but the experiments (a setting off the default, measured to choose it: --phases names them)
-DEFAULT_PHASES = tuple(p for p in PHASES if p != "score_topk_f16_weights")
+#: the experiments: a setting off the default, measured to choose it (--phases names them)
+EXPERIMENTS = ("score_topk_f16_weights", "score_topk_ring")
+#: every phase but the experiments
+DEFAULT_PHASES = tuple(p for p in PHASES if p not in EXPERIMENTS)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)
 SIZES = (10 ** 7, 10 ** 8)
 
@@ -514,7 +528,8 @@ class Run(harness.Run):
         if self.tiles is None or self.tiles.dtype != case.dtype:
             self.tiles = None
             self.tiles = gpu_table(self.n, D, case.dtype, "tiles", seed=1)
-        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, *case.configs(), self.options.out)]
+        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, *case.configs(), self.options.out,
+                                launch=case.launch)]
 
     def setup(self, n: int, pool: bool = True, math: str = "fp32", host_bits=True, spare: int = 0,
               dtype: str = "fp16") -> None:

@@ -51,7 +51,8 @@ ROWS_PER_PHASE = {
     "targeting": {"main": 17, "grouped": 13, "stages": 9, "pool": 3, "values": 5, "updates": 5, "device": 2,
                   "layouts": 4, "density": 2, "categories": 3},
     "pipeline": {"retrieve": 16, "match": 0, "launch": 2, "open_loop": 6, "score_topk": 2, "fp16": 16, "int8": 8,
-                 "score_topk_dtypes": 4, "score_topk_f16_weights": 8},
+                 "score_topk_dtypes": 4, "score_topk_f16_weights": 8,
+                 "score_topk_ring": 12},
     "pool": {"apply": 12, "during": 4, "soak": 1},
     "serving": {"topologies": 6, "sharded": 4, "scaling": 16},
 }
