@@ -13,6 +13,17 @@ import time
 EXIT_TUNING_LEFT = 75
 
 
+def _kept_runs_line(tuned) -> str:
+    """What a tuning run with ``--tuned FILE`` starts from: the runs kept beside FILE, or none."""
+    from ..training.tuning import read_runs, runs_file_of
+
+    runs = runs_file_of(tuned)
+    if not runs.exists():
+        return f"tuning: no runs kept at {runs} yet: every run trains"
+    n = len(read_runs(runs))
+    return f"tuning: {n} run{'' if n == 1 else 's'} kept at {runs}: those are not trained again"
+
+
 def _parse_settings(ap, items) -> dict:
     """``--set KEY=VALUE ...`` as TrainConfig fields, each checked by building a configuration with it
     (a usage error naming the item, before anything trains)."""
@@ -270,6 +281,8 @@ def main(argv=None) -> int:
             check_tuned_use(args.tuned, args.datasets, args.preset, args.models, args.tune or args.tune_only)
         except ValueError as e:
             ap.error(str(e))
+        if args.tune or args.tune_only:  # say whether a tuning resumes: a mistyped path retrains everything
+            print(_kept_runs_line(args.tuned))
     if args.threads:
         torch.set_num_threads(args.threads)
     preset = args.preset

@@ -634,9 +634,10 @@ def test_a_time_budget_with_workers_keeps_the_runs_it_started(data, tmp_path):
     assert len(tuning.read_runs(runs)) == 2
 
 
-def test_the_cli_exits_75_when_the_budget_leaves_runs(tmp_path):
+def test_the_cli_exits_75_when_the_budget_leaves_runs(tmp_path, capsys):
     """``--tune-budget``: the first run starts whatever the budget, the rest are left; the command
-    says so and exits with EXIT_TUNING_LEFT (a script's cue to run it again), the run kept."""
+    says so and exits with EXIT_TUNING_LEFT (a script's cue to run it again), the run kept. Each
+    call first says what it resumes from (a path that misses the kept runs shows at once)."""
     from andromeda_nb.training.__main__ import EXIT_TUNING_LEFT, main
 
     tuned = tmp_path / "tuned.json"
@@ -645,6 +646,10 @@ def test_the_cli_exits_75_when_the_budget_leaves_runs(tmp_path):
     assert main(argv) == EXIT_TUNING_LEFT == 75
     assert len(tuning.read_runs(tuning.runs_file_of(tuned))) == 1
     assert not tuned.exists()  # no choice made from a partial grid
+    assert f"no runs kept at {tuning.runs_file_of(tuned)} yet: every run trains" in capsys.readouterr().out
+    assert main(argv) == EXIT_TUNING_LEFT
+    assert f"tuning: 1 run kept at {tuning.runs_file_of(tuned)}" in capsys.readouterr().out
+    assert len(tuning.read_runs(tuning.runs_file_of(tuned))) == 2
 
 
 def test_the_prediction_counts_a_fixed_cost_a_run(data, tmp_path, monkeypatch):
