@@ -75,7 +75,8 @@ def variants():
         out.append((f"fused gated d64 E6 K2 {dtype} {layout} {access} cap{cap} tensor_cores", k, fused_sig))
     # the fp16 math mode (KernelConfig(math="fp16"): mma.sync m16n8k16, weights in registers as uint32)
     f16_sig = (A(u64, 2),) + fused_sig[1:3] + (A(u32),) + fused_sig[4:]
-    for layout, access, cap in (("rows", "pool", 0), ("tiles", "bitset", 0), ("rows", "candidates", 2048)):
+    for layout, access, cap in (("rows", "pool", 0), ("tiles", "pool", 0), ("tiles", "bitset", 0),
+                                ("rows", "candidates", 2048)):
         k = FK.fused_kernel("gated", 64, 6, 2, "fp16", layout, access, 256, cap, True, "chosen", None, 1, 1, False,
                             math="fp16")
         out.append((f"fused gated d64 E6 K2 fp16 {layout} {access} cap{cap} math=fp16", k, f16_sig))
@@ -293,7 +294,14 @@ def main(argv=None) -> int:
     ap.add_argument("--ptxas", action="store_true",
                     help="also assemble each variant with ptxas (CUDA's assembler, when on PATH): inline PTX "
                          "(mma, f16x2) is checked there, not by NVVM; prints registers and spills")
+    ap.add_argument("--maxrregcount", type=int, default=None, metavar="N",
+                    help="with --ptxas or --sass: assemble at this register cap (a launch's max_registers)")
+    ap.add_argument("--sass", action="store_true",
+                    help="assemble (ptxas) and disassemble (nvdisasm, both on PATH) each variant and count the "
+                         "instructions of its main loop (its longest backward branch) by opcode: the issue "
+                         "cost of one round of a kernel")
     args = ap.parse_args(argv)
+    args.ptxas = args.ptxas or args.sass
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         print("ptxcheck needs NUMBA_ENABLE_CUDASIM=0 (it compiles for a real GPU)", file=sys.stderr)
         return 2
@@ -322,7 +330,8 @@ def main(argv=None) -> int:
             continue
         info = inspect_ptx(ptx)
         if args.ptxas:
-            ok, note = _assemble(ptx, args.cc.replace(".", ""))
+            ok, note = _assemble(ptx, args.cc.replace(".", ""), args.maxrregcount,
+                                 sass := [] if args.sass else None)
             info["ptxas"] = note
             if not ok:
                 failures += 1
@@ -334,11 +343,44 @@ def main(argv=None) -> int:
             flag = "" if info["local_ops"] == 0 else "  <-- local memory"
             extra = f"; {info['ptxas']}" if args.ptxas else ""
             print(f"ok   {name}: local ops {info['local_ops']}, global loads {info['global_load_bytes']}{flag}{extra}")
+        if args.sass and sass:
+            body = loop_opcodes(sass[0])
+            print(f"     main loop: {sum(body.values())} instructions: "
+                  + ", ".join(f"{op} {n}" for op, n in body.most_common()))
     return 1 if failures else 0
 
 
-def _assemble(ptx: str, sm: str) -> tuple[bool, str]:
-    """ptxas on one PTX module for sm_<sm>: (assembled, its resource line or its error)."""
+def loop_opcodes(sass: str):
+    """Opcode counts (a Counter) of the instructions in the longest span from a backward branch's
+    target to the branch, in nvdisasm's text of one kernel: a generated kernel's main loop (one
+    round of a warp's ads), where the issue cost per ad is decided. Predicates and modifiers are
+    dropped (``@!P0 LDG.E.64`` counts as ``LDG``)."""
+    from collections import Counter
+
+    at, label_at, pending = [], {}, []
+    for line in sass.splitlines():
+        label = re.match(r"\s*\.(L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        ins = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if ins:
+            addr = int(ins.group(1), 16)
+            label_at.update((name, addr) for name in pending)
+            pending = []
+            at.append((addr, ins.group(2)))
+    spans = [(label_at[m.group(1)], addr) for addr, text in at
+             if (m := re.search(r"\bBRA\b.*?\.?(L_x_\d+)", text)) and label_at.get(m.group(1), addr) < addr]
+    if not spans:
+        return Counter()
+    lo, hi = max(spans, key=lambda span: span[1] - span[0])
+    return Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+                   for addr, text in at if lo <= addr <= hi)
+
+
+def _assemble(ptx: str, sm: str, maxrregcount: int | None = None, sass: list | None = None) -> tuple[bool, str]:
+    """ptxas on one PTX module for sm_<sm>: (assembled, its resource line or its error); with a
+    ``sass`` list, nvdisasm's text of the assembled module is appended to it (when on PATH)."""
     import shutil
     import subprocess
     import tempfile
@@ -346,13 +388,21 @@ def _assemble(ptx: str, sm: str) -> tuple[bool, str]:
     exe = shutil.which("ptxas")
     if exe is None:
         return True, "ptxas not on PATH (not assembled)"
+    cap = [f"-maxrregcount={maxrregcount}"] if maxrregcount else []
+
     def run(text):
         with tempfile.TemporaryDirectory() as tmp:
-            src = os.path.join(tmp, "k.ptx")
+            src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
             with open(src, "w") as f:
                 f.write(text)
-            return subprocess.run([exe, f"-arch=sm_{sm}", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
-                                  capture_output=True, text=True)
+            r = subprocess.run([exe, f"-arch=sm_{sm}", "-v", *cap, src, "-o", cubin], capture_output=True, text=True)
+            disasm = shutil.which("nvdisasm")
+            if sass is not None and not r.returncode:
+                if disasm is None:
+                    raise SystemExit("--sass needs nvdisasm on PATH (the nvidia-cuda-nvdisasm wheel has it)")
+                sass.append(subprocess.run([disasm, "-c", "-g", cubin], capture_output=True, text=True,
+                                           check=True).stdout)
+            return r
 
     r = run(ptx)
     older = re.search(r"current version is '([0-9.]+)'", r.stderr)

@@ -30,3 +30,30 @@ def test_all_kernels_compile_for_sm90_without_local_memory():
     lines = [line for line in proc.stdout.splitlines() if line.startswith("ok")]
     assert len(lines) >= 10
     assert not [line for line in lines if "local memory" in line], "a kernel spills to local memory"
+
+
+def test_the_main_loop_is_the_longest_backward_branch():
+    """ptxcheck --sass counts the instructions between the longest backward branch and its target
+    (the generated kernels' round loop), predicates and modifiers dropped; forward branches and a
+    shorter inner loop do not count, and a kernel without a loop has none."""
+    from andromeda_nb.device.ptxcheck import loop_opcodes
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   BRA `(.L_x_2) ;
+.L_x_0:
+        /*0020*/                   LDG.E.64 R2, desc[UR4][R4.64] ;
+        /*0030*/              @!P0 HFMA2 R6, R2, R3, -RZ ;
+.L_x_1:
+        /*0040*/                   HMMA.16816.F32 R8, R12, R14, R8 ;
+        /*0050*/                   IADD3 R4, P1, R4, 0x20, RZ ;
+        /*0060*/               @P1 BRA `(.L_x_1) ;
+        /*0070*/                   ISETP.GE.AND P0, PT, R4, R5, PT ;
+        /*0080*/              @!P0 BRA `(.L_x_0) ;
+.L_x_2:
+        /*0090*/                   EXIT ;
+"""
+    body = loop_opcodes(sass)
+    assert sum(body.values()) == 7
+    assert body == {"LDG": 1, "HFMA2": 1, "HMMA": 1, "IADD3": 1, "BRA": 2, "ISETP": 1}
+    assert not loop_opcodes(sass.replace("@!P0 BRA `(.L_x_0)", "NOP").replace("@P1 BRA `(.L_x_1)", "NOP"))
