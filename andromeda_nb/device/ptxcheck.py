@@ -301,6 +301,12 @@ def main(argv=None) -> int:
                          "instructions of its main loop (its longest backward branch) by opcode: the issue "
                          "cost of one round of a kernel")
     args = ap.parse_args(argv)
+    import shutil
+
+    if args.sass and not (shutil.which("ptxas") and shutil.which("nvdisasm")):
+        ap.error("--sass needs ptxas and nvdisasm on PATH (nvdisasm: the nvidia-cuda-nvdisasm wheel)")
+    if args.maxrregcount is not None and not (args.ptxas or args.sass):
+        ap.error("--maxrregcount is a cap for ptxas: give --ptxas or --sass")
     args.ptxas = args.ptxas or args.sass
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         print("ptxcheck needs NUMBA_ENABLE_CUDASIM=0 (it compiles for a real GPU)", file=sys.stderr)
@@ -396,12 +402,9 @@ def _assemble(ptx: str, sm: str, maxrregcount: int | None = None, sass: list | N
             with open(src, "w") as f:
                 f.write(text)
             r = subprocess.run([exe, f"-arch=sm_{sm}", "-v", *cap, src, "-o", cubin], capture_output=True, text=True)
-            disasm = shutil.which("nvdisasm")
-            if sass is not None and not r.returncode:
-                if disasm is None:
-                    raise SystemExit("--sass needs nvdisasm on PATH (the nvidia-cuda-nvdisasm wheel has it)")
-                sass.append(subprocess.run([disasm, "-c", "-g", cubin], capture_output=True, text=True,
-                                           check=True).stdout)
+            if sass is not None and not r.returncode:  # main() checked that nvdisasm is on PATH
+                sass.append(subprocess.run([shutil.which("nvdisasm"), "-c", "-g", cubin], capture_output=True,
+                                           text=True, check=True).stdout)
             return r
 
     r = run(ptx)

@@ -57,3 +57,16 @@ def test_the_main_loop_is_the_longest_backward_branch():
     assert sum(body.values()) == 7
     assert body == {"LDG": 1, "HFMA2": 1, "HMMA": 1, "IADD3": 1, "BRA": 2, "ISETP": 1}
     assert not loop_opcodes(sass.replace("@!P0 BRA `(.L_x_0)", "NOP").replace("@P1 BRA `(.L_x_1)", "NOP"))
+
+
+def test_sass_options_are_refused_without_their_tools(monkeypatch, capsys):
+    """--sass without ptxas and nvdisasm on PATH, and --maxrregcount without an assembly, are usage
+    errors before anything compiles (not a silent run without the counts or the cap)."""
+    from andromeda_nb.device import ptxcheck
+
+    monkeypatch.setenv("PATH", "")
+    for argv, said in ((["--sass"], "--sass needs ptxas and nvdisasm"),
+                       (["--maxrregcount", "128"], "--maxrregcount is a cap for ptxas")):
+        with pytest.raises(SystemExit):
+            ptxcheck.main(argv)
+        assert said in capsys.readouterr().err
