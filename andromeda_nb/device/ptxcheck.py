@@ -307,6 +307,8 @@ def main(argv=None) -> int:
         ap.error("--sass needs ptxas and nvdisasm on PATH (nvdisasm: the nvidia-cuda-nvdisasm wheel)")
     if args.maxrregcount is not None and not (args.ptxas or args.sass):
         ap.error("--maxrregcount is a cap for ptxas: give --ptxas or --sass")
+    if args.maxrregcount is not None and not 16 <= args.maxrregcount <= 255:
+        ap.error(f"--maxrregcount must be 16..255 registers, got {args.maxrregcount}")
     args.ptxas = args.ptxas or args.sass
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         print("ptxcheck needs NUMBA_ENABLE_CUDASIM=0 (it compiles for a real GPU)", file=sys.stderr)
@@ -343,16 +345,17 @@ def main(argv=None) -> int:
                 failures += 1
                 print(f"FAIL {name}: ptxas: {note}")
                 continue
+        if args.sass:
+            info["main_loop"] = dict(loop_opcodes(sass[0]).most_common())
         if args.json:
             print(json.dumps({"variant": name, **info}))
-        else:
-            flag = "" if info["local_ops"] == 0 else "  <-- local memory"
-            extra = f"; {info['ptxas']}" if args.ptxas else ""
-            print(f"ok   {name}: local ops {info['local_ops']}, global loads {info['global_load_bytes']}{flag}{extra}")
-        if args.sass and sass:
-            body = loop_opcodes(sass[0])
-            print(f"     main loop: {sum(body.values())} instructions: "
-                  + ", ".join(f"{op} {n}" for op, n in body.most_common()))
+            continue
+        flag = "" if info["local_ops"] == 0 else "  <-- local memory"
+        extra = f"; {info['ptxas']}" if args.ptxas else ""
+        print(f"ok   {name}: local ops {info['local_ops']}, global loads {info['global_load_bytes']}{flag}{extra}")
+        if args.sass:
+            print(f"     main loop: {sum(info['main_loop'].values())} instructions: "
+                  + ", ".join(f"{op} {n}" for op, n in info["main_loop"].items()))
     return 1 if failures else 0
 
 
@@ -360,7 +363,9 @@ def loop_opcodes(sass: str):
     """Opcode counts (a Counter) of the instructions in the longest span from a backward branch's
     target to the branch, in nvdisasm's text of one kernel: a generated kernel's main loop (one
     round of a warp's ads), where the issue cost per ad is decided. Predicates and modifiers are
-    dropped (``@!P0 LDG.E.64`` counts as ``LDG``)."""
+    dropped (``@!P0 LDG.E.64`` counts as ``LDG``). Static counts: a ``CALL`` in the span counts as
+    one instruction (the callee's are not added), and a kernel with a rarely taken path inside
+    its loop (the block top-K's buffer flush) counts that path as if it ran every round."""
     from collections import Counter
 
     at, label_at, pending = [], {}, []
@@ -403,8 +408,11 @@ def _assemble(ptx: str, sm: str, maxrregcount: int | None = None, sass: list | N
                 f.write(text)
             r = subprocess.run([exe, f"-arch=sm_{sm}", "-v", *cap, src, "-o", cubin], capture_output=True, text=True)
             if sass is not None and not r.returncode:  # main() checked that nvdisasm is on PATH
-                sass.append(subprocess.run([shutil.which("nvdisasm"), "-c", "-g", cubin], capture_output=True,
-                                           text=True, check=True).stdout)
+                d = subprocess.run([shutil.which("nvdisasm"), "-c", "-g", cubin], capture_output=True, text=True)
+                if d.returncode:  # reported as the assembly's failure, with nvdisasm's words
+                    r = subprocess.CompletedProcess(r.args, d.returncode, r.stdout, "nvdisasm: " + d.stderr)
+                else:
+                    sass.append(d.stdout)
             return r
 
     r = run(ptx)

@@ -116,8 +116,9 @@ class KernelConfig:
         ring_stages: int8 rows in fp16 math on the full pool through a shared-memory ring of this
             many rounds a warp (2-4), filled by asynchronous copies (``cp.async``) instead of
             register loads: ``ring_stages - 1`` rounds of rows in flight with no register held
-            for them (at 0.77 of the H200's ceiling, the int8 kernel's one round in registers
-            looked short of bytes in flight). A slot holds a warp's 32 rows and scales (2,176
+            for them (built for the H200, where the int8 kernel stops at 0.77 of the ceiling: short
+            of bytes in flight or of issue slots, which only a profile there can tell; the ring
+            costs 20 % more instructions a round). A slot holds a warp's 32 rows and scales (2,176
             bytes at d = 64), so the ring takes ``block / 32 * ring_stages`` of them: with
             blocks of 256 even two slots pass Numba's 48 KiB of static shared memory beside the
             result tile; use blocks of 128 (at d = 128, two slots). Only kernels over the whole
@@ -125,8 +126,8 @@ class KernelConfig:
             (a live pool scores its live bitset) and the block top-K with ``items`` > 1 ignore
             it, and their shared memory is counted without it; it excludes ``rows_ahead=2``.
             ``"auto"`` (default): 0, no ring: on the H100 (E6 K2 d64, 10^8 ads, one run) 2-4
-            rounds ran 1-2 % slower, kernels and ``score_topk``; the H200 is unmeasured. The same
-            scores either way (the simulator and the H100).
+            rounds ran 0-2 % slower, kernels and ``score_topk``; the H200 is unmeasured. The
+            same scores either way (the simulator and the H100).
     """
 
     values: str = "chosen"

@@ -14,14 +14,15 @@ EXIT_TUNING_LEFT = 75
 
 
 def _kept_runs_line(tuned) -> str:
-    """What a tuning run with ``--tuned FILE`` starts from: the runs kept beside FILE, or none."""
+    """What a tuning run with ``--tuned FILE`` starts from: the runs kept beside FILE (reused where a
+    run of this tuning has the same model, settings and data), or none."""
     from ..training.tuning import read_runs, runs_file_of
 
     runs = runs_file_of(tuned)
     if not runs.exists():
         return f"tuning: no runs kept at {runs} yet: every run trains"
     n = len(read_runs(runs))
-    return f"tuning: {n} run{'' if n == 1 else 's'} kept at {runs}: those are not trained again"
+    return f"tuning: {n} run{'' if n == 1 else 's'} kept at {runs}: those this tuning asks for are not trained again"
 
 
 def _parse_settings(ap, items) -> dict:

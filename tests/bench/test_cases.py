@@ -504,3 +504,15 @@ def test_host_path_diagnostic_checks_its_answers():
                                                        ("int8", "fp16")]
     assert all(r["verified"] == "ok" and r["us_per_call"] > 0 for r in rows)
     assert api._Replay.run is run
+
+
+def test_the_ring_experiment_calls_score_topk_with_its_launch():
+    """score_topk_ring's cases hand their launch settings to the KernelConfig of the call (not
+    only to the row's name), and the phase is an experiment: named to run, not in a default run."""
+    from andromeda_nb.bench import pipeline
+
+    cases = pipeline.PHASES["score_topk_ring"]
+    configs = [case.configs()[0] for case in cases]
+    assert [(c.block, c.blocks_per_sm, c.ring_stages) for c in configs[2:]] == [(128, 4, r) for r in (0, 2, 3, 4)]
+    assert [c.ring_stages for c in configs[:2]] == ["auto", "auto"] and [case.dtype for case in cases[:2]] == ["fp16", "int8"]
+    assert "score_topk_ring" in pipeline.EXPERIMENTS and "score_topk_ring" not in pipeline.DEFAULT_PHASES

@@ -42,20 +42,26 @@ def test_the_main_loop_is_the_longest_backward_branch():
         /*0000*/                   MOV R1, c[0x0][0x28] ;
         /*0010*/                   BRA `(.L_x_2) ;
 .L_x_0:
+.L_x_3:
         /*0020*/                   LDG.E.64 R2, desc[UR4][R4.64] ;
         /*0030*/              @!P0 HFMA2 R6, R2, R3, -RZ ;
 .L_x_1:
         /*0040*/                   HMMA.16816.F32 R8, R12, R14, R8 ;
-        /*0050*/                   IADD3 R4, P1, R4, 0x20, RZ ;
+        /*0050*/             @UP0 IADD3 R4, P1, R4, 0x20, RZ ;
         /*0060*/               @P1 BRA `(.L_x_1) ;
         /*0070*/                   ISETP.GE.AND P0, PT, R4, R5, PT ;
         /*0080*/              @!P0 BRA `(.L_x_0) ;
 .L_x_2:
         /*0090*/                   EXIT ;
+.L_x_4:
+        /*00a0*/                   BRA `(.L_x_4) ;
 """
     body = loop_opcodes(sass)
     assert sum(body.values()) == 7
     assert body == {"LDG": 1, "HFMA2": 1, "HMMA": 1, "IADD3": 1, "BRA": 2, "ISETP": 1}
+    # the second of two labels on one address is a loop's target as well as the first
+    assert loop_opcodes(sass.replace("@!P0 BRA `(.L_x_0)", "@!P0 BRA `(.L_x_3)")) == body
+    # nvdisasm ends every kernel with a branch to itself: not a loop
     assert not loop_opcodes(sass.replace("@!P0 BRA `(.L_x_0)", "NOP").replace("@P1 BRA `(.L_x_1)", "NOP"))
 
 
