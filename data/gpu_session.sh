@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-host session in one call (the device tool runs it in the repo root; results land in $OUT).
 # Usage: bash data/gpu_session.sh STEP...   steps: info tests quickstart series bench:<suite>[:args] quality[:dataset]
-#   qseeds[:dataset] ptx
+#   qseeds[:dataset] ncu ptx
 # Needs the carried wheelhouse .whl/ (shared/tools/gpu-wheelhouse .whl): papermill, ipykernel, numpy 2.4;
 # bench:serving also needs distributed (the wheelhouse built with --dask; dask-cuda for --phases scaling).
 set -uo pipefail
@@ -85,6 +85,18 @@ for step in "$@"; do
       python3 -c "import glob, sys; from andromeda_nb.analysis.quality_results import join_rows
 join_rows(sorted(glob.glob(sys.argv[1] + '/qseeds/s*/quality.csv')), sys.argv[1] + '/quality/quality.csv')" "$OUT" \
         || status=1 ;;
+    ncu)
+      # Nsight Compute on the scoring kernels of data/profile_scores.py (speed of light, issue, stall
+      # reasons, occupancy): $OUT/ncu_details.csv (sections) and $OUT/ncu_raw.csv (every metric)
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      if [ -z "$NCU" ]; then echo "ncu not found"; status=1; else
+        "$NCU" --kernel-name regex:fused_ --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
+          --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+          -f -o "$OUT/scores" python3 data/profile_scores.py ${NCU_N_ADS:-} 2>&1 | tail -15 || status=1
+        "$NCU" --import "$OUT/scores.ncu-rep" --page details --csv > "$OUT/ncu_details.csv" || status=1
+        "$NCU" --import "$OUT/scores.ncu-rep" --page raw --csv > "$OUT/ncu_raw.csv" || status=1
+        rm -f "$OUT/scores.ncu-rep"
+      fi ;;
     ptx)
       NUMBA_ENABLE_CUDASIM=0 python3 -m andromeda_nb.device.ptxcheck 2>&1 | tail -5 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
