@@ -516,3 +516,15 @@ def test_the_ring_experiment_calls_score_topk_with_its_launch():
     assert [(c.block, c.blocks_per_sm, c.ring_stages) for c in configs[2:]] == [(128, 4, r) for r in (0, 2, 3, 4)]
     assert [c.ring_stages for c in configs[:2]] == ["auto", "auto"] and [case.dtype for case in cases[:2]] == ["fp16", "int8"]
     assert "score_topk_ring" in pipeline.EXPERIMENTS and "score_topk_ring" not in pipeline.DEFAULT_PHASES
+
+
+def test_the_profile_script_launches_its_three_cases():
+    """data/profile_scores.py (gpu_session.sh's ncu step) on a small table in the simulator: one
+    line a case, each with finite scores, so a GPU call never profiles a broken script."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, str(ROOT / "data" / "profile_scores.py"), "100"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == [f"{dt} ring_stages={rs}: scores finite: True"
+                                     for dt, rs in (("fp16", "auto"), ("int8", "auto"), ("int8", 3))]
+    assert "profile_scores.py" in (ROOT / "data" / "gpu_session.sh").read_text()
