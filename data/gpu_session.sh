@@ -71,10 +71,12 @@ for step in "$@"; do
       # the quality run's seeds (QUALITY_SEEDS, default 0-4) each in its own process, all at once on the
       # one GPU (in the tuning, 4 processes trained ~2.5x one process's steps a second), with
       # QUALITY_MODELS, QUALITY_TUNED, QUALITY_SET and QUALITY_EXPERIMENT as above; their rows joined into
-      # $OUT/quality/quality.csv (a seed that fails is named, and the step fails)
+      # $OUT/quality/quality.csv (a seed that fails is named, and the step fails); QSEEDS_TIMEOUT=S
+      # stops each seed's process after S seconds, keeping the rows of every model it finished (rows
+      # are written a model at a time) and leaving time for the join and the packing below
       ds=${step#qseeds}; ds=${ds#:}; mkdir -p "$OUT/qseeds"; pids=()
       for s in ${QUALITY_SEEDS:-0 1 2 3 4}; do
-        python3 -m andromeda_nb.training --preset full --out "$OUT/qseeds/s$s" --no-progress ${ds:+--datasets $ds} \
+        ${QSEEDS_TIMEOUT:+timeout $QSEEDS_TIMEOUT} python3 -m andromeda_nb.training --preset full --out "$OUT/qseeds/s$s" --no-progress ${ds:+--datasets $ds} \
           --seeds $s ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNED:+--tuned $QUALITY_TUNED} \
           ${QUALITY_SET:+--set $QUALITY_SET} ${QUALITY_EXPERIMENT:+--experiment $QUALITY_EXPERIMENT} \
           > "$OUT/qseeds/seed$s.log" 2>&1 &

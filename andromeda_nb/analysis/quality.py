@@ -376,11 +376,14 @@ def tune_models(data, preset: Preset | str = "full", models=None, device="auto",
 
 
 def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=None, device="auto",
-                     progress: bool = True, keep_models: bool = False, tuned: dict | None = None, tops_dir=None):
+                     progress: bool = True, keep_models: bool = False, tuned: dict | None = None, tops_dir=None,
+                     on_model=None):
     """Train every model for every seed on ``data`` and evaluate them: at the preset's settings, or
     at ``tuned``'s (:func:`tune_models`) where it names the model. ``tops_dir``: each model's targeted
     top-100 a seed is kept there (:func:`save_top`), so models trained in separate processes still get
-    their ``overlap@100_ranking`` rows (:func:`overlap_rows_from_tops`).
+    their ``overlap@100_ranking`` rows (:func:`overlap_rows_from_tops`). ``on_model``: called with
+    each trained model's own rows (a frame) as soon as they are made, so a caller can keep them
+    before the seed's other models finish (:func:`run_all` writes them).
 
     Returns:
         ``(frame, trained)``: tidy rows (COLUMNS) and ``{(model, seed): TrainedModel}`` (only when
@@ -407,6 +410,7 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
         tops = {}
         for name in models:
             tm = train_model(name, data, configs[name], seed=seed, device=dev, progress=progress)
+            first = len(rows_out)
             top, free = retrieve_top(tm, rows, kmax, progress=progress, untargeted=True)
             tops[name] = top
             if tops_dir is not None:
@@ -423,6 +427,8 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
             rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "train_seconds", tm.seconds, **meta))
             rows_out.append(_row(data.name, name, E, K, "fp32", tm.cfg.d, seed, "final_loss",
                                  float(np.mean(tm.history[-50:])), **meta))
+            if on_model is not None:
+                on_model(pd.DataFrame(rows_out[first:], columns=COLUMNS))
             if keep_models or name == "mixture_k2":
                 trained[(name, seed)] = tm
         if "ranking" in tops:
@@ -785,9 +791,10 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         elif settings:  # untuned, at changed settings: the rows say which
             tuned = {m: (p.cfg(ds, m), UNTUNED_WITH + settings)
                      for m in (tuple(MODELS) if models is None else tuple(models))}
-        for seed in (p.seeds if seeds is None else seeds):  # written per seed: a cut-off run keeps what it did
+        for seed in (p.seeds if seeds is None else seeds):  # written per model: a cut-off run keeps what it did
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
-                                              tuned=tuned, tops_dir=Path(out) / "tops" if save_tops else None)
+                                              tuned=tuned, tops_dir=Path(out) / "tops" if save_tops else None,
+                                              on_model=lambda rows: write_rows(relabel(rows, experiment), path))
             prec = [run_precision(tm, prec_rows, preset=p.name, trained_as=(tuned or {}).get(name, (None, None))[1])
                     for (name, _), tm in sorted(trained.items()) if name == "mixture_k2"]
             done = relabel(pd.concat([frame, *prec], ignore_index=True), experiment)

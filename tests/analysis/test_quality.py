@@ -26,9 +26,15 @@ def k2(data):
 
 
 def test_expert_count_rows(data, tmp_path):
+    each = []
     frame, trained = quality.run_expert_count(data, PRESET, models=["single_tower", "mixture_k2", "ranking"],
-                                              device="cpu", progress=False, tops_dir=tmp_path)
+                                              device="cpu", progress=False, tops_dir=tmp_path, on_model=each.append)
     assert list(frame.columns) == quality.COLUMNS
+    # on_model: each model's own rows as it finishes, the same rows the frame holds
+    assert [set(f["model"]) for f in each] == [{"single_tower"}, {"mixture_k2"}, {"ranking"}]
+    own = frame[frame["model"].isin(["single_tower", "mixture_k2", "ranking"])
+                & (frame["metric"] != "overlap@100_ranking")].reset_index(drop=True)
+    pd.testing.assert_frame_equal(pd.concat(each, ignore_index=True), own, check_dtype=False)
     rec = frame[frame["metric"].str.startswith("recall@")]
     assert set(rec["metric"]) == {f"recall@{k}{s}" for k in (50, 100, 500) for s in ("", "_untargeted")}
     assert rec["value"].between(0, 1).all()
@@ -73,6 +79,32 @@ def test_expert_count_rows(data, tmp_path):
     quality.save_top(tmp_path, "multi_interest", "ranking", 0, kept["rows"][::-1].copy(), kept["top"])
     with pytest.raises(ValueError, match="different users"):
         quality.overlap_rows_from_tops(tmp_path, frame)
+
+
+def test_a_cut_off_run_keeps_the_rows_of_each_model_it_finished(data, tmp_path, monkeypatch):
+    """run_all writes a model's rows as soon as it is trained: a run stopped during a seed's second
+    model (a device call's time limit) leaves the first model's rows in quality.csv."""
+    from dataclasses import replace as dc_replace
+
+    from andromeda_nb.training import train
+
+    real = train.train_model
+
+    def cut_at_k2(name, *args, **kwargs):
+        if name == "mixture_k2":
+            raise RuntimeError("cut off")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(train, "train_model", cut_at_k2)
+    monkeypatch.setattr(quality, "load_data", lambda ds, p, data_dir=None: dc_replace(data, name=ds))
+    with pytest.raises(RuntimeError, match="cut off"):
+        quality.run_all("smoke", tmp_path, datasets=("multi_interest",), seeds=[0], device="cpu", progress=False,
+                        models=["single_tower", "mixture_k2"], experiment="tuned_session")
+    kept = quality.load_results(tmp_path / "quality.csv")
+    trained = kept[kept["experiment"] == "tuned_session"]
+    assert set(trained["model"]) == {"single_tower"}
+    assert trained[trained["metric"] == "recall@100"]["value"].between(0, 1).all()
+    assert len(trained[trained["metric"] == "recall@100"]) == 1
 
 
 def test_precision_rows(k2, data):
