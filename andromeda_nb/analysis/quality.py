@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .metrics import recall_at_k, topk_overlap
+from .metrics import recall_at_k
 # the compute-per-ad model and the kernel's measured rates (re-exported: reports use quality.*)
 from .quality_compute import SCORING, bytes_per_ad, gated_flops, kernel_throughput  # noqa: F401
 # the results file's rows, read and written (re-exported: the notebooks and reports use quality.*)
@@ -62,8 +62,9 @@ from .quality_results import (  # noqa: F401
     BASELINE_ORDER, COLUMNS, GENERATOR_MODELS, KEY, MODEL_ORDER, PROJECT_MODELS, RESULTS, ci95, committed, devices,
     check_experiment, load_results, one_preset, paired_difference, paired_experiments, recall_table, relabel,
     summarize, targeting_of, trained_here_source, tuning_effect, write_rows)
+# models trained in separate processes: their kept top lists and overlap rows
+from .quality_results import DATASETS, mean_overlap, overlap_rows_from_tops, save_top  # noqa: F401
 
-DATASETS = ("multi_interest", "ml-100k")
 #: the datasets whose training data carry sessions (``InteractionData.seq_start``): the session split's
 SESSION_DATASETS = ("multi_interest",)
 KS = {"multi_interest": (50, 100, 500), "ml-100k": (10, 50, 100)}
@@ -447,55 +448,6 @@ def run_expert_count(data, preset: Preset | str = "full", seeds=None, models=Non
                 for metric, v in recalls(data, rows, top, ks).items():
                     rows_out.append(_row(data.name, name, "", "", "", "", "", metric, v, **{**meta, "scorer": scorer}))
     return pd.DataFrame(rows_out, columns=COLUMNS), trained
-
-
-def mean_overlap(top: np.ndarray, ref: np.ndarray, k: int = 100) -> float:
-    """The mean over users (rows) of :func:`~.metrics.topk_overlap` of two ``[users, >= k]`` top lists."""
-    return float(np.mean([topk_overlap(a, b, k) for a, b in zip(top, ref)]))
-
-
-def save_top(tops_dir, dataset: str, model: str, seed: int, rows: np.ndarray, top: np.ndarray) -> Path:
-    """Keep a model's targeted top-100 (``[users, 100]`` ad ids) and its users' rows in
-    ``<tops_dir>/<dataset>_<model>_seed<seed>.npz``."""
-    path = Path(tops_dir) / f"{dataset}_{model}_seed{seed}.npz"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(path, rows=np.asarray(rows), top=np.asarray(top)[:, :100].astype(np.int32))
-    return path
-
-
-def overlap_rows_from_tops(tops_dirs, frame: pd.DataFrame) -> pd.DataFrame:
-    """``overlap@100_ranking`` rows of models trained apart from their seed's ranking model (two
-    processes sharing a GPU), from the tops they saved (:func:`save_top`; ``tops_dirs``: one folder or
-    several). A model's row copies its ``expert_count`` ``recall@100`` row in ``frame`` (the same dataset,
-    model and seed: its commit, device, scorer and users), so the rows say which runs they compare.
-
-    Raises:
-        ValueError: two tops of a seed that rank different users, or a top with no ``recall@100`` row.
-    """
-    files = {}
-    for folder in [tops_dirs] if isinstance(tops_dirs, (str, os.PathLike)) else tops_dirs:
-        for f in sorted(Path(folder).glob("*_seed*.npz")):
-            stem, seed = f.stem.rsplit("_seed", 1)
-            ds, model = next((d, stem[len(d) + 1:]) for d in DATASETS if stem.startswith(d + "_"))
-            files[(ds, model, int(seed))] = f
-    recall = frame[(frame["metric"] == "recall@100") & (frame["experiment"] == "expert_count")]  # not precision rows
-    out = []
-    for (ds, model, seed), f in sorted(files.items()):
-        ref = files.get((ds, "ranking", seed))
-        if model == "ranking" or ref is None:
-            continue
-        a, b = np.load(f), np.load(ref)
-        if not np.array_equal(a["rows"], b["rows"]):
-            raise ValueError(f"{f.name} and {ref.name} rank different users: their overlap means nothing")
-        match = recall[(recall["dataset"] == ds) & (recall["model"] == model)
-                       & (pd.to_numeric(recall["seed"], errors="coerce") == seed)]  # "0", "0.0" or 0
-        if match.empty:
-            raise ValueError(f"{f.name}: no recall@100 row of {model} seed {seed} on {ds} to take its run's columns from")
-        row = match.iloc[-1].to_dict()
-        row.update(metric="overlap@100_ranking",
-                   value=mean_overlap(a["top"], b["top"]))
-        out.append(row)
-    return pd.DataFrame(out, columns=frame.columns)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The quality experiments' results file, ``data/results/quality.csv``: its columns, merging rows
-into it, reading it back, and the tables and intervals the notebooks show from it (the rows are
-described in :mod:`.quality`)."""
+into it, reading it back, the tables and intervals the notebooks show from it, and the overlap rows
+of models trained in separate processes (the rows are described in :mod:`.quality`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .metrics import topk_overlap
+
+DATASETS = ("multi_interest", "ml-100k")
 COLUMNS = ["dataset", "model", "experts", "k_experts", "dtype", "d", "seed", "metric", "value",
            "commit", "device", "experiment", "preset", "scorer", "n_users", "targeting"]
 KEY = ["dataset", "model", "experts", "k_experts", "dtype", "d", "seed", "metric", "experiment", "preset"]
@@ -268,3 +271,52 @@ def trained_here_source(preset: str) -> str:
 def devices(frame: pd.DataFrame, metric_prefix: str = "recall") -> list[str]:
     """The devices the rows of metrics starting with ``metric_prefix`` were computed on."""
     return sorted(set(frame.loc[frame["metric"].str.startswith(metric_prefix), "device"].dropna().astype(str)))
+
+
+def mean_overlap(top: np.ndarray, ref: np.ndarray, k: int = 100) -> float:
+    """The mean over users (rows) of :func:`~.metrics.topk_overlap` of two ``[users, >= k]`` top lists."""
+    return float(np.mean([topk_overlap(a, b, k) for a, b in zip(top, ref)]))
+
+
+def save_top(tops_dir, dataset: str, model: str, seed: int, rows: np.ndarray, top: np.ndarray) -> Path:
+    """Keep a model's targeted top-100 (``[users, 100]`` ad ids) and its users' rows in
+    ``<tops_dir>/<dataset>_<model>_seed<seed>.npz``."""
+    path = Path(tops_dir) / f"{dataset}_{model}_seed{seed}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, rows=np.asarray(rows), top=np.asarray(top)[:, :100].astype(np.int32))
+    return path
+
+
+def overlap_rows_from_tops(tops_dirs, frame: pd.DataFrame) -> pd.DataFrame:
+    """``overlap@100_ranking`` rows of models trained apart from their seed's ranking model (two
+    processes sharing a GPU), from the tops they saved (:func:`save_top`; ``tops_dirs``: one folder or
+    several). A model's row copies its ``expert_count`` ``recall@100`` row in ``frame`` (the same dataset,
+    model and seed: its commit, device, scorer and users), so the rows say which runs they compare.
+
+    Raises:
+        ValueError: two tops of a seed that rank different users, or a top with no ``recall@100`` row.
+    """
+    files = {}
+    for folder in [tops_dirs] if isinstance(tops_dirs, (str, os.PathLike)) else tops_dirs:
+        for f in sorted(Path(folder).glob("*_seed*.npz")):
+            stem, seed = f.stem.rsplit("_seed", 1)
+            ds, model = next((d, stem[len(d) + 1:]) for d in DATASETS if stem.startswith(d + "_"))
+            files[(ds, model, int(seed))] = f
+    recall = frame[(frame["metric"] == "recall@100") & (frame["experiment"] == "expert_count")]  # not precision rows
+    out = []
+    for (ds, model, seed), f in sorted(files.items()):
+        ref = files.get((ds, "ranking", seed))
+        if model == "ranking" or ref is None:
+            continue
+        a, b = np.load(f), np.load(ref)
+        if not np.array_equal(a["rows"], b["rows"]):
+            raise ValueError(f"{f.name} and {ref.name} rank different users: their overlap means nothing")
+        match = recall[(recall["dataset"] == ds) & (recall["model"] == model)
+                       & (pd.to_numeric(recall["seed"], errors="coerce") == seed)]  # "0", "0.0" or 0
+        if match.empty:
+            raise ValueError(f"{f.name}: no recall@100 row of {model} seed {seed} on {ds} to take its run's columns from")
+        row = match.iloc[-1].to_dict()
+        row.update(metric="overlap@100_ranking",
+                   value=mean_overlap(a["top"], b["top"]))
+        out.append(row)
+    return pd.DataFrame(out, columns=frame.columns)
