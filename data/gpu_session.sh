@@ -76,28 +76,40 @@ for step in "$@"; do
       # are written a model at a time) and leaving time for the join and the packing below
       ds=${step#qseeds}; ds=${ds#:}; mkdir -p "$OUT/qseeds"; pids=()
       for s in ${QUALITY_SEEDS:-0 1 2 3 4}; do
-        ${QSEEDS_TIMEOUT:+timeout $QSEEDS_TIMEOUT} python3 -m andromeda_nb.training --preset full --out "$OUT/qseeds/s$s" --no-progress ${ds:+--datasets $ds} \
+        ${QSEEDS_TIMEOUT:+timeout -k 30 $QSEEDS_TIMEOUT} python3 -m andromeda_nb.training --preset full --out "$OUT/qseeds/s$s" --no-progress ${ds:+--datasets $ds} \
           --seeds $s ${QUALITY_MODELS:+--models $QUALITY_MODELS} ${QUALITY_TUNED:+--tuned $QUALITY_TUNED} \
           ${QUALITY_SET:+--set $QUALITY_SET} ${QUALITY_EXPERIMENT:+--experiment $QUALITY_EXPERIMENT} \
           > "$OUT/qseeds/seed$s.log" 2>&1 &
         pids+=("$s:$!")
       done
-      for p in "${pids[@]}"; do wait "${p#*:}" || { echo "seed ${p%%:*} failed: $OUT/qseeds/seed${p%%:*}.log"; status=1; }; done
+      for p in "${pids[@]}"; do
+        wait "${p#*:}"; rc=$?
+        [ $rc -eq 124 ] && { echo "seed ${p%%:*} stopped at QSEEDS_TIMEOUT (its finished models' rows kept)"; status=1; }
+        [ $rc -ne 0 ] && [ $rc -ne 124 ] && { echo "seed ${p%%:*} failed: $OUT/qseeds/seed${p%%:*}.log"; status=1; }
+      done
       tail -n 3 "$OUT"/qseeds/seed*.log
       python3 -c "import glob, sys; from andromeda_nb.analysis.quality_results import join_rows
 join_rows(sorted(glob.glob(sys.argv[1] + '/qseeds/s*/quality.csv')), sys.argv[1] + '/quality/quality.csv')" "$OUT" \
         || status=1 ;;
     ncu)
       # Nsight Compute on the scoring kernels of data/profile_scores.py (speed of light, issue, stall
-      # reasons, occupancy): $OUT/ncu_details.csv (sections) and $OUT/ncu_raw.csv (every metric)
-      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      # reasons, occupancy, memory), at the card's own clocks (not ncu's base-clock lock, so rates
+      # compare with the bench rows): $OUT/ncu_details.csv (the sections) and $OUT/ncu_raw.csv (their
+      # metrics); NCU_N_ADS changes the table size
+      NCU=$(command -v ncu || ls -d /usr/local/cuda/bin/ncu /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null \
+            | sort -V | tail -1)
       if [ -z "$NCU" ]; then echo "ncu not found"; status=1; else
-        "$NCU" --kernel-name regex:fused_ --section SpeedOfLight --section SchedulerStats --section WarpStateStats \
-          --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-          -f -o "$OUT/scores" python3 data/profile_scores.py ${NCU_N_ADS:-} 2>&1 | tail -15 || status=1
-        "$NCU" --import "$OUT/scores.ncu-rep" --page details --csv > "$OUT/ncu_details.csv" || status=1
-        "$NCU" --import "$OUT/scores.ncu-rep" --page raw --csv > "$OUT/ncu_raw.csv" || status=1
-        rm -f "$OUT/scores.ncu-rep"
+        "$NCU" --kernel-name regex:fused_ --clock-control none --section SpeedOfLight --section SchedulerStats \
+          --section WarpStateStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+          --section ComputeWorkloadAnalysis -f -o "$OUT/scores" python3 data/profile_scores.py ${NCU_N_ADS:-} 2>&1 \
+          | tail -15 || status=1
+        if [ -s "$OUT/scores.ncu-rep" ] \
+           && "$NCU" --import "$OUT/scores.ncu-rep" --page details --csv > "$OUT/ncu_details.csv" \
+           && "$NCU" --import "$OUT/scores.ncu-rep" --page raw --csv > "$OUT/ncu_raw.csv"; then
+          rm -f "$OUT/scores.ncu-rep"
+        else
+          echo "ncu: no profile exported (the report, if any, stays in $OUT)"; rm -f "$OUT"/ncu_*.csv; status=1
+        fi
       fi ;;
     ptx)
       NUMBA_ENABLE_CUDASIM=0 python3 -m andromeda_nb.device.ptxcheck 2>&1 | tail -5 || status=1 ;;

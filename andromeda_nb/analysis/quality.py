@@ -743,7 +743,10 @@ def run_all(preset: str = "full", out: str | os.PathLike = "data/results", datas
         elif settings:  # untuned, at changed settings: the rows say which
             tuned = {m: (p.cfg(ds, m), UNTUNED_WITH + settings)
                      for m in (tuple(MODELS) if models is None else tuple(models))}
-        for seed in (p.seeds if seeds is None else seeds):  # written per model: a cut-off run keeps what it did
+        # written per model: a cut-off run keeps what it did (into an existing table, a seed cut
+        # part-way holds its finished models' new rows beside the others' old ones: train into a
+        # fresh --out and merge, as the GPU sessions do)
+        for seed in (p.seeds if seeds is None else seeds):
             frame, trained = run_expert_count(data, p, seeds=[seed], models=models, device=device, progress=progress,
                                               tuned=tuned, tops_dir=Path(out) / "tops" if save_tops else None,
                                               on_model=lambda rows: write_rows(relabel(rows, experiment), path))

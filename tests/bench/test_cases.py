@@ -521,7 +521,8 @@ def test_the_ring_experiment_calls_score_topk_with_its_launch():
 def test_the_profile_script_launches_its_three_cases():
     """data/profile_scores.py (gpu_session.sh's ncu step) on a small table in the simulator: one
     line a case, each with finite scores, so a GPU call never profiles a broken script."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the wheelhouse kept
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=path)
     r = subprocess.run([sys.executable, str(ROOT / "data" / "profile_scores.py"), "100"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
