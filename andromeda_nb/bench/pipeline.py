@@ -23,8 +23,8 @@ Phases (``--phases``; default all but the experiments): ``retrieve`` (a case a b
 (no case of its own: ``match_eligible`` comes with retrieve's batch-1 case), ``launch``,
 ``open_loop`` (the largest pool only), ``score_topk``, ``fp16`` and ``int8`` (an int8 table in fp16
 math: retrieve at batches 1 and 32, score_topk), ``score_topk_dtypes``; the experiments (:data:`EXPERIMENTS`,
-named to run): ``score_topk_f16_weights`` and ``score_topk_ring`` (launch settings off the default,
-as called). Run pool size by pool size (10^7, 10^8, those up to ``--n-ads``).
+named to run): ``score_topk_f16_weights``, ``score_topk_ring`` and ``score_topk_row_scales`` (launch
+settings off the default, as called). Run pool size by pool size (10^7, 10^8, those up to ``--n-ads``).
 ``--quick``: the largest pool, retrieve at batches 1, 8, 32, without the diagnostics.
 """
 
@@ -465,9 +465,13 @@ PHASES = {
                         *(ScoreTopkCase(math="fp16", dtype="int8",
                                         launch=(("block", 128), ("blocks_per_sm", 4), ("ring_stages", r)))
                           for r in (0, 2, 3, 4))),
+    # int8 rows' scales as the table's fp16 pairs (KernelConfig.row_scales) as called, beside the
+    # default (float32 scales) and fp16 rows
+    "score_topk_row_scales": (ScoreTopkCase(math="fp16"), ScoreTopkCase(math="fp16", dtype="int8"),
+                              ScoreTopkCase(math="fp16", dtype="int8", launch=(("row_scales", "fp16_pairs"),))),
 }
 #: the experiments: a setting off the default, measured to choose it (--phases names them)
-EXPERIMENTS = ("score_topk_f16_weights", "score_topk_ring")
+EXPERIMENTS = ("score_topk_f16_weights", "score_topk_ring", "score_topk_row_scales")
 #: every phase but the experiments
 DEFAULT_PHASES = tuple(p for p in PHASES if p not in EXPERIMENTS)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)

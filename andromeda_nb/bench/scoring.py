@@ -46,6 +46,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
              beside one round with the weights in registers or shared memory, int8 and fp16 rows
     ring   : int8 rows through a shared-memory ring filled by ``cp.async`` (``ring_stages`` 2, 3, 4,
              blocks of 128) beside the default launch and blocks of 128 without a ring, one run
+    row_scales: int8 rows with their scales as the table's fp16 pairs (``row_scales="fp16_pairs"``)
+             beside the default's float32 scales, and fp16 rows, one run
     frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
              fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
 
@@ -355,6 +357,13 @@ PHASES = {
         for case in (scores("gated", "int8"), fused("gated", "int8", path="filter"))
         for c in ({}, {"block": 128, "blocks_per_sm": 4},
                   *({"block": 128, "blocks_per_sm": 4, "ring_stages": r} for r in (2, 3, 4)))),
+    # int8 rows' scales as the table's fp16 pairs (row_scales="fp16_pairs": 16 fewer instructions a
+    # round) beside the default's float32 scales, and fp16 rows for the int8 / fp16 ratio; scores to
+    # memory and the fused top-1000
+    "row_scales": tuple(
+        replace(in_math(case, "fp16"), config=cfg(math="fp16", **c))
+        for dt, settings in (("fp16", ({},)), ("int8", ({}, {"row_scales": "fp16_pairs"})))
+        for case in (scores("gated", dt), fused("gated", dt, path="filter")) for c in settings),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),
@@ -487,6 +496,8 @@ def config_note(config) -> str:
         parts.append(f"rows_ahead={config.kernel_rows_ahead()}")
     if config.kernel_ring_stages():
         parts.append(f"ring_stages={config.kernel_ring_stages()}")
+    if config.kernel_row_scales():
+        parts.append("row_scales=fp16_pairs (the int8 scales as fp16 pairs made once a table)")
     return " ".join(parts)
 
 

@@ -83,6 +83,12 @@ if config.ENABLE_CUDASIM:
     def dequant_offset_h2(s2):
         return dequant_offset_h2_host(np.array([s2], np.uint32))[0]
 
+    def pair_low(p):
+        return np.uint32((int(p) & 0xFFFF) * 0x10001)
+
+    def pair_high(p):
+        return np.uint32((int(p) >> 16) * 0x10001)
+
     def dequant_i8x4_fma(x, s2, c2):
         lo, hi = dequant_i8x4_fma_host(np.array([x], np.uint32), np.array([s2], np.uint32),
                                        np.array([c2], np.uint32))
@@ -361,6 +367,31 @@ else:
 
         return sig, codegen
 
+    def _half_pair(which: str):
+        def typer(typingctx, p):
+            if not isinstance(p, types.Integer):
+                return None
+            sig = types.uint32(p)
+
+            def codegen(context, builder, sig, args):
+                fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)])
+                # one half of a word in both halves: ptxas folds the move into the reading
+                # instruction's operand (an HFMA2's .H0_H0 / .H1_H1), no instruction of its own
+                asm = ir.InlineAsm(fnty, "{ .reg .b16 l, h; mov.b32 {l, h}, $1; "
+                                   f"mov.b32 $0, {{{which}, {which}}}; }}", "=r,r")
+                return builder.call(asm, [builder.trunc(args[0], ir.IntType(32))
+                                          if args[0].type.width > 32 else args[0]])
+
+            return sig, codegen
+
+        typer.__name__ = typer.__qualname__ = {"l": "pair_low", "h": "pair_high"}[which]
+        return typer
+
+    #: a table's packed scale word (fp16 s low, fp16 -1152 s high: scale_pairs_host) as the two
+    #: half2 operands dequant_i8x4(_fma) take
+    pair_low = intrinsic(_half_pair("l"))
+    pair_high = intrinsic(_half_pair("h"))
+
     @intrinsic
     def dequant_i8x4_fma(typingctx, x, s2, c2):
         # dequant_i8x4 with its subtract and multiply fused: (1152 + q) * s + c, c = -1152 s
@@ -549,6 +580,14 @@ def _pair_words(v) -> tuple[np.ndarray, np.ndarray]:
 
 def _halves(w) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(w, np.uint32)).view(np.float16).reshape(-1, 2).astype(np.float64)
+
+
+def scale_pairs_host(scale) -> np.ndarray:
+    """Each float32 row scale as the word fp16 math reads (``KernelConfig(row_scales="fp16_pairs")``):
+    the low half the scale as :func:`half2_of_host` rounds it, the high half that times -1152 as
+    :func:`dequant_offset_h2_host` rounds it; the same bits the kernel otherwise makes each round."""
+    s2 = half2_of_host(np.asarray(scale, np.float32).reshape(-1))
+    return (s2 & np.uint32(0xFFFF)) | (dequant_offset_h2_host(s2) & np.uint32(0xFFFF0000))
 
 
 def dequant_offset_h2_host(s2) -> np.ndarray:

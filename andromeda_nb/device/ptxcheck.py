@@ -108,6 +108,14 @@ def variants():
                         math="fp16", dequant="fma", ring_stages=3)
     # "ring" names its own family: --quick (the tests) compiles the cp.async inline PTX too
     out.append(("ring fused gated d64 E6 K2 int8 tiles pool cap0 math=fp16 ring_stages=3", k, f16_sig))
+    # int8 rows' scales read as the table's fp16 pairs (row_scales="fp16_pairs": the scale argument
+    # uint32), its own family so --quick compiles their inline PTX
+    pairs_sig = f16_sig[:1] + (A(u32),) + f16_sig[2:]
+    for ring in (0, 3):
+        k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "pool", 128 if ring else 256, 0, True, "chosen", None,
+                            1, 1, False, math="fp16", dequant="fma", ring_stages=ring, scale_pairs=True)
+        out.append((f"pairs fused gated d64 E6 K2 int8 tiles pool cap0 math=fp16 dequant=fma"
+                    f"{' ring_stages=3' if ring else ''} row_scales=fp16_pairs", k, pairs_sig))
     # L2 prefetch a few rounds ahead (l2_ahead): fp16 and int8 rows, scores and the filter pass
     for dtype, layout in (("fp16", "tiles"), ("int8", "rows")):
         k = FK.fused_kernel("gated", 64, 6, 2, dtype, layout, "pool", 256, 0, True, "chosen", None, 1, 1, False,

@@ -128,6 +128,14 @@ class KernelConfig:
             ``"auto"`` (default): 0, no ring: on the H100 (E6 K2 d64, 10^8 ads, one run) 2-4
             rounds ran 0-2 % slower, kernels and ``score_topk``; the H200 is unmeasured. The
             same scores either way (the simulator and the H100).
+        row_scales: how fp16 math reads an int8 table's row scales: ``"fp32"`` (the table's float32
+            scale, made into the fp16 pair ``(s, -1152 s)`` each round: 3 instructions a row) or
+            ``"fp16_pairs"`` (those pairs made once a table, :meth:`.table.DeviceAdTable.scale_pairs`:
+            4 more bytes a row of device memory, the same bytes read; a live pool's update makes
+            them again on the next launch; 381 instructions a round against 398 at E6 K2 d64,
+            built for the H200, where the int8 kernel may be issue-bound). Scores and the filter
+            path's kernels take it; a live pool's batches ignore it. ``"auto"`` (default):
+            ``"fp32"`` (unmeasured). The same scores either way.
     """
 
     values: str = "chosen"
@@ -146,12 +154,14 @@ class KernelConfig:
     f16_weights: str = "auto"
     rows_ahead: int | str = "auto"
     ring_stages: int | str = "auto"
+    row_scales: str = "auto"
 
     def __post_init__(self):
         for name, allowed in (("weights", ("auto", "shared", "param")), ("guard", ("fence", "offset")),
                               ("values", ("chosen", "all")), ("math", ("auto", "fp32", "fp16")),
                               ("dequant", ("auto", "mul", "fma")), ("tile_order", ("tiles", "steps")),
-                              ("f16_weights", ("auto", "registers", "shared"))):
+                              ("f16_weights", ("auto", "registers", "shared")),
+                              ("row_scales", ("auto", "fp32", "fp16_pairs"))):
             v = getattr(self, name)
             if not isinstance(v, str) or v not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
@@ -208,6 +218,11 @@ class KernelConfig:
         """``ring_stages`` as the kernel generator takes it for a table of ``dtype``: ``"auto"`` is
         0, and only fp16 math on int8 rows has a ring (others get 0)."""
         return self.ring_stages if (self.math == "fp16" and dtype == "int8" and self.ring_stages != "auto") else 0
+
+    def kernel_row_scales(self, dtype: str = "int8") -> bool:
+        """Whether the kernel generator reads a table of ``dtype``'s scale pairs
+        (:meth:`.table.DeviceAdTable.scale_pairs`): ``row_scales="fp16_pairs"``, fp16 math, int8 rows."""
+        return self.row_scales == "fp16_pairs" and self.math == "fp16" and dtype == "int8"
 
     def kernel_tile_order(self) -> str:
         """``tile_order`` as the kernel generator takes it: only fp16 math has tiles to order (others

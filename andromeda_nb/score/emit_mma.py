@@ -17,15 +17,17 @@ SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
 
 
 def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access: str, compact: bool,
-                   n: str = "n_items", row: str = "", int8: bool = False, into: str = "") -> None:
+                   n: str = "n_items", row: str = "", int8: bool = False, into: str = "",
+                   pairs: bool = False) -> None:
     """Emit the loads of tile t (rows 16 t + g and 16 t + g + 8 of a warp's 32 ads, counted from
     ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
     row past the end or not eligible). ``n``: the name of the item count; ``row``: the candidate
     list's row prefix (``"b, "`` in batched kernels). ``int8`` (fp16 math): 4 dims are 4 bytes, half
     a word: the lane loads only its half (``c % 2``) of the word holding its dims (``c // 2 + 2 wi``),
     one register instead of two (``ld_half``; the register cap left int8 tiles spilling with whole
-    words), and the row scale into ``sc{q}``. ``into``: a suffix of those names (``"b"``: the
-    round after next's registers, :func:`emit_mma`'s ``rows_ahead=2``)."""
+    words), and the row scale into ``sc{q}`` (``pairs``: the table's scale pair word, uint32).
+    ``into``: a suffix of those names (``"b"``: the round after next's registers, :func:`emit_mma`'s
+    ``rows_ahead=2``)."""
     for q in (2 * t, 2 * t + 1):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
         half = q % 2
         emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
@@ -45,7 +47,7 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
         for wi in range(d // 16):
             emit(f"{ind}m{q}_{wi}{into} = {'uint32' if int8 else 'uint64'}(0)")
         if int8:
-            emit(f"{ind}sc{q}{into} = zero")
+            emit(f"{ind}sc{q}{into} = {'uint32(0)' if pairs else 'zero'}")
         emit(f"{ind}if okr{q}:")
         for wi in range(d // 16):
             col = f"c4h + {2 * wi}" if int8 else f"c4 + {4 * wi}"
@@ -153,16 +155,17 @@ def _emit_f16_step_weights(emit, ind: str, j: int) -> None:
         emit(f"{ind}{name.format(j=j)} = wsh16[wz + uint64({j * 256 + k * 32})]")
 
 
-def _emit_mma_f16_start(emit, ind: str, t: int, int8: bool, dequant: str) -> None:
-    """Tile t's zero accumulators (and its int8 rows' scales as half2)."""
+def _emit_mma_f16_start(emit, ind: str, t: int, int8: bool, dequant: str, pairs: bool = False) -> None:
+    """Tile t's zero accumulators (and its int8 rows' scales as half2: made from the float32 scale,
+    or with ``pairs`` the halves of the table's scale pair word, the same bits)."""
     for r in range(4):
         emit(f"{ind}cg{t}_{r} = zero")
         emit(f"{ind}cv{t}_{r} = zero")
     if int8:
         for q in (2 * t, 2 * t + 1):
-            emit(f"{ind}s2{q} = half2_of(sc{q})")
+            emit(f"{ind}s2{q} = pair_low(sc{q})" if pairs else f"{ind}s2{q} = half2_of(sc{q})")
             if dequant == "fma":
-                emit(f"{ind}c2{q} = dequant_offset_h2(s2{q})")
+                emit(f"{ind}c2{q} = pair_high(sc{q})" if pairs else f"{ind}c2{q} = dequant_offset_h2(s2{q})")
 
 
 def _emit_mma_f16_step(emit, ind: str, t: int, j: int, int8: bool, dequant: str) -> None:
@@ -220,7 +223,7 @@ def _emit_mma_store(emit, ind: str) -> None:
 def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
               prefetch: bool = False, n: str = "n_items", row: str = "", math: str = "fp32",
               dequant: str = "mul", interleave: bool = False, shared_weights: bool = False,
-              rows_ahead: int = 1, ring: int = 0) -> None:
+              rows_ahead: int = 1, ring: int = 0, pairs: bool = False) -> None:
     """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
     needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
@@ -240,7 +243,8 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     round's group has landed (at most ``ring - 1`` pending) and, after a warp barrier (the copies
     are visible to the lane that issued them), reads its words from the ring, so ``ring - 1``
     rounds of rows are in flight without a register held for them. A slot is refilled one round
-    after it was read, past :func:`_emit_mma_store`'s warp barriers."""
+    after it was read, past :func:`_emit_mma_store`'s warp barriers. ``pairs`` (int8 rows in fp16
+    math): the ``scale`` argument holds the table's scale pair words (:func:`_emit_mma_f16_start`)."""
     ind = "        "
     int8 = dtype == "int8"
     shared_weights = shared_weights and math == "fp16"
@@ -257,14 +261,14 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
         prefetch = False
     elif not prefetch:
         for t in range(2):
-            emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8)
+            emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8, pairs=pairs)
     # interleaved: both tiles step by step, four independent accumulator chains in one basic block,
     # where tile by tile the loads of tile 0 (a branch) sat between the tiles' chains
     groups = [(0, 1)] if interleave and math == "fp16" else [(0,), (1,)]
     for tiles in groups:
         for t in tiles:
             if math == "fp16":
-                _emit_mma_f16_start(emit, ind, t, int8, dequant)
+                _emit_mma_f16_start(emit, ind, t, int8, dequant, pairs)
             else:
                 _emit_mma_tile(emit, ind, t, d, terms)
         for j in range(d // 16 if math == "fp16" else 0):
@@ -275,7 +279,7 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
         if prefetch:
             for t in tiles:
                 emit_mma_load(emit, ind, t, "base + stride" if rows_ahead == 1 else "base + 2 * stride", d, layout,
-                              access, compact, n, row, int8)
+                              access, compact, n, row, int8, pairs=pairs)
     if ring:
         emit(f"{ind}rs = rs + 1 if rs < {ring - 1} else 0")
     if prefetch and rows_ahead == 2:  # the next round's rows become this set's, the loaded ones wait

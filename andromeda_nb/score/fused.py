@@ -55,7 +55,7 @@ from numba.cuda.core import config
 from ..device.bits import test_bit
 from ..device.intrinsics import (DECODE, PER_WORD, cp_async, cp_async_commit, cp_async_wait, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, div_full,
                                  exp_approx, film_h2, half2_of, ld_half, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32,
-                                 mma_tf32_warp, prefetch_l2, prefetch_l2_2d, tf32_round)
+                                 mma_tf32_warp, pair_high, pair_low, prefetch_l2, prefetch_l2_2d, tf32_round)
 from ..topk.block import block_topk
 from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load, emit_ring_issue
 from .emit_per_ad import PerAdEmitter
@@ -98,8 +98,9 @@ class _Source(PerAdEmitter):
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
                  guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto",
                  l2_ahead=0, dequant="mul", tile_order="tiles", f16_weights="registers", rows_ahead=1,
-                 ring_stages=0):
+                 ring_stages=0, scale_pairs=False):
         self.math, self.dequant, self.tile_order, self.f16_weights = math, dequant, tile_order, f16_weights
+        self.scale_pairs = scale_pairs  # int8 rows in fp16 math: the scale argument holds fp16 pairs
         mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
         self.model, self.d, self.E, self.K, self.dtype, self.layout = model, d, E, K, dtype, layout
         self.access, self.fused, self.block, self.items = access, fused, block, items
@@ -189,7 +190,8 @@ class _Source(PerAdEmitter):
                 emit(f"    ring = cuda.shared.array(({block // 32 * self.ring * (self.d // 8)}, 32), uint64)")
                 emit("    c8a = g8 + c4h * 8")  # the odd word rows' column swizzle (emit_ring_issue)
                 emit("    c8b = g8 - c4h * 8")
-                emit(f"    rsc = cuda.shared.array(({block // 32 * self.ring}, 32), float32)")
+                emit(f"    rsc = cuda.shared.array(({block // 32 * self.ring}, 32), "
+                     f"{'uint32' if self.scale_pairs else 'float32'})")
             if config.ENABLE_CUDASIM:
                 emit(f"    scr = cuda.shared.array(({block // 32}, 32, 10), float32)")
                 if self.math == "fp16":
@@ -272,7 +274,7 @@ class _Source(PerAdEmitter):
         if self.mma:
             emit_mma(self.emit, self.d, self.dtype, self.layout, self.access, self.compact, self.mma_terms,
                      self.prefetch, self.n, self.row, self.math, self.dequant, self.tile_order == "steps",
-                     self.f16_weights == "shared", self.rows_ahead, self.ring)
+                     self.f16_weights == "shared", self.rows_ahead, self.ring, self.scale_pairs)
 
     def _fence(self) -> bool:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it would
@@ -298,10 +300,10 @@ class _Source(PerAdEmitter):
                 emit("    rs = 0")
             for t in range(0 if self.ring else 2):
                 emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row,
-                              self.dtype == "int8")
+                              self.dtype == "int8", pairs=self.scale_pairs)
             for t in range(2 if self.rows_ahead == 2 else 0):  # and the second round's (emit_mma)
                 emit_mma_load(emit, "    ", t, "base + stride", self.d, self.layout, self.access, False, self.n,
-                              self.row, self.dtype == "int8", into="b")
+                              self.row, self.dtype == "int8", into="b", pairs=self.scale_pairs)
         if self.sample:  # positions 0..M of the sample; p: the candidate each one reads
             emit("    whole = n_req <= {}".format(self.sample))
             emit(f"    step = n_req // {self.sample // SAMPLE_RUN}")
@@ -474,10 +476,10 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
             bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
             dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers",
-            rows_ahead: int = 1, ring_stages: int = 0) -> str:
+            rows_ahead: int = 1, ring_stages: int = 0, scale_pairs: bool = False) -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
                    mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead, dequant,
-                   tile_order, f16_weights, rows_ahead, ring_stages).text()
+                   tile_order, f16_weights, rows_ahead, ring_stages, scale_pairs).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -488,7 +490,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
                  bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
                  dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers",
-                 rows_ahead: int = 1, ring_stages: int = 0):
+                 rows_ahead: int = 1, ring_stages: int = 0, scale_pairs: bool = False):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -560,6 +562,9 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         ring_stages: 0, or 2-4: int8 rows in fp16 math on the full pool travel through a
             shared-memory ring of that many rounds a warp, filled by ``cp.async`` copies instead
             of register loads (elsewhere 0; :class:`.config.KernelConfig`). The same scores.
+        scale_pairs: int8 rows in fp16 math: the ``scale`` argument is the table's
+            :meth:`~.table.DeviceAdTable.scale_pairs` (uint32), not its float32 scales
+            (``row_scales`` of :class:`.config.KernelConfig`). The same scores.
 
     Raises:
         ValueError: for a configuration the generator cannot build (before any compilation).
@@ -580,6 +585,9 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         raise ValueError(f"ring_stages must be 0, or 2-4 with fp16 math; got {ring_stages!r} ({math})")
     if type(rows_ahead) is not int or rows_ahead not in (1, 2) or (rows_ahead == 2 and math != "fp16"):
         raise ValueError(f"rows_ahead must be 1, or 2 with fp16 math; got {rows_ahead!r} ({math})")
+    if type(scale_pairs) is not bool or (scale_pairs and (math != "fp16" or dtype != "int8")):
+        raise ValueError(f"scale_pairs must be False, or True with fp16 math on int8 rows; got {scale_pairs!r} "
+                         f"({math}, {dtype})")
     if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
         raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} "
                          f"({math}, {dtype})")
@@ -616,12 +624,12 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
                   seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice,
-                  l2_ahead, dequant, tile_order, f16_weights, rows_ahead, ring_stages)
+                  l2_ahead, dequant, tile_order, f16_weights, rows_ahead, ring_stages, scale_pairs)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
            "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
            "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
-           "uint32": uint32, "half2_of": half2_of, "dequant_i8x4": dequant_i8x4,
+           "uint32": uint32, "half2_of": half2_of, "pair_low": pair_low, "pair_high": pair_high, "dequant_i8x4": dequant_i8x4,
            "dequant_i8x4_fma": dequant_i8x4_fma, "dequant_offset_h2": dequant_offset_h2, "ld_half": ld_half,
            "exp_approx": exp_approx, "div_full": div_full, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d,
            "cp_async": cp_async, "cp_async_commit": cp_async_commit, "cp_async_wait": cp_async_wait}
@@ -633,7 +641,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     mma_tag += ("" if choice == "auto" else f"_{choice}") + (f"_l2a{l2_ahead}" if l2_ahead else "")
     mma_tag += ("_fma" if dequant == "fma" else "") + ("_steps" if tile_order == "steps" else "")
     mma_tag += ("_wsh" if f16_weights == "shared" else "") + ("_ra2" if rows_ahead == 2 else "")
-    mma_tag += f"_ring{ring_stages}" if ring_stages else ""
+    mma_tag += (f"_ring{ring_stages}" if ring_stages else "") + ("_sp" if scale_pairs else "")
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")

@@ -164,7 +164,14 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
                         config.tensor_cores, math=config.math, dequant=config.dequant,
                         tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights(),
                         rows_ahead=config.kernel_rows_ahead(),
-                        ring_stages=config.kernel_ring_stages(table.dtype))
+                        ring_stages=config.kernel_ring_stages(table.dtype),
+                        scale_pairs=config.kernel_row_scales(table.dtype))
+
+
+def _scales(table: DeviceAdTable, config: KernelConfig):
+    """The ``scale`` argument of a generated kernel of ``config`` (concrete math): the table's scale
+    pairs where it reads them (``row_scales="fp16_pairs"``), else its float32 scales."""
+    return table.scale_pairs() if config.kernel_row_scales(table.dtype) else table.scale
 
 
 def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s, cand_i, counts, config):
@@ -184,8 +191,8 @@ def _launch(dreq, table, access, elig, cand, n_items, grid, topk_k, out, cand_s,
                           table.ad_ids, topk_k, out, cand_s, cand_i, counts)
     else:
         image, extra = _weight_args(dreq, config)
-        kern[grid, block](table.words, table.scale, table.bias, image, elig, cand, n_items, table.ad_ids,
-                          topk_k, out, cand_s, cand_i, counts, *extra)
+        kern[grid, block](table.words, _scales(table, config), table.bias, image, elig, cand, n_items,
+                          table.ad_ids, topk_k, out, cand_s, cand_i, counts, *extra)
 
 
 def launch_score(dreq: DeviceRequest, table: DeviceAdTable, access: str, elig, cand, n_items: int,
@@ -293,10 +300,11 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
                         config.tensor_cores, math=config.math, dequant=config.dequant,
                         tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights(),
                         rows_ahead=config.kernel_rows_ahead(),
-                        ring_stages=config.kernel_ring_stages(table.dtype))
+                        ring_stages=config.kernel_ring_stages(table.dtype),
+                        scale_pairs=config.kernel_row_scales(table.dtype))
     grid = launch.grid_for(n_items, block, config.blocks_per_sm)
     image, extra = _weight_args(dreq, config)
-    kern[grid, block](table.words, table.scale, table.bias, image,
+    kern[grid, block](table.words, _scales(table, config), table.bias, image,
                       elig if elig is not None else dummy(np.uint64), cand if cand is not None else dummy(np.int32),
                       n_items, table.ad_ids, seed, fws.buf_s, fws.buf_i, fws.fill, fws.counts, *extra)
     return launch_final(k, fws, table.ad_ids, config=sfw.topk_config)

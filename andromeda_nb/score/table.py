@@ -134,6 +134,26 @@ class DeviceAdTable:
             self._fma_dequant = self.dtype == "int8" and fma_dequant_exact(self.scale.copy_to_host())
         return self._fma_dequant
 
+    def scale_pairs(self):
+        """An int8 table's row scales as fp16 math reads them with ``KernelConfig(row_scales=
+        "fp16_pairs")``: a device ``uint32[n_ads]``, each word the scale rounded to fp16 (low half)
+        and that times -1152 (high half), made once (one pass over the scales) and kept, 4 bytes a
+        row of device memory; a live pool's update drops it, and the next launch makes it again.
+
+        Raises:
+            ValueError: the table is not int8."""
+        if self.dtype != "int8":
+            raise ValueError(f"scale_pairs: an int8 table's, not {self.dtype}'s")
+        if getattr(self, "_scale_pairs", None) is None:
+            from .table_kernels import scale_pairs_kernel
+
+            out = launch.cuda().device_array(self.n_ads, np.uint32)
+            if self.n_ads:
+                block = launch.default_block()
+                scale_pairs_kernel[launch.grid_for(self.n_ads, block), block](self.scale, out)
+            self._scale_pairs = out
+        return self._scale_pairs
+
     def max_abs_bound(self) -> float:
         """An upper bound of :meth:`max_abs` that costs nothing after a live pool's update: the exact
         value where known, else the last exact one raised by every row written since (an update

@@ -1,12 +1,13 @@
-"""The one kernel a device table needs for itself: the largest finite magnitude it stores (the
-range checks of :func:`~andromeda_nb.score.launches.check_range` read it)."""
+"""The kernels a device table needs for itself: the largest finite magnitude it stores (the range
+checks of :func:`~andromeda_nb.score.launches.check_range` read it), and an int8 table's row scales
+as the fp16 pairs fp16 math multiplies by (``KernelConfig(row_scales="fp16_pairs")``)."""
 
 import functools
 
 import numpy as np
 from numba import cuda, float32
 
-from ..device.intrinsics import DECODE
+from ..device.intrinsics import DECODE, dequant_offset_h2, half2_of
 
 FLOAT32_MAX = float32(np.finfo(np.float32).max)
 
@@ -31,3 +32,15 @@ def max_abs_kernel(dtype: str):
         cuda.atomic.max(out, 0, best)
 
     return kernel
+
+
+@cuda.jit
+def scale_pairs_kernel(scale, out):
+    """``out[i]`` (uint32): the low half ``scale[i]`` rounded to fp16 (at most 65504), the high
+    half that times -1152 rounded to fp16: the intrinsics the kernel calls each round otherwise, so
+    the same bits (:func:`~andromeda_nb.device.intrinsics.scale_pairs_host` on the host)."""
+    i = cuda.grid(1)
+    while i < scale.shape[0]:  # grid-stride
+        s2 = half2_of(scale[i])
+        out[i] = (s2 & 0xFFFF) | (dequant_offset_h2(s2) & 0xFFFF0000)
+        i += cuda.gridsize(1)

@@ -52,7 +52,7 @@ ROWS_PER_PHASE = {
                   "layouts": 4, "density": 2, "categories": 3},
     "pipeline": {"retrieve": 16, "match": 0, "launch": 2, "open_loop": 6, "score_topk": 2, "fp16": 16, "int8": 8,
                  "score_topk_dtypes": 4, "score_topk_f16_weights": 8,
-                 "score_topk_ring": 12},
+                 "score_topk_ring": 12, "score_topk_row_scales": 6},
     "pool": {"apply": 12, "during": 4, "soak": 1},
     "serving": {"topologies": 6, "sharded": 4, "scaling": 16},
 }
@@ -516,6 +516,10 @@ def test_the_ring_experiment_calls_score_topk_with_its_launch():
     assert [(c.block, c.blocks_per_sm, c.ring_stages) for c in configs[2:]] == [(128, 4, r) for r in (0, 2, 3, 4)]
     assert [c.ring_stages for c in configs[:2]] == ["auto", "auto"] and [case.dtype for case in cases[:2]] == ["fp16", "int8"]
     assert "score_topk_ring" in pipeline.EXPERIMENTS and "score_topk_ring" not in pipeline.DEFAULT_PHASES
+    pairs = [case.configs()[0] for case in pipeline.PHASES["score_topk_row_scales"]]
+    assert [c.kernel_row_scales(case.dtype) for c, case in zip(
+        [c.replaced("math", "fp16") for c in pairs], pipeline.PHASES["score_topk_row_scales"])] == [False, False, True]
+    assert "score_topk_row_scales" in pipeline.EXPERIMENTS and "score_topk_row_scales" not in pipeline.DEFAULT_PHASES
 
 
 def test_the_profile_script_launches_its_three_cases():

@@ -1,0 +1,112 @@
+"""KernelConfig(row_scales="fp16_pairs"): fp16 math reads an int8 table's row scales as fp16 pairs
+(s, -1152 s) made once a table (DeviceAdTable.scale_pairs) instead of making them each round from
+the float32 scales. The same bits, so the same scores and top-K on every path that takes it."""
+
+import numpy as np
+import pytest
+
+import andromeda_nb as anb
+from andromeda_nb import reference
+from andromeda_nb.device.intrinsics import dequant_offset_h2_host, half2_of_host, pair_high, pair_low, \
+    scale_pairs_host
+
+from .test_math import _spy_kernels, same_filter_answers, table_of
+
+
+def test_scale_pairs_are_the_halves_the_kernel_makes_each_round(rng):
+    """The table's pairs (a device kernel) equal the host model word for word: the low half the
+    scale rounded to fp16 (65504 past its range), the high half that times -1152 rounded once (inf
+    past fp16's range, -0 for a zero scale); pair_low / pair_high spread a half over both."""
+    s = np.concatenate([rng.random(200).astype(np.float32) * np.float32(0.05),
+                        np.array([0, 1e-8, 56, 57, 65504, 1e6, np.finfo(np.float32).max], np.float32)])
+    q = rng.integers(-127, 128, (s.size, 32)).astype(np.int8)
+    table = anb.AdTable(embeddings=q, bias=np.zeros(s.size, np.float32), dtype="int8", scale=s,
+                        ad_ids=np.arange(s.size, dtype=np.int64))
+    got = anb.DeviceAdTable(table, "tiles").scale_pairs().copy_to_host()
+    s2 = half2_of_host(s)
+    want = (s2 & 0xFFFF) | (dequant_offset_h2_host(s2) & 0xFFFF0000)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(scale_pairs_host(s), want)
+    halves = got.view(np.float16).reshape(-1, 2)
+    assert halves[-3, 0] == 65504 and np.isinf(halves[-3, 1]) and np.signbit(halves[s.size - 7, 1])  # 65504; 0 -> -0
+    np.testing.assert_array_equal(halves[:200, 0], np.minimum(s[:200], 65504).astype(np.float16))
+    for w in got[:5]:
+        assert pair_low(w) == s2[list(got).index(w)] and pair_high(w) == (int(w) >> 16) * 0x10001
+    with pytest.raises(ValueError, match="int8"):
+        table_of(rng, 40, 32, "tiles", "fp16")[1].scale_pairs()
+
+
+@pytest.mark.parametrize("layout", ["tiles", "rows"])
+def test_int8_scale_pairs_answer_as_the_float_scales(rng, layout, monkeypatch):
+    """Scores to memory and the filter path's top-K over the pool, an eligible set and a candidate
+    list (301 ads: a warp's last round past the end), with two rounds in flight and through the
+    ring, dequant mul and fma: bit for bit the default's; fp16 tables and fp32 math ignore it; the
+    setting reaches the generator at both launch sites; bad values are refused."""
+    from andromeda_nb.score.fused import fused_kernel
+    from andromeda_nb.topk.config import TopKConfig, TopKTuning
+
+    seeded = TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256))
+    t, dt = table_of(rng, 301, 32, layout, "int8")
+    req = anb.Request.random(32, 5, 2, rng)
+    plain = anb.KernelConfig(math="fp16", block=32)
+    pairs = anb.KernelConfig(math="fp16", block=32, row_scales="fp16_pairs")
+    assert pairs.kernel_row_scales("int8") and not pairs.kernel_row_scales("fp16")
+    assert not plain.kernel_row_scales() and not anb.KernelConfig(row_scales="fp16_pairs").kernel_row_scales()
+    built = _spy_kernels(monkeypatch)
+    want = anb.score_ads(req, dt, config=plain).copy_to_host()
+    np.testing.assert_array_equal(anb.score_ads(req, dt, config=pairs).copy_to_host(), want)
+    np.testing.assert_allclose(want, reference.score(req, t, math="fp16"), rtol=1e-3, atol=1e-3)  # the fp16 model
+    same_filter_answers(rng, req, dt, pairs, plain, seeded)
+    assert {sf for sf, kw in built if kw.get("scale_pairs")} == {False, True}
+    more = [{"dequant": "mul"}, {"f16_weights": "shared", "rows_ahead": 2}]
+    if layout == "tiles":
+        more.append({"ring_stages": 2})
+    for extra in more:
+        np.testing.assert_array_equal(
+            anb.score_ads(req, dt, config=anb.KernelConfig(math="fp16", block=32, row_scales="fp16_pairs", **extra))
+            .copy_to_host(), anb.score_ads(req, dt, config=anb.KernelConfig(math="fp16", block=32, **extra)).copy_to_host())
+    _, d16 = table_of(rng, 301, 32, layout, "fp16")
+    np.testing.assert_array_equal(anb.score_ads(req, d16, config=pairs).copy_to_host(),
+                                  anb.score_ads(req, d16, config=plain).copy_to_host())
+    assert not hasattr(d16, "_scale_pairs")  # never made for a table that does not read them
+    for bad in ("fp16", "pairs", None, True):
+        with pytest.raises(ValueError, match="row_scales"):
+            anb.KernelConfig(row_scales=bad)
+    with pytest.raises(ValueError, match="scale_pairs"):
+        fused_kernel("gated", 32, 5, 2, "int8", "tiles", "pool", 32, scale_pairs=True)  # fp32 math
+
+
+def test_a_live_pools_update_remakes_the_scale_pairs(rng):
+    """An int8 live pool's table read with fp16 pairs: an update that changes rows (other scales),
+    creates one and retires one drops the kept pairs, and the next launch makes them from the new
+    scales, so score_ads and score_topk on the table still answer as the float scales do."""
+    from andromeda_nb.pipeline import Pool, PoolUpdate
+    from andromeda_nb.targeting import TargetingIndex
+
+    from ..helpers import random_rules
+
+    d = 16
+    rules = random_rules(rng, 40, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((40, d)), dtype="int8", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules, capacity=48), config=anb.KernelConfig(math="fp16"), max_k=8)
+    plain = anb.KernelConfig(math="fp16", block=32)
+    pairs = anb.KernelConfig(math="fp16", block=32, row_scales="fp16_pairs")
+    req = anb.Request.random(d, 3, 2, rng)
+    np.testing.assert_array_equal(anb.score_ads(req, pool.table, config=pairs).copy_to_host(),
+                                  anb.score_ads(req, pool.table, config=plain).copy_to_host())
+    before = pool.table.scale_pairs().copy_to_host()
+    ids = [int(i) for i in rules.ad_ids[:5]]
+    new = int(rules.ad_ids.max()) + 1
+    recs = [{"op": "change", "ad_id": i, "embedding": 30 * rng.standard_normal(d)} for i in ids[1:]]
+    recs += [{"op": "retire", "ad_id": ids[0]}, {"op": "create", "ad_id": new, "embedding": rng.standard_normal(d)}]
+    pool.apply(PoolUpdate.from_records(rules.schema, recs, d))
+    after = pool.table.scale_pairs().copy_to_host()
+    assert not np.array_equal(before, after)
+    np.testing.assert_array_equal(after, scale_pairs_host(pool.table.scale.copy_to_host()))
+    got = anb.score_ads(req, pool.table, config=pairs).copy_to_host()
+    want = anb.score_ads(req, pool.table, config=plain).copy_to_host()
+    np.testing.assert_array_equal(got, want)
+    assert np.isfinite(want[pool.table.host_ad_ids >= 0]).all()
+    a, b = anb.score_topk(req, pool.table, 8, config=pairs), anb.score_topk(req, pool.table, 8, config=plain)
+    np.testing.assert_array_equal(a.ids, b.ids)
+    np.testing.assert_array_equal(a.scores, b.scores)
