@@ -167,9 +167,10 @@ def variants():
     out.append(("pipeline pool_seed", P.pool_seed_kernel(128, 32, 6, 16),
                 (A(f32), A(i64), A(i64), i64, i64, A(i64), A(f32), A(i64, 2), A(i64))))
     out.append(("pipeline reset", P.reset_kernel(), (A(i64), A(i64), i64, i64)))
-    from ..score.table_kernels import max_abs_kernel
+    from ..score.table_kernels import max_abs_kernel, scale_pairs_kernel
 
     out.append(("table max_abs fp16", max_abs_kernel("fp16"), (A(u64), A(f32))))
+    out.append(("table scale_pairs", scale_pairs_kernel, (A(f32), A(u32))))
     out.append(("sample_prep cand", FKF.sample_prep_kernel(True, False),
                 (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))
     out.append(("sample_prep elig", FKF.sample_prep_kernel(False, True),
