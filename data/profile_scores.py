@@ -1,7 +1,8 @@
 """Launches to profile under Nsight Compute (``bash data/gpu_session.sh ncu``): the gated E6 K2 d64
 scores-to-memory kernel (``score_ads`` on the whole pool, default config) on fp16 and int8 tables,
-and the int8 table with ``ring_stages=3``. Each case launches twice (the first compiles); ncu
-profiles every launch of a ``fused_`` kernel, so read each case's second.
+and on the int8 table with ``ring_stages=3`` and with ``row_scales="fp16_pairs"``. Each case
+launches twice (the first compiles); ncu profiles every launch of a ``fused_`` kernel, so read
+each case's second.
 
 Usage: python data/profile_scores.py [N_ADS]   (4 x 10^7 ads by default: 2.7-5.1 GB, far past L2;
 under the simulator, NUMBA_ENABLE_CUDASIM=1, a few hundred ads check the script itself)
@@ -29,12 +30,13 @@ def table_of(n: int, dtype: str) -> DeviceAdTable:
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40_000_000
 request = anb.Request.random(64, 6, 2, np.random.default_rng(0))
-cases = [("fp16", anb.KernelConfig()), ("int8", anb.KernelConfig()),
-         ("int8", anb.KernelConfig(block=128, blocks_per_sm=4, ring_stages=3))]
-for dtype, config in cases:
+cases = [("fp16", "default", anb.KernelConfig()), ("int8", "default", anb.KernelConfig()),
+         ("int8", "ring_stages=3", anb.KernelConfig(block=128, blocks_per_sm=4, ring_stages=3)),
+         ("int8", "row_scales=fp16_pairs", anb.KernelConfig(row_scales="fp16_pairs"))]
+for dtype, label, config in cases:
     table = table_of(n, dtype)
     for _ in range(2):  # the first launch compiles; ncu profiles both, read the second
         out = score_ads(request, table, config=config)
     launch.cuda().synchronize()
-    print(f"{dtype} ring_stages={config.ring_stages}: scores finite: {bool(np.isfinite(out.copy_to_host()).all())}")
+    print(f"{dtype} {label}: scores finite: {bool(np.isfinite(out.copy_to_host()).all())}")
     del table, out

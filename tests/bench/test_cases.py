@@ -522,7 +522,7 @@ def test_the_ring_experiment_calls_score_topk_with_its_launch():
     assert "score_topk_row_scales" in pipeline.EXPERIMENTS and "score_topk_row_scales" not in pipeline.DEFAULT_PHASES
 
 
-def test_the_profile_script_launches_its_three_cases():
+def test_the_profile_script_launches_its_four_cases():
     """data/profile_scores.py (gpu_session.sh's ncu step) on a small table in the simulator: one
     line a case, each with finite scores, so a GPU call never profiles a broken script."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the wheelhouse kept
@@ -530,6 +530,6 @@ def test_the_profile_script_launches_its_three_cases():
     r = subprocess.run([sys.executable, str(ROOT / "data" / "profile_scores.py"), "100"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.splitlines() == [f"{dt} ring_stages={rs}: scores finite: True"
-                                     for dt, rs in (("fp16", "auto"), ("int8", "auto"), ("int8", 3))]
+    assert r.stdout.splitlines() == [f"{dt} {label}: scores finite: True" for dt, label in (
+        ("fp16", "default"), ("int8", "default"), ("int8", "ring_stages=3"), ("int8", "row_scales=fp16_pairs"))]
     assert "profile_scores.py" in (ROOT / "data" / "gpu_session.sh").read_text()
