@@ -162,13 +162,15 @@ def findings(rows: pd.DataFrame) -> str:
 
 
 def memory_per_ad(pool) -> dict:
-    """Device bytes a slot of ``pool`` holds: the table (row words, bias, int8 scale, ad id) and the
-    targeting index (bitset rows, posting lists), each divided by the pool's slots."""
+    """Device bytes a slot of ``pool`` holds: the table (row words, bias, int8 scale and its fp16
+    pairs where made, ad id) and the targeting index (bitset rows, posting lists), each divided by
+    the pool's slots."""
     def nbytes(a) -> int:
         return int(getattr(a, "nbytes", 0) or 0) if a is not None else 0
 
     t, n = pool.table, pool.n_ads
-    table = sum(nbytes(a) for a in (t.words, t.bias, t.ad_ids)) + (nbytes(t.scale) if t.dtype == "int8" else 0)
+    table = sum(nbytes(a) for a in (t.words, t.bias, t.ad_ids, getattr(t, "_scale_pairs", None)))
+    table += nbytes(t.scale) if t.dtype == "int8" else 0
     index = 0
     if pool.index is not None:
         index = nbytes(pool.index.rows) + nbytes(pool.index.pool)

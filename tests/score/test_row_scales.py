@@ -80,6 +80,7 @@ def test_a_live_pools_update_remakes_the_scale_pairs(rng):
     """An int8 live pool's table read with fp16 pairs: an update that changes rows (other scales),
     creates one and retires one drops the kept pairs, and the next launch makes them from the new
     scales, so score_ads and score_topk on the table still answer as the float scales do."""
+    from andromeda_nb.analysis.pool_report import memory_per_ad
     from andromeda_nb.pipeline import Pool, PoolUpdate
     from andromeda_nb.targeting import TargetingIndex
 
@@ -92,9 +93,11 @@ def test_a_live_pools_update_remakes_the_scale_pairs(rng):
     plain = anb.KernelConfig(math="fp16", block=32)
     pairs = anb.KernelConfig(math="fp16", block=32, row_scales="fp16_pairs")
     req = anb.Request.random(d, 3, 2, rng)
+    without = memory_per_ad(pool)["table"]
     np.testing.assert_array_equal(anb.score_ads(req, pool.table, config=pairs).copy_to_host(),
                                   anb.score_ads(req, pool.table, config=plain).copy_to_host())
     before = pool.table.scale_pairs().copy_to_host()
+    assert memory_per_ad(pool)["table"] - without == pytest.approx(4 * pool.table.n_ads / pool.n_ads)  # counted
     ids = [int(i) for i in rules.ad_ids[:5]]
     new = int(rules.ad_ids.max()) + 1
     recs = [{"op": "change", "ad_id": i, "embedding": 30 * rng.standard_normal(d)} for i in ids[1:]]
