@@ -347,7 +347,7 @@ def apply_update(pool, update) -> UpdateDelta:
     # pass over the device's scales): the kernels stay correct, one instruction an int8 pair slower
     if getattr(t, "_fma_dequant", None):
         t._fma_dequant = rows.fma_dequant
-    t._scale_pairs = None  # fp16 math's scale pairs, if kept, are made again from the new scales on use
+    t.refresh_scale_pairs()  # fp16 math's scale pairs, where kept, from the new scales (in place)
     return delta
 
 

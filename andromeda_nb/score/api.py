@@ -153,6 +153,8 @@ def _filter_path(dreq, table, k, access, elig, cand, n_items, config, sfw):
     if key not in replays:
         image, params = _weight_args(dreq, cfg)  # the very arrays the launches take (fp16 math: per-lane fp16)
         inputs = {"image": image, "elig": elig, "cand": cand, "params": params[0] if params else None}
+        if cfg.kernel_row_scales(table.dtype):
+            table.scale_pairs()  # made before recording: a replay reads the kept pairs, never remakes them
         with launch.Recorder() as rec:
             fws = launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw)
         replays[key] = _Replay(rec.launches, inputs)

@@ -132,7 +132,7 @@ class KernelConfig:
             scale, made into the fp16 pair ``(s, -1152 s)`` each round: 3 instructions a row) or
             ``"fp16_pairs"`` (those pairs made once a table, :meth:`.table.DeviceAdTable.scale_pairs`:
             4 more bytes a row of device memory, the same bytes read; a live pool's update makes
-            them again on the next launch; 381 instructions a round against 398 at E6 K2 d64,
+            them again; 381 instructions a round against 398 at E6 K2 d64,
             built for the H200, where the int8 kernel may be issue-bound). Scores and the filter
             path's kernels take it; a live pool's batches ignore it. ``"auto"`` (default):
             ``"fp32"`` (unmeasured). The same scores either way.

@@ -137,22 +137,29 @@ class DeviceAdTable:
     def scale_pairs(self):
         """An int8 table's row scales as fp16 math reads them with ``KernelConfig(row_scales=
         "fp16_pairs")``: a device ``uint32[n_ads]``, each word the scale rounded to fp16 (low half)
-        and that times -1152 (high half), made once (one pass over the scales) and kept, 4 bytes a
-        row of device memory; a live pool's update drops it, and the next launch makes it again.
+        and that times -1152 (high half), made once from the device scales (a kernel over them)
+        and kept, 4 bytes a row of device memory. A live pool's update makes them again in place
+        (:meth:`refresh_scale_pairs`), so recorded launches that read them stay valid; scales
+        changed any other way (the caller's own arrays of :meth:`from_device`) are not seen.
 
         Raises:
             ValueError: the table is not int8."""
         if self.dtype != "int8":
             raise ValueError(f"scale_pairs: an int8 table's, not {self.dtype}'s")
         if getattr(self, "_scale_pairs", None) is None:
+            self._scale_pairs = launch.cuda().device_array(self.n_ads, np.uint32)
+            self.refresh_scale_pairs()
+        return self._scale_pairs
+
+    def refresh_scale_pairs(self) -> None:
+        """Make the kept scale pairs (:meth:`scale_pairs`) again from the device scales, in place and
+        in stream order (after a live pool's update wrote scales); nothing where none are kept."""
+        pairs = getattr(self, "_scale_pairs", None)
+        if pairs is not None and self.n_ads:
             from .table_kernels import scale_pairs_kernel
 
-            out = launch.cuda().device_array(self.n_ads, np.uint32)
-            if self.n_ads:
-                block = launch.default_block()
-                scale_pairs_kernel[launch.grid_for(self.n_ads, block), block](self.scale, out)
-            self._scale_pairs = out
-        return self._scale_pairs
+            block = launch.default_block()
+            scale_pairs_kernel[launch.grid_for(self.n_ads, block), block](self.scale, pairs)
 
     def max_abs_bound(self) -> float:
         """An upper bound of :meth:`max_abs` that costs nothing after a live pool's update: the exact
@@ -198,6 +205,10 @@ class DeviceAdTable:
             bias: ``float32[n_ads]``; scale: ``float32[n_ads]`` for int8; ad_ids: ``int64[n_ads]``
                 (None: the slots 0..n_ads-1, materialised on the device), unique among the live
                 slots, -1 for a free slot; checked once here (a copy to the host).
+
+        The table reads the caller's arrays in place: change them only through a
+        :class:`~andromeda_nb.pipeline.Pool`, since what the table derives from them once (the fused
+        dequantization's check, :meth:`scale_pairs`) does not follow other writes.
 
         Raises:
             TypeError / ValueError: dtype or shape mismatches, a repeated ad id, an id below -1.

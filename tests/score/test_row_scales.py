@@ -7,6 +7,7 @@ import pytest
 
 import andromeda_nb as anb
 from andromeda_nb import reference
+from andromeda_nb.device import backend
 from andromeda_nb.device.intrinsics import dequant_offset_h2_host, half2_of_host, pair_high, pair_low, \
     scale_pairs_host
 
@@ -76,40 +77,67 @@ def test_int8_scale_pairs_answer_as_the_float_scales(rng, layout, monkeypatch):
         fused_kernel("gated", 32, 5, 2, "int8", "tiles", "pool", 32, scale_pairs=True)  # fp32 math
 
 
-def test_a_live_pools_update_remakes_the_scale_pairs(rng):
+def test_a_live_pools_update_remakes_the_scale_pairs_in_place(rng, monkeypatch):
     """An int8 live pool's table read with fp16 pairs: an update that changes rows (other scales),
-    creates one and retires one drops the kept pairs, and the next launch makes them from the new
-    scales, so score_ads and score_topk on the table still answer as the float scales do."""
+    creates one and retires one makes the kept pairs again in place, so score_ads and score_topk
+    on the table still answer as the float scales do, the filter path's replayed launches (recorded
+    before the update, reading the same pairs array) included; the pairs are made once, never as
+    part of a replay; the pool's memory report counts them."""
     from andromeda_nb.analysis.pool_report import memory_per_ad
     from andromeda_nb.pipeline import Pool, PoolUpdate
+    from andromeda_nb.score import table_kernels
     from andromeda_nb.targeting import TargetingIndex
+    from andromeda_nb.topk.config import TopKConfig, TopKTuning
 
     from ..helpers import random_rules
 
-    d = 16
-    rules = random_rules(rng, 40, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
-    table = anb.AdTable.from_float(rng.standard_normal((40, d)), dtype="int8", ad_ids=rules.ad_ids)
-    pool = Pool(table, TargetingIndex(rules, capacity=48), config=anb.KernelConfig(math="fp16"), max_k=8)
+    made = []
+    if backend.is_simulator():  # every launch of the pairs kernel, a replay's too, passes here
+        from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+        call = FakeCUDAKernel.__call__
+
+        def counted(kernel, *args):
+            if kernel.fn is table_kernels.scale_pairs_kernel.fn:
+                made.append(args)
+            return call(kernel, *args)
+
+        monkeypatch.setattr(FakeCUDAKernel, "__call__", counted)
+    d, n = 16, 300
+    seeded = TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256))  # the filter applies
+    rules = random_rules(rng, n, p_constrain=0.0, p_exclude=0.0, live_p=1.0)
+    table = anb.AdTable.from_float(rng.standard_normal((n, d)), dtype="int8", ad_ids=rules.ad_ids)
+    pool = Pool(table, TargetingIndex(rules, capacity=320), config=anb.KernelConfig(math="fp16"), max_k=8)
     plain = anb.KernelConfig(math="fp16", block=32)
     pairs = anb.KernelConfig(math="fp16", block=32, row_scales="fp16_pairs")
     req = anb.Request.random(d, 3, 2, rng)
     without = memory_per_ad(pool)["table"]
-    np.testing.assert_array_equal(anb.score_ads(req, pool.table, config=pairs).copy_to_host(),
-                                  anb.score_ads(req, pool.table, config=plain).copy_to_host())
-    before = pool.table.scale_pairs().copy_to_host()
+    for k in (5, 8):  # k = 8 records its launches after k = 5 made the pairs
+        for c in (plain, pairs):
+            anb.score_topk(req, pool.table, k, config=c, topk_config=seeded)
+    for k in (5, 8):  # replays, the first of a recording that made the pairs
+        anb.score_topk(req, pool.table, k, config=pairs, topk_config=seeded)
+    assert len(made) == (1 if backend.is_simulator() else 0)  # made once, not by each replay
     assert memory_per_ad(pool)["table"] - without == pytest.approx(4 * pool.table.n_ads / pool.n_ads)  # counted
-    ids = [int(i) for i in rules.ad_ids[:5]]
+    kept = pool.table.scale_pairs()
+    before = kept.copy_to_host()
+    ids = [int(i) for i in rules.ad_ids[:21]]
     new = int(rules.ad_ids.max()) + 1
     recs = [{"op": "change", "ad_id": i, "embedding": 30 * rng.standard_normal(d)} for i in ids[1:]]
     recs += [{"op": "retire", "ad_id": ids[0]}, {"op": "create", "ad_id": new, "embedding": rng.standard_normal(d)}]
     pool.apply(PoolUpdate.from_records(rules.schema, recs, d))
-    after = pool.table.scale_pairs().copy_to_host()
+    assert pool.table.scale_pairs() is kept  # the same array, made again
+    after = kept.copy_to_host()
     assert not np.array_equal(before, after)
     np.testing.assert_array_equal(after, scale_pairs_host(pool.table.scale.copy_to_host()))
     got = anb.score_ads(req, pool.table, config=pairs).copy_to_host()
     want = anb.score_ads(req, pool.table, config=plain).copy_to_host()
     np.testing.assert_array_equal(got, want)
     assert np.isfinite(want[pool.table.host_ad_ids >= 0]).all()
-    a, b = anb.score_topk(req, pool.table, 8, config=pairs), anb.score_topk(req, pool.table, 8, config=plain)
+    for k in (8, 5):  # replays recorded before the update, and the block path
+        a = anb.score_topk(req, pool.table, k, config=pairs, topk_config=seeded)
+        b = anb.score_topk(req, pool.table, k, config=plain, topk_config=seeded)
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.scores, b.scores)
+    a, b = (anb.score_topk(req, pool.table, 8, config=c, path="block") for c in (pairs, plain))
     np.testing.assert_array_equal(a.ids, b.ids)
-    np.testing.assert_array_equal(a.scores, b.scores)
