@@ -533,3 +533,19 @@ def test_the_profile_script_launches_its_four_cases():
     assert r.stdout.splitlines() == [f"{dt} {label}: scores finite: True" for dt, label in (
         ("fp16", "default"), ("int8", "default"), ("int8", "ring_stages=3"), ("int8", "row_scales=fp16_pairs"))]
     assert "profile_scores.py" in (ROOT / "data" / "gpu_session.sh").read_text()
+
+
+def test_every_experiment_setting_keeps_its_rows_out_of_the_headlines():
+    """A scoring row's notes name each launch setting off the default (config_note), and the
+    results' EXPERIMENT pattern catches every one of them, so an experiment's row never becomes a
+    headline or a report's default; the default launch's notes match none."""
+    from andromeda_nb.analysis import results
+    from andromeda_nb.bench.scoring import config_note
+    from andromeda_nb.score import KernelConfig
+
+    base = KernelConfig(math="fp16", dequant="fma")
+    assert not re.search(results.EXPERIMENT, config_note(base))
+    for field, value in (("tile_order", "steps"), ("f16_weights", "shared"), ("rows_ahead", 2), ("ring_stages", 3),
+                         ("row_scales", "fp16_pairs"), ("blocks_per_sm", 5)):
+        note = config_note(base.replaced(field, value))
+        assert re.search(results.EXPERIMENT, note), (field, note)
