@@ -690,10 +690,8 @@ class _Group:
                                                pool.candidate_capacity, k, buf.ranks, buf.fws.seeds, buf.fws.counts,
                                                buf.fws.fill))
         filter_kernel = fused_kernel(*common, 0, True, cfg.values, cfg.max_registers, 1, 1, True, "shared", cfg.guard,
-                                     False, batched=True, math=cfg.math, dequant=cfg.resolved_dequant(table),
-                                     tile_order=cfg.kernel_tile_order(), f16_weights=cfg.kernel_f16_weights(),
-                                     rows_ahead=cfg.kernel_rows_ahead(),
-                                     ring_stages=cfg.kernel_ring_stages(table.dtype))
+                                     False, batched=True, **{**cfg.kernel_options(table.dtype),  # batches
+                                     "dequant": cfg.resolved_dequant(table), "scale_pairs": False})  # read float scales
         images = images16 if images16 is not None else images32
         filt = launch.BoundLaunch(filter_kernel, (per_request(pool.candidate_capacity, block), B), block,
                                   (table.words, table.scale, table.bias, images, dummy(np.uint64), buf.cand,

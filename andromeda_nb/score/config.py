@@ -224,6 +224,13 @@ class KernelConfig:
         (:meth:`.table.DeviceAdTable.scale_pairs`): ``row_scales="fp16_pairs"``, fp16 math, int8 rows."""
         return self.row_scales == "fp16_pairs" and self.math == "fp16" and dtype == "int8"
 
+    def kernel_options(self, dtype: str) -> dict:
+        """The generated kernel's options (:func:`~.fused.fused_kernel`'s keywords) this
+        configuration (concrete math) sets for a table of ``dtype``: one place for every launch site."""
+        return dict(math=self.math, dequant=self.dequant, tile_order=self.kernel_tile_order(),
+                    f16_weights=self.kernel_f16_weights(), rows_ahead=self.kernel_rows_ahead(),
+                    ring_stages=self.kernel_ring_stages(dtype), scale_pairs=self.kernel_row_scales(dtype))
+
     def kernel_tile_order(self) -> str:
         """``tile_order`` as the kernel generator takes it: only fp16 math has tiles to order (others
         get the one kernel, "tiles")."""

@@ -161,11 +161,7 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
     return fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access,
                         block, cap, True, config.values, config.max_registers, config.items if topk_k else 1,
                         config.sync_every if topk_k else 1, False, config.weights, config.guard,
-                        config.tensor_cores, math=config.math, dequant=config.dequant,
-                        tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights(),
-                        rows_ahead=config.kernel_rows_ahead(),
-                        ring_stages=config.kernel_ring_stages(table.dtype),
-                        scale_pairs=config.kernel_row_scales(table.dtype))
+                        config.tensor_cores, **config.kernel_options(table.dtype))
 
 
 def _scales(table: DeviceAdTable, config: KernelConfig):
@@ -297,11 +293,7 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     seed = launch_seed_select(sws)
     kern = fused_kernel(dreq.model, dreq.d, dreq.experts, dreq.k_experts, table.dtype, table.layout, access, block,
                         0, True, config.values, config.max_registers, 1, 1, True, config.weights, config.guard,
-                        config.tensor_cores, math=config.math, dequant=config.dequant,
-                        tile_order=config.kernel_tile_order(), f16_weights=config.kernel_f16_weights(),
-                        rows_ahead=config.kernel_rows_ahead(),
-                        ring_stages=config.kernel_ring_stages(table.dtype),
-                        scale_pairs=config.kernel_row_scales(table.dtype))
+                        config.tensor_cores, **config.kernel_options(table.dtype))
     grid = launch.grid_for(n_items, block, config.blocks_per_sm)
     image, extra = _weight_args(dreq, config)
     kern[grid, block](table.words, _scales(table, config), table.bias, image,
