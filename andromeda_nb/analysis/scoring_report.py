@@ -66,7 +66,8 @@ MATH_TARGETS = {(6, 2, 64): 1.10, (8, 4, 64): 1.20, (6, 2, 128): 1.10}
 
 
 def math_modes(rows: pd.DataFrame, dtype: str = "fp16") -> pd.DataFrame:
-    """The latest run that measured gated rows in fp16 math: for each (E, K, d) of
+    """The latest run that measured gated rows in fp16 math and the dot product (else the latest
+    with gated fp16 rows alone): for each (E, K, d) of
     :data:`MATH_SHAPES` and each of scores to memory and the fused top-1000 (filter path), pool,
     ``tiles``, the dot product's and the gated model's G ads/s in fp32 and fp16 math, and
     gated / dot device time in each math (the dot product of the same d and run). Empty without
@@ -79,6 +80,8 @@ def math_modes(rows: pd.DataFrame, dtype: str = "fp16") -> pd.DataFrame:
                "target", "commit"]
     if f16.empty:
         return pd.DataFrame(columns=columns)
+    with_dot = f16[f16["commit"].isin(ok.loc[ok["variant"].str.startswith("dot"), "commit"])]
+    f16 = with_dot if len(with_dot) else f16  # a run with the ratio's baseline, where one has it
     run = ok[ok["commit"] == f16.sort_values("timestamp")["commit"].iloc[-1]]
     out = []
     for E, K, d in MATH_SHAPES:

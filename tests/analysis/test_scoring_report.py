@@ -114,6 +114,13 @@ def test_fp16_math_rows_are_their_own_mode():
     assert m.loc["scores to memory", "fp32_over_dot"] == pytest.approx(1.5)
     assert m.loc["top-1000", "fp16_over_dot"] == pytest.approx(33 / 27)
     assert SR.math_modes(rows[rows["math"] == "fp32"]).empty
+    # a newer run of gated fp16 rows without the dot product (an experiment's baseline) does not
+    # displace the run that measured the ratio; alone, it is still shown (its ratio not measured)
+    newer = _row("gated_scores_to_memory", 29e9, k=np.nan, math="fp16", commit="newer", timestamp="9")
+    m = SR.math_modes(pd.concat([rows, _frame(newer)], ignore_index=True))
+    assert set(m["commit"]) == {rows["commit"].iloc[0]} and len(m) == 2
+    alone = SR.math_modes(_frame(newer))
+    assert alone["commit"].tolist() == ["newer"] and np.isnan(alone["fp16_over_dot"].iloc[0])
 
 
 @pytest.mark.notebook
