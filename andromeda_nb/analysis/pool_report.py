@@ -169,7 +169,7 @@ def memory_per_ad(pool) -> dict:
         return int(getattr(a, "nbytes", 0) or 0) if a is not None else 0
 
     t, n = pool.table, pool.n_ads
-    table = sum(nbytes(a) for a in (t.words, t.bias, t.ad_ids, getattr(t, "_scale_pairs", None)))
+    table = sum(nbytes(a) for a in (t.words, t.bias, t.ad_ids, t.kept_scale_pairs))
     table += nbytes(t.scale) if t.dtype == "int8" else 0
     index = 0
     if pool.index is not None:

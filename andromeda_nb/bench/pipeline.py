@@ -293,6 +293,7 @@ def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None, launch=()) 
                 notes=("f16_weights=shared; " if shared else "") + "".join(f"{'blocks/SM' if k == 'blocks_per_sm' else k}={v}; " for k, v in launch)
                 + "device: the same launches back to back behind a busy kernel (harness.time_device)"
                 + _dequant_note(config.with_math(dreq, tiles), tiles)
+                + ("; scales as fp16 pairs" if config.with_math(dreq, tiles).kernel_row_scales(tiles.dtype) else "")
                 + ("; a call on the GPU's clock (medians of {CALLS}, _call_breakdown): host before its launches "
                    "{pre:.3f} ms, its launches run {launches:.3f} ms, answer copies / sync / return {after:.3f} ms".format(
                        CALLS=CALLS, **{k: v * 1e3 for k, v in parts.items()}) if parts else ""))
@@ -465,10 +466,10 @@ PHASES = {
                         *(ScoreTopkCase(math="fp16", dtype="int8",
                                         launch=(("block", 128), ("blocks_per_sm", 4), ("ring_stages", r)))
                           for r in (0, 2, 3, 4))),
-    # int8 rows' scales as the table's fp16 pairs (KernelConfig.row_scales) as called, beside the
-    # default (float32 scales) and fp16 rows
+    # int8 rows' scales as the table's fp16 pairs (KernelConfig.row_scales, the default) as called,
+    # beside the float32 scales (row_scales="fp32") and fp16 rows
     "score_topk_row_scales": (ScoreTopkCase(math="fp16"), ScoreTopkCase(math="fp16", dtype="int8"),
-                              ScoreTopkCase(math="fp16", dtype="int8", launch=(("row_scales", "fp16_pairs"),))),
+                              ScoreTopkCase(math="fp16", dtype="int8", launch=(("row_scales", "fp32"),))),
 }
 #: the experiments: a setting off the default, measured to choose it (--phases names them)
 EXPERIMENTS = ("score_topk_f16_weights", "score_topk_ring", "score_topk_row_scales")

@@ -46,7 +46,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
              beside one round with the weights in registers or shared memory, int8 and fp16 rows
     ring   : int8 rows through a shared-memory ring filled by ``cp.async`` (``ring_stages`` 2, 3, 4,
              blocks of 128) beside the default launch and blocks of 128 without a ring, one run
-    row_scales: int8 rows with their scales as the table's fp16 pairs (``row_scales="fp16_pairs"``)
+    row_scales: int8 rows with their scales as the table's fp16 pairs (the default) and as float32
+        scales made into pairs each round (``row_scales="fp32"``)
              beside the default's float32 scales, and fp16 rows, one run
     frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
              fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
@@ -357,12 +358,12 @@ PHASES = {
         for case in (scores("gated", "int8"), fused("gated", "int8", path="filter"))
         for c in ({}, {"block": 128, "blocks_per_sm": 4},
                   *({"block": 128, "blocks_per_sm": 4, "ring_stages": r} for r in (2, 3, 4)))),
-    # int8 rows' scales as the table's fp16 pairs (row_scales="fp16_pairs": 16 fewer instructions a
-    # round) beside the default's float32 scales, and fp16 rows for the int8 / fp16 ratio; scores to
-    # memory and the fused top-1000
+    # int8 rows' scales as the table's fp16 pairs (the default: 16 fewer instructions a round) beside
+    # the float32 scales made into pairs each round (row_scales="fp32"), and fp16 rows for the int8 /
+    # fp16 ratio; scores to memory and the fused top-1000
     "row_scales": tuple(
         replace(in_math(case, "fp16"), config=cfg(math="fp16", **c))
-        for dt, settings in (("fp16", ({},)), ("int8", ({}, {"row_scales": "fp16_pairs"})))
+        for dt, settings in (("fp16", ({},)), ("int8", ({}, {"row_scales": "fp32"})))
         for case in (scores("gated", dt), fused("gated", dt, path="filter")) for c in settings),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
@@ -464,7 +465,9 @@ def scores_full(dreq, table, access, elig, cand, n_items, config):
     return full
 
 
-def config_note(config) -> str:
+def config_note(config, dtype: str = "fp16") -> str:
+    """The launch settings of a scoring row on a table of ``dtype``: every setting off the default
+    spelled ``name=value`` (:data:`~andromeda_nb.analysis.results.EXPERIMENT` catches those)."""
     from ..device import launch
     from ..score.config import KernelConfig
 
@@ -496,8 +499,11 @@ def config_note(config) -> str:
         parts.append(f"rows_ahead={config.kernel_rows_ahead()}")
     if config.kernel_ring_stages():
         parts.append(f"ring_stages={config.kernel_ring_stages()}")
-    if config.kernel_row_scales():
-        parts.append("row_scales=fp16_pairs (the int8 scales as fp16 pairs made once a table)")
+    if config.kernel_row_scales(dtype):
+        parts.append("scales as fp16 pairs (made once a table)" if config.row_scales == "auto" else
+                     "row_scales=fp16_pairs (the int8 scales as fp16 pairs made once a table)")
+    elif config.row_scales == "fp32" and config.math == "fp16" and dtype == "int8":
+        parts.append("row_scales=fp32 (the int8 scales made into fp16 pairs each round)")
     return " ".join(parts)
 
 
@@ -556,7 +562,7 @@ def fused_row(run, case: ScoringCase) -> dict:
     return harness.row("scoring", run.env, run.ceil, timing, items, fused_bytes_per_ad(d, dtype, access, frac),
                        model_flops(model, d, E, K, "all" if config.tensor_cores else config.values), str(verified),
                        **case.columns(), n_ads=n,
-                       notes=f"{config_note(resolved)}; items = ads scored{'; ' + notes if notes else ''}")
+                       notes=f"{config_note(resolved, dtype)}; items = ads scored{'; ' + notes if notes else ''}")
 
 
 def scores_row(run, case: ScoringCase) -> dict:
@@ -578,7 +584,7 @@ def scores_row(run, case: ScoringCase) -> dict:
     return harness.row("scoring", run.env, run.ceil, timing, n, fused_bytes_per_ad(d, dtype) + 4,
                        model_flops(model, d, E, K, "all" if config.tensor_cores else config.values), str(verified),
                        **case.columns(), n_ads=n,
-                       notes=f"{config_note(_resolve(config, dreq, table, 'pool'))}; scores written to memory (4 B/ad)")
+                       notes=f"{config_note(_resolve(config, dreq, table, 'pool'), dtype)}; scores written to memory (4 B/ad)")
 
 
 def scoring_row(run, case: ScoringCase) -> dict:

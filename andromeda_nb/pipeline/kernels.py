@@ -22,6 +22,7 @@ import functools
 from numba import cuda, float32, int32, int64, uint32, uint64
 
 from ..device.scan import block_exclusive_sum
+from ..score.table_kernels import scale_pair
 from ..topk.seed_kernels import SEED_RADIX, _batch_seed_funcs
 
 #: ``row_of`` of a slot an update freed (:func:`scatter_slots_kernel`)
@@ -155,7 +156,8 @@ def scatter_slots_kernel(tiles: bool):
     staging buffer)."""
 
     @cuda.jit
-    def kernel(words, bias, scale, ad_ids, slots, new_ids, row_of, new_words, new_bias, new_scale, has_scale):
+    def kernel(words, bias, scale, ad_ids, slots, new_ids, row_of, new_words, new_bias, new_scale, has_scale,
+               pairs, has_pairs):
         n_w = words.shape[0] if tiles else words.shape[1]
         t = cuda.grid(1)
         j = t // n_w
@@ -175,6 +177,9 @@ def scatter_slots_kernel(tiles: bool):
             if r >= 0 or r == FREED:
                 bias[s] = new_bias[r] if r >= 0 else float32(0)
                 if has_scale:
-                    scale[s] = new_scale[r] if r >= 0 else float32(0)
+                    v = new_scale[r] if r >= 0 else float32(0)
+                    scale[s] = v
+                    if has_pairs:
+                        pairs[s] = scale_pair(v)
 
     return kernel

@@ -126,7 +126,7 @@ class Pool:
         # index directly (slots reused, lists moved) makes the pool stale (retrieve refuses)
         self._index_version = None if index is None else index.version
         self._failed = ""  # why the pool cannot serve any more (an update's device part failed)
-        self._scatter = None  # (table, its bound scatter launch) of Pool.apply, made at the first batch
+        self._scatter = None  # (table, its scale pairs, their bound scatter launch) of Pool.apply, made at the first batch
         if layout == "auto":
             layout = "rows" if index is not None else "tiles"
         self.table = _device_table(table, index, layout)

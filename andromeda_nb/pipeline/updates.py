@@ -347,7 +347,6 @@ def apply_update(pool, update) -> UpdateDelta:
     # pass over the device's scales): the kernels stay correct, one instruction an int8 pair slower
     if getattr(t, "_fma_dequant", None):
         t._fma_dequant = rows.fma_dequant
-    t.refresh_scale_pairs()  # fp16 math's scale pairs, where kept, from the new scales (in place)
     return delta
 
 
@@ -357,13 +356,15 @@ def _scatter_launch(pool) -> "launch.BoundLaunch":
     from .kernels import scatter_slots_kernel
 
     t = pool.table
+    pairs = t.kept_scale_pairs  # kept once a request read them; written with the scales
     cached = pool._scatter
-    if cached is None or cached[0] is not t:
+    if cached is None or cached[0] is not t or cached[1] is not pairs:
         i64, f32 = launch.dummy(np.int64), launch.dummy(np.float32)
         run = launch.BoundLaunch(scatter_slots_kernel(t.layout == "tiles"), 1, launch.default_block(), (
-            t.words, t.bias, t.scale, t.ad_ids, i64, i64, i64, launch.dummy(np.uint64), f32, f32, t.dtype == "int8"))
-        pool._scatter = cached = (t, run)
-    return cached[1]
+            t.words, t.bias, t.scale, t.ad_ids, i64, i64, i64, launch.dummy(np.uint64), f32, f32, t.dtype == "int8",
+            launch.dummy(np.uint32) if pairs is None else pairs, pairs is not None))
+        pool._scatter = cached = (t, pairs, run)
+    return cached[2]
 
 
 __all__ = ["PoolUpdate", "apply_update", "check_update", "final_rows", "take_ops"]

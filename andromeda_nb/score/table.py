@@ -138,23 +138,29 @@ class DeviceAdTable:
         """An int8 table's row scales as fp16 math reads them with ``KernelConfig(row_scales=
         "fp16_pairs")``: a device ``uint32[n_ads]``, each word the scale rounded to fp16 (low half)
         and that times -1152 (high half), made once from the device scales (a kernel over them)
-        and kept, 4 bytes a row of device memory. A live pool's update makes them again in place
-        (:meth:`refresh_scale_pairs`), so recorded launches that read them stay valid; scales
+        and kept, 4 bytes a row of device memory. A live pool's update writes the pairs of the rows
+        it writes, in place, so recorded launches that read them stay valid; scales
         changed any other way (the caller's own arrays of :meth:`from_device`) are not seen.
 
         Raises:
             ValueError: the table is not int8."""
         if self.dtype != "int8":
             raise ValueError(f"scale_pairs: an int8 table's, not {self.dtype}'s")
-        if getattr(self, "_scale_pairs", None) is None:
+        if self.kept_scale_pairs is None:
             self._scale_pairs = launch.cuda().device_array(self.n_ads, np.uint32)
             self.refresh_scale_pairs()
         return self._scale_pairs
 
+    @property
+    def kept_scale_pairs(self):
+        """The table's :meth:`scale_pairs` where a request made them, else None (nothing made)."""
+        return getattr(self, "_scale_pairs", None)
+
     def refresh_scale_pairs(self) -> None:
         """Make the kept scale pairs (:meth:`scale_pairs`) again from the device scales, in place and
-        in stream order (after a live pool's update wrote scales); nothing where none are kept."""
-        pairs = getattr(self, "_scale_pairs", None)
+        in stream order (after the caller wrote the device scales itself; a live pool's update writes
+        the pairs with the scales); nothing where none are kept."""
+        pairs = self.kept_scale_pairs
         if pairs is not None and self.n_ads:
             from .table_kernels import scale_pairs_kernel
 

@@ -34,13 +34,20 @@ def max_abs_kernel(dtype: str):
     return kernel
 
 
+@cuda.jit(device=True)
+def scale_pair(s):
+    """The uint32 word fp16 math reads for row scale ``s`` (float32): the low half ``s`` rounded to
+    fp16 (at most 65504), the high half that times -1152 rounded to fp16; the intrinsics the kernel
+    calls each round otherwise, so the same bits
+    (:func:`~andromeda_nb.device.intrinsics.scale_pairs_host` on the host)."""
+    s2 = half2_of(s)
+    return (s2 & 0xFFFF) | (dequant_offset_h2(s2) & 0xFFFF0000)
+
+
 @cuda.jit
 def scale_pairs_kernel(scale, out):
-    """``out[i]`` (uint32): the low half ``scale[i]`` rounded to fp16 (at most 65504), the high
-    half that times -1152 rounded to fp16: the intrinsics the kernel calls each round otherwise, so
-    the same bits (:func:`~andromeda_nb.device.intrinsics.scale_pairs_host` on the host)."""
+    """``out[i] = scale_pair(scale[i])`` (uint32), grid-stride."""
     i = cuda.grid(1)
-    while i < scale.shape[0]:  # grid-stride
-        s2 = half2_of(scale[i])
-        out[i] = (s2 & 0xFFFF) | (dequant_offset_h2(s2) & 0xFFFF0000)
+    while i < scale.shape[0]:
+        out[i] = scale_pair(scale[i])
         i += cuda.gridsize(1)

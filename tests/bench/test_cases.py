@@ -518,7 +518,7 @@ def test_the_ring_experiment_calls_score_topk_with_its_launch():
     assert "score_topk_ring" in pipeline.EXPERIMENTS and "score_topk_ring" not in pipeline.DEFAULT_PHASES
     pairs = [case.configs()[0] for case in pipeline.PHASES["score_topk_row_scales"]]
     assert [c.kernel_row_scales(case.dtype) for c, case in zip(
-        [c.replaced("math", "fp16") for c in pairs], pipeline.PHASES["score_topk_row_scales"])] == [False, False, True]
+        [c.replaced("math", "fp16") for c in pairs], pipeline.PHASES["score_topk_row_scales"])] == [False, True, False]
     assert "score_topk_row_scales" in pipeline.EXPERIMENTS and "score_topk_row_scales" not in pipeline.DEFAULT_PHASES
 
 
@@ -531,7 +531,7 @@ def test_the_profile_script_launches_its_four_cases():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.splitlines() == [f"{dt} {label}: scores finite: True" for dt, label in (
-        ("fp16", "default"), ("int8", "default"), ("int8", "ring_stages=3"), ("int8", "row_scales=fp16_pairs"))]
+        ("fp16", "default"), ("int8", "default"), ("int8", "ring_stages=3"), ("int8", "row_scales=fp32"))]
     assert "profile_scores.py" in (ROOT / "data" / "gpu_session.sh").read_text()
 
 
@@ -544,8 +544,9 @@ def test_every_experiment_setting_keeps_its_rows_out_of_the_headlines():
     from andromeda_nb.score import KernelConfig
 
     base = KernelConfig(math="fp16", dequant="fma")
-    assert not re.search(results.EXPERIMENT, config_note(base))
+    assert not any(re.search(results.EXPERIMENT, config_note(base, dt)) for dt in ("fp16", "int8"))
+    assert "fp16 pairs" in config_note(base, "int8") and "pairs" not in config_note(base, "fp16")
     for field, value in (("tile_order", "steps"), ("f16_weights", "shared"), ("rows_ahead", 2), ("ring_stages", 3),
-                         ("row_scales", "fp16_pairs"), ("blocks_per_sm", 5)):
-        note = config_note(base.replaced(field, value))
+                         ("row_scales", "fp16_pairs"), ("row_scales", "fp32"), ("blocks_per_sm", 5)):
+        note = config_note(base.replaced(field, value), "int8")
         assert re.search(results.EXPERIMENT, note), (field, note)
