@@ -553,7 +553,9 @@ def _tensor_core_lines(rows, d, dtype, experts, k_experts) -> list[str]:
     if "tensor cores" not in tc.index:
         return []
     t = tc.loc["tensor cores"]
-    line = (f"**Tensor cores** (`KernelConfig(tensor_cores=True)`, 3xTF32 `mma.sync`): {t['G_ads_per_s']:.1f} G ads/s "
+    line = (f"**TF32 tensor cores in fp32 math** (`KernelConfig(math=\"fp32\", tensor_cores=True)`, 3xTF32 "
+            f"`mma.sync` to keep fp32 accuracy; off by default, not the default fp16 math's fp16 `mma.sync`): "
+            f"{t['G_ads_per_s']:.1f} G ads/s "
             f"({t['fraction_of_read_ceiling']:.2f} of the ceiling, run {_short(t['commit'])})")
     if "CUDA cores" in tc.index:
         c = tc.loc["CUDA cores"]
