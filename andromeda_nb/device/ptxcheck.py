@@ -167,6 +167,9 @@ def variants():
     out.append(("pipeline pool_seed", P.pool_seed_kernel(128, 32, 6, 16),
                 (A(f32), A(i64), A(i64), i64, i64, A(i64), A(f32), A(i64, 2), A(i64))))
     out.append(("pipeline reset", P.reset_kernel(), (A(i64), A(i64), i64, i64)))
+    out.append(("pipeline scatter_slots tiles", P.scatter_slots_kernel(True),
+                (A(u64, 2), A(f32), A(f32), A(i64), A(i64), A(i64), A(i64), A(u64), A(f32), A(f32), nt.boolean,
+                 A(u32), nt.boolean)))
     from ..score.table_kernels import max_abs_kernel, scale_pairs_kernel
 
     out.append(("table max_abs fp16", max_abs_kernel("fp16"), (A(u64), A(f32))))
