@@ -170,9 +170,10 @@ def variants():
     out.append(("pipeline scatter_slots tiles", P.scatter_slots_kernel(True),
                 (A(u64, 2), A(f32), A(f32), A(i64), A(i64), A(i64), A(i64), A(u64), A(f32), A(f32), nt.boolean,
                  A(u32), nt.boolean)))
-    from ..score.table_kernels import max_abs_kernel, scale_pairs_kernel
+    from ..score.table_kernels import int8_max_abs_kernel, max_abs_kernel, scale_pairs_kernel
 
     out.append(("table max_abs fp16", max_abs_kernel("fp16"), (A(u64), A(f32))))
+    out.append(("table max_abs int8", int8_max_abs_kernel, (A(u64, 2), A(f32), nt.boolean, A(nt.float64))))
     out.append(("table scale_pairs", scale_pairs_kernel, (A(f32), A(u32))))
     out.append(("sample_prep cand", FKF.sample_prep_kernel(True, False),
                 (A(i32), A(i32), A(i32), A(u64), A(f32), nt.boolean, A(i64, 2), A(i64))))

@@ -214,7 +214,10 @@ class DeviceAdTable:
 
         The table reads the caller's arrays in place: change them only through a
         :class:`~andromeda_nb.pipeline.Pool`, since what the table derives from them once (the fused
-        dequantization's check, :meth:`scale_pairs`) does not follow other writes.
+        dequantization's check, :meth:`scale_pairs`, :meth:`max_abs`) does not follow other writes.
+        A caller that rewrites an int8 table's scales itself calls :meth:`refresh_scale_pairs`
+        before the next request (fp16 math reads the pairs by default, and would answer with the
+        old scales).
 
         Raises:
             TypeError / ValueError: dtype or shape mismatches, a repeated ad id, an id below -1.
@@ -413,16 +416,19 @@ def rows_max_abs(table: AdTable) -> float:
 
 
 def _device_max_abs(table: DeviceAdTable) -> float:
-    """max finite |a| over a device table's stored values (:func:`.table_kernels.max_abs_kernel`)."""
-    from .table_kernels import max_abs_kernel
+    """max finite |a| over a device table's stored values, as :func:`rows_max_abs` gives it for the
+    host table (:mod:`.table_kernels`; int8: each row's largest |q| times its own scale)."""
+    from .table_kernels import int8_max_abs_kernel, max_abs_kernel
 
     if not table.words.size:
         return 0.0
+    block = launch.default_block()
+    if table.dtype == "int8":
+        out = launch.to_device(np.zeros(1, np.float64))
+        int8_max_abs_kernel[launch.grid_for(table.n_ads, block), block](table.words, table.scale,
+                                                                       table.layout == "tiles", out)
+        return float(out.copy_to_host()[0])
     words = table.words.reshape(table.words.size)
     out = launch.to_device(np.zeros(1, np.float32))
-    block = launch.default_block()
     max_abs_kernel(table.dtype)[launch.grid_for(words.shape[0], block), block](words, out)
-    m = float(out.copy_to_host()[0])
-    if table.dtype == "int8":
-        m *= float(np.abs(table.scale.copy_to_host()).max(initial=0.0))
-    return m
+    return float(out.copy_to_host()[0])

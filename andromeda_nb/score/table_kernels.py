@@ -5,9 +5,9 @@ as the fp16 pairs fp16 math multiplies by (``KernelConfig(row_scales="fp16_pairs
 import functools
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, float64
 
-from ..device.intrinsics import DECODE, dequant_offset_h2, half2_of
+from ..device.intrinsics import DECODE, decode_int8, dequant_offset_h2, half2_of
 
 FLOAT32_MAX = float32(np.finfo(np.float32).max)
 
@@ -16,8 +16,7 @@ FLOAT32_MAX = float32(np.finfo(np.float32).max)
 def max_abs_kernel(dtype: str):
     """Launch ``[grid, block]`` (grid-stride over ``words uint64[n]``, the table as 8-byte words):
     ``out[0]`` (float32, zero before) becomes the largest finite |value| of the widened elements
-    (int8: the raw integers, the caller multiplies by the largest row scale); one float atomic max
-    a thread."""
+    of a float table (int8 tables: :func:`int8_max_abs_kernel`); one float atomic max a thread."""
     decode = DECODE[dtype]
 
     @cuda.jit
@@ -32,6 +31,25 @@ def max_abs_kernel(dtype: str):
         cuda.atomic.max(out, 0, best)
 
     return kernel
+
+
+@cuda.jit
+def int8_max_abs_kernel(words, scale, tiles, out):
+    """Launch ``[grid, block]`` (grid-stride over rows; ``words`` the table's uint64 words,
+    ``[n_w, n_ads]`` where ``tiles`` else ``[n_ads, n_w]``): ``out[0]`` (float64, zero before)
+    becomes the largest |q * scale| of any row, as the host computes it (a row's largest |q| times
+    its |scale|, in float64: a finite scale may take it past fp32's range); one atomic max a thread."""
+    n_w = words.shape[0] if tiles else words.shape[1]
+    best = float64(0.0)
+    r = cuda.grid(1)
+    while r < scale.shape[0]:
+        top = float32(0.0)
+        for w in range(n_w):
+            for v in decode_int8(words[w, r] if tiles else words[r, w]):
+                top = max(top, abs(v))
+        best = max(best, float64(top) * abs(float64(scale[r])))
+        r += cuda.gridsize(1)
+    cuda.atomic.max(out, 0, best)
 
 
 @cuda.jit(device=True)

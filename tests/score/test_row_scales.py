@@ -8,7 +8,7 @@ from numba import cuda
 
 import andromeda_nb as anb
 from andromeda_nb import reference
-from andromeda_nb.device import backend
+from andromeda_nb.device import backend, launch
 from andromeda_nb.device.intrinsics import dequant_offset_h2_host, half2_of_host, pair_high, pair_low, \
     scale_pairs_host
 
@@ -164,3 +164,24 @@ def test_a_live_pools_update_writes_the_scale_pairs_of_its_rows(rng, monkeypatch
         np.testing.assert_array_equal(a.scores, b.scores)
     a, b = (anb.score_topk(req, pool.table, 8, config=c, path="block") for c in (pairs, plain))
     np.testing.assert_array_equal(a.ids, b.ids)
+
+
+def test_pairs_of_scales_the_caller_rewrote_are_made_again_by_refresh(rng):
+    """A from_device int8 table reads the caller's scales in place; its kept pairs follow a rewrite
+    of them once the caller calls refresh_scale_pairs (from_device's contract): then the default
+    (pairs) answers as the float scales do, bit for bit, and differently from before the rewrite."""
+    d, n = 16, 64
+    host = anb.AdTable.from_float(rng.standard_normal((n, d)), dtype="int8")
+    scale = launch.to_device(host.scale.copy())
+    t = anb.DeviceAdTable.from_device(launch.to_device(host.embeddings), launch.to_device(host.bias), "int8", "rows",
+                                      scale=scale)
+    req = anb.Request.random(d, 3, 2, rng)
+    pairs, plain = anb.KernelConfig(math="fp16"), anb.KernelConfig(math="fp16", row_scales="fp32")
+    before = anb.score_topk(req, t, 5, config=pairs)  # makes the pairs
+    scale.copy_to_device((host.scale * np.float32(0.5)).astype(np.float32))
+    t.refresh_scale_pairs()
+    np.testing.assert_array_equal(t.kept_scale_pairs.copy_to_host(), scale_pairs_host(host.scale * np.float32(0.5)))
+    got, want = (anb.score_topk(req, t, 5, config=c) for c in (pairs, plain))
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores, want.scores)
+    assert not np.array_equal(got.scores, before.scores)

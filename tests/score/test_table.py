@@ -143,3 +143,35 @@ def test_from_device_refuses_host_arrays_bad_layouts_and_bad_scales(rng):
         with pytest.raises(ValueError, match="scales"):
             DeviceAdTable.from_device(q, launch.to_device(np.zeros(8, np.float32)), "int8",
                                       scale=launch.to_device(scale))
+
+
+@pytest.mark.parametrize("layout", ["rows", "tiles"])
+def test_device_max_abs_is_the_host_tables_row_by_row(rng, layout):
+    """An int8 table's largest |q * scale| from its device arrays (from_device tables, a pool's
+    recount after a retire) equals the host table's: each row's largest |q| times its own scale,
+    not the table's largest |q| times its largest scale (which refused valid tables for fp16
+    math); in float64, so a scale that takes a product past fp32's range still counts."""
+    from andromeda_nb.score.table import _device_max_abs, rows_max_abs
+
+    n, d = 45, 16  # 45: rows off the block and warp sizes
+    q = rng.integers(-3, 4, (n, d)).astype(np.int8)
+    q[0] = 127
+    q[7] = -128
+    s = (rng.random(n) * 0.02).astype(np.float32)
+    s[1], q[1] = 600.0, 1  # the largest scale on a row of small values
+    host = anb.AdTable(embeddings=q, bias=np.zeros(n, np.float32), dtype="int8", scale=s, ad_ids=np.arange(n))
+    dt = DeviceAdTable(host, layout)
+    assert _device_max_abs(dt) == rows_max_abs(host) == max(600.0, 127 * float(s[0]), 128 * float(s[7]))
+    s2 = s.copy()
+    s2[7] = 3e38  # 128 x 3e38 passes fp32's range
+    big = anb.AdTable(embeddings=q, bias=np.zeros(n, np.float32), dtype="int8", scale=s2, ad_ids=np.arange(n))
+    assert _device_max_abs(DeviceAdTable(big, layout)) == rows_max_abs(big) == 128 * float(np.float32(3e38))
+    if layout == "rows":  # the public path: a table wrapped from device arrays answers in fp16 math
+        wrapped = DeviceAdTable.from_device(launch.to_device(q), launch.to_device(np.zeros(n, np.float32)), "int8",
+                                            "rows", scale=launch.to_device(s))
+        assert wrapped.max_abs() == dt.max_abs() == 600.0
+        req = anb.Request.random(d, 3, 2, rng)
+        cfg = anb.KernelConfig(math="fp16")
+        got, want = (anb.score_topk(req, t, 5, config=cfg) for t in (wrapped, dt))
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_array_equal(got.scores, want.scores)
