@@ -53,7 +53,8 @@ class KernelConfig:
         guard: how the scores-to-memory and filter kernels keep ptxas from hoisting the shared
             weight loads out of the ad loop: ``"fence"`` (a block-scope fence per ad) or
             ``"offset"`` (an address offset that is zero at run time but unknown to ptxas).
-        tensor_cores: the gate and value dot products on the tensor cores (``mma.sync`` m16n8k8
+        tensor_cores: fp32 math's TF32 tensor-core variant (fp16 math, the default ``math``, runs on
+            the tensor cores without it): the gate and value dot products as ``mma.sync`` m16n8k8
             TF32, each operand split into a TF32 high and low part rounded to nearest, three
             products summed: ~2^-22 relative error per product against fp32's 2^-24), a warp
             scoring 32 ads at once; every expert's value dot is computed (8 per tile). Gated
@@ -61,7 +62,7 @@ class KernelConfig:
             (192 d bytes) and the result tiles (68 bytes per thread) must fit in 48 KiB of shared
             memory (d <= 160 at block 256). Its error against the float64 reference can exceed
             the fp32 tolerance on rows of magnitude ~1000 (logits in the thousands); it measured
-            no faster than the CUDA-core default (L1 / shared-pipe bound), so it is off.
+            no faster than fp32 math on the CUDA cores (L1 / shared-pipe bound), so it is off.
         math: ``"auto"`` (default), ``"fp32"`` or ``"fp16"``. ``"fp32"``: the model as written,
             every product and sum in fp32. ``"fp16"``: h, the gate keys and the values rounded to
             fp16, the gate logits and value dots on the tensor cores (``mma.sync`` m16n8k16, fp32
@@ -75,7 +76,7 @@ class KernelConfig:
             request and table fit, else fp32.
             The default because fp16 math measured 1.4x (E6 K2) to 1.7x (E8 K4) faster on the
             H200 (fp16 tables, 10^8 ads, scores to memory, each ratio within one run) and kept recall@100 within 0.01 point
-            of fp32 (5-seed means), top-100 overlap >= 0.998, on both datasets (the precision
+            of fp32 (5-seed means), top-100 overlap >= 0.997, on both datasets (the precision
             notebook; the rule: at most 0.1 point, overlap >= 0.99); on int8 tables, against fp32
             math on the same int8 rows, the same, at 2.2x fp32 math's speed (E6 K2 d64, one run).
         dequant: how fp16 math widens an int8 table's rows: ``"mul"`` (per pair of values a
