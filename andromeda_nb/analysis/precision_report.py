@@ -98,6 +98,12 @@ def one_run(thr: pd.DataFrame, *dtypes: str) -> bool:
     return len(commits) == 1 and "" not in commits and "nan" not in commits
 
 
+def _devices(thr: pd.DataFrame, *dtypes: str) -> str:
+    """The devices that measured ``dtypes``' rates in ``thr``, each once (``"?"`` where not recorded)."""
+    devs = [str(thr["device"].get(d, "") or "?") if "device" in thr.columns else "?" for d in dtypes]
+    return ", ".join(dict.fromkeys(devs))
+
+
 def display_table(s: pd.DataFrame, thr: pd.DataFrame) -> pd.DataFrame:
     """One dataset's summary as the notebook shows it: recall@100 mean ± sd, the loss against
     fp32, top-100 overlap, score error quantiles, bytes per ad and the kernel's ads/s."""
@@ -225,10 +231,10 @@ def findings(summary: dict[str, pd.DataFrame], thr: pd.DataFrame) -> str:
         cfg = ", ".join(f"{k} = {v}" for k, v in KERNEL_CONFIG.items())
         pairs = {m: (i8, f16) for m, i8, f16 in (("fp16", "int8_fp16_math", "fp16_math"), ("fp32", "int8", "fp16"))}
         rates = {m: kernel_rate(thr, i8) / kernel_rate(thr, f16) for m, (i8, f16) in pairs.items()}
-        rates = {m: (r, one_run(thr, *pairs[m])) for m, r in rates.items() if np.isfinite(r)}
+        rates = {m: (r, one_run(thr, *pairs[m]), _devices(thr, *pairs[m])) for m, r in rates.items() if np.isfinite(r)}
         speed = ("the fused kernel (" + cfg + ") runs int8 at "
-                 + ", ".join(f"{r:.2f}x fp16's measured ads/s in {m} math" + ("" if same else " (two runs)")
-                             for m, (r, same) in rates.items())
+                 + ", ".join(f"{r:.2f}x fp16's measured ads/s in {m} math" + (f" ({dev})" if same else f" (two runs: {dev})")
+                             for m, (r, same, dev) in rates.items())
                  if rates else "the kernel's int8 and fp16 rates are not both measured")
         lines.append(f"int8 stores {b8:.0f} bytes an ad against fp16's {b16:.0f} (a 10^{int(np.log10(POOL_ADS))}-ad "
                      f"table: {b8 * POOL_ADS / 1e9:.1f} GB against {b16 * POOL_ADS / 1e9:.1f} GB); {speed}.")

@@ -356,13 +356,13 @@ def test_precision_summary_metrics_and_findings(tmp_path):
     assert np.isnan(table.loc["fp32", "ads/s (H200)"])
     text = PR.findings(summary, thr)
     assert "int8 stores 72 bytes an ad against fp16's 132" in text and "7.2 GB against 13.2 GB" in text
-    assert "runs int8 at 0.90x fp16's measured ads/s in fp32 math" in text
+    assert "runs int8 at 0.90x fp16's measured ads/s in fp32 math (H200)" in text
     fast = pd.concat([thr, pd.DataFrame({"items_per_s": [3e10, 4.5e10], "device": ["H200"] * 2, "commit": ["b", "b"]},
                                         index=pd.Index(["fp16_math", "int8_fp16_math"]))])
-    assert "runs int8 at 1.50x fp16's measured ads/s in fp16 math, 0.90x fp16's measured ads/s in fp32 math" in (
-        PR.findings(summary, fast))
-    fast.loc["int8_fp16_math", "commit"] = "c"  # the ratio of two runs says so
-    assert "1.50x fp16's measured ads/s in fp16 math (two runs), 0.90x" in PR.findings(summary, fast)
+    assert ("runs int8 at 1.50x fp16's measured ads/s in fp16 math (H200), 0.90x fp16's measured ads/s in fp32 math "
+            "(H200)") in PR.findings(summary, fast)
+    fast.loc["int8_fp16_math", ["commit", "device"]] = ["c", "H100"]  # the ratio of two runs says so, and their cards
+    assert "1.50x fp16's measured ads/s in fp16 math (two runs: H100, H200), 0.90x" in PR.findings(summary, fast)
     assert "**fp16 math on int8 tables?**" in text and "not measured" in text
     # the same-storage metrics of int8_fp16_math rows reach the findings through load()
     same = pd.DataFrame(_rows("ml-100k", "mixture_k2", "recall@100_delta_pp_same_storage", [0.02, 0.04],
