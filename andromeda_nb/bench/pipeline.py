@@ -279,6 +279,7 @@ def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None, launch=()) 
                       f"score_topk_{n}_{config.math}{_dtype_suffix(tiles.dtype)}{'_shared' if shared else ''}"
                       + "".join(f"_{k}{v}" for k, v in launch))
     dreq = DeviceRequest.of(req)
+    concrete = config.with_math(dreq, tiles)  # the math the call resolved
     sfw = next(ws for key, ws in tiles._workspaces.items() if key[:4] == ("filter", n, K, "pool"))
     device = harness.time_device(lambda: launch_score_filter(dreq, tiles, K, "pool", None, None, n, config, sfw),
                                  reps=15).median
@@ -292,8 +293,8 @@ def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None, launch=()) 
                 eligible_fraction="1", layout="tiles",
                 notes=("f16_weights=shared; " if shared else "") + "".join(f"{'blocks/SM' if k == 'blocks_per_sm' else k}={v}; " for k, v in launch)
                 + "device: the same launches back to back behind a busy kernel (harness.time_device)"
-                + _dequant_note(config.with_math(dreq, tiles), tiles)
-                + ("; scales as fp16 pairs" if config.with_math(dreq, tiles).kernel_row_scales(tiles.dtype) else "")
+                + _dequant_note(concrete, tiles)
+                + ("; scales as fp16 pairs" if concrete.kernel_row_scales(tiles.dtype) else "")
                 + ("; a call on the GPU's clock (medians of {CALLS}, _call_breakdown): host before its launches "
                    "{pre:.3f} ms, its launches run {launches:.3f} ms, answer copies / sync / return {after:.3f} ms".format(
                        CALLS=CALLS, **{k: v * 1e3 for k, v in parts.items()}) if parts else ""))

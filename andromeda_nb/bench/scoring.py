@@ -46,9 +46,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
              beside one round with the weights in registers or shared memory, int8 and fp16 rows
     ring   : int8 rows through a shared-memory ring filled by ``cp.async`` (``ring_stages`` 2, 3, 4,
              blocks of 128) beside the default launch and blocks of 128 without a ring, one run
-    row_scales: int8 rows with their scales as the table's fp16 pairs (the default) and as float32
-        scales made into pairs each round (``row_scales="fp32"``)
-             beside the default's float32 scales, and fp16 rows, one run
+    row_scales: int8 rows reading their scales as the table's fp16 pairs (the default) beside float32
+             scales made into pairs each round (``row_scales="fp32"``), and fp16 rows, one run
     frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
              fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
 

@@ -583,7 +583,7 @@ def _halves(w) -> np.ndarray:
 
 
 def scale_pairs_host(scale) -> np.ndarray:
-    """Each float32 row scale as the word fp16 math reads (``KernelConfig(row_scales="fp16_pairs")``):
+    """Each float32 row scale as the word fp16 math reads (``KernelConfig.row_scales``, by default):
     the low half the scale as :func:`half2_of_host` rounds it, the high half that times -1152 as
     :func:`dequant_offset_h2_host` rounds it; the same bits the kernel otherwise makes each round."""
     s2 = half2_of_host(np.asarray(scale, np.float32).reshape(-1))

@@ -166,7 +166,7 @@ def _kernel(dreq: DeviceRequest, table: DeviceAdTable, access: str, topk_k: int,
 
 def _scales(table: DeviceAdTable, config: KernelConfig):
     """The ``scale`` argument of a generated kernel of ``config`` (concrete math): the table's scale
-    pairs where it reads them (``row_scales="fp16_pairs"``), else its float32 scales."""
+    pairs where it reads them (:meth:`.config.KernelConfig.kernel_row_scales`), else its float32 scales."""
     return table.scale_pairs() if config.kernel_row_scales(table.dtype) else table.scale
 
 

@@ -135,8 +135,8 @@ class DeviceAdTable:
         return self._fma_dequant
 
     def scale_pairs(self):
-        """An int8 table's row scales as fp16 math reads them with ``KernelConfig(row_scales=
-        "fp16_pairs")``: a device ``uint32[n_ads]``, each word the scale rounded to fp16 (low half)
+        """An int8 table's row scales as fp16 math reads them (``KernelConfig.row_scales``, by
+        default): a device ``uint32[n_ads]``, each word the scale rounded to fp16 (low half)
         and that times -1152 (high half), made once from the device scales (a kernel over them)
         and kept, 4 bytes a row of device memory. A live pool's update writes the pairs of the rows
         it writes, in place, so recorded launches that read them stay valid; scales

@@ -1,6 +1,6 @@
 """The kernels a device table needs for itself: the largest finite magnitude it stores (the range
 checks of :func:`~andromeda_nb.score.launches.check_range` read it), and an int8 table's row scales
-as the fp16 pairs fp16 math multiplies by (``KernelConfig(row_scales="fp16_pairs")``)."""
+as the fp16 pairs fp16 math multiplies by (``KernelConfig.row_scales``)."""
 
 import functools
 
