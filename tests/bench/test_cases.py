@@ -460,31 +460,40 @@ def test_min_n_ads_leaves_out_the_smaller_pools():
 
 
 def test_call_breakdown_splits_a_calls_wall_time_at_its_launches(monkeypatch):
-    # events that record the host's clock (the stream idle): the breakdown's arithmetic on known times
-    import time
+    # events and the wall clock read one fake clock that the call advances (the stream idle, so
+    # events record at host time): the breakdown's arithmetic and medians on exact, load-free times
+    from types import SimpleNamespace
 
     from numba import cuda
 
     from andromeda_nb.bench import pipeline
     from andromeda_nb.score import api
 
+    clock = [0.0]
+
     class HostEvent:
         def record(self):
-            self.t = time.perf_counter()
+            self.t = clock[0]
+
+    def advance(seconds):
+        clock[0] += seconds
 
     monkeypatch.setattr(cuda, "event", HostEvent, raising=False)
     monkeypatch.setattr(cuda, "event_elapsed_time", lambda a, b: (b.t - a.t) * 1e3, raising=False)
-    monkeypatch.setattr(api._Replay, "run", lambda self, inputs: time.sleep(0.03))
+    monkeypatch.setattr(pipeline, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(api._Replay, "run", lambda self, inputs: advance(0.03))
+    pres = iter([0.02, 0.09, 0.021])  # one slow call: the medians drop it
 
     def call():
-        time.sleep(0.02)
+        advance(next(pres))
         api._Replay.run(None, {})
-        time.sleep(0.01)
+        advance(0.01)
 
     before = api._Replay.run
     parts = pipeline._call_breakdown(call, 3)
-    assert 0.02 <= parts["pre"] < 0.028 and 0.03 <= parts["launches"] < 0.038 and 0.01 <= parts["after"] < 0.018
+    assert parts == pytest.approx({"pre": 0.021, "launches": 0.03, "after": 0.01})
     assert api._Replay.run is before  # the marking wrapper is removed again
+    assert pipeline._call_breakdown(lambda: advance(0.05), 2) == {}  # no recorded launches: no breakdown
 
 
 @pytest.mark.slow  # ~40 s: the filter path's seed needs 1,000 ads, and every configuration checks its answer
