@@ -17,6 +17,8 @@ def max_abs_kernel(dtype: str):
     """Launch ``[grid, block]`` (grid-stride over ``words uint64[n]``, the table as 8-byte words):
     ``out[0]`` (float32, zero before) becomes the largest finite |value| of the widened elements
     of a float table (int8 tables: :func:`int8_max_abs_kernel`); one float atomic max a thread."""
+    if dtype == "int8":  # |q| alone is not the stored value: each row's scale multiplies it
+        raise ValueError("max_abs_kernel reads float tables; an int8 table's is int8_max_abs_kernel")
     decode = DECODE[dtype]
 
     @cuda.jit

@@ -175,3 +175,11 @@ def test_device_max_abs_is_the_host_tables_row_by_row(rng, layout):
         got, want = (anb.score_topk(req, t, 5, config=cfg) for t in (wrapped, dt))
         np.testing.assert_array_equal(got.ids, want.ids)
         np.testing.assert_array_equal(got.scores, want.scores)
+
+
+def test_float_max_abs_kernel_refuses_int8():
+    # |q| alone is not an int8 table's stored value (its row scale multiplies it)
+    from andromeda_nb.score.table_kernels import max_abs_kernel
+
+    with pytest.raises(ValueError, match="int8_max_abs_kernel"):
+        max_abs_kernel("int8")
