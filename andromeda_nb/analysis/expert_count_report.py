@@ -358,7 +358,10 @@ def _paired(frame, dataset: str, a: str, b: str) -> str:
 def _difference(p: dict, a_rows: pd.DataFrame | None = None, b_rows: pd.DataFrame | None = None) -> str:
     """``+x.xx pp (paired over n seeds ±y.yy[, within noise][; trained on A against B])`` for a
     paired difference (:func:`.quality.paired_experiments`), naming the devices of its two sides'
-    rows where they differ."""
+    rows where they differ (of the seeds both sides ran: those the difference pairs)."""
+    if a_rows is not None and b_rows is not None:
+        both = set(a_rows["seed"].astype(str)) & set(b_rows["seed"].astype(str))
+        a_rows, b_rows = (r[r["seed"].astype(str).isin(both)] for r in (a_rows, b_rows))
     on = ["" if r is None else ", ".join(sorted(set(results.text(r, "device")) - {""})) for r in (a_rows, b_rows)]
     return (f"{100 * p['mean']:+.2f} pp (paired over {p['seeds']} seeds ±{100 * p['ci95']:.2f}"
             + (", within noise" if abs(p["mean"]) <= p["ci95"] else "")

@@ -172,6 +172,12 @@ def test_split_tuning_line_pairs_another_split_s_rows_with_the_other_trainings()
     moved = frame.assign(device=np.where(frame["experiment"] == "tuned_session", "gpu-b", "cpu"))
     assert ("+1.00 pp (paired over 3 seeds ±0.00; trained on gpu-b against cpu)"
             in EC.split_tuning_line(moved, "multi_interest"))
+    # seeds one side has and the other has not pair with nothing: their devices are not named
+    extra = pd.concat([frame, pd.DataFrame([dict(r, seed=r["seed"] + 5, device="gpu-c") for r in _rows(
+        "multi_interest", "ranking", "recall@100", [0.3, 0.3, 0.3], experiment="preset_settings")])],
+        ignore_index=True)
+    extra_text = EC.split_tuning_line(extra, "multi_interest")
+    assert "settings +1.00 pp (paired over 3 seeds ±0.00)" in extra_text and "gpu-c" not in extra_text, extra_text
     # what the expert_count rows are is read from their scorer: a session tuning, or untuned rows
     main = (frame["experiment"] == "expert_count")
     session_main = frame.assign(scorer=np.where(main, point, frame["scorer"]))
