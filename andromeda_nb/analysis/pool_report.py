@@ -24,7 +24,7 @@ def _newest_run(rows: pd.DataFrame, variants) -> pd.DataFrame:
     r = rows[rows["variant"].isin(variants) & rows["ok"]]
     if r.empty:
         return r
-    commit = r.sort_values("timestamp")["commit"].iloc[-1]
+    commit = r.sort_values("timestamp", kind="stable")["commit"].iloc[-1]
     return r[r["commit"] == commit]
 
 
@@ -101,7 +101,7 @@ def soak_line(rows: pd.DataFrame) -> str:
     soak = rows[rows["variant"] == "soak"]
     if soak.empty:
         return ""
-    r = soak.sort_values("timestamp").iloc[-1]
+    r = soak.sort_values("timestamp", kind="stable").iloc[-1]
     verdict = "nothing lost" if r["ok"] else "**a mismatch**"
     return (f"- Soak ({r['device']}, commit `{r['commit']}`, {int(r['n_ads']):,} ads): {verdict}. "
             f"{r['notes']}. Checks: {r['verified']}")

@@ -71,7 +71,7 @@ def _pick(df: pd.DataFrame, filters: dict) -> pd.Series | None:
     if rows.empty:
         return None
     on_reference = rows[text(rows, "device").str.contains(REFERENCE_DEVICE)]
-    return (on_reference if len(on_reference) else rows).sort_values("timestamp").iloc[-1]
+    return (on_reference if len(on_reference) else rows).sort_values("timestamp", kind="stable").iloc[-1]
 
 
 def _num(row, col) -> float:

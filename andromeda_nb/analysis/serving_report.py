@@ -193,7 +193,7 @@ def eligible_table(rows: pd.DataFrame | None) -> pd.DataFrame:
         return empty
     ok = rows[rows["ok"] & rows["variant"].isin(["inprocess_retrieve", "colocated", "remote_scoring"])].copy()
     ok["picked"] = _picked(ok)
-    ok = ok.sort_values("timestamp").groupby(["variant", "n_ads", "picked", "eligible_fraction"], as_index=False).last()
+    ok = ok.sort_values("timestamp", kind="stable").groupby(["variant", "n_ads", "picked", "eligible_fraction"], as_index=False).last()
     picked = ok[ok["picked"]]
     if picked.empty:
         return empty
@@ -221,7 +221,7 @@ def _table(rows: pd.DataFrame | None, newest: bool = True) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     ok = rows[rows["ok"] & rows["variant"].isin(["inprocess_retrieve", "colocated", "remote_scoring", "sharded"])]
     if newest:
-        ok = ok.sort_values("timestamp").groupby(["variant", "n_ads", "n_workers"], as_index=False).last()
+        ok = ok.sort_values("timestamp", kind="stable").groupby(["variant", "n_ads", "n_workers"], as_index=False).last()
     num = {c: pd.to_numeric(ok[c], errors="coerce") for c in ("seconds_median", "seconds_p99", "requests_per_s",
                                                                "transport_bytes_per_request", "n_workers")}
     model = ok["notes"].str.extract(r"byte model ([\d,]+) bytes")[0].str.replace(",", "").astype(float)
@@ -265,7 +265,7 @@ def scaling_table(rows: pd.DataFrame | None) -> pd.DataFrame:
     r = rows[(rows["variant"] == "sharded") & rows["ok"] & rows["notes"].astype(str).str.contains("scaling")]
     if r.empty:
         return pd.DataFrame(columns=cols)
-    r = r[r["commit"] == r.sort_values("timestamp")["commit"].iloc[-1]]
+    r = r[r["commit"] == r.sort_values("timestamp", kind="stable")["commit"].iloc[-1]]
     out = []
     for (mode, g), grp in r.groupby([r["notes"].str.split(" ").str[0], "n_gpus"]):
         by = grp.set_index(grp["batch"].astype(int))

@@ -103,23 +103,24 @@ class KernelConfig:
             runs) shared weights ran the kernels at 1.004-1.033x registers' speed at the default
             caps (fp16 rows scores / fused top-1000 ~21.5 / 23.0 G ads/s, int8 ~39 / 40.8 G; both
             near the read ceiling there), but ``score_topk`` on int8 rows at 0.97-1.02x by wall
-            clock; lower caps did not help int8 rows (0.59-0.98x registers'); the H200, where the
-            int8 kernel stays below its ceiling, is unmeasured with them. The same scores either way.
+            clock; lower caps did not help int8 rows (0.59-0.98x registers'). On the H200 (one
+            run) shared weights ran int8 rows 5 % (scores) and 8 % (fused top-1000) slower, fp16
+            rows 2 % faster and 7 % slower. The same scores either way.
         rows_ahead: rounds of rows fp16 math keeps in flight in registers, where each round's rows
             are loaded while the previous one computes (the full pool, candidate lists, a bitset
             outside a selection): ``1`` or ``2`` (a second set of the round's row registers: 16
             more a thread for int8 rows at d = 64, 32 for fp16 rows; with the weights in
             registers that passes the 128-register cap, so pair it with ``f16_weights="shared"``).
-            ``"auto"`` (default): 1. The int8 kernel on the H200 reads at 0.77 of the ceiling with
-            one round (2 KB a warp) in flight; on the H100 (E6 K2 d64, 10^8 ads, one run) two
-            rounds ran 1-4.3 % slower than one, both dtypes, the weights shared; the H200 is
-            unmeasured. The same scores either way.
+            ``"auto"`` (default): 1. The int8 kernel on the H200 reads at 0.77-0.79 of the
+            ceiling with one round (2 KB a warp) in flight; on the H100 (E6 K2 d64, 10^8 ads, one run) two
+            rounds ran 1-4.3 % slower than one, both dtypes, the weights shared; on the H200 (one
+            run) 1-4 % slower than shared weights with one round, int8 and fp16 rows alike. The
+            same scores either way.
         ring_stages: int8 rows in fp16 math on the full pool through a shared-memory ring of this
             many rounds a warp (2-4), filled by asynchronous copies (``cp.async``) instead of
             register loads: ``ring_stages - 1`` rounds of rows in flight with no register held
-            for them (built for the H200, where the int8 kernel stops at 0.77 of the ceiling: short
-            of bytes in flight or of issue slots, which only a profile there can tell; the ring
-            costs 20 % more instructions a round). A slot holds a warp's 32 rows and scales (2,176
+            for them (built for the H200, where the int8 kernel stops at 0.77-0.79 of the
+            ceiling; the ring costs 20 % more instructions a round). A slot holds a warp's 32 rows and scales (2,176
             bytes at d = 64), so the ring takes ``block / 32 * ring_stages`` of them: with
             blocks of 256 even two slots pass Numba's 48 KiB of static shared memory beside the
             result tile; use blocks of 128 (at d = 128, two slots). Only kernels over the whole
@@ -127,8 +128,10 @@ class KernelConfig:
             (a live pool scores its live bitset) and the block top-K with ``items`` > 1 ignore
             it, and their shared memory is counted without it; it excludes ``rows_ahead=2``.
             ``"auto"`` (default): 0, no ring: on the H100 (E6 K2 d64, 10^8 ads, one run) 2-4
-            rounds ran 0-2 % slower, kernels and ``score_topk``; the H200 is unmeasured. The
-            same scores either way (the simulator and the H100).
+            rounds ran 0-2 % slower, kernels and ``score_topk``; on the H200 (one run) 4-11 %
+            slower than register loads in blocks of 128: with 3 rounds the wait on memory falls
+            from 2.1 to 0.5 cycles an instruction (Nsight Compute), but the ring's extra
+            instructions cost more. The same scores either way (the simulator, H100 and H200).
         row_scales: how fp16 math reads an int8 table's row scales: ``"fp32"`` (the table's float32
             scale, made into the fp16 pair ``(s, -1152 s)`` each round: 3 instructions a row) or
             ``"fp16_pairs"`` (those pairs made once a table, :meth:`.table.DeviceAdTable.scale_pairs`:
@@ -138,7 +141,8 @@ class KernelConfig:
             take it; a live pool's batches read the float scales. ``"auto"`` (default):
             ``"fp16_pairs"``: on the H100 (E6 K2 d64, 10^8 ads, one run) the fused top-1000 ran
             2.5 % faster, ``score_topk`` 2 % by wall time, scores to memory the same (bound by
-            bytes there); the H200 is unmeasured. The same scores either way.
+            bytes there); on the H200 (one run) scores 1.2 % faster, the fused top-1000 5 %,
+            ``score_topk`` 2.4 % by wall time (6 % device). The same scores either way.
     """
 
     values: str = "chosen"

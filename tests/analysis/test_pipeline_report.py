@@ -153,3 +153,24 @@ def test_the_newest_rows_are_one_cards():
     alone = pipeline_report.newest(other)
     assert set(alone["commit"]) == {"h100run"} and len(alone) == other.groupby(
         ["n_ads", "batch", "math", "dtype"]).ngroups
+
+
+def test_newest_of_a_run_s_rows_is_the_last_written():
+    """A bench run stamps every row with one timestamp: among a case's rows of one run the one
+    written last is the newest, however many other rows surround them (a sort that is not stable
+    had let the int8 rows decide which fp16 row the headline took)."""
+    committed = results.load("pipeline")
+    case = pipeline_report.newest(committed)
+    case = case[(case["variant"] == "score_topk") & (case["dtype"] == "fp16") & (case["math"] == "fp16")
+                & (case["n_ads"] > 9e7)]
+    assert len(case) == 1
+    row = committed.loc[[case.index[0]]]
+    first, last = (row.assign(seconds_median=s, commit="tie", timestamp="2999-01-01T00:00:00+00:00") for s in (1.0, 2.0))
+    others = committed[committed["dtype"] == "int8"]  # other cases' rows of the same run
+    noise = pd.concat([others.assign(timestamp="2999-01-01T00:00:00+00:00")] * 3, ignore_index=True)
+    for frame in (pd.concat([committed, first, last], ignore_index=True),
+                  pd.concat([noise, first, noise, last, noise], ignore_index=True)):
+        got = pipeline_report.newest(frame)
+        got = got[(got["variant"] == "score_topk") & (got["dtype"] == "fp16") & (got["math"] == "fp16")
+                  & (got["n_ads"] > 9e7)]
+        assert got["wall_ms"].tolist() == [2000.0]
