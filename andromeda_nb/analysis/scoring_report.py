@@ -28,7 +28,7 @@ INSTRUCTIONS_PER_MULTIPLY_ADD = 1211 / 640
 #: product device time writing scores; fused top-K's rate over scoring alone; device time at 10 %
 #: eligible over the full pool's; int8 over fp16 ads/s of the dot product.
 TARGETS = {"gated_over_dot_time": 1.10, "fused_topk_of_scoring_alone": 0.95, "bitset_0.1_of_pool_time": 0.25,
-           "int8_over_fp16": 1.8}
+           "int8_over_fp16": 1.8, "gated_int8_over_fp16": 1.6}
 #: Candidate counts of the network comparison: 10^4 ads passing targeting up to the whole 10^8 pool.
 NETWORK_CANDIDATES = (10**4, 10**5, 10**6, 10**7, 10**8)
 
@@ -596,6 +596,49 @@ def _int8_lines(rows, experts, k_experts) -> list[str]:
             + "; ".join(parts) + "."]
 
 
+def gated_int8_over_fp16(rows: pd.DataFrame, experts: int, k_experts: int, d: int = 64) -> pd.DataFrame:
+    """The gated model's int8 rows against its fp16 rows, both in fp16 math (the default), in the
+    newest run that measured both (pool, ``tiles``, default launches): for scores to memory and the
+    fused top-1000, each dtype's best G ads/s and fraction of the read ceiling, and int8 / fp16.
+    Empty without such a run."""
+    ok = results.default_launches(rows[rows["ok"] & ~rows["regression_flag"] & (rows["math"] == "fp16")
+                                       & (rows["layout"] == "tiles") & (rows["access"] == "pool")
+                                       & (rows["d"] == d) & (rows["experts"] == experts)
+                                       & (rows["k_experts"] == k_experts) & rows["variant"].str.startswith("gated")])
+    columns = ["output", "int8_G", "fp16_G", "int8_fraction", "fp16_fraction", "ratio", "commit", "device"]
+    both = [c for c, g in ok.groupby("commit") if {"int8", "fp16"} <= set(g["dtype"])]
+    if not both:
+        return pd.DataFrame(columns=columns)
+    run = ok[ok["commit"].isin(both)]
+    run = run[run["commit"] == run.sort_values("timestamp", kind="stable")["commit"].iloc[-1]]
+    out = []
+    for output, variant, k in (("scores to memory", "gated_scores_to_memory", None),
+                               ("fused top-1000", "gated_fused_topk_filter", 1000)):
+        sel = run[(run["variant"] == variant) & ((run["k"] == k) if k else run["k"].isna())]
+        best = {t: sel[sel["dtype"] == t].sort_values("items_per_s").tail(1) for t in ("int8", "fp16")}
+        if any(b.empty for b in best.values()):
+            continue
+        i8, f16 = (best[t].iloc[0] for t in ("int8", "fp16"))
+        out.append({"output": output, "int8_G": i8["items_per_s"] / 1e9, "fp16_G": f16["items_per_s"] / 1e9,
+                    "int8_fraction": i8["fraction_of_read_ceiling"], "fp16_fraction": f16["fraction_of_read_ceiling"],
+                    "ratio": i8["items_per_s"] / f16["items_per_s"], "commit": i8["commit"], "device": i8["device"]})
+    return pd.DataFrame(out, columns=columns)
+
+
+def _gated_int8_lines(rows, experts, k_experts) -> list[str]:
+    t = gated_int8_over_fp16(rows, experts, k_experts)
+    if t.empty:
+        return []
+    target = TARGETS["gated_int8_over_fp16"]
+    parts = [f"{r.output} {r.ratio:.2f}x ({r.int8_G:.1f} against {r.fp16_G:.1f} G ads/s, {r.int8_fraction:.2f} and "
+             f"{r.fp16_fraction:.2f} of the read ceiling): " + ("met" if r.ratio >= target else "missed")
+             for r in t.itertuples()]
+    return [f"**The gated model on int8 rows over fp16 rows**, both in fp16 math (run {_short(t['commit'].iloc[0])}, "
+            f"{t['device'].iloc[0]}; target {target:.1f}x): " + "; ".join(parts)
+            + " (what limits each: `data/results/scoring_diagnostics.md`; the public call `score_topk` on both: "
+            "the request-path notebook)."]
+
+
 def _bitset_lines(rows, d, dtype, experts, k_experts) -> list[str]:
     elig = bitset_savings(rows, None, experts, k_experts, d, dtype)
     ten = elig[np.isclose(elig["eligible_fraction"], 0.1)]
@@ -614,7 +657,7 @@ def findings(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: in
     """The notebook's conclusions as Markdown bullets, every number computed from ``rows`` (the
     committed measurements) for this configuration: fusion against the unfused baselines, the
     gate's cost and the issue model, tensor cores, fused top-K against scores to memory, int8
-    against fp16, the eligible bitset, and how many rows carry a ``REGRESSION`` flag (left out of
+    against fp16 (the dot product's and the gated model's), the eligible bitset, and how many rows carry a ``REGRESSION`` flag (left out of
     every figure). A point without rows is said to be missing."""
     lines = (_fusion_lines(rows, d, dtype, experts, k_experts)
              + _gated_vs_dot_lines(rows, d, dtype, experts, k_experts, read_TBps)
@@ -622,6 +665,7 @@ def findings(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: in
              + _math_lines(rows, dtype)
              + _fusion_cost_lines(rows, d, dtype, experts, k_experts)
              + _int8_lines(rows, experts, k_experts)
+             + _gated_int8_lines(rows, experts, k_experts)
              + _bitset_lines(rows, d, dtype, experts, k_experts))
     flagged = int(rows["regression_flag"].sum())
     if flagged:

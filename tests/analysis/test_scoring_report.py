@@ -351,3 +351,34 @@ def test_figures_show_one_card_and_name_their_runs_briefly():
     assert sweep["read_TBps"] == pytest.approx(4.5)
     fig = scoring_figures.roofline(rows.assign(flops_per_item=1000.0, ceiling_copy_TBps=4.0), "x.csv")
     assert "H100" not in fig.texts[-1].get_text() and "c0 ... c4, 5 commits" in fig.texts[-1].get_text()
+
+
+def test_gated_int8_over_fp16_takes_the_newest_run_with_both_and_its_default_launches():
+    """int8 / fp16 of the gated model in fp16 math: each dtype's best default-launch row of the
+    newest run holding both (a newer run of one dtype, an experiment's faster row, fp32 math, another
+    shape or an unverified row do not count); met only at >= 1.6x."""
+    def g(variant, ips, dtype, **kw):
+        k = 1000 if "topk" in variant else None
+        return _row(variant, ips, dtype=dtype, k=k, math=kw.pop("math", "fp16"),
+                    bytes_per_item=72.0 if dtype == "int8" else 132.0, **kw)
+
+    rows = _frame(g("gated_scores_to_memory", 47e9, "int8", commit="r2", timestamp="2026-02"),
+                  g("gated_scores_to_memory", 46e9, "int8", commit="r2", timestamp="2026-02"),
+                  g("gated_scores_to_memory", 29e9, "fp16", commit="r2", timestamp="2026-02"),
+                  g("gated_fused_topk_filter", 45e9, "int8", commit="r2", timestamp="2026-02"),
+                  g("gated_fused_topk_filter", 30e9, "fp16", commit="r2", timestamp="2026-02"),
+                  g("gated_fused_topk_filter", 60e9, "int8", commit="r2", timestamp="2026-02", notes="ring_stages=3"),
+                  g("gated_fused_topk_filter", 90e9, "int8", commit="r2", timestamp="2026-02", ok=False),
+                  g("gated_scores_to_memory", 99e9, "int8", commit="r2", timestamp="2026-02", math="fp32"),
+                  g("gated_scores_to_memory", 99e9, "int8", commit="r2", timestamp="2026-02", experts=8),
+                  g("gated_scores_to_memory", 10e9, "int8", commit="r1", timestamp="2026-01"),
+                  g("gated_scores_to_memory", 10e9, "fp16", commit="r1", timestamp="2026-01"),
+                  g("gated_scores_to_memory", 20e9, "int8", commit="r3", timestamp="2026-03"))  # no fp16 row
+    t = SR.gated_int8_over_fp16(rows, 6, 2).set_index("output")
+    assert set(t["commit"]) == {"r2"}
+    assert t.loc["scores to memory", "ratio"] == pytest.approx(47 / 29)
+    assert t.loc["fused top-1000", "ratio"] == pytest.approx(1.5)
+    line = SR.findings(rows, 64, "fp16", 6, 2, 4.5)
+    assert "scores to memory 1.62x (47.0 against 29.0 G ads/s" in line and "): met; fused top-1000 1.50x" in line
+    assert "1.50x (45.0 against 30.0 G ads/s, 0.72 and 0.88 of the read ceiling): missed" in line
+    assert SR.gated_int8_over_fp16(rows[rows["dtype"] == "fp16"], 6, 2).empty
