@@ -394,12 +394,15 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
     if len(base) and len(retrieval):
         mine = retrieval["mean"]
         top = base["mean"].idxmax()
+        # the lead on the seeds both ran where they pair (the interval is theirs), else of the means
+        p = quality.paired_difference(frame, dataset, mine.idxmax(), top) if frame is not None else {"seeds": 0}
+        lead = p["mean"] if p["seeds"] >= 2 else mine.max() - base.loc[top, "mean"]
+        on = " on the seeds both ran" if p["seeds"] >= 2 else ""
         lines.append(f"  * best tuned baseline {top.removeprefix('baseline_')} recall@100 {base.loc[top, 'mean']:.4f} "
                      f"(tuned on the training part's validation split) against the best project retrieval model "
                      f"({mine.idxmax()}) {mine.max():.4f}: "
-                     + (f"the project's model leads by {100 * (mine.max() - base.loc[top, 'mean']):.2f} pp"
-                        if mine.max() > base.loc[top, "mean"] else
-                        f"the baseline leads by {100 * (base.loc[top, 'mean'] - mine.max()):.2f} pp")
+                     + (f"the project's model leads by {100 * lead:.2f} pp{on}" if lead > 0 else
+                        f"the baseline leads by {-100 * lead:.2f} pp{on}")
                      + _paired(frame, dataset, mine.idxmax(), top))
     if "ranking" in ours.index:
         best = retrieval["mean"].idxmax()
@@ -424,15 +427,23 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
 
 def kernel_cost_line(frame: pd.DataFrame) -> str:
     """The fused kernel's measured ads/s for one vector (E = K = 1) and for K = 2 of E = 6 (fp16),
-    with the device; empty where either was not measured."""
+    with the device; the two rates compared only where one run measured both (the rows' scorer
+    names the run), else each named with its run; empty where either was not measured."""
     sel = frame[(frame["metric"] == "kernel_ads_per_s") & (frame["dtype"] == "fp16") & frame["value"].notna()]
-    per_model = sel.groupby("model")[["value", "device"]].first()
+    per_model = sel.groupby("model")[["value", "device", "scorer"]].first()
     if not {"single_tower", "mixture_k2"} <= set(per_model.index):
         return ""
     one, k2 = per_model.loc["single_tower"], per_model.loc["mixture_k2"]
-    return (f"the cost that matters is the kernel's measured ads/s (`kernel_ads_per_s`): {one['value'] / 1e9:.1f} G ads/s "
-            f"for one vector, {k2['value'] / 1e9:.1f} G for K = 2 ({k2['device']}; fp16 tables in fp32 math, the "
-            "newest run of each), set by instruction issue rather than bytes in fp32 math (notebook 02)")
+    runs = [re.search(r"run (\S+)", str(r["scorer"])) for r in (one, k2)]
+    runs = [m.group(1) if m else "" for m in runs]
+    rates = f"{one['value'] / 1e9:.1f} G ads/s for one vector, {k2['value'] / 1e9:.1f} G for K = 2 ({k2['device']}"
+    if runs[0] and runs[0] == runs[1]:
+        return (f"the cost that matters is the kernel's measured ads/s (`kernel_ads_per_s`): {rates}; fp16 tables in "
+                f"fp32 math, one run), set by instruction issue rather than bytes in fp32 math (notebook 02)")
+    return (f"the kernel's measured ads/s (`kernel_ads_per_s`, fp16 tables in fp32 math): {rates}; the newest row of "
+            f"each, from different runs{' (' + ' and '.join(r for r in runs if r) + ')' if any(runs) else ''} and "
+            "possibly paths, so not a like-for-like cost: notebook 02's complexity sweep compares the shapes within "
+            "one run)")
 
 
 def tuning_line(frame: pd.DataFrame) -> str:
@@ -504,7 +515,7 @@ def split_tuning_line(frame: pd.DataFrame, dataset: str, experiment: str = "tune
         mine = rec[rec["model"] == m]
         v = pd.to_numeric(mine["value"]).groupby(mine["seed"]).mean()  # a seed once, however many rows
         point = re.search(r"lr x[^,]+, steps x\S+", results.text(mine, "scorer").iloc[0])
-        part = (f"{m} {v.mean():.4f}" + (f" ±{float(quality.ci95(v.std(), len(v))):.4f}" if len(v) >= 2 else "")
+        part = (f"{m} {v.mean():.4f}" + (f" ±{float(quality.ci95(v.std(), len(v))):.4f} (95 %)" if len(v) >= 2 else "")
                 + f" over {len(v)} seed{'s' if len(v) > 1 else ''}" + (f" ({point.group(0)})" if point else ""))
         main = results.text(recall[(recall["model"] == m) & (recall["experiment"] == "expert_count")], "scorer")
         main_said = ("the `expert_count` rows" if not len(main) or not main.iloc[0].startswith("tuned") else
@@ -513,7 +524,7 @@ def split_tuning_line(frame: pd.DataFrame, dataset: str, experiment: str = "tune
         for other, name in (("preset_settings", "the preset's settings"), ("expert_count", main_said)):
             p = quality.paired_experiments(frame, dataset, m, experiment, other)
             if p["seeds"] >= 2 and p["mean"] == 0 and p["ci95"] == 0:  # every seed equal: the same runs
-                part += f"; the point of {name} (the same runs)"
+                part += f"; its tuning chose the point of {name}, so these are the same runs"
             elif p["seeds"] >= 2:
                 part += f"; against {name} " + _difference(
                     p, mine, recall[(recall["model"] == m) & (recall["experiment"] == other)])

@@ -317,13 +317,22 @@ def findings(rows: pd.DataFrame) -> str:
 
 def int8_line(t: pd.DataFrame) -> str:
     """The public calls on an int8 table (fp16 math) beside the fp16 table's, from :func:`newest`'s
-    rows at 10^8 ads; '' where no int8 row is committed."""
+    rows at 10^8 ads, each side's run named (the int8 / fp16 speed ratio only where one run timed
+    both); '' where no int8 row is committed."""
+    def run(r):
+        return f"run {str(r['commit'])[:7]}, {str(r['timestamp'])[:10]}"
+
     parts = []
     for variant, batch, label in (("retrieve", 1, "one request"), ("retrieve", 32, "batches of 32"),
                                   ("score_topk", 1, "`score_topk`")):
         i8, f16 = _row(t, variant, 1e8, batch, dtype="int8"), _row(t, variant, 1e8, batch)
         if i8 is None:
             continue
-        than = f" (fp16 table: {f16['wall_ms']:.3f} ms, {f16['device_ms']:.3f} ms)" if f16 is not None else ""
-        parts.append(f"{label} {i8['wall_ms']:.3f} ms p50 wall, {i8['device_ms']:.3f} ms device{than}")
+        than = ""
+        if f16 is not None:
+            same = str(f16["commit"]) == str(i8["commit"])
+            than = (f" (fp16 table{' in the same run' if same else ', ' + run(f16)}: {f16['wall_ms']:.3f} ms, "
+                    f"{f16['device_ms']:.3f} ms" + (f"; int8 / fp16 {f16['wall_ms'] / i8['wall_ms']:.2f}x by wall"
+                                                    if same else "") + ")")
+        parts.append(f"{label} {i8['wall_ms']:.3f} ms p50 wall, {i8['device_ms']:.3f} ms device ({run(i8)}){than}")
     return ("- On an int8 table (fp16 math), 10^8 ads: " + "; ".join(parts) + ".") if parts else ""

@@ -538,8 +538,10 @@ def compute_rows(dataset: str, d: int = 64, dtypes=("fp16",), hist_len: int = 50
             out.append(_row(dataset, name, E, K, dtype, d, "", "bytes_per_ad", bytes_per_ad(d, dtype), **meta))
             v = float(hit["items_per_s"].iloc[0]) if len(hit) else float("nan")
             dv = str(hit["device"].iloc[0]) if len(hit) else ""
+            run = str(hit["commit"].iloc[0]) if len(hit) else ""  # rates compare within one run only
             out.append(_row(dataset, name, E, K, dtype, d, "", "kernel_ads_per_s", v,
-                            **{**meta, "device": dv, "scorer": f"{scoring_csv}" if len(hit) else "not measured"}))
+                            **{**meta, "device": dv, "scorer": (f"{scoring_csv}" + (f", run {run}" if run else ""))
+                               if len(hit) else "not measured"}))
     return pd.DataFrame(out, columns=COLUMNS)
 
 

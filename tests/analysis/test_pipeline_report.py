@@ -174,3 +174,20 @@ def test_newest_of_a_run_s_rows_is_the_last_written():
         got = got[(got["variant"] == "score_topk") & (got["dtype"] == "fp16") & (got["math"] == "fp16")
                   & (got["n_ads"] > 9e7)]
         assert got["wall_ms"].tolist() == [2000.0]
+
+
+def test_int8_line_names_each_side_s_run_and_gives_a_ratio_only_within_one():
+    committed = results.load("pipeline")
+    t = pipeline_report.newest(committed)
+    line = pipeline_report.int8_line(t)
+    i8 = t[(t["variant"] == "score_topk") & (t["dtype"] == "int8") & (t["n_ads"] > 9e7)].iloc[-1]
+    f16 = t[(t["variant"] == "score_topk") & (t["dtype"] == "fp16") & (t["math"] == "fp16") & (t["n_ads"] > 9e7)]
+    f16 = f16.iloc[-1]
+    part = line.split("`score_topk`")[1]
+    assert f"run {str(i8['commit'])[:7]}" in part
+    if str(i8["commit"]) == str(f16["commit"]):
+        assert f"int8 / fp16 {f16['wall_ms'] / i8['wall_ms']:.2f}x by wall" in part
+    moved = t.copy()
+    moved.loc[moved["dtype"] == "int8", "commit"] = "elsewhere"
+    other = pipeline_report.int8_line(moved)
+    assert "by wall" not in other and "run elsewhe," in other and "fp16 table, run " in other

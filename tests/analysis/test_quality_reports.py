@@ -26,7 +26,7 @@ def _expert_count_frame():
     for model, flops in (("single_tower", 300), ("mixture_k2", 1200)):
         rows += _rows("multi_interest", model, "flops_per_ad", [flops], experiment="compute", dtype="fp16")
         rows += _rows("multi_interest", model, "kernel_ads_per_s", [2e10 if model == "single_tower" else 1e10],
-                      experiment="compute", dtype="fp16")
+                      experiment="compute", dtype="fp16", scorer="data/results/scoring.csv, run r1")
     return pd.DataFrame(rows)
 
 
@@ -44,7 +44,13 @@ def test_expert_count_tables_metrics_and_verdict():
     text = EC.findings(frame, tables, ["multi_interest", "ml-100k"])
     assert "mixture_k2: recall@50 +18.2 % against the single tower, recall@100 +2.00 pp" in text
     assert "the anchor is stronger" in text and "ml-100k: no results" in text
-    assert "20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu; fp16 tables in fp32 math, the newest run of each)" in text
+    assert "20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu; fp16 tables in fp32 math, one run)" in text
+    # rates of two runs are each named with their run, not compared as a cost
+    apart = frame.assign(scorer=np.where((frame["metric"] == "kernel_ads_per_s") & (frame["model"] == "mixture_k2"),
+                                         "data/results/scoring.csv, run r2", frame["scorer"]))
+    apart_text = EC.findings(apart, tables, ["multi_interest"])
+    assert "from different runs (r1 and r2)" in apart_text and "not a like-for-like cost" in apart_text
+    assert "math, one run)" not in apart_text
     # the generator fed estimated interests is neither a retrieval model nor tuned: the verdict and
     # the tuning line read as before, the table names what it is
     est = pd.concat([frame, pd.DataFrame(_rows("multi_interest", "true_model_estimated", "recall@100", [0.9],
@@ -151,7 +157,7 @@ def test_split_tuning_line_pairs_another_split_s_rows_with_the_other_trainings()
     frame = pd.DataFrame(rows)
     text = EC.split_tuning_line(frame, "multi_interest")
     # mean 0.212, sd 0.002: t(2) 4.303 x 0.002 / sqrt(3) = 0.0050
-    assert ("held-out recall@100: ranking 0.2120 ±0.0050 over 3 seeds (lr x3, steps x2); against the preset's "
+    assert ("held-out recall@100: ranking 0.2120 ±0.0050 (95 %) over 3 seeds (lr x3, steps x2); against the preset's "
             "settings +1.00 pp (paired over 3 seeds ±0.00); against the `expert_count` rows' last-click tuning +0.60 pp "
             "(paired over 3 "
             "seeds ±0.99, within noise). Tuned there, not yet trained at their points: mixture_k2.") in text, text
@@ -166,7 +172,7 @@ def test_split_tuning_line_pairs_another_split_s_rows_with_the_other_trainings()
         + _rows("multi_interest", "true_model", "recall@100", [0.3, 0.3], experiment="tuned_session"))],
         ignore_index=True)
     more_text = EC.split_tuning_line(more, "multi_interest")
-    assert "ranking 0.2120 ±0.0050 over 3 seeds" in more_text, more_text
+    assert "ranking 0.2120 ±0.0050 (95 %) over 3 seeds" in more_text, more_text
     assert "single_tower 0.2000 over 1 seed (lr x3, steps x2)" in more_text and "±nan" not in more_text
     assert "true_model" not in more_text
     moved = frame.assign(device=np.where(frame["experiment"] == "tuned_session", "gpu-b", "cpu"))
@@ -194,7 +200,7 @@ def test_split_tuning_line_pairs_another_split_s_rows_with_the_other_trainings()
     same = frame.copy()
     chosen = (same["experiment"] == "preset_settings") & (same["model"] == "ranking")
     same.loc[chosen, "value"] = [0.21, 0.212, 0.214]
-    assert "; the point of the preset's settings (the same runs); against" in EC.split_tuning_line(same, "multi_interest")
+    assert "; its tuning chose the point of the preset's settings, so these are the same runs; against" in EC.split_tuning_line(same, "multi_interest")
     # the main table tuned on last sessions, the last-click tuning's rows beside it
     clicks = frame.assign(experiment=frame["experiment"].replace("tuned_session", "tuned_last_click"))
     line = EC.split_tuning_line(clicks, "multi_interest", "tuned_last_click")

@@ -188,6 +188,14 @@ def test_reports_show_baselines_beside_the_models():
     assert "best tuned baseline als recall@100 0.4600" in text and "(mixture_k2) 0.4400" in text
     assert "the baseline leads by 2.00 pp" in text
     assert "against the best retrieval model (mixture_k2)" in text  # baselines are not the project's models
+    # with the frame, the lead is the paired one on the seeds both ran (mixture_k2 has a third seed the
+    # baseline lacks: the means over unequal seeds would have the model lead by 0.4700 - 0.4600 = 1.00 pp,
+    # where the seeds both ran have the baseline lead by 2.00)
+    more = pd.concat([frame, pd.DataFrame([dict(r, seed=2, value=0.53) for r in rows if r["model"] == "mixture_k2"
+                                           and r["seed"] == 0])], ignore_index=True)
+    paired = "\n".join(R.verdict(R.recall_tables(more, ["ml-100k"]), "ml-100k", more))
+    assert "(mixture_k2) 0.4700" in paired and "the project's model leads" not in paired
+    assert "the baseline leads by 2.00 pp on the seeds both ran (paired over 2 seeds" in paired, paired
 
 
 def test_evaluation_top_k_edges():
