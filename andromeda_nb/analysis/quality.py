@@ -517,7 +517,10 @@ def compute_rows(dataset: str, d: int = 64, dtypes=("fp16",), hist_len: int = 50
     """Compute-per-ad rows for every model configuration (seed empty)."""
     from ..training.train import MODELS
 
-    thr = kernel_throughput(scoring_csv)
+    # every model's rate from one run (the one that measured the most of them): rates of different
+    # runs and paths do not compare as a cost
+    thr = kernel_throughput(scoring_csv, keys=[(dt.replace("_dimscale", ""), d, E, K) for dt in dtypes
+                                                for name, (E, K) in MODELS.items() if name != "ranking"])
     out = []
     meta = dict(commit=git_commit(), device="", experiment="compute", preset=preset, scorer="analytic")
     for name, (E, K) in MODELS.items():

@@ -25,12 +25,14 @@ def bytes_per_ad(d: int, dtype: str) -> int:
     return d * size + 4 + (4 if dtype.startswith("int8") else 0)
 
 
-def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
+def kernel_throughput(scoring_csv=SCORING, keys=None) -> pd.DataFrame:
     """The fused kernel's ads/s per (dtype, d, experts, k_experts) over the whole pool (``access ==
     pool``, fused top-K), from the newest run that measured that key (its fastest verified row there:
     the block or the filter path), with the device and commit of that run; the fp16 math mode's rows
     as dtype ``fp16_math`` (fp16 tables) or ``int8_fp16_math``; empty when the file is missing.
-    Rates of two keys compare only where their ``commit`` is the same (one run)."""
+    Rates of two keys compare only where their ``commit`` is the same (one run). With ``keys`` (an
+    iterable of such tuples) every rate comes from one run instead: the run that measured the most
+    of them (the newest of a tie), with the keys it measured."""
     path = Path(scoring_csv)
     cols = ["dtype", "d", "experts", "k_experts", "items_per_s", "flops_per_item", "device", "commit"]
     if not path.is_file():
@@ -59,6 +61,15 @@ def kernel_throughput(scoring_csv=SCORING) -> pd.DataFrame:
     key = ["dtype", "d", "experts", "k_experts"]
     # a run is a commit; its time, the newest row it wrote
     run_time = df.groupby("commit")["timestamp"].transform("max")
+    if keys is not None:  # the one run that measured the most of ``keys`` (the newest of a tie)
+        wanted = df[[tuple(k) in set(map(tuple, keys)) for k in df[key].to_numpy()]]
+        if len(wanted):
+            n = wanted.drop_duplicates(["commit", *key]).groupby("commit").size()
+            t = run_time.groupby(df["commit"]).max().reindex(n.index)
+            run = pd.DataFrame({"n": n, "t": t}).sort_values(["n", "t"]).index[-1]
+            one = df[df["commit"] == run].sort_values("items_per_s").groupby(key, as_index=False).last()
+            return one[cols]
+        return pd.DataFrame(columns=cols)
     newest = run_time == df.assign(_t=run_time).groupby(key)["_t"].transform("max")
     best = df[newest].sort_values("items_per_s").groupby(key, as_index=False).last()
     return best[cols]

@@ -550,3 +550,24 @@ def test_ceiling_line_places_the_best_model_between_the_generator_rows():
     assert "0.800 of it" in EC.findings(frame, {}, ["multi_interest"])
     with pytest.raises(ValueError, match="several presets"):
         EC.ceiling_line(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")
+
+
+def test_kernel_throughput_of_several_keys_comes_from_one_run(tmp_path):
+    """With keys, every rate comes from the run that measured the most of them (the newest of a
+    tie), not each key's newest run: a newer run of one shape does not mix into the sweep."""
+    csv = tmp_path / "scoring.csv"
+    rows = [("sweep", "2026-01-01", 1, 1, 18e9), ("sweep", "2026-01-01", 6, 2, 12e9), ("sweep", "2026-01-01", 6, 4, 9e9),
+            ("newer", "2026-02-01", 6, 2, 20e9), ("tie", "2025-12-01", 1, 1, 1e9), ("tie", "2025-12-01", 6, 2, 1e9),
+            ("tie", "2025-12-01", 6, 4, 1e9)]
+    pd.DataFrame([dict(variant="gated_fused_topk", device="H200", commit=c, timestamp=t, dtype="fp16", d=64,
+                       experts=E, k_experts=K, access="pool", items_per_s=v, verified="ok") for c, t, E, K, v in rows]
+                 ).to_csv(csv, index=False)
+    keys = [("fp16", 64, 1, 1), ("fp16", 64, 6, 2), ("fp16", 64, 6, 4), ("fp16", 64, 6, 6)]
+    one = quality.kernel_throughput(csv, keys=keys).set_index(["experts", "k_experts"])
+    assert set(one["commit"]) == {"sweep"} and one.loc[(6, 2), "items_per_s"] == 12e9 and (6, 6) not in one.index
+    assert quality.kernel_throughput(csv).set_index(["experts", "k_experts"]).loc[(6, 2), "items_per_s"] == 20e9
+    assert quality.kernel_throughput(csv, keys=[("int8", 64, 6, 2)]).empty
+    made = quality.compute_rows("multi_interest", d=64, dtypes=("fp16",), scoring_csv=csv)
+    rate = made[made["metric"] == "kernel_ads_per_s"].set_index("model")
+    assert rate.loc["mixture_k2", "value"] == 12e9 and rate.loc["mixture_k2", "scorer"].endswith("run sweep")
+    assert rate.loc["dense_mixture", "scorer"] == "not measured"
