@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from . import plots
-from .results import default_launches, one_device, text
+from .results import default_launches, in_time_order, one_device, text
 
 #: the request-path issue's targets (H200, 10^8-ad benchmark world, k = 1000)
 TARGET_P50_S = 0.4e-3
@@ -46,7 +46,7 @@ def newest(rows: pd.DataFrame) -> pd.DataFrame:
     default launch (:func:`.results.default_launches`: ``f16_weights=shared``) are history, not the
     case's figure."""
     ok = _with_ms(one_device(default_launches(rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")])))
-    return ok.sort_values("timestamp", kind="stable").groupby(["variant", "n_ads", "batch", "math", "dtype"], dropna=False).tail(1)
+    return in_time_order(ok).groupby(["variant", "n_ads", "batch", "math", "dtype"], dropna=False).tail(1)
 
 
 def sweep_run(rows: pd.DataFrame, variant: str = "retrieve") -> pd.DataFrame:
@@ -263,7 +263,7 @@ def launches_line(rows: pd.DataFrame) -> str:
     both = [c for c, g in pair.groupby("commit") if set(g["variant"]) == {"retrieve", "retrieve_bound_launches"}]
     if not both:
         return ""
-    run = pair[pair["commit"].isin(both)].sort_values("timestamp", kind="stable")
+    run = in_time_order(pair[pair["commit"].isin(both)])
     run = run[run["commit"] == run["commit"].iloc[-1]]
     parts = []
     for batch, g in run.groupby("batch"):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .results import in_time_order, newest_commit
+
 #: the live pool issue's targets (H200): updates a second end to end at batches of 10,000 and
 #: 1,000, and request latency during updates against alone (p50, p99)
 TARGET_UPDATES_PER_S = {10_000: 1_000_000, 1_000: 300_000}
@@ -24,7 +26,7 @@ def _newest_run(rows: pd.DataFrame, variants) -> pd.DataFrame:
     r = rows[rows["variant"].isin(variants) & rows["ok"]]
     if r.empty:
         return r
-    commit = r.sort_values("timestamp", kind="stable")["commit"].iloc[-1]
+    commit = newest_commit(r)
     return r[r["commit"] == commit]
 
 
@@ -101,7 +103,7 @@ def soak_line(rows: pd.DataFrame) -> str:
     soak = rows[rows["variant"] == "soak"]
     if soak.empty:
         return ""
-    r = soak.sort_values("timestamp", kind="stable").iloc[-1]
+    r = in_time_order(soak).iloc[-1]
     verdict = "nothing lost" if r["ok"] else "**a mismatch**"
     return (f"- Soak ({r['device']}, commit `{r['commit']}`, {int(r['n_ads']):,} ads): {verdict}. "
             f"{r['notes']}. Checks: {r['verified']}")

@@ -62,10 +62,11 @@ def kernel_throughput(scoring_csv=SCORING, keys=None) -> pd.DataFrame:
     # a run is a commit; its time, the newest row it wrote
     run_time = df.groupby("commit")["timestamp"].transform("max")
     if keys is not None:  # the one run that measured the most of ``keys`` (the newest of a tie)
-        wanted = df[[tuple(k) in set(map(tuple, keys)) for k in df[key].to_numpy()]]
+        keys = set(map(tuple, keys))
+        wanted = df[[tuple(k) in keys for k in df[key].to_numpy()]]
         if len(wanted):
             n = wanted.drop_duplicates(["commit", *key]).groupby("commit").size()
-            t = run_time.groupby(df["commit"]).max().reindex(n.index)
+            t = df.groupby("commit")["timestamp"].max().reindex(n.index)
             run = pd.DataFrame({"n": n, "t": t}).sort_values(["n", "t"]).index[-1]
             one = df[df["commit"] == run].sort_values("items_per_s").groupby(key, as_index=False).last()
             return one[cols]

@@ -110,12 +110,24 @@ def one_device(df: pd.DataFrame) -> pd.DataFrame:
     return df[device == (reference if len(reference) else device).value_counts().idxmax()]
 
 
+def in_time_order(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` oldest first by ``timestamp``. A run stamps all its rows with one time, so a stable
+    sort keeps them in the order they were written: the last row of a case is its newest, whatever
+    other rows sit around it."""
+    return rows.sort_values("timestamp", kind="stable")
+
+
+def newest_commit(rows: pd.DataFrame):
+    """The commit (run) of the newest of ``rows`` (:func:`in_time_order`)."""
+    return in_time_order(rows)["commit"].iloc[-1]
+
+
 def provenance(df: pd.DataFrame, path: str) -> str:
     """One line for a figure: device(s), commit(s) and the table the numbers come from. Past three
     commits it names the oldest and newest (by timestamp) and how many there are, so the line stays
     shorter than the figure is wide."""
     devices = ", ".join(sorted(set(text(df, "device")) - {""}))
-    order = df.sort_values("timestamp", kind="stable") if "timestamp" in df else df
+    order = in_time_order(df) if "timestamp" in df else df
     commits = list(dict.fromkeys(c for c in (str(c)[:7] for c in order["commit"]) if c))  # short, oldest first
     named = ", ".join(sorted(commits)) if len(commits) <= 3 else f"{commits[0]} ... {commits[-1]}, {len(commits)} commits"
     return f"measured on {devices} (commit {named}); {path}"
@@ -135,7 +147,7 @@ def newest(df: pd.DataFrame, variants, keys=("variant", "n_ads", "k"), **fixed) 
     sel = df[df["variant"].isin(variants) & (df["ok"] | df["verified"].str.startswith("baseline"))]
     for col, value in fixed.items():
         sel = sel[sel[col] == value]
-    return sel.sort_values("timestamp", kind="stable").drop_duplicates(keys, keep="last").sort_values(keys)
+    return in_time_order(sel).drop_duplicates(keys, keep="last").sort_values(keys)
 
 
 def roofline(ax, df: pd.DataFrame, label_col: str = "variant", peak_tflops: float = 67.0):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .results import REFERENCE_DEVICE, default_launches, load, text
+from .results import REFERENCE_DEVICE, default_launches, in_time_order, load, text
 
 SUITES = ("pipeline", "pool", "serving", "scoring", "topk", "targeting")
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -71,7 +71,7 @@ def _pick(df: pd.DataFrame, filters: dict) -> pd.Series | None:
     if rows.empty:
         return None
     on_reference = rows[text(rows, "device").str.contains(REFERENCE_DEVICE)]
-    return (on_reference if len(on_reference) else rows).sort_values("timestamp", kind="stable").iloc[-1]
+    return in_time_order(on_reference if len(on_reference) else rows).iloc[-1]
 
 
 def _num(row, col) -> float:

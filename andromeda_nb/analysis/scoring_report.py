@@ -82,7 +82,7 @@ def math_modes(rows: pd.DataFrame, dtype: str = "fp16") -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     with_dot = f16[f16["commit"].isin(ok.loc[ok["variant"].str.startswith("dot"), "commit"])]
     f16 = with_dot if len(with_dot) else f16  # a run with the ratio's baseline, where one has it
-    run = ok[ok["commit"] == f16.sort_values("timestamp", kind="stable")["commit"].iloc[-1]]
+    run = ok[ok["commit"] == results.newest_commit(f16)]
     out = []
     for E, K, d in MATH_SHAPES:
         for output, suffix, k in (("scores to memory", "scores_to_memory", None), ("top-1000", "fused_topk_filter", 1000)):
@@ -173,7 +173,7 @@ def complexity_sweep(rows: pd.DataFrame, d: int, dtype: str) -> dict | None:
     g = g.sort_values(["k_experts", "experts"])
     dot = base[(base["variant"] == "dot_fused_topk") & (base["commit"] == commit)]["items_per_s"].max()
     filt = base[base["variant"].isin(["gated_fused_topk_filter", "dot_fused_topk_filter"]) & (base["k"] == 1000)]
-    filt = filt.sort_values("timestamp", kind="stable").drop_duplicates("variant", keep="last")
+    filt = results.in_time_order(filt).drop_duplicates("variant", keep="last")
     read = float(base[base["commit"] == commit]["ceiling_read_TBps"].median())
     return {"points": g, "dot": float(dot), "filter": filt, "issue_bound": issue_bound_points(g, d, dtype, read),
             "commit": commit, "read_TBps": read, "config": g["notes"].str.split(";").str[0].mode().iloc[0]}
@@ -191,7 +191,7 @@ def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataF
     sel = pd.concat([gated.assign(model="gated"), ok[ok["variant"] == "dot_scores_to_memory"].assign(model="dot")])
     out = []
     for (model, d, dtype), grp in sel.groupby(["model", "d", "dtype"]):
-        latest = grp.sort_values("timestamp", kind="stable")["commit"].iloc[-1]
+        latest = results.newest_commit(grp)
         best = grp[grp["commit"] == latest].sort_values("items_per_s").iloc[-1]
         out.append({"model": model, "d": int(d), "dtype": dtype, "G_ads_per_s": best["items_per_s"] / 1e9,
                     "fraction_of_read_ceiling": best["fraction_of_read_ceiling"],
@@ -221,13 +221,13 @@ def fusion_cost(rows: pd.DataFrame, d: int, dtype: str, experts: int = 6, k_expe
     columns = ["variant", "k", "G_ads_per_s", "fraction_of_read_ceiling", "of_scoring_alone", "commit", "device"]
     if not both.any():
         return pd.DataFrame(columns=columns), None
-    latest = fuse[fuse["commit"].isin(both[both].index)].sort_values("timestamp", kind="stable")["commit"].iloc[-1]
+    latest = results.newest_commit(fuse[fuse["commit"].isin(both[both].index)])
     fuse = fuse[fuse["commit"] == latest]
     alone = fuse[fuse["variant"].str.endswith("scores_to_memory")].groupby("variant")["items_per_s"].max()
     fuse = fuse.assign(model=fuse["variant"].str.split("_").str[0], G_ads_per_s=fuse["items_per_s"] / 1e9,
                        k=fuse["k"].fillna(0).astype(int))
     fuse["of_scoring_alone"] = fuse["items_per_s"] / fuse["model"].map(lambda m: alone.get(f"{m}_scores_to_memory", np.nan))
-    fuse = fuse.sort_values("timestamp", kind="stable").drop_duplicates(["variant", "k"], keep="last")
+    fuse = results.in_time_order(fuse).drop_duplicates(["variant", "k"], keep="last")
     return fuse[columns], latest
 
 
@@ -328,7 +328,7 @@ def peers(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int) 
     tri = ok[(ok["variant"] == PEERS[0]) & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
     if tri.empty:
         return pd.DataFrame(columns=cols), None
-    commit = tri.sort_values("timestamp", kind="stable")["commit"].iloc[-1]
+    commit = results.newest_commit(tri)
     run = ok[ok["commit"] == commit]
     dot = run[run["variant"] == "dot_scores_to_memory"]["items_per_s"].max()
     gated = run[(run["experts"] == experts) & (run["k_experts"] == k_experts)]
@@ -496,7 +496,7 @@ def tensor_core_rows(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_exp
     columns = ["kernel", "G_ads_per_s", "fraction_of_read_ceiling", "commit"]
     if not tc.any():
         return pd.DataFrame(columns=columns)
-    run = sel[tc].sort_values("timestamp", kind="stable")["commit"].iloc[-1]
+    run = results.newest_commit(sel[tc])
     out = []
     for kernel, part in (("tensor cores", sel[tc]), ("CUDA cores", sel[~tc])):
         part = part[part["commit"] == run]
@@ -601,16 +601,16 @@ def gated_int8_over_fp16(rows: pd.DataFrame, experts: int, k_experts: int, d: in
     newest run that measured both (pool, ``tiles``, default launches): for scores to memory and the
     fused top-1000, each dtype's best G ads/s and fraction of the read ceiling, and int8 / fp16.
     Empty without such a run."""
-    ok = results.default_launches(rows[rows["ok"] & ~rows["regression_flag"] & (rows["math"] == "fp16")
-                                       & (rows["layout"] == "tiles") & (rows["access"] == "pool")
-                                       & (rows["d"] == d) & (rows["experts"] == experts)
-                                       & (rows["k_experts"] == k_experts) & rows["variant"].str.startswith("gated")])
+    ok = usable(rows, "fp16")
+    ok = results.default_launches(ok[(ok["layout"] == "tiles") & (ok["access"] == "pool") & (ok["d"] == d)
+                                     & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)
+                                     & ok["variant"].str.startswith("gated")])
     columns = ["output", "int8_G", "fp16_G", "int8_fraction", "fp16_fraction", "ratio", "commit", "device"]
     both = [c for c, g in ok.groupby("commit") if {"int8", "fp16"} <= set(g["dtype"])]
     if not both:
         return pd.DataFrame(columns=columns)
     run = ok[ok["commit"].isin(both)]
-    run = run[run["commit"] == run.sort_values("timestamp", kind="stable")["commit"].iloc[-1]]
+    run = run[run["commit"] == results.newest_commit(run)]
     out = []
     for output, variant, k in (("scores to memory", "gated_scores_to_memory", None),
                                ("fused top-1000", "gated_fused_topk_filter", 1000)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import plots
+from . import plots, results
 
 #: the serving issue's targets (H200, 10^8-ad pool, 0.5-2 % eligible)
 TARGET_BYTES_RATIO = 100
@@ -193,7 +193,7 @@ def eligible_table(rows: pd.DataFrame | None) -> pd.DataFrame:
         return empty
     ok = rows[rows["ok"] & rows["variant"].isin(["inprocess_retrieve", "colocated", "remote_scoring"])].copy()
     ok["picked"] = _picked(ok)
-    ok = ok.sort_values("timestamp", kind="stable").groupby(["variant", "n_ads", "picked", "eligible_fraction"], as_index=False).last()
+    ok = results.in_time_order(ok).groupby(["variant", "n_ads", "picked", "eligible_fraction"], as_index=False).last()
     picked = ok[ok["picked"]]
     if picked.empty:
         return empty
@@ -221,7 +221,7 @@ def _table(rows: pd.DataFrame | None, newest: bool = True) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     ok = rows[rows["ok"] & rows["variant"].isin(["inprocess_retrieve", "colocated", "remote_scoring", "sharded"])]
     if newest:
-        ok = ok.sort_values("timestamp", kind="stable").groupby(["variant", "n_ads", "n_workers"], as_index=False).last()
+        ok = results.in_time_order(ok).groupby(["variant", "n_ads", "n_workers"], as_index=False).last()
     num = {c: pd.to_numeric(ok[c], errors="coerce") for c in ("seconds_median", "seconds_p99", "requests_per_s",
                                                                "transport_bytes_per_request", "n_workers")}
     model = ok["notes"].str.extract(r"byte model ([\d,]+) bytes")[0].str.replace(",", "").astype(float)
@@ -238,8 +238,6 @@ def _table(rows: pd.DataFrame | None, newest: bool = True) -> pd.DataFrame:
 
 def gpu_rows(results_dir="data/results") -> pd.DataFrame | None:
     """The committed GPU rows of the serving bench, or None where no run has written them."""
-    from . import results
-
     try:
         return results.measurements("serving", results_dir).rows
     except FileNotFoundError:
@@ -265,7 +263,7 @@ def scaling_table(rows: pd.DataFrame | None) -> pd.DataFrame:
     r = rows[(rows["variant"] == "sharded") & rows["ok"] & rows["notes"].astype(str).str.contains("scaling")]
     if r.empty:
         return pd.DataFrame(columns=cols)
-    r = r[r["commit"] == r.sort_values("timestamp", kind="stable")["commit"].iloc[-1]]
+    r = r[r["commit"] == results.newest_commit(r)]
     out = []
     for (mode, g), grp in r.groupby([r["notes"].str.split(" ").str[0], "n_gpus"]):
         by = grp.set_index(grp["batch"].astype(int))

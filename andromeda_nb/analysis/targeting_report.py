@@ -107,7 +107,7 @@ def measured_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _row(rows: pd.DataFrame, variant: str) -> pd.Series | None:
     hit = rows[rows["variant"] == variant]
-    return None if hit.empty else hit.sort_values("timestamp", kind="stable").iloc[-1]
+    return None if hit.empty else results.in_time_order(hit).iloc[-1]
 
 
 def measured_metrics(rows: pd.DataFrame) -> dict:

@@ -71,7 +71,7 @@ def throughput_pivot(rows: pd.DataFrame) -> pd.DataFrame:
     run of each, stages and ``_rounds`` diagnostics left out, bitset and batch variants under their
     method's name (the case says bitset / batch)."""
     rows = label_cases(shown(rows))
-    newest = rows[~is_stage(rows["variant"]) & ~rows["variant"].str.contains("_rounds")].sort_values("timestamp", kind="stable")
+    newest = results.in_time_order(rows[~is_stage(rows["variant"]) & ~rows["variant"].str.contains("_rounds")])
     method = newest["variant"].str.replace("_eligible", "").str.replace("block_topk_batched", "block_topk")
     pivot = newest.assign(method=method).pivot_table(index="case", columns="method", values="items_per_s",
                                                      aggfunc="last") / 1e9
@@ -209,7 +209,7 @@ def _newest(rows: pd.DataFrame, variant: str, n: float, k: float, access: str = 
                & (rows["batch"] == batch) & (rows["ok"] | rows["verified"].str.startswith(("baseline", "n/a")))]
     if fraction is not None:
         sel = sel[np.isclose(sel["eligible_fraction"], fraction)]
-    return None if sel.empty else sel.sort_values("timestamp", kind="stable").iloc[-1]
+    return None if sel.empty else results.in_time_order(sel).iloc[-1]
 
 
 def _rate(r) -> str:
@@ -281,7 +281,7 @@ def findings(rows: pd.DataFrame) -> str:
         if one is not None:
             line += f"; the one-launch kernel {one['seconds_median'] * 1e6:.1f} µs"
         out.append(line + ".")
-    batch = rows[(rows["variant"] == "block_topk_batched_seeded") & rows["ok"]].sort_values("timestamp", kind="stable")
+    batch = results.in_time_order(rows[(rows["variant"] == "block_topk_batched_seeded") & rows["ok"]])
     if len(batch):
         b = batch.iloc[-1]
         bn, bk, bb = b["n_ads"], b["k"], b["batch"]
