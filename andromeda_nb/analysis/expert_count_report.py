@@ -147,7 +147,8 @@ def recall_metrics(tables) -> dict[str, float]:
 
 def compute_table(frame: pd.DataFrame, dataset: str) -> pd.DataFrame:
     """Per model (rows, in :data:`.quality.MODEL_ORDER`): FLOPs and bytes per ad, the kernel's
-    measured ads/s (fp16 table; NaN where that configuration was not measured), and the overlap
+    measured ads/s (fp16 table, every model's from one run: NaN where that run did not measure the
+    configuration, :func:`throughput_line`), and the overlap
     of its top-100 with the ranking model's."""
     comp = frame[(frame["dataset"] == dataset) & frame["metric"].isin(COMPUTE_METRICS)]
     comp = comp[(comp["dtype"] == "fp16") | (comp["model"] == "ranking")]
@@ -176,10 +177,21 @@ def routing_table(frame: pd.DataFrame, dataset: str) -> pd.DataFrame:
     return out.reindex([m for m in quality.MODEL_ORDER if m in out.index])
 
 
-def throughput_devices(frame: pd.DataFrame) -> list[str]:
-    """The devices the kernel throughput of the compute rows was measured on."""
-    sel = (frame["metric"] == "kernel_ads_per_s") & frame["value"].notna()
-    return sorted(set(frame.loc[sel, "device"].dropna().astype(str)))
+def throughput_line(frame: pd.DataFrame, dataset: str) -> str:
+    """Where the compute table's ``kernel_ads_per_s`` of ``dataset`` (fp16 tables) come from: the one run (and
+    device) every rate is taken from, and for each model that run did not measure (NaN in the
+    table), what its scorer says (another run's rate, named, or "not measured")."""
+    sel = (frame["dataset"] == dataset) & (frame["metric"] == "kernel_ads_per_s") & (frame["dtype"] == "fp16")
+    if "experiment" in frame:
+        sel &= frame["experiment"] == "compute"
+    rows = frame[sel].assign(value=lambda f: pd.to_numeric(f["value"], errors="coerce"))
+    got = rows[rows["value"].notna()]
+    if got.empty:
+        return f"{dataset}: kernel throughput not measured (NaN)"
+    runs = sorted({f"{s.rsplit('run ', 1)[-1]} ({dv})" for s, dv in zip(got["scorer"].astype(str), got["device"])})
+    line = f"{dataset}: kernel throughput from run {', '.join(runs)}"
+    missing = rows[rows["value"].isna()].drop_duplicates("model")
+    return line + "".join(f"; {m}: {s}" for m, s in zip(missing["model"], missing["scorer"].astype(str)))
 
 
 def recall_vs_compute_figure(frame: pd.DataFrame, tables, source: str):
@@ -384,8 +396,13 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
     if "single_tower" in rk.index:
         for m in MIXTURES:
             if m in rk.index:
-                gain = r100.loc[m, "mean"] - r100.loc["single_tower", "mean"]
-                lines.append(f"  * {m}: recall@{k} {100 * (rk[m] / rk['single_tower'] - 1):+.1f} % against the single "
+                # on the seeds both ran where they pair (the interval beside it is theirs), else of the means
+                gain, ratio = r100.loc[m, "mean"] - r100.loc["single_tower", "mean"], rk[m] / rk["single_tower"]
+                p = quality.paired_difference(frame, dataset, m, "single_tower") if frame is not None else {"seeds": 0}
+                if p["seeds"] >= 2:
+                    pk = quality.paired_difference(frame, dataset, m, "single_tower", metric=f"recall@{k}")
+                    gain, ratio = p["mean"], pk["a"] / pk["b"] if pk["seeds"] == p["seeds"] else ratio
+                lines.append(f"  * {m}: recall@{k} {100 * (ratio - 1):+.1f} % against the single "
                              f"tower, recall@100 {100 * gain:+.2f} pp" + _paired(frame, dataset, m, "single_tower")
                              + ("" if frame is None else _gap_share(frame, dataset, m, ("expert_count",))))
     ours = r100[~r100.index.isin(quality.BASELINE_ORDER)]
@@ -425,10 +442,12 @@ def verdict(tables, dataset: str, frame: pd.DataFrame | None = None) -> list[str
     return lines
 
 
-def kernel_cost_line(frame: pd.DataFrame) -> str:
-    """The fused kernel's measured ads/s for one vector (E = K = 1) and for K = 2 of E = 6 (fp16),
-    with the device; the two rates compared only where one run measured both (the rows' scorer
-    names the run), else each named with its run; empty where either was not measured."""
+def kernel_cost_line(frame: pd.DataFrame, scoring_csv=None) -> str:
+    """The fused kernel's measured ads/s for one vector (E = K = 1) and for K = 2 of E = 6 (fp16
+    tables), with the device; the two rates compared only where one run measured both (the rows'
+    scorer names the run), else each named with its run; empty where either was not measured.
+    With ``scoring_csv``, the newest K = 2 rates of each math mode beside them, each named with its
+    run (a shape sweep is older than the kernels' latest changes)."""
     sel = frame[(frame["metric"] == "kernel_ads_per_s") & (frame["dtype"] == "fp16") & frame["value"].notna()]
     per_model = sel.groupby("model")[["value", "device", "scorer"]].first()
     if not {"single_tower", "mixture_k2"} <= set(per_model.index):
@@ -438,12 +457,22 @@ def kernel_cost_line(frame: pd.DataFrame) -> str:
     runs = [m.group(1) if m else "" for m in runs]
     rates = f"{one['value'] / 1e9:.1f} G ads/s for one vector, {k2['value'] / 1e9:.1f} G for K = 2 ({k2['device']}"
     if runs[0] and runs[0] == runs[1]:
-        return (f"the cost that matters is the kernel's measured ads/s (`kernel_ads_per_s`): {rates}; fp16 tables in "
-                f"fp32 math, one run), set by instruction issue rather than bytes in fp32 math (notebook 02)")
-    return (f"the kernel's measured ads/s (`kernel_ads_per_s`, fp16 tables in fp32 math): {rates}; the newest row of "
-            f"each, from different runs{' (' + ' and '.join(r for r in runs if r) + ')' if any(runs) else ''} and "
-            "possibly paths, so not a like-for-like cost: notebook 02's complexity sweep compares the shapes within "
-            "one run)")
+        line = (f"the cost that matters is the kernel's measured ads/s (`kernel_ads_per_s`): {rates}, run {runs[0]}; "
+                f"fp16 tables in fp32 math): K = 2 takes {one['value'] / k2['value']:.2f}x the one vector's time there")
+    else:
+        line = (f"the kernel's measured ads/s (`kernel_ads_per_s`, fp16 tables in fp32 math): {rates}; the newest row "
+                f"of each, from different runs{' (' + ' and '.join(r for r in runs if r) + ')' if any(runs) else ''} "
+                "and possibly paths, so not a like-for-like cost: notebook 02's complexity sweep compares the shapes "
+                "within one run)")
+    if scoring_csv is None:
+        return line
+    newest = quality.kernel_throughput(scoring_csv)
+    newest = newest[(newest["d"] == 64) & (newest["experts"] == 6) & (newest["k_experts"] == 2)].set_index("dtype")
+    now = [f"{newest.loc[dt, 'items_per_s'] / 1e9:.1f} G in {math} math (run {newest.loc[dt, 'commit']}, "
+           f"{newest.loc[dt, 'device']})" for dt, math in (("fp16", "fp32"), ("fp16_math", "fp16"))
+           if dt in newest.index and str(newest.loc[dt, "commit"]) not in runs]
+    return line + (f"; the newest K = 2 runs, fp16 tables, score {' and '.join(now)}: today's cost of the "
+                   "gate against the dot product is notebook 02's" if now else "")
 
 
 def tuning_line(frame: pd.DataFrame) -> str:
@@ -658,8 +687,9 @@ def ceiling_line(frame: pd.DataFrame, dataset: str) -> str:
     return line + "."
 
 
-def findings(frame: pd.DataFrame, tables, datasets) -> str:
-    """The notebook's conclusions as Markdown, every number computed from the rows."""
+def findings(frame: pd.DataFrame, tables, datasets, scoring_csv=None) -> str:
+    """The notebook's conclusions as Markdown, every number computed from the rows (and the
+    newest kernel rates of ``scoring_csv``, :func:`kernel_cost_line`)."""
     lines = [line for ds in datasets for line in verdict(tables, ds, frame)]
     lines += [line for ds in datasets if (line := ceiling_line(frame, ds))]
     tuned = tuning_line(frame)
@@ -670,7 +700,7 @@ def findings(frame: pd.DataFrame, tables, datasets) -> str:
     lines += [line for ds in datasets for e in (*TUNED_ON, "preset_settings")
               if (line := against_single_tower_line(frame, ds, e))]
     lines += [line for ds in datasets if (line := variant_line(frame, ds))]
-    cost = kernel_cost_line(frame)
+    cost = kernel_cost_line(frame, scoring_csv)
     if cost:
         lines.append(f"Per ad, {cost}.")
     return "\n".join(line if line.startswith("  ") else f"* {line}" for line in lines)

@@ -544,8 +544,22 @@ def compute_rows(dataset: str, d: int = 64, dtypes=("fp16",), hist_len: int = 50
             run = str(hit["commit"].iloc[0]) if len(hit) else ""  # rates compare within one run only
             out.append(_row(dataset, name, E, K, dtype, d, "", "kernel_ads_per_s", v,
                             **{**meta, "device": dv, "scorer": (f"{scoring_csv}" + (f", run {run}" if run else ""))
-                               if len(hit) else "not measured"}))
+                               if len(hit) else _elsewhere(scoring_csv, thr, (dtype.replace("_dimscale", ""), d, E, K))}))
     return pd.DataFrame(out, columns=COLUMNS)
+
+
+def _elsewhere(scoring_csv, thr: pd.DataFrame, key: tuple) -> str:
+    """The scorer of a compute row whose configuration the chosen run (``thr``'s) did not
+    measure: "not measured", and where another run did, that run's rate, named (it stays out of
+    the value: rates of two runs do not compare as a cost)."""
+    newest = kernel_throughput(scoring_csv, keys=[key])
+    newest = newest[[tuple(k) == key for k in newest[["dtype", "d", "experts", "k_experts"]].to_numpy()]]
+    runs = sorted(set(thr["commit"].astype(str)))
+    if newest.empty:
+        return "not measured"
+    r = newest.iloc[0]
+    return (f"not measured in run {', '.join(runs)}; run {r['commit']} measured {float(r['items_per_s']) / 1e9:.2f} G "
+            f"ads/s ({r['device']})" if runs else "not measured")
 
 
 # ---------------------------------------------------------------------------------------------

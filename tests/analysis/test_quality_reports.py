@@ -44,13 +44,14 @@ def test_expert_count_tables_metrics_and_verdict():
     text = EC.findings(frame, tables, ["multi_interest", "ml-100k"])
     assert "mixture_k2: recall@50 +18.2 % against the single tower, recall@100 +2.00 pp" in text
     assert "the anchor is stronger" in text and "ml-100k: no results" in text
-    assert "20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu; fp16 tables in fp32 math, one run)" in text
+    assert ("20.0 G ads/s for one vector, 10.0 G for K = 2 (cpu, run r1; fp16 tables in fp32 math): K = 2 takes "
+            "2.00x the one vector's time there.") in text
     # rates of two runs are each named with their run, not compared as a cost
     apart = frame.assign(scorer=np.where((frame["metric"] == "kernel_ads_per_s") & (frame["model"] == "mixture_k2"),
                                          "data/results/scoring.csv, run r2", frame["scorer"]))
     apart_text = EC.findings(apart, tables, ["multi_interest"])
     assert "from different runs (r1 and r2)" in apart_text and "not a like-for-like cost" in apart_text
-    assert "math, one run)" not in apart_text
+    assert "takes" not in apart_text
     # the generator fed estimated interests is neither a retrieval model nor tuned: the verdict and
     # the tuning line read as before, the table names what it is
     est = pd.concat([frame, pd.DataFrame(_rows("multi_interest", "true_model_estimated", "recall@100", [0.9],
@@ -326,6 +327,17 @@ def test_tuning_effect_pairs_tuned_and_preset_settings_rows():
     near.loc[near["model"] == "ranking", "value"] = np.tile([0.20, 0.24, 0.25], len(quality.KS["multi_interest"]))
     text = "\n".join(EC.verdict(EC.recall_tables(near, ["multi_interest"]), "multi_interest", near))
     assert "the anchor leads, but not beyond the seeds' interval (paired over 3 seeds" in text, text
+    # a mixture that ran fewer seeds than the single tower: its line gives the paired difference
+    # (seeds 0, 1: +2 pp each), not its mean against the tower's mean over all seeds (+1 pp)
+    uneven = []
+    for k in quality.KS["multi_interest"]:
+        uneven += _rows("multi_interest", "single_tower", f"recall@{k}", [0.10, 0.12, 0.14, 0.16])
+        uneven += _rows("multi_interest", "mixture_k2", f"recall@{k}", [0.12, 0.14])
+    uneven = pd.DataFrame(uneven)
+    text = "\n".join(EC.verdict(EC.recall_tables(uneven, ["multi_interest"]), "multi_interest", uneven))
+    assert "mixture_k2: recall@50 +18.2 % against the single tower, recall@100 +2.00 pp (paired over 2 seeds" in text
+    unpaired = "\n".join(EC.verdict(EC.recall_tables(uneven, ["multi_interest"]), "multi_interest"))
+    assert "against the single tower, recall@100 +0.00 pp" in unpaired  # no rows to pair: the means
     # the routing table is the tuned models' (the recall table's), not the preset-settings rows'
     assert EC.routing_table(frame, "multi_interest").loc["mixture_k2", "routing_entropy (mean)"] == pytest.approx(0.7)
 
@@ -552,12 +564,27 @@ def test_ceiling_line_places_the_best_model_between_the_generator_rows():
         EC.ceiling_line(pd.concat([frame, frame.assign(preset="demo")]), "multi_interest")
 
 
+def test_kernel_cost_line_names_the_newest_k2_rates_beside_the_sweep(tmp_path):
+    """The cost line's rates are one run's (the sweep's); a newer run of K = 2 in either math
+    mode is named beside them, a math mode no newer run measured is left out."""
+    csv = tmp_path / "scoring.csv"
+    pd.DataFrame([dict(variant="gated_fused_topk_filter", device="H200", commit=c, timestamp=t, dtype="fp16", d=64,
+                       experts=6, k_experts=2, access="pool", items_per_s=v, verified="ok", math=m)
+                  for c, t, v, m in (("r1", "2026-01-01", 1e10, "fp32"), ("r9", "2026-02-01", 3.1e10, "fp16"))]
+                 ).to_csv(csv, index=False)
+    line = EC.kernel_cost_line(_expert_count_frame(), csv)
+    assert line.endswith("K = 2 takes 2.00x the one vector's time there; the newest K = 2 runs, fp16 tables, score "
+                         "31.0 G in fp16 math (run r9, H200): today's cost of the gate against the dot product is "
+                         "notebook 02's"), line
+    assert EC.kernel_cost_line(_expert_count_frame(), tmp_path / "none.csv") == EC.kernel_cost_line(_expert_count_frame())
+
+
 def test_kernel_throughput_of_several_keys_comes_from_one_run(tmp_path):
     """With keys, every rate comes from the run that measured the most of them (the newest of a
     tie), not each key's newest run: a newer run of one shape does not mix into the sweep."""
     csv = tmp_path / "scoring.csv"
     rows = [("sweep", "2026-01-01", 1, 1, 18e9), ("sweep", "2026-01-01", 6, 2, 12e9), ("sweep", "2026-01-01", 6, 4, 9e9),
-            ("newer", "2026-02-01", 6, 2, 20e9), ("tie", "2025-12-01", 1, 1, 1e9), ("tie", "2025-12-01", 6, 2, 1e9),
+            ("newer", "2026-02-01", 6, 2, 20e9), ("newer", "2026-02-01", 6, 6, 7e9), ("tie", "2025-12-01", 1, 1, 1e9), ("tie", "2025-12-01", 6, 2, 1e9),
             ("tie", "2025-12-01", 6, 4, 1e9)]
     pd.DataFrame([dict(variant="gated_fused_topk", device="H200", commit=c, timestamp=t, dtype="fp16", d=64,
                        experts=E, k_experts=K, access="pool", items_per_s=v, verified="ok") for c, t, E, K, v in rows]
@@ -570,4 +597,10 @@ def test_kernel_throughput_of_several_keys_comes_from_one_run(tmp_path):
     made = quality.compute_rows("multi_interest", d=64, dtypes=("fp16",), scoring_csv=csv)
     rate = made[made["metric"] == "kernel_ads_per_s"].set_index("model")
     assert rate.loc["mixture_k2", "value"] == 12e9 and rate.loc["mixture_k2", "scorer"].endswith("run sweep")
-    assert rate.loc["dense_mixture", "scorer"] == "not measured"
+    # a model the chosen run did not measure: NaN, another run's rate named beside it
+    assert np.isnan(rate.loc["dense_mixture", "value"])
+    assert rate.loc["dense_mixture", "scorer"] == "not measured in run sweep; run newer measured 7.00 G ads/s (H200)"
+    line = EC.throughput_line(made.assign(dataset="multi_interest"), "multi_interest")
+    assert line == ("multi_interest: kernel throughput from run sweep (H200); mixture_k1: not measured; "
+                    "dense_mixture: not measured in run sweep; run newer measured 7.00 G ads/s (H200)")
+    assert EC.throughput_line(made, "ml-100k") == "ml-100k: kernel throughput not measured (NaN)"
