@@ -67,19 +67,43 @@ def batch_table(rows: pd.DataFrame) -> pd.DataFrame:
               "eligible_fraction", "commit"]].reset_index(drop=True)
 
 
-def steps(rows: pd.DataFrame) -> pd.DataFrame:
+#: a p99 this many times its p50 is a stall among the timed calls, not the case's spread
+STALL_P99_OVER_P50 = 10
+
+
+def batch_stalls(table: pd.DataFrame) -> str:
+    """The sweep's points (:func:`batch_table`) whose p99 is over :data:`STALL_P99_OVER_P50` times
+    their p50, each named: at least one warm call stalled (a compile, a collection or a host pause
+    inside the timed loop), so that p99 is not the batch's steady spread. '' where none."""
+    bad = table[table["p99_ms"] > STALL_P99_OVER_P50 * table["wall_ms"]]
+    if bad.empty:
+        return ""
+    return ("Stalls in the sweep: " + "; ".join(
+        f"{r['n_ads']:.0e} ads, batch {int(r['batch'])}: p99 {r['p99_ms']:,.1f} ms against p50 {r['wall_ms']:.3f} ms "
+        f"(run {r['commit']})".replace("e+0", "e") for _, r in bad.iterrows())
+        + ". At least one of the timed calls stalled (a compile, a collection or a host pause in the loop): that "
+          "p99 is not the batch's steady spread; its p50 and device time stand.")
+
+
+def steps(rows: pd.DataFrame, math: str | None = None) -> pd.DataFrame:
     """Where a one-request call's device time goes (microseconds a step, from the retrieve rows'
-    notes) and the host's share (wall minus device), per pool size (the newest row of each)."""
+    notes) and the host's share (wall minus device), per pool size (the newest row of each, fp16
+    table, in ``math``: default the default path's, :data:`DEFAULT_PATH_MATH`). ``attrs`` name the
+    math and each row's run (``runs``: pool size -> commit)."""
+    math = math or DEFAULT_PATH_MATH
     t = newest(rows)
-    t = t[(t["variant"] == "retrieve") & (t["batch"] == 1) & (t["math"] == "fp32") & (t["dtype"] == "fp16")]
-    out = []
-    for _, r in t.iterrows():
-        found = dict(re.findall(r"(\w+) ([0-9.]+)", str(r["notes"]).split(";")[0].split(":", 1)[-1]))
-        row = {s: float(found.get(s, 0.0)) for s in STEP_ORDER}
-        row["host (wall - device)"] = max(0.0, (r["wall_ms"] - r["device_ms"]) * 1e3)
-        row["n_ads"] = int(r["n_ads"])
-        out.append(row)
-    return pd.DataFrame(out).set_index("n_ads") if out else pd.DataFrame()
+    t = t[(t["variant"] == "retrieve") & (t["batch"] == 1) & (t["math"] == math) & (t["dtype"] == "fp16")]
+    out = [dict(_step_times(r), **{"host (wall - device)": max(0.0, (r["wall_ms"] - r["device_ms"]) * 1e3),
+                                   "n_ads": int(r["n_ads"])}) for _, r in t.iterrows()]
+    table = pd.DataFrame(out).set_index("n_ads").sort_index() if out else pd.DataFrame()
+    table.attrs.update(math=math, runs={int(r["n_ads"]): str(r["commit"]) for _, r in t.iterrows()})
+    return table
+
+
+def _step_times(r) -> dict:
+    """A retrieve row's device steps (microseconds, from its notes; 0 for a step it does not list)."""
+    found = dict(re.findall(r"(\w+) ([0-9.]+)", str(r["notes"]).split(";")[0].split(":", 1)[-1]))
+    return {s: float(found.get(s, 0.0)) for s in STEP_ORDER}
 
 
 def load_curve(rows: pd.DataFrame) -> pd.DataFrame:
@@ -141,7 +165,9 @@ def steps_figure(table: pd.DataFrame, source: str):
         left += table[col].to_numpy()
     ax.set_xlabel("microseconds of one request's call")
     plots.legend_outside(ax, fontsize="small")
-    ax.set_title("where one request's time goes (device steps, then the host's share)")
+    runs = sorted(set(table.attrs.get("runs", {}).values()))
+    ax.set_title(f"where one request's time goes ({table.attrs.get('math', '?')} math; device steps, then the "
+                 f"host's share){'; run ' + ', '.join(runs) if runs else ''}", fontsize="medium")
     fig.tight_layout()
     plots.source_note(fig, source)
     return fig
@@ -178,13 +204,16 @@ def _row(t: pd.DataFrame, variant: str, n: float, batch: float = 1, math: str = 
     return None if r.empty else r.iloc[-1]
 
 
-def _filter_share(rows: pd.DataFrame) -> float:
-    st = steps(rows)
-    if st.empty or 100_000_000 not in st.index:
+def _filter_share(t: pd.DataFrame, sparse) -> float:
+    """The filter pass's share of the sparse scoring steps, from the one-request ``retrieve`` row
+    of the run and math of the ``score_sparse`` row ``sparse`` (the same launches), NaN without."""
+    r = t[(t["variant"] == "retrieve") & np.isclose(t["n_ads"], sparse["n_ads"]) & np.isclose(t["batch"], 1)
+          & (t["math"] == sparse["math"]) & (t["dtype"] == sparse["dtype"]) & (t["commit"] == sparse["commit"])]
+    if r.empty:
         return float("nan")
-    r = st.loc[100_000_000]
-    sparse = sum(r[s] for s in ("reset", "gather", "sample", "seed", "filter", "final0", "final1"))
-    return r["filter"] / sparse if sparse else float("nan")
+    st = _step_times(r.iloc[-1])
+    total = sum(st[s] for s in ("reset", "gather", "sample", "seed", "filter", "final0", "final1"))
+    return st["filter"] / total if total else float("nan")
 
 
 def demo_pool(n_ads: int, k: int, seed: int = 0):
@@ -252,6 +281,17 @@ def headline_metrics(rows: pd.DataFrame) -> dict:
     return out
 
 
+def _run_pairs(rows: pd.DataFrame, i8) -> list[float]:
+    """fp16 wall / int8 wall of each pair of calls the run of the int8 row ``i8`` timed for its
+    case (variant, pool size, batch, math; default launches, verified): the k-th fp16 row with the
+    k-th int8 row in the order written (a run's phases each time both tables)."""
+    ok = _with_ms(one_device(default_launches(rows[rows["ok"]])))
+    case = ok[(ok["commit"] == i8["commit"]) & (ok["variant"] == i8["variant"]) & np.isclose(ok["n_ads"], i8["n_ads"])
+              & np.isclose(ok["batch"], i8["batch"]) & (ok["math"] == i8["math"])]
+    f16, i8s = (case[case["dtype"] == dt]["wall_ms"].tolist() for dt in ("fp16", "int8"))
+    return [a / b for a, b in zip(f16, i8s)]
+
+
 def launches_line(rows: pd.DataFrame) -> str:
     """The newest run that timed ``Pool.retrieve`` with its steps in one CUDA graph (``retrieve``)
     and launched one by one (``retrieve_bound_launches``) on the same 10^8-ad pool and requests, as
@@ -270,7 +310,12 @@ def launches_line(rows: pd.DataFrame) -> str:
         by = g.set_index("variant")
         if {"retrieve", "retrieve_bound_launches"} <= set(by.index):
             graph, bound = (float(by.loc[v, "seconds_median"]) * 1e3 for v in ("retrieve", "retrieve_bound_launches"))
-            parts.append(f"batch {int(batch)}: {graph:.3f} ms with the graph, {bound:.3f} ms launched one by one")
+            dev = float(by.loc["retrieve", "device_ms"])
+            part = f"batch {int(batch)}: {graph:.3f} ms with the graph, {bound:.3f} ms launched one by one"
+            if graph > bound:  # no launch cost left to remove: the device work already covers it
+                part += (f" (the graph {100 * (graph / bound - 1):.1f} % slower: behind {dev:.3f} ms of device work "
+                         "the launches' host time is already hidden, so the graph has nothing to save; one run)")
+            parts.append(part)
     r = run.iloc[-1]
     return (f"- Everything after the match as one CUDA graph (`Pool(launches=\"auto\")`) against the same launches "
             f"one by one ({r['device']}, commit `{r['commit']}`, p50 wall): " + "; ".join(parts) + ".")
@@ -298,15 +343,16 @@ def findings(rows: pd.DataFrame) -> str:
         lines.append(f"- Batches of 32: {rps:,.0f} requests/s (target {TARGET_REQUESTS_PER_S_AT_32:,}: "
                      f"{met(rps >= TARGET_REQUESTS_PER_S_AT_32)}).")
     if "score_sparse_1e8_device_us" in m:
-        us = m["score_sparse_1e8_device_us"]
+        us, share = m["score_sparse_1e8_device_us"], _filter_share(t, _row(t, "score_sparse", 1e8))
         lines.append(f"- Sparse scoring of one request (~1 % of 10^8): {us:.0f} us of device time (target "
-                     f"{TARGET_SPARSE_DEVICE_S * 1e6:.0f} us: {met(us <= TARGET_SPARSE_DEVICE_S * 1e6)}); "
-                     f"the filter pass over the gathered rows takes {_filter_share(rows):.0%} of it.")
+                     f"{TARGET_SPARSE_DEVICE_S * 1e6:.0f} us: {met(us <= TARGET_SPARSE_DEVICE_S * 1e6)})"
+                     + (f"; the filter pass over the gathered rows takes {share:.0%} of it" if share == share else "")
+                     + ".")
     if "score_topk_1e8_device_over_wall" in m:
         f = m["score_topk_1e8_device_over_wall"]
         lines.append(f"- `score_topk` over the whole pool: the public call runs at {f:.2f} of its kernels' rate "
                      f"(target {TARGET_SCORE_TOPK_RATE}: {met(f >= TARGET_SCORE_TOPK_RATE)}).")
-    int8 = int8_line(t)
+    int8 = int8_line(t, rows)
     if int8:
         lines.append(int8)
     graph = launches_line(rows)
@@ -315,10 +361,11 @@ def findings(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def int8_line(t: pd.DataFrame) -> str:
+def int8_line(t: pd.DataFrame, rows: pd.DataFrame | None = None) -> str:
     """The public calls on an int8 table (fp16 math) beside the fp16 table's, from :func:`newest`'s
     rows at 10^8 ads, each side's run named (the int8 / fp16 speed ratio only where one run timed
-    both); '' where no int8 row is committed."""
+    both; given all ``rows``, the range over every pair that run timed, :func:`_run_pairs`); ''
+    where no int8 row is committed."""
     def run(r):
         return f"run {str(r['commit'])[:7]}, {str(r['timestamp'])[:10]}"
 
@@ -331,8 +378,11 @@ def int8_line(t: pd.DataFrame) -> str:
         than = ""
         if f16 is not None:
             same = str(f16["commit"]) == str(i8["commit"])
+            ratios = _run_pairs(rows, i8) if same and rows is not None else []
+            spread = (f" ({min(ratios):.2f}-{max(ratios):.2f}x over the run's {len(ratios)} pairs)"
+                      if len(ratios) > 1 else "")
             than = (f" (fp16 table{' in the same run' if same else ', ' + run(f16)}: {f16['wall_ms']:.3f} ms, "
-                    f"{f16['device_ms']:.3f} ms" + (f"; int8 / fp16 {f16['wall_ms'] / i8['wall_ms']:.2f}x by wall"
+                    f"{f16['device_ms']:.3f} ms" + (f"; int8 / fp16 {f16['wall_ms'] / i8['wall_ms']:.2f}x by wall{spread}"
                                                     if same else "") + ")")
         parts.append(f"{label} {i8['wall_ms']:.3f} ms p50 wall, {i8['device_ms']:.3f} ms device ({run(i8)}){than}")
     return ("- On an int8 table (fp16 math), 10^8 ads: " + "; ".join(parts) + ".") if parts else ""

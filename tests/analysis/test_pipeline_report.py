@@ -1,6 +1,8 @@
 """The request-path notebook's findings from the committed pipeline and pool rows, and the soak's
 line (passed or failed) from a row added to them."""
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -191,3 +193,61 @@ def test_int8_line_names_each_side_s_run_and_gives_a_ratio_only_within_one():
     moved.loc[moved["dtype"] == "int8", "commit"] = "elsewhere"
     other = pipeline_report.int8_line(moved)
     assert "by wall" not in other and "run elsewhe," in other and "fp16 table, run " in other
+
+
+def test_int8_line_gives_the_range_over_every_pair_its_run_timed():
+    """A run that timed the fp16 and int8 tables twice (two phases) gives both pairs' ratios: the
+    k-th fp16 call with the k-th int8 call, in the order written, not only the last pair."""
+    committed = results.load("pipeline")
+    t = pipeline_report.newest(committed)
+    case = t[(t["variant"] == "score_topk") & (t["math"] == "fp16") & (t["n_ads"] > 9e7)]
+    base = committed.loc[case.index].set_index("dtype")
+    rows = [base.loc[[dt]].reset_index().assign(seconds_median=s, device_seconds=s, commit="pairs",
+                                                timestamp="2999-01-01T00:00:00+00:00")
+            for dt, s in (("fp16", 3.0e-3), ("int8", 2.0e-3), ("fp16", 3.3e-3), ("int8", 2.5e-3))]
+    frame = pd.concat([committed, *rows], ignore_index=True)[committed.columns]
+    line = pipeline_report.int8_line(pipeline_report.newest(frame), frame)
+    part = line.split("`score_topk`")[1]
+    assert "int8 / fp16 1.32x by wall (1.32-1.50x over the run's 2 pairs)" in part, part
+    assert "over the run's" not in pipeline_report.int8_line(pipeline_report.newest(frame))  # no rows: the last pair
+    assert part in pipeline_report.findings(frame)
+
+
+def test_steps_are_the_default_path_s_and_the_filter_share_is_the_sparse_row_s_run():
+    committed = results.load("pipeline")
+    st = pipeline_report.steps(committed)
+    assert st.attrs["math"] == pipeline_report.DEFAULT_PATH_MATH and set(st.attrs["runs"]) == set(st.index)
+    assert pipeline_report.steps(committed, "fp32").attrs["math"] == "fp32"
+    t = pipeline_report.newest(committed)
+    sparse = t[(t["variant"] == "score_sparse") & (t["math"] == pipeline_report.DEFAULT_PATH_MATH)
+               & (t["dtype"] == "fp16") & (t["n_ads"] > 9e7)].iloc[-1]
+    same = t[(t["variant"] == "retrieve") & (t["commit"] == sparse["commit"]) & (t["batch"] == 1)
+             & (t["math"] == sparse["math"]) & (t["dtype"] == sparse["dtype"]) & (t["n_ads"] > 9e7)].iloc[-1]
+    step = {k: float(v) for k, v in re.findall(r"(\w+) ([0-9.]+)", same["notes"].split(";")[0].split(":", 1)[1])}
+    share = step["filter"] / sum(step[s] for s in ("reset", "gather", "sample", "seed", "filter", "final0", "final1"))
+    assert f"the filter pass over the gathered rows takes {share:.0%} of it." in pipeline_report.findings(committed)
+    # a sparse row whose run timed no one-request retrieve: no share, not another run's
+    alone = committed.loc[[sparse.name]].assign(commit="alone", timestamp="2999-01-01T00:00:00+00:00")
+    text = pipeline_report.findings(pd.concat([committed, alone], ignore_index=True))
+    assert "Sparse scoring of one request" in text and "filter pass" not in text
+
+
+def test_batch_stalls_name_a_p99_far_above_its_p50_and_the_graph_line_says_when_it_is_slower():
+    table = pd.DataFrame({"n_ads": [1e7, 1e8], "batch": [8, 8], "wall_ms": [1.5, 3.5], "p99_ms": [1.9, 13359.1],
+                          "commit": ["r", "r"]})
+    line = pipeline_report.batch_stalls(table)
+    assert line.startswith("Stalls in the sweep: 1e8 ads, batch 8: p99 13,359.1 ms against p50 3.500 ms (run r).")
+    assert "1e7" not in line and pipeline_report.batch_stalls(table.iloc[:1]) == ""
+    rows = results.load("pipeline")
+    pair = rows[rows["variant"].isin(["retrieve", "retrieve_bound_launches"])]
+    pair = pair[pair["commit"] == pipeline_report.in_time_order(pair[pair["variant"] == "retrieve_bound_launches"])
+                ["commit"].iloc[-1]]
+    pair = pair[pair["variant"].isin(["retrieve", "retrieve_bound_launches"]) & (pair["dtype"] == "fp16")
+                & (pair["math"] == pipeline_report.DEFAULT_PATH_MATH) & (pair["n_ads"].astype(float) > 9e7)
+                & (pair["batch"].astype(float) == 1)]
+    fake = pair.assign(commit="g", timestamp="2999-01-01T00:00:00+00:00", batch=4)
+    fake["seconds_median"] = [2e-3 if v == "retrieve" else 1e-3 for v in fake["variant"]]
+    line = pipeline_report.launches_line(pd.concat([rows, fake], ignore_index=True))
+    assert "batch 4: 2.000 ms with the graph, 1.000 ms launched one by one (the graph 100.0 % slower" in line, line
+    fake["seconds_median"] = [1e-3 if v == "retrieve" else 2e-3 for v in fake["variant"]]
+    assert "slower" not in pipeline_report.launches_line(pd.concat([rows, fake], ignore_index=True))
