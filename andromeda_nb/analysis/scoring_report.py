@@ -202,14 +202,15 @@ def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataF
                                       "ceiling_G_ads_per_s", "bytes_per_item", "commit", "device", "timestamp"])
 
 
-def fusion_cost(rows: pd.DataFrame, d: int, dtype: str, experts: int = 6, k_experts: int = 2
+def fusion_cost(rows: pd.DataFrame, d: int, dtype: str, experts: int = 6, k_experts: int = 2, math: str = "fp32"
                 ) -> tuple[pd.DataFrame, str | None]:
     """Scores to memory against fused top-K (block and filter paths), from the latest run that
     measured both the gated filter path and gated scores to memory at this d, dtype, E and K (or,
-    where no run did, the dot product's pair; pool, ``tiles``). Returns (table, commit); an empty table and None without such a run.
-    Column ``of_scoring_alone``: ads/s over the same model's scores-to-memory ads/s (the issue's
-    target: >= 0.95)."""
-    ok = usable(rows)
+    where no run did, the dot product's pair; pool, ``tiles``) in ``math`` (default launches).
+    Returns (table, commit); an empty table and None without such a run. Column
+    ``of_scoring_alone``: ads/s over the same model's scores-to-memory ads/s (the issue's target:
+    >= 0.95)."""
+    ok = results.default_launches(usable(rows, math))
     gated = ok["variant"].str.startswith("gated") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)
     fuse = ok[ok["variant"].isin(["gated_scores_to_memory", "gated_fused_topk", "gated_fused_topk_filter",
                                   "dot_scores_to_memory", "dot_fused_topk_filter"])
@@ -444,8 +445,41 @@ def frontier_metrics(table: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def frontier_summary(table: pd.DataFrame, run: str | None) -> str:
-    """The frontier in sentences quoting :func:`frontier`'s table (markdown)."""
+def frontier_since(rows: pd.DataFrame, run: str | None, dtype: str = "fp16") -> pd.DataFrame:
+    """Gated shapes measured after the frontier's run ``run`` (newer runs, default launches, the
+    same filters as :func:`frontier`), each against the dot product of the same d in its own run:
+    the newest measurement of each (math, d, E, K), with :func:`frontier`'s columns. Empty where
+    none is newer."""
+    cols = ["math", "d", "experts", "k_experts", "flops_per_ad", "G_ads_per_s", "time_over_dot", "free", "device",
+            "commit"]
+    if run is None:
+        return pd.DataFrame(columns=cols)
+    ok = results.default_launches(rows[rows["ok"] & ~rows["regression_flag"] & (rows["dtype"] == dtype)
+                                       & (rows["layout"] == "tiles") & (rows["access"] == "pool")])
+    after = ok[ok["timestamp"] > ok.loc[ok["commit"] == run, "timestamp"].max()]
+    out = []
+    for commit, g in results.in_time_order(after).groupby("commit", sort=False):
+        dots = g[g["variant"] == "dot_scores_to_memory"].groupby("d")["items_per_s"].max()
+        gated = g[(g["variant"] == "gated_scores_to_memory") & g["d"].isin(dots.index)]
+        for (math, d, E, K), s in gated.groupby(["math", "d", "experts", "k_experts"]):
+            over = float(dots[d] / s["items_per_s"].max())
+            out.append({"math": math, "d": int(d), "experts": int(E), "k_experts": int(K),
+                        "flops_per_ad": 2 * gated_multiply_adds(int(d), int(E), int(K)),
+                        "G_ads_per_s": s["items_per_s"].max() / 1e9, "time_over_dot": over,
+                        "free": over <= FRONTIER_LIMIT, "device": s["device"].iloc[0], "commit": commit,
+                        "_t": s["timestamp"].max()})
+    if not out:
+        return pd.DataFrame(columns=cols)
+    t = pd.DataFrame(out).sort_values("_t", kind="stable").drop_duplicates(["math", "d", "experts", "k_experts"],
+                                                                          keep="last")
+    return t[cols].sort_values(["math", "d", "flops_per_ad"], ignore_index=True)
+
+
+def frontier_summary(table: pd.DataFrame, run: str | None, rows: pd.DataFrame | None = None,
+                     dtype: str = "fp16") -> str:
+    """The frontier in sentences quoting :func:`frontier`'s table (markdown); given the ``rows``,
+    the shapes newer runs measured since on ``dtype`` tables (:func:`frontier_since`) follow, each
+    against the frontier run's figure for it."""
     if run is None:
         return ("No committed run measured the frontier (`python -m andromeda_nb.bench scoring --phases frontier` "
                 "on a GPU).")
@@ -465,8 +499,21 @@ def frontier_summary(table: pd.DataFrame, run: str | None) -> str:
             top = free.sort_values("flops_per_ad").iloc[-1]
             parts.append(f"{math} math, d = {d}: up to E = {top.experts}, K = {top.k_experts} "
                          f"({top.flops_per_ad:,.0f} FLOPs an ad, {top.time_over_dot:.3f}x)")
-    return (f"In run `{_short(run)}`{stand_in} (a model is free while it takes at most {FRONTIER_LIMIT:.2f}x the "
+    text = (f"In run `{_short(run)}`{stand_in} (a model is free while it takes at most {FRONTIER_LIMIT:.2f}x the "
             "dot product's time): " + "; ".join(parts) + ".")
+    since = frontier_since(rows, run, dtype) if rows is not None else None
+    if since is None or since.empty:
+        return text
+    then = table.set_index(["math", "d", "experts", "k_experts"])["time_over_dot"]
+    news = []
+    for r in since.itertuples():
+        was = then.get((r.math, r.d, r.experts, r.k_experts))
+        news.append(f"{r.math} math, d = {r.d}, E = {r.experts}, K = {r.k_experts}: {r.time_over_dot:.3f}x "
+                    f"({'free' if r.free else 'not free'}; run `{_short(r.commit)}`"
+                    + (f"; {was:.3f}x in the frontier's run" if was is not None else "; not in the frontier's run")
+                    + ")")
+    return (text + " **Newer runs measured these shapes since, with the kernels of their day** (the panel still "
+            "shows the frontier's run): " + "; ".join(news) + ".")
 
 
 def bitset_metrics(savings: pd.DataFrame) -> dict[str, float]:
@@ -525,25 +572,42 @@ def _fusion_lines(rows, d, dtype, experts, k_experts) -> list[str]:
              f"{r['byte ratio']:.1f}x the bytes (fused: run {_short(r['fused commit'])}, baseline: run "
              f"{_short(r['baseline commit'])})" for _, r in sp.iterrows()]
     more = (sp["speed-up / byte ratio"] > 1).all()
-    return ["**Fusion pays" + (", more than the bytes alone predict" if more else "") + "**: the fused path runs "
-            + "; ".join(parts) + "."]
+    return ["**Fusion pays" + (", more than the bytes alone predict" if more else "") + "** (fp32 math, the "
+            "baselines' only mode): the fused path runs " + "; ".join(parts) + "."]
+
+
+def gate_cost_run(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int) -> pd.DataFrame:
+    """Gated (E, K) and dot-product scores to memory in fp32 math (pool, ``tiles``, CUDA cores) from
+    the newest run that measured both at this d and dtype: :func:`by_d_and_dtype`'s columns, one row a
+    model, indexed by model. Empty without such a run."""
+    ok = results.one_device(usable(rows))
+    ok = ok[(ok["layout"] == "tiles") & (ok["access"] == "pool") & ~ok["notes"].str.contains("tensor_cores")
+            & (ok["d"] == d) & (ok["dtype"] == dtype)]
+    gated = ok[(ok["variant"] == "gated_scores_to_memory") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
+    dot = ok[ok["variant"] == "dot_scores_to_memory"]
+    both = set(gated["commit"]) & set(dot["commit"])
+    if not both:
+        return pd.DataFrame()
+    sel = pd.concat([gated.assign(model="gated"), dot.assign(model="dot")])
+    run = results.newest_commit(sel[sel["commit"].isin(both)])
+    return by_d_and_dtype(sel[sel["commit"] == run], experts, k_experts).set_index("model")
 
 
 def _gated_vs_dot_lines(rows, d, dtype, experts, k_experts, read_TBps) -> list[str]:
-    pts = by_d_and_dtype(rows, experts, k_experts)
-    pts = pts[(pts["d"] == d) & (pts["dtype"] == dtype)].set_index("model")
-    if not {"gated", "dot"} <= set(pts.index):
-        return [f"**Gate cost**: no committed gated and dot-product rows writing scores at d = {d}, {dtype}."]
+    pts = gate_cost_run(rows, d, dtype, experts, k_experts)
+    if pts.empty:
+        return [f"**Gate cost**: no committed run wrote gated and dot-product scores at d = {d}, {dtype}, fp32 math."]
     g, t = pts.loc["gated"], pts.loc["dot"]
     ratio = t["G_ads_per_s"] / g["G_ads_per_s"]
     model = issue_model(d, dtype, experts, k_experts, read_TBps)
     bound = model["instructions"] > model["budget"]
-    return [f"**The gate's cost** (scores to memory, pool): gated E = {experts}, K = {k_experts} reaches "
-            f"{g['G_ads_per_s']:.1f} G ads/s, {g['fraction_of_read_ceiling']:.2f} of the read ceiling (run "
-            f"{_short(g['commit'])}), the dot product {t['G_ads_per_s']:.1f} G ({t['fraction_of_read_ceiling']:.2f}, "
-            f"run {_short(t['commit'])}): gated / dot device time {ratio:.2f} (target "
-            f"{TARGETS['gated_over_dot_time']:.2f}). The issue model counts {model['instructions']:.0f} instructions "
-            f"an ad against {model['budget']:.0f} issued while the read ceiling moves one ad's bytes: "
+    return [f"**The gate's cost in fp32 math** (scores to memory, pool; run {_short(g['commit'])}, "
+            f"{str(g['timestamp'])[:10]}, {g['device']}): gated E = {experts}, K = {k_experts} reaches "
+            f"{g['G_ads_per_s']:.1f} G ads/s, {g['fraction_of_read_ceiling']:.2f} of the read ceiling, the dot product "
+            f"{t['G_ads_per_s']:.1f} G ({t['fraction_of_read_ceiling']:.2f}): gated / dot device time {ratio:.2f} "
+            f"(target {TARGETS['gated_over_dot_time']:.2f}; fp16 math, the default: below). The "
+            f"issue model counts {model['instructions']:.0f} instructions an ad of fp32 math against "
+            f"{model['budget']:.0f} issued while the read ceiling moves one ad's bytes: "
             + ("instruction-issue bound, not bandwidth bound" if bound else "within the issue budget")
             + " (SASS counts and profiles: `data/results/scoring_diagnostics.md`)."]
 
@@ -565,19 +629,26 @@ def _tensor_core_lines(rows, d, dtype, experts, k_experts) -> list[str]:
 
 
 def _fusion_cost_lines(rows, d, dtype, experts, k_experts) -> list[str]:
-    fuse, run = fusion_cost(rows, d, dtype, experts, k_experts)
-    if run is None:
-        return [f"**Fused top-K**: no committed run measured a filter path beside scores to memory (d = {d}, {dtype})."]
-    alone = fuse[fuse["variant"].str.endswith("scores_to_memory")].set_index("variant")["G_ads_per_s"]
-    parts = []
-    for _, r in fuse[~fuse["variant"].str.endswith("scores_to_memory")].iterrows():
-        model, path = r["variant"].split("_")[0], "filter path" if r["variant"].endswith("filter") else "block top-K"
-        parts.append(f"{model} {path} at k = {r['k']}: {r['G_ads_per_s']:.1f} G ads/s, {r['of_scoring_alone']:.2f} "
-                     f"of its scores-to-memory rate ({alone.get(f'{model}_scores_to_memory', np.nan):.1f} G)")
-    filt = fuse[fuse["variant"].str.endswith("filter")]["of_scoring_alone"]
-    verdict = ("costs nothing measurable" if len(filt) and filt.min() >= TARGETS["fused_topk_of_scoring_alone"]
-               else f"costs more than the target allows (>= {TARGETS['fused_topk_of_scoring_alone']:.2f})")
-    return [f"**Fused top-K {verdict}** on the filter path (run {_short(run)}): " + "; ".join(parts) + "."]
+    lines = []
+    for math in ("fp32", "fp16"):
+        fuse, run = fusion_cost(rows, d, dtype, experts, k_experts, math)
+        if run is None:
+            if math == "fp32":
+                lines.append(f"**Fused top-K**: no committed run measured a filter path beside scores to memory "
+                             f"(d = {d}, {dtype}, fp32 math).")
+            continue
+        alone = fuse[fuse["variant"].str.endswith("scores_to_memory")].set_index("variant")["G_ads_per_s"]
+        parts = []
+        for _, r in fuse[~fuse["variant"].str.endswith("scores_to_memory")].iterrows():
+            model, path = r["variant"].split("_")[0], "filter path" if r["variant"].endswith("filter") else "block top-K"
+            parts.append(f"{model} {path} at k = {r['k']}: {r['G_ads_per_s']:.1f} G ads/s, {r['of_scoring_alone']:.2f} "
+                         f"of its scores-to-memory rate ({alone.get(f'{model}_scores_to_memory', np.nan):.1f} G)")
+        filt = fuse[fuse["variant"].str.endswith("filter")]["of_scoring_alone"]
+        verdict = ("costs nothing measurable" if len(filt) and filt.min() >= TARGETS["fused_topk_of_scoring_alone"]
+                   else f"costs more than the target allows (>= {TARGETS['fused_topk_of_scoring_alone']:.2f})")
+        lines.append(f"**Fused top-K {verdict}** on the filter path ({math} math, run {_short(run)}): "
+                     + "; ".join(parts) + ".")
+    return lines
 
 
 def _int8_lines(rows, experts, k_experts) -> list[str]:
@@ -587,9 +658,11 @@ def _int8_lines(rows, experts, k_experts) -> list[str]:
     for d in sorted({d for d, _ in dot.index}):
         if (d, "int8") in dot.index and (d, "fp16") in dot.index:
             i8, f16 = dot.loc[(d, "int8")], dot.loc[(d, "fp16")]
+            runs = (f"run {_short(i8['commit'])}" if i8["commit"] == f16["commit"] else
+                    f"int8 run {_short(i8['commit'])}, fp16 run {_short(f16['commit'])}")
             parts.append(f"{i8['G_ads_per_s'] / f16['G_ads_per_s']:.2f}x at d = {d} ({i8['G_ads_per_s']:.1f} against "
                          f"{f16['G_ads_per_s']:.1f} G ads/s, {i8['fraction_of_read_ceiling']:.2f} of the ceiling; byte "
-                         f"ratio {f16['bytes_per_item'] / i8['bytes_per_item']:.2f})")
+                         f"ratio {f16['bytes_per_item'] / i8['bytes_per_item']:.2f}; {runs})")
     if not parts:
         return []
     return [f"**int8 dot products over fp16**, scores to memory (target {TARGETS['int8_over_fp16']:.1f}x): "
@@ -644,13 +717,19 @@ def _bitset_lines(rows, d, dtype, experts, k_experts) -> list[str]:
     ten = elig[np.isclose(elig["eligible_fraction"], 0.1)]
     if ten.empty:
         return []
-    best = ten.loc[ten["of_fastest_pool_time"].idxmin()]
-    by_layout = ten[ten["commit"] == best["commit"]].set_index("layout")["of_fastest_pool_time"]
+    low = ten.loc[ten["of_fastest_pool_time"].idxmin()]
     target = TARGETS["bitset_0.1_of_pool_time"]
-    return [f"**An eligible bitset** at 10 % eligible: the best run ({_short(best['commit'])}) takes "
-            + ", ".join(f"{v:.2f} on `{lay}`" for lay, v in by_layout.items())
-            + f" of its fastest full pool's time ({best['eligible_G_ads_per_s']:.1f} G eligible ads/s at best); "
-            + f"target {target:.2f}: " + ("met." if best["of_fastest_pool_time"] <= target else "not met.")]
+
+    def run_of(commit):
+        return ", ".join(f"{v:.2f} on `{lay}`" for lay, v in
+                         ten[ten["commit"] == commit].set_index("layout")["of_fastest_pool_time"].items())
+
+    newest = ten["commit"].iloc[0]  # bitset_savings: newest first
+    return [f"**An eligible bitset** at 10 % eligible, device time over the same run's fastest full pool: the "
+            f"lowest measured is {low['of_fastest_pool_time']:.2f} on `{low['layout']}` (run {_short(low['commit'])}, "
+            f"{low['eligible_G_ads_per_s']:.1f} G eligible ads/s; that run: {run_of(low['commit'])})"
+            + (f", the newest run ({_short(newest)}): {run_of(newest)}" if newest != low["commit"] else "")
+            + f"; target {target:.2f}: " + ("met." if low["of_fastest_pool_time"] <= target else "not met.")]
 
 
 def findings(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int, read_TBps: float) -> str:

@@ -382,3 +382,55 @@ def test_gated_int8_over_fp16_takes_the_newest_run_with_both_and_its_default_lau
     assert "scores to memory 1.62x (47.0 against 29.0 G ads/s" in line and "): met; fused top-1000 1.50x" in line
     assert "1.50x (45.0 against 30.0 G ads/s, 0.72 and 0.88 of the read ceiling): missed" in line
     assert SR.gated_int8_over_fp16(rows[rows["dtype"] == "fp16"], 6, 2).empty
+
+
+def test_findings_compare_within_one_run_and_say_which_math():
+    """The gate's cost pairs gated and dot rows of one run (the newest with both), in fp32 math; the
+    fused top-K line comes once per math mode that has a run; the bitset line names the lowest
+    ratio measured and the newest run; the int8 dot line names its run(s)."""
+    dot = dict(k=np.nan, experts=np.nan, k_experts=np.nan)
+    rows = _frame(_row("gated_scores_to_memory", 20e9, k=np.nan, commit="pair", timestamp="2026-01-01"),
+                  _row("dot_scores_to_memory", 30e9, commit="pair", timestamp="2026-01-01", **dot),
+                  _row("dot_scores_to_memory", 40e9, commit="dotonly", timestamp="2026-02-01", **dot),
+                  _row("gated_scores_to_memory", 29e9, k=np.nan, commit="f16", math="fp16", timestamp="2026-03-01"),
+                  _row("gated_fused_topk_filter", 31e9, commit="f16", math="fp16", timestamp="2026-03-01"),
+                  _row("gated_fused_topk_filter", 33e9, commit="f16", math="fp16", timestamp="2026-03-01",
+                       notes="f16_weights=shared"),  # an experiment's launch: not the figure
+                  _row("dot_scores_to_memory", 56e9, commit="i8", dtype="int8", bytes_per_item=72.0,
+                       timestamp="2026-04-01", **dot))
+    text = SR.findings(rows, 64, "fp16", 6, 2, read_TBps=4.5)
+    gate = next(line for line in text.splitlines() if "gate's cost" in line)
+    assert "in fp32 math** (scores to memory, pool; run pair, 2026-01-01" in gate and "device time 1.50" in gate
+    fp16 = next(line for line in text.splitlines() if "filter path (fp16 math" in line)
+    assert "run f16): gated filter path at k = 1000: 31.0 G ads/s, 1.07 of its scores-to-memory rate (29.0 G)" in fp16
+    assert "1.40x at d = 64 (56.0 against 40.0 G ads/s" in text and "int8 run i8, fp16 run dotonly)" in text
+    base = dict(variant="gated_fused_topk_filter", experts=6, k_experts=2, k=1000)
+    bits = _frame(*[_row(base["variant"], v, commit=c, timestamp=t, access=a, layout=lay, eligible_fraction=f,
+                         seconds_median=s)
+                    for c, t, a, lay, f, v, s in (("low", "2026-01-01", "pool", "tiles", 1.0, 20e9, 10.0),
+                                                  ("low", "2026-01-01", "bitset", "tiles", 0.1, 4e9, 7.0),
+                                                  ("low", "2026-01-01", "bitset", "rows", 0.1, 8e9, 2.7),
+                                                  ("new", "2026-02-01", "pool", "tiles", 1.0, 20e9, 10.0),
+                                                  ("new", "2026-02-01", "bitset", "tiles", 0.1, 5e9, 4.6))])
+    line = SR._bitset_lines(bits, 64, "fp16", 6, 2)[0]
+    assert ("the lowest measured is 0.27 on `rows` (run low, 8.0 G eligible ads/s; that run: 0.70 on `tiles`, 0.27 on "
+            "`rows`), the newest run (new): 0.46 on `tiles`; target 0.25: not met.") in line, line
+
+
+def test_frontier_summary_names_the_shapes_newer_runs_measured():
+    dot = dict(experts=np.nan, k_experts=np.nan)
+    rows = _frame(_row("dot_scores_to_memory", 30e9, **dot), _row("dot_scores_to_memory", 16e9, d=128, **dot),
+                  _row("gated_scores_to_memory", 20e9, math="fp16", experts=8, k_experts=4),  # 1.5
+                  _row("gated_scores_to_memory", 15e9, math="fp16", d=128),
+                  _row("dot_scores_to_memory", 30e9, commit="later", timestamp="2026-02-01", **dot),
+                  _row("gated_scores_to_memory", 29e9, math="fp16", experts=8, k_experts=4, commit="later",
+                       timestamp="2026-02-01"),  # 30 / 29: free now
+                  _row("gated_scores_to_memory", 10e9, math="fp16", experts=8, k_experts=4, commit="odd",
+                       timestamp="2026-03-01"))  # no dot product in its run: not a ratio
+    table, run = SR.frontier(rows)
+    assert run == "c1"
+    since = SR.frontier_since(rows, run)
+    assert since[["math", "d", "experts", "k_experts", "commit"]].values.tolist() == [["fp16", 64, 8, 4, "later"]]
+    text = SR.frontier_summary(table, run, rows)
+    assert ("fp16 math, d = 64, E = 8, K = 4: 1.034x (free; run `later`; 1.500x in the frontier's run)") in text
+    assert SR.frontier_summary(table, run) == text.split(" **Newer runs")[0]
