@@ -1,7 +1,7 @@
 """Launches to profile under Nsight Compute (``bash data/gpu_session.sh ncu``): the gated E6 K2 d64
 scores-to-memory kernel (``score_ads`` on the whole pool, default config) on fp16 and int8 tables,
-and on the int8 table with ``ring_stages=3`` and with ``row_scales="fp32"`` (its scales made into
-fp16 pairs each round, not read as the table's pairs). Each case
+and on both with one checked loop over the rounds (``loop="checked"``, not the default's two: the
+rounds followed by a whole round unchecked first). Each case
 launches twice (the first compiles); ncu profiles every launch of a ``fused_`` kernel, so read
 each case's second.
 
@@ -32,8 +32,8 @@ def table_of(n: int, dtype: str) -> DeviceAdTable:
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40_000_000
 request = anb.Request.random(64, 6, 2, np.random.default_rng(0))
 cases = [("fp16", "default", anb.KernelConfig()), ("int8", "default", anb.KernelConfig()),
-         ("int8", "ring_stages=3", anb.KernelConfig(block=128, blocks_per_sm=4, ring_stages=3)),
-         ("int8", "row_scales=fp32", anb.KernelConfig(row_scales="fp32"))]
+         ("fp16", "loop=checked", anb.KernelConfig(loop="checked")),
+         ("int8", "loop=checked", anb.KernelConfig(loop="checked"))]
 for dtype, label, config in cases:
     table = table_of(n, dtype)
     for _ in range(2):  # the first launch compiles; ncu profiles both, read the second

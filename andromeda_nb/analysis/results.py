@@ -20,7 +20,7 @@ NUMERIC = ("n_ads", "d", "experts", "k_experts", "eligible_fraction", "categorie
 #: what the notes of a scoring row measured off the default launch say (bench.scoring.config_note: the
 #: tile-order, shared fp16 weight, rows-ahead, ring and scale-pair experiments, an occupancy set by hand); a regular expression. Such
 #: rows are history, never a headline or a report's rate
-EXPERIMENT = r"tile_order=|f16_weights=|rows_ahead=|ring_stages=|row_scales=|blocks/SM="
+EXPERIMENT = r"tile_order=|f16_weights=|rows_ahead=|ring_stages=|row_scales=|blocks/SM=|loop="
 
 
 def default_launches(rows: pd.DataFrame) -> pd.DataFrame:

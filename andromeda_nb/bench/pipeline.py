@@ -23,7 +23,7 @@ Phases (``--phases``; default all but the experiments): ``retrieve`` (a case a b
 (no case of its own: ``match_eligible`` comes with retrieve's batch-1 case), ``launch``,
 ``open_loop`` (the largest pool only), ``score_topk``, ``fp16`` and ``int8`` (an int8 table in fp16
 math: retrieve at batches 1 and 32, score_topk), ``score_topk_dtypes``; the experiments (:data:`EXPERIMENTS`,
-named to run): ``score_topk_f16_weights``, ``score_topk_ring`` and ``score_topk_row_scales`` (launch
+named to run): ``score_topk_f16_weights``, ``score_topk_ring``, ``score_topk_row_scales`` and ``score_topk_loop`` (launch
 settings off the default, as called). Run pool size by pool size (10^7, 10^8, those up to ``--n-ads``).
 ``--quick``: the largest pool, retrieve at batches 1, 8, 32, without the diagnostics.
 """
@@ -471,9 +471,13 @@ PHASES = {
     # beside the float32 scales (row_scales="fp32") and fp16 rows
     "score_topk_row_scales": (ScoreTopkCase(math="fp16"), ScoreTopkCase(math="fp16", dtype="int8"),
                               ScoreTopkCase(math="fp16", dtype="int8", launch=(("row_scales", "fp32"),))),
+    # fp16 math's loop over rounds in two (KernelConfig.loop, the default) as called, beside one
+    # checked loop, both tables
+    "score_topk_loop": tuple(ScoreTopkCase(math="fp16", dtype=dt, launch=launch) for dt in ("fp16", "int8")
+                             for launch in ((), (("loop", "checked"),))),
 }
 #: the experiments: a setting off the default, measured to choose it (--phases names them)
-EXPERIMENTS = ("score_topk_f16_weights", "score_topk_ring", "score_topk_row_scales")
+EXPERIMENTS = ("score_topk_f16_weights", "score_topk_ring", "score_topk_row_scales", "score_topk_loop")
 #: every phase but the experiments
 DEFAULT_PHASES = tuple(p for p in PHASES if p not in EXPERIMENTS)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)

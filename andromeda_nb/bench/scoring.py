@@ -48,6 +48,8 @@ Phases (``--phases``, comma-separated; default ``DEFAULT_PHASES``), in run order
              blocks of 128) beside the default launch and blocks of 128 without a ring, one run
     row_scales: int8 rows reading their scales as the table's fp16 pairs (the default) beside float32
              scales made into pairs each round (``row_scales="fp32"``), and fp16 rows, one run
+    loop   : fp16 math's loop over rounds in two (the default) beside one checked loop
+             (``loop="checked"``), fp16 and int8 rows, scores to memory and the fused top-1000, one run
     frontier: how large may the model grow: gated scores to memory over E / K at d 32, 64 and 128 in
              fp16 and fp32 math, beside the dot product of each d, one run (~40 cases)
 
@@ -364,6 +366,13 @@ PHASES = {
         replace(in_math(case, "fp16"), config=cfg(math="fp16", **c))
         for dt, settings in (("fp16", ({},)), ("int8", ({}, {"row_scales": "fp32"})))
         for case in (scores("gated", dt), fused("gated", dt, path="filter")) for c in settings),
+    # fp16 math's loop over rounds in two (loop="auto": the rounds followed by a whole round run
+    # unchecked, ~28 % fewer instructions a round) beside one checked loop, fp16 and int8 rows,
+    # scores to memory and the fused top-1000
+    "loop": tuple(
+        replace(in_math(case, "fp16"), config=cfg(math="fp16", **c))
+        for dt in ("fp16", "int8") for case in (scores("gated", dt), fused("gated", dt, path="filter"))
+        for c in ({}, {"loop": "checked"})),
     # how large may the model grow: gated / dot time against the model's FLOPs per ad, per math mode
     "frontier": (
         *(in_math(scores("dot", d=d), "fp32") for d in FRONTIER_D),
@@ -503,6 +512,8 @@ def config_note(config, dtype: str = "fp16") -> str:
                      "row_scales=fp16_pairs (the int8 scales as fp16 pairs made once a table)")
     elif config.row_scales == "fp32" and config.math == "fp16" and dtype == "int8":
         parts.append("row_scales=fp32 (the int8 scales made into fp16 pairs each round)")
+    if not config.kernel_split_loop() and config.math == "fp16":
+        parts.append("loop=checked")
     return " ".join(parts)
 
 

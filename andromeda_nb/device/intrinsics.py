@@ -57,6 +57,14 @@ if config.ENABLE_CUDASIM:
         i = int(i)
         return arr[i], arr[i + 1], arr[i + 2], arr[i + 3]
 
+    def lds2(arr, i):
+        i = int(i)
+        return arr[i], arr[i + 1]
+
+    def sts2(arr, i, a, b):
+        i = int(i)
+        arr[i], arr[i + 1] = a, b
+
     def float_key(x):
         u = int(np.array([x], dtype=np.float32).view(np.uint32)[0])
         return np.uint32(u ^ 0xFFFFFFFF if u & 0x80000000 else u | 0x80000000)
@@ -122,9 +130,9 @@ if config.ENABLE_CUDASIM:
         with np.errstate(over="ignore", invalid="ignore"):
             return np.float32(np.exp2(np.float32(x) * np.float32(LOG2E)))
 
-    def div_full(a, b):
+    def rcp_approx(x):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return np.float32(np.float32(a) / np.float32(b))
+            return np.float32(np.float32(1.0) / np.float32(x))
 
 else:
     from llvmlite import ir
@@ -224,12 +232,46 @@ else:
         sig = types.UniTuple(types.float32, 4)(arr, i)
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
-            ptr = builder.gep(ary.data, [idx])
-            vec = builder.load(builder.bitcast(ptr, ir.PointerType(ir.VectorType(ir.FloatType(), 4))), align=16)
+            vec = builder.load(_vector_pointer(context, builder, sig, args, 4), align=16)
             vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(4)]
             return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    def _vector_pointer(context, builder, sig, args, n: int):
+        """The address of float32 element ``args[1]`` of array ``args[0]`` as a pointer to ``n``
+        floats (the caller keeps it aligned to ``4 n`` bytes)."""
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
+        return builder.bitcast(builder.gep(ary.data, [idx]), ir.PointerType(ir.VectorType(ir.FloatType(), n)))
+
+    @intrinsic
+    def lds2(typingctx, arr, i):
+        """Two float32 at ``arr[i]``, ``arr[i + 1]`` in one 8-byte load (i even)."""
+        if not isinstance(arr, types.Array) or arr.dtype != types.float32 or not isinstance(i, types.Integer):
+            return None
+        sig = types.UniTuple(types.float32, 2)(arr, i)
+
+        def codegen(context, builder, sig, args):
+            vec = builder.load(_vector_pointer(context, builder, sig, args, 2), align=8)
+            vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(2)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def sts2(typingctx, arr, i, a, b):
+        """``arr[i], arr[i + 1] = a, b`` in one 8-byte store (i even)."""
+        if not isinstance(arr, types.Array) or arr.dtype != types.float32 or not isinstance(i, types.Integer):
+            return None
+        sig = types.void(arr, i, types.float32, types.float32)
+
+        def codegen(context, builder, sig, args):
+            vt = ir.VectorType(ir.FloatType(), 2)
+            vec = builder.insert_element(ir.Constant(vt, ir.Undefined), args[2], ir.Constant(ir.IntType(32), 0))
+            vec = builder.insert_element(vec, args[3], ir.Constant(ir.IntType(32), 1))
+            builder.store(vec, _vector_pointer(context, builder, sig, args, 2), align=8)
+            return context.get_dummy_value()
 
         return sig, codegen
 
@@ -540,14 +582,15 @@ else:
         return sig, codegen
 
     @intrinsic
-    def div_full(typingctx, a, b):
-        """a / b as ``div.full.f32`` (at most 2 ulp off, no slow path) instead of the IEEE division."""
-        sig = types.float32(types.float32, types.float32)
+    def rcp_approx(typingctx, x):
+        """1 / x as ``rcp.approx.ftz.f32`` (one MUFU.RCP, at most 1 ulp off; subnormals flushed):
+        for the softmax's sum, which lies in [1, E] or is NaN, where ``div.full`` (or the IEEE
+        division) adds range checks that never fire."""
+        sig = types.float32(types.float32)
 
         def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType(), ir.FloatType()])
-            asm = ir.InlineAsm(fnty, "div.full.f32 $0, $1, $2;", "=f,f,f")
-            return builder.call(asm, list(args))
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+            return builder.call(ir.InlineAsm(fnty, "rcp.approx.ftz.f32 $0, $1;", "=f,f"), list(args))
 
         return sig, codegen
 

@@ -147,6 +147,16 @@ def variants():
     k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "pool", 128, 0, True, "chosen", None, 1, 1, True,
                         math="fp16", dequant="fma", ring_stages=3)
     out.append(("ring fused gated d64 E6K2 int8 tiles pool seed_filter math=fp16 ring_stages=3", k, f16_filter))
+    # the defaults as launched over the whole pool: the loop in two (split_loop), int8 rows reading
+    # scale pairs and fp16 rows, scores and the filter pass; "split" names its own family (--quick)
+    pairs_filter = f16_filter[:1] + (A(u32),) + f16_filter[2:]
+    for dtype, sigs in (("int8", (pairs_sig, pairs_filter)), ("fp16", (f16_sig, f16_filter))):
+        for seed_filter, sig in zip((False, True), sigs):
+            k = FK.fused_kernel("gated", 64, 6, 2, dtype, "tiles", "pool", 256, 0, True, "chosen", None, 1, 1,
+                                seed_filter, math="fp16", dequant="fma" if dtype == "int8" else "mul",
+                                scale_pairs=dtype == "int8", split_loop=True)
+            out.append((f"split fused gated d64 E6 K2 {dtype} tiles pool cap0 math=fp16"
+                        f"{' seed_filter' if seed_filter else ''} split_loop", k, sig))
     # the request path's batched kernels (pipeline.Pool): the sample and the filter over candidate lists
     batched = (A(u64, 2), A(f32), A(f32), A(f32, 2), A(u64), A(i32, 2), A(i64), A(i64))
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "candidates", 256, 0, True, "chosen", None, 1, 1, False,
@@ -360,6 +370,7 @@ def main(argv=None) -> int:
                 continue
         if args.sass:
             info["main_loop"] = dict(loop_opcodes(sass[0]).most_common())
+            info["outer_loops"] = [sum(c.values()) for c in outer_loops(sass[0])]
         if args.json:
             print(json.dumps({"variant": name, **info}))
             continue
@@ -369,6 +380,8 @@ def main(argv=None) -> int:
         if args.sass:
             print(f"     main loop: {sum(info['main_loop'].values())} instructions: "
                   + ", ".join(f"{op} {n}" for op, n in info["main_loop"].items()))
+            if len(info["outer_loops"]) > 1:  # a split loop: its first runs most rounds
+                print(f"     outer loops in order: {', '.join(map(str, info['outer_loops']))} instructions")
     return 1 if failures else 0
 
 
@@ -381,6 +394,23 @@ def loop_opcodes(sass: str):
     its loop (the block top-K's buffer flush) counts that path as if it ran every round."""
     from collections import Counter
 
+    at, spans = _loop_spans(sass)
+    if not spans:
+        return Counter()
+    return _opcodes(at, *max(spans, key=lambda span: span[1] - span[0]))
+
+
+def outer_loops(sass: str) -> list:
+    """Opcode counts of every outermost loop (a backward branch's span inside no other), in
+    address order: a kernel whose loop over rounds is split in two (``split_loop``) runs most
+    rounds in the first, which :func:`loop_opcodes` (the longest) does not pick."""
+    at, spans = _loop_spans(sass)
+    outer = sorted(s for s in spans if not any(o != s and o[0] <= s[0] and s[1] <= o[1] for o in spans))
+    return [_opcodes(at, lo, hi) for lo, hi in outer]
+
+
+def _loop_spans(sass: str) -> tuple[list, list]:
+    """nvdisasm's text as (address, instruction) pairs and every backward branch's (target, branch)."""
     at, label_at, pending = [], {}, []
     for line in sass.splitlines():
         label = re.match(r"\s*\.(L_x_\d+):", line)
@@ -395,11 +425,13 @@ def loop_opcodes(sass: str):
             at.append((addr, ins.group(2)))
     spans = [(label_at[m.group(1)], addr) for addr, text in at
              if (m := re.search(r"\bBRA\b.*?\.?(L_x_\d+)", text)) and label_at.get(m.group(1), addr) < addr]
-    if not spans:
-        return Counter()
-    lo, hi = max(spans, key=lambda span: span[1] - span[0])
-    return Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
-                   for addr, text in at if lo <= addr <= hi)
+    return at, spans
+
+
+def _opcodes(at: list, lo: int, hi: int):
+    from collections import Counter
+
+    return Counter(re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for addr, text in at if lo <= addr <= hi)
 
 
 def _assemble(ptx: str, sm: str, maxrregcount: int | None = None, sass: list | None = None) -> tuple[bool, str]:

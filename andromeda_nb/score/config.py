@@ -143,6 +143,14 @@ class KernelConfig:
             2.5 % faster, ``score_topk`` 2 % by wall time, scores to memory the same (bound by
             bytes there); on the H200 (one run) scores 1.2 % faster, the fused top-1000 5 %,
             ``score_topk`` 2.4 % by wall time (6 % device). The same scores either way.
+        loop: how fp16 math's kernels over the whole pool (scores to memory and the filter pass)
+            run their rounds: ``"split"`` (two loops: first every round whose next round is whole,
+            with no bounds check, zero fill or conditional store, then the last rounds checked:
+            266 instructions a round against 381 for int8 rows at E6 K2 d64, with the 8-byte
+            result hand-off both share, ``ptxcheck --sass``) or ``"checked"`` (one loop, every
+            round checked). Kernels with a ring, two rounds ahead or an L2 prefetch, the block
+            top-K and other access paths run one checked loop either way. ``"auto"`` (default):
+            ``"split"``. The same scores either way.
     """
 
     values: str = "chosen"
@@ -162,13 +170,14 @@ class KernelConfig:
     rows_ahead: int | str = "auto"
     ring_stages: int | str = "auto"
     row_scales: str = "auto"
+    loop: str = "auto"
 
     def __post_init__(self):
         for name, allowed in (("weights", ("auto", "shared", "param")), ("guard", ("fence", "offset")),
                               ("values", ("chosen", "all")), ("math", ("auto", "fp32", "fp16")),
                               ("dequant", ("auto", "mul", "fma")), ("tile_order", ("tiles", "steps")),
                               ("f16_weights", ("auto", "registers", "shared")),
-                              ("row_scales", ("auto", "fp32", "fp16_pairs"))):
+                              ("row_scales", ("auto", "fp32", "fp16_pairs")), ("loop", ("auto", "split", "checked"))):
             v = getattr(self, name)
             if not isinstance(v, str) or v not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
@@ -232,12 +241,18 @@ class KernelConfig:
         math, int8 rows."""
         return self.row_scales != "fp32" and self.math == "fp16" and dtype == "int8"
 
+    def kernel_split_loop(self) -> bool:
+        """Whether the kernel generator splits the loop over rounds (``loop``: ``"split"`` or
+        ``"auto"``, fp16 math; the generator applies it where the kernel's shape allows)."""
+        return self.loop != "checked" and self.math == "fp16"
+
     def kernel_options(self, dtype: str) -> dict:
         """The generated kernel's options (:func:`~.fused.fused_kernel`'s keywords) this
         configuration (concrete math) sets for a table of ``dtype``: one place for every launch site."""
         return dict(math=self.math, dequant=self.dequant, tile_order=self.kernel_tile_order(),
                     f16_weights=self.kernel_f16_weights(), rows_ahead=self.kernel_rows_ahead(),
-                    ring_stages=self.kernel_ring_stages(dtype), scale_pairs=self.kernel_row_scales(dtype))
+                    ring_stages=self.kernel_ring_stages(dtype), scale_pairs=self.kernel_row_scales(dtype),
+                    split_loop=self.kernel_split_loop())
 
     def kernel_tile_order(self) -> str:
         """``tile_order`` as the kernel generator takes it: only fp16 math has tiles to order (others

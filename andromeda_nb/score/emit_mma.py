@@ -18,7 +18,7 @@ SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
 
 def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access: str, compact: bool,
                    n: str = "n_items", row: str = "", int8: bool = False, into: str = "",
-                   pairs: bool = False) -> None:
+                   pairs: bool = False, whole: bool = False) -> None:
     """Emit the loads of tile t (rows 16 t + g and 16 t + g + 8 of a warp's 32 ads, counted from
     ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
     row past the end or not eligible). ``n``: the name of the item count; ``row``: the candidate
@@ -27,9 +27,14 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
     one register instead of two (``ld_half``; the register cap left int8 tiles spilling with whole
     words), and the row scale into ``sc{q}`` (``pairs``: the table's scale pair word, uint32).
     ``into``: a suffix of those names (``"b"``: the round after next's registers, :func:`emit_mma`'s
-    ``rows_ahead=2``)."""
+    ``rows_ahead=2``). ``whole`` (the full pool, every row of the round exists): the loads
+    without a bounds check or zero fill."""
     for q in (2 * t, 2 * t + 1):  # q = 2 t + half: row 16 t + 8 half + g of the warp's 32
         half = q % 2
+        if whole:
+            emit(f"{ind}ur{q} = uint64({base} + wbase + {16 * t + 8 * half} + g8)")
+            _emit_row_words(emit, ind, q, d, layout, int8, into)
+            continue
         emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
         if compact:
             emit(f"{ind}okr{q} = ir{q} < n_list")
@@ -49,13 +54,17 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
         if int8:
             emit(f"{ind}sc{q}{into} = {'uint32(0)' if pairs else 'zero'}")
         emit(f"{ind}if okr{q}:")
-        for wi in range(d // 16):
-            col = f"c4h + {2 * wi}" if int8 else f"c4 + {4 * wi}"
-            idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
-            emit(f"{ind}    m{q}_{wi}{into} = ld_half(words, {idx}, c4o)" if int8
-                 else f"{ind}    m{q}_{wi}{into} = words[{idx}]")
-        if int8:
-            emit(f"{ind}    sc{q}{into} = scale[ur{q}]")
+        _emit_row_words(emit, ind + "    ", q, d, layout, int8, into)
+
+
+def _emit_row_words(emit, ind: str, q: int, d: int, layout: str, int8: bool, into: str) -> None:
+    """Row ``ur{q}``'s words of this lane into ``m{q}_*`` (and its scale into ``sc{q}``)."""
+    for wi in range(d // 16):
+        col = f"c4h + {2 * wi}" if int8 else f"c4 + {4 * wi}"
+        idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
+        emit(f"{ind}m{q}_{wi}{into} = ld_half(words, {idx}, c4o)" if int8 else f"{ind}m{q}_{wi}{into} = words[{idx}]")
+    if int8:
+        emit(f"{ind}sc{q}{into} = scale[ur{q}]")
 
 
 def emit_ring_issue(emit, ind: str, first: str, slot: str, d: int, layout: str, ring: int,
@@ -207,23 +216,26 @@ def _emit_mma_f16_call(emit, ind, acc, a, b0, b1):
 
 
 def _emit_mma_store(emit, ind: str) -> None:
-    """Emit the hand-over of both tiles' results to shared memory (``msc[wid, row, 0:8]`` logits,
-    ``8:16`` values) between two warp barriers. C fragment: c0, c1 = (row g, experts 2c, 2c + 1),
-    c2, c3 = (row g + 8, ...)."""
+    """Emit the hand-over of both tiles' results to the warp's tile of shared memory (``msc`` from
+    ``mw``, ``MSC_PITCH`` floats an ad: logits at 0:8, values at 8:16) between two warp barriers.
+    C fragment: c0, c1 = (row g, experts 2c, 2c + 1), c2, c3 = (row g + 8, ...): each pair one
+    8-byte store."""
+    from .fused import MSC_PITCH
+
     emit(f"{ind}{SYNC_WARP}")  # the previous round's readers are done with msc
+    emit(f"{ind}mr = mw + g8 * {MSC_PITCH} + 2 * c4")
     for t in range(2):
         for half in range(2):
-            row = f"{16 * t + 8 * half} + g8"
+            row = (16 * t + 8 * half) * MSC_PITCH
             for which, off in (("cg", 0), ("cv", 8)):
-                emit(f"{ind}msc[wid, {row}, {off} + 2 * c4] = {which}{t}_{2 * half}")
-                emit(f"{ind}msc[wid, {row}, {off + 1} + 2 * c4] = {which}{t}_{2 * half + 1}")
+                emit(f"{ind}sts2(msc, mr + {row + off}, {which}{t}_{2 * half}, {which}{t}_{2 * half + 1})")
     emit(f"{ind}{SYNC_WARP}")
 
 
 def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, terms: int = 3,
               prefetch: bool = False, n: str = "n_items", row: str = "", math: str = "fp32",
               dequant: str = "mul", interleave: bool = False, shared_weights: bool = False,
-              rows_ahead: int = 1, ring: int = 0, pairs: bool = False) -> None:
+              rows_ahead: int = 1, ring: int = 0, pairs: bool = False, whole: bool = False) -> None:
     """Emit the warp-collective tensor-core part of one round (outside any per-ad branch: mma.sync
     needs all 32 lanes). With ``prefetch`` the round's words were loaded by the previous round (or
     before the loop), and each tile's words for the next round (``base + stride``) are loaded as
@@ -244,7 +256,8 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     are visible to the lane that issued them), reads its words from the ring, so ``ring - 1``
     rounds of rows are in flight without a register held for them. A slot is refilled one round
     after it was read, past :func:`_emit_mma_store`'s warp barriers. ``pairs`` (int8 rows in fp16
-    math): the ``scale`` argument holds the table's scale pair words (:func:`_emit_mma_f16_start`)."""
+    math): the ``scale`` argument holds the table's scale pair words (:func:`_emit_mma_f16_start`).
+    ``whole``: the next round is whole (the full pool): its loads go unchecked (:func:`emit_mma_load`)."""
     ind = "        "
     int8 = dtype == "int8"
     shared_weights = shared_weights and math == "fp16"
@@ -279,7 +292,7 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
         if prefetch:
             for t in tiles:
                 emit_mma_load(emit, ind, t, "base + stride" if rows_ahead == 1 else "base + 2 * stride", d, layout,
-                              access, compact, n, row, int8, pairs=pairs)
+                              access, compact, n, row, int8, pairs=pairs, whole=whole)
     if ring:
         emit(f"{ind}rs = rs + 1 if rs < {ring - 1} else 0")
     if prefetch and rows_ahead == 2:  # the next round's rows become this set's, the loaded ones wait

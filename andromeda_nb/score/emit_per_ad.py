@@ -24,10 +24,18 @@ class PerAdEmitter:
     def _row(self, ind: str) -> None:
         """The ad's row as x0..x{d-1} (fp32), or for the tensor cores its logits and values."""
         emit, d, W = self.emit, self.d, self.W
-        if self.mma:  # this thread's ad is row `lane` of its warp's tile
-            for e in range(self.E):
-                emit(f"{ind}l{e} = msc[wid, lane, {e}]")
-                emit(f"{ind}a{e} = msc[wid, lane, {8 + e}]")
+        if self.mma:  # this thread's ad is row `lane` of its warp's tile: E logits, E values
+            from .fused import MSC_PITCH
+
+            emit(f"{ind}mo = mw + lane * {MSC_PITCH}")
+            for name, off in (("l", 0), ("a", 8)):  # in 16-, 8- and 4-byte loads
+                e = 0
+                while e < self.E:
+                    width = 4 if self.E - e >= 4 else 2 if self.E - e >= 2 else 1
+                    names = ", ".join(f"{name}{e + i}" for i in range(width))
+                    emit(f"{ind}{names} = " + (f"msc[mo + {off + e}]" if width == 1 else
+                                               f"lds{width}(msc, mo + {off + e})"))
+                    e += width
         else:  # this thread's own row: all loads first, then the widening
             for w in range(d // W):
                 idx = f"us, {w}" if self.layout == "rows" else f"{w}, us"
@@ -163,12 +171,14 @@ class PerAdEmitter:
             for e in range(E):
                 emit(f"{ind}if r{e} < {K}:")
                 emit(f"{ind}    mixed += p{e} * a{e}")
-            emit(f"{ind}s = {'div_full(mixed, z)' if self.fast_softmax else 'mixed / z'} + {bias}")
+            emit(f"{ind}s = {self._over_z()} + {bias}")
             return
         if self.choice == "insert":
+            # the first slot is the largest logit: its weight is exp(sl0 - m) = 1 (a NaN or infinite
+            # logit makes z, so s, NaN either way), the passes' first weight likewise
             exp = "exp_approx" if self.fast_softmax else "math.exp"
-            emit(f"{ind}mixed = " + " + ".join(f"{exp}(sl{r} - m) * sv{r}" for r in range(K)))
-            emit(f"{ind}s = {'div_full(mixed, z)' if self.fast_softmax else 'mixed / z'} + {bias}")
+            emit(f"{ind}mixed = sv0" + "".join(f" + {exp}(sl{r} - m) * sv{r}" for r in range(1, K)))
+            emit(f"{ind}s = {self._over_z()} + {bias}")
             return
         emit(f"{ind}taken = 0")
         for r in range(K):
@@ -194,5 +204,13 @@ class PerAdEmitter:
                     terms = " + ".join(f"h{4 * q + t} * q{t}" for t in range(4))
                     emit(f"{ind}v{r} = {terms}" if q == 0 else f"{ind}v{r} = v{r} + {terms}")
             emit(f"{ind}wp{r} = bp")
-        emit(f"{ind}mixed = " + " + ".join(f"wp{r} * v{r}" for r in range(K)))
-        emit(f"{ind}s = {'div_full(mixed, z)' if self.fast_softmax else 'mixed / z'} + {bias}")
+        # the first pass takes the largest logit, whose weight is exp(0) = 1: the same sum as the
+        # one-pass insertion's, term by term
+        emit(f"{ind}mixed = v0" + "".join(f" + wp{r} * v{r}" for r in range(1, K)))
+        emit(f"{ind}s = {self._over_z()} + {bias}")
+
+    def _over_z(self) -> str:
+        """The mixture over the softmax's sum z. z lies in [1, E] (the largest logit's weight is
+        exp(0) = 1) or is NaN: the fast softmax's 1 / z as rcp.approx is then the division (the
+        range scaling of div.full never applies); the exact softmax divides."""
+        return "mixed * rcp_approx(z)" if self.fast_softmax else "mixed / z"

@@ -53,9 +53,10 @@ from numba import cuda, float32, int16, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from ..device.bits import test_bit
-from ..device.intrinsics import (DECODE, PER_WORD, cp_async, cp_async_commit, cp_async_wait, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, div_full,
-                                 exp_approx, film_h2, half2_of, ld_half, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32,
-                                 mma_tf32_warp, pair_high, pair_low, prefetch_l2, prefetch_l2_2d, tf32_round)
+from ..device.intrinsics import (DECODE, PER_WORD, cp_async, cp_async_commit, cp_async_wait, dequant_i8x4,
+                                 dequant_i8x4_fma, dequant_offset_h2, exp_approx, film_h2, half2_of, ld_half,
+                                 lds2, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp, pair_high,
+                                 pair_low, prefetch_l2, prefetch_l2_2d, rcp_approx, sts2, tf32_round)
 from ..topk.block import block_topk
 from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load, emit_ring_issue
 from .emit_per_ad import PerAdEmitter
@@ -68,11 +69,14 @@ LAYOUTS = ("rows", "tiles")
 MODELS = ("gated", "dot")
 #: contiguous candidates a sampled run of the batched sample kernel
 SAMPLE_RUN = 32
-#: floats an ad of the tensor-core kernels' result tile (``msc``: 8 logits, 8 values) takes in shared
-#: memory: 17, not 16, so the 32 lanes reading back their own ad's value e hit 32 different banks (a
-#: pitch of 16 put them on 2: 16-way conflicts that held the L1 / shared pipe at 98 % in Nsight
-#: Compute; with 17 the fp16-math E6 K2 kernel went from 0.84 to 0.91 of the read ceiling on the H200)
-MSC_PITCH = 17
+#: floats an ad of the tensor-core kernels' result tile (``msc``, flat: 8 logits, 8 values, 4 unused)
+#: takes in shared memory. A lane reads its ad's logits and values in 16- and 8-byte loads (4 LDS a
+#: round at E = 6, not 12) and stores its fragment pairs in 8-byte ones (8 STS, not 16): 20 floats
+#: keep those loads aligned, and a quarter warp's 16-byte loads (8 ads 80 bytes apart) fall on
+#: distinct banks. A pitch of 16 put every lane's ad on 2 banks (16-way conflicts that held the L1 /
+#: shared pipe at 98 % in Nsight Compute on the H200); 17, conflict-free for scalar loads, allows no
+#: wider ones.
+MSC_PITCH = 20
 
 
 def _insert_cost(E: int, K: int) -> int:
@@ -98,7 +102,7 @@ class _Source(PerAdEmitter):
     def __init__(self, model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights,
                  guard, mma, mma_terms, prefetch, batched, sample, math="fp32", bias_load="ahead", softmax="auto", choice="auto",
                  l2_ahead=0, dequant="mul", tile_order="tiles", f16_weights="registers", rows_ahead=1,
-                 ring_stages=0, scale_pairs=False):
+                 ring_stages=0, scale_pairs=False, split_loop=False):
         self.math, self.dequant, self.tile_order, self.f16_weights = math, dequant, tile_order, f16_weights
         self.scale_pairs = scale_pairs  # int8 rows in fp16 math: the scale argument holds fp16 pairs
         mma = mma or math == "fp16"  # the fp16 math runs on the tensor cores
@@ -129,7 +133,7 @@ class _Source(PerAdEmitter):
         self.ring = ring_stages if (self.prefetch and ring_applies(math, dtype, access, fused, items, batched)) else 0
         if self.ring:
             self.rows_ahead = 1
-        # fp16 math's softmax in fewer instructions (exp_approx, div_full: ~1e-6 relative, inside the
+        # fp16 math's softmax in fewer instructions (exp_approx, rcp_approx: ~1e-6 relative, inside the
         # fp32 accuracy it promises); the fp32 math keeps libdevice's exp and the IEEE division
         self.fast_softmax = softmax == "fast" or (softmax == "auto" and math == "fp16")
         # the K best experts by K passes over the E logits (~4 K E instructions) or by each expert's
@@ -148,6 +152,12 @@ class _Source(PerAdEmitter):
         self.n = "n_req" if batched else "n_items"  # the item count's name in the loop
         self.row = "b, " if batched else ""  # a batched kernel's per-request row of cand / buffers
         self.o_beta, self.o_g, self.o_v, self.pitch = d, 2 * d, 2 * d + E * d, d + PAD
+        # the loop in two (_split_rounds): rounds followed by a whole round unchecked, then the rest;
+        # where rounds follow each other simply, the next one's rows loaded ahead (not the ring's)
+        self.split = (split_loop and self.prefetch and math == "fp16" and access == "pool" and not batched
+                      and not sample and not self.fused and not self.ring and self.rows_ahead == 1
+                      and not self.l2_ahead)
+        self.whole = False  # emitting the split loop's unchecked rounds
         self.lines: list[str] = []
 
     def emit(self, line: str) -> None:
@@ -156,9 +166,13 @@ class _Source(PerAdEmitter):
     def text(self) -> str:
         self._prologue()
         self._selection_state()
-        self._loop()
-        self._per_ad()
-        self._output()
+        if self.split:
+            self._split_rounds()
+        else:
+            self._loop()
+            self._per_ad()
+            self._output()
+        self._after_loop()
         if self.ring:  # the last rounds' copies (zeros past the end) land before the block's shared memory is freed
             self.emit("    cp_async_wait(0)")
         return "\n".join(self.lines) + "\n"
@@ -184,8 +198,10 @@ class _Source(PerAdEmitter):
             if self.dtype == "int8":  # fp16 math: the word holding the lane's 4 bytes, and its half
                 emit("    c4h = c4 // 2")
                 emit("    c4o = c4 % 2")
-            # a warp: 32 ads x (8 logits, 8 values), MSC_PITCH floats an ad
-            emit(f"    msc = cuda.shared.array(({block // 32}, 32, {MSC_PITCH}), float32)")
+            # a warp: 32 ads x (8 logits, 8 values), MSC_PITCH floats an ad, the warp's tile at mw
+            align = "" if config.ENABLE_CUDASIM else ", alignment=16"
+            emit(f"    msc = cuda.shared.array({block * MSC_PITCH}, float32{align})")
+            emit(f"    mw = wid * {32 * MSC_PITCH}")
             if self.ring:  # each warp's ring slots: the d/8 words and the scale of 32 ads a slot
                 emit(f"    ring = cuda.shared.array(({block // 32 * self.ring * (self.d // 8)}, 32), uint64)")
                 emit("    c8a = g8 + c4h * 8")  # the odd word rows' column swizzle (emit_ring_issue)
@@ -242,6 +258,10 @@ class _Source(PerAdEmitter):
             self._loop_compacted_tiles()
         else:
             self._loop_grid_stride()
+        self._round_access()
+
+    def _round_access(self) -> None:
+        """A round's slot (candidate list, bitset test), bias, and the tensor cores' part."""
         emit = self.emit
         if self.access == "candidates":
             emit("        if ok:")
@@ -263,7 +283,7 @@ class _Source(PerAdEmitter):
             if self.bias_ahead:
                 emit("        bj = bn")
                 emit("        jb = j + stride")
-                emit(f"        bn = bias[uint64(jb)] if jb < {self.n} else zero")
+                emit("        bn = bias[uint64(jb)]" if self.whole else f"        bn = bias[uint64(jb)] if jb < {self.n} else zero")
             else:
                 emit("        bj = bias[uint64(slot)] if ok else zero")
         emit("        s = float32(math.nan)")
@@ -274,7 +294,7 @@ class _Source(PerAdEmitter):
         if self.mma:
             emit_mma(self.emit, self.d, self.dtype, self.layout, self.access, self.compact, self.mma_terms,
                      self.prefetch, self.n, self.row, self.math, self.dequant, self.tile_order == "steps",
-                     self.f16_weights == "shared", self.rows_ahead, self.ring, self.scale_pairs)
+                     self.f16_weights == "shared", self.rows_ahead, self.ring, self.scale_pairs, self.whole)
 
     def _fence(self) -> bool:
         # keeps ptxas from hoisting the loop-invariant shared weight loads out of the loop (it would
@@ -285,6 +305,50 @@ class _Source(PerAdEmitter):
         return not self.fused and not self.param_weights and self.guard == "fence" and self.math != "fp16"
 
     def _loop_grid_stride(self) -> None:
+        per_round = self._loop_preamble()
+        emit = self.emit
+        if self.sample:  # positions 0..M of the sample; p: the candidate each one reads
+            emit("    whole = n_req <= {}".format(self.sample))
+            emit(f"    step = n_req // {self.sample // SAMPLE_RUN}")
+            emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, {self.sample}, stride):")
+        elif self.batched:  # the first candidate; each round loads the next one ahead (see _loop)
+            emit(f"    jn = cuda.blockIdx.x * {per_round} + tid")
+            emit("    nxt = int64(cand[b, jn]) if jn < n_req else int64(0)")
+            emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, {self.n}, stride):")
+        else:
+            emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, {self.n}, stride):")
+        self._round_head()
+
+    def _split_rounds(self) -> None:
+        """The grid-stride loop in two (``split_loop``): first the rounds whose next round is whole
+        (every ad of this round and of the next, whose rows and bias it loads, exists), with no
+        bounds check, no zero fill and an unconditional store (about a quarter of an int8 round's
+        instructions: the int8 kernel is bound by its instructions on the H200); then the last
+        rounds, checked as before. The round's body is emitted once for each loop; the registers
+        the first loop loaded for the next round carry into the second."""
+        emit, block = self.emit, self.block
+        self._loop_preamble()
+        emit(f"    b0 = cuda.blockIdx.x * {block}")
+        emit(f"    last_whole = {self.n} - stride - {block}")  # b0 <= this: b0 + stride + block <= n
+        emit("    while b0 <= last_whole:")
+        emit("        base0 = b0")
+        self.whole = True
+        self._round()
+        emit("        b0 += stride")
+        self.whole = False
+        emit(f"    for base0 in range(b0, {self.n}, stride):")
+        self._round()
+
+    def _round(self) -> None:
+        """One round's body (inside the loop over rounds): its head, the model per ad, the output."""
+        self._round_head()
+        self._round_access()
+        self._per_ad()
+        self._output()
+
+    def _loop_preamble(self) -> int:
+        """The grid-stride loop's setup: the stride, and with ``prefetch`` the first round's rows
+        (and bias, ring copies); returns the items a round."""
         emit, block, items = self.emit, self.block, self.items
         per_round = block * items if self.fused else block
         emit(f"    stride = cuda.gridDim.x * {per_round}")
@@ -304,16 +368,11 @@ class _Source(PerAdEmitter):
             for t in range(2 if self.rows_ahead == 2 else 0):  # and the second round's (emit_mma)
                 emit_mma_load(emit, "    ", t, "base + stride", self.d, self.layout, self.access, False, self.n,
                               self.row, self.dtype == "int8", into="b", pairs=self.scale_pairs)
-        if self.sample:  # positions 0..M of the sample; p: the candidate each one reads
-            emit("    whole = n_req <= {}".format(self.sample))
-            emit(f"    step = n_req // {self.sample // SAMPLE_RUN}")
-            emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, {self.sample}, stride):")
-        elif self.batched:  # the first candidate; each round loads the next one ahead (see _loop)
-            emit(f"    jn = cuda.blockIdx.x * {per_round} + tid")
-            emit("    nxt = int64(cand[b, jn]) if jn < n_req else int64(0)")
-            emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, {self.n}, stride):")
-        else:
-            emit(f"    for base0 in range(cuda.blockIdx.x * {per_round}, {self.n}, stride):")
+        return per_round
+
+    def _round_head(self) -> None:
+        """A round's first lines: its base, the thread's position ``j``, ``ok`` and ``slot``."""
+        emit, block, items = self.emit, self.block, self.items
         if self.fused:
             # several ads per thread between two top-K barrier pairs (the barriers, not the scoring,
             # were a third of the fused kernel's time with one ad per round)
@@ -333,7 +392,7 @@ class _Source(PerAdEmitter):
             emit(f"            p = (j // {SAMPLE_RUN}) * step + (step - {SAMPLE_RUN}) // 2 + j % {SAMPLE_RUN}")
             emit("            ok = True")
         else:
-            emit(f"        ok = j < {self.n}")
+            emit("        ok = True" if self.whole else f"        ok = j < {self.n}")
         emit("        slot = j")
 
     def _prefetch_l2(self) -> None:
@@ -419,8 +478,12 @@ class _Source(PerAdEmitter):
         elif self.seed_filter:
             self._output_filter()
         else:
-            self.emit("        if j < {}:".format(self.sample if self.sample else self.n))
-            self.emit(f"            out[{self.row}j] = s")
+            # j >= 0: an unsigned index (a signed one adds the negative-index wrap, 6 instructions)
+            if self.whole:
+                self.emit(f"        out[{self.row}uint64(j)] = s")
+            else:
+                self.emit("        if j < {}:".format(self.sample if self.sample else self.n))
+                self.emit(f"            out[{self.row}uint64(j)] = s")
 
     def _output_block_topk(self) -> None:
         emit = self.emit
@@ -455,6 +518,13 @@ class _Source(PerAdEmitter):
         emit(f"                    buf_i[{q}, pos] = int32(slot)")
         if self.compact:
             emit("      cuda.syncthreads()")  # the next tile rewrites the list
+
+    def _after_loop(self) -> None:
+        """The filter pass's counts, added once a block after its rounds."""
+        if not self.seed_filter or self.fused:
+            return
+        emit = self.emit
+        q = "b" if self.batched else "0"
         emit("    cuda.atomic.add(tally, 0, mine)")
         emit("    cuda.atomic.add(tally, 1, above)")
         emit("    cuda.syncthreads()")
@@ -476,10 +546,10 @@ def _source(model: str, d: int, E: int, K: int, dtype: str, layout: str, access:
             prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
             bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
             dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers",
-            rows_ahead: int = 1, ring_stages: int = 0, scale_pairs: bool = False) -> str:
+            rows_ahead: int = 1, ring_stages: int = 0, scale_pairs: bool = False, split_loop: bool = False) -> str:
     return _Source(model, d, E, K, dtype, layout, access, fused, block, values, items, seed_filter, weights, guard,
                    mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice, l2_ahead, dequant,
-                   tile_order, f16_weights, rows_ahead, ring_stages, scale_pairs).text()
+                   tile_order, f16_weights, rows_ahead, ring_stages, scale_pairs, split_loop).text()
 
 
 @functools.lru_cache(maxsize=None)
@@ -490,7 +560,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                  prefetch: bool = True, batched: bool = False, sample: int = 0, math: str = "fp32",
                  bias_load: str = "ahead", softmax: str = "auto", choice: str = "auto", l2_ahead: int = 0,
                  dequant: str = "mul", tile_order: str = "tiles", f16_weights: str = "registers",
-                 rows_ahead: int = 1, ring_stages: int = 0, scale_pairs: bool = False):
+                 rows_ahead: int = 1, ring_stages: int = 0, scale_pairs: bool = False, split_loop: bool = False):
     """Compile (lazily, on first launch) the generated kernel for one configuration.
 
     Args:
@@ -521,7 +591,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         bias_load: where the tensor-core kernels load an ad's bias: ``"ahead"`` (a round early,
             with pool and position-tested bitset access; elsewhere as ``"start"``), ``"start"`` (at
             the start of its round) or ``"end"`` (where the score needs it: a diagnostic).
-        softmax: ``"fast"`` (``exp_approx`` and ``div_full``), ``"exact"`` (libdevice's exp, the IEEE
+        softmax: ``"fast"`` (``exp_approx`` and ``rcp_approx``), ``"exact"`` (libdevice's exp, the IEEE
             division) or ``"auto"``: fast in fp16 math, exact in fp32 math.
         choice: how the K best experts are found: ``"passes"`` (K passes over the E logits),
             ``"ranks"`` (each expert's rank), ``"insert"`` (one pass inserting each expert into K
@@ -565,6 +635,10 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         scale_pairs: int8 rows in fp16 math: the ``scale`` argument is the table's
             :meth:`~.table.DeviceAdTable.scale_pairs` (uint32), not its float32 scales
             (``row_scales`` of :class:`.config.KernelConfig`). The same scores.
+        split_loop: fp16 math over the whole pool, one request, scores to memory or the filter
+            pass (not the block top-K, the ring, ``rows_ahead=2`` or ``l2_ahead``; elsewhere
+            ignored): the loop over rounds in two, the rounds followed by a whole round first,
+            without bounds checks (``loop`` of :class:`.config.KernelConfig`). The same scores.
 
     Raises:
         ValueError: for a configuration the generator cannot build (before any compilation).
@@ -588,6 +662,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     if type(scale_pairs) is not bool or (scale_pairs and (math != "fp16" or dtype != "int8")):
         raise ValueError(f"scale_pairs must be False, or True with fp16 math on int8 rows; got {scale_pairs!r} "
                          f"({math}, {dtype})")
+    if type(split_loop) is not bool:
+        raise ValueError(f"split_loop must be a bool, got {split_loop!r}")
     if dequant not in ("mul", "fma") or (dequant == "fma" and (math != "fp16" or dtype != "int8")):
         raise ValueError(f"dequant must be 'mul', or 'fma' with fp16 math on int8 rows; got {dequant!r} "
                          f"({math}, {dtype})")
@@ -624,14 +700,14 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
                          f"of at least {2 * SAMPLE_RUN}")
     src = _source(model, d, experts, k_experts, dtype, layout, access, topk_cap > 0, block, values, items,
                   seed_filter, weights, guard, mma, mma_terms, prefetch, batched, sample, math, bias_load, softmax, choice,
-                  l2_ahead, dequant, tile_order, f16_weights, rows_ahead, ring_stages, scale_pairs)
+                  l2_ahead, dequant, tile_order, f16_weights, rows_ahead, ring_stages, scale_pairs, split_loop)
     env = {"cuda": cuda, "float32": float32, "int16": int16, "int32": int32, "int64": int64, "uint64": uint64,
            "math": pymath, "np": np, "decode": DECODE[dtype], "max_nan": max_nan, "test_bit": test_bit,
-           "lds4": lds4, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
+           "lds2": lds2, "lds4": lds4, "sts2": sts2, "rcp_approx": rcp_approx, "CAP": max(topk_cap, 1), "tf32_round": tf32_round, "mma_tf32": mma_tf32,
            "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
            "uint32": uint32, "half2_of": half2_of, "pair_low": pair_low, "pair_high": pair_high, "dequant_i8x4": dequant_i8x4,
            "dequant_i8x4_fma": dequant_i8x4_fma, "dequant_offset_h2": dequant_offset_h2, "ld_half": ld_half,
-           "exp_approx": exp_approx, "div_full": div_full, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d,
+           "exp_approx": exp_approx, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d,
            "cp_async": cp_async, "cp_async_commit": cp_async_commit, "cp_async_wait": cp_async_wait}
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
@@ -642,6 +718,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
     mma_tag += ("_fma" if dequant == "fma" else "") + ("_steps" if tile_order == "steps" else "")
     mma_tag += ("_wsh" if f16_weights == "shared" else "") + ("_ra2" if rows_ahead == 2 else "")
     mma_tag += (f"_ring{ring_stages}" if ring_stages else "") + ("_sp" if scale_pairs else "")
+    mma_tag += "_split" if split_loop else ""
     batch_tag = (f"_batched{'_s' + str(sample) if sample else ''}" if batched else "")
     name = (f"fused_{model}_d{d}_E{experts}_K{k_experts}_{dtype}_{layout}_{access}_b{block}_cap{topk_cap}_{values}"
             f"_i{items}_e{every}{'_filter' if seed_filter else ''}_{weights}_{guard}{mma_tag}{batch_tag}")

@@ -529,6 +529,9 @@ def test_the_ring_experiment_calls_score_topk_with_its_launch():
     assert [c.kernel_row_scales(case.dtype) for c, case in zip(
         [c.replaced("math", "fp16") for c in pairs], pipeline.PHASES["score_topk_row_scales"])] == [False, True, False]
     assert "score_topk_row_scales" in pipeline.EXPERIMENTS and "score_topk_row_scales" not in pipeline.DEFAULT_PHASES
+    loops = [(case.dtype, case.configs()[0].loop) for case in pipeline.PHASES["score_topk_loop"]]
+    assert loops == [("fp16", "auto"), ("fp16", "checked"), ("int8", "auto"), ("int8", "checked")]
+    assert "score_topk_loop" in pipeline.EXPERIMENTS and "score_topk_loop" not in pipeline.DEFAULT_PHASES
 
 
 def test_the_profile_script_launches_its_four_cases():
@@ -540,7 +543,7 @@ def test_the_profile_script_launches_its_four_cases():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.splitlines() == [f"{dt} {label}: scores finite: True" for dt, label in (
-        ("fp16", "default"), ("int8", "default"), ("int8", "ring_stages=3"), ("int8", "row_scales=fp32"))]
+        ("fp16", "default"), ("int8", "default"), ("fp16", "loop=checked"), ("int8", "loop=checked"))]
     assert "profile_scores.py" in (ROOT / "data" / "gpu_session.sh").read_text()
 
 
@@ -554,8 +557,10 @@ def test_every_experiment_setting_keeps_its_rows_out_of_the_headlines():
 
     base = KernelConfig(math="fp16", dequant="fma")
     assert not any(re.search(results.EXPERIMENT, config_note(base, dt)) for dt in ("fp16", "int8"))
+    assert config_note(base.replaced("loop", "split"), "int8") == config_note(base, "int8")  # the default's kernel
     assert "fp16 pairs" in config_note(base, "int8") and "pairs" not in config_note(base, "fp16")
     for field, value in (("tile_order", "steps"), ("f16_weights", "shared"), ("rows_ahead", 2), ("ring_stages", 3),
-                         ("row_scales", "fp16_pairs"), ("row_scales", "fp32"), ("blocks_per_sm", 5)):
+                         ("row_scales", "fp16_pairs"), ("row_scales", "fp32"), ("blocks_per_sm", 5),
+                         ("loop", "checked")):
         note = config_note(base.replaced(field, value), "int8")
         assert re.search(results.EXPERIMENT, note), (field, note)

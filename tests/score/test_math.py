@@ -512,7 +512,8 @@ def test_the_one_pass_insertion_picks_what_the_passes_pick(rng, E, K):
             ret = ", ".join(f"v{r}" for r in range(K))
         args = ", ".join([f"l{e}" for e in range(E)] + [f"a{e}" for e in range(E)] + [f"p{e}" for e in range(E)])
         scope = {}
-        exec(f"def f({args}, z, bj, zero):\n" + "\n".join(src.lines) + f"\n    return ({ret},)\n", {"div_full": lambda a, b: a / b}, scope)
+        exec(f"def f({args}, z, bj, zero):\n" + "\n".join(src.lines) + f"\n    return ({ret},)\n",
+             {"rcp_approx": lambda z: 1 / z}, scope)
         return scope["f"]
 
     insert, passes = body("insert"), body("passes")
