@@ -74,10 +74,10 @@ def math_modes(rows: pd.DataFrame, dtype: str = "fp16") -> pd.DataFrame:
     such a run."""
     ok = rows[rows["ok"] & ~rows["regression_flag"] & (rows["dtype"] == dtype) & (rows["layout"] == "tiles")
               & (rows["access"] == "pool")]
-    ok = results.default_launches(ok)
+    ok = results.one_device(results.default_launches(ok))  # the targets' card
     f16 = ok[ok["variant"].str.startswith("gated") & (ok["math"] == "fp16")]
     columns = ["experts", "k_experts", "d", "output", "dot_G", "fp32_G", "fp16_G", "fp32_over_dot", "fp16_over_dot",
-               "target", "commit"]
+               "target", "commit", "device"]
     if f16.empty:
         return pd.DataFrame(columns=columns)
     with_dot = f16[f16["commit"].isin(ok.loc[ok["variant"].str.startswith("dot"), "commit"])]
@@ -95,7 +95,7 @@ def math_modes(rows: pd.DataFrame, dtype: str = "fp16") -> pd.DataFrame:
             out.append({"experts": E, "k_experts": K, "d": d, "output": output, "dot_G": dot / 1e9,
                         "fp32_G": g["fp32"] / 1e9, "fp16_G": g["fp16"] / 1e9, "fp32_over_dot": dot / g["fp32"],
                         "fp16_over_dot": dot / g["fp16"], "target": MATH_TARGETS[(E, K, d)],
-                        "commit": run["commit"].iloc[0]})
+                        "commit": run["commit"].iloc[0], "device": run["device"].iloc[0]})
     return pd.DataFrame(out, columns=columns)
 
 
@@ -113,7 +113,8 @@ def _math_lines(rows, dtype) -> list[str]:
              + ")" for r in mem.itertuples()]
     top = t[t["output"] == "top-1000"]
     line = ("**fp16 math** (`KernelConfig(math=\"fp16\")`: h, G and V in fp16, the gate and value dots on the "
-            "tensor cores, fp32 accumulation; run " + _short(t["commit"].iloc[0]) + "), scores to memory: "
+            "tensor cores, fp32 accumulation; run " + _short(t["commit"].iloc[0]) + f", {t['device'].iloc[0]}), "
+            "scores to memory: "
             + "; ".join(parts) + ".")
     if len(top):
         line += (" Fused top-1000: " + "; ".join(f"E{r.experts} K{r.k_experts} d{r.d} gated / dot "
@@ -210,7 +211,7 @@ def fusion_cost(rows: pd.DataFrame, d: int, dtype: str, experts: int = 6, k_expe
     Returns (table, commit); an empty table and None without such a run. Column
     ``of_scoring_alone``: ads/s over the same model's scores-to-memory ads/s (the issue's target:
     >= 0.95)."""
-    ok = results.default_launches(usable(rows, math))
+    ok = results.one_device(results.default_launches(usable(rows, math)))  # the targets' card
     gated = ok["variant"].str.startswith("gated") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)
     fuse = ok[ok["variant"].isin(["gated_scores_to_memory", "gated_fused_topk", "gated_fused_topk_filter",
                                   "dot_scores_to_memory", "dot_fused_topk_filter"])
@@ -646,7 +647,8 @@ def _fusion_cost_lines(rows, d, dtype, experts, k_experts) -> list[str]:
         filt = fuse[fuse["variant"].str.endswith("filter")]["of_scoring_alone"]
         verdict = ("costs nothing measurable" if len(filt) and filt.min() >= TARGETS["fused_topk_of_scoring_alone"]
                    else f"costs more than the target allows (>= {TARGETS['fused_topk_of_scoring_alone']:.2f})")
-        lines.append(f"**Fused top-K {verdict}** on the filter path ({math} math, run {_short(run)}): "
+        lines.append(f"**Fused top-K {verdict}** on the filter path ({math} math, run {_short(run)}, "
+                     f"{fuse['device'].iloc[0]}): "
                      + "; ".join(parts) + ".")
     return lines
 
@@ -669,12 +671,13 @@ def _int8_lines(rows, experts, k_experts) -> list[str]:
             + "; ".join(parts) + "."]
 
 
-def gated_int8_over_fp16(rows: pd.DataFrame, experts: int, k_experts: int, d: int = 64) -> pd.DataFrame:
+def gated_int8_over_fp16(rows: pd.DataFrame, experts: int, k_experts: int, d: int = 64,
+                         every_run: bool = False) -> pd.DataFrame:
     """The gated model's int8 rows against its fp16 rows, both in fp16 math (the default), in the
-    newest run that measured both (pool, ``tiles``, default launches): for scores to memory and the
-    fused top-1000, each dtype's best G ads/s and fraction of the read ceiling, and int8 / fp16.
-    Empty without such a run."""
-    ok = usable(rows, "fp16")
+    newest run that measured both (pool, ``tiles``, default launches; ``every_run``: in each such
+    run, oldest first): for scores to memory and the fused top-1000, each dtype's best G ads/s and
+    fraction of the read ceiling, and int8 / fp16. Empty without such a run."""
+    ok = results.one_device(usable(rows, "fp16"))
     ok = results.default_launches(ok[(ok["layout"] == "tiles") & (ok["access"] == "pool") & (ok["d"] == d)
                                      & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)
                                      & ok["variant"].str.startswith("gated")])
@@ -682,8 +685,15 @@ def gated_int8_over_fp16(rows: pd.DataFrame, experts: int, k_experts: int, d: in
     both = [c for c, g in ok.groupby("commit") if {"int8", "fp16"} <= set(g["dtype"])]
     if not both:
         return pd.DataFrame(columns=columns)
-    run = ok[ok["commit"].isin(both)]
-    run = run[run["commit"] == results.newest_commit(run)]
+    runs = results.in_time_order(ok[ok["commit"].isin(both)])
+    if every_run:
+        order = list(dict.fromkeys(runs["commit"]))
+        parts = [_gated_int8_run(runs[runs["commit"] == c], columns) for c in order]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+    return _gated_int8_run(runs[runs["commit"] == results.newest_commit(runs)], columns)
+
+
+def _gated_int8_run(run: pd.DataFrame, columns: list) -> pd.DataFrame:
     out = []
     for output, variant, k in (("scores to memory", "gated_scores_to_memory", None),
                                ("fused top-1000", "gated_fused_topk_filter", 1000)):
@@ -703,8 +713,15 @@ def _gated_int8_lines(rows, experts, k_experts) -> list[str]:
     if t.empty:
         return []
     target = TARGETS["gated_int8_over_fp16"]
+    every = gated_int8_over_fp16(rows, experts, k_experts, every_run=True)
+    earlier = every[every["commit"] != t["commit"].iloc[0]]
+
+    def others(output):  # the run before, for its spread: one run is one sample
+        r = earlier[earlier["output"] == output]
+        return f"; {r['ratio'].iloc[-1]:.2f}x in the run before it, {_short(r['commit'].iloc[-1])}" if len(r) else ""
+
     parts = [f"{r.output} {r.ratio:.2f}x ({r.int8_G:.1f} against {r.fp16_G:.1f} G ads/s, {r.int8_fraction:.2f} and "
-             f"{r.fp16_fraction:.2f} of the read ceiling): " + ("met" if r.ratio >= target else "missed")
+             f"{r.fp16_fraction:.2f} of the read ceiling{others(r.output)}): " + ("met" if r.ratio >= target else "missed")
              for r in t.itertuples()]
     return [f"**The gated model on int8 rows over fp16 rows**, both in fp16 math (run {_short(t['commit'].iloc[0])}, "
             f"{t['device'].iloc[0]}; target {target:.1f}x): " + "; ".join(parts)
@@ -725,7 +742,7 @@ def _bitset_lines(rows, d, dtype, experts, k_experts) -> list[str]:
                          ten[ten["commit"] == commit].set_index("layout")["of_fastest_pool_time"].items())
 
     newest = ten["commit"].iloc[0]  # bitset_savings: newest first
-    return [f"**An eligible bitset** at 10 % eligible, device time over the same run's fastest full pool: the "
+    return [f"**An eligible bitset** at 10 % eligible (fp32 math), device time over the same run's fastest full pool: the "
             f"lowest measured is {low['of_fastest_pool_time']:.2f} on `{low['layout']}` (run {_short(low['commit'])}, "
             f"{low['eligible_G_ads_per_s']:.1f} G eligible ads/s; that run: {run_of(low['commit'])})"
             + (f", the newest run ({_short(newest)}): {run_of(newest)}" if newest != low["commit"] else "")

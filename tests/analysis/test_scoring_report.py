@@ -402,7 +402,7 @@ def test_findings_compare_within_one_run_and_say_which_math():
     gate = next(line for line in text.splitlines() if "gate's cost" in line)
     assert "in fp32 math** (scores to memory, pool; run pair, 2026-01-01" in gate and "device time 1.50" in gate
     fp16 = next(line for line in text.splitlines() if "filter path (fp16 math" in line)
-    assert "run f16): gated filter path at k = 1000: 31.0 G ads/s, 1.07 of its scores-to-memory rate (29.0 G)" in fp16
+    assert "run f16, NVIDIA H200): gated filter path at k = 1000: 31.0 G ads/s, 1.07 of its scores-to-memory rate (29.0 G)" in fp16
     assert "1.40x at d = 64 (56.0 against 40.0 G ads/s" in text and "int8 run i8, fp16 run dotonly)" in text
     base = dict(variant="gated_fused_topk_filter", experts=6, k_experts=2, k=1000)
     bits = _frame(*[_row(base["variant"], v, commit=c, timestamp=t, access=a, layout=lay, eligible_fraction=f,
@@ -413,6 +413,7 @@ def test_findings_compare_within_one_run_and_say_which_math():
                                                   ("new", "2026-02-01", "pool", "tiles", 1.0, 20e9, 10.0),
                                                   ("new", "2026-02-01", "bitset", "tiles", 0.1, 5e9, 4.6))])
     line = SR._bitset_lines(bits, 64, "fp16", 6, 2)[0]
+    assert "at 10 % eligible (fp32 math)" in line
     assert ("the lowest measured is 0.27 on `rows` (run low, 8.0 G eligible ads/s; that run: 0.70 on `tiles`, 0.27 on "
             "`rows`), the newest run (new): 0.46 on `tiles`; target 0.25: not met.") in line, line
 
@@ -434,3 +435,19 @@ def test_frontier_summary_names_the_shapes_newer_runs_measured():
     text = SR.frontier_summary(table, run, rows)
     assert ("fp16 math, d = 64, E = 8, K = 4: 1.034x (free; run `later`; 1.500x in the frontier's run)") in text
     assert SR.frontier_summary(table, run) == text.split(" **Newer runs")[0]
+
+
+def test_fp16_math_and_fused_top_k_lines_stay_on_the_targets_card():
+    """A newer run on another card (an H100) does not replace the H200 run the targets are set on
+    in the fp16 math line or the fused top-K lines; each line names its card."""
+    dot = dict(k=np.nan, experts=np.nan, k_experts=np.nan)
+    h200 = [_row("gated_scores_to_memory", 29e9, k=np.nan, commit="h2", math="fp16", timestamp="2026-01-01"),
+            _row("dot_scores_to_memory", 30e9, commit="h2", timestamp="2026-01-01", **dot),
+            _row("gated_fused_topk_filter", 31e9, commit="h2", math="fp16", timestamp="2026-01-01")]
+    h100 = [dict(r, commit="h1", timestamp="2026-02-01", device="NVIDIA H100 80GB HBM3", items_per_s=r["items_per_s"] / 2)
+            for r in h200]
+    rows = _frame(*h200, *h100)
+    assert set(SR.math_modes(rows)["commit"]) == {"h2"} and SR.fusion_cost(rows, 64, "fp16", math="fp16")[1] == "h2"
+    text = SR.findings(rows, 64, "fp16", 6, 2, read_TBps=4.5)
+    assert "run h2, NVIDIA H200), scores to memory" in text and "(fp16 math, run h2, NVIDIA H200)" in text
+    assert "h1" not in text
