@@ -25,7 +25,7 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks \
 	  $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
-# the default tier (~4-7 minutes on 2 cores: its target is ~6); test-slow runs the long simulator
+# the default tier (~5-9 minutes on 2 cores: its target is ~6); test-slow runs the long simulator
 # tests (marked slow) and the notebook series under the smoke parameters (marked notebook)
 test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -n $(JOBS) -rs -m "not slow and not notebook and not browser" $(ARGS)

@@ -332,26 +332,32 @@ def findings(rows: pd.DataFrame) -> str:
     def met(ok: bool) -> str:
         return "met" if ok else "**not met**"
 
-    lines = [f"The newest verified rows ({one['device']}; one request at commit `{one['commit']}`), 10^8-ad "
+    def run(variant, batch=1):  # each line's own run: the newest row of each case may come from another
+        r = _row(t, variant, 1e8, batch)
+        return f" (run {str(r['commit'])[:7]}, {str(r['timestamp'])[:10]})"
+
+    lines = [f"The newest verified row of each case ({one['device']}, each line's run named), 10^8-ad "
              f"benchmark world, gated E6 K2 fp16 d64, k = 1000, the default path ({DEFAULT_PATH_MATH} math).", ""]
     p50, ratio = m["retrieve_1e8_p50_ms"], m["retrieve_1e8_wall_over_device"]
     lines.append(f"- One request: p50 {p50:.3f} ms wall (target {TARGET_P50_S * 1e3:.1f} ms: "
                  f"{met(p50 <= TARGET_P50_S * 1e3)}), {ratio:.2f} x its {m['retrieve_1e8_device_ms']:.3f} ms of "
-                 f"device time (target {TARGET_WALL_OVER_DEVICE}: {met(ratio <= TARGET_WALL_OVER_DEVICE)}).")
+                 f"device time (target {TARGET_WALL_OVER_DEVICE}: {met(ratio <= TARGET_WALL_OVER_DEVICE)})"
+                 f"{run('retrieve')}.")
     if "retrieve_1e8_batch32_requests_per_s" in m:
         rps = m["retrieve_1e8_batch32_requests_per_s"]
         lines.append(f"- Batches of 32: {rps:,.0f} requests/s (target {TARGET_REQUESTS_PER_S_AT_32:,}: "
-                     f"{met(rps >= TARGET_REQUESTS_PER_S_AT_32)}).")
+                     f"{met(rps >= TARGET_REQUESTS_PER_S_AT_32)}){run('retrieve', 32)}.")
     if "score_sparse_1e8_device_us" in m:
         us, share = m["score_sparse_1e8_device_us"], _filter_share(t, _row(t, "score_sparse", 1e8))
         lines.append(f"- Sparse scoring of one request (~1 % of 10^8): {us:.0f} us of device time (target "
                      f"{TARGET_SPARSE_DEVICE_S * 1e6:.0f} us: {met(us <= TARGET_SPARSE_DEVICE_S * 1e6)})"
                      + (f"; the filter pass over the gathered rows takes {share:.0%} of it" if share == share else "")
-                     + ".")
+                     + f"{run('score_sparse')}.")
     if "score_topk_1e8_device_over_wall" in m:
         f = m["score_topk_1e8_device_over_wall"]
         lines.append(f"- `score_topk` over the whole pool: the public call runs at {f:.2f} of its kernels' rate "
-                     f"(target {TARGET_SCORE_TOPK_RATE}: {met(f >= TARGET_SCORE_TOPK_RATE)}).")
+                     f"(target {TARGET_SCORE_TOPK_RATE}: {met(f >= TARGET_SCORE_TOPK_RATE)}; its device time over its "
+                     f"wall time{run('score_topk')}).")
     int8 = int8_line(t, rows)
     if int8:
         lines.append(int8)
@@ -384,5 +390,6 @@ def int8_line(t: pd.DataFrame, rows: pd.DataFrame | None = None) -> str:
             than = (f" (fp16 table{' in the same run' if same else ', ' + run(f16)}: {f16['wall_ms']:.3f} ms, "
                     f"{f16['device_ms']:.3f} ms" + (f"; int8 / fp16 {f16['wall_ms'] / i8['wall_ms']:.2f}x by wall{spread}"
                                                     if same else "") + ")")
-        parts.append(f"{label} {i8['wall_ms']:.3f} ms p50 wall, {i8['device_ms']:.3f} ms device ({run(i8)}){than}")
+        rps = f" ({float(i8['requests_per_s']):,.0f} requests/s)" if batch > 1 else ""
+        parts.append(f"{label} {i8['wall_ms']:.3f} ms p50 wall{rps}, {i8['device_ms']:.3f} ms device ({run(i8)}){than}")
     return ("- On an int8 table (fp16 math), 10^8 ads: " + "; ".join(parts) + ".") if parts else ""

@@ -146,11 +146,13 @@ class KernelConfig:
         loop: how fp16 math's kernels over the whole pool (scores to memory and the filter pass)
             run their rounds: ``"split"`` (two loops: first every round whose next round is whole,
             with no bounds check, zero fill or conditional store, then the last rounds checked:
-            266 instructions a round against 381 for int8 rows at E6 K2 d64, with the 8-byte
-            result hand-off both share, ``ptxcheck --sass``) or ``"checked"`` (one loop, every
-            round checked). Kernels with a ring, two rounds ahead or an L2 prefetch, the block
-            top-K and other access paths run one checked loop either way. ``"auto"`` (default):
-            ``"split"``. The same scores either way.
+            274 instructions an int8 round against 335 checked at E6 K2 d64, fp16 rows 207
+            against 267, ``ptxcheck --sass``) or ``"checked"`` (one loop, every round checked).
+            Kernels with a ring, two rounds ahead or an L2 prefetch, the block top-K and other
+            access paths run one checked loop either way. ``"auto"`` (default): ``"split"``: on
+            the H100 (10^8 ads, one run, bound by bytes there) 0-1.5 % faster, kernels and
+            ``score_topk`` alike; for the H200, where the int8 kernel is bound by its own
+            instructions, built, not yet measured. The same scores either way.
     """
 
     values: str = "chosen"

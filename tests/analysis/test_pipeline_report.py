@@ -31,8 +31,9 @@ def test_findings_print_the_newest_numbers_and_their_verdicts(p50_ms, device_ms,
     one, b32 = (next(line for line in text.splitlines() if line.startswith(s))
                 for s in ("- One request", "- Batches of 32"))
     assert one == (f"- One request: p50 {p50_ms:.3f} ms wall (target 0.4 ms: {verdicts[0]}), "
-                   f"{p50_ms / device_ms:.2f} x its {device_ms:.3f} ms of device time (target 1.3: {verdicts[1]}).")
-    assert b32 == f"- Batches of 32: {rps:,} requests/s (target 5,000: {verdicts[2]})."
+                   f"{p50_ms / device_ms:.2f} x its {device_ms:.3f} ms of device time (target 1.3: {verdicts[1]}) "
+                   "(run zz3, 2999-01-01).")
+    assert b32 == f"- Batches of 32: {rps:,} requests/s (target 5,000: {verdicts[2]}) (run zz3, 2999-01-01)."
 
 
 def test_pool_findings_state_each_target_and_the_newest_soak():
@@ -225,7 +226,8 @@ def test_steps_are_the_default_path_s_and_the_filter_share_is_the_sparse_row_s_r
              & (t["math"] == sparse["math"]) & (t["dtype"] == sparse["dtype"]) & (t["n_ads"] > 9e7)].iloc[-1]
     step = {k: float(v) for k, v in re.findall(r"(\w+) ([0-9.]+)", same["notes"].split(";")[0].split(":", 1)[1])}
     share = step["filter"] / sum(step[s] for s in ("reset", "gather", "sample", "seed", "filter", "final0", "final1"))
-    assert f"the filter pass over the gathered rows takes {share:.0%} of it." in pipeline_report.findings(committed)
+    assert (f"the filter pass over the gathered rows takes {share:.0%} of it (run {str(sparse['commit'])[:7]}, "
+            in pipeline_report.findings(committed))
     # a sparse row whose run timed no one-request retrieve: no share, not another run's
     alone = committed.loc[[sparse.name]].assign(commit="alone", timestamp="2999-01-01T00:00:00+00:00")
     text = pipeline_report.findings(pd.concat([committed, alone], ignore_index=True))
