@@ -225,19 +225,6 @@ else:
         return sig, codegen
 
 
-    @intrinsic
-    def lds4(typingctx, arr, i):
-        if not isinstance(arr, types.Array) or arr.dtype != types.float32 or not isinstance(i, types.Integer):
-            return None
-        sig = types.UniTuple(types.float32, 4)(arr, i)
-
-        def codegen(context, builder, sig, args):
-            vec = builder.load(_vector_pointer(context, builder, sig, args, 4), align=16)
-            vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(4)]
-            return context.make_tuple(builder, sig.return_type, vals)
-
-        return sig, codegen
-
     def _vector_pointer(context, builder, sig, args, n: int):
         """The address of float32 element ``args[1]`` of array ``args[0]`` as a pointer to ``n``
         floats (the caller keeps it aligned to ``4 n`` bytes)."""
@@ -245,19 +232,25 @@ else:
         idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
         return builder.bitcast(builder.gep(ary.data, [idx]), ir.PointerType(ir.VectorType(ir.FloatType(), n)))
 
-    @intrinsic
-    def lds2(typingctx, arr, i):
-        """Two float32 at ``arr[i]``, ``arr[i + 1]`` in one 8-byte load (i even)."""
-        if not isinstance(arr, types.Array) or arr.dtype != types.float32 or not isinstance(i, types.Integer):
-            return None
-        sig = types.UniTuple(types.float32, 2)(arr, i)
+    def _vector_load(n: int):
+        """An intrinsic loading ``n`` float32 from ``arr[i]`` on in one ``4 n``-byte load (``i`` a
+        multiple of ``n``), returned as a tuple."""
+        def load(typingctx, arr, i):
+            if not isinstance(arr, types.Array) or arr.dtype != types.float32 or not isinstance(i, types.Integer):
+                return None
+            sig = types.UniTuple(types.float32, n)(arr, i)
 
-        def codegen(context, builder, sig, args):
-            vec = builder.load(_vector_pointer(context, builder, sig, args, 2), align=8)
-            vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(2)]
-            return context.make_tuple(builder, sig.return_type, vals)
+            def codegen(context, builder, sig, args):
+                vec = builder.load(_vector_pointer(context, builder, sig, args, n), align=4 * n)
+                vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(n)]
+                return context.make_tuple(builder, sig.return_type, vals)
 
-        return sig, codegen
+            return sig, codegen
+
+        load.__name__ = load.__qualname__ = f"lds{n}"
+        return intrinsic(load)
+
+    lds2, lds4 = _vector_load(2), _vector_load(4)
 
     @intrinsic
     def sts2(typingctx, arr, i, a, b):

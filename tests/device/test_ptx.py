@@ -35,8 +35,9 @@ def test_all_kernels_compile_for_sm90_without_local_memory():
 def test_the_main_loop_is_the_longest_backward_branch():
     """ptxcheck --sass counts the instructions between the longest backward branch and its target
     (the generated kernels' round loop), predicates and modifiers dropped; forward branches and a
-    shorter inner loop do not count, and a kernel without a loop has none."""
-    from andromeda_nb.device.ptxcheck import loop_opcodes
+    shorter inner loop do not count, and a kernel without a loop has none; every outermost loop
+    is listed too, in order."""
+    from andromeda_nb.device.ptxcheck import loop_opcodes, outer_loops
 
     sass = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;
@@ -63,6 +64,12 @@ def test_the_main_loop_is_the_longest_backward_branch():
     assert loop_opcodes(sass.replace("@!P0 BRA `(.L_x_0)", "@!P0 BRA `(.L_x_3)")) == body
     # nvdisasm ends every kernel with a branch to itself: not a loop
     assert not loop_opcodes(sass.replace("@!P0 BRA `(.L_x_0)", "NOP").replace("@P1 BRA `(.L_x_1)", "NOP"))
+    # outer_loops: every loop inside no other, in address order (the inner one is not counted apart);
+    # a split loop over rounds (its short first loop, then the longer checked one) gives both
+    assert outer_loops(sass) == [body]
+    split = sass.replace(".L_x_2:\n", ".L_x_5:\n        /*0084*/                   IADD3 R4, R4, 0x1, RZ ;\n"
+                         "        /*0088*/               @P2 BRA `(.L_x_5) ;\n.L_x_2:\n")
+    assert [sum(c.values()) for c in outer_loops(split)] == [7, 2] and loop_opcodes(split) == body
 
 
 def test_sass_options_are_refused_without_their_tools(monkeypatch, capsys):
