@@ -45,8 +45,18 @@ def newest(rows: pd.DataFrame) -> pd.DataFrame:
     targets), with ``wall_ms``, ``p99_ms``, ``device_ms`` and ``wall_over_device``; rows measured off the
     default launch (:func:`.results.default_launches`: ``f16_weights=shared``) are history, not the
     case's figure."""
-    ok = _with_ms(one_device(default_launches(rows[rows["ok"] & (rows["variant"] != "retrieve_open_loop")])))
+    ok = _measured(rows[rows["variant"] != "retrieve_open_loop"])
     return in_time_order(ok).groupby(["variant", "n_ads", "batch", "math", "dtype"], dropna=False).tail(1)
+
+
+def _measured(rows: pd.DataFrame) -> pd.DataFrame:
+    """The verified rows of the default launches on one card, with :func:`_with_ms`'s columns."""
+    return _with_ms(one_device(default_launches(rows[rows["ok"]])))
+
+
+def _run_name(r) -> str:
+    """A row's run as the findings name it: its commit and day."""
+    return f"run {str(r['commit'])[:7]}, {str(r['timestamp'])[:10]}"
 
 
 def sweep_run(rows: pd.DataFrame, variant: str = "retrieve") -> pd.DataFrame:
@@ -285,7 +295,7 @@ def _run_pairs(rows: pd.DataFrame, i8) -> list[float]:
     """fp16 wall / int8 wall of each pair of calls the run of the int8 row ``i8`` timed for its
     case (variant, pool size, batch, math; default launches, verified): the k-th fp16 row with the
     k-th int8 row in the order written (a run's phases each time both tables)."""
-    ok = _with_ms(one_device(default_launches(rows[rows["ok"]])))
+    ok = _measured(rows)
     case = ok[(ok["commit"] == i8["commit"]) & (ok["variant"] == i8["variant"]) & np.isclose(ok["n_ads"], i8["n_ads"])
               & np.isclose(ok["batch"], i8["batch"]) & (ok["math"] == i8["math"])]
     f16, i8s = (case[case["dtype"] == dt]["wall_ms"].tolist() for dt in ("fp16", "int8"))
@@ -333,8 +343,7 @@ def findings(rows: pd.DataFrame) -> str:
         return "met" if ok else "**not met**"
 
     def run(variant, batch=1):  # each line's own run: the newest row of each case may come from another
-        r = _row(t, variant, 1e8, batch)
-        return f" (run {str(r['commit'])[:7]}, {str(r['timestamp'])[:10]})"
+        return f" ({_run_name(_row(t, variant, 1e8, batch))})"
 
     lines = [f"The newest verified row of each case ({one['device']}, each line's run named), 10^8-ad "
              f"benchmark world, gated E6 K2 fp16 d64, k = 1000, the default path ({DEFAULT_PATH_MATH} math).", ""]
@@ -372,9 +381,6 @@ def int8_line(t: pd.DataFrame, rows: pd.DataFrame | None = None) -> str:
     rows at 10^8 ads, each side's run named (the int8 / fp16 speed ratio only where one run timed
     both; given all ``rows``, the range over every pair that run timed, :func:`_run_pairs`); ''
     where no int8 row is committed."""
-    def run(r):
-        return f"run {str(r['commit'])[:7]}, {str(r['timestamp'])[:10]}"
-
     parts = []
     for variant, batch, label in (("retrieve", 1, "one request"), ("retrieve", 32, "batches of 32"),
                                   ("score_topk", 1, "`score_topk`")):
@@ -387,9 +393,9 @@ def int8_line(t: pd.DataFrame, rows: pd.DataFrame | None = None) -> str:
             ratios = _run_pairs(rows, i8) if same and rows is not None else []
             spread = (f" ({min(ratios):.2f}-{max(ratios):.2f}x over the run's {len(ratios)} pairs)"
                       if len(ratios) > 1 else "")
-            than = (f" (fp16 table{' in the same run' if same else ', ' + run(f16)}: {f16['wall_ms']:.3f} ms, "
+            than = (f" (fp16 table{' in the same run' if same else ', ' + _run_name(f16)}: {f16['wall_ms']:.3f} ms, "
                     f"{f16['device_ms']:.3f} ms" + (f"; int8 / fp16 {f16['wall_ms'] / i8['wall_ms']:.2f}x by wall{spread}"
                                                     if same else "") + ")")
         rps = f" ({float(i8['requests_per_s']):,.0f} requests/s)" if batch > 1 else ""
-        parts.append(f"{label} {i8['wall_ms']:.3f} ms p50 wall{rps}, {i8['device_ms']:.3f} ms device ({run(i8)}){than}")
+        parts.append(f"{label} {i8['wall_ms']:.3f} ms p50 wall{rps}, {i8['device_ms']:.3f} ms device ({_run_name(i8)}){than}")
     return ("- On an int8 table (fp16 math), 10^8 ads: " + "; ".join(parts) + ".") if parts else ""

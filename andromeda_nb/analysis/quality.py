@@ -521,6 +521,7 @@ def compute_rows(dataset: str, d: int = 64, dtypes=("fp16",), hist_len: int = 50
     # runs and paths do not compare as a cost
     thr = kernel_throughput(scoring_csv, keys=[(dt.replace("_dimscale", ""), d, E, K) for dt in dtypes
                                                 for name, (E, K) in MODELS.items() if name != "ranking"])
+    latest = kernel_throughput(scoring_csv)  # each configuration's newest run, for what thr's run lacks
     out = []
     meta = dict(commit=git_commit(), device="", experiment="compute", preset=preset, scorer="analytic")
     for name, (E, K) in MODELS.items():
@@ -544,16 +545,16 @@ def compute_rows(dataset: str, d: int = 64, dtypes=("fp16",), hist_len: int = 50
             run = str(hit["commit"].iloc[0]) if len(hit) else ""  # rates compare within one run only
             out.append(_row(dataset, name, E, K, dtype, d, "", "kernel_ads_per_s", v,
                             **{**meta, "device": dv, "scorer": (f"{scoring_csv}" + (f", run {run}" if run else ""))
-                               if len(hit) else _elsewhere(scoring_csv, thr, (dtype.replace("_dimscale", ""), d, E, K))}))
+                               if len(hit) else _elsewhere(latest, thr, (dtype.replace("_dimscale", ""), d, E, K))}))
     return pd.DataFrame(out, columns=COLUMNS)
 
 
-def _elsewhere(scoring_csv, thr: pd.DataFrame, key: tuple) -> str:
+def _elsewhere(latest: pd.DataFrame, thr: pd.DataFrame, key: tuple) -> str:
     """The scorer of a compute row whose configuration the chosen run (``thr``'s) did not
-    measure: "not measured", and where another run did, that run's rate, named (it stays out of
-    the value: rates of two runs do not compare as a cost)."""
-    newest = kernel_throughput(scoring_csv, keys=[key])
-    newest = newest[[tuple(k) == key for k in newest[["dtype", "d", "experts", "k_experts"]].to_numpy()]]
+    measure: "not measured", and where another run did (``latest``: each configuration's newest
+    run, :func:`kernel_throughput`), that run's rate, named (it stays out of the value: rates of
+    two runs do not compare as a cost)."""
+    newest = latest[[tuple(k) == key for k in latest[["dtype", "d", "experts", "k_experts"]].to_numpy()]]
     runs = sorted(set(thr["commit"].astype(str)))
     if newest.empty:
         return "not measured"

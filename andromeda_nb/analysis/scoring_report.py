@@ -186,10 +186,7 @@ def by_d_and_dtype(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataF
     of the latest run that measured it, on one card (:func:`.results.one_device`). Columns: model,
     d, dtype, G_ads_per_s, fraction_of_read_ceiling, ceiling_G_ads_per_s (the read ceiling over the
     row and bias bytes), bytes_per_item (the row's, the score write included), commit, device, timestamp."""
-    ok = results.one_device(usable(rows))
-    ok = ok[(ok["layout"] == "tiles") & (ok["access"] == "pool") & ~ok["notes"].str.contains("tensor_cores")]
-    gated = ok[(ok["variant"] == "gated_scores_to_memory") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
-    sel = pd.concat([gated.assign(model="gated"), ok[ok["variant"] == "dot_scores_to_memory"].assign(model="dot")])
+    sel = _scores_to_memory(rows, experts, k_experts)
     out = []
     for (model, d, dtype), grp in sel.groupby(["model", "d", "dtype"]):
         latest = results.newest_commit(grp)
@@ -407,10 +404,8 @@ def frontier(rows: pd.DataFrame, dtype: str = "fp16") -> tuple[pd.DataFrame, str
     row its math, d, E, K, FLOPs per ad (:func:`gated_multiply_adds` x 2), G ads/s and time over
     the dot product of the same d and run, and whether it stays within :data:`FRONTIER_LIMIT`.
     Returns (table, commit), or an empty table and None without such a run."""
-    cols = ["math", "d", "experts", "k_experts", "flops_per_ad", "G_ads_per_s", "time_over_dot", "free", "device",
-            "commit"]
-    ok = rows[rows["ok"] & ~rows["regression_flag"] & (rows["dtype"] == dtype) & (rows["layout"] == "tiles")
-              & (rows["access"] == "pool")]
+    cols = FRONTIER_COLUMNS
+    ok = _frontier_rows(rows, dtype)
     gated = ok[ok["variant"] == "gated_scores_to_memory"]
     if gated.empty:
         return pd.DataFrame(columns=cols), None
@@ -419,9 +414,25 @@ def frontier(rows: pd.DataFrame, dtype: str = "fp16") -> tuple[pd.DataFrame, str
     commit = shapes.sort_values(kind="stable").index[-1]
     if shapes[commit] < 2:
         return pd.DataFrame(columns=cols), None
-    run = ok[ok["commit"] == commit]
+    table = _frontier_points(ok[ok["commit"] == commit]).sort_values(["math", "d", "flops_per_ad"], ignore_index=True)
+    return table, commit
+
+
+FRONTIER_COLUMNS = ["math", "d", "experts", "k_experts", "flops_per_ad", "G_ads_per_s", "time_over_dot", "free",
+                    "device", "commit"]
+
+
+def _frontier_rows(rows: pd.DataFrame, dtype: str) -> pd.DataFrame:
+    """The verified, unflagged rows of ``dtype`` tables on the pool (``tiles``): the frontier's."""
+    return rows[rows["ok"] & ~rows["regression_flag"] & (rows["dtype"] == dtype) & (rows["layout"] == "tiles")
+                & (rows["access"] == "pool")]
+
+
+def _frontier_points(run: pd.DataFrame) -> pd.DataFrame:
+    """One run's rows as frontier points: each gated shape's fastest scores-to-memory row against
+    the run's dot product of the same d (shapes without one left out), :data:`FRONTIER_COLUMNS`."""
     dots = run[run["variant"] == "dot_scores_to_memory"].groupby("d")["items_per_s"].max()
-    best = (gated[gated["commit"] == commit].sort_values("items_per_s")
+    best = (run[run["variant"] == "gated_scores_to_memory"].sort_values("items_per_s")
             .drop_duplicates(["math", "d", "experts", "k_experts"], keep="last"))
     out = []
     for r in best.itertuples():
@@ -431,9 +442,8 @@ def frontier(rows: pd.DataFrame, dtype: str = "fp16") -> tuple[pd.DataFrame, str
         over = float(dots[r.d] / r.items_per_s)
         out.append({"math": r.math, "d": d, "experts": E, "k_experts": K,
                     "flops_per_ad": 2 * gated_multiply_adds(d, E, K), "G_ads_per_s": r.items_per_s / 1e9,
-                    "time_over_dot": over, "free": over <= FRONTIER_LIMIT, "device": r.device, "commit": commit})
-    table = pd.DataFrame(out, columns=cols).sort_values(["math", "d", "flops_per_ad"], ignore_index=True)
-    return table, commit
+                    "time_over_dot": over, "free": over <= FRONTIER_LIMIT, "device": r.device, "commit": r.commit})
+    return pd.DataFrame(out, columns=FRONTIER_COLUMNS)
 
 
 def frontier_metrics(table: pd.DataFrame) -> dict[str, float]:
@@ -451,29 +461,15 @@ def frontier_since(rows: pd.DataFrame, run: str | None, dtype: str = "fp16") -> 
     same filters as :func:`frontier`), each against the dot product of the same d in its own run:
     the newest measurement of each (math, d, E, K), with :func:`frontier`'s columns. Empty where
     none is newer."""
-    cols = ["math", "d", "experts", "k_experts", "flops_per_ad", "G_ads_per_s", "time_over_dot", "free", "device",
-            "commit"]
     if run is None:
-        return pd.DataFrame(columns=cols)
-    ok = results.default_launches(rows[rows["ok"] & ~rows["regression_flag"] & (rows["dtype"] == dtype)
-                                       & (rows["layout"] == "tiles") & (rows["access"] == "pool")])
-    after = ok[ok["timestamp"] > ok.loc[ok["commit"] == run, "timestamp"].max()]
-    out = []
-    for commit, g in results.in_time_order(after).groupby("commit", sort=False):
-        dots = g[g["variant"] == "dot_scores_to_memory"].groupby("d")["items_per_s"].max()
-        gated = g[(g["variant"] == "gated_scores_to_memory") & g["d"].isin(dots.index)]
-        for (math, d, E, K), s in gated.groupby(["math", "d", "experts", "k_experts"]):
-            over = float(dots[d] / s["items_per_s"].max())
-            out.append({"math": math, "d": int(d), "experts": int(E), "k_experts": int(K),
-                        "flops_per_ad": 2 * gated_multiply_adds(int(d), int(E), int(K)),
-                        "G_ads_per_s": s["items_per_s"].max() / 1e9, "time_over_dot": over,
-                        "free": over <= FRONTIER_LIMIT, "device": s["device"].iloc[0], "commit": commit,
-                        "_t": s["timestamp"].max()})
-    if not out:
-        return pd.DataFrame(columns=cols)
-    t = pd.DataFrame(out).sort_values("_t", kind="stable").drop_duplicates(["math", "d", "experts", "k_experts"],
-                                                                          keep="last")
-    return t[cols].sort_values(["math", "d", "flops_per_ad"], ignore_index=True)
+        return pd.DataFrame(columns=FRONTIER_COLUMNS)
+    ok = results.default_launches(_frontier_rows(rows, dtype))
+    after = results.in_time_order(ok[ok["timestamp"] > ok.loc[ok["commit"] == run, "timestamp"].max()])
+    points = [_frontier_points(g) for _, g in after.groupby("commit", sort=False)]  # oldest run first
+    if not any(len(p) for p in points):
+        return pd.DataFrame(columns=FRONTIER_COLUMNS)
+    newest = pd.concat(points, ignore_index=True).drop_duplicates(["math", "d", "experts", "k_experts"], keep="last")
+    return newest.sort_values(["math", "d", "flops_per_ad"], ignore_index=True)
 
 
 def frontier_summary(table: pd.DataFrame, run: str | None, rows: pd.DataFrame | None = None,
@@ -577,19 +573,24 @@ def _fusion_lines(rows, d, dtype, experts, k_experts) -> list[str]:
             "baselines' only mode): the fused path runs " + "; ".join(parts) + "."]
 
 
+def _scores_to_memory(rows: pd.DataFrame, experts: int, k_experts: int) -> pd.DataFrame:
+    """Gated (E, K) and dot-product scores to memory in fp32 math on the pool (``tiles``, CUDA
+    cores, one card), with a ``model`` column ("gated" or "dot")."""
+    ok = results.one_device(usable(rows))
+    ok = ok[(ok["layout"] == "tiles") & (ok["access"] == "pool") & ~ok["notes"].str.contains("tensor_cores")]
+    gated = ok[(ok["variant"] == "gated_scores_to_memory") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
+    return pd.concat([gated.assign(model="gated"), ok[ok["variant"] == "dot_scores_to_memory"].assign(model="dot")])
+
+
 def gate_cost_run(rows: pd.DataFrame, d: int, dtype: str, experts: int, k_experts: int) -> pd.DataFrame:
     """Gated (E, K) and dot-product scores to memory in fp32 math (pool, ``tiles``, CUDA cores) from
     the newest run that measured both at this d and dtype: :func:`by_d_and_dtype`'s columns, one row a
     model, indexed by model. Empty without such a run."""
-    ok = results.one_device(usable(rows))
-    ok = ok[(ok["layout"] == "tiles") & (ok["access"] == "pool") & ~ok["notes"].str.contains("tensor_cores")
-            & (ok["d"] == d) & (ok["dtype"] == dtype)]
-    gated = ok[(ok["variant"] == "gated_scores_to_memory") & (ok["experts"] == experts) & (ok["k_experts"] == k_experts)]
-    dot = ok[ok["variant"] == "dot_scores_to_memory"]
-    both = set(gated["commit"]) & set(dot["commit"])
+    sel = _scores_to_memory(rows, experts, k_experts)
+    sel = sel[(sel["d"] == d) & (sel["dtype"] == dtype)]
+    both = set(sel.loc[sel["model"] == "gated", "commit"]) & set(sel.loc[sel["model"] == "dot", "commit"])
     if not both:
         return pd.DataFrame()
-    sel = pd.concat([gated.assign(model="gated"), dot.assign(model="dot")])
     run = results.newest_commit(sel[sel["commit"].isin(both)])
     return by_d_and_dtype(sel[sel["commit"] == run], experts, k_experts).set_index("model")
 

@@ -479,11 +479,9 @@ class _Source(PerAdEmitter):
             self._output_filter()
         else:
             # j >= 0: an unsigned index (a signed one adds the negative-index wrap, 6 instructions)
-            if self.whole:
-                self.emit(f"        out[{self.row}uint64(j)] = s")
-            else:
+            if not self.whole:
                 self.emit("        if j < {}:".format(self.sample if self.sample else self.n))
-                self.emit(f"            out[{self.row}uint64(j)] = s")
+            self.emit(f"        {'' if self.whole else '    '}out[{self.row}uint64(j)] = s")
 
     def _output_block_topk(self) -> None:
         emit = self.emit
