@@ -457,13 +457,14 @@ def frontier_metrics(table: pd.DataFrame) -> dict[str, float]:
 
 
 def frontier_since(rows: pd.DataFrame, run: str | None, dtype: str = "fp16") -> pd.DataFrame:
-    """Gated shapes measured after the frontier's run ``run`` (newer runs, default launches, the
-    same filters as :func:`frontier`), each against the dot product of the same d in its own run:
+    """Gated shapes measured after the frontier's run ``run`` on its card (newer runs, default
+    launches, the same filters as :func:`frontier`), each against the dot product of the same d in its own run:
     the newest measurement of each (math, d, E, K), with :func:`frontier`'s columns. Empty where
     none is newer."""
     if run is None:
         return pd.DataFrame(columns=FRONTIER_COLUMNS)
     ok = results.default_launches(_frontier_rows(rows, dtype))
+    ok = ok[ok["device"] == ok.loc[ok["commit"] == run, "device"].iloc[0]]  # the frontier run's card
     after = results.in_time_order(ok[ok["timestamp"] > ok.loc[ok["commit"] == run, "timestamp"].max()])
     points = [_frontier_points(g) for _, g in after.groupby("commit", sort=False)]  # oldest run first
     if not any(len(p) for p in points):

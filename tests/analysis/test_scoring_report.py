@@ -435,6 +435,10 @@ def test_frontier_summary_names_the_shapes_newer_runs_measured():
     text = SR.frontier_summary(table, run, rows)
     assert ("fp16 math, d = 64, E = 8, K = 4: 1.034x (free; run `later`; 1.500x in the frontier's run)") in text
     assert SR.frontier_summary(table, run) == text.split(" **Newer runs")[0]
+    # a newer run on another card is not the frontier's card's figure
+    other = _frame(*[dict(r, commit="h100", timestamp="2026-03-01", device="NVIDIA H100 80GB HBM3")
+                     for r in rows.to_dict("records") if r["commit"] == "later"])
+    assert list(SR.frontier_since(pd.concat([rows, other], ignore_index=True), run)["commit"]) == ["later"]
 
 
 def test_fp16_math_and_fused_top_k_lines_stay_on_the_targets_card():
