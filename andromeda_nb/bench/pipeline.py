@@ -24,7 +24,7 @@ Phases (``--phases``; default all but the experiments): ``retrieve`` (a case a b
 ``open_loop`` (the largest pool only), ``score_topk``, ``fp16`` and ``int8`` (an int8 table in fp16
 math: retrieve at batches 1 and 32, score_topk), ``score_topk_dtypes``; the experiments (:data:`EXPERIMENTS`,
 named to run): ``score_topk_f16_weights``, ``score_topk_ring``, ``score_topk_row_scales`` and ``score_topk_loop`` (launch
-settings off the default, as called). Run pool size by pool size (10^7, 10^8, those up to ``--n-ads``).
+settings off the default, as called), ``score_topk_graph`` (the whole-pool call's graph beside its launches one by one). Run pool size by pool size (10^7, 10^8, those up to ``--n-ads``).
 ``--quick``: the largest pool, retrieve at batches 1, 8, 32, without the diagnostics.
 """
 
@@ -122,7 +122,8 @@ def _call_breakdown(call, calls: int) -> dict:
     (medians over ``calls`` calls, seconds): ``pre``, the host's work before the call's launches
     (events at the call's start and as its recorded launches begin, the stream idle between calls, so
     both record at host time); ``launches``, from then until the GPU has run them (kernels and any
-    gaps where the GPU waits for the host's next launch); ``after``, the wall time left: the answer's
+    gaps where the GPU waits for the host's next launch; with the whole pool's graph, the answer's
+    copies too); ``after``, the wall time left: the answer's
     copies, the synchronisation and the return. Set beside the launches' back-to-back device time,
     ``launches`` says whether a call's kernels run slower than back to back. Empty where a call did
     not take the filter path's recorded launches."""
@@ -261,7 +262,7 @@ def _dequant_note(config, table) -> str:
     return f"; dequant={config.resolved_dequant(table)}"
 
 
-def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None, launch=()) -> dict:
+def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None, launch=(), variant="score_topk") -> dict:
     """score_topk's warm wall time beside its launches' device time; ``launch``: the KernelConfig
     fields set off their defaults, named in the notes."""
     from .. import reference
@@ -288,7 +289,7 @@ def _score_topk_row(env, ceil, n, reqs, tiles, config, out_dir=None, launch=()) 
     want = reference.topk(scores, K, ids=tiles.host_ad_ids)
     ok = np.array_equal(top.ids, want.ids) and np.array_equal(top.scores, want.scores)
     verified = ("ok: equals the reference top-k of the kernel's scores" if ok else "FAILED")
-    return _row(env, ceil, "score_topk", n, 1, wall, p99, device, n, fused_bytes_per_ad(D, tiles.dtype), verified,
+    return _row(env, ceil, variant, n, 1, wall, p99, device, n, fused_bytes_per_ad(D, tiles.dtype), verified,
                 tiles.dtype, access="pool",
                 eligible_fraction="1", layout="tiles",
                 notes=("f16_weights=shared; " if shared else "") + "".join(f"{'blocks/SM' if k == 'blocks_per_sm' else k}={v}; " for k, v in launch)
@@ -430,6 +431,11 @@ class ScoreTopkCase(harness.Case):
     f16_weights: str = "auto"
     #: other KernelConfig fields of the call, (name, value) pairs: a launch setting measured as called
     launch: tuple = ()
+    #: "bound": the replayed launches one by one, no graph captured (variant score_topk_bound_launches)
+    launches: str = "auto"
+
+    def variants(self) -> tuple[str, ...]:
+        return ("score_topk_bound_launches",) if self.launches == "bound" else (self.variant,)
 
     def configs(self) -> tuple:
         from ..score import KernelConfig
@@ -475,9 +481,14 @@ PHASES = {
     # checked loop, both tables
     "score_topk_loop": tuple(ScoreTopkCase(math="fp16", dtype=dt, launch=launch) for dt in ("fp16", "int8")
                              for launch in ((), (("loop", "checked"),))),
+    # the whole-pool call's replayed launches and answer copies as one CUDA graph (the default)
+    # beside the same launches one by one, both tables
+    "score_topk_graph": tuple(ScoreTopkCase(math="fp16", dtype=dt, launches=launches) for dt in ("fp16", "int8")
+                              for launches in ("auto", "bound")),
 }
 #: the experiments: a setting off the default, measured to choose it (--phases names them)
-EXPERIMENTS = ("score_topk_f16_weights", "score_topk_ring", "score_topk_row_scales", "score_topk_loop")
+EXPERIMENTS = ("score_topk_f16_weights", "score_topk_ring", "score_topk_row_scales", "score_topk_loop",
+               "score_topk_graph")
 #: every phase but the experiments
 DEFAULT_PHASES = tuple(p for p in PHASES if p not in EXPERIMENTS)
 #: the pool sizes of a run (those at most --n-ads; --quick: the largest)
@@ -538,8 +549,19 @@ class Run(harness.Run):
         if self.tiles is None or self.tiles.dtype != case.dtype:
             self.tiles = None
             self.tiles = gpu_table(self.n, D, case.dtype, "tiles", seed=1)
-        return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, *case.configs(), self.options.out,
-                                launch=case.launch)]
+        if case.launches != "bound":
+            return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, *case.configs(),
+                                    self.options.out, launch=case.launch)]
+        from ..device import launch as device_launch
+
+        capture, device_launch.capture_graph = device_launch.capture_graph, lambda steps: None
+        self.tiles.__dict__.pop("_workspaces", None)  # replays recorded afresh, none with a graph
+        try:
+            return [_score_topk_row(self.env, self.ceil, self.n, self.reqs, self.tiles, *case.configs(),
+                                    self.options.out, launch=case.launch, variant="score_topk_bound_launches")]
+        finally:
+            device_launch.capture_graph = capture
+            self.tiles.__dict__.pop("_workspaces", None)
 
     def setup(self, n: int, pool: bool = True, math: str = "fp32", host_bits=True, spare: int = 0,
               dtype: str = "fp16") -> None:

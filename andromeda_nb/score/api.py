@@ -163,7 +163,8 @@ def _filter_path(dreq, table, k, access, elig, cand, n_items, config, sfw):
     host = _host_weight_image(dreq, cfg)
     image = replay.stage(host) if host is not None else _weight_args(dreq, cfg)[0]
     params = dreq.param_weights() if cfg.weights == "param" else None
-    replay.run({"image": image, "elig": elig, "cand": cand, "params": params})
+    sfw.answer_enqueued = replay.run({"image": image, "elig": elig, "cand": cand, "params": params},
+                                     lambda: _copy_answer(sfw, sfw.fws))
     return sfw.fws
 
 
@@ -179,24 +180,40 @@ def _host_weight_image(dreq: DeviceRequest, cfg: KernelConfig):
 
 def _answer(sfw, fws) -> tuple:
     """The filter path's counts row, ids and scores: three asynchronous copies into the
-    workspace's pinned buffers and one synchronisation (not three synchronous copies)."""
+    workspace's pinned buffers (unless the call's graph enqueued them) and one synchronisation
+    (not three synchronous copies)."""
+    if not getattr(sfw, "answer_enqueued", False):
+        _copy_answer(sfw, fws)
+    sfw.answer_enqueued = False
+    launch.cuda().default_stream().synchronize()
+    return sfw.host_counts.copy(), sfw.host_ids.copy(), sfw.host_scores.copy()
+
+
+def _copy_answer(sfw, fws) -> None:
+    """Enqueue the copies of the answer (row 0 of the counts, ids and scores: their first bytes)
+    into the workspace's pinned buffers, made on first use."""
     if getattr(sfw, "host_counts", None) is None:
         cuda = launch.cuda()
         sfw.host_counts = cuda.pinned_array(fws.counts.shape[1], fws.counts.dtype)
         sfw.host_ids = cuda.pinned_array(fws.out_id.shape[1], fws.out_id.dtype)
         sfw.host_scores = cuda.pinned_array(fws.out_s.shape[1], fws.out_s.dtype)
     for host, dev in ((sfw.host_counts, fws.counts), (sfw.host_ids, fws.out_id), (sfw.host_scores, fws.out_s)):
-        launch.copy_async(host, dev, host.nbytes)  # row 0 of each: its first bytes
-    launch.cuda().default_stream().synchronize()
-    return sfw.host_counts.copy(), sfw.host_ids.copy(), sfw.host_scores.copy()
+        launch.copy_async(host, dev, host.nbytes)
 
 
 class _Replay:
     """Recorded launches bound once; each run points the arguments that were the recording's
-    per-call inputs (weights image, parameter weights, eligible bitset, candidates) at this call's."""
+    per-call inputs (weights image, parameter weights, eligible bitset, candidates) at this call's.
+
+    Where nothing a call passes differs but the contents of the replay's own staged weights (the
+    whole pool, weights staged by :meth:`stage`, no parameter weights), the launches and the
+    answer's copies run as one CUDA graph (:func:`~andromeda_nb.device.launch.capture_graph`),
+    captured on the first such run: one driver call where six launches and three copies were
+    one each, and no gap on the GPU between a small kernel and the host's next launch."""
 
     def __init__(self, launches, inputs: dict):
         self.bound = launch.bind_all(launches)
+        self.graph, self._graph_image, self._graph_tried = None, None, False
         self.points = []  # (bound launch, argument index, input name)
         for b, (_, _, _, args) in zip(self.bound, launches):
             for i, a in enumerate(args):
@@ -218,13 +235,34 @@ class _Replay:
         launch.copy_async(dev, pinned, host.nbytes)
         return dev
 
-    def run(self, inputs: dict) -> None:
+    def run(self, inputs: dict, copy_answer=None) -> bool:
+        """Enqueue this call's launches, pointed at ``inputs``, and where a graph takes them
+        (see the class) ``copy_answer()``'s copies after them. Returns whether the copies were
+        enqueued (else the caller enqueues them)."""
+        staged = getattr(self, "_staged", None)
+        graphable = (copy_answer is not None and staged is not None and inputs["image"] is staged[1]
+                     and all(inputs[name] is None for name in ("elig", "cand", "params")))
+        if graphable and not self._graph_tried:
+            self._graph_tried = True
+            self._point(inputs)
+            self.graph = launch.capture_graph([self._enqueue, copy_answer])
+            self._graph_image = staged[1]
+        if graphable and self.graph is not None and self._graph_image is staged[1]:
+            self.graph()
+            return True
+        self._point(inputs)
+        self._enqueue()
+        return False
+
+    def _point(self, inputs: dict) -> None:
         for b, i, name in self.points:
             v = inputs[name]
             if name == "params":
                 b.set_floats(i, v)
             else:
                 b.set_array(i, v, 0, v.shape[0])
+
+    def _enqueue(self) -> None:
         for b in self.bound:
             b()
 

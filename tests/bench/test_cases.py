@@ -65,6 +65,7 @@ NO_TABLE_YET: set = set()
 #: variants the suites write that no committed table holds yet (a new name here is a decision)
 NOT_YET_COMMITTED = {
     "scoring": {"triton_gated_scores_to_memory", "torch_compile_gated", "torch_eager_gated"},
+    "pipeline": {"score_topk_bound_launches"},
     "topk": {"block_topk_onelaunch_warp_sync", "block_topk_batched_seeded_stage_final_warp_sync"},
     "targeting": {"match_U8_b256_segment_lists", "match_U8_stage_prep_segment", "match_U8_stage_post_segment",
                   "match_U8_stage_prep_match_segment", "match_U8_stage_all_segment", "match_batch16_U4",
@@ -532,6 +533,9 @@ def test_the_ring_experiment_calls_score_topk_with_its_launch():
     loops = [(case.dtype, case.configs()[0].loop) for case in pipeline.PHASES["score_topk_loop"]]
     assert loops == [("fp16", "auto"), ("fp16", "checked"), ("int8", "auto"), ("int8", "checked")]
     assert "score_topk_loop" in pipeline.EXPERIMENTS and "score_topk_loop" not in pipeline.DEFAULT_PHASES
+    graphs = [(case.dtype, case.variants()) for case in pipeline.PHASES["score_topk_graph"]]
+    assert graphs == [(dt, (v,)) for dt in ("fp16", "int8") for v in ("score_topk", "score_topk_bound_launches")]
+    assert "score_topk_graph" in pipeline.EXPERIMENTS and "score_topk_graph" not in pipeline.DEFAULT_PHASES
 
 
 def test_the_profile_script_launches_its_four_cases():

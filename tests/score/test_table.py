@@ -100,6 +100,52 @@ def test_repeated_calls_replay_the_recorded_launches(rng, access, weights):
     assert len(filters) == 1 and len(filters[0].replays) == 1  # recorded once, then replayed
 
 
+@pytest.mark.parametrize("options", [{}, {"math": "fp32", "weights": "shared"}, {"math": "fp32", "weights": "param"}])
+def test_whole_pool_replays_run_as_one_graph(rng, monkeypatch, options):
+    """From the second call on, score_topk over the whole pool with staged weights runs its replayed
+    launches and the answer's copies as one CUDA graph, captured once: nothing in it may change by
+    call but the staged weights' contents, so replaying the captured steps as they were answers each
+    call's own request. The simulator captures no graph: a stand-in there reruns the steps as
+    captured (never pointed at a later call's inputs). Bitset calls and parameter weights (a
+    launch's own values, by call) are not captured."""
+    from andromeda_nb.topk import TopKConfig, TopKTuning
+
+    captured = []
+    if launch.backend.is_simulator():
+        class Rerun:
+            def __init__(self, steps):
+                self.steps = list(steps)
+
+            def __call__(self):
+                for step in self.steps:
+                    step()
+
+        monkeypatch.setattr(launch, "capture_graph", lambda steps: captured.append(Rerun(steps)) or captured[-1])
+    else:
+        capture = launch.capture_graph
+        monkeypatch.setattr(launch, "capture_graph", lambda steps: captured.append(capture(steps)) or captured[-1])
+    seeded = TopKConfig(tuning=TopKTuning(max_sample_chunks=16, sample_chunk=16, seed_min_n=256))
+    n, d = 1500, 32
+    table = anb.AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n), dtype="fp16",
+                                   ad_ids=rng.choice(10 * n, n, replace=False))
+    dt = DeviceAdTable(table)
+    config = anb.KernelConfig(**options)
+    for call in range(4):  # recorded, then captured and run, then the graph twice more
+        req = anb.Request.random(d, 4, 2, rng)
+        scores = anb.score_ads(req, dt, config=config).copy_to_host()
+        mask = rng.random(n) < 0.5 if call == 2 else None  # a bitset call between: its own replay, no graph
+        got = anb.score_topk(req, dt, 9, config=config, topk_config=seeded, eligible=mask)
+        want = reference.topk(scores, 9, ids=table.ad_ids, eligible=mask)
+        np.testing.assert_array_equal(got.ids, want.ids, err_msg=str(call))
+        np.testing.assert_array_equal(got.scores, want.scores, err_msg=str(call))
+        assert got.count == want.count
+    params = options.get("weights") == "param"
+    assert len(captured) == (0 if params else 1) and None not in captured
+    graphs = {key[3]: [r.graph for r in ws.replays.values()] for key, ws in dt._workspaces.items() if key[0] == "filter"}
+    assert graphs == {"pool": [None if params else captured[0]], "bitset": [None]}
+    assert not any(getattr(ws, "answer_enqueued", False) for ws in dt._workspaces.values())
+
+
 def _free_slot_table(rng, n=64, d=16):
     ids = rng.choice(10 * n, n, replace=False).astype(np.int64)
     ids[::4] = -1
