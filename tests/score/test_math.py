@@ -783,7 +783,8 @@ def test_two_rounds_of_rows_ahead_answer_as_one(rng, dtype, monkeypatch):
         fused_kernel("gated", 32, 5, 2, dtype, "tiles", "pool", 32, rows_ahead=2)  # fp32 math
 
 
-@pytest.mark.parametrize("stages", [2, 3, 4])
+# the ring is a launch experiment (off by default): one depth in the default tier, the others slow
+@pytest.mark.parametrize("stages", [pytest.param(2, marks=pytest.mark.slow), 3, pytest.param(4, marks=pytest.mark.slow)])
 def test_int8_rows_through_the_ring_answer_as_registers(rng, stages, monkeypatch):
     """KernelConfig(ring_stages=N): int8 rows in fp16 math reach the registers through a shared
     ring of N rounds a warp, filled by asynchronous copies (the simulator copies at once). The
