@@ -151,8 +151,9 @@ class KernelConfig:
             Kernels with a ring, two rounds ahead or an L2 prefetch, the block top-K and other
             access paths run one checked loop either way. ``"auto"`` (default): ``"split"``: on
             the H100 (10^8 ads, one run, bound by bytes there) 0-1.5 % faster, kernels and
-            ``score_topk`` alike; for the H200, where the int8 kernel is bound by its own
-            instructions, built, not yet measured. The same scores either way.
+            ``score_topk`` alike; on the H200, where the int8 kernel is bound by its own
+            instructions, ``score_topk``'s device time 12.6 % lower on int8 rows and 6.5 % on
+            fp16 rows than with one loop (one run each). The same scores either way.
     """
 
     values: str = "chosen"
