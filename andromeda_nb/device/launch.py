@@ -498,8 +498,10 @@ def capture_graph(steps) -> Graph | None:
     """The calls ``steps`` (each enqueueing :class:`BoundLaunch` launches or :func:`copy_async`
     copies, nothing else) captured as one :class:`Graph`, or None where graphs are not available:
     the simulator, no libcuda, or a step that cannot be captured (a cooperative launch). Nothing
-    runs while capturing; the capture stream is a non-blocking one of its own, so no other work of
-    the process joins the graph."""
+    runs while capturing; the capture stream is a non-blocking one of its own, so no other work
+    enqueued on other streams joins the graph. Not thread-safe: while one thread captures, bound
+    launches and :func:`copy_async` copies of every thread go to the capture stream (the package
+    calls it from one thread)."""
     global _capturing
     lib = None if backend.is_simulator() else _libcuda()
     if lib is None or _capturing is not None:

@@ -482,7 +482,7 @@ def test_call_breakdown_splits_a_calls_wall_time_at_its_launches(monkeypatch):
     monkeypatch.setattr(cuda, "event", HostEvent, raising=False)
     monkeypatch.setattr(cuda, "event_elapsed_time", lambda a, b: (b.t - a.t) * 1e3, raising=False)
     monkeypatch.setattr(pipeline, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(api._Replay, "run", lambda self, inputs: advance(0.03))
+    monkeypatch.setattr(api._Replay, "run", lambda self, inputs, copy_answer=None: advance(0.03))
     pres = iter([0.02, 0.09, 0.021])  # one slow call: the medians drop it
 
     def call():

@@ -7,7 +7,7 @@ import pytest
 import andromeda_nb as anb
 from andromeda_nb import reference
 from andromeda_nb.device import launch
-from andromeda_nb.score.table import DeviceAdTable, check_slot_ids, resolve_layout
+from andromeda_nb.score.table import DeviceAdTable, DeviceRequest, check_slot_ids, resolve_layout
 from andromeda_nb.targeting import bits_from_mask
 
 from ..helpers import filter_path_only, small_seed_config
@@ -105,22 +105,35 @@ def test_whole_pool_replays_run_as_one_graph(rng, monkeypatch, options):
     """From the second call on, score_topk over the whole pool with staged weights runs its replayed
     launches and the answer's copies as one CUDA graph, captured once: nothing in it may change by
     call but the staged weights' contents, so replaying the captured steps as they were answers each
-    call's own request. The simulator captures no graph: a stand-in there reruns the steps as
-    captured (never pointed at a later call's inputs). Bitset calls and parameter weights (a
-    launch's own values, by call) are not captured."""
+    call's own request. The simulator captures no graph: a stand-in there reruns the steps with
+    the arguments they had when captured. Bitset calls, a request whose weights already live on
+    the device (the launches pointed at them, not at the staged buffer) and parameter weights (a
+    launch's own values, by call) replay launch by launch, and the graph answers after them."""
     from andromeda_nb.topk import TopKConfig, TopKTuning
 
     captured = []
     if launch.backend.is_simulator():
-        class Rerun:
+        class Frozen:
+            """A graph's stand-in: the replay's launches with the arguments and grids they had
+            when captured (as a graph's kernel nodes keep theirs), then the answer's copies."""
+
             def __init__(self, steps):
                 self.steps = list(steps)
+                self.bound = steps[0].__self__.bound  # steps: the replay's _enqueue, the copies
+                self.frozen = [(list(b.args), b.grid) for b in self.bound]
 
             def __call__(self):
-                for step in self.steps:
-                    step()
+                live = [(b.args, b.grid) for b in self.bound]
+                for b, (args, grid) in zip(self.bound, self.frozen):
+                    b.args, b.grid = list(args), grid
+                try:
+                    for step in self.steps:
+                        step()
+                finally:
+                    for b, (args, grid) in zip(self.bound, live):
+                        b.args, b.grid = args, grid
 
-        monkeypatch.setattr(launch, "capture_graph", lambda steps: captured.append(Rerun(steps)) or captured[-1])
+        monkeypatch.setattr(launch, "capture_graph", lambda steps: captured.append(Frozen(steps)) or captured[-1])
     else:
         capture = launch.capture_graph
         monkeypatch.setattr(launch, "capture_graph", lambda steps: captured.append(capture(steps)) or captured[-1])
@@ -130,11 +143,14 @@ def test_whole_pool_replays_run_as_one_graph(rng, monkeypatch, options):
                                    ad_ids=rng.choice(10 * n, n, replace=False))
     dt = DeviceAdTable(table)
     config = anb.KernelConfig(**options)
-    fp32 = options.get("math") == "fp32"  # (fp16 math is slow in the simulator: three calls)
-    for call in range(4 if fp32 else 3):  # recorded, then captured and run, then the graph again
+    fp32 = options.get("math") == "fp32"
+    for call in range(4):  # recorded; captured and run; a call of another kind between; the graph again
         req = anb.Request.random(d, 4, 2, rng)
         scores = anb.score_ads(req, dt, config=config).copy_to_host()
         mask = rng.random(n) < 0.5 if call == 2 and fp32 else None  # a bitset call between: its own replay
+        if call == 2 and not fp32:  # fp16 weights already on the device: the pool's replay, launch by launch
+            req = DeviceRequest.of(req)
+            req.mma_f16_image()
         got = anb.score_topk(req, dt, 9, config=config, topk_config=seeded, eligible=mask)
         want = reference.topk(scores, 9, ids=table.ad_ids, eligible=mask)
         np.testing.assert_array_equal(got.ids, want.ids, err_msg=str(call))
