@@ -119,9 +119,9 @@ def score_topk(request, table: DeviceAdTable, k: int, eligible=None, candidates=
         sfw = _workspace(table, ("filter", n_items, k, access, topk_config),
                          lambda: ScoreFilterWorkspace.make(n_items, k, access, topk_config))
     if sfw is not None:
-        fws = _filter_path(dreq, table, k, access, elig, cand, n_items, config, sfw)
-        c, ids, scores = _answer(sfw, fws)
-        if seeded_outcome(fws, k, c) == "exact":
+        copied = _filter_path(dreq, table, k, access, elig, cand, n_items, config, sfw)
+        c, ids, scores = _answer(sfw, copied)
+        if seeded_outcome(sfw.fws, k, c) == "exact":
             return TopK(ids=ids, scores=scores, count=int(c[0]))
     if block_fits:
         ws = _workspace(table, ("block", n_items, k, config.threads(), config.blocks_per_sm),
@@ -144,7 +144,8 @@ def _filter_path(dreq, table, k, access, elig, cand, n_items, config, sfw):
     configuration and request shape records its launches (:class:`~andromeda_nb.device.launch.Recorder`);
     later calls replay them bound, pointed at this call's weights and eligible set or candidates
     (Numba's dispatch of the six launches, the weights tuple's among them, cost milliseconds of host
-    time a call). Returns the filter workspace holding the answer."""
+    time a call). The answer lands in ``sfw.fws``; returns whether its copies to the host are
+    enqueued too (the whole pool's graph, :class:`_Replay`)."""
     from .launches import _resolve, _weight_args
 
     cfg = _resolve(config, dreq, table, access, selects=True)
@@ -156,16 +157,14 @@ def _filter_path(dreq, table, k, access, elig, cand, n_items, config, sfw):
         if cfg.kernel_row_scales(table.dtype):
             table.scale_pairs()  # made before recording: a replay reads the kept pairs, never remakes them
         with launch.Recorder() as rec:
-            fws = launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw)
+            launch_score_filter(dreq, table, k, access, elig, cand, n_items, config, sfw)
         replays[key] = _Replay(rec.launches, inputs)
-        return fws
+        return False
     replay = replays[key]
     host = _host_weight_image(dreq, cfg)
     image = replay.stage(host) if host is not None else _weight_args(dreq, cfg)[0]
     params = dreq.param_weights() if cfg.weights == "param" else None
-    sfw.answer_enqueued = replay.run({"image": image, "elig": elig, "cand": cand, "params": params},
-                                     lambda: _copy_answer(sfw, sfw.fws))
-    return sfw.fws
+    return replay.run({"image": image, "elig": elig, "cand": cand, "params": params}, lambda: _copy_answer(sfw))
 
 
 def _host_weight_image(dreq: DeviceRequest, cfg: KernelConfig):
@@ -178,20 +177,20 @@ def _host_weight_image(dreq: DeviceRequest, cfg: KernelConfig):
     return dreq.host_image if dreq._image is None else None
 
 
-def _answer(sfw, fws) -> tuple:
+def _answer(sfw, copied: bool) -> tuple:
     """The filter path's counts row, ids and scores: three asynchronous copies into the
-    workspace's pinned buffers (unless the call's graph enqueued them) and one synchronisation
-    (not three synchronous copies)."""
-    if not getattr(sfw, "answer_enqueued", False):
-        _copy_answer(sfw, fws)
-    sfw.answer_enqueued = False
+    workspace's pinned buffers (unless ``copied``: the call's graph enqueued them) and one
+    synchronisation (not three synchronous copies)."""
+    if not copied:
+        _copy_answer(sfw)
     launch.cuda().default_stream().synchronize()
     return sfw.host_counts.copy(), sfw.host_ids.copy(), sfw.host_scores.copy()
 
 
-def _copy_answer(sfw, fws) -> None:
-    """Enqueue the copies of the answer (row 0 of the counts, ids and scores: their first bytes)
-    into the workspace's pinned buffers, made on first use."""
+def _copy_answer(sfw) -> None:
+    """Enqueue the copies of the answer (row 0 of the filter workspace's counts, ids and scores:
+    their first bytes) into the workspace's pinned buffers, made on first use."""
+    fws = sfw.fws
     if getattr(sfw, "host_counts", None) is None:
         cuda = launch.cuda()
         sfw.host_counts = cuda.pinned_array(fws.counts.shape[1], fws.counts.dtype)
