@@ -302,16 +302,33 @@ def launch_score_filter(dreq: DeviceRequest, table: DeviceAdTable, k: int, acces
     return launch_final(k, fws, table.ad_ids, config=sfw.topk_config)
 
 
+#: the resolved configurations :func:`_check_runnable` has generated a kernel for, by
+#: (configuration, request shape, table dtype and layout, access, k, default block): the kernel
+#: generation and its shared-memory check are the same for every request of a shape (tens of
+#: microseconds of a warm call's host time); emptied when it holds RUNNABLE_KEPT keys
+_RUNNABLE: dict = {}
+RUNNABLE_KEPT = 256
+
+
 def _check_runnable(dreq: DeviceRequest, table: DeviceAdTable, access: str, config: KernelConfig,
                     topk_k: int = 0) -> None:
     """Raise ValueError, before anything launches, for a configuration the kernels cannot run on
     this request and table: kernel generation (dtype, d, E, block, shared memory), the parameter
     weights' size, the tensor-core weight image. Generating a kernel compiles nothing. The values'
-    range is :func:`checked_math`'s check (made once a call)."""
+    range is :func:`checked_math`'s check (made once a call). A configuration that passed for a
+    request shape, table dtype and layout, access and k is not generated again (:data:`_RUNNABLE`):
+    only the checks of this request's values run."""
     if config.naive:
         return
-    cfg = _resolve(config, dreq, table, access, topk_k)
-    _kernel(dreq, table, access, topk_k, cfg)
+    key = (config, dreq.model, dreq.d, dreq.experts, dreq.k_experts, dreq.param_floats, table.dtype, table.layout,
+           access, int(topk_k), launch.default_block())
+    cfg = _RUNNABLE.get(key)
+    if cfg is None:
+        cfg = _resolve(config, dreq, table, access, topk_k)
+        _kernel(dreq, table, access, topk_k, cfg)
+        if len(_RUNNABLE) >= RUNNABLE_KEPT:
+            _RUNNABLE.clear()
+        _RUNNABLE[key] = cfg
     if cfg.math == "fp16":  # what _weight_args would raise, without copying anything to the device
         dreq.host_mma_f16_image()
     elif cfg.tensor_cores:

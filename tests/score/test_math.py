@@ -442,6 +442,38 @@ def test_a_request_changed_in_place_or_at_a_bound_is_refused_clearly(rng, monkey
         anb.score_ads(small, dt, config=anb.KernelConfig(block=np.int16(1024), math="fp16"))
 
 
+def test_a_configuration_generated_once_a_shape_still_refuses_other_shapes_and_values(rng, monkeypatch):
+    """A warm call skips the generation check of a configuration that passed for its request shape,
+    table and access (launches._RUNNABLE), yet a shape it cannot build is refused on every call,
+    and every call's request values are still checked, all before a launch, and the answer is the
+    same."""
+    from andromeda_nb.score import launches
+
+    cfg = anb.KernelConfig(math="fp16", block=256, ring_stages=2)  # d 32 fits the ring; d 64 does not
+    _, d32 = table_of(rng, 301, 32, "tiles", "int8")
+    _, d64 = table_of(rng, 301, 64, "tiles", "int8")
+    first = anb.Request.random(32, 5, 2, rng)
+    anb.score_ads(first, d32, config=cfg)
+    generated, real = [], launches._kernel
+    monkeypatch.setattr(launches, "_kernel", lambda *a: generated.append(a[3]) or real(*a))
+    other = anb.Request.random(32, 5, 2, rng)
+    got = anb.score_ads(other, d32, config=cfg).copy_to_host()
+    assert generated == [0]  # the launch's own kernel only: the check was not made again
+    np.testing.assert_array_equal(got, anb.score_ads(other, d32, config=anb.KernelConfig(math="fp16",
+                                                                                        block=256)).copy_to_host())
+    wide = anb.Request.random(64, 5, 2, rng)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="ring_stages=2"):
+            anb.score_ads(wide, d64, config=cfg)
+    over = anb.Request(V=other.V, G=other.G, gamma=other.gamma * 1e6, beta=other.beta, k_experts=2)
+    launched = []
+    monkeypatch.setattr(launches, "_launch", lambda *a: launched.append(1))
+    for call in (lambda: anb.score_ads(over, d32, config=cfg), lambda: anb.score_topk(over, d32, 5, config=cfg)):
+        with pytest.raises(ValueError, match="fp16 range"):
+            call()
+    assert not launched
+
+
 @pytest.mark.parametrize("dtype, access, layout", [("fp16", "pool", "tiles"), ("int8", "pool", "tiles"),
                                                    ("int8", "pool", "rows"), ("fp16", "bitset", "tiles"),
                                                    ("fp16", "candidates", "tiles")])
