@@ -495,9 +495,10 @@ def config_note(config, dtype: str = "fp16") -> str:
         parts.append("tensor_cores (3xTF32 mma)")
     if config.math != "fp32":
         parts.append(f"math={config.math} (mma.m16n8k16, fp32 accumulate)")
-    if config.dequant == "fma":
+    int8_f16 = dtype == "int8" and config.math == "fp16"  # the only kernels that widen int8 rows to fp16
+    if int8_f16 and config.dequant == "fma":
         parts.append("dequant=fma (one HFMA2 a pair of int8 values)")
-    elif config.dequant == "mul":
+    elif int8_f16 and config.dequant == "mul":
         parts.append("dequant=mul (an HADD2 and an HMUL2 a pair of int8 values)")
     if config.kernel_tile_order() != KernelConfig.tile_order:  # only where it differs from the default
         parts.append(f"tile_order={config.tile_order}")
@@ -510,7 +511,7 @@ def config_note(config, dtype: str = "fp16") -> str:
     if config.kernel_row_scales(dtype):
         parts.append("scales as fp16 pairs (made once a table)" if config.row_scales == "auto" else
                      "row_scales=fp16_pairs (the int8 scales as fp16 pairs made once a table)")
-    elif config.row_scales == "fp32" and config.math == "fp16" and dtype == "int8":
+    elif config.row_scales == "fp32" and int8_f16:
         parts.append("row_scales=fp32 (the int8 scales made into fp16 pairs each round)")
     if not config.kernel_split_loop() and config.math == "fp16":
         parts.append("loop=checked")

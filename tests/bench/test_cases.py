@@ -563,6 +563,9 @@ def test_every_experiment_setting_keeps_its_rows_out_of_the_headlines():
     assert not any(re.search(results.EXPERIMENT, config_note(base, dt)) for dt in ("fp16", "int8"))
     assert config_note(base.replaced("loop", "split"), "int8") == config_note(base, "int8")  # the default's kernel
     assert "fp16 pairs" in config_note(base, "int8") and "pairs" not in config_note(base, "fp16")
+    # the widening of int8 rows is named only where the kernel widens them
+    assert "dequant=fma" in config_note(base, "int8") and "dequant" not in config_note(base.replaced("dequant", "mul"), "fp16")
+    assert "dequant" not in config_note(KernelConfig(dequant="mul"), "int8")  # fp32 math reads int8 rows as fp32
     for field, value in (("tile_order", "steps"), ("f16_weights", "shared"), ("rows_ahead", 2), ("ring_stages", 3),
                          ("row_scales", "fp16_pairs"), ("row_scales", "fp32"), ("blocks_per_sm", 5),
                          ("loop", "checked")):
