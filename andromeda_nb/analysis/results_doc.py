@@ -146,7 +146,7 @@ def _dequant(rows: pd.DataFrame, unsaid: str = "mul") -> pd.Series:
 
 
 #: the launch settings a scoring row's notes name (``block=256 maxreg=128 blocks/SM=3 ...``)
-_LAUNCH = r"\b(?:block|maxreg|blocks/SM|weights|f16_weights|rows_ahead|ring_stages|guard|sync_every|tile_order|row_scales)=[^\s;]+"
+_LAUNCH = r"\b(?:block|maxreg|blocks/SM|weights|f16_weights|rows_ahead|ring_stages|guard|sync_every|tile_order|row_scales|loop)=[^\s;]+"
 
 
 def _launch(rows: pd.DataFrame) -> pd.Series:

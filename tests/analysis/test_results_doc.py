@@ -20,9 +20,10 @@ def test_dequant_reads_the_notes_and_leaves_unsaid_rows_to_the_suite():
 def test_launch_keeps_only_the_launch_settings():
     rows = _rows(["values=chosen block=128 items=1 maxreg=96 blocks/SM=5 math=fp16 (mma); scores",
                   "weights=param guard=offset;", "device: the same launches",
-                  "block=256 maxreg=128 math=fp16 (mma) dequant=fma (one HFMA2) f16_weights=shared; scores"])
+                  "block=256 maxreg=128 math=fp16 (mma) dequant=fma (one HFMA2) f16_weights=shared; scores",
+                  "block=256 maxreg=128 math=fp16 (mma) loop=checked; scores"])
     assert list(_launch(rows)) == ["block=128 maxreg=96 blocks/SM=5", "weights=param guard=offset", "",
-                                   "block=256 maxreg=128 f16_weights=shared"]
+                                   "block=256 maxreg=128 f16_weights=shared", "block=256 maxreg=128 loop=checked"]
 
 
 def test_launch_of_rows_without_notes():
