@@ -157,6 +157,11 @@ def variants():
                                 scale_pairs=dtype == "int8", split_loop=True)
             out.append((f"split fused gated d64 E6 K2 {dtype} tiles pool cap0 math=fp16"
                         f"{' seed_filter' if seed_filter else ''} split_loop", k, sig))
+    for seed_filter, sig in zip((False, True), (pairs_sig, pairs_filter)):  # and the int8 rows' ring (blocks of 128)
+        k = FK.fused_kernel("gated", 64, 6, 2, "int8", "tiles", "pool", 128, 0, True, "chosen", None, 1, 1,
+                            seed_filter, math="fp16", dequant="fma", scale_pairs=True, ring_stages=3, split_loop=True)
+        out.append((f"split fused gated d64 E6 K2 int8 tiles pool cap0 math=fp16{' seed_filter' if seed_filter else ''}"
+                    " ring_stages=3 split_loop", k, sig))
     # the request path's batched kernels (pipeline.Pool): the sample and the filter over candidate lists
     batched = (A(u64, 2), A(f32), A(f32), A(f32, 2), A(u64), A(i32, 2), A(i64), A(i64))
     k = FK.fused_kernel("gated", 64, 6, 2, "fp16", "rows", "candidates", 256, 0, True, "chosen", None, 1, 1, False,

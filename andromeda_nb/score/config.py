@@ -144,12 +144,12 @@ class KernelConfig:
             bytes there); on the H200 (one run) scores 1.2 % faster, the fused top-1000 5 %,
             ``score_topk`` 2.4 % by wall time (6 % device). The same scores either way.
         loop: how fp16 math's kernels over the whole pool (scores to memory and the filter pass)
-            run their rounds: ``"split"`` (two loops: first every round whose next round is whole,
-            with no bounds check, zero fill or conditional store, then the last rounds checked:
-            274 instructions an int8 round against 335 checked at E6 K2 d64, fp16 rows 207
-            against 267, ``ptxcheck --sass``) or ``"checked"`` (one loop, every round checked).
-            Kernels with a ring, two rounds ahead or an L2 prefetch, the block top-K and other
-            access paths run one checked loop either way. ``"auto"`` (default): ``"split"``: on
+            run their rounds: ``"split"`` (two loops: first every round whose next round, or with
+            the ring the round its copies fill, is whole, with no bounds check, zero fill or
+            conditional store, then the last rounds checked: 274 instructions an int8 round
+            against 335 checked at E6 K2 d64, fp16 rows 207 against 267, ``ptxcheck --sass``) or
+            ``"checked"`` (one loop, every round checked). Kernels with two rounds ahead or an L2
+            prefetch, the block top-K and other access paths run one checked loop either way. ``"auto"`` (default): ``"split"``: on
             the H100 (10^8 ads, one run, bound by bytes there) 0-1.5 % faster, kernels and
             ``score_topk`` alike; on the H200, where the int8 kernel is bound by its own
             instructions, ``score_topk``'s device time 12.6 % lower on int8 rows and 6.5 % on

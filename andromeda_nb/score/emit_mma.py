@@ -68,19 +68,24 @@ def _emit_row_words(emit, ind: str, q: int, d: int, layout: str, int8: bool, int
 
 
 def emit_ring_issue(emit, ind: str, first: str, slot: str, d: int, layout: str, ring: int,
-                    n: str = "n_items") -> None:
+                    n: str = "n_items", whole: bool = False) -> None:
     """Emit this lane's asynchronous copies of one round's int8 rows into the warp's slot ``slot``
     of the shared ring (``ring`` slots; :func:`emit_mma`'s ``ring``): the round's 32 ads start at
     ``first`` + wbase, lane l copies ad l's d/8 words (one 8-byte copy a word: on ``tiles`` a
     table of odd length puts a word row's start off 16 bytes) and its scale; an ad past the end
-    gets zeros (nothing read). Odd word rows store ad a in column a ^ 8: the reads of
-    :func:`_emit_ring_read` (lanes c4h = 0 and 1 in even and odd rows, the same columns) then
-    fall on different banks, where unswizzled the two halves of the warp met on each bank."""
+    gets zeros (nothing read); ``whole`` (every ad of that round exists): no such test. Odd word
+    rows store ad a in column a ^ 8: the reads of :func:`_emit_ring_read` (lanes c4h = 0 and 1 in
+    even and odd rows, the same columns) then fall on different banks, where unswizzled the two
+    halves of the warp met on each bank."""
     nw = d // 8
     emit(f"{ind}ra = {first} + wbase + lane")
-    emit(f"{ind}rok = ra < {n}")
-    emit(f"{ind}rj = ra if rok else 0")
-    emit(f"{ind}rb = 8 if rok else 0")
+    if whole:
+        emit(f"{ind}rj = ra")
+        emit(f"{ind}rb = 8")
+    else:
+        emit(f"{ind}rok = ra < {n}")
+        emit(f"{ind}rj = ra if rok else 0")
+        emit(f"{ind}rb = 8 if rok else 0")
     emit(f"{ind}rr = wid * {ring * nw} + ({slot}) * {nw}")
     for w in range(nw):
         src = f"({w}, rj)" if layout == "tiles" else f"(rj, {w})"
@@ -257,7 +262,9 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     rounds of rows are in flight without a register held for them. A slot is refilled one round
     after it was read, past :func:`_emit_mma_store`'s warp barriers. ``pairs`` (int8 rows in fp16
     math): the ``scale`` argument holds the table's scale pair words (:func:`_emit_mma_f16_start`).
-    ``whole``: the next round is whole (the full pool): its loads go unchecked (:func:`emit_mma_load`)."""
+    ``whole``: the rounds whose rows this round asks for are whole (the full pool: the next one,
+    or with ``ring`` the round ``ring - 1`` on): their loads or copies go unchecked
+    (:func:`emit_mma_load`, :func:`emit_ring_issue`)."""
     ind = "        "
     int8 = dtype == "int8"
     shared_weights = shared_weights and math == "fp16"
@@ -265,7 +272,8 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     if shared_weights:
         emit(f"{ind}wz = uint64(j >> 62) + uint64(lane)")
     if ring:
-        emit_ring_issue(emit, ind, f"base + {ring - 1} * stride", f"(rs + {ring - 1}) % {ring}", d, layout, ring, n)
+        emit_ring_issue(emit, ind, f"base + {ring - 1} * stride", f"(rs + {ring - 1}) % {ring}", d, layout, ring, n,
+                        whole)
         emit(f"{ind}cp_async_commit()")
         emit(f"{ind}cp_async_wait({ring - 1})")
         emit(f"{ind}{SYNC_WARP}")

@@ -152,11 +152,11 @@ class _Source(PerAdEmitter):
         self.n = "n_req" if batched else "n_items"  # the item count's name in the loop
         self.row = "b, " if batched else ""  # a batched kernel's per-request row of cand / buffers
         self.o_beta, self.o_g, self.o_v, self.pitch = d, 2 * d, 2 * d + E * d, d + PAD
-        # the loop in two (_split_rounds): rounds followed by a whole round unchecked, then the rest;
-        # where rounds follow each other simply, the next one's rows loaded ahead (not the ring's)
+        # the loop in two (_split_rounds): rounds whose loads ahead (the next round's rows, or the
+        # ring's copies ring - 1 rounds on) fall on whole rounds run unchecked, then the rest; where
+        # rounds follow each other simply and one round (or the ring) is in flight
         self.split = (split_loop and self.prefetch and math == "fp16" and access == "pool" and not batched
-                      and not sample and not self.fused and not self.ring and self.rows_ahead == 1
-                      and not self.l2_ahead)
+                      and not sample and not self.fused and self.rows_ahead == 1 and not self.l2_ahead)
         self.whole = False  # emitting the split loop's unchecked rounds
         self.lines: list[str] = []
 
@@ -320,16 +320,19 @@ class _Source(PerAdEmitter):
         self._round_head()
 
     def _split_rounds(self) -> None:
-        """The grid-stride loop in two (``split_loop``): first the rounds whose next round is whole
-        (every ad of this round and of the next, whose rows and bias it loads, exists), with no
-        bounds check, no zero fill and an unconditional store (about a quarter of an int8 round's
-        instructions: the int8 kernel is bound by its instructions on the H200); then the last
-        rounds, checked as before. The round's body is emitted once for each loop; the registers
-        the first loop loaded for the next round carry into the second."""
+        """The grid-stride loop in two (``split_loop``): first the rounds whose rounds ahead are
+        whole (every ad of this round and of the next, whose rows and bias it loads, exists; with
+        the ring, also of the round ``ring - 1`` on, whose rows it copies), with no bounds check,
+        no zero fill and an unconditional store (about a quarter of an int8 round's instructions:
+        the int8 kernel is bound by its instructions on the H200); then the last rounds, checked
+        as before. The round's body is emitted once for each loop; the registers (or ring slots)
+        the first loop filled for the rounds ahead carry into the second."""
         emit, block = self.emit, self.block
         self._loop_preamble()
+        ahead = max(1, self.ring - 1)  # strides from a round to the last round it loads
         emit(f"    b0 = cuda.blockIdx.x * {block}")
-        emit(f"    last_whole = {self.n} - stride - {block}")  # b0 <= this: b0 + stride + block <= n
+        # b0 <= this: b0 + ahead * stride + block <= n
+        emit(f"    last_whole = {self.n} - {'' if ahead == 1 else f'{ahead} * '}stride - {block}")
         emit("    while b0 <= last_whole:")
         emit("        base0 = b0")
         self.whole = True
@@ -634,8 +637,8 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
             :meth:`~.table.DeviceAdTable.scale_pairs` (uint32), not its float32 scales
             (``row_scales`` of :class:`.config.KernelConfig`). The same scores.
         split_loop: fp16 math over the whole pool, one request, scores to memory or the filter
-            pass (not the block top-K, the ring, ``rows_ahead=2`` or ``l2_ahead``; elsewhere
-            ignored): the loop over rounds in two, the rounds followed by a whole round first,
+            pass (not the block top-K, ``rows_ahead=2`` or ``l2_ahead``; elsewhere ignored): the
+            loop over rounds in two, the rounds whose loads ahead fall on whole rounds first,
             without bounds checks (``loop`` of :class:`.config.KernelConfig`). The same scores.
 
     Raises:
