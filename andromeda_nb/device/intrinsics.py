@@ -27,6 +27,8 @@ from numba.cuda.core import config
 TF32_MASK = 0xFFFFE000
 #: log2(e) rounded to fp32 (exp_approx: exp(x) = 2^(x log2 e))
 LOG2E = 1.4426950408889634
+#: bytes of one row of a warp's 32 ring words (cp_async_row: a slot's word rows are this far apart)
+ROW_BYTES = 32 * 8
 
 if config.ENABLE_CUDASIM:
 
@@ -119,6 +121,18 @@ if config.ENABLE_CUDASIM:
     def cp_async(dst, di, src, si, src_bytes):
         # the copy lands at once (no other thread runs between a lane's copy and its wait)
         dst[di] = src[si] if src_bytes else 0
+
+    def shared_offset(arr, i, j):
+        # a byte offset from the array's start stands for the shared-window address (cp_async_row
+        # takes the array too, and adds the offset to it)
+        return (int(i) * arr.shape[1] + int(j)) * arr.itemsize
+
+    def cp_async_row(ring, even, odd, words, a, src_bytes, nw, tiles, scales, at_scale, scale):
+        flat = ring.reshape(-1)
+        for w in range(nw):
+            at = ((even if w % 2 == 0 else odd) + (w // 2) * 2 * ROW_BYTES) // 8
+            flat[at] = (words[w, int(a)] if tiles else words[int(a), w]) if src_bytes else 0
+        scales.reshape(-1)[at_scale // scales.itemsize] = scale[int(a)] if src_bytes else 0
 
     def cp_async_commit():
         pass
@@ -535,6 +549,70 @@ else:
             return context.get_dummy_value()
 
         return types.void(dst, di, src, si, src_bytes), codegen
+
+    @intrinsic
+    def shared_offset(typingctx, arr, i, j):
+        """The 32-bit shared-window address of ``arr[i, j]`` (a 2-D shared array, indices in range
+        and non-negative): a base that :func:`cp_async_row` offsets by constants, where each
+        :func:`cp_async` copy computes a 64-bit generic address and converts it."""
+        if not (isinstance(arr, types.Array) and arr.ndim == 2 and isinstance(i, types.Integer)
+                and isinstance(j, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            at = _element_address(context, builder, sig.args[0], args[0],
+                                  context.make_tuple(builder, types.UniTuple(types.int64, 2),
+                                                     [context.cast(builder, args[k], sig.args[k], types.int64)
+                                                      for k in (1, 2)]))
+            fnty = ir.FunctionType(ir.IntType(32), [_I64])
+            return builder.call(ir.InlineAsm(fnty, "{ .reg .u64 s; cvta.to.shared.u64 s, $1; cvt.u32.u64 $0, s; }",
+                                             "=r,l"), [at])
+
+        return types.uint32(arr, i, j), codegen
+
+    @intrinsic
+    def cp_async_row(typingctx, ring, even, odd, words, a, src_bytes, nw, tiles, scales, at_scale, scale):
+        """Start the asynchronous copies of ad ``a``'s ``nw`` 8-byte words (``words[w, a]`` on
+        ``tiles``, else ``words[a, w]``) and its 4-byte scale ``scale[a]`` into a ring slot: word w
+        lands at shared address ``even`` (w even) or ``odd`` (w odd, the swizzled column) plus
+        ``(w // 2) * 512`` (two rows of 32 words), the scale at ``at_scale`` (in ``scales``, the
+        ring's scale array); ``src_bytes`` 8 or 0 (zeros, nothing read) as in :func:`cp_async`.
+        One block of PTX: the shared addresses are a register and an immediate, the source a 64-bit
+        add a word (``tiles``) or an immediate (rows), ~2 instructions a copy where
+        :func:`cp_async` took ~6. ``nw`` and ``tiles`` are constants."""
+        if not (isinstance(ring, types.Array) and isinstance(words, types.Array) and words.ndim == 2
+                and words.dtype == types.uint64 and isinstance(scale, types.Array) and scale.ndim == 1
+                and scale.dtype.bitwidth == 32 and isinstance(scales, types.Array)
+                and all(isinstance(x, types.Integer) for x in (even, odd, a, src_bytes, at_scale))
+                and isinstance(nw, types.IntegerLiteral) and isinstance(tiles, types.IntegerLiteral)):
+            return None
+        count, by_tiles = nw.literal_value, bool(tiles.literal_value)
+
+        def codegen(context, builder, sig, args):
+            a64 = context.cast(builder, args[4], sig.args[4], types.int64)
+            zero = ir.Constant(_I64, 0)
+            first = context.make_tuple(builder, types.UniTuple(types.int64, 2), [zero, a64] if by_tiles else [a64, zero])
+            src = _element_address(context, builder, sig.args[3], args[3], first)
+            at = _element_address(context, builder, sig.args[10], args[10], context.make_tuple(
+                builder, types.UniTuple(types.int64, 1), [a64]))
+            step = builder.extract_value(context.make_array(sig.args[3])(context, builder, value=args[3]).strides, 0)
+            to32 = [context.cast(builder, args[k], sig.args[k], types.uint32) for k in (1, 2, 5, 9)]
+            lines = ["{ .reg .u64 g, h; .reg .u32 b; cvta.to.global.u64 g, $2;"]
+            for w in range(count):
+                dst = f"[${w % 2}+{(w // 2) * 2 * ROW_BYTES}]"
+                if by_tiles:
+                    lines.append("mov.u64 h, g;" if w == 0 else "add.s64 h, h, $3;")
+                    lines.append(f"cp.async.ca.shared.global {dst}, [h], 8, $4;")
+                else:
+                    lines.append(f"cp.async.ca.shared.global {dst}, [g+{8 * w}], 8, $4;")
+            lines.append("cvta.to.global.u64 h, $6; shr.u32 b, $4, 1; cp.async.ca.shared.global [$5], [h], 4, b; }")
+            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(32), ir.IntType(32), _I64, _I64, ir.IntType(32),
+                                                   ir.IntType(32), _I64])
+            asm = ir.InlineAsm(fnty, " ".join(lines), "r,r,l,l,r,r,l,~{memory}", side_effect=True)
+            builder.call(asm, [to32[0], to32[1], src, step, to32[2], to32[3], at])
+            return context.get_dummy_value()
+
+        return types.void(ring, even, odd, words, a, src_bytes, nw, tiles, scales, at_scale, scale), codegen
 
     @intrinsic
     def cp_async_commit(typingctx):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from numba.cuda.core import config
 
+from ..device.intrinsics import ROW_BYTES
+
 #: a warp barrier (the simulator has no syncwarp; its block barrier stands in, every thread of the
 #: block reaches it together)
 SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
@@ -86,11 +88,21 @@ def emit_ring_issue(emit, ind: str, first: str, slot: str, d: int, layout: str, 
         emit(f"{ind}rok = ra < {n}")
         emit(f"{ind}rj = ra if rok else 0")
         emit(f"{ind}rb = 8 if rok else 0")
-    emit(f"{ind}rr = wid * {ring * nw} + ({slot}) * {nw}")
-    for w in range(nw):
-        src = f"({w}, rj)" if layout == "tiles" else f"(rj, {w})"
-        emit(f"{ind}cp_async(ring, (rr + {w}, lane{' ^ 8' if w % 2 else ''}), words, {src}, rb)")
-    emit(f"{ind}cp_async(rsc, (wid * {ring} + ({slot}), lane), scale, (rj,), rb // 2)")
+    # the slot's first word row at rse / rso (even / odd rows, :func:`emit_ring_bases`), its scale at
+    # rss, each plus the slot's bytes
+    emit(f"{ind}rsl = uint32({slot})")
+    emit(f"{ind}cp_async_row(ring, rse + rsl * {nw * ROW_BYTES}, rso + rsl * {nw * ROW_BYTES}, words, rj, rb, {nw}, "
+         f"{int(layout == 'tiles')}, rsc, rss + rsl * 128, scale)")
+
+
+def emit_ring_bases(emit, ind: str, d: int, ring: int) -> None:
+    """Emit, once a kernel, the shared addresses of this lane's ring words in its warp's first
+    slot: ``rse`` (row 0, column lane) and ``rso`` (row 1, column lane ^ 8, the odd rows'
+    swizzle of :func:`emit_ring_issue`), and ``rss`` of its scale;
+    :func:`~andromeda_nb.device.intrinsics.cp_async_row` offsets them by constants."""
+    emit(f"{ind}rse = shared_offset(ring, wid * {ring * (d // 8)}, lane)")
+    emit(f"{ind}rso = shared_offset(ring, wid * {ring * (d // 8)} + 1, lane ^ 8)")
+    emit(f"{ind}rss = shared_offset(rsc, wid * {ring}, lane)")  # its scale (rows of 32 4-byte scales)
 
 
 def _emit_ring_read(emit, ind: str, t: int, d: int, ring: int) -> None:
@@ -103,7 +115,8 @@ def _emit_ring_read(emit, ind: str, t: int, d: int, ring: int) -> None:
         for wi in range(d // 16):
             emit(f"{ind}m{q}_{wi} = ld_half(ring, wid * {ring * nw} + rs * {nw} + c4h + {2 * wi}, "
                  f"{k} + {'c8b' if k % 16 else 'c8a'}, c4o)")
-        emit(f"{ind}sc{q} = rsc[wid * {ring} + rs, {k} + g8]")
+        # unsigned indices: a signed one costs a negative-index wraparound (a shift, a mask, an add)
+        emit(f"{ind}sc{q} = rsc[uint64(wid * {ring} + rs), uint64({k} + g8)]")
 
 
 def _emit_mma_tile(emit, ind: str, t: int, d: int, terms: int = 3) -> None:
@@ -272,7 +285,7 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
     if shared_weights:
         emit(f"{ind}wz = uint64(j >> 62) + uint64(lane)")
     if ring:
-        emit_ring_issue(emit, ind, f"base + {ring - 1} * stride", f"(rs + {ring - 1}) % {ring}", d, layout, ring, n,
+        emit_ring_issue(emit, ind, f"base + {ring - 1} * stride", "ws", d, layout, ring, n,
                         whole)
         emit(f"{ind}cp_async_commit()")
         emit(f"{ind}cp_async_wait({ring - 1})")
@@ -302,6 +315,7 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
                 emit_mma_load(emit, ind, t, "base + stride" if rows_ahead == 1 else "base + 2 * stride", d, layout,
                               access, compact, n, row, int8, pairs=pairs, whole=whole)
     if ring:
+        emit(f"{ind}ws = rs")  # the slot read now is the next one refilled
         emit(f"{ind}rs = rs + 1 if rs < {ring - 1} else 0")
     if prefetch and rows_ahead == 2:  # the next round's rows become this set's, the loaded ones wait
         for q in range(4):

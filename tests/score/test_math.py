@@ -870,17 +870,21 @@ def test_int8_rows_through_the_ring_answer_as_registers(rng, stages, monkeypatch
 def test_the_ring_waits_for_its_own_round_before_reading_it():
     """What the simulator cannot check (its copies land at once): in the generated loop a round
     commits its copies, waits until at most ring - 1 groups are pending (its own landed), passes a
-    warp barrier, then reads the ring; the scale copies are 4 bytes where the words' are 8; the
-    kernel ends waiting for every group."""
+    warp barrier, then reads the ring; a round's copies (its 8 words and its scale an ad) go out
+    together; the kernel ends waiting for every group. Likewise with the loop split in two (the
+    unchecked rounds' copies, then the checked ones')."""
     from andromeda_nb.score.fused import _source
 
     for stages in (2, 3, 4):
-        src = _source("gated", 64, 6, 2, "int8", "tiles", "pool", False, 128, math="fp16", dequant="fma",
-                      ring_stages=stages)
-        loop = src[src.index("    for base0 in"):]
-        order = [loop.index(x) for x in ("cp_async_commit()", f"cp_async_wait({stages - 1})",
-                                          "cuda.sync", "ld_half(ring")]
-        assert order == sorted(order), order
-        assert src.count("cp_async_commit()") == stages  # ring - 1 before the loop, one a round
-        assert src.rstrip().endswith("cp_async_wait(0)")
-        assert "scale, (rj,), rb // 2)" in src and "words, (0, rj), rb)" in src
+        for split in (False, True):
+            src = _source("gated", 64, 6, 2, "int8", "tiles", "pool", False, 128, math="fp16", dequant="fma",
+                          ring_stages=stages, split_loop=split)
+            loops = src.split("    while b0 <= last_whole:") if split else [src[src.index("    for base0 in"):]]
+            assert len(loops) == 1 + split
+            for loop in loops[split:]:
+                order = [loop.index(x) for x in ("cp_async_row(ring", "cp_async_commit()", f"cp_async_wait({stages - 1})",
+                                                  "cuda.sync", "ld_half(ring")]
+                assert order == sorted(order), order
+            assert src.count("cp_async_commit()") == stages + split  # ring - 1 before the loop(s), one a round
+            assert src.rstrip().endswith("cp_async_wait(0)")
+            assert src.count(", rb, 8, 1, rsc, rss + rsl * 128, scale)") == stages - 1 + 1 + split
