@@ -36,7 +36,9 @@ _LAZY = {
 
 def __getattr__(name):
     if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # kept: later lookups skip this hook (~1.5 us a call on a serving path)
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

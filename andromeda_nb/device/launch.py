@@ -387,9 +387,11 @@ def _libcuda():
     lib.cuGraphLaunch.argtypes = [vp, vp]
     lib.cuGraphExecDestroy.argtypes = [vp]
     lib.cuGraphDestroy.argtypes = [vp]
+    lib.cuStreamSynchronize.argtypes = [vp]
     for f in (lib.cuLaunchKernel, lib.cuMemcpyHtoDAsync_v2, lib.cuMemcpyDtoHAsync_v2, lib.cuGetErrorName,
               lib.cuStreamCreate, lib.cuStreamDestroy_v2, lib.cuStreamBeginCapture_v2, lib.cuStreamEndCapture,
-              lib.cuGraphInstantiateWithFlags, lib.cuGraphLaunch, lib.cuGraphExecDestroy, lib.cuGraphDestroy):
+              lib.cuGraphInstantiateWithFlags, lib.cuGraphLaunch, lib.cuGraphExecDestroy, lib.cuGraphDestroy,
+              lib.cuStreamSynchronize):
         f.restype = ctypes.c_int
     return lib
 
@@ -416,6 +418,29 @@ def _driver_error(code: int) -> str:
     if lib is not None and lib.cuGetErrorName(code, ctypes.byref(name)) == 0 and name.value:
         return f"{name.value.decode()} ({code})"
     return f"CUresult {code}"
+
+
+#: CUresult of a driver call made on a thread with no current context
+_INVALID_CONTEXT = 201
+
+
+def synchronize() -> None:
+    """Wait for the default stream (the one :func:`copy_async`, bound launches and graphs enqueue
+    on) through libcuda: Numba's ``default_stream().synchronize()`` first asks the driver for the
+    thread's context (its ``require_context`` wrapper), tens of microseconds of a serving call's
+    host time. A thread with no current context gets Numba's (which makes it current) and tries
+    again. The simulator runs everything at once: nothing to wait for."""
+    if backend.is_simulator():
+        return
+    lib = _libcuda()
+    if lib is None:
+        cuda().default_stream().synchronize()
+        return
+    err = lib.cuStreamSynchronize(None)
+    if err == _INVALID_CONTEXT:
+        ensure_context()
+        err = lib.cuStreamSynchronize(None)
+    _check(err, "cuStreamSynchronize")
 
 
 def copy_async(dst, src, nbytes: int, src_offset: int = 0) -> None:

@@ -183,7 +183,7 @@ def _answer(sfw, copied: bool) -> tuple:
     synchronisation (not three synchronous copies)."""
     if not copied:
         _copy_answer(sfw)
-    launch.cuda().default_stream().synchronize()
+    launch.synchronize()
     return sfw.host_counts.copy(), sfw.host_ids.copy(), sfw.host_scores.copy()
 
 

@@ -93,3 +93,49 @@ def test_copy_async_copies_from_a_byte_offset(rng):
         with pytest.raises(ValueError, match="copy of"):
             launch.copy_async(pinned, dev, n, src_offset=off)
     launch.copy_async(pinned, dev, 0, src_offset=8 * 50)  # nothing to copy, from the end: fine
+
+
+def test_synchronize_waits_through_libcuda_and_makes_a_thread_current_first(monkeypatch):
+    """launch.synchronize on a GPU: one cuStreamSynchronize of the default stream; on a thread with
+    no current context (CUDA_ERROR_INVALID_CONTEXT) it makes Numba's current and waits again; any
+    other error is raised with the driver's name; without libcuda, Numba's default stream waits. (A
+    fake driver here: the simulator has none.)"""
+    from andromeda_nb.device import launch
+
+    calls = []
+
+    class Driver:
+        def __init__(self, results):
+            self.results = list(results)
+
+        def cuStreamSynchronize(self, stream):
+            calls.append(("sync", stream))
+            return self.results.pop(0)
+
+        def cuGetErrorName(self, code, name):
+            return 1  # no name: the message gives the code
+
+    monkeypatch.setattr(launch.backend, "is_simulator", lambda: False)
+    monkeypatch.setattr(launch, "ensure_context", lambda: calls.append(("context",)))
+    for results, want in (([0], [("sync", None)]),
+                          ([launch._INVALID_CONTEXT, 0], [("sync", None), ("context",), ("sync", None)])):
+        calls.clear()
+        monkeypatch.setattr(launch, "_libcuda", lambda d=Driver(results): d)
+        launch.synchronize()
+        assert calls == want
+    monkeypatch.setattr(launch, "_libcuda", lambda d=Driver([700]): d)
+    with pytest.raises(RuntimeError, match="cuStreamSynchronize failed: CUresult 700"):
+        launch.synchronize()
+
+    class Numba:
+        def default_stream(self):
+            return self
+
+        def synchronize(self):
+            calls.append(("numba",))
+
+    calls.clear()
+    monkeypatch.setattr(launch, "_libcuda", lambda: None)
+    monkeypatch.setattr(launch, "cuda", lambda: Numba())
+    launch.synchronize()
+    assert calls == [("numba",)]
