@@ -119,19 +119,23 @@ class KernelConfig:
         ring_stages: int8 rows in fp16 math on the full pool through a shared-memory ring of this
             many rounds a warp (2-4), filled by asynchronous copies (``cp.async``) instead of
             register loads: ``ring_stages - 1`` rounds of rows in flight with no register held
-            for them (built for the H200, where the int8 kernel stops at 0.77-0.79 of the
-            ceiling; the ring costs 20 % more instructions a round). A slot holds a warp's 32 rows and scales (2,176
+            for them (built for the H200, where the int8 kernel stops at 0.77-0.82 of the
+            ceiling). A round's copies go out in one block of PTX from 32-bit shared addresses:
+            at E6 K2 d64 with 3 rounds, 304 instructions a round in the split loop against the
+            register loads' 274, 335 checked (``ptxcheck --sass``). A slot holds a warp's 32 rows and scales (2,176
             bytes at d = 64), so the ring takes ``block / 32 * ring_stages`` of them: with
             blocks of 256 even two slots pass Numba's 48 KiB of static shared memory beside the
             result tile; use blocks of 128 (at d = 128, two slots). Only kernels over the whole
             table take it: fp16 tables, eligible sets, candidate lists, a table with free slots
             (a live pool scores its live bitset) and the block top-K with ``items`` > 1 ignore
             it, and their shared memory is counted without it; it excludes ``rows_ahead=2``.
-            ``"auto"`` (default): 0, no ring: on the H100 (E6 K2 d64, 10^8 ads, one run) 2-4
-            rounds ran 0-2 % slower, kernels and ``score_topk``; on the H200 (one run) 4-11 %
-            slower than register loads in blocks of 128: with 3 rounds the wait on memory falls
-            from 2.1 to 0.5 cycles an instruction (Nsight Compute), but the ring's extra
-            instructions cost more. The same scores either way (the simulator, H100 and H200).
+            ``"auto"`` (default): 0, no ring: before the copies were cut from 457 instructions a
+            round (one checked loop) to the counts above, on the H100 (E6 K2 d64, 10^8 ads, one
+            run) 2-4 rounds ran 0-2 % slower, kernels and ``score_topk``; on the H200 (one run)
+            4-11 % slower than register loads in blocks of 128: with 3 rounds the wait on memory
+            falls from 2.1 to 0.5 cycles an instruction (Nsight Compute), but the ring's extra
+            instructions cost more. The cut ring is not yet measured. The same scores either way
+            (the simulator, H100 and H200).
         row_scales: how fp16 math reads an int8 table's row scales: ``"fp32"`` (the table's float32
             scale, made into the fp16 pair ``(s, -1152 s)`` each round: 3 instructions a row) or
             ``"fp16_pairs"`` (those pairs made once a table, :meth:`.table.DeviceAdTable.scale_pairs`:
