@@ -547,7 +547,7 @@ def test_the_profile_script_launches_its_four_cases():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.splitlines() == [f"{dt} {label}: scores finite: True" for dt, label in (
-        ("fp16", "default"), ("int8", "default"), ("fp16", "loop=checked"), ("int8", "loop=checked"))]
+        ("fp16", "default"), ("int8", "default"), ("int8", "ring_stages=3"), ("int8", "ring_stages=2"))]
     assert "profile_scores.py" in (ROOT / "data" / "gpu_session.sh").read_text()
 
 
