@@ -21,7 +21,10 @@ SPLIT, CHECKED = anb.KernelConfig(math="fp16", block=32), anb.KernelConfig(math=
 # loads), without the full cross product (the simulator takes ~10 s a case)
 @pytest.mark.parametrize("dtype, layout, E, K, ring", [("fp16", "rows", 1, 1, 0), ("int8", "tiles", 3, 2, 0),
                                                        ("fp16", "tiles", 5, 2, 0), ("int8", "rows", 8, 4, 0),
-                                                       ("int8", "tiles", 6, 2, 0), ("int8", "tiles", 5, 2, 3)])
+                                                       ("int8", "tiles", 6, 2, 0),
+                                                       # the ring (off by default; the default tier's ring test
+                                                       # splits its loop too, one round of one block unchecked)
+                                                       pytest.param("int8", "tiles", 5, 2, 3, marks=pytest.mark.slow)])
 def test_the_split_loop_answers_as_the_checked_one(rng, dtype, layout, E, K, ring, monkeypatch):
     """Blocks of 32 over the launch's whole grid (a stride of 128 ads on the simulator's 4
     blocks): at 2 strides + 45 ads (301 there) each block runs its first rounds in the unchecked
