@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from numba.cuda.core import config
 
-from ..device.intrinsics import ROW_BYTES
+from ..device.memory_ops import ROW_BYTES
 
 #: a warp barrier (the simulator has no syncwarp; its block barrier stands in, every thread of the
 #: block reaches it together)
@@ -99,7 +99,7 @@ def emit_ring_bases(emit, ind: str, d: int, ring: int) -> None:
     """Emit, once a kernel, the shared addresses of this lane's ring words in its warp's first
     slot: ``rse`` (row 0, column lane) and ``rso`` (row 1, column lane ^ 8, the odd rows'
     swizzle of :func:`emit_ring_issue`), and ``rss`` of its scale;
-    :func:`~andromeda_nb.device.intrinsics.cp_async_row` offsets them by constants."""
+    :func:`~andromeda_nb.device.memory_ops.cp_async_row` offsets them by constants."""
     emit(f"{ind}rse = shared_offset(ring, wid * {ring * (d // 8)}, lane)")
     emit(f"{ind}rso = shared_offset(ring, wid * {ring * (d // 8)} + 1, lane ^ 8)")
     emit(f"{ind}rss = shared_offset(rsc, wid * {ring}, lane)")  # its scale (rows of 32 4-byte scales)

@@ -53,11 +53,11 @@ from numba import cuda, float32, int16, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from ..device.bits import test_bit
-from ..device.intrinsics import (DECODE, PER_WORD, cp_async, cp_async_commit, cp_async_row, cp_async_wait, dequant_i8x4,
-                                 dequant_i8x4_fma, dequant_offset_h2, exp_approx, film_h2, half2_of, ld_half,
-                                 lds2, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp, pair_high,
-                                 pair_low, prefetch_l2, prefetch_l2_2d, rcp_approx, shared_offset, sts2,
-                                 tf32_round)
+from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, exp_approx,
+                                 film_h2, half2_of, lds2, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp,
+                                 pair_high, pair_low, rcp_approx, sts2, tf32_round)
+from ..device.memory_ops import (cp_async_commit, cp_async_row, cp_async_wait, ld_half, prefetch_l2,
+                                 prefetch_l2_2d, shared_offset)
 from ..topk.block import block_topk
 from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load, emit_ring_bases, emit_ring_issue
 from .emit_per_ad import PerAdEmitter
@@ -368,7 +368,8 @@ class _Source(PerAdEmitter):
                 emit("    cp_async_commit()")
             if self.ring:
                 emit("    rs = 0")  # the ring slot this round reads
-                emit(f"    ws = {self.ring - 1}")  # and the one it refills: (rs + ring - 1) % ring, kept (a 64-bit % costs ~25 instructions)
+                # and the one it refills, (rs + ring - 1) % ring, kept: a 64-bit % costs ~25 instructions
+                emit(f"    ws = {self.ring - 1}")
             for t in range(0 if self.ring else 2):
                 emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row,
                               self.dtype == "int8", pairs=self.scale_pairs)
@@ -713,7 +714,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
            "uint32": uint32, "half2_of": half2_of, "pair_low": pair_low, "pair_high": pair_high, "dequant_i8x4": dequant_i8x4,
            "dequant_i8x4_fma": dequant_i8x4_fma, "dequant_offset_h2": dequant_offset_h2, "ld_half": ld_half,
            "exp_approx": exp_approx, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d,
-           "cp_async": cp_async, "cp_async_commit": cp_async_commit, "cp_async_wait": cp_async_wait,
+           "cp_async_commit": cp_async_commit, "cp_async_wait": cp_async_wait,
            "cp_async_row": cp_async_row, "shared_offset": shared_offset}
     if topk_cap:
         t = block_topk(topk_cap, block, has_ids, items, every)
