@@ -311,8 +311,8 @@ def test_a_request_past_the_fp16_range_is_named_in_its_batch(rng):
 
 
 @pytest.mark.parametrize("tile_order, f16_weights, rows_ahead",
-                         [("tiles", "auto", "auto"), ("steps", "auto", "auto"), ("tiles", "shared", "auto"),
-                          ("tiles", "shared", 2)])
+                         [("tiles", "auto", "auto"), ("steps", "auto", "auto"), ("tiles", "shared", 2),
+                          pytest.param("tiles", "shared", "auto", marks=pytest.mark.slow)])
 def test_fp16_math_pool_equals_its_model(rng, tile_order, f16_weights, rows_ahead, monkeypatch):
     """math='fp16': the filter pass on the tensor cores over every request's candidates; answers are
     the exact top-k of the fp16 model's scores (score_ads with the same config), the sampled seed

@@ -716,7 +716,7 @@ def test_fp32_math_ignores_the_tile_order(rng):
         fused_kernel("gated", 32, 4, 2, "fp16", "rows", "pool", 32, tile_order="steps")
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+@pytest.mark.parametrize("dtype", ["fp16", pytest.param("int8", marks=pytest.mark.slow)])  # a launch experiment: int8 in the slow tier
 def test_shared_f16_weights_answer_as_registers(rng, dtype):
     """KernelConfig(f16_weights="shared") (the per-lane weight image in shared memory) gives the
     registers' answers through the public calls: score_topk's filter and block paths over the pool,
@@ -775,7 +775,7 @@ def _spy_kernels(monkeypatch):
     return built
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+@pytest.mark.parametrize("dtype", ["fp16", pytest.param("int8", marks=pytest.mark.slow)])  # a launch experiment: int8 in the slow tier
 def test_two_rounds_of_rows_ahead_answer_as_one(rng, dtype, monkeypatch):
     """KernelConfig(rows_ahead=2) (a second set of row registers: the round after next loaded while
     this one computes) gives one round's answers: scores to memory over the pool, score_topk's

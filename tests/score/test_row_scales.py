@@ -53,7 +53,7 @@ def test_scale_pairs_are_the_halves_the_kernel_makes_each_round(rng):
         table_of(rng, 40, 32, "tiles", "fp16")[1].scale_pairs()
 
 
-@pytest.mark.parametrize("layout", ["tiles", "rows"])
+@pytest.mark.parametrize("layout", ["tiles", pytest.param("rows", marks=pytest.mark.slow)])
 def test_int8_scale_pairs_answer_as_the_float_scales(rng, layout, monkeypatch):
     """Scores to memory and the filter path's top-K over the pool, an eligible set and a candidate
     list (301 ads: a warp's last round past the end), with two rounds in flight and through the

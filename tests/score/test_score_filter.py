@@ -135,8 +135,10 @@ def test_k_above_the_block_limit(small_seed, monkeypatch, rng):
         score_topk(req, dt, 5, path="nope")
 
 
-@pytest.mark.parametrize("fraction", [0.0, 0.03, 0.5, 1.0])
-@pytest.mark.parametrize("path", ["block", "filter"])
+# each path: empty, sparse, and one of half / all eligible in the default tier (the other slow)
+@pytest.mark.parametrize("path, fraction", [(p, f) for p in ("block", "filter") for f in (0.0, 0.03)]
+                         + [("block", 1.0), ("filter", 0.5), pytest.param("block", 0.5, marks=pytest.mark.slow),
+                            pytest.param("filter", 1.0, marks=pytest.mark.slow)])
 def test_bitset_compaction_per_tile(small_seed, rng, fraction, path):
     """With an eligible bitset the top-K kernels compact each tile of positions to a shared list of
     the eligible ones (score.fused.BITS_PER_THREAD per thread) and score it densely: sizes that

@@ -479,6 +479,7 @@ def test_ties_go_to_the_point_nearest_the_preset(data):
     assert trials[0][1] == trials[1][1] and best == {"lr_scale": 1.0, "steps_scale": 1}
 
 
+@pytest.mark.slow  # worker processes import torch: the failed-run test keeps them in the default tier
 def test_runs_in_worker_processes_choose_what_one_process_chooses(data):
     """tune_many with workers trains each (model, learning rate) run in its own process; the
     values and choices equal those of the runs trained one after another here."""
@@ -622,6 +623,7 @@ def test_a_time_budget_starts_runs_longest_first_and_only_those_that_fit(data, t
         tuning.tune_many({"single_tower": base}, data, grid=grid, budget_s=60)
 
 
+@pytest.mark.slow  # worker processes (the budget itself: the test above, in one process)
 def test_a_time_budget_with_workers_keeps_the_runs_it_started(data, tmp_path):
     """In worker processes the first ``workers`` runs start whatever the budget (nothing is timed yet);
     a budget they use up leaves every other run, and the started ones are kept."""
