@@ -134,7 +134,9 @@ class KernelConfig:
             run) 2-4 rounds ran 0-2 % slower, kernels and ``score_topk``; on the H200 (one run)
             4-11 % slower than register loads in blocks of 128: with 3 rounds the wait on memory
             falls from 2.1 to 0.5 cycles an instruction (Nsight Compute), but the ring's extra
-            instructions cost more. The cut ring is not yet measured. The same scores either way
+            instructions cost more. The cut ring on the H100 (one run): N = 3 0.7-1.9 % faster than
+            the register loads (scores to memory, fused top-1000, ``score_topk``); not yet measured
+            on the H200, so ``"auto"`` stays 0. The same scores either way
             (the simulator, H100 and H200).
         row_scales: how fp16 math reads an int8 table's row scales: ``"fp32"`` (the table's float32
             scale, made into the fp16 pair ``(s, -1152 s)`` each round: 3 instructions a row) or
