@@ -18,6 +18,16 @@ if [ -d .whl ] && [ ! -d "$SITE" ]; then
 fi
 export PYTHONPATH="$SITE:$PWD"
 export PATH="$SITE/bin:$PATH"
+# The device tool brings back at most 8 files from $OUT. After every step the logs and host profiles
+# go into one extras.tar (appended step by step), the tables (*.csv) and tuning files (tuned*.json)
+# stay loose: a command stopped by its time limit mid-step still brings back every finished step's
+# files and the rows its current step wrote so far.
+pack_extras() {
+  (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name 'extras.tar' | grep -q .) || return 0
+  (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name 'extras.tar' -print0 \
+     | tar --null -rf extras.tar --remove-files -T -) || echo "warning: could not pack $OUT's logs into extras.tar"
+  find "$OUT" -mindepth 1 -type d -empty -delete
+}
 status=0
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
@@ -115,16 +125,8 @@ join_rows(sorted(glob.glob(sys.argv[1] + '/qseeds/s*/quality.csv')), sys.argv[1]
       NUMBA_ENABLE_CUDASIM=0 python3 -m andromeda_nb.device.ptxcheck 2>&1 | tail -5 || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
+  pack_extras
 done
-# The device tool brings back at most 8 files from $OUT: past that, the tables (*.csv) and tuning
-# files (tuned*.json) stay loose and the rest (logs, host profiles) go into one extras-<time>.tar.gz.
-if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
-  extras="extras-$(date -u +%H%M%S).tar.gz"
-  if (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name 'extras-*.tar.gz' | grep -q .); then
-    (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name 'extras-*.tar.gz' -print0 \
-       | tar --null -czf "$extras" --remove-files -T -) && echo "more than 8 files: logs and profiles in $OUT/$extras"
-    find "$OUT" -mindepth 1 -type d -empty -delete
-  fi
-  [ "$(find "$OUT" -type f | wc -l)" -le 8 ] || echo "warning: $OUT still holds more than 8 files; the device tool brings back 8"
-fi
+[ -f "$OUT/extras.tar" ] && echo "logs and profiles: $OUT/extras.tar"
+[ "$(find "$OUT" -type f | wc -l)" -le 8 ] || echo "warning: $OUT holds more than 8 files; the device tool brings back 8"
 exit $status

@@ -162,8 +162,9 @@ def _call_breakdown(call, calls: int) -> dict:
 
 
 def _host_profile(call, calls: int, out_dir, name: str) -> None:
-    """Where the host time of a public call goes (cProfile of ``calls`` calls, by own time, then by cumulative time), to
-    ``<out>/pipeline_host_profile_<name>.txt``."""
+    """Where the host time of a public call goes (cProfile of ``calls`` calls, by own time, then by cumulative time):
+    a section headed ``=== <name> (<calls> calls)`` appended to ``<out>/host_profiles.txt`` (one file a run, however
+    many cases: the GPU host's tool brings back a few files)."""
     import cProfile
     import io
     import pstats
@@ -175,9 +176,11 @@ def _host_profile(call, calls: int, out_dir, name: str) -> None:
         call()
     prof.disable()
     text = io.StringIO()
+    text.write(f"=== {name} ({calls} calls)\n")
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
-    Path(out_dir, f"pipeline_host_profile_{name}.txt").write_text(text.getvalue())
+    with open(Path(out_dir, "host_profiles.txt"), "a") as f:
+        f.write(text.getvalue())
 
 
 def _retrieve_rows(env, ceil, world, pool, reqs, profiles, match_bytes, n, args_out, batches=BATCHES,

@@ -430,6 +430,39 @@ def test_gpu_session_calls_the_bench_module_with_out_and_phases():
     assert harness.main(["topk", "--out", "build/x", "--phases", "small,stages", "--reps", "12", "--list"]) == 0
 
 
+def test_gpu_session_packs_each_steps_logs_so_a_cut_off_command_brings_its_tables_back(tmp_path):
+    """The device tool brings back 8 files of $OUT: after every step gpu_session.sh moves the logs and
+    profiles into one extras.tar (appended step by step) and leaves the tables loose, so a command
+    stopped by its time limit in a later step still brings back every table. (An unknown step runs
+    nothing: exit 2, then the packing.)"""
+    import tarfile
+
+    out = tmp_path / "out"
+    (out / "quality").mkdir(parents=True)
+
+    def write(names):
+        for name in names:
+            (out / name).write_text(name)
+
+    write([f"host_{i}.txt" for i in range(9)] + ["scoring.csv", "tuned.json", "quality/q.log", "quality/quality.csv"])
+    env = {**os.environ, "OUT": str(out), "ANDROMEDA_COMMIT": "test"}
+
+    def run():
+        return subprocess.run(["bash", str(ROOT / "data" / "gpu_session.sh"), "no_such_step"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True)
+
+    done = run()
+    assert done.returncode == 2 and "unknown step no_such_step" in done.stdout
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert left == ["extras.tar", "quality/quality.csv", "scoring.csv", "tuned.json"]
+    write(["bench_pipeline.log", "pipeline.csv"])
+    assert run().returncode == 2
+    with tarfile.open(out / "extras.tar") as tar:
+        packed = sorted(tar.getnames())
+    assert packed == sorted(["./bench_pipeline.log", "./quality/q.log"] + [f"./host_{i}.txt" for i in range(9)])
+    assert (out / "pipeline.csv").read_text() == "pipeline.csv" and not (out / "host_0.txt").exists()
+
+
 def test_a_serving_worker_builds_each_world_once_and_keeps_only_the_last():
     from andromeda_nb.bench import serving as S
 
