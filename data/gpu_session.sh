@@ -23,9 +23,8 @@ export PATH="$SITE/bin:$PATH"
 # stay loose: a command stopped by its time limit mid-step still brings back every finished step's
 # files and the rows its current step wrote so far.
 pack_extras() {
-  (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name 'extras.tar' | grep -q .) || return 0
   (cd "$OUT" && find . -type f ! -name '*.csv' ! -name 'tuned*.json' ! -name 'extras.tar' -print0 \
-     | tar --null -rf extras.tar --remove-files -T -) || echo "warning: could not pack $OUT's logs into extras.tar"
+     | xargs -0 -r tar -rf extras.tar --remove-files) || echo "warning: could not pack $OUT's logs into extras.tar"
   find "$OUT" -mindepth 1 -type d -empty -delete
 }
 status=0

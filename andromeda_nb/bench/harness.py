@@ -324,6 +324,18 @@ def write_rows(rows: list[dict], path: Path) -> None:
 _sink: Path | None = None  # the CSV rows are appended to as they are printed (a cut-off run keeps them)
 
 
+def side_file(path: Path) -> Path:
+    """The text a suite's run writes beside its CSV ``path`` (host profiles): ``<out>/<suite>_host_profiles.txt``,
+    started afresh with the CSV."""
+    return path.with_name(f"{path.stem}_host_profiles.txt")
+
+
+def host_profile_file(out_dir) -> Path:
+    """Where a host profile goes: the running suite's :func:`side_file`, or ``<out_dir>/host_profiles.txt`` for a
+    case called outside a bench run."""
+    return side_file(_sink) if _sink is not None else Path(out_dir, "host_profiles.txt")
+
+
 def print_rows(rows: list[dict]) -> None:
     if _sink is not None:
         new = not _sink.exists()
@@ -547,8 +559,8 @@ def main(argv=None) -> int:
     global _sink
     path = Path(args.out) / f"{args.name or args.suite}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        path.unlink()
+    for old in (path, side_file(path)):
+        old.unlink(missing_ok=True)
     _sink = path
     rows = ceiling_rows(env, ceil, args.suite)
     print_rows(rows)

@@ -56,7 +56,7 @@ def _apply_rows(env, ceil, world, pool, reqs, profiles, out_dir, batches=APPLY_B
     batches: the host index equals a rebuild of its rules, the device rows equal the host's on
     sampled words, the device table's ad ids equal the index's on every slot, and sampled requests
     equal the reference (CPU match on the index, top-k of the kernel's scores). Where the host time
-    of a batch of the first two sizes goes: the sections ``apply_<slots>_<size>`` of ``<out>/host_profiles.txt``.
+    of a batch of the first two sizes goes: the sections ``apply_<slots>_<size>`` of :func:`.harness.host_profile_file`.
     ``batches``: (ops a batch, batches timed) a size; ``busy(ms)``: the kernel queued ahead of the
     events (default :func:`.harness.busy`)."""
     import types

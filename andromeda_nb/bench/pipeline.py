@@ -163,12 +163,11 @@ def _call_breakdown(call, calls: int) -> dict:
 
 def _host_profile(call, calls: int, out_dir, name: str) -> None:
     """Where the host time of a public call goes (cProfile of ``calls`` calls, by own time, then by cumulative time):
-    a section headed ``=== <name> (<calls> calls)`` appended to ``<out>/host_profiles.txt`` (one file a run, however
-    many cases: the GPU host's tool brings back a few files)."""
+    a section headed ``=== <name> (<calls> calls)`` appended to :func:`.harness.host_profile_file` (one file a run,
+    however many cases: the GPU host's tool brings back a few files)."""
     import cProfile
     import io
     import pstats
-    from pathlib import Path
 
     prof = cProfile.Profile()
     prof.enable()
@@ -179,7 +178,7 @@ def _host_profile(call, calls: int, out_dir, name: str) -> None:
     text.write(f"=== {name} ({calls} calls)\n")
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
-    with open(Path(out_dir, "host_profiles.txt"), "a") as f:
+    with harness.host_profile_file(out_dir).open("a") as f:
         f.write(text.getvalue())
 
 

@@ -463,6 +463,23 @@ def test_gpu_session_packs_each_steps_logs_so_a_cut_off_command_brings_its_table
     assert (out / "pipeline.csv").read_text() == "pipeline.csv" and not (out / "host_0.txt").exists()
 
 
+def test_host_profiles_go_beside_the_running_suites_csv(tmp_path, monkeypatch):
+    """During a bench run (its CSV sink set) every host profile is a section of
+    <suite>_host_profiles.txt beside the CSV; a case called outside a run writes <out>/host_profiles.txt."""
+    from andromeda_nb.bench import pipeline as P
+
+    P._host_profile(lambda: None, 2, tmp_path, "alone")
+    (tmp_path / "runs").mkdir()  # the run's --out, made by harness.main
+    monkeypatch.setattr(harness, "_sink", tmp_path / "runs" / "pool.csv")
+    for name in ("apply_10_20", "apply_10_40"):
+        P._host_profile(lambda: sum(range(10)), 3, tmp_path / "elsewhere", name)
+    assert (tmp_path / "host_profiles.txt").read_text().startswith("=== alone (2 calls)\n")
+    text = (tmp_path / "runs" / "pool_host_profiles.txt").read_text()
+    assert [line for line in text.splitlines() if line.startswith("===")] == ["=== apply_10_20 (3 calls)",
+                                                                             "=== apply_10_40 (3 calls)"]
+    assert harness.side_file(tmp_path / "pipeline.csv") == tmp_path / "pipeline_host_profiles.txt"
+
+
 def test_a_serving_worker_builds_each_world_once_and_keeps_only_the_last():
     from andromeda_nb.bench import serving as S
 
