@@ -54,6 +54,8 @@ def _as_f32(name: str, x, ndim: int) -> np.ndarray:
     arr = _to_f32(name, arr)
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} holds non-finite values (NaN or inf)")
+    if np.may_share_memory(arr, x):  # the caller's own buffer: a copy, so that freezing it leaves theirs
+        arr = arr.copy()               # writable and their later writes cannot reach the request
     return arr
 
 

@@ -26,6 +26,32 @@ def test_request_validation(rng):
             Request(**{**ok, **change})
 
 
+def test_a_request_copies_the_callers_arrays(rng):
+    """A Request holds its own read-only copies: the caller's arrays (float32, contiguous, or a view
+    of a larger buffer) stay writable, and writing to them afterwards changes neither the request
+    nor what a device request made from it scores."""
+    from andromeda_nb import reference
+    from andromeda_nb.score import DeviceRequest, KernelConfig
+
+    d = 32
+    base = rng.standard_normal((7, d)).astype(np.float32)
+    G, gamma, beta = (rng.standard_normal((6, d)).astype(np.float32), np.ones(d, np.float32),
+                      np.zeros(d, np.float32))
+    req = Request(V=base[:6], G=G, gamma=gamma, beta=beta, k_experts=2)
+    before = [a.copy() for a in (req.V, req.G, req.gamma, req.beta)]
+    assert all(a.flags.writeable for a in (base, G, gamma, beta))
+    assert not any(a.flags.writeable for a in (req.V, req.G, req.gamma, req.beta))
+    table = AdTable.from_float(rng.standard_normal((40, d)), dtype="fp32")
+    dreq, cfg = DeviceRequest.of(req), KernelConfig(math="fp32")
+    want = reference.score(req, table)
+    base *= 2.0
+    G[0, 0], gamma[3], beta[5] = 5.0, 2.0, 1.0
+    for kept, now in zip(before, (req.V, req.G, req.gamma, req.beta)):
+        np.testing.assert_array_equal(kept, now)
+    got = score_ads(dreq, DeviceAdTable(table), config=cfg).copy_to_host()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_table_validation(rng):
     with pytest.raises(ValueError, match="dtype"):
         AdTable.from_float(np.zeros((2, 8)), dtype="fp8")
