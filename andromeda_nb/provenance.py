@@ -8,6 +8,9 @@ from pathlib import Path
 
 #: where the experiments write their rows: changes there leave the code under test as committed
 RESULTS_DIR = "data/results"
+#: the committed tables' folder of this checkout: a benchmark run, which replaces its CSV, never
+#: writes there, nor a training run whose changed settings would replace the main rows
+COMMITTED_RESULTS = Path(__file__).resolve().parents[1] / RESULTS_DIR
 
 
 def commit_id(root=None) -> str:

@@ -454,11 +454,13 @@ def plan(suite: str, phases: str | None, options: Options) -> list[Planned]:
     a pool below ``min_n_ads``: a case without its own ``n_ads`` has the run's).
 
     Raises:
-        ValueError: an unknown suite or phase.
+        ValueError: an unknown suite or phase, or ``phases`` naming none.
     """
     module = suite_module(suite)
     declared = module.cases(options)
-    chosen = ([p.strip() for p in phases.split(",") if p.strip()] if phases else list(module.DEFAULT_PHASES))
+    chosen = ([p.strip() for p in phases.split(",") if p.strip()] if phases is not None else list(module.DEFAULT_PHASES))
+    if not chosen:
+        raise ValueError(f"--phases {phases!r} names no phase; known: {', '.join(declared)}")
     unknown = [p for p in chosen if p not in declared]
     if unknown:
         raise ValueError(f"unknown {suite} phases {unknown}; known: {', '.join(declared)}")
@@ -523,7 +525,9 @@ def run_plan(suite: str, env: dict, ceil: Ceilings, options: Options, planned: l
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m andromeda_nb.bench", description=__doc__.splitlines()[0])
     ap.add_argument("suite", choices=SUITES, help="which suite to run")
-    ap.add_argument("--out", default="data/results", help="folder for <suite>.csv (default data/results)")
+    ap.add_argument("--out", default="build/bench",
+                    help="folder for <suite>.csv, replaced by the run (default build/bench; not the committed "
+                         "data/results, whose rows are merged in by hand)")
     ap.add_argument("--quick", action="store_true", help="a small subset of cases (targeting, pipeline)")
     ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting/pipeline")
     ap.add_argument("--min-n-ads", type=int, default=0,
@@ -536,6 +540,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < MIN_REPS:
         ap.error(f"--reps must be at least {MIN_REPS} (a median of >= {MIN_REPS} timings; docs/design.md), got {args.reps}")
+    if args.n_ads < 1 or args.min_n_ads < 0:
+        ap.error(f"--n-ads must be positive and --min-n-ads non-negative, got {args.n_ads} and {args.min_n_ads}")
+    from ..provenance import COMMITTED_RESULTS
+
+    if Path(args.out).resolve() == COMMITTED_RESULTS:
+        ap.error(f"--out {args.out} is the committed tables' folder, and a run replaces <suite>.csv there: write "
+                 "elsewhere (the default build/bench) and merge the rows into the committed table")
     options = Options(n_ads=args.n_ads, reps=args.reps, quick=args.quick, out=args.out, min_n_ads=args.min_n_ads)
     try:
         planned = plan(args.suite, args.phases, options)

@@ -352,7 +352,7 @@ def plan_series(
         The notebooks in run order, each with the exact parameters papermill will inject.
 
     Raises:
-        ParameterError: no notebook selected; a section names a notebook that does not exist; a
+        ParameterError: ``out_dir`` is ``notebooks_dir``; no notebook selected; a section names a notebook that does not exist; a
             section key the notebook does not declare; a ``common`` key no notebook declares; an
             ``overrides`` key (or ``backend``) no selected notebook declares; a YAML file that sets
             ``figures_dir`` or ``metrics_dir`` (use the arguments); a bad parameters file.
@@ -361,6 +361,9 @@ def plan_series(
     """
     all_notebooks = find_notebooks(notebooks_dir)
     root = Path(notebooks_dir).resolve().parent
+    if Path(out_dir).resolve() == Path(notebooks_dir).resolve():
+        raise ParameterError(f"out_dir {out_dir} is the notebooks' own folder: the executed copies would replace "
+                             "the source notebooks (give another folder, e.g. build/notebooks)")
     params_path = resolve_params_file(params, notebooks_dir)
     sections = load_params_file(params_path)
     source = str(params_path) if params_path else "parameters"

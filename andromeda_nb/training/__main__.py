@@ -8,6 +8,7 @@ import argparse
 import re
 import sys
 import time
+from pathlib import Path
 
 #: the exit status of a tuning that stopped at its --tune-budget with runs left (EX_TEMPFAIL: run again)
 EXIT_TUNING_LEFT = 75
@@ -193,6 +194,24 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.workers < 1:
         ap.error(f"--workers must be at least 1, got {args.workers}")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be at least 1, got {args.threads}")
+    if args.seeds is not None and min(args.seeds) < 0:
+        ap.error(f"--seeds must be non-negative, got {args.seeds}")
+    if args.device != ap.get_default("device") and args.baselines is None and not args.compute_only:  # they refuse it
+        from ..training.train import pick_device
+
+        try:
+            pick_device(args.device)
+        except ValueError as e:
+            ap.error(str(e))
+    from ..provenance import COMMITTED_RESULTS
+
+    if (args.set and args.experiment == ap.get_default("experiment") and not args.baselines
+            and Path(args.out).resolve() == COMMITTED_RESULTS):
+        ap.error("--set changes the models, and their rows would replace the main table's (quality.csv merges rows "
+                 "by key, and the settings are not in it): name the run's experiment (--experiment variant_<change>) "
+                 "or write elsewhere (--out build/q)")
     if args.tune_only and (args.seeds is not None or args.tuned is None):
         ap.error("--tune-only trains no seed and keeps its choices only in --tuned FILE: "
                  + ("drop --seeds" if args.seeds is not None else "give --tuned FILE"))
@@ -251,8 +270,6 @@ def main(argv=None) -> int:
         unknown = [n for n in args.baselines if n not in BASELINES]
         if unknown:
             ap.error(f"unknown baselines {unknown}; choose from {', '.join(BASELINES)}")
-        from pathlib import Path
-
         from ..analysis.quality import load_data, run_baselines, write_rows
 
         for ds in args.datasets:

@@ -17,6 +17,7 @@ linear warm-up and cosine decay; seeded (torch, numpy).
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -298,8 +299,19 @@ def _score_exported_fp16(V, G, gamma, beta, table: AdTable, k_experts: int, user
 
 
 def pick_device(device: str = "auto") -> torch.device:
+    """The torch device of ``device`` (a torch.device, or its name): ``"auto"`` (CUDA where torch has
+    it, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; ValueError for another name or a CUDA device this torch lacks."""
+    if isinstance(device, torch.device):
+        device = str(device)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this torch ({torch.__version__}) sees "
+                             f"{torch.cuda.device_count() if torch.cuda.is_available() else 'no'} CUDA device(s)")
     return torch.device(device)
 
 

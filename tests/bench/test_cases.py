@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from andromeda_nb.bench import harness
+from andromeda_nb.provenance import COMMITTED_RESULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITES = harness.SUITES
@@ -154,6 +155,24 @@ def test_unknown_phase_is_refused_with_the_known_ones(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "desing" in err and "sweep_dtypes" in err
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--n-ads", "0"], "--n-ads must be positive"), (["--n-ads", "-5"], "--n-ads must be positive"),
+    (["--min-n-ads", "-1"], "--min-n-ads non-negative"), (["--phases", ","], "names no phase"),
+    (["--phases", ""], "names no phase"),
+    (["--out", str(COMMITTED_RESULTS)], "committed tables' folder"),
+    (["--out", str(COMMITTED_RESULTS) + "/../results/"], "committed tables' folder"),
+])
+def test_bad_run_arguments_are_refused_before_anything_runs(args, expected, capsys):
+    """Sizes that measure nothing, a phase list naming none, and the committed tables' folder as
+    ``--out`` (a run replaces <suite>.csv there) are refused; the default writes to build/bench."""
+    committed = (COMMITTED_RESULTS / "scoring.csv").read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        harness.main(["scoring", "--list", *args])
+    assert exc.value.code == 2 and expected in capsys.readouterr().err
+    assert (COMMITTED_RESULTS / "scoring.csv").read_bytes() == committed
+    assert COMMITTED_RESULTS == Path(__file__).resolve().parents[2] / "data" / "results"  # this checkout's
 
 
 # ------------------------------------------------------------------------------------------------

@@ -320,6 +320,11 @@ def test_bad_overrides_and_only_raise(series, monkeypatch, no_kernel):
         run_series(params=None, only=["09_*"], progress=False)
     with pytest.raises(ParameterError, match=r"no such preset or file .*presets in"):
         run_series(params="nosuchpreset", progress=False)
+    sources = sorted(p.read_bytes() for p in (series / "notebooks").glob("*.ipynb"))
+    for out in ("notebooks", str(series / "notebooks"), "notebooks/"):  # the executed copies over the sources
+        with pytest.raises(ParameterError, match="the notebooks' own folder"):
+            run_series(params=None, out_dir=out, only=["01_good"], progress=False)
+    assert sorted(p.read_bytes() for p in (series / "notebooks").glob("*.ipynb")) == sources
 
 
 @pytest.mark.parametrize("cell, expected", [

@@ -764,6 +764,29 @@ def test_set_reads_counts_in_float_notation():
             _parse_settings(argparse.ArgumentParser(), [item])
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["--device", "bogus"], "device must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    (["--device", "cuda:99"], "CUDA device(s)"),
+    (["--threads", "0"], "--threads must be at least 1"), (["--threads", "-1"], "--threads must be at least 1"),
+    (["--seeds", "0", "-1"], "--seeds must be non-negative"),
+    (["--set", "steps=1", "--out", "COMMITTED"], "would replace the main table's"),
+])
+def test_bad_training_arguments_are_refused_before_anything_runs(argv, expected, tmp_path, capsys):
+    """A device torch does not have, thread and seed counts out of range, and changed settings
+    whose rows would replace the committed main table's (the settings are not in quality.csv's
+    key) are usage errors naming the argument; nothing is written."""
+    from andromeda_nb.provenance import COMMITTED_RESULTS
+    from andromeda_nb.training.__main__ import main
+
+    committed = (COMMITTED_RESULTS / "quality.csv").read_bytes()
+    argv = [str(COMMITTED_RESULTS) if a == "COMMITTED" else a for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as e:
+        main(["--preset", "smoke", "--datasets", "multi_interest", "--models", "single_tower", *out, *argv])
+    assert e.value.code == 2 and expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and (COMMITTED_RESULTS / "quality.csv").read_bytes() == committed
+
+
 @pytest.mark.parametrize("argv", [["--baselines", "--set", "steps=3"], ["--baselines", "als", "--tune"],
                                   ["--compute-only", "--models", "ranking"], ["--compute-only", "--set", "lr=0.1"],
                                   ["--baselines", "--compute-only"], ["--compute-only", "--workers", "2"],
