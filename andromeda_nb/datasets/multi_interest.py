@@ -51,7 +51,7 @@ known) measures how much of the ceiling the clicks reveal.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -90,6 +90,43 @@ class WorldDesign:
     rule_age_prob: float = 0.2
     rule_gender_prob: float = 0.05
 
+    def __post_init__(self):
+        """ValueError for a design no world can be built from (before any generation)."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type in (int, "int") and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                raise ValueError(f"WorldDesign.{f.name} must be an int, got {v!r}")
+            if f.type in (float, "float") and (isinstance(v, bool) or not isinstance(v, (int, float, np.number))
+                                               or not np.isfinite(v)):
+                raise ValueError(f"WorldDesign.{f.name} must be a finite number, got {v!r}")
+        if self.topics <= MAX_INTERESTS:
+            raise ValueError(f"WorldDesign.topics must be more than the {MAX_INTERESTS} interests a user may hold "
+                             f"(exploration clicks a topic the user does not hold), got {self.topics}")
+        for name in ("n_users", "n_ads", "latent_dim", "genders", "devices", "dayparts", "min_sessions",
+                     "session_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"WorldDesign.{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("ages", "countries"):  # an ad's rule on them is a bit mask in an int64
+            if not 1 <= getattr(self, name) <= MAX_MASK_VALUES:
+                raise ValueError(f"WorldDesign.{name} must be in 1..{MAX_MASK_VALUES}, got {getattr(self, name)}")
+        if self.max_sessions < self.min_sessions:
+            raise ValueError(f"WorldDesign.max_sessions ({self.max_sessions}) must be at least min_sessions "
+                             f"({self.min_sessions})")
+        for name in ("main_device_prob", "explore_prob", "session_interest_prob", "rule_country_prob",
+                     "rule_age_prob", "rule_gender_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"WorldDesign.{name} is a probability, got {getattr(self, name)}")
+        for name in ("zipf", "ads_topic_power", "ad_spread", "taste_spread", "quality_sd", "segment_tilt"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"WorldDesign.{name} must be non-negative, got {getattr(self, name)}")
+        if self.tau <= 0:
+            raise ValueError(f"WorldDesign.tau (the choice softmax's temperature) must be positive, got {self.tau}")
+
+
+#: the most values of a category an ad's rule holds as a bit mask (int64, its top bit unused)
+MAX_MASK_VALUES = 62
+#: the most interests (topics) a user holds
+MAX_INTERESTS = 4
 
 @dataclass(eq=False)
 class MultiInterestWorld:
@@ -296,11 +333,13 @@ def build_world(design: WorldDesign = WorldDesign(), seed: int = 0, progress: bo
     country_mask = np.full(d.n_ads, full_c, np.int64)
     has = rng.random(d.n_ads) < d.rule_country_prob
     for i in np.flatnonzero(has):
-        country_mask[i] = int(sum(1 << int(c) for c in rng.choice(d.countries, rng.integers(1, 4), replace=False)))
+        picked = rng.choice(d.countries, min(rng.integers(1, 4), d.countries), replace=False)
+        country_mask[i] = int(sum(1 << int(c) for c in picked))
     age_mask = np.full(d.n_ads, full_a, np.int64)
     has = rng.random(d.n_ads) < d.rule_age_prob
     for i in np.flatnonzero(has):
-        age_mask[i] = int(sum(1 << int(c) for c in rng.choice(d.ages, rng.integers(2, 4), replace=False)))
+        picked = rng.choice(d.ages, min(rng.integers(2, 4), d.ages), replace=False)
+        age_mask[i] = int(sum(1 << int(c) for c in picked))
     gender_excl = np.where(rng.random(d.n_ads) < d.rule_gender_prob, rng.integers(0, d.genders, d.n_ads), -1)
 
     schema = TargetingSchema([Category("age_bucket", d.ages), Category("gender", d.genders),
@@ -395,6 +434,8 @@ def build_world(design: WorldDesign = WorldDesign(), seed: int = 0, progress: bo
     for t in np.unique(ex_topic):
         rows = ex[ex_topic == t]
         ads_t = by_topic[t]
+        if ads_t.size == 0:  # a topic without ads (a small world): its clicks find none, and are dropped
+            continue
         elig = _eligible_rows_raw(demo[user[rows]], country_mask[ads_t], age_mask[ads_t], gender_excl[ads_t])
         w = elig * eq[ads_t][None, :]
         has = w.sum(axis=1) > 0

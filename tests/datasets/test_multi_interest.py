@@ -159,3 +159,25 @@ def test_estimated_interests_fall_back_to_the_most_clicked_topic(world):
         assert world.estimated_interests(u, min_clicks=1)[0].tolist() == [2, 5, 7, -1]
     finally:
         world._train_slots[u] = saved
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"n_ads": 0}, "n_ads must be at least 1"), ({"topics": 4}, "topics must be more than the 4 interests"),
+    ({"session_len": 0}, "session_len must be at least 1"), ({"latent_dim": 0}, "latent_dim must be at least 1"),
+    ({"countries": 0}, r"countries must be in 1\.\.62"), ({"countries": 70}, r"countries must be in 1\.\.62"),
+    ({"ages": 63}, r"ages must be in 1\.\.62"), ({"min_sessions": 9}, "must be at least min_sessions"),
+    ({"zipf": float("nan")}, "zipf must be a finite number"), ({"tau": 0.0}, "tau .* must be positive"),
+    ({"explore_prob": 1.5}, "explore_prob is a probability"), ({"ad_spread": -0.1}, "ad_spread must be non-negative"),
+    ({"n_users": 2.5}, "n_users must be an int"), ({"tau": True}, "tau must be a finite number"),
+])
+def test_a_design_no_world_can_be_built_from_is_refused(change, expected):
+    """Sizes below one, more values than an int64 rule mask holds, fewer maximum than minimum
+    sessions, non-finite or out-of-range numbers and non-integer counts are refused when the
+    design is made, naming the field; the edge values build."""
+    with pytest.raises(ValueError, match=expected):
+        mi.WorldDesign(**change)
+    for design in (dict(n_ads=120, countries=62, ages=1, min_sessions=3, max_sessions=3, explore_prob=1.0, tau=1e-3),
+                   dict(n_ads=2, countries=1, ages=2, genders=1)):  # topics without ads
+        w = mi.build_world(mi.WorldDesign(n_users=40, topics=5, **design), seed=1)
+        scores = w.true_scores(0)  # a topic without ads takes its share of the clicks with it
+        assert np.isfinite(scores).all() and (scores >= 0).all() and 0 < scores.sum() <= 1 + 1e-9
