@@ -98,8 +98,10 @@ class IndexUpdates:
                     s = free[-n_popped]
                 pending[ad] = s
                 final[s] = i
-            elif cur is None:
-                raise RuleError(f"ad {ad}: {'change' if op == CHANGE else 'retire'} of an unknown ad")
+            elif cur is None:  # never held, or retired earlier in this batch
+                retired = ad in pending
+                raise RuleError(f"ad {ad}: {'change' if op == CHANGE else 'retire'} of "
+                                + ("an ad retired earlier in this batch" if retired else "an unknown ad"))
             elif op == CHANGE:
                 s = cur
                 final[s] = i

@@ -33,6 +33,8 @@ class Category:
                 or not 1 <= self.cardinality <= MAX_CARDINALITY):
             raise ValueError(f"category {self.name!r}: cardinality must be an int in 1..{MAX_CARDINALITY}, "
                              f"got {self.cardinality!r}")
+        if not isinstance(self.multi_valued, (bool, np.bool_)):
+            raise ValueError(f"category {self.name!r}: multi_valued must be True or False, got {self.multi_valued!r}")
 
 
 class TargetingSchema:

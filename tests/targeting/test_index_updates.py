@@ -160,6 +160,11 @@ def test_errors_change_nothing(rng):
     host.check(UpdateBatch.from_records(SCHEMA, bad[out_of_slots]))
     with pytest.raises(RuleError, match=r"already exists \(created earlier in this batch\)"):  # no virtual slot
         host.check(UpdateBatch.from_records(SCHEMA, bad[3]))
+    for index in (host, dev):  # a second retire names the first, not an unknown ad
+        with pytest.raises(RuleError, match=rf"ad {ad}: retire of an ad retired earlier in this batch"):
+            (index.check if index is host else index.apply)(UpdateBatch.from_records(SCHEMA, bad[5]))
+    with pytest.raises(RuleError, match="ad 123456789: retire of an unknown ad"):
+        host.check(UpdateBatch.from_records(SCHEMA, bad[0]))
     host.check(UpdateBatch.from_records(SCHEMA, [{"op": "retire", "ad_id": ad}, {"op": "create", "ad_id": ad}]))
     for recs, msg in [([{"op": "create", "ad_id": 5, "include": {"age": [7]}}], "ad 5.*'age'.*out of range"),
                       ([{"op": "create", "ad_id": 5, "include": {"planet": [1]}}], "unknown category"),

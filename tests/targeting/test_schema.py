@@ -24,6 +24,10 @@ def test_category_limits():
         Category("x", 0)
     with pytest.raises(ValueError, match="cardinality"):
         Category("x", 1 << 31)
+    for bad in ("no", 1, None):  # a truthy string made the category multi-valued
+        with pytest.raises(ValueError, match="multi_valued must be True or False"):
+            Category("x", 3, multi_valued=bad)
+    assert Category("x", 3, multi_valued=np.True_).multi_valued and not Category("x", 3).multi_valued
 
 
 def test_schema_lookup_and_profile_forms():
