@@ -41,6 +41,22 @@ TABLE_BLOCK = 4096
 _REDRAW_ROUNDS = 32
 
 
+def _check_seed(seed) -> int:
+    """``seed`` as an int, or ValueError: an int (not a bool) in ``0 .. 2**64 - 1``, the seeds that
+    give distinct draws (a float's fraction or a multiple of 2**64 would be dropped silently)."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= _MASK64:
+        raise ValueError(f"seed must be an int in 0..2**64 - 1, got {seed!r}")
+    return int(seed)
+
+
+def _whole(name: str, x, lo: int = 0) -> int:
+    """``x`` as an int at least ``lo``, or ValueError (a float must be whole: 3.0, not 2.5)."""
+    ok = not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, float, np.integer, np.floating))
+    if not ok or not np.isfinite(x) or int(x) != x or x < lo:
+        raise ValueError(f"{name} must be an int >= {lo}, got {x!r}")
+    return int(x)
+
+
 def _stream(seed: int, *key: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=tuple(int(k) for k in key)))
 
@@ -75,9 +91,8 @@ def benchmark_schema(
 
     cats = [Category(f"s{i:02d}", m) for i, m in enumerate(spaced(*single_cardinality, n_single))]
     cats += [Category(f"m{i:02d}", m, multi_valued=True) for i, m in enumerate(spaced(*multi_cardinality, n_multi))]
-    if n_high and high_cardinality < 1:
-        raise ValueError(f"high_cardinality must be >= 1, got {high_cardinality!r}")
-    cats += [Category(f"h{i:02d}", int(high_cardinality), multi_valued=True) for i in range(int(n_high))]
+    high = _whole("high_cardinality", high_cardinality, 1) if n_high else 0
+    cats += [Category(f"h{i:02d}", high, multi_valued=True) for i in range(int(n_high))]
     return TargetingSchema(cats)
 
 
@@ -167,8 +182,10 @@ def _per_category(name: str, value, n_cat: int, lo: float, hi: float) -> np.ndar
 
 
 def _size_range(name: str, size: tuple[int, int]) -> tuple[int, int]:
-    lo, hi = (int(s) for s in size)
-    if lo < 1 or hi < lo:
+    if np.ndim(size) != 1 or len(size) != 2:
+        raise ValueError(f"{name} must be (lo, hi), got {size!r}")
+    lo, hi = (_whole(name, s, 1) for s in size)
+    if hi < lo:
         raise ValueError(f"{name} must be (lo, hi) with 1 <= lo <= hi, got {size!r}")
     return lo, hi
 
@@ -228,6 +245,7 @@ def generate_rules(
     """
     if int(n_ads) != n_ads or n_ads < 0:
         raise ValueError(f"n_ads must be a non-negative int, got {n_ads!r}")
+    seed = _check_seed(seed)
     n = int(n_ads)
     C = len(schema)
     cp = _per_category("constrain_prob", constrain_prob, C, 0.0, 1.0)
@@ -445,6 +463,7 @@ def generate_profiles(
         raise ValueError(f"n_profiles must be a non-negative int, got {n_profiles!r}")
     if int(max_values) != max_values or max_values < 0:
         raise ValueError(f"max_values must be a non-negative int, got {max_values!r}")
+    seed = _check_seed(seed)
     n = int(n_profiles)
     za = _per_category("zipf_a", zipf_a, len(schema), 0.0, np.inf)
     columns = []
@@ -502,8 +521,9 @@ def generate_table(
         raise ValueError(f"d must be a positive int, got {d!r}")
     if int(chunk) != chunk or chunk < 1:
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    if not bias_scale >= 0:
-        raise ValueError(f"bias_scale must be >= 0, got {bias_scale!r}")
+    if not (bias_scale >= 0 and np.isfinite(bias_scale)):
+        raise ValueError(f"bias_scale must be finite and >= 0, got {bias_scale!r}")
+    seed = _check_seed(seed)
     n, d = int(n_ads), int(d)
     ids = _ids(ad_ids, n)
     if n and ids.min() < 0:
@@ -554,7 +574,10 @@ def generate_requests(n: int, d: int = 64, experts: int = 6, k_experts: int = 2,
     """
     if int(n) != n or n < 0:
         raise ValueError(f"n must be a non-negative int, got {n!r}")
-    rng = _stream(seed, 0)
+    d = _whole("d", d, 1)
+    if not np.isfinite(beta_scale) or beta_scale < 0:
+        raise ValueError(f"beta_scale must be finite and non-negative, got {beta_scale!r}")
+    rng = _stream(_check_seed(seed), 0)
     s = np.float32(np.sqrt(d))
     out = []
     for _ in range(int(n)):

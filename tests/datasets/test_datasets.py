@@ -122,6 +122,37 @@ def test_rules_parameter_errors():
         syn.generate_rules(s, 3, ad_ids=[1, 1, 2])
 
 
+def test_seeds_and_counts_that_would_be_truncated_are_refused():
+    """A seed outside 0..2**64 - 1 (negative, a multiple of 2**64 away from another) or not an int,
+    and a fractional size or cardinality, would be dropped or wrapped silently (seed 1.7 drew
+    seed 1's profiles): each generator refuses them, naming the argument; whole floats and numpy
+    integers are kept."""
+    s = small_schema()
+    for gen in (lambda seed: syn.generate_rules(s, 4, seed=seed), lambda seed: syn.generate_profiles(s, 2, seed=seed),
+                lambda seed: syn.generate_table(4, 8, seed=seed), lambda seed: syn.generate_requests(1, 8, seed=seed)):
+        for bad in (-1, 2**64, 1.7, 2.0, True, "3", None):
+            with pytest.raises(ValueError, match=r"seed must be an int in 0\.\.2\*\*64 - 1"):
+                gen(bad)
+        gen(np.uint64(2**64 - 1)), gen(np.int64(3))
+    for kw, msg in (({"include_size": (1.9, 2.9)}, "include_size must be an int"), ({"include_size": (3,)}, r"\(lo, hi\)"),
+                    ({"exclude_size": (1, np.nan)}, "exclude_size must be an int")):
+        with pytest.raises(ValueError, match=msg):
+            syn.generate_rules(s, 4, **kw)
+    assert rules_equal(syn.generate_rules(s, 50, include_size=(2.0, 2), seed=1),
+                       syn.generate_rules(s, 50, include_size=(2, 2), seed=1))
+    for bad in (1.5, 0, np.inf):
+        with pytest.raises(ValueError, match="high_cardinality must be an int >= 1"):
+            syn.benchmark_schema(high_cardinality=bad)
+    for d in (-3, 2.5, 0):
+        with pytest.raises(ValueError, match="d must be an int >= 1"):
+            syn.generate_requests(1, d=d)
+    for bad in (np.inf, -1.0, np.nan):
+        with pytest.raises(ValueError, match="bias_scale must be finite"):
+            syn.generate_table(4, 8, bias_scale=bad)
+        with pytest.raises(ValueError, match="beta_scale must be finite"):
+            syn.generate_requests(1, 8, beta_scale=bad)
+
+
 def test_constrain_exclude_live_rates():
     """Observed per-category constrain / exclude rates and the live fraction follow the parameters
     within 5 binomial standard deviations."""
