@@ -18,7 +18,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 
-def _check_k(k) -> int:
+def check_k(k) -> int:
+    """``k`` as an int, or ValueError: a cut-off is a positive int (not a bool)."""
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     return int(k)
@@ -58,7 +59,7 @@ def recall_at_k(retrieved_ids, relevant_ids, k: int) -> float:
             is undefined there; callers skip users without held-out items).
         TypeError: non-integer ids.
     """
-    k = _check_k(k)
+    k = check_k(k)
     if not isinstance(relevant_ids, np.ndarray):
         relevant_ids = np.asarray(list(relevant_ids))
     rel = np.unique(_ids("relevant_ids", relevant_ids))
@@ -91,7 +92,9 @@ def mean_recall(
         raise ValueError(f"{len(retrieved)} retrieved lists but {len(relevant)} relevant sets")
     if not retrieved:
         raise ValueError("mean_recall needs at least one user")
-    ks = [_check_k(k) for k in ks]
+    ks = [check_k(k) for k in ks]
+    if not ks:
+        raise ValueError("ks must name at least one cut-off")
     return {k: float(np.mean([recall_at_k(r, s, k) for r, s in zip(retrieved, relevant)])) for k in ks}
 
 
@@ -110,7 +113,7 @@ def topk_overlap(a_ids, b_ids, k: int) -> float:
         ValueError: ``k < 1`` or an input that is not 1-D.
         TypeError: non-integer ids.
     """
-    k = _check_k(k)
+    k = check_k(k)
     a = _top("a_ids", a_ids, k)
     b = _top("b_ids", b_ids, k)
     return float(np.intersect1d(a, b, assume_unique=True).size / k)

@@ -203,6 +203,8 @@ def main(argv=None) -> int:
     root = Path(args.root)
     results = root / "data" / "results"
     doc, readme_path = root / "docs" / "results.md", root / "README.md"
+    if not (results.is_dir() and readme_path.is_file()):
+        ap.error(f"--root {args.root} is not the repository's root (it needs data/results/ and README.md)")
     want_doc = history(results)
     want_readme = _with_headline(readme_path.read_text(), headline(results))
     stale = [str(p) for p, want in ((doc, want_doc), (readme_path, want_readme))

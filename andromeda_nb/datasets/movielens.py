@@ -108,7 +108,7 @@ import numpy as np
 import pandas as pd
 
 from .. import reference
-from ..analysis.metrics import mean_recall
+from ..analysis.metrics import check_k, mean_recall
 from ..model import AdTable, Request
 from ..targeting import Category, TargetingRules, TargetingSchema, make_profile
 
@@ -275,8 +275,9 @@ def split(ml: MovieLens, holdout_fraction: float = 0.2, min_train: int = 5) -> S
     Raises:
         ValueError: a parameter out of range.
     """
-    if not 0.0 < float(holdout_fraction) < 1.0:
-        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}")
+    if (isinstance(holdout_fraction, (bool, np.bool_)) or not isinstance(holdout_fraction, (int, float, np.number))
+            or not 0.0 < holdout_fraction < 1.0):
+        raise ValueError(f"holdout_fraction must be a number in (0, 1), got {holdout_fraction!r}")
     if int(min_train) != min_train or min_train < 1:
         raise ValueError(f"min_train must be an int >= 1, got {min_train!r}")
     df = ml.interactions.sort_values(["user_id", "timestamp", "item_id"], kind="mergesort").reset_index(drop=True)
@@ -547,12 +548,15 @@ def build_world(
     r = int(d) // 2
     if r > min(n_users, n_items):
         raise ValueError(f"d = {d} needs r = {r} SVD factors but the matrix is {n_users} x {n_items}")
-    if not 1 <= int(experts) <= len(EXPERT_SIGNALS):
-        raise ValueError(f"experts must be in 1..{len(EXPERT_SIGNALS)}, got {experts!r}")
-    if not 1 <= int(k_experts) <= int(experts):
-        raise ValueError(f"k_experts must be in 1..experts={experts}, got {k_experts!r}")
-    if not gate_temperature > 0:
-        raise ValueError(f"gate_temperature must be > 0, got {gate_temperature!r}")
+    def whole(x):
+        return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, np.integer))
+
+    if not whole(experts) or not 1 <= experts <= len(EXPERT_SIGNALS):
+        raise ValueError(f"experts must be an int in 1..{len(EXPERT_SIGNALS)}, got {experts!r}")
+    if not whole(k_experts) or not 1 <= k_experts <= experts:
+        raise ValueError(f"k_experts must be an int in 1..experts={experts}, got {k_experts!r}")
+    if not (gate_temperature > 0 and np.isfinite(gate_temperature)):
+        raise ValueError(f"gate_temperature must be finite and > 0, got {gate_temperature!r}")
     if np.any(np.diff(user_ids) <= 0) or np.any(np.diff(item_ids) <= 0):
         raise ValueError("ml.users / ml.items must be sorted by id without duplicates (use load())")
 
@@ -787,7 +791,13 @@ def evaluate_recall(world: MovieLensWorld, ks=(10, 50, 100), users=None, k_exper
 
     Returns:
         ``{k: mean recall@k}``.
+
+    Raises:
+        ValueError: no cut-off, or a cut-off below 1.
     """
+    ks = [check_k(k) for k in ks]
+    if not ks:
+        raise ValueError("ks must name at least one cut-off")
     users = world.users if users is None else np.asarray(users, dtype=np.int64)
     users = [u for u in users if world.heldout(u).size]
     kmax = max(ks)

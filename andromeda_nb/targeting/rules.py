@@ -466,6 +466,8 @@ def records_to_columns(schema, records, allowed):
     lists = {"include": {c.name: [] for c in schema}, "exclude": {c.name: [] for c in schema}}
     seen = set()
     check_dup = "op" not in allowed
+    if isinstance(records, Mapping):  # one record, not a list of them (its keys would read as records)
+        raise RuleError("records must be a sequence of mappings, got one mapping: wrap it in a list")
     for pos, rec in enumerate(records):
         if not isinstance(rec, Mapping):
             raise RuleError(f"record {pos}: expected a mapping, got {type(rec).__name__}")

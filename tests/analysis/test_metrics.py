@@ -53,6 +53,8 @@ def test_mean_recall():
         mean_recall([np.array([1])], [[1], [2]], ks=(1,))
     with pytest.raises(ValueError, match="at least one user"):
         mean_recall([], [], ks=(1,))
+    with pytest.raises(ValueError, match="at least one cut-off"):
+        mean_recall([np.array([1])], [[1]], ks=())
     with pytest.raises(ValueError, match="empty relevant"):
         mean_recall([np.array([1])], [[]], ks=(1,))
 

@@ -1,6 +1,7 @@
 """docs/results.md's derived columns: how int8 rows were dequantized and a row's launch settings."""
 
 import pandas as pd
+import pytest
 
 from andromeda_nb.analysis.results_doc import _dequant, _launch
 
@@ -56,3 +57,12 @@ def test_a_headline_keeps_the_reference_device_and_skips_every_experiment():
                                  "block=256", "block=256 tile_order=steps"]})
     assert _pick(df, {"variant": "v"})["timestamp"] == "1"
     assert _pick(df[df["device"] != "NVIDIA H200"], {"variant": "v"})["timestamp"] == "4"
+
+
+def test_a_root_that_is_not_the_repository_is_refused(tmp_path, capsys):
+    from andromeda_nb.analysis import results_doc
+
+    for root in (tmp_path / "missing", tmp_path):
+        with pytest.raises(SystemExit) as exc:
+            results_doc.main(["--root", str(root), "--check"])
+        assert exc.value.code == 2 and "is not the repository's root" in capsys.readouterr().err

@@ -349,8 +349,14 @@ def test_split_has_no_leakage(ml, split):
     counts = small.train.groupby("user_id").size()
     assert counts.min() >= 20  # users with fewer than 200 keep all (held out nothing) or >= 200
     assert ((counts >= 200) | (counts == n.loc[counts.index])).all()
-    with pytest.raises(ValueError):
-        mlmod.split(ml, holdout_fraction=1.0)
+    for bad in (1.0, 0, "0.2", True, np.nan):
+        with pytest.raises(ValueError, match="holdout_fraction must be a number in"):
+            mlmod.split(ml, holdout_fraction=bad)
+    for kw, msg in (({"experts": 1.5}, "experts must be an int"), ({"experts": True}, "experts must be an int"),
+                    ({"k_experts": 2.0}, "k_experts must be an int"), ({"gate_temperature": np.inf}, "finite and > 0"),
+                    ({"gate_temperature": 0.0}, "finite and > 0")):
+        with pytest.raises(ValueError, match=msg):  # a fractional count was truncated, an infinite temperature
+            mlmod.build_world(ml, split, **kw)      # made the gate uniform, silently
 
 
 def test_world_uses_training_rows_only(ml, split, world):
@@ -514,6 +520,9 @@ def test_recall_helper_matches_hand_computation(world):
     users = world.users[:15]
     ks = (10, 50)
     got = mlmod.evaluate_recall(world, ks=ks, users=users)
+    for bad, msg in (((), "at least one cut-off"), ((10, 0), "k must be a positive int")):
+        with pytest.raises(ValueError, match=msg):
+            mlmod.evaluate_recall(world, ks=bad, users=users)
     want = {k: [] for k in ks}
     for uid in users:
         s = reference.score(world.request(uid), world.table)

@@ -37,6 +37,11 @@ def test_duplicate_ad_id():
         TargetingRules.from_records(SCHEMA, [{"ad_id": 3}, {"ad_id": 3}])
 
 
+def test_one_record_not_in_a_list_is_named():
+    with pytest.raises(RuleError, match="got one mapping: wrap it in a list"):
+        TargetingRules.from_records(SCHEMA, {"ad_id": 1})
+
+
 def test_records_roundtrip_and_frame():
     recs = [{"ad_id": 9, "live": True, "include": {"age": [3, 1]}, "exclude": {"interest": [4, 4]}},
             {"ad_id": 2, "live": False, "include": {}, "exclude": {}}]
