@@ -333,6 +333,8 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
     Returns:
         :class:`TrainedModel`.
     """
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in 0..2**63 - 1 (torch's seeds), got {seed!r}")
     checkpoints = list(checkpoints)
     if any(isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)) for c in checkpoints):
         raise ValueError(f"checkpoints must be step counts (ints), got {checkpoints!r}")

@@ -218,6 +218,12 @@ def test_lengths_can_be_checkpoints_of_one_run_a_learning_rate(data):
     for validate in (None, 5):
         with pytest.raises(ValueError, match="checkpoints"):
             train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=[2], validate=validate)
+    for seed in (-1, 1.5, True, 2**63):
+        with pytest.raises(ValueError, match=r"seed must be an int in 0\.\.2\*\*63 - 1"):
+            train_model("single_tower", view, base, seed=seed, device="cpu", progress=False)
+    for device in ("bogus", "cuda:99"):
+        with pytest.raises(ValueError, match="device"):
+            train_model("single_tower", view, base, device=device, progress=False)
     for value in (float("nan"), "0.7", None):
         with pytest.raises(ValueError, match="validate returned"):
             train_model("single_tower", view, base, device="cpu", progress=False, checkpoints=[2],
