@@ -46,16 +46,18 @@ def _to_f32(name: str, x: np.ndarray) -> np.ndarray:
 
 
 def _as_f32(name: str, x, ndim: int) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "fiu":
-        raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}")
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
-    arr = _to_f32(name, arr)
+    src = np.asarray(x)
+    if src.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must be numeric, got dtype {src.dtype}")
+    if src.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {src.shape}")
+    arr = _to_f32(name, src)
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} holds non-finite values (NaN or inf)")
-    if np.may_share_memory(arr, x):  # the caller's own buffer: a copy, so that freezing it leaves theirs
-        arr = arr.copy()               # writable and their later writes cannot reach the request
+    # the caller's own buffer (an array, a view, a tensor's memory; not a list's fresh array): a
+    # copy, so that freezing it leaves theirs writable and their later writes cannot reach the request
+    if not isinstance(x, (list, tuple)) and np.may_share_memory(arr, src):
+        arr = arr.copy()
     return arr
 
 

@@ -13,6 +13,11 @@ RESULTS_DIR = "data/results"
 COMMITTED_RESULTS = Path(__file__).resolve().parents[1] / RESULTS_DIR
 
 
+def is_committed_results(folder) -> bool:
+    """Whether ``folder`` (a path, relative to the current directory) is :data:`COMMITTED_RESULTS`."""
+    return Path(folder).resolve() == COMMITTED_RESULTS
+
+
 def commit_id(root=None) -> str:
     """The commit under test: ``$ANDROMEDA_COMMIT`` (set where the tree travels without .git), else
     git's short hash, ``-dirty`` when tracked files outside :data:`RESULTS_DIR` differ from it (a

@@ -25,6 +25,14 @@ def check_k(k) -> int:
     return int(k)
 
 
+def check_ks(ks) -> list[int]:
+    """``ks`` as a list of cut-offs (:func:`check_k`), or ValueError: none, or a bad one."""
+    ks = [check_k(k) for k in ks]
+    if not ks:
+        raise ValueError("ks must name at least one cut-off")
+    return ks
+
+
 def _ids(name: str, x) -> np.ndarray:
     arr = np.asarray(x)
     if arr.ndim != 1:
@@ -92,9 +100,7 @@ def mean_recall(
         raise ValueError(f"{len(retrieved)} retrieved lists but {len(relevant)} relevant sets")
     if not retrieved:
         raise ValueError("mean_recall needs at least one user")
-    ks = [check_k(k) for k in ks]
-    if not ks:
-        raise ValueError("ks must name at least one cut-off")
+    ks = check_ks(ks)
     return {k: float(np.mean([recall_at_k(r, s, k) for r, s in zip(retrieved, relevant)])) for k in ks}
 
 

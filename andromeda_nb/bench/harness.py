@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..provenance import is_committed_results
+
 SCHEMA = (
     "suite variant device driver numba numba_cuda commit timestamp n_ads d dtype experts k_experts "
     "access eligible_fraction categories k batch seconds_median seconds_p20 seconds_p80 items_per_s "
@@ -542,9 +544,7 @@ def main(argv=None) -> int:
         ap.error(f"--reps must be at least {MIN_REPS} (a median of >= {MIN_REPS} timings; docs/design.md), got {args.reps}")
     if args.n_ads < 1 or args.min_n_ads < 0:
         ap.error(f"--n-ads must be positive and --min-n-ads non-negative, got {args.n_ads} and {args.min_n_ads}")
-    from ..provenance import COMMITTED_RESULTS
-
-    if Path(args.out).resolve() == COMMITTED_RESULTS:
+    if is_committed_results(args.out):
         ap.error(f"--out {args.out} is the committed tables' folder, and a run replaces <suite>.csv there: write "
                  "elsewhere (the default build/bench) and merge the rows into the committed table")
     options = Options(n_ads=args.n_ads, reps=args.reps, quick=args.quick, out=args.out, min_n_ads=args.min_n_ads)

@@ -108,7 +108,8 @@ import numpy as np
 import pandas as pd
 
 from .. import reference
-from ..analysis.metrics import check_k, mean_recall
+from ..analysis.metrics import check_ks, mean_recall
+from ..arguments import is_int
 from ..model import AdTable, Request
 from ..targeting import Category, TargetingRules, TargetingSchema, make_profile
 
@@ -548,12 +549,9 @@ def build_world(
     r = int(d) // 2
     if r > min(n_users, n_items):
         raise ValueError(f"d = {d} needs r = {r} SVD factors but the matrix is {n_users} x {n_items}")
-    def whole(x):
-        return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, np.integer))
-
-    if not whole(experts) or not 1 <= experts <= len(EXPERT_SIGNALS):
+    if not is_int(experts) or not 1 <= experts <= len(EXPERT_SIGNALS):
         raise ValueError(f"experts must be an int in 1..{len(EXPERT_SIGNALS)}, got {experts!r}")
-    if not whole(k_experts) or not 1 <= k_experts <= experts:
+    if not is_int(k_experts) or not 1 <= k_experts <= experts:
         raise ValueError(f"k_experts must be an int in 1..experts={experts}, got {k_experts!r}")
     if not (gate_temperature > 0 and np.isfinite(gate_temperature)):
         raise ValueError(f"gate_temperature must be finite and > 0, got {gate_temperature!r}")
@@ -787,17 +785,13 @@ def retrieve_user(world: MovieLensWorld, user_id, k: int, k_experts: int | None 
 def evaluate_recall(world: MovieLensWorld, ks=(10, 50, 100), users=None, k_experts: int | None = None,
                     targeting: bool = True, exclude_seen: bool = True) -> dict[int, float]:
     """Mean recall@k (:func:`andromeda_nb.analysis.metrics.mean_recall`) of the oracle retrieval of the
-    world's model over ``users`` (default every evaluated user), for each k in ``ks``.
+    world's model over ``users`` (default every evaluated user), for each k in ``ks`` (ValueError
+    before any retrieval where ``ks`` is empty or holds a k below 1).
 
     Returns:
         ``{k: mean recall@k}``.
-
-    Raises:
-        ValueError: no cut-off, or a cut-off below 1.
     """
-    ks = [check_k(k) for k in ks]
-    if not ks:
-        raise ValueError("ks must name at least one cut-off")
+    ks = check_ks(ks)
     users = world.users if users is None else np.asarray(users, dtype=np.int64)
     users = [u for u in users if world.heldout(u).size]
     kmax = max(ks)

@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
+from ..arguments import is_int
 from ..targeting import Category, TargetingRules, TargetingSchema, make_profile
 
 CATEGORIES = ("age_bucket", "gender", "country")
@@ -94,7 +95,7 @@ class WorldDesign:
         """ValueError for a design no world can be built from (before any generation)."""
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.type in (int, "int") and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+            if f.type in (int, "int") and not is_int(v):
                 raise ValueError(f"WorldDesign.{f.name} must be an int, got {v!r}")
             if f.type in (float, "float") and (isinstance(v, bool) or not isinstance(v, (int, float, np.number))
                                                or not np.isfinite(v)):

@@ -31,6 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..arguments import is_int
 from ..model import STORAGE_DTYPES, AdTable, Request, quantize_int8_rows, to_bf16_bits
 from ..targeting import Category, TargetingRules, TargetingSchema, make_profile
 
@@ -44,7 +45,7 @@ _REDRAW_ROUNDS = 32
 def _check_seed(seed) -> int:
     """``seed`` as an int, or ValueError: an int (not a bool) in ``0 .. 2**64 - 1``, the seeds that
     give distinct draws (a float's fraction or a multiple of 2**64 would be dropped silently)."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= _MASK64:
+    if not is_int(seed) or not 0 <= seed <= _MASK64:
         raise ValueError(f"seed must be an int in 0..2**64 - 1, got {seed!r}")
     return int(seed)
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arguments import is_int
+
 #: Largest ``group``: each thread holds ``group * words_per_thread`` loaded words in registers.
 MAX_GROUP = 64
 #: Largest ``words_per_thread`` (the words a thread keeps in registers per row).
@@ -26,10 +28,6 @@ MAX_SEGMENT_ROWS = 65535
 #: threads as Python threads and gets :data:`andromeda_nb.device.launch.SIM_BLOCK`).
 GPU_MATCH_BLOCK = 256
 LIST_KERNEL_CHOICES = ("auto", "search", "segment")
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 @dataclass(frozen=True)
@@ -77,17 +75,17 @@ class MatchConfig:
 
     def __post_init__(self):
         U = self.words_per_thread
-        if not _is_int(U) or not 1 <= U <= MAX_WORDS_PER_THREAD:
+        if not is_int(U) or not 1 <= U <= MAX_WORDS_PER_THREAD:
             raise ValueError(f"words_per_thread must be an int in 1..{MAX_WORDS_PER_THREAD}, got {U!r}")
-        if self.block != "auto" and (not _is_int(self.block) or not 1 <= self.block <= 1024):
+        if self.block != "auto" and (not is_int(self.block) or not 1 <= self.block <= 1024):
             raise ValueError(f"block must be 'auto' or an int in 1..1024 (threads per block), got {self.block!r}")
-        if not _is_int(self.blocks_per_sm) or self.blocks_per_sm < 1:
+        if not is_int(self.blocks_per_sm) or self.blocks_per_sm < 1:
             raise ValueError(f"blocks_per_sm must be a positive int, got {self.blocks_per_sm!r}")
         mb = self.min_blocks_per_sm
-        if mb != "auto" and (not _is_int(mb) or mb < 0):
+        if mb != "auto" and (not is_int(mb) or mb < 0):
             raise ValueError(f"min_blocks_per_sm must be 'auto' or an int >= 0 (0: no launch bounds), got {mb!r}")
         G = self.group
-        if not _is_int(G) or not 0 <= G <= MAX_GROUP:
+        if not is_int(G) or not 0 <= G <= MAX_GROUP:
             raise ValueError(f"group must be an int in 0..{MAX_GROUP} (rows loaded together; 0: the plain "
                              f"kernel), got {G!r}")
         if not isinstance(self.prefetch, (bool, np.bool_)):

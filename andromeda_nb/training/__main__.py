@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..provenance import is_committed_results
+
 #: the exit status of a tuning that stopped at its --tune-budget with runs left (EX_TEMPFAIL: run again)
 EXIT_TUNING_LEFT = 75
 
@@ -205,10 +207,8 @@ def main(argv=None) -> int:
             pick_device(args.device)
         except ValueError as e:
             ap.error(str(e))
-    from ..provenance import COMMITTED_RESULTS
-
     if (args.set and args.experiment == ap.get_default("experiment") and not args.baselines
-            and Path(args.out).resolve() == COMMITTED_RESULTS):
+            and is_committed_results(args.out)):
         ap.error("--set changes the models, and their rows would replace the main table's (quality.csv merges rows "
                  "by key, and the settings are not in it): name the run's experiment (--experiment variant_<change>) "
                  "or write elsewhere (--out build/q)")

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..arguments import is_int
 from ..model import AdTable, Request
 from .data import HIST_LEN, InteractionData
 from .models import RankingNet, RetrievalNet, gated_scores, round_to_f16_once, routing_term
@@ -333,7 +334,7 @@ def train_model(name: str, data: InteractionData, cfg: TrainConfig = TrainConfig
     Returns:
         :class:`TrainedModel`.
     """
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+    if not is_int(seed) or not 0 <= seed < 2**63:
         raise ValueError(f"seed must be an int in 0..2**63 - 1 (torch's seeds), got {seed!r}")
     checkpoints = list(checkpoints)
     if any(isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)) for c in checkpoints):
