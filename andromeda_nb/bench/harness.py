@@ -47,6 +47,7 @@ EXTRA = ["host_seconds_per_call", "layout", "path", "math", "seconds_p99", "devi
 GIB = 1 << 30
 #: The suites: name -> module of this package.
 SUITES = ("scoring", "topk", "targeting", "pipeline", "pool", "serving")
+SIZED_BY_CASE = ("topk",)  # suites whose cases carry their own sizes: --n-ads would change nothing
 
 
 # ----------------------------------------------------------------------------- environment
@@ -531,7 +532,8 @@ def main(argv=None) -> int:
                     help="folder for <suite>.csv, replaced by the run (default build/bench; not the committed "
                          "data/results, whose rows are merged in by hand)")
     ap.add_argument("--quick", action="store_true", help="a small subset of cases (targeting, pipeline)")
-    ap.add_argument("--n-ads", type=int, default=100_000_000, help="pool size for scoring/targeting/pipeline")
+    ap.add_argument("--n-ads", type=int, default=None,
+                    help="the largest pool (default 10^8); not for topk, whose cases carry their own sizes")
     ap.add_argument("--min-n-ads", type=int, default=0,
                     help="leave out the cases of smaller pools (e.g. the serving suite at 10^8 alone)")
     ap.add_argument("--reps", type=int, default=15, help="timed runs of a case's device time, median reported (at least 10: docs/design.md); "
@@ -542,6 +544,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < MIN_REPS:
         ap.error(f"--reps must be at least {MIN_REPS} (a median of >= {MIN_REPS} timings; docs/design.md), got {args.reps}")
+    if args.n_ads is not None and args.suite in SIZED_BY_CASE:
+        ap.error(f"--n-ads does not apply to the {args.suite} suite: its cases carry their own sizes "
+                 "(--min-n-ads leaves out the smaller ones)")
+    args.n_ads = Options.n_ads if args.n_ads is None else args.n_ads
     if args.n_ads < 1 or args.min_n_ads < 0:
         ap.error(f"--n-ads must be positive and --min-n-ads non-negative, got {args.n_ads} and {args.min_n_ads}")
     if is_committed_results(args.out):
@@ -553,7 +559,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     if args.list:
-        print(f"{args.suite}: {len(planned)} cases ({'quick' if args.quick else 'full'} run, n_ads {args.n_ads:,})")
+        size = "" if args.suite in SIZED_BY_CASE else f", n_ads {args.n_ads:,}"
+        print(f"{args.suite}: {len(planned)} cases ({'quick' if args.quick else 'full'} run{size})")
         for p in planned:
             print(describe(p))
         return 0

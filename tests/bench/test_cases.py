@@ -175,6 +175,19 @@ def test_bad_run_arguments_are_refused_before_anything_runs(args, expected, caps
     assert COMMITTED_RESULTS == Path(__file__).resolve().parents[2] / "data" / "results"  # this checkout's
 
 
+def test_n_ads_is_refused_where_the_cases_carry_their_own_sizes(capsys):
+    """The top-K suite's cases have their own sizes: ``--n-ads`` there is refused, not ignored, and
+    a run without it plans the same cases as before."""
+    with pytest.raises(SystemExit) as exc:
+        harness.main(["topk", "--list", "--n-ads", "1000"])
+    assert exc.value.code == 2 and "does not apply to the topk suite" in capsys.readouterr().err
+    assert harness.main(["topk", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "n_ads" not in listed.splitlines()[0] and len(listed.splitlines()) > 1
+    assert harness.main(["scoring", "--list", "--n-ads", "1000"]) == 0
+    assert "n_ads 1,000" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------------
 # phases and variant names
 # ------------------------------------------------------------------------------------------------

@@ -58,14 +58,29 @@ def apply_in_chunks(dev: DeviceTargetingIndex, batch):
     return delta
 
 
-@settings(max_examples=15)
-@given(data=st.data(), n=st.integers(1, 60), spare=st.integers(0, 12), layout=st.integers(0, 3),
-       seed=st.integers(0, 2**31), wide_lists=st.booleans())
+SEQUENCES = dict(data=st.data(), n=st.integers(1, 60), spare=st.integers(0, 12), layout=st.integers(0, 3),
+                 seed=st.integers(0, 2**31), wide_lists=st.booleans())
+
+
+@settings(max_examples=6)
+@given(**SEQUENCES)
 def test_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed, wide_lists):
     """Random create / change / retire / recreate batches, applied on the device (host bits kept
     and dropped): the index equals one rebuilt from the surviving rules after every batch, and
     requests through a random match algorithm match the oracle. With ``wide_lists`` the inverted
     lists hold int64 slots, as in a pool past 2^31 ads."""
+    check_update_sequence(data, n, spare, layout, seed, wide_lists)
+
+
+@pytest.mark.slow
+@settings(max_examples=30)
+@given(**SEQUENCES)
+def test_many_random_update_sequences_equal_a_rebuild(data, n, spare, layout, seed, wide_lists):
+    """The property above on five times as many sequences (the slow tier)."""
+    check_update_sequence(data, n, spare, layout, seed, wide_lists)
+
+
+def check_update_sequence(data, n, spare, layout, seed, wide_lists):
     rng = np.random.default_rng(seed)
     rules = random_rules(rng, n, schema=SCHEMA)
     kw = [dict(dense_min=10**9, exclude_dense_min=10**9), dict(dense_min=1, exclude_dense_min=1),

@@ -65,6 +65,7 @@ def test_profile_refuses_counts_it_cannot_time(data, bad):
         profile_steps("single_tower", data, TINY, device="cpu", **bad)
 
 
+@pytest.mark.slow  # ~20 s of two models' training steps; profile_steps itself is tested above
 def test_profile_command_writes_one_row_a_model(tmp_path, capsys):
     from andromeda_nb.training.__main__ import main
 

@@ -230,6 +230,7 @@ def test_lengths_can_be_checkpoints_of_one_run_a_learning_rate(data):
                         validate=lambda m, v=value: v)
 
 
+@pytest.mark.slow  # ~30 s of training; the second stage is tested below with a fake run, real tuning runs in the resume test
 def test_tuned_models_train_every_seed_at_their_point(data):
     # checkpoints: a third of the own runs' cost here (the default is tested above); one model, a
     # mixture (its grid has the most settings), keeps the default tier short
