@@ -23,6 +23,7 @@ import dataclasses
 import datetime as _dt
 import functools
 import importlib
+import os
 import statistics
 import sys
 import time
@@ -559,10 +560,14 @@ def main(argv=None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     if args.list:
-        size = "" if args.suite in SIZED_BY_CASE else f", n_ads {args.n_ads:,}"
-        print(f"{args.suite}: {len(planned)} cases ({'quick' if args.quick else 'full'} run{size})")
-        for p in planned:
-            print(describe(p))
+        size = "" if args.suite in SIZED_BY_CASE else f", pools up to {args.n_ads:,} ads"
+        try:
+            print(f"{args.suite}: {len(planned)} cases ({'quick' if args.quick else 'full'} run{size})")
+            for p in planned:
+                print(describe(p))
+            sys.stdout.flush()
+        except BrokenPipeError:  # a reader that stopped early (| head): the rest goes nowhere, no traceback
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     from ..device import backend
 

@@ -183,9 +183,9 @@ def test_n_ads_is_refused_where_the_cases_carry_their_own_sizes(capsys):
     assert exc.value.code == 2 and "does not apply to the topk suite" in capsys.readouterr().err
     assert harness.main(["topk", "--list"]) == 0
     listed = capsys.readouterr().out
-    assert "n_ads" not in listed.splitlines()[0] and len(listed.splitlines()) > 1
+    assert "pools" not in listed.splitlines()[0] and len(listed.splitlines()) > 1
     assert harness.main(["scoring", "--list", "--n-ads", "1000"]) == 0
-    assert "n_ads 1,000" in capsys.readouterr().out
+    assert "pools up to 1,000 ads" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------------
