@@ -190,6 +190,10 @@ def int8_row_scale(amax, xp=np):
     return round_scale_up(xp.asarray(amax, dtype=xp.float64) / 127.0, xp)
 
 
+#: the smallest largest-|x| of a nonzero int8 row: its scale, max|x| / 127, a normal float32
+INT8_MIN_ROW_MAX = 127 * 2.0 ** -126
+
+
 def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-row int8 quantization: ``x[i] ~= q[i] * scale[i]``.
 
@@ -207,7 +211,7 @@ def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ``(q, scale)``: ``[n, d]`` int8 and ``[n]`` float32.
 
     Raises:
-        ValueError: input not [n, d], or non-finite.
+        ValueError: input not [n, d], non-finite, or a nonzero row below :data:`INT8_MIN_ROW_MAX`.
     """
     x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2:
@@ -215,6 +219,11 @@ def quantize_int8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not np.all(np.isfinite(x)):
         raise ValueError("int8 quantization needs finite values (an int8 table never holds NaN)")
     amax = np.abs(x).max(axis=1) if x.shape[1] else np.zeros(x.shape[0], np.float32)
+    tiny = (amax > 0) & (amax < INT8_MIN_ROW_MAX)
+    if tiny.any():
+        raise ValueError(f"{int(tiny.sum())} rows (first: row {int(np.flatnonzero(tiny)[0])}) are nonzero with a largest "
+                         f"|x| below {INT8_MIN_ROW_MAX:.3g}, where an int8 row's float32 scale (max|x| / 127) is "
+                         "subnormal and loses the row (down to zeros); rescale the table or store it as fp32")
     scale = int8_row_scale(amax)
     safe = np.where(scale > 0, scale, np.float32(1.0))
     q = np.clip(np.rint(x / safe[:, None]), -127, 127).astype(np.int8)
@@ -296,7 +305,9 @@ class AdTable:
 
         Raises:
             ValueError: wrong shapes, duplicate or negative ad ids, non-finite values (unless
-                allowed; never for int8), or fp16 overflow (``|x| > 65504`` would become inf).
+                allowed; never for int8), fp16 overflow (``|x| > 65504`` would become inf), or a
+                nonzero row that the dtype would store as zeros (fp16: every |x| below 2^-25; int8:
+                :func:`quantize_int8_rows`).
             TypeError: non-numeric input.
         """
         if dtype not in STORAGE_DTYPES:
@@ -336,6 +347,13 @@ class AdTable:
                     "rescale the table or store it as bf16 or int8"
                 )
             store = to_f16(emb)
+            lost = (store == 0).all(axis=1) & (emb != 0).any(axis=1) if emb.shape[1] else np.zeros(n, bool)
+            if lost.any():
+                raise ValueError(
+                    f"{int(lost.sum())} rows (first: row {int(np.flatnonzero(lost)[0])}) are nonzero but round to "
+                    "all zeros in fp16 (every |x| at most 2^-25, half fp16's smallest subnormal); rescale the table "
+                    "or store it as fp32 or bf16"
+                )
         elif dtype == "bf16":
             store = to_bf16_bits(emb)
             over = np.isinf(from_bf16_bits(store)) & np.isfinite(emb)

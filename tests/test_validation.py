@@ -261,6 +261,37 @@ def test_a_host_bitset_with_padding_bits_is_refused():
     assert eligible_bitset(np.array([1 << 5, 1 << 5], np.uint64), 70).copy_to_host().tolist() == [32, 32]
 
 
+
+def test_rows_the_dtype_would_store_as_zeros_are_refused(rng):
+    """A nonzero row that fp16 would store as zeros (every |x| at most 2^-25) or whose int8 scale
+    would be a float32 subnormal (largest |x| below 127 * 2^-126) is refused, naming the first such
+    row; a zero row, a row with one value fp16 holds, and a row at the int8 bound are stored."""
+    from andromeda_nb.model import INT8_MIN_ROW_MAX, AdTable
+
+    emb = rng.standard_normal((6, 16)).astype(np.float32)
+    tiny = emb.copy()
+    tiny[4] = rng.uniform(-1, 1, 16) * 2.0 ** -25
+    with pytest.raises(ValueError, match=r"^1 rows \(first: row 4\) are nonzero but round to all zeros in fp16"):
+        AdTable.from_float(tiny, dtype="fp16")
+    kept = tiny.copy()
+    kept[4, 7] = 2.0 ** -24  # fp16's smallest subnormal
+    kept[2] = 0.0
+    got = AdTable.from_float(kept, dtype="fp16").embeddings
+    assert got[4, 7] == np.float16(2.0 ** -24) and not got[2].any()
+    small = emb.copy()
+    small[1] *= np.float32(INT8_MIN_ROW_MAX) / np.abs(small[1]).max() * np.float32(0.99)
+    small[3] = 0.0
+    with pytest.raises(ValueError, match=r"^1 rows \(first: row 1\) are nonzero with a largest \|x\| below"):
+        AdTable.from_float(small, dtype="int8")
+    small[1] = 0.0
+    small[1, 0] = np.float32(np.nextafter(np.float32(INT8_MIN_ROW_MAX), np.float32(1)))
+    t = AdTable.from_float(small, dtype="int8")
+    x = float(small[1, 0])  # kept to the scale's 7 significant bits (at most 1/64 coarser)
+    assert abs(t.embeddings[1, 0] * float(t.scale[1]) - x) <= x / 64 and t.scale[3] == 0
+    for dtype in ("fp32", "bf16"):  # they hold such rows
+        assert AdTable.from_float(tiny, dtype=dtype).embeddings[4].any()
+
+
 def test_fp16_tables_refuse_values_past_fp16_with_or_without_nonfinite_ones(rng):
     """AdTable.from_float(dtype="fp16"): a value past 65504 is refused with the count of such
     values, whether every value is finite or NaN / inf are allowed beside it; NaN and inf alone are

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..arguments import is_int
 from ..device import launch
 
 if TYPE_CHECKING:
@@ -226,8 +227,9 @@ class KernelConfig:
             object.__setattr__(self, "max_registers", int(regs))
         for name in ("items", "sync_every", "blocks_per_sm"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+            object.__setattr__(self, name, int(v))  # a numpy integer as an int, as block's
 
     def kernel_f16_weights(self) -> str:
         """``f16_weights`` as the kernel generator takes it: ``"auto"`` is ``"registers"``, and
@@ -275,7 +277,8 @@ class KernelConfig:
         """This configuration with ``math="auto"`` made concrete for a request on a table:
         ``"fp16"`` where :meth:`picks_fp16` (an fp16 or int8 table, the gated model from a Request,
         d a multiple of 16, E <= 8, the generated kernel with shared weights and whole warps) and the
-        request and table stay within its range; ``"fp32"`` otherwise; and ``dequant`` made
+        request and table stay within its range and above its subnormals (:func:`.weights.fp16_weights_precise`);
+        ``"fp32"`` otherwise; and ``dequant`` made
         concrete (``"fma"`` where fp16 math reads an int8 table that allows it, else ``"mul"``).
 
         Raises:
@@ -310,14 +313,15 @@ class KernelConfig:
         if dreq.request is None or not self.picks_fp16(dreq.model, dreq.d, dreq.experts, table.dtype):
             return False
         from .launches import check_range
-        from .weights import f16_weights, fp16_rows_precise
+        from .weights import f16_weights, fp16_request_precise, fp16_rows_precise
 
         try:
             f16_weights(dreq.request)
             check_range(dreq, table, "fp16")
         except ValueError:
             return False
-        return fp16_rows_precise(table, table.max_abs_bound())
+        bound = table.max_abs_bound()
+        return fp16_rows_precise(table, bound) and fp16_request_precise(dreq.request, bound)
 
     def picks_fp16(self, model: str, d: int, experts: int, table_dtype: str) -> bool:
         """Whether this configuration scores requests of this shape on a table of this dtype in fp16

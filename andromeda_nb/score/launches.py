@@ -483,9 +483,12 @@ def request_images(group: list, table: DeviceAdTable, config: KernelConfig, imag
 def _gated_images(group: list, table: DeviceAdTable, config: KernelConfig, max_abs: float, images: np.ndarray,
                   f16_math: bool):
     """:func:`.weights.gated_images` of a group on ``table`` at ``max_abs``, an int8 table's rows
-    past fp16 (:func:`.weights.fp16_rows_fit`) leaving fp16 math, and rows too small for it leaving
+    past fp16 (:func:`.weights.fp16_rows_fit`) leaving fp16 math, and rows too small for it, or
+    requests whose weights or encoded ads are (:func:`.weights.fp16_weights_precise`), leaving
     ``math="auto"``'s (:func:`.weights.fp16_rows_precise`)."""
     built = gated_images(*stack_requests(group), max_abs, images, f16_math, int8=table.dtype == "int8")
     if not fp16_rows_fit(table, max_abs) or (config.math == "auto" and not fp16_rows_precise(table, max_abs)):
         built.over16[:] = True
+    elif config.math == "auto":
+        built.over16 |= built.low16
     return built

@@ -23,8 +23,8 @@ from numba import njit, prange  # noqa: E402
 
 
 @njit(cache=True)
-def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, out32, src16, bad32, over16, fp32_safe,
-                        fp16_max):
+def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, out32, src16, bad32, over16, low16,
+                        fp32_safe, fp16_max, fp16_min_normal):
     """Per request ``b`` of ``gamma, beta [B, d]``, ``G, V [B, E, d]`` (float32):
 
     - ``out32[b]``: the float32 image ``[gamma | beta | G / sqrt(d) | V rows of pitch d + pad]``
@@ -36,7 +36,9 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, 
       max_e sum_i |V[e, i]|) <= fp32_safe`` fails, ``h = max|gamma| max_abs + max|beta|`` (float64);
     - ``over16[b]``: a weight beyond ``fp16_max``, or ``h16 <= fp16_max`` fails, ``h16 = cg max|gamma|
       + cb max|beta| + c0`` the same bound on the values fp16 math holds
-      (:func:`~andromeda_nb.score.weights.fp16_encoded_bound`).
+      (:func:`~andromeda_nb.score.weights.fp16_encoded_bound`);
+    - ``low16[b]``: ``max|gamma|``, ``max|G'|``, ``max|V|`` or ``h`` nonzero below ``fp16_min_normal``
+      (:func:`~andromeda_nb.score.weights.fp16_weights_precise` fails).
     """
     B, E, d = G.shape
     sq = math.sqrt(d)
@@ -65,6 +67,8 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, 
         h16 = cg * np.float64(gmax) + cb * np.float64(bmax) + c0
         keys = 0.0
         vals = 0.0
+        kmax = 0.0
+        vmax = 0.0
         o = 2 * d
         ov = 2 * d + E * d
         for e in range(E):
@@ -79,6 +83,8 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, 
                 s[8 * d + e * d + i] = v
                 ks += abs(np.float64(k))
                 vs += abs(np.float64(v))
+                kmax = max(kmax, abs(np.float64(k)))
+                vmax = max(vmax, abs(np.float64(v)))
                 finite = finite and math.isfinite(k) and math.isfinite(v)
                 big = big or abs(k) > fp16_max or abs(v) > fp16_max
             for i in range(pad):
@@ -89,6 +95,8 @@ def gated_images_kernel(gamma, beta, G, V, max_abs, cg, cb, c0, pad, f16_index, 
                 vals = vs
         bad32[b] = not (finite and h <= fp32_safe and h * max(keys, vals) <= fp32_safe)
         over16[b] = big or not (h16 <= fp16_max)
+        low16[b] = ((0.0 < gmax < fp16_min_normal) or (0.0 < kmax < fp16_min_normal)
+                    or (0.0 < vmax < fp16_min_normal) or (0.0 < h < fp16_min_normal))
         for i in range(n16):
             src16[b, i] = f16_bits(s_bits[f16_index[i]])
 
@@ -138,8 +146,8 @@ def f16_rows(emb, bits32, bias, sets, fp16_max, out16, out_bias):
     bits (:func:`f16_bits`), ``out_bias`` their biases. One pass, every core: the row checks of a
     pool update, its storage and its largest |a| together. ``emb`` float32 ``[k, d]`` and
     ``bits32`` the same memory as uint32. Returns ``(bad, top)``: ``bad`` 0 when every packed value
-    is finite and within ``fp16_max`` (else the caller's slower checks name what is wrong; nothing
-    it wrote is used), ``top`` the largest finite |half| as its bits (a half's magnitude orders as
+    is finite and within ``fp16_max`` and no nonzero row packs to zeros (else the caller's slower
+    checks name what is wrong; nothing it wrote is used), ``top`` the largest finite |half| as its bits (a half's magnitude orders as
     its bits without the sign)."""
     k, d = emb.shape
     pos = np.empty(k, np.int64)
@@ -157,8 +165,10 @@ def f16_rows(emb, bits32, bias, sets, fp16_max, out16, out_bias):
         flag = 0 if np.isfinite(b) else 1
         out_bias[p] = b
         t = np.uint16(0)
+        nonzero = False
         for j in range(d):
             x = emb[i, j]
+            nonzero = nonzero or x != 0
             if not (abs(x) <= fp16_max):  # NaN too
                 flag = 1
             h = f16_bits(bits32[i, j])
@@ -166,6 +176,6 @@ def f16_rows(emb, bits32, bias, sets, fp16_max, out16, out_bias):
             m = h & np.uint16(0x7FFF)
             if m < np.uint16(0x7C00) and m > t:
                 t = m
-        bad[i] = flag
+        bad[i] = 1 if nonzero and t == 0 else flag  # a nonzero row stored as zeros: from_float names it
         top[i] = t
     return bad.max() if k else np.uint8(0), top.max() if k else np.uint16(0)

@@ -122,6 +122,31 @@ def fp16_encoded_bound(max_abs: float, int8: bool) -> tuple[float, float, float]
     return (1 + F16_U) * a16, 1 + F16_U, F16_TINY * (a16 + 1)
 
 
+#: fp16's smallest normal value: below it fp16 keeps fewer significant bits (none under 2^-25)
+FP16_MIN_NORMAL = 2.0 ** -14
+
+
+def fp16_weights_precise(gmax: float, kmax: float, vmax: float, h: float) -> bool:
+    """Whether ``math="auto"`` may take fp16 math for a request whose largest |gamma|, |G / sqrt(d)|
+    and |V| are ``gmax, kmax, vmax`` and whose encoded ads are bounded by ``h = max|gamma| max|a| +
+    max|beta|``: none of them nonzero below :data:`FP16_MIN_NORMAL`. Below it fp16 loses the values
+    to its subnormals (V scaled by 1e-8: every fp16 score 0, the ranking gone); a weight small
+    beside its array's largest is lost only as much as the score's scale allows. Explicit
+    ``math="fp16"`` computes its model on such a request all the same, as on an int8 table's
+    small rows (:func:`fp16_rows_precise`)."""
+    return not any(0 < x < FP16_MIN_NORMAL for x in (gmax, kmax, vmax, h))
+
+
+def fp16_request_precise(request, max_abs: float) -> bool:
+    """:func:`fp16_weights_precise` of a :class:`~andromeda_nb.model.Request` on a table of largest
+    |a| ``max_abs`` (its weights as the fp16 image takes them: G / sqrt(d) in float64, then float32)."""
+    d = request.d
+    gmax = float(np.abs(request.gamma).max(initial=0))
+    kmax = float(np.abs((request.G.astype(np.float64) / np.sqrt(d)).astype(np.float32)).max(initial=0))
+    h = gmax * float(max_abs) + float(np.abs(request.beta).max(initial=0))
+    return fp16_weights_precise(gmax, kmax, float(np.abs(request.V).max(initial=0)), h)
+
+
 def fp16_rows_precise(table, max_abs: float) -> bool:
     """Whether ``math="auto"`` may widen this table's rows to fp16 without losing them to fp16's
     subnormals: not an int8 table, or one whose largest value is 0 (every row zero) or at least
@@ -249,12 +274,15 @@ _F16_INDEX: dict = {}
 class GatedImages:
     """A group's images (:func:`gated_images`): ``bad32`` / ``over16`` bool ``[B]`` (the request
     would be refused in fp32 math / does not fit fp16 math: :func:`~andromeda_nb.score.launches.check_range`
-    with ``"fp32"`` / ``"fp16"`` or :func:`f16_weights` would raise); ``f16`` uint32 ``[B, words]``,
+    with ``"fp32"`` / ``"fp16"`` or :func:`f16_weights` would raise); ``low16`` bool ``[B]`` (fp16
+    would lose the request's weights or encoded ads to its subnormals: :func:`fp16_weights_precise`
+    fails, which leaves ``math="auto"`` in fp32); ``f16`` uint32 ``[B, words]``,
     :func:`mma_f16_image` of each request that fits fp16 math (rows of the others undefined), or
     None when not asked for."""
 
     bad32: np.ndarray
     over16: np.ndarray
+    low16: np.ndarray
     f16: np.ndarray | None
 
 
@@ -273,7 +301,7 @@ def gated_images(gamma, beta, G, V, max_abs: float, out: np.ndarray, f16: bool, 
         _F16_INDEX[d] = _mma_f16_index(d)
     index = _F16_INDEX[d] if f16 and d % 16 == 0 else np.zeros(0, np.int64)
     src16 = np.empty((B if index.size else 0, index.size), np.uint16)
-    bad32, over16 = np.empty(B, np.bool_), np.empty(B, np.bool_)
+    bad32, over16, low16 = np.empty(B, np.bool_), np.empty(B, np.bool_), np.empty(B, np.bool_)
     gated_images_kernel(gamma, beta, G, V, float(max_abs), *fp16_encoded_bound(float(max_abs), int8), PAD, index, out,
-                        src16, bad32, over16, FP32_SAFE, FP16_MAX)
-    return GatedImages(bad32, over16, src16.view(np.uint32) if index.size else None)
+                        src16, bad32, over16, low16, FP32_SAFE, FP16_MAX, FP16_MIN_NORMAL)
+    return GatedImages(bad32, over16, low16, src16.view(np.uint32) if index.size else None)

@@ -204,8 +204,21 @@ class ProfileBatch:
         return self.take(range(*requests.indices(len(self))))
 
     def take(self, requests) -> "ProfileBatch":
-        """The batch of requests ``requests`` (indices, in that order)."""
-        idx = np.asarray(requests, np.int64).reshape(-1)
+        """The batch of requests ``requests`` (integer indices, in that order; negative ones count
+        from the end, as in Python).
+
+        Raises:
+            TypeError: indices that are not integers.
+            IndexError: an index outside ``-len(self)..len(self) - 1``."""
+        idx = np.asarray(requests)
+        if idx.size and not (np.issubdtype(idx.dtype, np.integer) and idx.dtype != np.bool_):
+            raise TypeError(f"ProfileBatch.take needs integer indices, got {idx.dtype}")
+        idx = idx.astype(np.int64).reshape(-1)
+        n = len(self)
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            bad = int(idx[(idx < -n) | (idx >= n)][0])
+            raise IndexError(f"request index {bad} out of range for a batch of {n}")
+        idx = np.where(idx < 0, idx + n, idx)
         sizes = self.ptr[idx + 1] - self.ptr[idx]
         ptr = np.zeros(idx.size + 1, np.int64)
         np.cumsum(sizes, out=ptr[1:])

@@ -393,6 +393,29 @@ def test_profiles_in_columns_answer_as_dicts(rng):
         pool.retrieve(reqs[:2], batch, k=6)
 
 
+def test_profile_batch_take_checks_its_indices(rng):
+    """ProfileBatch.take and indexing: negative indices count from the end (as a slice's do), an
+    index outside the batch is an IndexError and a float or bool one a TypeError, never another
+    request's profile or a truncated index."""
+    from andromeda_nb.targeting import ProfileBatch
+
+    rules, _, _ = world(rng, 50, p_constrain=0.3, p_exclude=0.1)
+    profs = [random_profile(rng, rules.schema) for _ in range(6)]
+    batch = ProfileBatch.from_profiles(rules.schema, profs)
+    canon = [make_profile(rules.schema, p) for p in profs]
+    for idx in ([4, 0], [-2], [-6, 5], np.array([3], np.uint8), range(1, 4)):
+        want = [canon[i] for i in idx]
+        assert [make_profile(rules.schema, p) for p in batch.take(idx)] == want
+    assert [make_profile(rules.schema, p) for p in batch[-3:]] == canon[-3:]
+    assert len(batch.take([])) == 0
+    for idx in ([6], [-7], [0, 99]):
+        with pytest.raises(IndexError, match="out of range for a batch of 6"):
+            batch.take(idx)
+    for idx in ([1.9], [True], np.array([0.0])):
+        with pytest.raises(TypeError, match="integer indices"):
+            batch.take(idx)
+
+
 def test_importing_the_request_path_leaves_the_cuda_backend_unchosen():
     """`set_backend("auto")` picks the simulator without a GPU only if nothing imported numba.cuda
     first: the notebooks import the pipeline (through analysis.evaluation) before choosing."""

@@ -655,6 +655,66 @@ def test_int8_rows_below_fp16_normal_range_are_scored_in_fp32_by_default(rng):
     assert _auto_math(req, DeviceAdTable(zero, "rows")) == "fp16"
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+@pytest.mark.parametrize("small", ["V", "G", "gamma", "h"])
+def test_requests_below_fp16_normal_range_are_scored_in_fp32_by_default(rng, dtype, small):
+    """A request whose V, G / sqrt(d) or gamma, or whose encoded ads' bound (gamma and beta both
+    tiny), lies below fp16's normal range would lose them to fp16's subnormals (V * 1e-8: every
+    fp16 score 0, the ids in slot order): the default scores it in fp32 math (the fp32 top-k),
+    through a fresh request, a kept DeviceRequest and the Pool; explicit fp16 computes its own model."""
+    n, d = 96, 16
+    t = anb.AdTable.from_float(rng.standard_normal((n, d)), rng.standard_normal(n) * 0.1, dtype=dtype,
+                               ad_ids=np.arange(n))
+    dt = DeviceAdTable(t, "tiles")
+    r = anb.Request.random(d, 4, 2, rng)
+    scale = float(rng.uniform(1e-9, 1e-8))
+    parts = dict(V=r.V, G=r.G, gamma=r.gamma, beta=r.beta)
+    if small == "h":
+        parts.update(gamma=r.gamma * scale, beta=r.beta * scale)
+    else:
+        parts[small] = parts[small] * (scale / np.sqrt(d) if small == "G" else scale)
+    req = anb.Request(**parts, k_experts=2)
+    want = reference.topk(anb.score_ads(req, dt, config=anb.KernelConfig(math="fp32")).copy_to_host(), 5, ids=t.ad_ids)
+    assert _auto_math(req, dt) == "fp32" and _auto_math(r, dt) == "fp16"
+    kept = DeviceRequest.of(req)
+    anb.score_topk(kept, dt, 5)  # the kept request holds its images: the next call takes the numpy checks
+    for got in (anb.score_topk(req, dt, 5), anb.score_topk(kept, dt, 5), anb.Pool(t, max_k=5).retrieve(req, k=5),
+                anb.Pool(t, max_k=5).retrieve([r, req], k=5)[1]):
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_array_equal(got.scores, want.scores)
+    got16 = anb.score_ads(req, dt, config=F16).copy_to_host()
+    np.testing.assert_allclose(got16, reference.score(req, t, math="fp16"), rtol=1e-5, atol=1e-7)
+
+
+def test_fp16_weight_precision_rule_at_its_bound(rng):
+    """fp16_weights_precise: zero and fp16's smallest normal pass, the next float32 below it fails,
+    for each of its four values; the compiled pass of a group (low16) agrees with the per-request
+    rule on random magnitudes around the bound."""
+    from andromeda_nb.score.weights import FP16_MIN_NORMAL, fp16_request_precise, fp16_weights_precise, gated_images, \
+        image_size, stack_requests
+
+    below = float(np.nextafter(np.float32(FP16_MIN_NORMAL), np.float32(0)))
+    for i in range(4):
+        for x, ok in ((0.0, True), (FP16_MIN_NORMAL, True), (below, False), (1.0, True)):
+            v = [1.0] * 4
+            v[i] = x
+            assert fp16_weights_precise(*v) is ok
+    d, E = 16, 3
+    reqs = []
+    for i in range(16):  # one part scaled, around the bound (the first two far below and at 1)
+        r = anb.Request.random(d, E, 2, rng)
+        parts = dict(V=r.V, G=r.G, gamma=r.gamma, beta=r.beta)
+        name = ("V", "G", "gamma", "beta")[i % 4]
+        parts[name] = parts[name] * (1e-7 if i == 0 else 1.0 if i == 1 else 10.0 ** rng.uniform(-6, -3))
+        reqs.append(anb.Request(**parts, k_experts=2))
+    max_abs = 1.5
+    images = np.empty((len(reqs), image_size("gated", d, E)), np.float32)
+    built = gated_images(*stack_requests(reqs), max_abs, images, True)
+    want = [not fp16_request_precise(r, max_abs) for r in reqs]
+    np.testing.assert_array_equal(built.low16, want)
+    assert 0 < sum(want) < len(reqs)  # both sides of the bound drawn
+
+
 def test_int8_scale_past_fp32_is_refused_in_every_math(rng):
     """A finite row scale whose products pass fp32's range (q 100, scale 3e38) makes every score of
     that row NaN: each math refuses the request with a clear error before any launch, the Pool too."""
@@ -888,3 +948,15 @@ def test_the_ring_waits_for_its_own_round_before_reading_it():
             assert src.count("cp_async_commit()") == stages + split  # ring - 1 before the loop(s), one a round
             assert src.rstrip().endswith("cp_async_wait(0)")
             assert src.count(", rb, 8, 1, rsc, rss + rsl * 128, scale)") == stages - 1 + 1 + split
+
+
+def test_launch_counts_take_numpy_integers_and_refuse_the_rest():
+    """items, sync_every and blocks_per_sm take a numpy integer as the int it holds (the same
+    configuration, the same cache key), as block and ring_stages do; 0, bools, floats and strings
+    are refused, naming the field."""
+    for name in ("items", "sync_every", "blocks_per_sm"):
+        got = anb.KernelConfig(**{name: np.int64(2)})
+        assert got == anb.KernelConfig(**{name: 2}) and type(getattr(got, name)) is int
+        for bad in (0, -1, True, np.True_, 2.0, "2"):
+            with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+                anb.KernelConfig(**{name: bad})
