@@ -347,7 +347,9 @@ class AdTable:
                     "rescale the table or store it as bf16 or int8"
                 )
             store = to_f16(emb)
-            lost = (store == 0).all(axis=1) & (emb != 0).any(axis=1) if emb.shape[1] else np.zeros(n, bool)
+            zero = ~store.any(axis=1)  # rows stored as zeros (rare): only those are compared with the input
+            lost = zero.copy()
+            lost[zero] = emb[zero].any(axis=1)
             if lost.any():
                 raise ValueError(
                     f"{int(lost.sum())} rows (first: row {int(np.flatnonzero(lost)[0])}) are nonzero but round to "

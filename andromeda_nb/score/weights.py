@@ -139,10 +139,11 @@ def fp16_weights_precise(gmax: float, kmax: float, vmax: float, h: float) -> boo
 
 def fp16_request_precise(request, max_abs: float) -> bool:
     """:func:`fp16_weights_precise` of a :class:`~andromeda_nb.model.Request` on a table of largest
-    |a| ``max_abs`` (its weights as the fp16 image takes them: G / sqrt(d) in float64, then float32)."""
+    |a| ``max_abs`` (its weights as the fp16 image takes them: G / sqrt(d) in float64, then float32,
+    whose largest |x| is that of G so divided and rounded, the rounding being monotone)."""
     d = request.d
     gmax = float(np.abs(request.gamma).max(initial=0))
-    kmax = float(np.abs((request.G.astype(np.float64) / np.sqrt(d)).astype(np.float32)).max(initial=0))
+    kmax = float(np.float32(float(np.abs(request.G).max(initial=0)) / np.sqrt(d)))
     h = gmax * float(max_abs) + float(np.abs(request.beta).max(initial=0))
     return fp16_weights_precise(gmax, kmax, float(np.abs(request.V).max(initial=0)), h)
 

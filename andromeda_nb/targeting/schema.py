@@ -211,7 +211,7 @@ class ProfileBatch:
             TypeError: indices that are not integers.
             IndexError: an index outside ``-len(self)..len(self) - 1``."""
         idx = np.asarray(requests)
-        if idx.size and not (np.issubdtype(idx.dtype, np.integer) and idx.dtype != np.bool_):
+        if idx.size and not np.issubdtype(idx.dtype, np.integer):  # (bools are not numpy integers)
             raise TypeError(f"ProfileBatch.take needs integer indices, got {idx.dtype}")
         idx = idx.astype(np.int64).reshape(-1)
         n = len(self)
