@@ -35,7 +35,10 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
         half = q % 2
         if whole:
             emit(f"{ind}ur{q} = uint64({base} + wbase + {16 * t + 8 * half} + g8)")
-            _emit_row_words(emit, ind, q, d, layout, int8, into)
+            if layout == "tiles":
+                _emit_tile_words(emit, ind, q, d, int8, into, base)
+            else:
+                _emit_row_words(emit, ind, q, d, layout, int8, into)
             continue
         emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
         if compact:
@@ -65,6 +68,30 @@ def _emit_row_words(emit, ind: str, q: int, d: int, layout: str, int8: bool, int
         col = f"c4h + {2 * wi}" if int8 else f"c4 + {4 * wi}"
         idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
         emit(f"{ind}m{q}_{wi}{into} = ld_half(words, {idx}, c4o)" if int8 else f"{ind}m{q}_{wi}{into} = words[{idx}]")
+    if int8:
+        emit(f"{ind}sc{q}{into} = scale[ur{q}]")
+
+
+def emit_tile_offsets(emit, ind: str, int8: bool) -> None:
+    """Emit, once a kernel, this lane's byte offset in a ``tiles`` table (``words [d/8, n]``) of
+    its first word of the warp's first row, ``wlo`` (word row ``c4h``, or ``c4`` for fp16 rows;
+    column ``wbase + g8``; int8: plus its half ``c4o``), and ``wcs``, the bytes from one of its word
+    rows to its next (2 or 4 word rows): :func:`_emit_tile_words`' steps."""
+    col, rows = ("c4h", 2) if int8 else ("c4", 4)
+    emit(f"{ind}wlo = uint64({col} * words.shape[1] + wbase + g8) * 8{' + uint64(c4o * 4)' if int8 else ''}")
+    emit(f"{ind}wcs = uint64(words.shape[1]) * {8 * rows}")
+
+
+def _emit_tile_words(emit, ind: str, q: int, d: int, int8: bool, into: str, base: str) -> None:
+    """Row ``ur{q}``'s words of this lane (a whole round on ``tiles``, :func:`emit_tile_offsets`)
+    at byte offsets from the round's ``ra``: its rows 8 ads (64 bytes) apart, its word rows ``wcs``
+    apart, a 64-bit add a load where :func:`_emit_row_words`' element index recomputes
+    ``(column n + row) 8`` from the index (six integer instructions a word row)."""
+    if q % 2 == 0:
+        emit(f"{ind}ra = wlo + uint64({base}) * 8")
+    for wi in range(d // 16):
+        step = "" if wi == 0 else f" + {wi} * wcs"
+        emit(f"{ind}m{q}_{wi}{into} = {'ld_u32' if int8 else 'ld_u64'}(words, ra{step} + {64 * q})")
     if int8:
         emit(f"{ind}sc{q}{into} = scale[ur{q}]")
 

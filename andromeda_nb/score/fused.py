@@ -56,10 +56,11 @@ from ..device.bits import test_bit
 from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, exp_approx,
                                  film_h2, half2_of, lds2, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp,
                                  pair_high, pair_low, rcp_approx, sts2, tf32_round)
-from ..device.memory_ops import (cp_async_commit, cp_async_row, cp_async_wait, ld_half, prefetch_l2,
-                                 prefetch_l2_2d, shared_offset)
+from ..device.memory_ops import (cp_async_commit, cp_async_row, cp_async_wait, ld_half, ld_u32, ld_u64,
+                                 prefetch_l2, prefetch_l2_2d, shared_offset)
 from ..topk.block import block_topk
-from .emit_mma import emit_f16_weights, emit_mma, emit_mma_load, emit_ring_bases, emit_ring_issue
+from .emit_mma import (emit_f16_weights, emit_mma, emit_mma_load, emit_ring_bases, emit_ring_issue,
+                       emit_tile_offsets)
 from .emit_per_ad import PerAdEmitter
 from .weights import PAD, image_size, mma_image_size
 
@@ -199,6 +200,8 @@ class _Source(PerAdEmitter):
             if self.dtype == "int8":  # fp16 math: the word holding the lane's 4 bytes, and its half
                 emit("    c4h = c4 // 2")
                 emit("    c4o = c4 % 2")
+            if self.split and self.layout == "tiles":  # the whole rounds' row offsets
+                emit_tile_offsets(emit, "    ", self.dtype == "int8")
             # a warp: 32 ads x (8 logits, 8 values), MSC_PITCH floats an ad, the warp's tile at mw
             align = "" if config.ENABLE_CUDASIM else ", alignment=16"
             emit(f"    msc = cuda.shared.array({block * MSC_PITCH}, float32{align})")
@@ -713,6 +716,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
            "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
            "uint32": uint32, "half2_of": half2_of, "pair_low": pair_low, "pair_high": pair_high, "dequant_i8x4": dequant_i8x4,
            "dequant_i8x4_fma": dequant_i8x4_fma, "dequant_offset_h2": dequant_offset_h2, "ld_half": ld_half,
+           "ld_u32": ld_u32, "ld_u64": ld_u64,
            "exp_approx": exp_approx, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d,
            "cp_async_commit": cp_async_commit, "cp_async_wait": cp_async_wait,
            "cp_async_row": cp_async_row, "shared_offset": shared_offset}
