@@ -25,7 +25,7 @@ from numba.cuda.core import config
 
 #: keeps sign, exponent and the 10 mantissa bits of TensorFloat-32
 TF32_MASK = 0xFFFFE000
-#: log2(e) rounded to fp32 (exp_approx: exp(x) = 2^(x log2 e))
+#: log2(e) rounded to fp32 (exp_shifted: exp(x) = 2^(x log2 e))
 LOG2E = 1.4426950408889634
 
 if config.ENABLE_CUDASIM:
@@ -102,9 +102,10 @@ if config.ENABLE_CUDASIM:
                                        np.array([c2], np.uint32))
         return lo[0], hi[0]
 
-    def exp_approx(x):
-        with np.errstate(over="ignore", invalid="ignore"):
-            return np.float32(np.exp2(np.float32(x) * np.float32(LOG2E)))
+    def exp_shifted(x, c):
+        with np.errstate(over="ignore", invalid="ignore"):  # the product exact in float64, one rounding
+            return np.float32(np.exp2(np.float32(np.float64(np.float32(x)) * np.float64(np.float32(LOG2E))
+                                                 + np.float64(c))))
 
     def rcp_approx(x):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -413,15 +414,21 @@ else:
                           + "fma.rn.f16x2 $0, $0, $3, $4; fma.rn.f16x2 $1, $1, $3, $4; }")
 
     @intrinsic
-    def exp_approx(typingctx, x):
-        """exp(x) as ``ex2.approx.ftz(x log2 e)``: one FMUL and one MUFU.EX2 against libdevice's ~10
-        instructions; relative error ~2^-22 plus the product's rounding (|x| 2^-24 log2 e), results
-        below 2^-126 flushed to zero (softmax weights there are 1e-38 of the largest)."""
-        sig = types.float32(types.float32)
+    def exp_shifted(typingctx, x, c):
+        """exp(x - m) as ``ex2.approx.ftz(fma(x, log2 e, c))`` with ``c = -m log2 e`` made once: a
+        softmax's E exponentials in one FFMA and one MUFU.EX2 each, where ``x - m`` first took an
+        FADD and an FMUL (libdevice's exp ~10 instructions). Relative error ~2^-22 plus the FFMA's
+        rounding (|x - m| 2^-24 log2 e); results below 2^-126 flushed to zero (softmax weights
+        there are 1e-38 of the largest). c's own rounding scales every exponential of the same m
+        by the same 2^delta (|delta| <= |m log2 e| 2^-24): a softmax's weights p / z keep their
+        values, but for the largest logit's, which a kernel takes as exactly exp(0) = 1 and is then
+        off by |delta| ln 2 relative, as much as that logit's own fp32 rounding moves it."""
+        sig = types.float32(types.float32, types.float32)
 
         def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
-            asm = ir.InlineAsm(fnty, "{ .reg .f32 t; mul.f32 t, $1, 0f3FB8AA3B; ex2.approx.ftz.f32 $0, t; }", "=f,f")
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType(), ir.FloatType()])
+            asm = ir.InlineAsm(fnty, "{ .reg .f32 t; fma.rn.f32 t, $1, 0f3FB8AA3B, $2; ex2.approx.ftz.f32 $0, t; }",
+                               "=f,f,f")
             return builder.call(asm, list(args))
 
         return sig, codegen

@@ -6,6 +6,8 @@ read its shape (``d``, ``E``, ``K``, ``dtype``, ``model``, ...) and append lines
 
 from __future__ import annotations
 
+from ..device.intrinsics import LOG2E
+
 
 class PerAdEmitter:
     """Step 4 of a generated kernel, per ad (its attributes are :class:`.fused._Source`'s)."""
@@ -116,10 +118,15 @@ class PerAdEmitter:
             for e in range(1, E):
                 emit(f"{ind}if l{e} > m:")
                 emit(f"{ind}    m = l{e}")
-        exp = "exp_approx" if self.fast_softmax else "math.exp"
+        if self.fast_softmax:  # exp(l - m) = 2^(l log2 e - m log2 e): an FFMA an expert (exp_shifted)
+            emit(f"{ind}nm = m * float32({-LOG2E!r})")
         for e in range(E):
-            emit(f"{ind}p{e} = {exp}(l{e} - m)")
+            emit(f"{ind}p{e} = {self._exp(f'l{e}')}")
         emit(f"{ind}z = " + " + ".join(f"p{e}" for e in range(E)))
+
+    def _exp(self, logit: str) -> str:
+        """exp(logit - m), the softmax's weight of a logit (after :meth:`_softmax` set m)."""
+        return f"exp_shifted({logit}, nm)" if self.fast_softmax else f"math.exp({logit} - m)"
 
     def _insert(self, ind: str) -> None:
         """The K best experts in one pass over the E logits: slots ``sl0 >= ... >= sl{K-1}`` (logit)
@@ -176,8 +183,7 @@ class PerAdEmitter:
         if self.choice == "insert":
             # the first slot is the largest logit: its weight is exp(sl0 - m) = 1 (a NaN or infinite
             # logit makes z, so s, NaN either way), the passes' first weight likewise
-            exp = "exp_approx" if self.fast_softmax else "math.exp"
-            emit(f"{ind}mixed = sv0" + "".join(f" + {exp}(sl{r} - m) * sv{r}" for r in range(1, K)))
+            emit(f"{ind}mixed = sv0" + "".join(f" + {self._exp(f'sl{r}')} * sv{r}" for r in range(1, K)))
             emit(f"{ind}s = {self._over_z()} + {bias}")
             return
         emit(f"{ind}taken = 0")

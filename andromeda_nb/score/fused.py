@@ -53,7 +53,7 @@ from numba import cuda, float32, int16, int32, int64, uint32, uint64
 from numba.cuda.core import config
 
 from ..device.bits import test_bit
-from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, exp_approx,
+from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, exp_shifted,
                                  film_h2, half2_of, lds2, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp,
                                  pair_high, pair_low, rcp_approx, sts2, tf32_round)
 from ..device.memory_ops import (cp_async_commit, cp_async_row, cp_async_wait, ld_half, ld_u32, ld_u64,
@@ -135,7 +135,7 @@ class _Source(PerAdEmitter):
         self.ring = ring_stages if (self.prefetch and ring_applies(math, dtype, access, fused, items, batched)) else 0
         if self.ring:
             self.rows_ahead = 1
-        # fp16 math's softmax in fewer instructions (exp_approx, rcp_approx: ~1e-6 relative, inside the
+        # fp16 math's softmax in fewer instructions (exp_shifted, rcp_approx: ~1e-6 relative, inside the
         # fp32 accuracy it promises); the fp32 math keeps libdevice's exp and the IEEE division
         self.fast_softmax = softmax == "fast" or (softmax == "auto" and math == "fp16")
         # the K best experts by K passes over the E logits (~4 K E instructions) or by each expert's
@@ -600,7 +600,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
         bias_load: where the tensor-core kernels load an ad's bias: ``"ahead"`` (a round early,
             with pool and position-tested bitset access; elsewhere as ``"start"``), ``"start"`` (at
             the start of its round) or ``"end"`` (where the score needs it: a diagnostic).
-        softmax: ``"fast"`` (``exp_approx`` and ``rcp_approx``), ``"exact"`` (libdevice's exp, the IEEE
+        softmax: ``"fast"`` (``exp_shifted`` and ``rcp_approx``), ``"exact"`` (libdevice's exp, the IEEE
             division) or ``"auto"``: fast in fp16 math, exact in fp32 math.
         choice: how the K best experts are found: ``"passes"`` (K passes over the E logits),
             ``"ranks"`` (each expert's rank), ``"insert"`` (one pass inserting each expert into K
@@ -717,7 +717,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
            "uint32": uint32, "half2_of": half2_of, "pair_low": pair_low, "pair_high": pair_high, "dequant_i8x4": dequant_i8x4,
            "dequant_i8x4_fma": dequant_i8x4_fma, "dequant_offset_h2": dequant_offset_h2, "ld_half": ld_half,
            "ld_u32": ld_u32, "ld_u64": ld_u64,
-           "exp_approx": exp_approx, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d,
+           "exp_shifted": exp_shifted, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d,
            "cp_async_commit": cp_async_commit, "cp_async_wait": cp_async_wait,
            "cp_async_row": cp_async_row, "shared_offset": shared_offset}
     if topk_cap:
