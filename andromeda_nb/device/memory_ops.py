@@ -46,10 +46,10 @@ if config.ENABLE_CUDASIM:
         # takes the array too, and adds the offset to it)
         return (int(i) * arr.shape[1] + int(j)) * arr.itemsize
 
-    def cp_async_row(ring, even, odd, words, a, src_bytes, nw, tiles, scales, at_scale, scale):
+    def cp_async_row(ring, b0, b1, b2, b3, words, a, src_bytes, nw, per, tiles, scales, at_scale, scale):
         flat = ring.reshape(-1)
         for w in range(nw):
-            at = ((even if w % 2 == 0 else odd) + (w // 2) * 2 * ROW_BYTES) // 8
+            at = ((b0, b1, b2, b3)[w // per] + (w % per) * ROW_BYTES) // 8
             flat[at] = (words[w, int(a)] if tiles else words[int(a), w]) if src_bytes else 0
         scales.reshape(-1)[at_scale // scales.itemsize] = scale[int(a)] if src_bytes else 0
 
@@ -182,11 +182,11 @@ else:
         return types.uint32(arr, i, j), codegen
 
     @intrinsic
-    def cp_async_row(typingctx, ring, even, odd, words, a, src_bytes, nw, tiles, scales, at_scale, scale):
+    def cp_async_row(typingctx, ring, b0, b1, b2, b3, words, a, src_bytes, nw, per, tiles, scales, at_scale, scale):
         """Start the asynchronous copies of ad ``a``'s ``nw`` 8-byte words (``words[w, a]`` on
         ``tiles``, else ``words[a, w]``) and its 4-byte scale ``scale[a]`` into a ring slot: word w
-        lands at shared address ``even`` (w even) or ``odd`` (w odd, the swizzled column) plus
-        ``(w // 2) * 512`` (two rows of 32 words), the scale at ``at_scale`` (in ``scales``, the
+        lands at shared address ``b{w // per}`` plus ``(w % per) * 256`` (a row of 32 words; the
+        groups' bases hold their swizzled columns), the scale at ``at_scale`` (in ``scales``, the
         ring's scale array); ``src_bytes`` 8 or 0 (zeros written, nothing read; the scale's copy
         half of it). ``cp.async.ca.shared.global``: no register waits for the copies;
         :func:`cp_async_commit` closes a group of them, :func:`cp_async_wait` waits until at most n
@@ -194,40 +194,44 @@ else:
         after a warp barrier).
         One block of PTX: the shared addresses are a register and an immediate, the source a 64-bit
         add a word (``tiles``) or an immediate (rows), ~2 instructions a copy where
-        a copy addressed by array index took ~6. ``nw`` and ``tiles`` are constants."""
+        a copy addressed by array index took ~6. ``nw``, ``per`` and ``tiles`` are constants."""
         if not (isinstance(ring, types.Array) and isinstance(words, types.Array) and words.ndim == 2
                 and words.dtype == types.uint64 and isinstance(scale, types.Array) and scale.ndim == 1
                 and scale.dtype.bitwidth == 32 and isinstance(scales, types.Array)
-                and all(isinstance(x, types.Integer) for x in (even, odd, a, src_bytes, at_scale))
-                and isinstance(nw, types.IntegerLiteral) and isinstance(tiles, types.IntegerLiteral)):
+                and all(isinstance(x, types.Integer) for x in (b0, b1, b2, b3, a, src_bytes, at_scale))
+                and all(isinstance(x, types.IntegerLiteral) for x in (nw, per, tiles))):
             return None
-        count, by_tiles = nw.literal_value, bool(tiles.literal_value)
+        count, group, by_tiles = nw.literal_value, per.literal_value, bool(tiles.literal_value)
+        if count > 4 * group:
+            return None
 
         def codegen(context, builder, sig, args):
-            a64 = context.cast(builder, args[4], sig.args[4], types.int64)
+            a64 = context.cast(builder, args[6], sig.args[6], types.int64)
             zero = ir.Constant(_I64, 0)
             first = context.make_tuple(builder, types.UniTuple(types.int64, 2), [zero, a64] if by_tiles else [a64, zero])
-            src = _element_address(context, builder, sig.args[3], args[3], first)
-            at = _element_address(context, builder, sig.args[10], args[10], context.make_tuple(
+            src = _element_address(context, builder, sig.args[5], args[5], first)
+            at = _element_address(context, builder, sig.args[13], args[13], context.make_tuple(
                 builder, types.UniTuple(types.int64, 1), [a64]))
-            step = builder.extract_value(context.make_array(sig.args[3])(context, builder, value=args[3]).strides, 0)
-            to32 = [context.cast(builder, args[k], sig.args[k], types.uint32) for k in (1, 2, 5, 9)]
-            lines = ["{ .reg .u64 g, h; .reg .u32 b; cvta.to.global.u64 g, $2;"]
+            step = builder.extract_value(context.make_array(sig.args[5])(context, builder, value=args[5]).strides, 0)
+            to32 = [context.cast(builder, args[k], sig.args[k], types.uint32) for k in (1, 2, 3, 4, 7, 12)]
+            # operands: $0..$3 the groups' bases, $4 the source, $5 its word-row step, $6 the bytes,
+            # $7 the scale's shared address, $8 its source
+            lines = ["{ .reg .u64 g, h; .reg .u32 b; cvta.to.global.u64 g, $4;"]
             for w in range(count):
-                dst = f"[${w % 2}+{(w // 2) * 2 * ROW_BYTES}]"
+                dst = f"[${w // group}+{(w % group) * ROW_BYTES}]"
                 if by_tiles:
-                    lines.append("mov.u64 h, g;" if w == 0 else "add.s64 h, h, $3;")
-                    lines.append(f"cp.async.ca.shared.global {dst}, [h], 8, $4;")
+                    lines.append("mov.u64 h, g;" if w == 0 else "add.s64 h, h, $5;")
+                    lines.append(f"cp.async.ca.shared.global {dst}, [h], 8, $6;")
                 else:
-                    lines.append(f"cp.async.ca.shared.global {dst}, [g+{8 * w}], 8, $4;")
-            lines.append("cvta.to.global.u64 h, $6; shr.u32 b, $4, 1; cp.async.ca.shared.global [$5], [h], 4, b; }")
-            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(32), ir.IntType(32), _I64, _I64, ir.IntType(32),
-                                                   ir.IntType(32), _I64])
-            asm = ir.InlineAsm(fnty, " ".join(lines), "r,r,l,l,r,r,l,~{memory}", side_effect=True)
-            builder.call(asm, [to32[0], to32[1], src, step, to32[2], to32[3], at])
+                    lines.append(f"cp.async.ca.shared.global {dst}, [g+{8 * w}], 8, $6;")
+            lines.append("cvta.to.global.u64 h, $8; shr.u32 b, $6, 1; cp.async.ca.shared.global [$7], [h], 4, b; }")
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i32, _I64, _I64, i32, i32, _I64])
+            asm = ir.InlineAsm(fnty, " ".join(lines), "r,r,r,r,l,l,r,r,l,~{memory}", side_effect=True)
+            builder.call(asm, [*to32[:4], src, step, to32[4], to32[5], at])
             return context.get_dummy_value()
 
-        return types.void(ring, even, odd, words, a, src_bytes, nw, tiles, scales, at_scale, scale), codegen
+        return types.void(ring, b0, b1, b2, b3, words, a, src_bytes, nw, per, tiles, scales, at_scale, scale), codegen
 
     @intrinsic
     def cp_async_commit(typingctx):

@@ -20,14 +20,16 @@ SYNC_WARP = "cuda.syncthreads()" if config.ENABLE_CUDASIM else "cuda.syncwarp()"
 
 def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access: str, compact: bool,
                    n: str = "n_items", row: str = "", int8: bool = False, into: str = "",
-                   pairs: bool = False, whole: bool = False) -> None:
+                   pairs: bool = False, whole: bool = False, math: str = "fp16") -> None:
     """Emit the loads of tile t (rows 16 t + g and 16 t + g + 8 of a warp's 32 ads, counted from
-    ``base``): each lane's 4-dim words c, c + 4, ... of both rows into ``m{q}_{wi}`` (zero for a
-    row past the end or not eligible). ``n``: the name of the item count; ``row``: the candidate
-    list's row prefix (``"b, "`` in batched kernels). ``int8`` (fp16 math): 4 dims are 4 bytes, half
-    a word: the lane loads only its half (``c % 2``) of the word holding its dims (``c // 2 + 2 wi``),
-    one register instead of two (``ld_half``; the register cap left int8 tiles spilling with whole
-    words), and the row scale into ``sc{q}`` (``pairs``: the table's scale pair word, uint32).
+    ``base``): each lane's d/16 groups of 4 dims of both rows (:func:`.weights.f16_row_groups`: the
+    run of d/4 dims from ``(d/4) c``) into ``m{q}_{wi}`` (zero for a row past the end or not
+    eligible). ``n``: the name of the item count; ``row``: the candidate list's row prefix
+    (``"b, "`` in batched kernels). fp16 rows: a group is an 8-byte word, ``cw + wi`` (with
+    ``math="fp32"``, the TF32 steps' :func:`.weights.mma_image`, ``c4 + 4 wi``). ``int8``
+    (fp16 math): a group is 4 bytes, half a word: the lane loads its d/32 whole words ``cw + i``
+    (one load, two groups), or where d/16 is odd each group's half-word alone (``ld_half``); and
+    the row scale into ``sc{q}`` (``pairs``: the table's scale pair word, uint32).
     ``into``: a suffix of those names (``"b"``: the round after next's registers, :func:`emit_mma`'s
     ``rows_ahead=2``). ``whole`` (the full pool, every row of the round exists): the loads
     without a bounds check or zero fill."""
@@ -38,7 +40,7 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
             if layout == "tiles":
                 _emit_tile_words(emit, ind, q, d, int8, into, base)
             else:
-                _emit_row_words(emit, ind, q, d, layout, int8, into)
+                _emit_row_words(emit, ind, q, d, layout, int8, into, math)
             continue
         emit(f"{ind}ir{q} = {base} + wbase + {16 * t + 8 * half} + g8")
         if compact:
@@ -54,32 +56,63 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
                 emit(f"{ind}if okr{q}:")
                 emit(f"{ind}    okr{q} = test_bit(elig, ir{q}) != 0")
         emit(f"{ind}ur{q} = uint64(sr{q})")
-        for wi in range(d // 16):
-            emit(f"{ind}m{q}_{wi}{into} = {'uint32' if int8 else 'uint64'}(0)")
+        for wi in range(row_registers(d, int8)):
+            emit(f"{ind}m{q}_{wi}{into} = {'uint32' if int8 and d % 32 else 'uint64'}(0)")
         if int8:
             emit(f"{ind}sc{q}{into} = {'uint32(0)' if pairs else 'zero'}")
         emit(f"{ind}if okr{q}:")
-        _emit_row_words(emit, ind + "    ", q, d, layout, int8, into)
+        _emit_row_words(emit, ind + "    ", q, d, layout, int8, into, math)
 
 
-def _emit_row_words(emit, ind: str, q: int, d: int, layout: str, int8: bool, into: str) -> None:
+def _emit_row_words(emit, ind: str, q: int, d: int, layout: str, int8: bool, into: str, math: str) -> None:
     """Row ``ur{q}``'s words of this lane into ``m{q}_*`` (and its scale into ``sc{q}``)."""
-    for wi in range(d // 16):
-        col = f"c4h + {2 * wi}" if int8 else f"c4 + {4 * wi}"
-        idx = f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
-        emit(f"{ind}m{q}_{wi}{into} = ld_half(words, {idx}, c4o)" if int8 else f"{ind}m{q}_{wi}{into} = words[{idx}]")
+    def at(col):
+        return f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
+
+    if int8 and d % 32:
+        for j in range(d // 16):
+            emit(f"{ind}m{q}_{j}{into} = ld_half(words, {at(f'gw{j}')}, gh{j})")
+    elif int8:
+        for i in range(d // 32):
+            emit(f"{ind}m{q}_{i}{into} = words[{at(f'cw + {i}')}]")
+    else:
+        for wi in range(d // 16):
+            emit(f"{ind}m{q}_{wi}{into} = words[{at(f'cw + {wi}' if math == 'fp16' else f'c4 + {4 * wi}')}]")
     if int8:
         emit(f"{ind}sc{q}{into} = scale[ur{q}]")
 
 
-def emit_tile_offsets(emit, ind: str, int8: bool) -> None:
-    """Emit, once a kernel, this lane's byte offset in a ``tiles`` table (``words [d/8, n]``) of
-    its first word of the warp's first row, ``wlo`` (word row ``c4h``, or ``c4`` for fp16 rows;
-    column ``wbase + g8``; int8: plus its half ``c4o``), and ``wcs``, the bytes from one of its word
-    rows to its next (2 or 4 word rows): :func:`_emit_tile_words`' steps."""
-    col, rows = ("c4h", 2) if int8 else ("c4", 4)
-    emit(f"{ind}wlo = uint64({col} * words.shape[1] + wbase + g8) * 8{' + uint64(c4o * 4)' if int8 else ''}")
-    emit(f"{ind}wcs = uint64(words.shape[1]) * {8 * rows}")
+def row_registers(d: int, int8: bool) -> int:
+    """The registers ``m{q}_*`` of a lane's share of a row (:func:`emit_mma_load`): d/16 8-byte
+    fp16 words; d/32 8-byte int8 words (two steps' bytes each, split where used, so a loaded pair
+    stays the pair the loop carries: split at the load, ptxas moved every half at the loop's end),
+    or where d/16 is odd (a lane's run of d/4 bytes then starts mid-word) d/16 4-byte halves."""
+    return d // 16 if not int8 or d % 32 else d // 32
+
+
+def emit_lane_words(emit, ind: str, d: int, int8: bool) -> None:
+    """Emit, once a kernel, where this lane's dims of a row start (:func:`emit_mma_load`): ``cw``
+    its first 8-byte word, or for int8 rows whose d/16 is odd the word ``gw{j}`` and half ``gh{j}``
+    of each of its 4-byte groups."""
+    if int8 and d % 32:
+        for j in range(d // 16):
+            emit(f"{ind}gw{j} = (c4 * {d // 16} + {j}) >> 1")
+            emit(f"{ind}gh{j} = (c4 * {d // 16} + {j}) & 1")
+    else:
+        emit(f"{ind}cw = c4 * {d // 32 if int8 else d // 16}")
+
+
+
+
+def emit_tile_offsets(emit, ind: str, d: int, int8: bool) -> None:
+    """Emit, once a kernel (after :func:`emit_lane_words`), this lane's byte offset in a ``tiles``
+    table (``words [d/8, n]``) of its first word of the warp's first row, ``wlo`` (word row ``cw``,
+    column ``wbase + g8``), and ``wcs``, the bytes of a word row:
+    :func:`_emit_tile_words`' steps (int8 rows whose d/16 is odd: none, those load by index)."""
+    if int8 and d % 32:
+        return
+    emit(f"{ind}wlo = uint64(cw * words.shape[1] + wbase + g8) * 8")
+    emit(f"{ind}wcs = uint64(words.shape[1]) * 8")
 
 
 def _emit_tile_words(emit, ind: str, q: int, d: int, int8: bool, into: str, base: str) -> None:
@@ -87,13 +120,36 @@ def _emit_tile_words(emit, ind: str, q: int, d: int, int8: bool, into: str, base
     at byte offsets from the round's ``ra``: its rows 8 ads (64 bytes) apart, its word rows ``wcs``
     apart, a 64-bit add a load where :func:`_emit_row_words`' element index recomputes
     ``(column n + row) 8`` from the index (six integer instructions a word row)."""
+    if int8 and d % 32:
+        _emit_row_words(emit, ind, q, d, "tiles", int8, into, "fp16")
+        return
     if q % 2 == 0:
         emit(f"{ind}ra = wlo + uint64({base}) * 8")
-    for wi in range(d // 16):
-        step = "" if wi == 0 else f" + {wi} * wcs"
-        emit(f"{ind}m{q}_{wi}{into} = {'ld_u32' if int8 else 'ld_u64'}(words, ra{step} + {64 * q})")
+
+    def at(i):
+        return f"ra{'' if i == 0 else f' + {i} * wcs'} + {64 * q}"
+
+    if int8:
+        for i in range(d // 32):
+            emit(f"{ind}m{q}_{i}{into} = ld_u64(words, {at(i)})")
+    else:
+        for wi in range(d // 16):
+            emit(f"{ind}m{q}_{wi}{into} = ld_u64(words, {at(wi)})")
     if int8:
         emit(f"{ind}sc{q}{into} = scale[ur{q}]")
+
+
+def ring_groups(d: int) -> tuple[int, list]:
+    """``(per, swizzles)`` of a ring slot's word rows: the d/8 rows go in groups of ``per``, group
+    g storing ad a in column ``a ^ swizzles[g]``, so that the reads of :func:`_emit_ring_read` fall
+    on different banks. d a multiple of 32: the d/32 words of each lane c (:func:`emit_lane_words`)
+    a group, ``a ^ 4 c``: a half-warp's 16 lanes (4 ads, c = 0..3) read 16 different columns of 8
+    bytes, where unswizzled the 4 groups met on each bank. Otherwise two halves, ``a ^ 8`` in the
+    second (read by lanes c = 2, 3 alone): the 32 lanes' 4-byte reads meet two to a bank pair
+    only where they read the same word."""
+    if d % 32:
+        return d // 16, [0, 8]
+    return d // 32, [0, 4, 8, 12]
 
 
 def emit_ring_issue(emit, ind: str, first: str, slot: str, d: int, layout: str, ring: int,
@@ -102,11 +158,10 @@ def emit_ring_issue(emit, ind: str, first: str, slot: str, d: int, layout: str, 
     of the shared ring (``ring`` slots; :func:`emit_mma`'s ``ring``): the round's 32 ads start at
     ``first`` + wbase, lane l copies ad l's d/8 words (one 8-byte copy a word: on ``tiles`` a
     table of odd length puts a word row's start off 16 bytes) and its scale; an ad past the end
-    gets zeros (nothing read); ``whole`` (every ad of that round exists): no such test. Odd word
-    rows store ad a in column a ^ 8: the reads of :func:`_emit_ring_read` (lanes c4h = 0 and 1 in
-    even and odd rows, the same columns) then fall on different banks, where unswizzled the two
-    halves of the warp met on each bank."""
+    gets zeros (nothing read); ``whole`` (every ad of that round exists): no such test. The word
+    rows' columns are swizzled by :func:`ring_groups`."""
     nw = d // 8
+    per, swizzles = ring_groups(d)
     emit(f"{ind}ra = {first} + wbase + lane")
     if whole:
         emit(f"{ind}rj = ra")
@@ -115,34 +170,53 @@ def emit_ring_issue(emit, ind: str, first: str, slot: str, d: int, layout: str, 
         emit(f"{ind}rok = ra < {n}")
         emit(f"{ind}rj = ra if rok else 0")
         emit(f"{ind}rb = 8 if rok else 0")
-    # the slot's first word row at rse / rso (even / odd rows, :func:`emit_ring_bases`), its scale at
-    # rss, each plus the slot's bytes
-    emit(f"{ind}rsl = uint32({slot})")
-    emit(f"{ind}cp_async_row(ring, rse + rsl * {nw * ROW_BYTES}, rso + rsl * {nw * ROW_BYTES}, words, rj, rb, {nw}, "
-         f"{int(layout == 'tiles')}, rsc, rss + rsl * 128, scale)")
+    # the slot's word-row groups at rb0.. (emit_ring_bases), its scale at rss, each plus the slot's bytes
+    emit(f"{ind}rsl = uint32({slot}) * {nw * ROW_BYTES}")
+    bases = [f"rb{c} + rsl" for c in range(len(swizzles))] + ["rb0"] * (4 - len(swizzles))
+    emit(f"{ind}cp_async_row(ring, {', '.join(bases)}, words, rj, rb, {nw}, {per}, {int(layout == 'tiles')}, "
+         f"rsc, rss + uint32({slot}) * 128, scale)")
 
 
 def emit_ring_bases(emit, ind: str, d: int, ring: int) -> None:
     """Emit, once a kernel, the shared addresses of this lane's ring words in its warp's first
-    slot: ``rse`` (row 0, column lane) and ``rso`` (row 1, column lane ^ 8, the odd rows'
-    swizzle of :func:`emit_ring_issue`), and ``rss`` of its scale;
-    :func:`~andromeda_nb.device.memory_ops.cp_async_row` offsets them by constants."""
-    emit(f"{ind}rse = shared_offset(ring, wid * {ring * (d // 8)}, lane)")
-    emit(f"{ind}rso = shared_offset(ring, wid * {ring * (d // 8)} + 1, lane ^ 8)")
+    slot: ``rb{c}`` (group c's first row, column ``lane ^ swizzle``, :func:`ring_groups`) and
+    ``rss`` of its scale; :func:`~andromeda_nb.device.memory_ops.cp_async_row` offsets them by
+    constants."""
+    per, swizzles = ring_groups(d)
+    for c, sw in enumerate(swizzles):
+        emit(f"{ind}rb{c} = shared_offset(ring, wid * {ring * (d // 8)} + {c * per}, lane ^ {sw})")
     emit(f"{ind}rss = shared_offset(rsc, wid * {ring}, lane)")  # its scale (rows of 32 4-byte scales)
+
+
+def emit_ring_lanes(emit, ind: str, d: int) -> None:
+    """Emit, once a kernel, the columns :func:`_emit_ring_read` reads of tile row k of the ring
+    (:func:`ring_groups`' swizzle): d a multiple of 32, ``(k + g8) ^ 4 c4`` is ``rca`` (k % 16 = 0)
+    or ``rcb``, plus ``k & 16``; else ``(k + g8) ^ 8 c4h`` is ``rca + k`` or ``rcb + k``."""
+    if d % 32:
+        emit(f"{ind}c4h = c4 // 2")
+        emit(f"{ind}rca = g8 + c4h * 8")
+        emit(f"{ind}rcb = g8 - c4h * 8")
+    else:
+        emit(f"{ind}rca = g8 ^ (4 * c4)")
+        emit(f"{ind}rcb = rca ^ 8")
 
 
 def _emit_ring_read(emit, ind: str, t: int, d: int, ring: int) -> None:
     """Tile t's words and scales of this round from the ring's slot ``rs`` into the registers
-    :func:`emit_mma_load` fills (``m{q}_*``, ``sc{q}``), each lane its half-words (word row
-    c4h + 2 wi: odd where c4h is, its columns swizzled by :func:`emit_ring_issue`)."""
+    :func:`emit_mma_load` fills (``m{q}_*``, ``sc{q}``): each lane its d/32 words (8-byte reads),
+    or its d/16 halves, in the columns :func:`emit_ring_lanes` names."""
     nw = d // 8
     for q in (2 * t, 2 * t + 1):
-        k = 16 * t + 8 * (q % 2)  # (k + g8) ^ 8 c4h = k + g8 +- 8 c4h: a base register and an offset
-        for wi in range(d // 16):
-            emit(f"{ind}m{q}_{wi} = ld_half(ring, wid * {ring * nw} + rs * {nw} + c4h + {2 * wi}, "
-                 f"{k} + {'c8b' if k % 16 else 'c8a'}, c4o)")
-        # unsigned indices: a signed one costs a negative-index wraparound (a shift, a mask, an add)
+        k = 16 * t + 8 * (q % 2)
+        if d % 32:  # (k + g8) ^ 8 c4h = k + g8 +- 8 c4h: a base register and an offset
+            col = f"{k} + {'rcb' if k % 16 else 'rca'}"
+            for j in range(d // 16):
+                emit(f"{ind}m{q}_{j} = ld_half(ring, wid * {ring * nw} + rs * {nw} + gw{j}, {col}, gh{j})")
+        else:  # (k + g8) ^ 4 c4 = (g8 ^ 4 c4 ^ (k & 8)) + (k & 16)
+            col = f"{'rcb' if k % 16 else 'rca'} + {k & 16}"
+            for i in range(d // 32):
+                # unsigned indices: a signed one costs a negative-index wraparound (a shift, a mask, an add)
+                emit(f"{ind}m{q}_{i} = ring[uint64(wid * {ring * nw} + rs * {nw} + cw + {i}), uint64({col})]")
         emit(f"{ind}sc{q} = rsc[uint64(wid * {ring} + rs), uint64({k} + g8)]")
 
 
@@ -222,20 +296,23 @@ def _emit_mma_f16_start(emit, ind: str, t: int, int8: bool, dequant: str, pairs:
                 emit(f"{ind}c2{q} = pair_high(sc{q})" if pairs else f"{ind}c2{q} = dequant_offset_h2(s2{q})")
 
 
-def _emit_mma_f16_step(emit, ind: str, t: int, j: int, int8: bool, dequant: str) -> None:
+def _emit_mma_f16_step(emit, ind: str, t: int, j: int, int8: bool, dequant: str, d: int) -> None:
     """Step j of tile t (after :func:`_emit_mma_f16_start`): its fp16 encoding and mma (m16n8k16,
     fp32 accumulation): each row word's two fp16 pairs through FiLM + ReLU in one half2 FMA and max
     each (``film_h2``, one rounding to fp16), straight into the A fragment: a0 / a2 = the low / high
     pair of row g's word, a1 / a3 those of row g + 8 (:func:`.weights.mma_f16_image` assigns dims to
-    k-slots to match). ``int8``: the lane's 4 bytes (dims 4w..4w+3 with w = c + 4 j, as in an fp16
-    row) first become the fp16 pairs ``q * s`` (``dequant_i8x4``; s the row scale rounded to fp16), so the weights and the rest are the fp16 rows' own; ``dequant="fma"``: the
-    same values in one fused multiply-add a pair (``dequant_i8x4_fma``, the offset ``-1152 s`` made
-    once a row), for tables whose scales allow it."""
+    k-slots to match). ``int8``: the lane's 4 bytes of the step (dims 4w..4w+3, as in an fp16 row:
+    half ``j % 2`` of its word ``j // 2``) first become the fp16 pairs ``q * s`` (``dequant_i8x4``;
+    s the row scale rounded to fp16), so the weights and the rest are the fp16 rows' own;
+    ``dequant="fma"``: the same values in one fused multiply-add a pair (``dequant_i8x4_fma``, the
+    offset ``-1152 s`` made once a row), for tables whose scales allow it."""
     rows = (2 * t, 2 * t + 1)
     for q in rows:
         if int8:
-            emit(f"{ind}lo{q}, hi{q} = dequant_i8x4_fma(m{q}_{j}, s2{q}, c2{q})" if dequant == "fma" else
-                 f"{ind}lo{q}, hi{q} = dequant_i8x4(m{q}_{j}, s2{q})")
+            x = f"m{q}_{j}" if d % 32 else (f"uint32(m{q}_{j // 2} >> uint64(32))" if j % 2 else
+                                            f"uint32(m{q}_{j // 2} & uint64(0xFFFFFFFF))")
+            emit(f"{ind}lo{q}, hi{q} = dequant_i8x4_fma({x}, s2{q}, c2{q})" if dequant == "fma" else
+                 f"{ind}lo{q}, hi{q} = dequant_i8x4({x}, s2{q})")
             emit(f"{ind}ha{q} = film_h2(lo{q}, gm{j}_0, bt{j}_0)")
             emit(f"{ind}hb{q} = film_h2(hi{q}, gm{j}_1, bt{j}_1)")
             continue
@@ -322,7 +399,7 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
         prefetch = False
     elif not prefetch:
         for t in range(2):
-            emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8, pairs=pairs)
+            emit_mma_load(emit, ind, t, "base", d, layout, access, compact, n, row, int8, pairs=pairs, math=math)
     # interleaved: both tiles step by step, four independent accumulator chains in one basic block,
     # where tile by tile the loads of tile 0 (a branch) sat between the tiles' chains
     groups = [(0, 1)] if interleave and math == "fp16" else [(0,), (1,)]
@@ -336,17 +413,17 @@ def emit_mma(emit, d: int, dtype: str, layout: str, access: str, compact: bool, 
             if shared_weights:
                 _emit_f16_step_weights(emit, ind, j)
             for t in tiles:
-                _emit_mma_f16_step(emit, ind, t, j, int8, dequant)
+                _emit_mma_f16_step(emit, ind, t, j, int8, dequant, d)
         if prefetch:
             for t in tiles:
                 emit_mma_load(emit, ind, t, "base + stride" if rows_ahead == 1 else "base + 2 * stride", d, layout,
-                              access, compact, n, row, int8, pairs=pairs, whole=whole)
+                              access, compact, n, row, int8, pairs=pairs, whole=whole, math=math)
     if ring:
         emit(f"{ind}ws = rs")  # the slot read now is the next one refilled
         emit(f"{ind}rs = rs + 1 if rs < {ring - 1} else 0")
     if prefetch and rows_ahead == 2:  # the next round's rows become this set's, the loaded ones wait
         for q in range(4):
-            names = [f"m{q}_{wi}" for wi in range(d // 16)] + ([f"sc{q}"] if int8 else [])
+            names = [f"m{q}_{wi}" for wi in range(row_registers(d, int8))] + ([f"sc{q}"] if int8 else [])
             emit(f"{ind}{', '.join(names)}, {', '.join(x + 'b' for x in names)} = "
                  f"{', '.join(x + 'b' for x in names)}, {', '.join(names)}")
     _emit_mma_store(emit, ind)

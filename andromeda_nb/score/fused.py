@@ -59,8 +59,8 @@ from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, dequant_i8x4_fm
 from ..device.memory_ops import (cp_async_commit, cp_async_row, cp_async_wait, ld_half, ld_u32, ld_u64,
                                  prefetch_l2, prefetch_l2_2d, shared_offset)
 from ..topk.block import block_topk
-from .emit_mma import (emit_f16_weights, emit_mma, emit_mma_load, emit_ring_bases, emit_ring_issue,
-                       emit_tile_offsets)
+from .emit_mma import (emit_f16_weights, emit_lane_words, emit_mma, emit_mma_load, emit_ring_bases,
+                       emit_ring_issue, emit_ring_lanes, emit_tile_offsets)
 from .emit_per_ad import PerAdEmitter
 from .weights import PAD, image_size, mma_image_size
 
@@ -197,19 +197,17 @@ class _Source(PerAdEmitter):
             emit("    wbase = wid * 32")
             emit("    g8 = lane // 4")
             emit("    c4 = lane % 4")
-            if self.dtype == "int8":  # fp16 math: the word holding the lane's 4 bytes, and its half
-                emit("    c4h = c4 // 2")
-                emit("    c4o = c4 % 2")
-            if self.split and self.layout == "tiles":  # the whole rounds' row offsets
-                emit_tile_offsets(emit, "    ", self.dtype == "int8")
+            if self.math == "fp16":  # where the lane's dims of a row start, and the whole rounds' offsets
+                emit_lane_words(emit, "    ", self.d, self.dtype == "int8")
+                if self.split and self.layout == "tiles":
+                    emit_tile_offsets(emit, "    ", self.d, self.dtype == "int8")
             # a warp: 32 ads x (8 logits, 8 values), MSC_PITCH floats an ad, the warp's tile at mw
             align = "" if config.ENABLE_CUDASIM else ", alignment=16"
             emit(f"    msc = cuda.shared.array({block * MSC_PITCH}, float32{align})")
             emit(f"    mw = wid * {32 * MSC_PITCH}")
             if self.ring:  # each warp's ring slots: the d/8 words and the scale of 32 ads a slot
                 emit(f"    ring = cuda.shared.array(({block // 32 * self.ring * (self.d // 8)}, 32), uint64)")
-                emit("    c8a = g8 + c4h * 8")  # the odd word rows' column swizzle (emit_ring_issue)
-                emit("    c8b = g8 - c4h * 8")
+                emit_ring_lanes(emit, "    ", self.d)  # the columns of the ring's swizzle
                 emit(f"    rsc = cuda.shared.array(({block // 32 * self.ring}, 32), "
                      f"{'uint32' if self.scale_pairs else 'float32'})")
             if config.ENABLE_CUDASIM:
@@ -375,10 +373,10 @@ class _Source(PerAdEmitter):
                 emit(f"    ws = {self.ring - 1}")
             for t in range(0 if self.ring else 2):
                 emit_mma_load(emit, "    ", t, "base", self.d, self.layout, self.access, False, self.n, self.row,
-                              self.dtype == "int8", pairs=self.scale_pairs)
+                              self.dtype == "int8", pairs=self.scale_pairs, math=self.math)
             for t in range(2 if self.rows_ahead == 2 else 0):  # and the second round's (emit_mma)
                 emit_mma_load(emit, "    ", t, "base + stride", self.d, self.layout, self.access, False, self.n,
-                              self.row, self.dtype == "int8", into="b", pairs=self.scale_pairs)
+                              self.row, self.dtype == "int8", into="b", pairs=self.scale_pairs, math=self.math)
         return per_round
 
     def _round_head(self) -> None:

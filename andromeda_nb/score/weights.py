@@ -208,26 +208,24 @@ def f16_weights(request) -> dict:
 
 def mma_f16_image(request) -> np.ndarray:
     """The uint32 per-lane weight image of the fp16 tensor-core kernel, ``[d/16, 32, 8]``: for step
-    j and lane ``l = 4 g + c``, with ``w = c + 4 j`` the row word the lane loads (dims 4w..4w+3)::
+    j and lane ``l = 4 g + c``, with ``w = (d/16) c + j`` the group of 4 dims (4w..4w+3) the lane
+    reads of a row in that step (:func:`f16_row_groups`)::
 
         G'[g, 4w:4w+2], G'[g, 4w+2:4w+4], V[g, 4w:4w+2], V[g, 4w+2:4w+4],
         gamma[4w:4w+2], gamma[4w+2:4w+4], beta[4w:4w+2], beta[4w+2:4w+4]
 
     each a word of two fp16 (the lower dim in the low half). Why this order: mma.m16n8k16's A
-    fragment gives lane c the k-columns 2c, 2c+1 and 2c+8, 2c+9, so a lane's two halves of one
-    8-byte row word (4 dims) fill its k-slots; the dot products are sums over dims, so any fixed
-    assignment of dims to k-slots shared by h and the weights is exact. Experts g >= E are zero.
-    Each lane keeps its 8 d/16 words in registers for the whole kernel."""
+    fragment gives lane c the k-columns 2c, 2c+1 and 2c+8, 2c+9, so a lane's 4 dims of a step (an
+    8-byte fp16 row word, 4 bytes of an int8 row) fill its k-slots; the dot products are sums over
+    dims, so any fixed assignment of dims to k-slots shared by h and the weights is exact. Experts
+    g >= E are zero. Each lane keeps its 8 d/16 words in registers for the whole kernel."""
     E, d = request.V.shape
     mma_f16_words(d, E)  # the shape check
     w16 = f16_weights(request)
     G = np.zeros((8, d), np.float16)
     V = np.zeros((8, d), np.float16)
     G[:E], V[:E] = w16["G"], w16["V"]
-    # lane l = 4 g + c reads row word w = c + 4 j: dims 4w..4w+3, as two pairs (the low, the high)
-    steps, lanes = np.arange(d // 16)[:, None], np.arange(32)[None, :]
-    g, w = lanes // 4, lanes % 4 + 4 * steps  # [steps, 32]
-    dims = 4 * w[..., None] + np.arange(4)  # [steps, 32, 4]
+    g, dims = f16_row_groups(d)
     experts = np.broadcast_to(g[..., None], dims.shape)
     img = np.stack([G[experts, dims], V[experts, dims], w16["gamma"][dims], w16["beta"][dims]], axis=2)
     return np.ascontiguousarray(img).view(np.uint32).reshape(-1)
@@ -257,12 +255,20 @@ def mma_f16_words(d: int, experts: int) -> int:
     return (d // 16) * 32 * 8
 
 
+def f16_row_groups(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(g [d/16, 32], dims [d/16, 32, 4])``: in step j, lane ``l = 4 g + c`` computes expert g's
+    products and reads dims ``dims[j, l]`` = 4w..4w+3 of a row, ``w = (d/16) c + j``: a lane's dims
+    over the steps are one run of d/4 (its d/16 fp16 words, or d/32 whole 8-byte int8 words: one
+    load a word, where ``w = c + 4 j`` took half a word a step)."""
+    steps, lanes = np.arange(d // 16)[:, None], np.arange(32)[None, :]
+    w = (d // 16) * (lanes % 4) + steps  # [steps, 32]
+    return np.broadcast_to(lanes // 4, w.shape), 4 * w[..., None] + np.arange(4)
+
+
 def _mma_f16_index(d: int) -> np.ndarray:
     """Where each fp16 half of :func:`mma_f16_image` comes from in a request's fp16 source row
     ``[G' (8 d) | V (8 d) | gamma (d) | beta (d)]`` (experts past E zero): ``[d/16 * 32 * 8 * 2]``."""
-    steps, lanes = np.arange(d // 16)[:, None], np.arange(32)[None, :]
-    g, w = lanes // 4, lanes % 4 + 4 * steps
-    dims = 4 * w[..., None] + np.arange(4)  # [steps, 32, 4]
+    g, dims = f16_row_groups(d)
     rows = 8 * d
     parts = [g[..., None] * d + dims, rows + g[..., None] * d + dims, 2 * rows + dims, 2 * rows + d + dims]
     return np.ascontiguousarray(np.stack(parts, axis=2).reshape(-1), dtype=np.int64)
