@@ -69,15 +69,11 @@ def _emit_row_words(emit, ind: str, q: int, d: int, layout: str, int8: bool, int
     def at(col):
         return f"ur{q}, {col}" if layout == "rows" else f"{col}, ur{q}"
 
-    if int8 and d % 32:
-        for j in range(d // 16):
-            emit(f"{ind}m{q}_{j}{into} = ld_half(words, {at(f'gw{j}')}, gh{j})")
-    elif int8:
-        for i in range(d // 32):
-            emit(f"{ind}m{q}_{i}{into} = words[{at(f'cw + {i}')}]")
-    else:
-        for wi in range(d // 16):
-            emit(f"{ind}m{q}_{wi}{into} = words[{at(f'cw + {wi}' if math == 'fp16' else f'c4 + {4 * wi}')}]")
+    for i in range(row_registers(d, int8)):
+        if int8 and d % 32:
+            emit(f"{ind}m{q}_{i}{into} = ld_half(words, {at(f'gw{i}')}, gh{i})")
+        else:
+            emit(f"{ind}m{q}_{i}{into} = words[{at(f'cw + {i}' if math == 'fp16' else f'c4 + {4 * i}')}]")
     if int8:
         emit(f"{ind}sc{q}{into} = scale[ur{q}]")
 
@@ -129,12 +125,8 @@ def _emit_tile_words(emit, ind: str, q: int, d: int, int8: bool, into: str, base
     def at(i):
         return f"ra{'' if i == 0 else f' + {i} * wcs'} + {64 * q}"
 
-    if int8:
-        for i in range(d // 32):
-            emit(f"{ind}m{q}_{i}{into} = ld_u64(words, {at(i)})")
-    else:
-        for wi in range(d // 16):
-            emit(f"{ind}m{q}_{wi}{into} = ld_u64(words, {at(wi)})")
+    for i in range(row_registers(d, int8)):
+        emit(f"{ind}m{q}_{i}{into} = ld_u64(words, {at(i)})")
     if int8:
         emit(f"{ind}sc{q}{into} = scale[ur{q}]")
 
