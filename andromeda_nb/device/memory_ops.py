@@ -1,5 +1,5 @@
 """Device intrinsics that move memory: a 4-byte half of an 8-byte word loaded alone
-(:func:`ld_half`), loads at a byte offset (:func:`ld_u32`, :func:`ld_u64`), L2 prefetches, and
+(:func:`ld_half`), 8-byte loads at a byte offset (:func:`ld_u64`), L2 prefetches, and
 the asynchronous global-to-shared copies of the int8 rows' ring (:func:`cp_async_row`: a round's
 row and scale an ad, :func:`cp_async_commit` and :func:`cp_async_wait`, and :func:`shared_offset`,
 the 32-bit shared address they start from).
@@ -18,17 +18,11 @@ if config.ENABLE_CUDASIM:
     def ld_half(words, i, j, half):
         return np.uint32((int(words[int(i), int(j)]) >> (32 * int(half))) & 0xFFFFFFFF)
 
-    def _at(words, off, size):
-        off = int(off)
-        if off < 0 or off % size or off + size > words.size * words.itemsize:
-            raise IndexError(f"byte offset {off} outside the array's {words.size * words.itemsize} bytes")
-        return np.asarray(words).reshape(-1).view(np.uint32 if size == 4 else np.uint64)[off // size]
-
-    def ld_u32(words, off):
-        return np.uint32(_at(words, off, 4))
-
     def ld_u64(words, off):
-        return np.uint64(_at(words, off, 8))
+        off, size = int(off), words.size * words.itemsize
+        if off < 0 or off % 8 or off + 8 > size:
+            raise IndexError(f"byte offset {off} outside the array's {size} bytes or off 8-byte alignment")
+        return np.uint64(np.asarray(words).reshape(-1).view(np.uint64)[off // 8])
 
     def _check_prefetch(arr, idx):
         # no cache to warm; the index is checked as the device needs it (in range, non-negative)
@@ -94,29 +88,22 @@ else:
         return sig, codegen
 
 
-    def _ld_at(width: int):
-        def typer(typingctx, words, off):
-            if not (isinstance(words, types.Array) and words.layout == "C" and isinstance(off, types.Integer)):
-                return None
-            ty = types.uint32 if width == 32 else types.uint64
+    @intrinsic
+    def ld_u64(typingctx, words, off):
+        """The 8 bytes at byte offset ``off`` (in range, a multiple of 8) of a C-contiguous array's
+        data: a kernel that steps its own offsets (a lane's rows of a round: one base and constant
+        or loop-invariant steps) pays a 64-bit add a load, where an element index pays a
+        multiply-add chain from the index each time."""
+        if not (isinstance(words, types.Array) and words.layout == "C" and isinstance(off, types.Integer)):
+            return None
 
-            def codegen(context, builder, sig, args):
-                ary = context.make_array(sig.args[0])(context, builder, value=args[0])
-                o = args[1] if args[1].type.width == 64 else builder.zext(args[1], _I64)
-                ptr = builder.gep(builder.bitcast(ary.data, ir.PointerType(ir.IntType(8))), [o])
-                return builder.load(builder.bitcast(ptr, ir.PointerType(ir.IntType(width))), align=width // 8)
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            o = args[1] if args[1].type.width == 64 else builder.zext(args[1], _I64)
+            ptr = builder.gep(builder.bitcast(ary.data, ir.PointerType(ir.IntType(8))), [o])
+            return builder.load(builder.bitcast(ptr, ir.PointerType(_I64)), align=8)
 
-            return ty(words, off), codegen
-
-        typer.__name__ = typer.__qualname__ = f"ld_u{width}"
-        return typer
-
-    #: the 4 (8) bytes at byte offset ``off`` of a C-contiguous array's data (in range, aligned):
-    #: a kernel that steps its own offsets (a lane's rows of a round: one base and constant or
-    #: loop-invariant steps) pays a 64-bit add a load, where an element index pays a multiply-add
-    #: chain from the index each time
-    ld_u32 = intrinsic(_ld_at(32))
-    ld_u64 = intrinsic(_ld_at(64))
+        return types.uint64(words, off), codegen
 
     def _prefetch_l2_codegen(context, builder, sig, args):
         aryty = sig.args[0]

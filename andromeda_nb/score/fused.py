@@ -56,7 +56,7 @@ from ..device.bits import test_bit
 from ..device.intrinsics import (DECODE, PER_WORD, dequant_i8x4, dequant_i8x4_fma, dequant_offset_h2, exp_shifted,
                                  film_h2, half2_of, lds2, lds4, max_nan, mma_f16, mma_f16_warp, mma_tf32, mma_tf32_warp,
                                  pair_high, pair_low, rcp_approx, sts2, tf32_round)
-from ..device.memory_ops import (cp_async_commit, cp_async_row, cp_async_wait, ld_half, ld_u32, ld_u64,
+from ..device.memory_ops import (cp_async_commit, cp_async_row, cp_async_wait, ld_half, ld_u64,
                                  prefetch_l2, prefetch_l2_2d, shared_offset)
 from ..topk.block import block_topk
 from .emit_mma import (emit_f16_weights, emit_lane_words, emit_mma, emit_mma_load, emit_ring_bases,
@@ -714,7 +714,7 @@ def fused_kernel(model: str, d: int, experts: int, k_experts: int, dtype: str, l
            "mma_tf32_warp": mma_tf32_warp, "mma_f16": mma_f16, "mma_f16_warp": mma_f16_warp, "film_h2": film_h2,
            "uint32": uint32, "half2_of": half2_of, "pair_low": pair_low, "pair_high": pair_high, "dequant_i8x4": dequant_i8x4,
            "dequant_i8x4_fma": dequant_i8x4_fma, "dequant_offset_h2": dequant_offset_h2, "ld_half": ld_half,
-           "ld_u32": ld_u32, "ld_u64": ld_u64,
+           "ld_u64": ld_u64,
            "exp_shifted": exp_shifted, "prefetch_l2": prefetch_l2, "prefetch_l2_2d": prefetch_l2_2d,
            "cp_async_commit": cp_async_commit, "cp_async_wait": cp_async_wait,
            "cp_async_row": cp_async_row, "shared_offset": shared_offset}

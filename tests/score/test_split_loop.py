@@ -97,9 +97,9 @@ def test_only_the_full_pool_of_simple_rounds_splits_its_loop():
 
 def test_the_unchecked_rounds_load_tiles_rows_at_stepped_offsets():
     """On ``tiles`` the unchecked rounds load each lane's 8-byte words at byte offsets from one base
-    a round (``ld_u64``), the checked rounds by element index; the simulator's loads
-    refuse an offset outside the array or off the load's size, as the device would read garbage."""
-    from andromeda_nb.device.memory_ops import ld_u32, ld_u64
+    a round (``ld_u64``), the checked rounds by element index; the simulator's load refuses an
+    offset outside the array or off 8 bytes, where the device would read garbage."""
+    from andromeda_nb.device.memory_ops import ld_u64
     from andromeda_nb.score.fused import _source
 
     for dtype, words in (("int8", 2), ("fp16", 4)):  # a lane's words of a row at d = 64: d/32, d/16
@@ -107,7 +107,7 @@ def test_the_unchecked_rounds_load_tiles_rows_at_stepped_offsets():
         whole, checked = src.split("    for base0 in range(b0")
         assert whole.count("ld_u64(words, ra") == 2 * 2 * words and "ld_u64(" not in checked  # 2 tiles x 2 rows
     words = np.arange(6, dtype=np.uint64).reshape(2, 3) * np.uint64(0x100000001)
-    assert ld_u64(words, 8 * 4) == words[1, 1] and ld_u32(words, 8 * 5 + 4) == 5
-    for load, bad in ((ld_u32, -4), (ld_u32, 48), (ld_u32, 2), (ld_u64, 40 + 4), (ld_u64, 48)):
+    assert ld_u64(words, 8 * 4) == words[1, 1] and ld_u64(words, 8 * 5) == words[1, 2]
+    for bad in (-8, 48, 4, 40 + 4):  # before, past the end, off 8 bytes
         with pytest.raises(IndexError):
-            load(words, bad)
+            ld_u64(words, bad)
