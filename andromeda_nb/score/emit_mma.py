@@ -37,7 +37,7 @@ def emit_mma_load(emit, ind: str, t: int, base: str, d: int, layout: str, access
         half = q % 2
         if whole:
             emit(f"{ind}ur{q} = uint64({base} + wbase + {16 * t + 8 * half} + g8)")
-            if layout == "tiles":
+            if steps_tiles(layout, d, int8):
                 _emit_tile_words(emit, ind, q, d, int8, into, base)
             else:
                 _emit_row_words(emit, ind, q, d, layout, int8, into, math)
@@ -98,15 +98,17 @@ def emit_lane_words(emit, ind: str, d: int, int8: bool) -> None:
         emit(f"{ind}cw = c4 * {d // 32 if int8 else d // 16}")
 
 
+def steps_tiles(layout: str, d: int, int8: bool) -> bool:
+    """Whether the whole rounds load this table's rows at stepped offsets (:func:`emit_tile_offsets`):
+    on ``tiles``, in whole 8-byte words (int8 rows whose d/16 is odd load half-words by index)."""
+    return layout == "tiles" and not (int8 and d % 32)
 
 
 def emit_tile_offsets(emit, ind: str, d: int, int8: bool) -> None:
     """Emit, once a kernel (after :func:`emit_lane_words`), this lane's byte offset in a ``tiles``
     table (``words [d/8, n]``) of its first word of the warp's first row, ``wlo`` (word row ``cw``,
     column ``wbase + g8``), and ``wcs``, the bytes of a word row:
-    :func:`_emit_tile_words`' steps (int8 rows whose d/16 is odd: none, those load by index)."""
-    if int8 and d % 32:
-        return
+    :func:`_emit_tile_words`' steps (where :func:`steps_tiles`)."""
     emit(f"{ind}wlo = uint64(cw * words.shape[1] + wbase + g8) * 8")
     emit(f"{ind}wcs = uint64(words.shape[1]) * 8")
 
@@ -116,9 +118,6 @@ def _emit_tile_words(emit, ind: str, q: int, d: int, int8: bool, into: str, base
     at byte offsets from the round's ``ra``: its rows 8 ads (64 bytes) apart, its word rows ``wcs``
     apart, a 64-bit add a load where :func:`_emit_row_words`' element index recomputes
     ``(column n + row) 8`` from the index (six integer instructions a word row)."""
-    if int8 and d % 32:
-        _emit_row_words(emit, ind, q, d, "tiles", int8, into, "fp16")
-        return
     if q % 2 == 0:
         emit(f"{ind}ra = wlo + uint64({base}) * 8")
 

@@ -60,7 +60,7 @@ from ..device.memory_ops import (cp_async_commit, cp_async_row, cp_async_wait, l
                                  prefetch_l2, prefetch_l2_2d, shared_offset)
 from ..topk.block import block_topk
 from .emit_mma import (emit_f16_weights, emit_lane_words, emit_mma, emit_mma_load, emit_ring_bases,
-                       emit_ring_issue, emit_ring_lanes, emit_tile_offsets)
+                       emit_ring_issue, emit_ring_lanes, emit_tile_offsets, steps_tiles)
 from .emit_per_ad import PerAdEmitter
 from .weights import PAD, image_size, mma_image_size
 
@@ -199,7 +199,7 @@ class _Source(PerAdEmitter):
             emit("    c4 = lane % 4")
             if self.math == "fp16":  # where the lane's dims of a row start, and the whole rounds' offsets
                 emit_lane_words(emit, "    ", self.d, self.dtype == "int8")
-                if self.split and self.layout == "tiles":
+                if self.split and steps_tiles(self.layout, self.d, self.dtype == "int8"):
                     emit_tile_offsets(emit, "    ", self.d, self.dtype == "int8")
             # a warp: 32 ads x (8 logits, 8 values), MSC_PITCH floats an ad, the warp's tile at mw
             align = "" if config.ENABLE_CUDASIM else ", alignment=16"
